@@ -1,0 +1,250 @@
+"""The real daemon as a subprocess on the demo release, driven through vlad.client."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import msgpack
+import numpy as np
+import pytest
+
+from tests.conftest import load_golden
+from tests.daemon_harness import ROOT, VLAD, daemon_command, endpoints_in, start_daemon
+
+VLADCTL = VLAD.parent / "vladctl"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = start_daemon(tmp_path_factory.mktemp("daemon"))
+    yield d
+    d.stop()
+
+
+@pytest.fixture()
+def client(daemon):
+    c = daemon.client()
+    yield c
+    c.close()
+
+
+def _obs(case):
+    raw = case["raw"]
+    return dict(images=dict(raw.images), proprio=raw.proprio, instruction=raw.instruction)
+
+
+def _exchange(client, case, seq, tries=50, t_sensor_ns=None):
+    """Publish until the chunk for ``seq`` arrives (the first few may hit the slow joiner)."""
+    for _ in range(tries):
+        client.publish_observation(**_obs(case), seq=seq, t_sensor_ns=t_sensor_ns or time.monotonic_ns())
+        chunk = client.recv_actions(timeout_ms=200)
+        if chunk is not None and chunk.obs_seq == seq:
+            return chunk
+    raise AssertionError(f"no action chunk for observation {seq}")
+
+
+def test_ready_only_after_warmup_and_status_lines(daemon):
+    ready = daemon.notify.wait_for("READY", "1")
+    assert "serving vlad-demo-reacher" in ready["STATUS"]
+    first_ready = next(i for i, (_, m) in enumerate(daemon.notify.messages) if m.get("READY") == "1")
+    earlier = [m.get("STATUS", "") for _, m in daemon.notify.messages[:first_ready]]
+    assert any("warming up" in s for s in earlier) and any("loading" in s for s in earlier)
+    daemon.notify.wait_for("STATUS", timeout=5)
+
+
+def test_fresh_observations_yield_correct_chunks(daemon, client, contract, golden):
+    """Each observation gives one chunk; its fields and actions match the offline pipeline."""
+    import onnxruntime as ort
+
+    from vlad.guard import ActionGuard
+    from vlad.processing import Tokenizer, decode_actions, preprocess
+
+    sess = ort.InferenceSession(str(ROOT / "manifests/demo/policy.onnx"), providers=["CPUExecutionProvider"])
+    tok = Tokenizer.from_contract(contract)
+    period_ns = int(contract.timing.control_period_ms * 1e6)
+    for i, case in enumerate(golden * 3):
+        seq = 100 + i
+        t_sensor = time.monotonic_ns()
+        chunk = _exchange(client, case, seq, t_sensor_ns=t_sensor)
+        assert chunk.obs_seq == seq and chunk.t_sensor_ns == t_sensor
+        assert chunk.valid_until_ns == t_sensor + int(contract.timing.action_validity_ms * 1e6)
+        assert chunk.period_ns == period_ns
+        assert chunk.release == "vlad-demo-reacher@1.0.0" and chunk.state == "ACTIVE"
+        assert t_sensor < chunk.t_issue_ns < chunk.t_receive_ns
+        assert chunk.actions.shape == (contract.action.chunk_length, contract.action.dim)
+        assert chunk.actions.dtype == np.float32
+        assert {"preprocess", "infer", "decode", "guard", "sensor_to_issue"} <= set(chunk.timings_ms)
+        # offline: same observation and sequence -> same noise -> same actions (unless guarded)
+        raw = case["raw"]
+        from dataclasses import replace
+
+        inputs = preprocess(contract, tok, replace(raw, sequence=seq))
+        ref = decode_actions(contract, {"actions": sess.run(["actions"], inputs)[0]})
+        if not chunk.interventions:
+            np.testing.assert_allclose(chunk.actions, ref, atol=1e-5)
+        else:
+            g = ActionGuard(contract)
+            assert set(chunk.interventions) <= {"rate", "bounds"}
+            assert np.all(chunk.actions >= g.lower) and np.all(chunk.actions <= g.upper)
+        assert chunk.seq > 0
+
+
+def test_stale_observation_is_skipped_and_counted(daemon, client, golden, contract):
+    before = client.status()["counters"].get("stale", 0)
+    old = time.monotonic_ns() - int(10 * contract.timing.max_observation_age_ms * 1e6)
+    for k in range(3):
+        client.publish_observation(**_obs(golden[0]), seq=5000 + k, t_sensor_ns=old)
+        chunk = client.recv_actions(timeout_ms=150)
+        assert chunk is None or chunk.obs_seq < 5000
+    deadline = time.monotonic() + 3
+    while client.status()["counters"].get("stale", 0) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.status()["counters"].get("stale", 0) >= before + 1
+    # and serving goes on
+    assert _exchange(client, golden[1], 5100).obs_seq == 5100
+
+
+def _good_header(seq):
+    return {"v": 1, "kind": "obs", "seq": seq, "t_sensor_ns": time.monotonic_ns(), "instruction": "reach the red target"}
+
+
+def test_malformed_messages_are_rejected_and_counted(daemon, client, golden):
+    img = golden[0]["raw"].images["overhead"]
+    q = golden[0]["raw"].proprio.astype(np.float32)
+    tensors = [{"name": "image/overhead", "dtype": "uint8", "shape": [64, 64, 3]},
+               {"name": "proprio", "dtype": "float32", "shape": [4]}]
+    bad = {
+        "malformed": [[b"obs"], [b"obs", b"\xc1not msgpack"], [b"obs", msgpack.packb([1, 2])]],
+        "bad_version": [[b"obs", msgpack.packb({**_good_header(1), "v": 2, "tensors": tensors}), img.tobytes(), q.tobytes()]],
+        "bad_dtype": [[b"obs", msgpack.packb({**_good_header(2), "tensors": [{**tensors[0], "dtype": "float32"}, tensors[1]]}),
+                       img.astype(np.float32).tobytes(), q.tobytes()]],
+        "bad_shape": [[b"obs", msgpack.packb({**_good_header(3), "tensors": [{**tensors[0], "shape": [32, 128, 3]}, tensors[1]]}),
+                       img.tobytes(), q.tobytes()],
+                      [b"obs", msgpack.packb({**_good_header(4), "tensors": tensors}), img.tobytes()[:-1], q.tobytes()]],
+        "missing_tensor": [[b"obs", msgpack.packb({**_good_header(5), "tensors": tensors[:1]}), img.tobytes()]],
+    }
+    # make sure our PUB is connected before counting (slow joiner)
+    _exchange(client, golden[0], 6000)
+    before = client.status()["counters"]["rejected"]
+    for frames_list in bad.values():
+        for frames in frames_list:
+            client.send_raw(frames)
+    expected = {k: before.get(k, 0) + len(v) for k, v in bad.items()}
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        rejected = client.status()["counters"]["rejected"]
+        if all(rejected.get(k, 0) >= n for k, n in expected.items()):
+            break
+        time.sleep(0.05)
+    for k, n in expected.items():
+        assert rejected.get(k, 0) == n, (k, rejected)
+    assert daemon.proc.poll() is None
+    assert _exchange(client, golden[2], 6001).obs_seq == 6001  # still serving
+
+
+def test_status_broadcast_and_vladctl(daemon, client, golden):
+    _exchange(client, golden[0], 7000)
+    st = client.recv_status(timeout_ms=3000)
+    assert st is not None and st["state"] == "ACTIVE"
+    assert st["backend"]["name"] == "onnxruntime"
+    out = subprocess.run([str(VLADCTL), "status", "--endpoint", daemon.endpoints["control"]],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "ACTIVE" in out.stdout and "vlad-demo-reacher@1.0.0" in out.stdout and "e2e" in out.stdout
+    js = subprocess.run([str(VLADCTL), "status", "--json", "--endpoint", daemon.endpoints["control"]],
+                        capture_output=True, text=True, timeout=30)
+    data = json.loads(js.stdout)
+    assert data["latency_ms"]["e2e"]["count"] >= 1 and data["engine_ms"]["p50"] > 0
+    assert data["latency_ms"]["e2e"]["p50"] >= data["engine_ms"]["p50"]
+
+
+def test_heartbeats_are_counted(daemon, client):
+    before = client.status()["counters"].get("heartbeats", 0)
+    for _ in range(20):
+        client.heartbeat()
+        time.sleep(0.01)
+    time.sleep(0.2)
+    st = client.status()
+    assert st["counters"].get("heartbeats", 0) > before
+    assert st["heartbeat_age_s"] is not None and st["heartbeat_age_s"] < 5
+
+
+def test_control_unknown_command(daemon, client):
+    from vlad.client import ClientError
+
+    with pytest.raises(ClientError, match="unknown control command"):
+        client.control("launch-missiles")
+    assert client.control("ping")["pong"] is True
+
+
+def test_clean_shutdown_on_sigterm(tmp_path, golden):
+    d = start_daemon(tmp_path, env={"WATCHDOG_USEC": "200000"})
+    c = d.client()
+    try:
+        _exchange(c, golden[0], 1)
+        d.notify.wait_for("WATCHDOG", "1", timeout=5)
+        status = c._ctx.socket(__import__("zmq").SUB)
+        status.setsockopt(__import__("zmq").SUBSCRIBE, b"status")
+        status.connect(d.endpoints["status"])
+        time.sleep(1.0)  # let the status subscription propagate
+        d.proc.send_signal(signal.SIGTERM)
+        rc = d.proc.wait(10)
+        assert rc == 0, d.log()
+        d.notify.wait_for("STOPPING", "1", timeout=1)
+        states = []
+        while status.poll(100):
+            states.append(msgpack.unpackb(status.recv_multipart()[1])["status"]["state"])
+        status.close(0)
+        assert states and states[-1] == "STOPPING"
+        for ep in d.endpoints.values():
+            assert not (tmp_path / "run" / ep.rsplit("/", 1)[1]).exists()
+        assert "Traceback" not in d.log()
+    finally:
+        c.close()
+        d.stop()
+
+
+def _run_fail(args, timeout=60):
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    return out.returncode, lines
+
+
+def test_startup_failures_are_one_clear_line(tmp_path):
+    eps = endpoints_in(tmp_path)
+    rc, lines = _run_fail(daemon_command(eps, ["--set", 'release.path="/nonexistent/release"']))
+    assert rc == 2 and len(lines) == 1 and "no contract.toml" in lines[0], lines
+    rc, lines = _run_fail(daemon_command(eps, ["--set", "serve.warmupp=3"]))
+    assert rc == 2 and len(lines) == 1 and "unknown key" in lines[0], lines
+    rc, lines = _run_fail(daemon_command(eps, ["--set", 'release.backend="nope"']))
+    assert rc == 2 and len(lines) == 1 and "no backend 'nope'" in lines[0], lines
+    rc, lines = _run_fail([str(VLAD), "serve", "--config", str(tmp_path / "missing.toml")])
+    assert rc == 2 and len(lines) == 1 and "does not exist" in lines[0], lines
+
+
+def test_endpoint_in_use_is_refused(daemon, tmp_path):
+    cmd = daemon_command(daemon.endpoints)
+    rc, lines = _run_fail(cmd)
+    assert rc == 2 and len(lines) == 1 and "in use" in lines[0], lines
+    assert daemon.proc.poll() is None  # the running daemon kept its endpoints
+
+
+def test_systemd_unit_verifies(tmp_path):
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze not installed (scripts/bootstrap installs the systemd package)")
+    unit = (ROOT / "systemd" / "vlad.service").read_text()
+    assert "Type=notify" in unit and "WatchdogSec=" in unit and "NoNewPrivileges=yes" in unit
+    assert "not a safety function" in unit
+    # verify with ExecStart pointing at this checkout's executable (the unit's /opt path
+    # does not exist on a dev machine)
+    local = unit.replace("/opt/vlad/.venv/bin/vlad", str(VLAD))
+    path = tmp_path / "vlad.service"
+    path.write_text(local)
+    out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
+    problems = [ln for ln in out.stderr.splitlines() if "vlad.service" in ln]
+    assert out.returncode == 0 and not problems, out.stderr

@@ -1,0 +1,93 @@
+"""Export equivalence: the committed artifacts and a fresh export match PyTorch fp32."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from vlad.errors import ExportError
+from vlad.export import compare, export_onnx
+
+
+def _names(contract):
+    return [spec.name for spec in contract.inputs]
+
+
+def test_committed_onnx_matches_pytorch_weights(demo_dir, contract, golden):
+    """The committed ONNX and .pt2 reproduce the PyTorch model built from the committed weights."""
+    import onnxruntime as ort
+
+    from vlad.demo.release import load_trained_model
+
+    model = load_trained_model(demo_dir)
+    program = torch.export.load(str(demo_dir / "policy.pt2")).module()
+    sess = ort.InferenceSession(str(demo_dir / "policy.onnx"), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for case in golden:
+        args = [torch.from_numpy(case["inputs"][n]) for n in _names(contract)]
+        with torch.inference_mode():
+            ref = model(*args).numpy()
+        np.testing.assert_array_equal(ref, case["outputs"]["actions"])  # fixtures are this model's outputs
+        pt2 = program(*args).detach().numpy()
+        got = sess.run(["actions"], case["inputs"])[0]
+        for name, out in (("pt2", pt2), ("onnx", got)):
+            c = compare(name, ref, out)
+            print(c.line())
+            assert c.max_abs <= 1e-4, c.line()
+            worst = max(worst, c.max_abs)
+    print(f"worst fp32 max abs error over {len(golden)} fixtures: {worst:.3g}")
+
+
+def test_onnx_metadata_pins_versions(demo_dir, contract):
+    proto = onnx.load(str(demo_dir / "policy.onnx"))
+    meta = {p.key: p.value for p in proto.metadata_props}
+    for key in ("vlad.exporter", "vlad.opset", "vlad.torch_version", "vlad.onnx_version", "vlad.contract_model"):
+        assert meta.get(key), key
+    assert meta["vlad.opset"] == str(next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")))
+    assert meta["vlad.contract_model"] == f"{contract.model.id}@{contract.model.version}"
+    onnx.checker.check_model(proto, full_check=True)
+
+
+def test_only_contract_axes_are_dynamic(demo_dir, contract):
+    proto = onnx.load(str(demo_dir / "policy.onnx"))
+    for vi in [*proto.graph.input, *proto.graph.output]:
+        dims = vi.type.tensor_type.shape.dim
+        symbolic = [i for i, d in enumerate(dims) if not d.HasField("dim_value")]
+        spec = next(s for s in [*contract.inputs, *contract.outputs] if s.name == vi.name)
+        assert symbolic == [ax.axis for ax in spec.dynamic], vi.name
+        static = [d.dim_value for i, d in enumerate(dims) if i not in symbolic]
+        assert static == [n for i, n in enumerate(spec.shape) if i not in symbolic], vi.name
+
+
+def test_fresh_export_is_equivalent(demo_dir, contract, golden, tmp_path):
+    """Re-export from the weights: fixed shapes, intermediate prefix and dynamic batch are checked."""
+    from vlad.demo.release import load_trained_model
+
+    model = load_trained_model(demo_dir)
+    fixtures = [c["inputs"] for c in golden]
+    comparisons = export_onnx(model, contract, fixtures, tmp_path / "p.onnx", log=print)
+    names = {c.name for c in comparisons}
+    assert names == {"actions", "prefix"}
+    for c in comparisons:
+        assert c.max_abs <= 1e-4, c.line()
+
+
+def test_unsupported_operator_fails_loudly(contract, golden, tmp_path):
+    """An operator without an ONNX translation is an ExportError, never an approximation."""
+
+    @torch.library.custom_op("vlad_test::mystery", mutates_args=())
+    def mystery(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @mystery.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    class Odd(torch.nn.Module):
+        def forward(self, image_overhead, tokens, proprio, noise):
+            return mystery(noise)
+
+    with pytest.raises(ExportError, match="ONNX export failed"):
+        export_onnx(Odd(), contract, [golden[0]["inputs"]], tmp_path / "odd.onnx", log=lambda m: None)

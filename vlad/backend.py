@@ -1,0 +1,220 @@
+"""The one backend interface every inference engine plugin implements.
+
+A :class:`Backend` is what a plugin returns from the ``vlad_backends`` hook: it names an
+engine, says whether the engine's runtime is usable here (and why not), and loads a
+release artifact into a :class:`Session`. A session runs the model:
+
+    session = backend.load(artifact, contract, options)
+    session.warmup(10)
+    outputs = session.infer({"image_overhead": ..., "tokens": ..., ...})
+    session.last_timing, session.memory(), session.describe()
+
+:meth:`Session.infer` refuses inputs with a wrong name, dtype or shape (outside the
+contract's dynamic ranges) before they reach the engine; nothing is ever reshaped or cast.
+Engines implement only :meth:`Session._run`.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vlad.contract import Contract, TensorSpec
+from vlad.errors import BackendError, InputRejected
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend's runtime can run on this machine; ``reason`` says why not."""
+
+    usable: bool
+    runtime: str
+    version: str | None = None
+    reason: str = ""
+    devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SessionDescription:
+    """What a loaded session actually runs on (not what was requested)."""
+
+    backend: str
+    runtime: str
+    runtime_version: str
+    device: str
+    precision: str
+    providers: tuple[str, ...] = ()
+    cache_key: str | None = None
+    artifact: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Timing:
+    """Per-call time split in milliseconds; ``None`` where the runtime does not expose it."""
+
+    h2d_ms: float | None = None
+    compute_ms: float = 0.0
+    d2h_ms: float | None = None
+
+    @property
+    def total_ms(self) -> float:
+        return (self.h2d_ms or 0.0) + self.compute_ms + (self.d2h_ms or 0.0)
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    host_rss_bytes: int
+    device_peak_bytes: int | None = None
+    device_name: str | None = None
+
+
+def host_rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process(os.getpid()).memory_info().rss
+
+
+# ---------------------------------------------------------------------------------------
+# Input checks (shared by every engine)
+# ---------------------------------------------------------------------------------------
+
+
+def check_inputs(specs: tuple[TensorSpec, ...], inputs: Mapping[str, np.ndarray]) -> None:
+    """Refuse inputs that do not match the contract exactly.
+
+    Names must be exactly the contract's inputs; dtypes must be equal (no casting); every
+    static axis must equal the contract's shape and every dynamic axis must lie in its
+    ``[min, max]``; axes that share a dynamic-axis name (e.g. ``batch``) must agree.
+    """
+    expected = {s.name for s in specs}
+    got = set(inputs)
+    if got != expected:
+        missing, extra = sorted(expected - got), sorted(got - expected)
+        parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
+        raise InputRejected("inputs do not match the contract: " + ", ".join(parts))
+    shared: dict[str, tuple[str, int]] = {}
+    for spec in specs:
+        x = inputs[spec.name]
+        if not isinstance(x, np.ndarray):
+            raise InputRejected(f"input {spec.name!r}: expected a numpy array, got {type(x).__name__}")
+        if x.dtype != np.dtype(spec.dtype):
+            raise InputRejected(f"input {spec.name!r}: dtype {x.dtype}, the contract requires {spec.dtype}")
+        if x.ndim != len(spec.shape):
+            raise InputRejected(
+                f"input {spec.name!r}: rank {x.ndim} {list(x.shape)}, the contract requires rank {len(spec.shape)} {list(spec.shape)}"
+            )
+        dynamic = {ax.axis: ax for ax in spec.dynamic}
+        for axis, (size, want) in enumerate(zip(x.shape, spec.shape)):
+            ax = dynamic.get(axis)
+            if ax is None:
+                if size != want:
+                    raise InputRejected(
+                        f"input {spec.name!r}: axis {axis} is {size}, the contract fixes it at {want} (shape {list(spec.shape)})"
+                    )
+                continue
+            if not ax.min <= size <= ax.max:
+                raise InputRejected(
+                    f"input {spec.name!r}: axis {axis} ({ax.name}) is {size}, outside the contract's range [{ax.min}, {ax.max}]"
+                )
+            first = shared.setdefault(ax.name, (spec.name, size))
+            if first[1] != size:
+                raise InputRejected(
+                    f"input {spec.name!r}: {ax.name} is {size} but {first[0]!r} has {ax.name} {first[1]}"
+                )
+
+
+# ---------------------------------------------------------------------------------------
+# The interface
+# ---------------------------------------------------------------------------------------
+
+
+class Session(abc.ABC):
+    """A loaded model on one engine. Not thread-safe: one inference at a time."""
+
+    backend_name: str = "?"
+
+    def __init__(self, contract: Contract, artifact: Path, options: Mapping[str, Any]) -> None:
+        self.contract = contract
+        self.artifact = Path(artifact)
+        self.options = dict(options)
+        self.last_timing = Timing()
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model on contract-conforming inputs; refuses anything else before the engine."""
+        check_inputs(self.contract.inputs, inputs)
+        try:
+            return self._run(inputs)
+        except InputRejected:
+            raise
+        except Exception as exc:
+            raise BackendError(f"{self.backend_name}: inference failed: {exc}") from exc
+
+    @abc.abstractmethod
+    def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Engine-specific inference; must set :attr:`last_timing`. Outputs may be reused
+        buffers: a caller that keeps them past the next call copies them."""
+
+    @abc.abstractmethod
+    def describe(self) -> SessionDescription:
+        """Runtime, version, device, providers in use, precision and engine cache key."""
+
+    def warmup(self, n: int = 10) -> None:
+        """Run ``n`` inferences on the contract's opt-shape inputs (zeros, and fixed noise)."""
+        inputs = example_inputs(self.contract)
+        for _ in range(n):
+            self.infer(inputs)
+
+    def memory(self) -> MemoryStats:
+        return MemoryStats(host_rss_bytes=host_rss_bytes())
+
+    def close(self) -> None:
+        """Release engine resources (idempotent)."""
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Backend(abc.ABC):
+    """An engine offered by a plugin (returned from the ``vlad_backends`` hook)."""
+
+    name: str = "?"
+
+    @abc.abstractmethod
+    def availability(self) -> Availability:
+        """Whether this engine's runtime is usable on this machine, and if not, why."""
+
+    @abc.abstractmethod
+    def load(self, artifact: Path, contract: Contract, options: Mapping[str, Any] | None = None) -> Session:
+        """Load ``artifact`` (path relative to nothing: absolute or cwd-relative) for ``contract``."""
+
+    def artifact_suffixes(self) -> tuple[str, ...]:
+        """File suffixes this backend loads (for error messages and manifest checks)."""
+        return ()
+
+
+def example_inputs(contract: Contract, batch: int | None = None) -> dict[str, np.ndarray]:
+    """Deterministic inputs at the contract's opt shape (or with batch axis ``batch``)."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for spec in contract.inputs:
+        shape = list(spec.opt_shape)
+        if batch is not None:
+            for ax in spec.dynamic:
+                if ax.name == "batch":
+                    shape[ax.axis] = batch
+        dtype = np.dtype(spec.dtype)
+        if np.issubdtype(dtype, np.integer):
+            out[spec.name] = np.zeros(shape, dtype=dtype)
+        else:
+            out[spec.name] = rng.standard_normal(shape).astype(dtype)
+    return out

@@ -1,0 +1,337 @@
+"""Builds the demo release's non-weight artifacts: the tokenizer and the contract.
+
+The contract is an output of training (its normalization statistics and tokenizer hash
+come from the data and the tokenizer file), so it is rendered here from one template and
+written next to the exported model.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+from string import Template
+
+import numpy as np
+
+from vlad.processing import sha256_file
+
+PAD, UNK = "[PAD]", "[UNK]"
+
+
+def build_tokenizer(instructions: tuple[str, ...], path: Path) -> str:
+    """Write a word-level ``tokenizers`` file covering ``instructions``; returns its sha256.
+
+    A word-level vocabulary is enough for the demo's instructions and keeps the file tiny;
+    the serving path loads it through the same ``tokenizers`` library a subword tokenizer
+    would use. Ids: 0 = [PAD], 1 = [UNK], then words in sorted order (deterministic).
+    """
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    words = sorted({w for text in instructions for w in text.lower().split()})
+    vocab = {PAD: 0, UNK: 1} | {w: i + 2 for i, w in enumerate(words)}
+    tok = Tokenizer(WordLevel(vocab=vocab, unk_token=UNK))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path), pretty=True)
+    return sha256_file(path)
+
+
+def _fmt(values) -> str:
+    return "[" + ", ".join(f"{float(v):.6g}" for v in np.asarray(values).ravel()) + "]"
+
+
+def write_contract(
+    path: Path,
+    *,
+    tokenizer_sha256: str,
+    proprio_mean: np.ndarray,
+    proprio_std: np.ndarray,
+    action_mean: np.ndarray,
+    action_std: np.ndarray,
+) -> None:
+    """Render the demo contract with the statistics of the training data."""
+    text = _TEMPLATE.substitute(
+        tokenizer_sha256=tokenizer_sha256,
+        tokenizers_version=importlib.metadata.version("tokenizers"),
+        proprio_mean=_fmt(proprio_mean),
+        proprio_std=_fmt(proprio_std),
+        a0_mean=f"{float(action_mean[0]):.6g}",
+        a0_std=f"{float(action_std[0]):.6g}",
+        a1_mean=f"{float(action_mean[1]):.6g}",
+        a1_std=f"{float(action_std[1]):.6g}",
+    )
+    path.write_text(text)
+
+
+
+# ---------------------------------------------------------------------------------------
+# Export, golden fixtures and closed-loop evaluation of a trained demo policy
+# ---------------------------------------------------------------------------------------
+
+GOLDEN_SEEDS = ((101, 0), (102, 1), (103, 0), (104, 1))  # (episode seed, instruction index)
+
+
+def load_trained_model(out: Path):
+    """The trained TinyPi0 from its weights (``weights_only`` load: tensors, no pickle)."""
+    import json
+
+    import torch
+
+    from vlad.demo.model import ModelConfig, TinyPi0
+
+    cfg = ModelConfig(**json.loads((out / "model_config.json").read_text()))
+    model = TinyPi0(cfg)
+    model.load_state_dict(torch.load(out / "policy_weights.pt", weights_only=True, map_location="cpu"))
+    return model.eval()
+
+
+def golden_observations() -> list:
+    """Raw observations from fixed simulator states: the start of seeded episodes plus a few
+    expert steps (so the arm is moving and the proprio velocities are non-zero)."""
+    from vlad.demo import sim
+    from vlad.processing import RawObservation
+
+    task = sim.ReacherTask(render=True)
+    obs_list = []
+    try:
+        for i, (seed, instr) in enumerate(GOLDEN_SEEDS):
+            obs = task.reset(seed, sim.INSTRUCTIONS[instr])
+            for _ in range(3):
+                q, _ = task.state()
+                obs = task.step(sim.expert_chunk(q, task.goal)[0], render=True)
+            obs_list.append(
+                RawObservation(images={"overhead": obs.image}, proprio=obs.proprio, instruction=obs.instruction, sequence=1000 + i)
+            )
+    finally:
+        task.close()
+    return obs_list
+
+
+def write_golden_fixtures(model, contract, tokenizer, path: Path) -> list[dict]:
+    """raw observation -> model inputs -> model outputs -> actions, saved as one ``.npz``.
+
+    Returns the model inputs of every fixture (used for export checks).
+    """
+    import torch
+
+    from vlad.processing import decode_actions, preprocess
+
+    arrays: dict[str, np.ndarray] = {}
+    all_inputs = []
+    names = [spec.name for spec in contract.inputs]
+    for i, obs in enumerate(golden_observations()):
+        inputs = preprocess(contract, tokenizer, obs)
+        with torch.inference_mode():
+            out = model(*(torch.from_numpy(inputs[n]) for n in names)).numpy()
+        actions = decode_actions(contract, {contract.action.output: out})
+        arrays[f"{i}/raw/image/overhead"] = obs.images["overhead"]
+        arrays[f"{i}/raw/proprio"] = obs.proprio
+        arrays[f"{i}/raw/instruction"] = np.asarray(obs.instruction)
+        arrays[f"{i}/raw/sequence"] = np.asarray(obs.sequence, dtype=np.int64)
+        for n, v in inputs.items():
+            arrays[f"{i}/inputs/{n}"] = v
+        arrays[f"{i}/outputs/{contract.action.output}"] = out
+        arrays[f"{i}/actions"] = actions
+        all_inputs.append(inputs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **arrays)
+    return all_inputs
+
+
+def export_release(model, contract, tokenizer, out: Path, fixtures_path: Path, log=print) -> list:
+    """Write ``policy.pt2``, ``policy.onnx`` and the golden fixtures for a trained model."""
+    from vlad.export import export_onnx, export_program
+
+    fixtures = write_golden_fixtures(model, contract, tokenizer, fixtures_path)
+    log(f"fixtures: {len(fixtures)} golden observations -> {fixtures_path}")
+    export_program(model, contract, fixtures[0], out / "policy.pt2")
+    log(f"export: {out / 'policy.pt2'}")
+    comparisons = export_onnx(model, contract, fixtures, out / "policy.onnx", log=log)
+    log(f"export: {out / 'policy.onnx'}")
+    return comparisons
+
+
+def evaluate_release(out: Path, episodes: int, log=print) -> dict:
+    """Closed-loop success of the exported ONNX policy, the expert and the no-motion baseline."""
+    import onnxruntime as ort
+
+    from vlad.contract import load_contract
+    from vlad.demo import sim
+    from vlad.demo.evaluate import contract_policy, evaluate, fixed_seeds
+    from vlad.processing import Tokenizer
+
+    contract = load_contract(out / "contract.toml")
+    tokenizer = Tokenizer.from_contract(contract)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(out / "policy.onnx"), opts, providers=["CPUExecutionProvider"])
+    out_names = [o.name for o in sess.get_outputs()]
+
+    def infer(inputs):
+        return dict(zip(out_names, sess.run(out_names, dict(inputs))))
+
+    task = sim.ReacherTask(render=True)
+    rows = []
+    try:
+        makers = {
+            "policy": lambda: contract_policy(contract, tokenizer, infer),
+            "expert": lambda: sim.expert_policy(task),
+            "zero": lambda: sim.zero_policy(task),
+        }
+        for name, make in makers.items():
+            for instruction in sim.INSTRUCTIONS:
+                r = evaluate(task, make, name, instruction, fixed_seeds(episodes), progress=log)
+                log("eval: " + r.line())
+                rows.append(
+                    {"policy": name, "instruction": instruction, "episodes": r.episodes, "successes": r.successes,
+                     "success_rate": r.rate, "mean_final_distance_m": r.mean_final_distance}
+                )
+    finally:
+        task.close()
+    return {"seeds": f"{fixed_seeds(episodes).start}..{fixed_seeds(episodes).stop - 1}",
+            "success_radius_m": sim.SUCCESS_RADIUS, "episode_steps": sim.EPISODE_STEPS,
+            "exec_steps": 4, "results": rows}
+
+_TEMPLATE = Template(
+    """# vlad release contract: the frozen input/output contract of one model release.
+# Written by scripts/train_demo_policy.py; documented in docs/contract.md.
+format = "vlad.contract/1"
+
+[model]
+id = "vlad-demo-reacher"
+version = "1.0.0"
+family = "pi0-tiny"          # informational
+description = "pi0-shaped flow-matching VLA trained by behaviour cloning on MuJoCo Reacher-v5"
+
+# ---- raw observation -> model input -------------------------------------------------
+[[cameras]]
+name = "overhead"
+input = "image_overhead"      # model input this camera feeds
+
+[cameras.raw]                 # what the sensor sends
+height = 64
+width = 64
+color_order = "RGB"           # RGB | BGR
+layout = "HWC"                # HWC | CHW
+dtype = "uint8"               # uint8 | float32
+
+[cameras.model]               # what the network was trained on
+height = 64
+width = 64
+color_order = "RGB"
+layout = "CHW"
+dtype = "float32"
+resize = "bilinear"           # none | nearest | bilinear | area
+crop = "none"                 # none | center (center-crop to the model aspect ratio before resize)
+scale = 255.0                 # pixel / scale, then (x - mean) / std per channel
+mean = [0.5, 0.5, 0.5]
+std = [0.25, 0.25, 0.25]
+
+[language]
+input = "tokens"
+tokenizer = "vlad-demo-wordlevel"
+library = "tokenizers"
+library_version = "$tokenizers_version"
+file = "tokenizer.json"       # relative to the contract file
+sha256 = "$tokenizer_sha256"
+max_tokens = 8
+padding_side = "right"        # right | left
+pad_id = 0
+truncation = "error"          # error | truncate
+
+[proprio]
+input = "proprio"
+dim = 4
+names = ["joint0.position", "joint1.position", "joint0.velocity", "joint1.velocity"]
+units = ["rad", "rad", "rad/s", "rad/s"]
+frame = "joint"
+mean = $proprio_mean
+std = $proprio_std
+
+# Initial noise of the flow-matching head: an explicit model input so that every
+# backend can be compared bit for bit on the same noise.
+[noise]
+input = "noise"
+shape = [8, 2]                # per sample: chunk_length x action dim
+dtype = "float32"
+seeding = "philox-sequence"   # zeros | philox-sequence: standard normal from Philox(key=seed + observation sequence)
+seed = 0
+denoising_steps = 10          # baked into the exported graph; informational
+
+# ---- model output -> action ---------------------------------------------------------
+[action]
+output = "actions"
+chunk_length = 8
+dim = 2
+frame = "joint"
+scale = 1.0                   # after unnormalization: value * std + mean, then * scale
+on_nonfinite = "hold"         # hold: replace the chunk by the hold posture
+on_bound_violation = "clamp"  # clamp | hold
+hold_posture = "hold_position"  # hold_position | zero_velocity
+
+[[action.joints]]
+name = "joint0"
+semantics = "position"        # position | velocity | delta | torque
+unit = "rad"
+mean = $a0_mean
+std = $a0_std
+lower = -4.0
+upper = 4.0
+rate_limit = 0.25             # max change per control period, in `unit`
+
+[[action.joints]]
+name = "joint1"
+semantics = "position"
+unit = "rad"
+mean = $a1_mean
+std = $a1_std
+lower = -3.0
+upper = 3.0
+rate_limit = 0.25
+
+[timing]
+control_period_ms = 20.0
+max_observation_age_ms = 60.0
+action_validity_ms = 160.0
+e2e_deadline_ms = 20.0
+
+# ---- tensor-level model signature ----------------------------------------------------
+# `shape` is the optimal (typical) shape; `dynamic` opens an axis within [min, max].
+[[inputs]]
+name = "image_overhead"
+dtype = "float32"
+layout = "NCHW"
+shape = [1, 3, 64, 64]
+dynamic = [{ axis = 0, name = "batch", min = 1, opt = 1, max = 8 }]
+
+[[inputs]]
+name = "tokens"
+dtype = "int64"
+layout = "NL"
+shape = [1, 8]
+dynamic = [{ axis = 0, name = "batch", min = 1, opt = 1, max = 8 }]
+
+[[inputs]]
+name = "proprio"
+dtype = "float32"
+layout = "ND"
+shape = [1, 4]
+dynamic = [{ axis = 0, name = "batch", min = 1, opt = 1, max = 8 }]
+
+[[inputs]]
+name = "noise"
+dtype = "float32"
+layout = "NHD"
+shape = [1, 8, 2]
+dynamic = [{ axis = 0, name = "batch", min = 1, opt = 1, max = 8 }]
+
+[[outputs]]
+name = "actions"
+dtype = "float32"
+layout = "NHD"
+shape = [1, 8, 2]
+dynamic = [{ axis = 0, name = "batch", min = 1, opt = 1, max = 8 }]
+"""
+)

@@ -1,0 +1,134 @@
+"""The demo: ``vlad serve`` on the embedded demo release, a simulated robot as controller.
+
+The MuJoCo arm runs in real time at the contract's control period. Every period it
+captures a frame and its joint state, publishes them through :mod:`vlad.client`, sends a
+heartbeat, takes the newest fresh action chunk and executes the waypoint for the current
+time (holding position when it has none). Between episodes it prints what happened; at
+the end the success rate, the latency the controller saw, and ``vladctl status``.
+
+    ./scripts/demo [--episodes 10] [--config etc/vlad/demo.toml] [--no-daemon-log]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import numpy as np
+
+from vlad.cli import format_status
+from vlad.client import Client, ClientError
+from vlad.config import load_config
+from vlad.demo import sim
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_daemon(config: Path, quiet: bool) -> subprocess.Popen:
+    vlad = Path(sys.executable).parent / "vlad"
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.Popen([str(vlad), "serve", "--config", str(config)], stdout=out, stderr=out)
+
+
+def wait_ready(client: Client, proc: subprocess.Popen, timeout: float = 90.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"demo: vlad exited with status {proc.returncode} before it was ready")
+        try:
+            st = client.status(timeout_ms=500)
+            if st["state"] == "ACTIVE":
+                return st
+        except ClientError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("demo: vlad did not become ready in time")
+
+
+def run_episode(client: Client, task: sim.ReacherTask, seed: int, instruction: str, period_ns: int) -> dict:
+    obs = task.reset(seed, instruction)
+    chunk = None
+    latencies, held = [], 0
+    next_tick = time.monotonic_ns()
+    for _ in range(sim.EPISODE_STEPS):
+        t_sensor = time.monotonic_ns()
+        seq = client.publish_observation({"overhead": obs.image}, proprio=obs.proprio, instruction=instruction,
+                                         t_sensor_ns=t_sensor)
+        client.heartbeat()
+        # Wait for this observation's chunk until shortly before the period ends; keep
+        # executing the previous one if it does not come in time.
+        newest = client.recv_actions(timeout_ms=max(1, int((next_tick + period_ns * 0.8 - time.monotonic_ns()) / 1e6)))
+        while newest is not None and newest.obs_seq < seq:
+            more = client.recv_actions(timeout_ms=max(0, int((next_tick + period_ns * 0.8 - time.monotonic_ns()) / 1e6)))
+            if more is None:
+                break
+            newest = more
+        if newest is not None:
+            chunk = newest
+            if chunk.obs_seq == seq:
+                latencies.append((chunk.t_receive_ns - chunk.t_sensor_ns) / 1e6)
+        command = chunk.action_at(time.monotonic_ns()) if chunk is not None else None
+        if command is None:  # nothing fresh to execute: hold where we are
+            command, held = obs.proprio[:2], held + 1
+        obs = task.step(np.asarray(command, dtype=np.float64))
+        next_tick += period_ns
+        time.sleep(max(0.0, (next_tick - time.monotonic_ns()) / 1e9))
+    d = task.distance()
+    return {"success": d < sim.SUCCESS_RADIUS, "distance": d, "latencies": latencies, "held": held}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--episodes", type=int, default=10, help="episodes, alternating the two instructions")
+    ap.add_argument("--config", type=Path, default=ROOT / "etc" / "vlad" / "demo.toml")
+    ap.add_argument("--seed", type=int, default=20_000)
+    ap.add_argument("--no-daemon-log", action="store_true", help="hide the daemon's log lines")
+    args = ap.parse_args(argv)
+
+    cfg = load_config(args.config)
+    print(f"demo: starting vlad serve --config {args.config}", flush=True)
+    proc = start_daemon(args.config, args.no_daemon_log)
+    client = Client.from_config(cfg, name="mujoco-reacher")
+    results = []
+    try:
+        st = wait_ready(client, proc)
+        period_ns = int(st["control_period_ms"] * 1e6)
+        print(f"demo: vlad is {st['state']}: {st['release']} on {st['backend']['name']} ({st['backend']['runtime']})")
+        print(f"demo: simulated Reacher arm at {1e3 / st['control_period_ms']:.0f} Hz, {sim.EPISODE_STEPS} periods per episode,"
+              f" success = fingertip within {sim.SUCCESS_RADIUS * 1000:.0f} mm of the goal at the end\n", flush=True)
+        with sim.ReacherTask(render=True) as task:
+            for i in range(args.episodes):
+                instruction = sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]
+                r = run_episode(client, task, args.seed + i, instruction, period_ns)
+                results.append(r)
+                lat = np.asarray(r["latencies"]) if r["latencies"] else np.asarray([np.nan])
+                print(f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r['success'] else 'miss   '}"
+                      f"  final distance {r['distance'] * 1000:6.1f} mm   sensor->action p50 {np.median(lat):5.2f} ms"
+                      f"  max {lat.max():5.2f} ms   held {r['held']}", flush=True)
+        all_lat = np.concatenate([np.asarray(r["latencies"]) for r in results if r["latencies"]] or [np.zeros(1)])
+        ok = sum(r["success"] for r in results)
+        print(f"\ndemo: {ok}/{len(results)} episodes succeeded; latency seen by the controller (sensor -> action received):"
+              f" p50 {np.percentile(all_lat, 50):.2f} ms, p95 {np.percentile(all_lat, 95):.2f} ms,"
+              f" p99 {np.percentile(all_lat, 99):.2f} ms over {len(all_lat)} chunks\n")
+        print("vladctl status:")
+        print(format_status(client.status()))
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return 0 if results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

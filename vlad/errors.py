@@ -1,0 +1,52 @@
+"""The exception tree of vlad.
+
+Every expected failure is a :class:`VladError`; the command-line tools turn it into one
+clear line and a non-zero exit code. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class VladError(Exception):
+    """Base of every expected vlad failure; ``str(exc)`` is the one line a human reads."""
+
+
+class ContractError(VladError):
+    """A release contract is missing, unreadable, incomplete or inconsistent.
+
+    ``problems`` lists every problem found, one line each, so that a broken contract
+    is fixed in one pass instead of one error at a time.
+    """
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            msg = f"{source}: {self.problems[0]}"
+        else:
+            msg = f"{source}: {len(self.problems)} problems: " + "; ".join(self.problems)
+        super().__init__(msg)
+
+
+class TokenizerError(VladError):
+    """The tokenizer file does not match the contract, or an instruction cannot be encoded."""
+
+
+class ObservationError(VladError):
+    """A raw observation does not match the contract (missing camera, wrong shape or dtype)."""
+
+
+class InputRejected(VladError):
+    """Model inputs were refused before reaching the engine (wrong name, dtype or shape)."""
+
+
+class ExportError(VladError):
+    """Exporting a model failed or the exported artifact does not match the reference."""
+
+
+class BackendError(VladError):
+    """A backend could not load, or failed while running."""
+
+
+class BackendUnavailable(BackendError):
+    """The runtime a backend needs is not usable on this machine (the message says why)."""

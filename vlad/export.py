@@ -1,0 +1,264 @@
+"""Export a PyTorch policy to the release artifacts: a ``torch.export`` program and ONNX.
+
+An export that produced a file proves nothing, so every export here is checked:
+
+1. shapes are fixed first (every axis at the contract's ``opt`` value) and only the axes
+   the contract declares dynamic are opened in a second export;
+2. ``onnx.checker`` runs in full-check mode;
+3. ONNX Runtime is compared with PyTorch on the given inputs: the final outputs, and the
+   trunk's prefix embedding as an intermediate (from a verification-only export);
+4. an operator the exporter cannot translate fails the export with its name, never an
+   approximation.
+
+The exporter, opset, torch, onnx and vlad versions are written into the ONNX metadata.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vlad.contract import Contract
+from vlad.errors import ExportError
+
+OPSET = 18
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Worst-case difference between a runtime's output and the PyTorch reference."""
+
+    name: str
+    max_abs: float
+    mean_abs: float
+    max_rel: float
+
+    def line(self) -> str:
+        return f"{self.name}: max abs {self.max_abs:.3g}, mean abs {self.mean_abs:.3g}, max rel {self.max_rel:.3g}"
+
+
+def compare(name: str, ref: np.ndarray, got: np.ndarray) -> Comparison:
+    if ref.shape != got.shape:
+        raise ExportError(f"{name}: shape {list(got.shape)} differs from the reference {list(ref.shape)}")
+    err = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+    rel = err / np.maximum(np.abs(ref.astype(np.float64)), 1e-6)
+    return Comparison(name, float(err.max(initial=0.0)), float(err.mean()) if err.size else 0.0, float(rel.max(initial=0.0)))
+
+
+def _input_names(contract: Contract) -> list[str]:
+    return [spec.name for spec in contract.inputs]
+
+
+def _dynamic_shapes(contract: Contract, dynamic: bool):
+    """torch.export dynamic_shapes from the contract: one Dim per declared dynamic axis."""
+    import torch
+
+    shapes = {}
+    dims: dict[tuple[str, int, int], object] = {}
+    for spec in contract.inputs:
+        axes = {}
+        if dynamic:
+            for ax in spec.dynamic:
+                # Axes that share a name (e.g. "batch") share one symbolic Dim.
+                key = (ax.name, ax.min, ax.max)
+                if key not in dims:
+                    dims[key] = torch.export.Dim(ax.name, min=ax.min, max=ax.max)
+                axes[ax.axis] = dims[key]
+        shapes[spec.name] = axes or None
+    return shapes
+
+
+def _torch_versions() -> dict[str, str]:
+    import onnx
+    import torch
+
+    return {
+        "vlad.exporter": "torch.onnx.export(dynamo=True)",
+        "vlad.opset": str(OPSET),
+        "vlad.torch_version": torch.__version__,
+        "vlad.onnx_version": onnx.__version__,
+        "vlad.onnxscript_version": importlib.metadata.version("onnxscript"),
+        "vlad.version": importlib.metadata.version("vlad") if _has_dist("vlad") else "dev",
+        "vlad.python": sys.version.split()[0],
+    }
+
+
+def _has_dist(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def _to_torch(inputs: dict[str, np.ndarray], names: list[str]):
+    import torch
+
+    return tuple(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in names)
+
+
+def export_program(model, contract: Contract, example: dict[str, np.ndarray], path: Path) -> None:
+    """Save a ``torch.export`` program (``.pt2``) with the contract's dynamic axes.
+
+    ``example`` holds batch-of-one inputs; they are traced as a batch of two, because
+    torch.export specializes a size-1 axis to a constant.
+    """
+    import torch
+
+    names = _input_names(contract)
+    model.eval()
+    batch2 = {n: np.concatenate([example[n], example[n]]) for n in names}
+    try:
+        ep = torch.export.export(model, _to_torch(batch2, names), dynamic_shapes=_dynamic_shapes(contract, True))
+    except Exception as exc:  # the exporter's errors are long; keep the first line
+        raise ExportError(f"torch.export failed: {str(exc).splitlines()[0]}") from exc
+    torch.export.save(ep, str(path))
+
+
+def _onnx_export(module, args, path: Path, input_names, output_names, dynamic_shapes) -> None:
+    import logging
+
+    import torch
+
+    # The exporter warns about every torchvision operator it cannot register; irrelevant here.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+
+    buf = io.StringIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            # The exporter prints its own progress; keep it out of the user's terminal
+            # unless it fails.
+            from contextlib import redirect_stdout
+
+            with redirect_stdout(buf):
+                prog = torch.onnx.export(
+                    module,
+                    args,
+                    dynamo=True,
+                    opset_version=OPSET,
+                    input_names=input_names,
+                    output_names=output_names,
+                    dynamic_shapes=dynamic_shapes,
+                    optimize=True,
+                    verify=False,
+                    report=False,
+                )
+        except Exception as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ExportError(f"ONNX export failed (unsupported operator or construct): {first}") from exc
+    if prog is None:
+        raise ExportError("ONNX export returned no program")
+    prog.save(str(path), external_data=False)
+
+
+def export_onnx(
+    model,
+    contract: Contract,
+    fixtures: list[dict[str, np.ndarray]],
+    path: Path,
+    *,
+    tolerance: float = 1e-4,
+    log=print,
+) -> list[Comparison]:
+    """Export ``model`` to ONNX at ``path`` and prove it matches PyTorch on ``fixtures``.
+
+    Returns the comparisons (final outputs and the prefix intermediate); raises
+    :class:`ExportError` when a check fails or an output differs by more than ``tolerance``.
+    """
+    import onnx
+    import onnxruntime as ort
+    import torch
+
+    names = _input_names(contract)
+    out_names = [spec.name for spec in contract.outputs]
+    model.eval()
+    example = _to_torch(fixtures[0], names)  # batch of one: every axis at its opt value
+    # torch.export specializes a size-1 axis to a constant, so the dynamic export traces
+    # a batch of two; the comparisons below then cover both batch sizes.
+    batch2 = {n: np.concatenate([fixtures[0][n], fixtures[-1][n]]) for n in names}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # 1. Fixed shapes: every dimension at its opt value.
+        fixed = Path(tmp) / "fixed.onnx"
+        log("export: fixed-shape ONNX ...")
+        _onnx_export(model, example, fixed, names, out_names, None)
+        onnx.checker.check_model(str(fixed), full_check=True)
+        fixed_cmp = _compare_onnx(model, fixed, names, out_names, fixtures[:1])
+        log("export: fixed shapes OK (" + "; ".join(c.line() for c in fixed_cmp) + ")")
+
+        # 2. Intermediate: a verification-only graph that also returns the trunk prefix.
+        class _WithPrefix(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, *args):
+                return self.inner(*args), self.inner.prefix(*args[:3])
+
+        inter = Path(tmp) / "intermediate.onnx"
+        _onnx_export(_WithPrefix(model), example, inter, names, [*out_names, "prefix"], None)
+        inter_cmp = _compare_onnx(_WithPrefix(model), inter, names, [*out_names, "prefix"], fixtures)
+        inter_cmp = [c for c in inter_cmp if c.name == "prefix"]
+
+    # 3. The release artifact: only the contract's dynamic axes opened.
+    log("export: ONNX with the contract's dynamic axes ...")
+    _onnx_export(model, _to_torch(batch2, names), path, names, out_names, _dynamic_shapes(contract, True))
+    proto = onnx.load(str(path))
+    for key, value in {**_torch_versions(), "vlad.contract_model": f"{contract.model.id}@{contract.model.version}"}.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(proto, str(path))
+    onnx.checker.check_model(str(path), full_check=True)
+    _check_dynamic_axes(proto, contract)
+
+    final_cmp = _compare_onnx(model, path, names, out_names, [*fixtures, batch2])
+    comparisons = final_cmp + inter_cmp
+    for c in comparisons:
+        log(f"export: ORT vs PyTorch {c.line()}")
+    for c in final_cmp:
+        if c.max_abs > tolerance:
+            raise ExportError(f"ONNX output {c.name} differs from PyTorch by {c.max_abs:.3g} > {tolerance:g}")
+    del ort
+    return comparisons
+
+
+def _check_dynamic_axes(proto, contract: Contract) -> None:
+    """The exported graph must have symbolic dims exactly where the contract has dynamic axes."""
+    declared = {spec.name: {ax.axis for ax in spec.dynamic} for spec in [*contract.inputs, *contract.outputs]}
+    problems = []
+    for vi in [*proto.graph.input, *proto.graph.output]:
+        dims = vi.type.tensor_type.shape.dim
+        symbolic = {i for i, d in enumerate(dims) if not d.HasField("dim_value")}
+        if vi.name in declared and symbolic != declared[vi.name]:
+            problems.append(f"{vi.name}: symbolic axes {sorted(symbolic)}, contract declares {sorted(declared[vi.name])}")
+    if problems:
+        raise ExportError("exported ONNX dynamic axes differ from the contract: " + "; ".join(problems))
+
+
+def _compare_onnx(model, path: Path, names, out_names, fixtures) -> list[Comparison]:
+    import onnxruntime as ort
+    import torch
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    worst: dict[str, Comparison] = {}
+    for fx in fixtures:
+        feeds = {n: fx[n] for n in names}
+        got = sess.run(out_names, feeds)
+        with torch.inference_mode():
+            ref = model(*_to_torch(fx, names))
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        for n, r, g in zip(out_names, ref, got):
+            c = compare(n, r.numpy(), g)
+            if n not in worst or c.max_abs > worst[n].max_abs:
+                worst[n] = c
+    return list(worst.values())

@@ -1,0 +1,52 @@
+"""Every hook a vlad plugin can implement (pluggy project name ``vlad``).
+
+Plugins are plain modules (or objects) with functions named after the hooks and marked with
+:data:`hookimpl`. The built-in backends in ``plugins/`` are registered through the ``vlad``
+entry-point group exactly like a third-party plugin (see :mod:`vlad.plugins`).
+
+Hooks are synchronous and return objects; anything long-running or asynchronous lives in
+the objects they return.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from vlad.backend import Backend
+    from vlad.monitors import Monitor
+
+PROJECT = "vlad"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# ---------------------------------------------------------------------------------------
+# Backend hooks
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec
+def vlad_backends() -> list[Backend]:
+    """Return the inference backends this plugin provides.
+
+    Each :class:`vlad.backend.Backend` names one engine (e.g. ``"onnxruntime"``), says
+    whether its runtime is usable on this machine and loads release artifacts into
+    sessions. Backend names must be unique across all plugins.
+    """
+
+
+# ---------------------------------------------------------------------------------------
+# Health hooks
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec
+def vlad_monitors(config: dict) -> list[Monitor]:
+    """Return the health monitors this plugin provides.
+
+    :param config: the ``[monitors]`` table of the daemon configuration (read-only), so a
+        plugin can take its thresholds from there.
+    """

@@ -1,0 +1,91 @@
+"""Plugin loading: the ``vlad`` entry-point group, for built-in and third-party plugins alike.
+
+``VLAD_PLUGINS=onnxruntime,torch`` restricts loading to those entry-point names (an empty
+value loads none); ``VLAD_TRACE_PLUGINS=1`` prints every hook call and result to stderr.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+
+import pluggy
+
+from vlad import hookspecs
+from vlad.errors import BackendUnavailable, VladError
+
+ENTRY_POINT_GROUP = "vlad"
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    name: str  # entry-point name
+    module: str
+    distribution: str
+    version: str
+
+
+def _allowed() -> set[str] | None:
+    raw = os.environ.get("VLAD_PLUGINS")
+    if raw is None:
+        return None
+    return {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def make_plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:
+    """A fresh plugin manager with the hookspecs and the (allowed) entry-point plugins."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    if load_entry_points:
+        allowed = _allowed()
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if allowed is not None and ep.name not in allowed:
+                continue
+            if pm.get_plugin(ep.name) is not None:
+                continue
+            pm.register(ep.load(), name=ep.name)
+            pm._vlad_info = getattr(pm, "_vlad_info", {})  # noqa: SLF001 (our own attribute)
+            dist = ep.dist
+            pm._vlad_info[ep.name] = PluginInfo(
+                ep.name, ep.value, dist.name if dist else "?", dist.version if dist else "?"
+            )
+    if os.environ.get("VLAD_TRACE_PLUGINS"):
+        pm.trace.root.setwriter(lambda msg: print(msg, end="", file=sys.stderr))
+        pm.enable_tracing()
+    return pm
+
+
+@lru_cache(maxsize=1)
+def plugin_manager() -> pluggy.PluginManager:
+    """The process-wide plugin manager (loaded once)."""
+    return make_plugin_manager()
+
+
+def plugin_infos(pm: pluggy.PluginManager | None = None) -> list[PluginInfo]:
+    pm = pm or plugin_manager()
+    return list(getattr(pm, "_vlad_info", {}).values())
+
+
+def backends(pm: pluggy.PluginManager | None = None) -> dict:
+    """All backends offered by the loaded plugins, by name; a duplicate name is an error."""
+    pm = pm or plugin_manager()
+    found: dict = {}
+    for result in pm.hook.vlad_backends():
+        for backend in result or ():
+            if backend.name in found:
+                raise VladError(f"two plugins provide a backend named {backend.name!r}")
+            found[backend.name] = backend
+    return found
+
+
+def get_backend(name: str, pm: pluggy.PluginManager | None = None):
+    """The backend called ``name``; a clear error if no loaded plugin provides it."""
+    available = backends(pm)
+    if name not in available:
+        hint = "" if available else " (no backend plugins are loaded: check VLAD_PLUGINS and the installed plugins)"
+        known = ", ".join(sorted(available)) or "none"
+        raise BackendUnavailable(f"no backend {name!r}; loaded backends: {known}{hint}")
+    return available[name]

@@ -1,0 +1,83 @@
+"""The supervisor's state machine and its event history.
+
+    STARTING -> ACTIVE <-> DEGRADED -> FALLBACK -> (healthy window) -> ACTIVE
+    any -> ESTOPPED (external e-stop engaged) -> back to the state before, once released
+    any -> STOPPING
+
+Every transition is an :class:`Event` with a reason, logged (to journald with structured
+fields under systemd) and kept in a bounded history that ``vladctl events`` shows.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vlad.systemd import context as log_context
+
+log = logging.getLogger("vlad.state")
+
+
+class State(str, enum.Enum):
+    STARTING = "STARTING"
+    ACTIVE = "ACTIVE"
+    DEGRADED = "DEGRADED"
+    FALLBACK = "FALLBACK"
+    ESTOPPED = "ESTOPPED"
+    STOPPING = "STOPPING"
+
+
+ALLOWED: dict[State, set[State]] = {
+    State.STARTING: {State.ACTIVE, State.FALLBACK, State.ESTOPPED, State.STOPPING},
+    State.ACTIVE: {State.DEGRADED, State.FALLBACK, State.ESTOPPED, State.STOPPING},
+    State.DEGRADED: {State.ACTIVE, State.FALLBACK, State.ESTOPPED, State.STOPPING},
+    State.FALLBACK: {State.ACTIVE, State.DEGRADED, State.ESTOPPED, State.STOPPING},
+    State.ESTOPPED: {State.ACTIVE, State.DEGRADED, State.FALLBACK, State.STOPPING},
+    State.STOPPING: set(),
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    time: float  # wall clock (seconds since the epoch), for humans and logs
+    monotonic_ns: int
+    kind: str  # "transition" or another event kind (e.g. "fault", "operator")
+    state_from: str
+    state_to: str
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class StateMachine:
+    def __init__(self, history: int = 500) -> None:
+        self.state = State.STARTING
+        self.since_ns = time.monotonic_ns()
+        self.events: deque[Event] = deque(maxlen=history)
+
+    def transition(self, to: State, reason: str, **details: Any) -> bool:
+        """Move to ``to``; returns False (and changes nothing) if already there."""
+        if to == self.state:
+            return False
+        if to not in ALLOWED[self.state]:
+            raise RuntimeError(f"illegal transition {self.state.value} -> {to.value} ({reason})")
+        ev = Event(time.time(), time.monotonic_ns(), "transition", self.state.value, to.value, reason, details)
+        self.state = to
+        self.since_ns = ev.monotonic_ns
+        self.events.append(ev)
+        log_context.state = to.value
+        log.info("state %s -> %s: %s", ev.state_from, ev.state_to, reason, extra={"VLAD_REASON": reason})
+        return True
+
+    def record(self, kind: str, reason: str, **details: Any) -> Event:
+        """Record a non-transition event (a fault, an operator command, a swap)."""
+        ev = Event(time.time(), time.monotonic_ns(), kind, self.state.value, self.state.value, reason, details)
+        self.events.append(ev)
+        log.info("%s: %s", kind, reason, extra={"VLAD_REASON": reason})
+        return ev
