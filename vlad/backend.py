@@ -38,6 +38,8 @@ class Availability:
     version: str | None = None
     reason: str = ""
     devices: tuple[str, ...] = ()
+    #: Sub-engines the runtime offers here (e.g. ONNX Runtime execution providers).
+    providers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,9 @@ class Client:
         tensors = {f"image/{name}": img for name, img in images.items()}
         if proprio is not None:
             tensors["proprio"] = np.asarray(proprio, dtype=np.float32)
-        self._obs.send_multipart(protocol.encode(protocol.TOPIC_OBS, header, tensors), copy=False)
+        frames = protocol.encode(protocol.TOPIC_OBS, header, tensors)
+        # pyzmq's zero-copy sends cost more than a copy below ~64 KiB (per its docs).
+        self._obs.send_multipart(frames, copy=sum(len(f) for f in frames) < 65536)
         return seq
 
     def heartbeat(self) -> None:

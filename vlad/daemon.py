@@ -158,6 +158,10 @@ class Daemon:
 
     async def startup(self, stack: AsyncExitStack) -> None:
         cfg = self.cfg
+        s = cfg.sockets
+        # Refuse an endpoint another process serves before spending seconds on loading.
+        for endpoint in (s.observations, s.actions, s.status, s.control):
+            prepare_ipc(endpoint, s.ipc_group)
         self.notifier.status("loading release")
         # Loading and warming up take seconds: off the event loop.
         contract, tokenizer, session = await anyio.to_thread.run_sync(load_release, cfg)
@@ -175,7 +179,6 @@ class Daemon:
         ctx = zmq.Context()
         stack.callback(ctx.term)
         actx = zmq.asyncio.Context.shadow(ctx.underlying)
-        s = cfg.sockets
         linger = s.linger_ms
 
         def make(kind: int, async_: bool = True):

@@ -196,7 +196,7 @@ class PolicyWorker:
             "interventions": list(verdict.interventions),
             "timings_ms": _stage_ms(t),
         }
-        self.sock.send_multipart(protocol.encode(protocol.TOPIC_ACTIONS, header, {"actions": verdict.actions}), copy=False)
+        self.sock.send_multipart(protocol.encode(protocol.TOPIC_ACTIONS, header, {"actions": verdict.actions}))
         t.publish = time.monotonic_ns()
 
         self.last_publish_ns = t.publish
