@@ -8,13 +8,17 @@ Used by the daemon tests and the fault-injection tests: ``start_daemon(tmp_path)
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 VLAD = Path(sys.executable).parent / "vlad"
@@ -44,9 +48,11 @@ class NotifyListener:
             fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
             self.messages.append((time.monotonic(), fields))
 
-    def wait_for(self, key: str, value: str | None = None, timeout: float = 60.0) -> dict[str, str]:
+    def wait_for(self, key: str, value: str | None = None, timeout: float = 60.0, proc=None) -> dict[str, str]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                break
             for _, m in list(self.messages):
                 if key in m and (value is None or m[key] == value):
                     return m
@@ -106,10 +112,11 @@ def daemon_command(endpoints: dict[str, str], extra: list[str] | None = None, co
 
 
 def start_daemon(tmp_path: Path, extra: list[str] | None = None, env: dict[str, str] | None = None,
-                 config: Path | None = None, wait_ready: bool = True) -> RunningDaemon:
+                 config: Path | None = None, wait_ready: bool = True,
+                 endpoints: dict[str, str] | None = None) -> RunningDaemon:
     sock_dir = tmp_path / "run"
     sock_dir.mkdir(exist_ok=True)
-    endpoints = endpoints_in(sock_dir)
+    endpoints = endpoints or endpoints_in(sock_dir)
     notify = NotifyListener(tmp_path / "notify.sock")
     full_env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "PYTHONUNBUFFERED": "1", **(env or {})}
     log_path = tmp_path / "vlad.log"
@@ -120,8 +127,140 @@ def start_daemon(tmp_path: Path, extra: list[str] | None = None, env: dict[str, 
     d = RunningDaemon(proc, endpoints, notify, log_path)
     if wait_ready:
         try:
-            notify.wait_for("READY", "1", timeout=90)
+            notify.wait_for("READY", "1", timeout=90, proc=proc)
         except TimeoutError:
             d.stop()
             raise AssertionError(f"daemon never became ready; log:\n{d.log()}") from None
     return d
+
+
+@dataclass
+class FaultRig:
+    config: Path
+    control: Path  # write a mode here: ok | raise | hang | nan | oob
+    sensors: Path  # JSON readings of the injected sensor
+    estop: Path  # the e-stop file: "engaged" / "0"
+    primary: Path
+    env: dict[str, str]
+
+
+def write_fault_rig(tmp_path: Path) -> FaultRig:
+    """Config for a daemon whose release runs on the fault-injecting backend, with a previous
+    release (real ONNX Runtime) and the hold posture as its fallback chain."""
+    from tests.conftest import DEMO
+
+    primary = tmp_path / "release"
+    previous = tmp_path / "previous"
+    for folder, version in ((primary, "1.0.0"), (previous, "0.9.0")):
+        folder.mkdir()
+        for name in ("tokenizer.json", "policy.onnx"):
+            shutil.copy(DEMO / name, folder / name)
+        text = (DEMO / "contract.toml").read_text().replace('version = "1.0.0"', f'version = "{version}"', 1)
+        (folder / "contract.toml").write_text(text)
+    control = tmp_path / "fault"
+    sensors = tmp_path / "sensors.json"
+    estop = tmp_path / "estop"
+    config = tmp_path / "vlad.toml"
+    config.write_text(f"""
+[release]
+path = "{primary}"
+verify = false
+backend = "faulty"
+artifact = "policy.onnx"
+options = {{ control_file = "{control}", intra_op_threads = 1 }}
+
+[serve]
+warmup = 3
+hang_timeout_s = 0.3
+
+[fallback]
+healthy_window_s = 1.0
+
+[[fallback.chain]]
+kind = "release"
+path = "{previous}"
+backend = "onnxruntime"
+artifact = "policy.onnx"
+options = {{ intra_op_threads = 1 }}
+
+[[fallback.chain]]
+kind = "hold"
+
+[monitors]
+artifact_check_interval_s = 0.2
+
+[safety]
+estop_file = "{estop}"
+""")
+    env = {"VLAD_PLUGIN_MODULES": "tests.fault_plugin", "PYTHONPATH": str(ROOT), "VLAD_TEST_SENSOR_FILE": str(sensors)}
+    return FaultRig(config, control, sensors, estop, primary, env)
+
+
+PERIOD_S = 0.02
+
+
+@dataclass
+class Received:
+    t: float
+    source: str
+    state: str
+    actions: np.ndarray
+    interventions: tuple
+
+
+@dataclass
+class ControllerSim:
+    """Publishes observations + heartbeats at 50 Hz, records every chunk it receives."""
+
+    client: object
+    case: dict
+    send_obs: bool = True
+    send_heartbeat: bool = True
+    stale: bool = False
+    bad_shape: bool = False
+    received: list[Received] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> ControllerSim:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        raw = self.case["raw"]
+        next_t = time.monotonic()
+        seq = 0
+        while not self._stop.is_set():
+            seq += 1
+            if self.send_obs:
+                t_sensor = time.monotonic_ns() - (int(1e9) if self.stale else 0)
+                img = raw.images["overhead"]
+                if self.bad_shape:
+                    img = np.zeros((32, 32, 3), np.uint8)
+                self.client.publish_observation({"overhead": img}, proprio=raw.proprio, instruction=raw.instruction,
+                                                seq=seq, t_sensor_ns=t_sensor)
+            if self.send_heartbeat:
+                self.client.heartbeat()
+            next_t += PERIOD_S
+            while True:
+                chunk = self.client.recv_actions(timeout_ms=max(0, int((next_t - time.monotonic()) * 1000)))
+                if chunk is None:
+                    break
+                self.received.append(Received(time.monotonic(), chunk.source, chunk.state, chunk.actions.copy(),
+                                              chunk.interventions))
+                if time.monotonic() >= next_t:
+                    break
+
+    def since(self, t0: float) -> list[Received]:
+        return [r for r in list(self.received) if r.t >= t0]
+
+
+def max_gap(chunks: list[Received]) -> float:
+    ts = [c.t for c in chunks]
+    return max(np.diff(ts)) if len(ts) > 1 else float("inf")

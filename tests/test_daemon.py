@@ -6,22 +6,25 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import msgpack
 import numpy as np
 import pytest
 
-from tests.conftest import load_golden
 from tests.daemon_harness import ROOT, VLAD, daemon_command, endpoints_in, start_daemon
 
 VLADCTL = VLAD.parent / "vladctl"
 
 
+# These tests send observations now and then, not as a steady stream: switch off the
+# monitors that would (rightly) call that a stalled sensor; tests/test_faults.py covers them.
+QUIET_MONITORS = ["--set", "monitors.sensor_stall_periods=1000000", "--set", "monitors.stale_fraction_warn=1.0"]
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    d = start_daemon(tmp_path_factory.mktemp("daemon"))
+    d = start_daemon(tmp_path_factory.mktemp("daemon"), extra=QUIET_MONITORS)
     yield d
     d.stop()
 
@@ -49,7 +52,7 @@ def _exchange(client, case, seq, tries=50):
         sent.add(t_sensor)
         client.publish_observation(**_obs(case), seq=seq, t_sensor_ns=t_sensor)
         chunk = client.recv_actions(timeout_ms=200)
-        while chunk is not None and chunk.obs_seq != seq:
+        while chunk is not None and (chunk.obs_seq != seq or chunk.is_hold):
             chunk = client.recv_actions(timeout_ms=50)
         if chunk is not None:
             assert chunk.t_sensor_ns in sent
@@ -62,7 +65,7 @@ def test_ready_only_after_warmup_and_status_lines(daemon):
     assert "serving vlad-demo-reacher" in ready["STATUS"]
     first_ready = next(i for i, (_, m) in enumerate(daemon.notify.messages) if m.get("READY") == "1")
     earlier = [m.get("STATUS", "") for _, m in daemon.notify.messages[:first_ready]]
-    assert any("warming up" in s for s in earlier) and any("loading" in s for s in earlier)
+    assert any("loading and warming" in s for s in earlier)
     daemon.notify.wait_for("STATUS", timeout=5)
 
 
@@ -258,3 +261,53 @@ def test_systemd_unit_verifies(tmp_path):
     out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
     problems = [ln for ln in out.stderr.splitlines() if "vlad.service" in ln]
     assert out.returncode == 0 and not problems, out.stderr
+
+
+def test_tcp_needs_curve_keys(tmp_path):
+    eps = {k: f"tcp://127.0.0.1:{port}" for k, port in zip(("observations", "actions", "status", "control"),
+                                                           _free_ports(4))}
+    rc, lines = _run_fail(daemon_command(eps))
+    assert rc == 2 and len(lines) == 1 and "CurveZMQ" in lines[0], lines
+
+
+def test_tcp_control_with_curve(tmp_path, golden):
+    import zmq.auth
+
+    from vlad.client import Client, ClientError
+
+    keys = tmp_path / "keys"
+    clients = tmp_path / "clients"
+    keys.mkdir()
+    clients.mkdir()
+    server_pub, server_secret = zmq.auth.create_certificates(keys, "server")
+    client_pub, client_secret = zmq.auth.create_certificates(keys, "client")
+    _, stranger_secret = zmq.auth.create_certificates(keys, "stranger")
+    (clients / "client.key").write_bytes(open(client_pub, "rb").read())
+    eps = {k: f"tcp://127.0.0.1:{port}" for k, port in zip(("observations", "actions", "status", "control"),
+                                                           _free_ports(4))}
+    d = start_daemon(tmp_path, extra=["--set", f'sockets.curve_secret_key="{server_secret}"',
+                                      "--set", f'sockets.curve_clients_dir="{clients}"', *QUIET_MONITORS],
+                     endpoints=eps)
+    try:
+        with Client(**eps, curve=(client_secret, server_pub)) as c:
+            assert c.control("ping")["pong"] is True
+            assert _exchange(c, golden[0], 1).obs_seq == 1  # observations and actions over curve too
+        with Client(**eps, curve=(stranger_secret, server_pub)) as c:  # not in the authorized folder
+            with pytest.raises(ClientError, match="did not answer"):
+                c.control("ping", timeout_ms=1000)
+        with pytest.raises(ClientError, match="CurveZMQ"):
+            Client(**eps)  # no keys: refused before connecting
+    finally:
+        d.stop()
+
+
+def _free_ports(n):
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports

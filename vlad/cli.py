@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -103,11 +104,9 @@ def _control_endpoint(args: argparse.Namespace) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Show what the daemon is doing: state, release, backend, rates, latency."""
-    import zmq
 
-    from vlad.client import control_request
 
-    st = control_request(zmq.Context.instance(), _control_endpoint(args), "status", args.timeout_ms)
+    st = _daemon(args, "status")
     if args.json:
         print(json.dumps(st, indent=2, sort_keys=True))
         return 0
@@ -127,8 +126,29 @@ def format_status(st: dict) -> str:
         f" (control period {st['control_period_ms']:g} ms)",
         f"counters     published {c.get('published', 0)}, stale {c.get('stale', 0)}, superseded {c.get('superseded', 0)},"
         f" deadline misses {c.get('deadline_misses', 0)}, interventions {c.get('interventions', 0)},"
+        f" holds {c.get('published_hold', 0)},"
         f" rejected {sum(c.get('rejected', {}).values())}",
     ]
+    serving = st.get("serving", "")
+    if serving and not serving.startswith("release:"):
+        lines.append(f"serving      {serving} (fallback chain: {' > '.join(st.get('chain', []))})")
+    if st.get("quarantined"):
+        lines.append(f"quarantined  {', '.join(f'{k} ({v})' for k, v in st['quarantined'].items())}"
+                     " -- `vladctl resume --why ...` after fixing")
+    if st.get("estop", {}).get("engaged"):
+        lines.append(f"e-stop       ENGAGED ({st['estop']['source'] or 'safety system'}): no motion is published")
+    for f in st.get("findings", []):
+        lines.append(f"{f['severity']:<12} {f['message']}")
+    if st.get("canary"):
+        c = st["canary"]
+        lines.append(f"canary       {c['release']} for {c['elapsed_s']:.0f}/{c['window_s']:.0f} s (previous {c['previous']})")
+    if st.get("shadow"):
+        sh = st["shadow"]
+        lines.append(f"shadow       {sh['release']} ({sh['purpose']}): {sh['divergence']['pairs']} chunks compared,"
+                     f" mean abs divergence {sh['divergence']['mean_abs']:.4g}")
+    temps = st.get("temperatures_c") or {}
+    if temps:
+        lines.append("temperature  " + ", ".join(f"{k} {v:.0f} °C" for k, v in sorted(temps.items())[:6]))
     hb = st.get("heartbeat_age_s")
     lines.append(f"heartbeat    {'none received' if hb is None else f'{hb:.2f} s ago'}")
     lines.append(f"memory       RSS {st['memory']['host_rss_bytes'] / 2**20:.0f} MiB")
@@ -143,11 +163,9 @@ def format_status(st: dict) -> str:
 def cmd_events(args: argparse.Namespace) -> int:
     import time as _time
 
-    import zmq
 
-    from vlad.client import control_request
 
-    events = control_request(zmq.Context.instance(), _control_endpoint(args), "events", args.timeout_ms, limit=args.limit)
+    events = _daemon(args, "events", limit=args.limit)
     if args.json:
         print(json.dumps(events, indent=2))
         return 0
@@ -158,20 +176,132 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+
+
+    r = _daemon(args, "resume", who=args.who, why=args.why)
+    print(f"quarantine cleared; state {r['state']} (the release serves again after a healthy window)")
+    return 0
+
+
+def _who(args: argparse.Namespace) -> str:
+    return args.who or os.environ.get("VLAD_OPERATOR") or os.environ.get("SUDO_USER") or os.environ.get("USER") or "operator"
+
+
+def _daemon(args: argparse.Namespace, cmd: str, timeout_ms: int | None = None, **kw):
+    import zmq
+
+    from vlad.client import control_request
+
+    from vlad.client import load_curve
+
+    curve = load_curve((args.curve_key, args.curve_server_key)) if args.curve_key else None
+    return control_request(zmq.Context.instance(), _control_endpoint(args), cmd, timeout_ms or args.timeout_ms,
+                           curve=curve, **kw)
+
+
+def _daemon_down(exc: Exception) -> bool:
+    return "did not answer" in str(exc)
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """verify -> stage -> warm -> hot-swap on the running daemon (or refuse with the reason)."""
+    r = _daemon(args, "deploy", max(args.timeout_ms, 120_000), path=str(Path(args.release).resolve()), who=_who(args),
+                why=args.why, canary=args.canary, force=args.force)
+    extra = " as a canary (auto-rollback armed)" if r["canary"] else ""
+    print(f"deployed {r['release']}{extra}; previous {r['previous']}")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    """One command back to the previous release: live on the daemon, else in the store."""
+    from vlad.client import ClientError
+
+    try:
+        r = _daemon(args, "rollback", max(args.timeout_ms, 120_000), who=_who(args), why=args.why)
+    except ClientError as exc:
+        if not _daemon_down(exc):
+            raise
+        from vlad.config import load_config
+        from vlad.store import ReleaseStore
+
+        cfg = load_config(args.config)
+        entry = ReleaseStore(cfg.store.root, cfg.release.keys_dir).rollback(_who(args), args.why)
+        print(f"vlad is not running: rolled the store back to {entry.to_release} (from {entry.from_release}); "
+              "it is served at the next start")
+        return 0
+    if "aborted" in r:
+        print(f"canary of {r['aborted']} aborted; serving {r['release']} again")
+    else:
+        print(f"rolled back to {r['release']} (from {r['rolled_back_from']})")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from vlad.client import ClientError
+
+    try:
+        rows = _daemon(args, "history")
+    except ClientError as exc:
+        if not _daemon_down(exc):
+            raise
+        from dataclasses import asdict
+
+        from vlad.config import load_config
+        from vlad.store import ReleaseStore
+
+        cfg = load_config(args.config)
+        rows = [asdict(e) for e in ReleaseStore(cfg.store.root, cfg.release.keys_dir, create=False).history()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no activations or rollbacks recorded")
+    for e in rows:
+        print(f"{e['time']}  {e['event']:<9} {e['from_release'] or '-'} -> {e['to_release']}  by {e['who']}: {e['why']}"
+              + ("  (forced)" if e.get("forced") else ""))
+    return 0
+
+
+def cmd_shadow(args: argparse.Namespace) -> int:
+    if args.shadow_command == "start":
+        r = _daemon(args, "shadow_start", max(args.timeout_ms, 120_000), path=str(Path(args.release).resolve()),
+                    tolerance=args.tolerance)
+        print(f"shadow run of {r['shadow']} started (tolerance {r['tolerance']:g}); its actions are never published")
+        return 0
+    r = _daemon(args, "shadow_report" if args.shadow_command == "report" else "shadow_stop")
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    d = r["divergence"]
+    lat = r["latency_ms"].get("e2e", {})
+    print(f"shadow {r['release']} ({r['purpose']}), running {r['running_s']:.0f} s, {d['pairs']} chunks compared")
+    print(f"  divergence: max abs {d['max_abs']:.4g}, mean abs {d['mean_abs']:.4g}, per joint max {d['per_joint_max_abs']},"
+          f" beyond tolerance {100 * d['fraction_beyond_tolerance']:.2f} %")
+    if lat:
+        print(f"  latency: sensor -> actions p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms")
+    print(f"  faults: {r['faults']}")
+    return 0
+
+
 def _add_daemon_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="/etc/vlad/vlad.toml", help="daemon config, for the control endpoint")
     p.add_argument("--endpoint", help="control endpoint (overrides the config)")
     p.add_argument("--timeout-ms", type=int, default=2000)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--curve-key", help="CurveZMQ: this client's secret key file (tcp:// control)")
+    p.add_argument("--curve-server-key", help="CurveZMQ: the daemon's public key file (tcp:// control)")
 
 
 def vladctl_parser() -> argparse.ArgumentParser:
     from vlad.contract_cli import add_contract_commands
+    from vlad.release_cli import add_release_commands
 
     parser = argparse.ArgumentParser(prog="vladctl", description="Operate vlad: contracts, plugins, releases.")
     parser.add_argument("--version", action="version", version=f"vladctl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_contract_commands(sub)
+    add_release_commands(sub)
 
     p = sub.add_parser("status", help="state, release, backend, rates and latency of the running daemon")
     _add_daemon_args(p)
@@ -181,6 +311,43 @@ def vladctl_parser() -> argparse.ArgumentParser:
     _add_daemon_args(p)
     p.add_argument("--limit", type=int, default=50)
     p.set_defaults(func=cmd_events)
+
+    p = sub.add_parser("deploy", help="verify, stage, warm and hot-swap a release on the running daemon")
+    _add_daemon_args(p)
+    p.add_argument("release", help="release folder (signed manifest)")
+    p.add_argument("--why", required=True, help="reason, recorded in the history")
+    p.add_argument("--who", help="operator name (default: $VLAD_OPERATOR, $SUDO_USER, $USER)")
+    p.add_argument("--canary", action="store_true", help="watch it against the manifest's canary thresholds; "
+                   "crossing one rolls back automatically")
+    p.add_argument("--force", action="store_true", help="allow a deliberate downgrade")
+    p.set_defaults(func=cmd_deploy)
+
+    p = sub.add_parser("rollback", help="back to the previous release (live, or in the store when vlad is down)")
+    _add_daemon_args(p)
+    p.add_argument("--why", required=True, help="reason, recorded in the history")
+    p.add_argument("--who", help="operator name (default: $VLAD_OPERATOR, $SUDO_USER, $USER)")
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("history", help="activations and rollbacks with who and why")
+    _add_daemon_args(p)
+    p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("shadow", help="run a candidate beside the serving policy without publishing it")
+    shadow = p.add_subparsers(dest="shadow_command", metavar="COMMAND", required=True)
+    q = shadow.add_parser("start", help="start a shadow run of RELEASE")
+    _add_daemon_args(q)
+    q.add_argument("release", help="release folder (signed manifest)")
+    q.add_argument("--tolerance", type=float, default=0.05, help="per-value abs error counted as beyond (contract units)")
+    for name, text in (("report", "divergence, latency and faults so far"), ("stop", "stop and print the final report")):
+        q = shadow.add_parser(name, help=text)
+        _add_daemon_args(q)
+    p.set_defaults(func=cmd_shadow)
+
+    p = sub.add_parser("resume", help="clear the quarantine of a policy that faulted (operator decision)")
+    _add_daemon_args(p)
+    p.add_argument("--why", required=True, help="why it is safe to use the policy again (recorded)")
+    p.add_argument("--who", default=os.environ.get("SUDO_USER") or os.environ.get("USER") or "operator")
+    p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("plugins", help="list plugins, backends and whether their runtime is usable here")
     p.add_argument("--json", action="store_true", help="machine-readable output")

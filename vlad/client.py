@@ -44,10 +44,16 @@ class ActionChunk:
     period_ns: int
     release: str
     state: str
+    source: str  # the policy that produced it ("release", "fallback1", ...) or "hold:<reason>"
     interventions: tuple[str, ...]
     timings_ms: Mapping[str, float]
     actions: np.ndarray  # [chunk_length, action_dim], contract units
     t_receive_ns: int
+
+    @property
+    def is_hold(self) -> bool:
+        """A hold posture (fallback, e-stop or a late inference), not a policy output."""
+        return self.source.startswith("hold")
 
     def is_stale(self, now_ns: int | None = None) -> bool:
         """True once the chunk's validity has passed: never execute a stale chunk."""
@@ -73,18 +79,22 @@ class Client:
         status: str | None = None,
         control: str | None = None,
         name: str = "controller",
+        curve: tuple[str, str] | None = None,
     ) -> None:
+        """``curve``: (this client's secret key file, the server's public key file) for
+        tcp:// endpoints, which vlad serves only with CurveZMQ."""
         self.name = name
         self.endpoints = {"observations": observations, "actions": actions, "status": status, "control": control}
         self._ctx = zmq.Context()
+        self._curve = load_curve(curve) if curve else None
         self._obs = self._ctx.socket(zmq.PUB)
         self._obs.setsockopt(zmq.LINGER, 0)
         self._obs.setsockopt(zmq.SNDHWM, 4)  # never queue old observations behind a slow link
-        self._obs.connect(observations)
+        self._connect(self._obs, observations)
         self._act = self._ctx.socket(zmq.SUB)
         self._act.setsockopt(zmq.LINGER, 0)
         self._act.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ACTIONS)
-        self._act.connect(actions)
+        self._connect(self._act, actions)
         self._status: zmq.Socket | None = None
         self._seq = itertools.count(1)
         self.dropped_stale = 0
@@ -160,7 +170,7 @@ class Client:
         h = msg.header
         return ActionChunk(
             seq=h["seq"], obs_seq=h["obs_seq"], t_sensor_ns=h["t_sensor_ns"], t_issue_ns=h["t_issue_ns"],
-            valid_until_ns=h["valid_until_ns"], period_ns=h["period_ns"], release=h["release"], state=h["state"],
+            valid_until_ns=h["valid_until_ns"], period_ns=h["period_ns"], release=h["release"], state=h["state"], source=h.get("source", ""),
             interventions=tuple(h.get("interventions", ())), timings_ms=h.get("timings_ms", {}),
             actions=msg.tensors["actions"], t_receive_ns=t,
         )  # fmt: skip
@@ -173,7 +183,7 @@ class Client:
             self._status = self._ctx.socket(zmq.SUB)
             self._status.setsockopt(zmq.LINGER, 0)
             self._status.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_STATUS)
-            self._status.connect(self.endpoints["status"])
+            self._connect(self._status, self.endpoints["status"])
         if not self._status.poll(timeout_ms):
             return None
         return protocol.decode(self._status.recv_multipart(), expect=(protocol.TOPIC_STATUS,)).header["status"]
@@ -182,10 +192,14 @@ class Client:
 
     def control(self, cmd: str, timeout_ms: int = 2000, **args: Any) -> Any:
         """One control request; a fresh REQ socket each time, so a lost reply never wedges us."""
-        return control_request(self._ctx, self.endpoints["control"], cmd, timeout_ms, **args)
+        return control_request(self._ctx, self.endpoints["control"], cmd, timeout_ms, curve=self._curve, **args)
 
     def status(self, timeout_ms: int = 2000) -> dict[str, Any]:
         return self.control("status", timeout_ms)
+
+    def _connect(self, sock: zmq.Socket, endpoint: str) -> None:
+        apply_curve(sock, endpoint, self._curve)
+        sock.connect(endpoint)
 
     def close(self) -> None:
         for s in (self._obs, self._act, self._status):
@@ -200,12 +214,36 @@ class Client:
         self.close()
 
 
-def control_request(ctx: zmq.Context, endpoint: str | None, cmd: str, timeout_ms: int = 2000, **args: Any) -> Any:
+def load_curve(curve: tuple[str, str]) -> tuple[bytes, bytes, bytes]:
+    """(client secret key file, server public key file) -> (secret, public, server public)."""
+    import zmq.auth
+
+    try:
+        public, secret = zmq.auth.load_certificate(curve[0])
+        server_public, _ = zmq.auth.load_certificate(curve[1])
+    except (OSError, ValueError) as exc:
+        raise ClientError(f"CurveZMQ keys: {exc}") from None
+    if secret is None:
+        raise ClientError(f"CurveZMQ key {curve[0]} holds no secret key")
+    return secret, public, server_public
+
+
+def apply_curve(sock: zmq.Socket, endpoint: str, curve: tuple[bytes, bytes, bytes] | None) -> None:
+    if not endpoint.startswith("tcp://"):
+        return
+    if curve is None:
+        raise ClientError(f"{endpoint}: vlad serves tcp:// only with CurveZMQ; give the client keys (curve=...)")
+    sock.curve_secretkey, sock.curve_publickey, sock.curve_serverkey = curve
+
+
+def control_request(ctx: zmq.Context, endpoint: str | None, cmd: str, timeout_ms: int = 2000,
+                    curve: tuple[bytes, bytes, bytes] | None = None, **args: Any) -> Any:
     if not endpoint:
         raise ClientError("no control endpoint configured")
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     try:
+        apply_curve(sock, endpoint, curve)
         sock.connect(endpoint)
         sock.send(protocol.encode_request(cmd, **args))
         if not sock.poll(timeout_ms):

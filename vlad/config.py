@@ -25,6 +25,11 @@ class ReleaseConfig:
     backend: str = "onnxruntime"
     artifact: str = "policy.onnx"
     options: dict[str, Any] = field(default_factory=dict)  # backend options (threads, providers ...)
+    # Signed releases: with verify on, the daemon serves only a release whose manifest is
+    # signed by a key in keys_dir and whose files match it; backend, artifact and options
+    # then come from the manifest. Off only for development, loudly.
+    verify: bool = True
+    keys_dir: str = "/etc/vlad/keys.d"
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,10 @@ class SocketsConfig:
     control: str = "ipc:///run/vlad/control"  # REP: vladctl
     ipc_group: str = "vlad"  # group owning the ipc directory (mode 0770); absent group: left as is
     linger_ms: int = 200
+    # tcp:// endpoints are served only with CurveZMQ: this server's secret key file
+    # (zmq.auth.create_certificates format) and a folder of authorized client public keys.
+    curve_secret_key: str = ""
+    curve_clients_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,38 @@ class ServeConfig:
     shutdown_timeout_s: float = 2.0  # bound on finishing the in-flight inference at shutdown
     hang_timeout_s: float = 1.0  # an inference running longer stops the systemd watchdog pings
     observation_hwm: int = 4  # ZeroMQ receive queue bound; the newest observation wins anyway
+
+
+@dataclass(frozen=True)
+class SafetyConfig:
+    """The external safety PLC / e-stop, as vlad sees it. vlad only reads this state."""
+
+    estop_endpoint: str = ""  # SUB bound by vlad; the robot's safety bridge publishes `estop`
+    estop_file: str = ""  # a file (or GPIO value file) whose content "1"/"engaged" means engaged
+    require_bridge: bool = False  # true: silence from the bridge counts as engaged (fail-safe)
+    bridge_timeout_ms: float = 500.0
+    estop_output: Literal["hold", "silence"] = "hold"  # what vlad publishes while engaged
+
+
+@dataclass(frozen=True)
+class FallbackConfig:
+    """The fallback chain, tried in order after the release being served.
+
+    Each entry: ``{kind = "release", path = ..., backend = ..., artifact = ..., options = {}}``
+    (the previous stable release, or a slow conservative policy) or ``{kind = "hold"}`` (the
+    contract's hold posture; always appended as the last resort).
+    """
+
+    chain: list = field(default_factory=list)
+    healthy_window_s: float = 2.0  # no fault for this long before going back up the chain
+    monitor_hz: float = 20.0
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """The release store used by ``vladctl deploy`` / ``rollback`` on the running daemon."""
+
+    root: str = "/var/lib/vlad"
 
 
 @dataclass(frozen=True)
@@ -59,10 +100,15 @@ class Config:
     sockets: SocketsConfig = field(default_factory=SocketsConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
+    fallback: FallbackConfig = field(default_factory=FallbackConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    monitors: dict = field(default_factory=dict)  # thresholds, see vlad.monitors.MonitorThresholds
     source: str = "<defaults>"
 
 
-_SECTIONS = {"release": ReleaseConfig, "sockets": SocketsConfig, "serve": ServeConfig, "logging": LoggingConfig}
+_SECTIONS = {"release": ReleaseConfig, "sockets": SocketsConfig, "serve": ServeConfig, "logging": LoggingConfig,
+             "safety": SafetyConfig, "fallback": FallbackConfig, "store": StoreConfig}
 
 
 def _parse_value(text: str) -> Any:
@@ -105,6 +151,8 @@ def _check_type(path: str, value: Any, default: Any, annotation: Any) -> Any:
         ok = isinstance(value, str)
     elif isinstance(default, dict):
         ok = isinstance(value, dict)
+    elif isinstance(default, list):
+        ok = isinstance(value, list)
     else:
         ok = True
     if not ok:
@@ -114,7 +162,7 @@ def _check_type(path: str, value: Any, default: Any, annotation: Any) -> Any:
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     """Validate a config mapping into :class:`Config`; relative paths resolve against the file."""
-    unknown = set(data) - set(_SECTIONS)
+    unknown = set(data) - set(_SECTIONS) - {"monitors"}
     if unknown:
         raise ConfigError(f"{source}: unknown section(s) {sorted(unknown)}; known: {sorted(_SECTIONS)}")
     sections = {}
@@ -132,7 +180,19 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
             for key in table
         }
         sections[name] = cls(**values)
-    cfg = Config(**sections, source=source)
+    monitors = data.get("monitors", {})
+    if not isinstance(monitors, dict):
+        raise ConfigError(f"{source}: [monitors] must be a table")
+    from vlad.monitors import MonitorThresholds
+
+    MonitorThresholds.from_config(monitors)  # validate now: unknown keys are typos
+    for i, entry in enumerate(sections["fallback"].chain):
+        kind = entry.get("kind") if isinstance(entry, dict) else None
+        if kind not in ("release", "hold"):
+            raise ConfigError(f"{source}: fallback.chain[{i}]: kind must be 'release' or 'hold', got {kind!r}")
+        if kind == "release" and not isinstance(entry.get("path"), str):
+            raise ConfigError(f"{source}: fallback.chain[{i}]: a release entry needs a path")
+    cfg = Config(**sections, monitors=monitors, source=source)
     if cfg.serve.status_hz < 1.0:
         raise ConfigError(f"{source}: serve.status_hz = {cfg.serve.status_hz}: status must go out at least at 1 Hz")
     return cfg
@@ -160,9 +220,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         base = p.resolve().parent
     apply_overrides(data, overrides or [])
     cfg = parse_config(data, source)
-    release_path = Path(cfg.release.path)
-    if not release_path.is_absolute():
-        from dataclasses import replace
+    from dataclasses import replace
 
-        cfg = replace(cfg, release=replace(cfg.release, path=str((base / release_path).resolve())))
-    return cfg
+    def resolve(p: str) -> str:
+        return p if Path(p).is_absolute() else str((base / p).resolve())
+
+    chain = [({**e, "path": resolve(e["path"])} if e.get("kind") == "release" else dict(e)) for e in cfg.fallback.chain]
+    return replace(cfg, release=replace(cfg.release, path=resolve(cfg.release.path), keys_dir=resolve(cfg.release.keys_dir)),
+                   fallback=replace(cfg.fallback, chain=chain), store=replace(cfg.store, root=resolve(cfg.store.root)))

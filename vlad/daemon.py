@@ -1,10 +1,15 @@
-"""``vlad serve``: the supervisor that owns the sockets, the worker and every task.
+"""``vlad serve``: the supervisor that owns the sockets, the policies and every task.
 
-Lifecycle (uvicorn-style): :meth:`Daemon.startup` loads and warms the release and binds
-the sockets, then ``READY=1``; :meth:`Daemon.main_loop` runs the named tasks in one task
-group (observation intake, control, status, watchdog, signals); :meth:`Daemon.shutdown`
-stops intake, lets the in-flight inference finish within a bound, publishes a final
-status and closes the sockets with linger. A second SIGTERM/SIGINT forces the exit.
+Lifecycle (uvicorn-style): :meth:`Daemon.startup` loads and warms the release *and every
+fallback policy* (a swap never touches disk) and binds the sockets, then ``READY=1``;
+:meth:`Daemon.main_loop` runs the named tasks in one task group; :meth:`Daemon.shutdown`
+stops intake, lets in-flight inferences finish within a bound, publishes a final status
+and closes the sockets with linger. A second SIGTERM/SIGINT forces the exit.
+
+Tasks: ``intake`` (observations, heartbeats -> the serving policy's worker), ``cadence``
+(hold postures while falling back or e-stopped; bridges a late inference), ``health``
+(monitors -> :class:`vlad.health.HealthPolicy` -> policy swaps and state), ``safety``
+(the external e-stop), ``control`` (vladctl), ``status`` and ``watchdog`` (systemd).
 
 The hot path itself lives in :mod:`vlad.serving`.
 """
@@ -13,6 +18,8 @@ from __future__ import annotations
 
 import errno
 import grp
+import hashlib
+import inspect
 import logging
 import os
 import signal
@@ -21,6 +28,7 @@ import stat
 import time
 from collections import Counter
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +39,12 @@ import zmq.asyncio
 from vlad import __version__, protocol
 from vlad.config import Config
 from vlad.contract import Contract, load_contract
+from vlad.deploy import Canary, CanaryThresholds, Divergence, NullSink, Shadow, ShadowSink
 from vlad.errors import VladError
+from vlad.health import HealthPolicy
+from vlad.monitors import HealthView, MonitorThresholds
 from vlad.processing import Tokenizer
-from vlad.serving import Pending, PolicyWorker, observation_from_message
+from vlad.serving import Pending, PolicyWorker, Publisher, observation_from_message
 from vlad.state import State, StateMachine
 from vlad.systemd import Notifier
 from vlad.systemd import context as log_context
@@ -88,7 +99,6 @@ def prepare_ipc(endpoint: str, group: str) -> None:
 
 
 def bind(sock: zmq.Socket, endpoint: str, group: str) -> None:
-    prepare_ipc(endpoint, group)
     try:
         sock.bind(endpoint)
     except zmq.ZMQError as exc:
@@ -96,34 +106,72 @@ def bind(sock: zmq.Socket, endpoint: str, group: str) -> None:
             raise StartupError(f"endpoint {endpoint} is already in use") from None
         raise StartupError(f"cannot bind {endpoint}: {exc.strerror}") from None
     if endpoint.startswith("ipc://"):
-        path = endpoint[len("ipc://") :]
-        os.chmod(path, stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IWGRP)
+        os.chmod(endpoint[len("ipc://") :], stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IWGRP)
 
 
 # ---------------------------------------------------------------------------------------
-# The release being served
+# Policies
 # ---------------------------------------------------------------------------------------
 
 
-def load_release(cfg: Config):
-    """Contract, tokenizer and a loaded backend session for ``cfg.release``."""
+@dataclass
+class LoadedPolicy:
+    name: str
+    release_id: str
+    folder: Path
+    contract: Contract
+    tokenizer: Tokenizer | None
+    session: Any
+    artifacts: dict[str, str]  # relative path -> sha256 at load time
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_policy(name: str, folder: Path, backend_name: str, artifact: str, options: dict, warmup: int,
+                keys_dir: str | None) -> LoadedPolicy:
+    """Verify (when ``keys_dir`` is given), load, check and warm up one release folder."""
     from vlad.plugins import get_backend
 
-    folder = Path(cfg.release.path)
+    artifacts: dict[str, str] | None = None
+    if keys_dir is not None:
+        from vlad.signing import verify_release
+
+        verified = verify_release(folder, keys_dir)
+        for warning in verified.warnings:
+            log.warning("release %s: %s", verified.id, warning)
+        m = verified.manifest
+        folder = verified.path
+        backend_name, artifact, options = m.backend.name, m.backend.artifact, dict(m.backend.options)
+        artifacts = {a.path: a.sha256 for a in m.artifacts}
+        log.info("release %s verified: signed by key %s", verified.id, verified.key_id)
     contract_path = folder / "contract.toml"
     if not contract_path.is_file():
-        raise StartupError(f"release {folder}: no contract.toml (is release.path right?)")
-    contract: Contract = load_contract(contract_path)
+        raise StartupError(f"release {folder}: no contract.toml (is the release path right?)")
+    contract = load_contract(contract_path)
     tokenizer = Tokenizer.from_contract(contract) if contract.language else None
-    artifact = folder / cfg.release.artifact
-    if not artifact.is_file():
-        raise StartupError(f"release {folder}: artifact {cfg.release.artifact} is missing")
-    backend = get_backend(cfg.release.backend)
+    artifact_path = folder / artifact
+    if not artifact_path.is_file():
+        raise StartupError(f"release {folder}: artifact {artifact} is missing")
+    backend = get_backend(backend_name)
     avail = backend.availability()
     if not avail.usable:
         raise StartupError(f"backend {backend.name} is not usable here: {avail.reason}")
-    session = backend.load(artifact, contract, cfg.release.options)
-    return contract, tokenizer, session
+    session = backend.load(artifact_path, contract, options)
+    session.warmup(warmup)
+    if artifacts is None:  # unsigned (development): watch what was loaded
+        files = [contract_path, artifact_path] + ([contract.tokenizer_path] if tokenizer else [])
+        artifacts = {str(p.relative_to(folder)): _sha256(p) for p in files}
+    release_id = f"{contract.model.id}@{contract.model.version}"
+    return LoadedPolicy(name, release_id, folder, contract, tokenizer, session, artifacts)
+
+
+def compatible(primary: Contract, other: Contract) -> list[str]:
+    """Breaking contract differences that forbid ``other`` as a fallback for ``primary``."""
+    from vlad.contract import diff_contracts
+
+    return [d.path for d in diff_contracts(primary, other) if d.breaking]
 
 
 # ---------------------------------------------------------------------------------------
@@ -137,15 +185,27 @@ class Daemon:
         self.state = StateMachine()
         self.notifier = Notifier()
         self.stats = LatencyStats(cfg.serve.latency_window)
+        self.thresholds = MonitorThresholds.from_config(cfg.monitors)
         self.counters: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
         self.started_ns = time.monotonic_ns()
         self.last_heartbeat_ns = 0
+        self.last_observation_ns = 0
+        self.last_obs = None  # the newest observation (its proprio feeds the hold posture)
         self.status_seq = 0
         self.stopping = False
+        self.estop_engaged = False
+        self.estop_source = ""
+        self.state_before_estop = State.ACTIVE
+        self.last_bridge_ns = 0
         self._rates_prev: tuple[int, int, int] = (time.monotonic_ns(), 0, 0)
         self.rates = {"observations_hz": 0.0, "actions_hz": 0.0}
-        self.worker: PolicyWorker | None = None
+        self.policies: list[LoadedPolicy] = []
+        self.workers: list[PolicyWorker | None] = []  # None: the hold posture
+        self.findings: list = []
+        self.shadow: Shadow | None = None  # a shadow run, or the previous release during a canary
+        self.canary: Canary | None = None
+        self._canary_seen: set[str] = set()
         self._signals = 0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -159,86 +219,143 @@ class Daemon:
     async def startup(self, stack: AsyncExitStack) -> None:
         cfg = self.cfg
         s = cfg.sockets
-        # Refuse an endpoint another process serves before spending seconds on loading.
-        for endpoint in (s.observations, s.actions, s.status, s.control):
+        endpoints = [s.observations, s.actions, s.status, s.control] + ([cfg.safety.estop_endpoint]
+                                                                          if cfg.safety.estop_endpoint else [])
+        # Refuse an endpoint another process serves, or tcp without keys, before spending
+        # seconds on loading.
+        for endpoint in endpoints:
             prepare_ipc(endpoint, s.ipc_group)
+        if any(e.startswith("tcp://") for e in endpoints) and not (s.curve_secret_key and s.curve_clients_dir):
+            raise StartupError("tcp:// endpoints need CurveZMQ keys: set sockets.curve_secret_key and "
+                               "sockets.curve_clients_dir (or use ipc:// endpoints)")
+
+        # The release and every fallback policy: loaded and warmed now, never on the hot path.
         self.notifier.status("loading release")
-        # Loading and warming up take seconds: off the event loop.
-        contract, tokenizer, session = await anyio.to_thread.run_sync(load_release, cfg)
-        stack.callback(session.close)
-        self.contract, self.session = contract, session
-        self.release_id = f"{contract.model.id}@{contract.model.version}"
+        specs = [("release", Path(cfg.release.path), cfg.release.backend, cfg.release.artifact, cfg.release.options)]
+        for i, entry in enumerate(e for e in cfg.fallback.chain if e["kind"] == "release"):
+            specs.append((f"fallback{i + 1}", Path(entry["path"]), entry.get("backend", cfg.release.backend),
+                          entry.get("artifact", cfg.release.artifact), entry.get("options", cfg.release.options)))
+        keys_dir = cfg.release.keys_dir if cfg.release.verify else None
+        if keys_dir is None:
+            log.warning("release verification is OFF (release.verify = false): serving unsigned releases")
+        for name, folder, backend, artifact, options in specs:
+            self.notifier.status(f"loading and warming {name} ({folder})")
+            t0 = time.monotonic()
+            policy = await anyio.to_thread.run_sync(load_policy, name, folder, backend, artifact, options,
+                                                    cfg.serve.warmup, keys_dir)
+            stack.callback(policy.session.close)
+            if self.policies:
+                breaking = compatible(self.policies[0].contract, policy.contract)
+                if breaking:
+                    raise StartupError(f"fallback {folder} has a contract incompatible with the release: {', '.join(breaking)}")
+            self.policies.append(policy)
+            log.info("loaded %s %s on %s, %d warm-up inferences in %.2f s", name, policy.release_id, backend,
+                     cfg.serve.warmup, time.monotonic() - t0)
+        primary = self.policies[0]
+        self.contract = primary.contract
+        self.release_id = primary.release_id
+        self.period_ns = int(self.contract.timing.control_period_ms * 1e6)
         log_context.release = self.release_id
-        self.backend_description = session.describe()
-        self.notifier.status(f"warming up {self.release_id}")
-        t0 = time.monotonic()
-        await anyio.to_thread.run_sync(session.warmup, cfg.serve.warmup)
-        log.info("loaded %s on %s, %d warm-up inferences in %.2f s", self.release_id,
-                 self.backend_description.backend, cfg.serve.warmup, time.monotonic() - t0)
+        self.backend_description = primary.session.describe()
+        chain_names = [f"{p.name}:{p.release_id}" for p in self.policies] + ["hold"]
+        self.health = HealthPolicy(chain_names, int(cfg.fallback.healthy_window_s * 1e9), self.state)
 
         ctx = zmq.Context()
         stack.callback(ctx.term)
         actx = zmq.asyncio.Context.shadow(ctx.underlying)
-        linger = s.linger_ms
+        curve = await self._curve(actx, stack, endpoints)
 
-        def make(kind: int, async_: bool = True):
+        def make(kind: int, endpoint: str, async_: bool = True):
             sock = (actx if async_ else ctx).socket(kind)
-            sock.setsockopt(zmq.LINGER, linger)
-            stack.callback(sock.close, linger)
-            return sock
-
-        self.obs_sock = make(zmq.SUB)
-        self.obs_sock.setsockopt(zmq.RCVHWM, cfg.serve.observation_hwm)
-        for topic in (protocol.TOPIC_OBS, protocol.TOPIC_HEARTBEAT):
-            self.obs_sock.setsockopt(zmq.SUBSCRIBE, topic)
-        actions_sock = make(zmq.PUB, async_=False)  # owned by the worker thread
-        actions_sock.setsockopt(zmq.SNDHWM, 16)
-        self.status_sock = make(zmq.PUB)
-        self.control_sock = make(zmq.REP)
-        for sock, endpoint in (
-            (self.obs_sock, s.observations),
-            (actions_sock, s.actions),
-            (self.status_sock, s.status),
-            (self.control_sock, s.control),
-        ):
+            sock.setsockopt(zmq.LINGER, s.linger_ms)
+            stack.callback(sock.close, s.linger_ms)
+            if endpoint.startswith("tcp://"):
+                sock.curve_secretkey, sock.curve_publickey = curve
+                sock.curve_server = True
             bind(sock, endpoint, s.ipc_group)
             if endpoint.startswith("ipc://"):
                 stack.callback(Path(endpoint[len("ipc://") :]).unlink, missing_ok=True)
+            return sock
 
-        self.worker = PolicyWorker(
-            contract=contract,
-            tokenizer=tokenizer,
-            session=session,
-            release_id=self.release_id,
-            actions_socket=actions_sock,
-            stats=self.stats,
-            state_name=lambda: self.state.state.value,
-        )
-        self.worker.start()
+        self.obs_sock = make(zmq.SUB, s.observations)
+        self.obs_sock.setsockopt(zmq.RCVHWM, cfg.serve.observation_hwm)
+        for topic in (protocol.TOPIC_OBS, protocol.TOPIC_HEARTBEAT):
+            self.obs_sock.setsockopt(zmq.SUBSCRIBE, topic)
+        actions_sock = make(zmq.PUB, s.actions, async_=False)  # used under the Publisher's lock
+        actions_sock.setsockopt(zmq.SNDHWM, 16)
+        self.status_sock = make(zmq.PUB, s.status)
+        self.control_sock = make(zmq.REP, s.control)
+        self.safety_sock = None
+        if cfg.safety.estop_endpoint:
+            self.safety_sock = make(zmq.SUB, cfg.safety.estop_endpoint)
+            self.safety_sock.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ESTOP)
+
+        self.publisher = Publisher(self.contract, actions_sock, lambda: self.serving_release,
+                                   lambda: self.state.state.value, self.stats)
+        for p in self.policies:
+            worker = PolicyWorker(name=p.name, contract=p.contract, tokenizer=p.tokenizer, session=p.session,
+                                  release_id=p.release_id, publisher=self.publisher)
+            worker.start()
+            self.workers.append(worker)
+        self.workers.append(None)  # the hold posture needs no worker
         stack.push_async_callback(self.shutdown)
-        self.state.transition(State.ACTIVE, "release loaded and warmed up", release=self.release_id)
+        self.state.transition(State.ACTIVE, "release loaded and warmed up", release=self.release_id,
+                              chain=chain_names)
         self.notifier.ready(f"serving {self.release_id} on {self.backend_description.backend}")
+
+    async def _curve(self, actx, stack: AsyncExitStack, endpoints: list[str]):
+        """CurveZMQ for tcp:// endpoints: encryption plus client authentication against the
+        authorized-keys folder (ZAP). ipc:// relies on directory permissions instead."""
+        if not any(e.startswith("tcp://") for e in endpoints):
+            return None
+        s = self.cfg.sockets
+        import zmq.auth
+        from zmq.auth.asyncio import AsyncioAuthenticator
+
+        try:
+            public, secret = zmq.auth.load_certificate(s.curve_secret_key)
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"sockets.curve_secret_key {s.curve_secret_key}: {exc}") from None
+        if secret is None:
+            raise StartupError(f"sockets.curve_secret_key {s.curve_secret_key} holds no secret key")
+        if not Path(s.curve_clients_dir).is_dir():
+            raise StartupError(f"sockets.curve_clients_dir {s.curve_clients_dir} is not a folder")
+        auth = AsyncioAuthenticator(actx)
+        auth.start()
+        auth.configure_curve(domain="*", location=s.curve_clients_dir)
+        stack.callback(auth.stop)
+        return secret, public
+
+    @property
+    def serving_release(self) -> str:
+        i = self.health.active
+        return self.policies[i].release_id if i < len(self.policies) else "hold"
 
     async def main_loop(self) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._signals_task, name="signals")
             tg.start_soon(self._intake_task, name="intake")
+            tg.start_soon(self._cadence_task, name="cadence")
+            tg.start_soon(self._health_task, name="health")
+            tg.start_soon(self._safety_task, name="safety")
             tg.start_soon(self._control_task, name="control")
             tg.start_soon(self._status_task, name="status")
             tg.start_soon(self._watchdog_task, name="watchdog")
 
     async def shutdown(self) -> None:
-        """Stop intake, finish or abandon the in-flight inference, final status, close."""
+        """Stop intake, finish or abandon in-flight inferences, final status, close."""
         with anyio.CancelScope(shield=True):
             if self.state.state != State.STOPPING:
                 self.state.transition(State.STOPPING, "shutdown requested")
             self.notifier.stopping("stopping: finishing in-flight inference")
             self.stopping = True
-            if self.worker is not None:
-                finished = await anyio.to_thread.run_sync(self.worker.stop, self.cfg.serve.shutdown_timeout_s)
-                if not finished:
-                    log.warning("in-flight inference did not finish within %.1f s; abandoned", self.cfg.serve.shutdown_timeout_s)
+            for w in [*self.workers, self.shadow.worker if self.shadow else None]:
+                if w is not None:
+                    finished = await anyio.to_thread.run_sync(w.stop, self.cfg.serve.shutdown_timeout_s)
+                    if not finished:
+                        log.warning("%s: in-flight inference did not finish within %.1f s; abandoned", w.name,
+                                    self.cfg.serve.shutdown_timeout_s)
             try:
                 await self._publish_status()
             except zmq.ZMQError:
@@ -250,28 +367,17 @@ class Daemon:
     async def _signals_task(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                self._signals += 1
-                if self._signals > 1:
-                    log.warning("second %s: forcing exit", signal.Signals(signum).name)
-                    os._exit(1)
-                log.info("%s received: shutting down", signal.Signals(signum).name)
-                self.state.transition(State.STOPPING, f"{signal.Signals(signum).name} received")
+                name = signal.Signals(signum).name
+                log.info("%s received: shutting down", name)
+                self.state.transition(State.STOPPING, f"{name} received")
                 self.stopping = True
+                # A second signal while shutting down forces the exit.
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, lambda *_: os._exit(1))
                 self._tg.cancel_scope.cancel()
-                # Keep listening so that a second signal still forces the exit while the
-                # shutdown (outside this task group) is running.
-                self._second_signal_guard()
-
-    def _second_signal_guard(self) -> None:
-        def force(signum, _frame):
-            os._exit(1)
-
-        signal.signal(signal.SIGTERM, force)
-        signal.signal(signal.SIGINT, force)
 
     async def _intake_task(self) -> None:
         contract = self.contract
-        worker = self.worker
         while True:
             frames = await self.obs_sock.recv_multipart()
             receive_ns = time.monotonic_ns()
@@ -286,14 +392,168 @@ class Daemon:
                 self._reject(exc)
                 continue
             self.counters["observations"] += 1
-            worker.slot.put(Pending(obs, receive_ns))
+            self.last_observation_ns = receive_ns
+            self.last_obs = obs
+            if self.estop_engaged:
+                continue  # no motion while the e-stop is engaged: the policy is not even asked
+            worker = self.workers[self.health.active]
+            if worker is not None:
+                worker.slot.put(Pending(obs, receive_ns))
+            if self.shadow is not None:
+                self.shadow.worker.slot.put(Pending(obs, receive_ns))
 
     def _reject(self, exc: protocol.ProtocolError) -> None:
         self.rejected[exc.reason] += 1
+        if exc.reason in ("bad_shape", "bad_dtype", "missing_tensor"):
+            self.counters["rejected_shape"] += 1
         n = sum(self.rejected.values())
         # Loud for the first ones, then sampled, so a broken client cannot flood the journal.
         if n <= 10 or n % 1000 == 0:
             log.warning("rejected message (%d so far): %s", n, exc)
+
+    def _hold(self, reason: str) -> None:
+        obs = self.last_obs
+        self.publisher.publish_hold(obs.proprio if obs else None, obs.sequence if obs else 0,
+                                    obs.sensor_time_ns if obs else 0, reason)
+
+    async def _cadence_task(self) -> None:
+        """Keeps a command going out every control period when no policy produces one."""
+        tick = self.period_ns / 4 / 1e9
+        controller_alive_ns = self.thresholds.sensor_stall_periods * self.period_ns
+        deadline_ns = int(self.contract.timing.e2e_deadline_ms * 1e6)
+        while True:
+            await anyio.sleep(tick)
+            now = time.monotonic_ns()
+            since = now - self.publisher.last_publish_ns
+            if self.estop_engaged:
+                if self.cfg.safety.estop_output == "hold" and since >= self.period_ns:
+                    self._hold("estop")
+                continue
+            worker = self.workers[self.health.active]
+            if worker is None:
+                if since >= self.period_ns and self.last_observation_ns:
+                    self._hold("fallback")
+            else:
+                obs = worker.in_flight_obs
+                if (obs is not None and now - obs.sensor_time_ns > deadline_ns and since > self.period_ns
+                        and now - self.last_observation_ns < controller_alive_ns):
+                    # The observation missed its deadline: bridge with the hold posture so
+                    # the controller is not left without a fresh command; the late chunk
+                    # still goes out when (if) the inference completes.
+                    self.counters["bridged"] += 1
+                    self._hold("late_inference")
+
+    async def _health_task(self) -> None:
+        from vlad.plugins import monitors, sensors
+
+        monitor_list = monitors(self.cfg.monitors)
+        sensor_list = sensors()
+        period = 1.0 / self.cfg.fallback.monitor_hz
+        prev: dict[str, int] = {}
+        while True:
+            await anyio.sleep(period)
+            now = time.monotonic_ns()
+            counters = self.all_counters()
+            window = {k: v - prev.get(k, 0) for k, v in counters.items() if isinstance(v, int)}
+            prev = {k: v for k, v in counters.items() if isinstance(v, int)}
+            readings: dict[str, float] = {}
+            for s in sensor_list:
+                try:
+                    readings.update(s.read())
+                except Exception:
+                    log.exception("sensor %s failed", s.name)
+            worker = self.workers[self.health.active]
+            view = HealthView(
+                now_ns=now, period_ns=self.period_ns, deadline_ns=int(self.contract.timing.e2e_deadline_ms * 1e6),
+                thresholds=self.thresholds, counters=counters, window=window, latency=self.stats.summary(),
+                last_observation_ns=self.last_observation_ns, last_heartbeat_ns=self.last_heartbeat_ns,
+                heartbeat_seen=self.last_heartbeat_ns > 0,
+                in_flight_since_ns=worker.in_flight_since_ns if worker else 0,
+                hang_timeout_ns=int(self.cfg.serve.hang_timeout_s * 1e9), readings=readings,
+                release_dir=self.policies[0].folder, artifacts=self.policies[0].artifacts,
+            )
+            findings = []
+            for m in monitor_list:
+                try:
+                    findings.extend(m.check(view))
+                except Exception:
+                    log.exception("monitor %s failed", m.name)
+            self.findings = findings
+            self.readings = readings
+            before = self.health.active
+            decision = self.health.update(findings, now)
+            if decision.target != before:
+                self._swap(before, decision.target)
+            try:
+                await self._check_canary(findings)
+            except Exception:  # a bug here must not take the serving loop down with it
+                log.exception("canary check failed")
+            if self.estop_engaged:
+                self.state_before_estop = decision.state
+            elif decision.state != self.state.state and self.state.state != State.STOPPING:
+                self.state.transition(decision.state, decision.reason)
+
+    def _swap(self, before: int, target: int) -> None:
+        """Route to another policy of the chain. Every policy is loaded and warm, so this is
+        a pointer change; the newest observation is handed over at once so the first
+        command from the new policy does not wait for the next observation."""
+        t0 = time.monotonic_ns()
+        self.publisher.expect_swap(self.health.chain[target].split(":")[0], t0)
+        new = self.workers[target]
+        obs = self.last_obs
+        if not self.estop_engaged:
+            if new is None:
+                self._hold("fallback")
+            elif obs is not None and t0 - obs.sensor_time_ns < new.max_age_ns:
+                new.slot.put(Pending(obs, self.last_observation_ns))
+        self.state.record("swap", f"{self.health.chain[before]} -> {self.health.chain[target]}",
+                          from_policy=self.health.chain[before], to_policy=self.health.chain[target],
+                          switch_us=round((time.monotonic_ns() - t0) / 1e3, 1))
+
+    async def _safety_task(self) -> None:
+        """Reads the external e-stop; vlad never clears or overrides it."""
+        cfg = self.cfg.safety
+        estop_file = Path(cfg.estop_file) if cfg.estop_file else None
+        timeout_ns = int(cfg.bridge_timeout_ms * 1e6)
+        bridge_engaged = False
+        while True:
+            if self.safety_sock is not None:
+                while await self.safety_sock.poll(0):
+                    frames = await self.safety_sock.recv_multipart()
+                    try:
+                        msg = protocol.decode(frames, expect=(protocol.TOPIC_ESTOP,))
+                        bridge_engaged = bool(msg.header["engaged"])
+                        self.estop_source = str(msg.header.get("source", "bridge"))
+                        self.last_bridge_ns = time.monotonic_ns()
+                    except (protocol.ProtocolError, KeyError) as exc:
+                        # A garbled safety message cannot be read as "released".
+                        self._reject(exc if isinstance(exc, protocol.ProtocolError)
+                                     else protocol.ProtocolError("malformed", "estop message without 'engaged'"))
+                        bridge_engaged = True
+            engaged = bridge_engaged
+            reason = f"e-stop engaged ({self.estop_source or 'bridge'})"
+            if cfg.require_bridge and time.monotonic_ns() - self.last_bridge_ns > timeout_ns:
+                engaged, reason = True, "safety bridge silent: treated as e-stop engaged"
+            if estop_file is not None:
+                try:
+                    if estop_file.read_text().strip().lower() in ("1", "engaged", "true"):
+                        engaged, reason = True, f"e-stop engaged ({estop_file})"
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    engaged, reason = True, f"e-stop file {estop_file} unreadable: treated as engaged"
+            if engaged and not self.estop_engaged:
+                self.estop_engaged = True
+                self.state_before_estop = self.state.state if self.state.state != State.ESTOPPED else State.ACTIVE
+                self.state.transition(State.ESTOPPED, reason)
+                if cfg.estop_output == "hold":
+                    self._hold("estop")
+            elif not engaged and self.estop_engaged:
+                self.estop_engaged = False
+                # Resume from where the robot is now, not from the last pre-e-stop command.
+                self.publisher.guard.last_command = None
+                self.state.transition(self.state_before_estop, "e-stop released by the safety system")
+            await anyio.sleep(self.period_ns / 4 / 1e9)
 
     async def _control_task(self) -> None:
         while True:
@@ -301,6 +561,8 @@ class Daemon:
             try:
                 cmd, args = protocol.decode_request(frame)
                 result = self.handle_control(cmd, args)
+                if inspect.isawaitable(result):  # deploy, rollback, shadow: load and warm first
+                    result = await result
                 reply = protocol.encode_reply(True, result)
             except protocol.ProtocolError as exc:
                 self.rejected[exc.reason] += 1
@@ -317,7 +579,198 @@ class Daemon:
         if cmd == "events":
             limit = int(args.get("limit", 100))
             return [e.to_dict() for e in list(self.state.events)[-limit:]]
-        raise VladError(f"unknown control command {cmd!r} (known: ping, status, events)")
+        if cmd == "resume":
+            why = str(args.get("why") or "")
+            if not why:
+                raise VladError("resume needs a reason (--why)")
+            self.health.resume(str(args.get("who", "operator")), why)
+            return {"quarantined": [], "state": self.state.state.value}
+        if cmd == "deploy":
+            return self.deploy(str(args["path"]), str(args.get("who", "operator")), str(args.get("why", "")),
+                               bool(args.get("canary", False)), bool(args.get("force", False)))
+        if cmd == "rollback":
+            return self.rollback(str(args.get("who", "operator")), str(args.get("why", "")))
+        if cmd == "history":
+            from dataclasses import asdict
+
+            return [asdict(e) for e in self.store().history()]
+        if cmd == "shadow_start":
+            return self.shadow_start(str(args["path"]), float(args.get("tolerance", 0.05)))
+        if cmd == "shadow_report":
+            if self.shadow is None:
+                raise VladError("no shadow run (start one with `vladctl shadow start RELEASE`)")
+            return self.shadow.report()
+        if cmd == "shadow_stop":
+            return self.shadow_stop()
+        raise VladError(f"unknown control command {cmd!r} (known: ping, status, events, resume, deploy, rollback, "
+                        "history, shadow_start, shadow_report, shadow_stop)")
+
+    # -- live release changes (vlad.deploy) ------------------------------------------------
+
+    def store(self):
+        from vlad.store import ReleaseStore
+
+        return ReleaseStore(self.cfg.store.root, self.cfg.release.keys_dir)
+
+    async def _load(self, name: str, folder: Path) -> LoadedPolicy:
+        """Verify, load and warm a release beside the serving one (off the event loop)."""
+        cfg = self.cfg
+        keys_dir = cfg.release.keys_dir if cfg.release.verify else None
+        policy = await anyio.to_thread.run_sync(load_policy, name, folder, cfg.release.backend, cfg.release.artifact,
+                                                cfg.release.options, cfg.serve.warmup, keys_dir)
+        breaking = compatible(self.contract, policy.contract)
+        if breaking:
+            policy.session.close()
+            raise VladError(f"{policy.release_id} changes the contract ({', '.join(breaking[:5])}): "
+                            "controllers would break; deploy it with a restart instead")
+        return policy
+
+    def _worker(self, policy: LoadedPolicy, name: str, publisher) -> PolicyWorker:
+        w = PolicyWorker(name=name, contract=policy.contract, tokenizer=policy.tokenizer, session=policy.session,
+                         release_id=policy.release_id, publisher=publisher)
+        w.start()
+        return w
+
+    def _install(self, policy: LoadedPolicy, worker: PolicyWorker, reason: str) -> tuple[LoadedPolicy, PolicyWorker]:
+        """Make ``policy`` the release being served (a pointer change); returns the old pair."""
+        old = (self.policies[0], self.workers[0])
+        self.policies[0], self.workers[0] = policy, worker
+        self.health.chain[0] = f"release:{policy.release_id}"
+        self.health.quarantined.pop(0, None)
+        self.release_id = log_context.release = policy.release_id
+        self.backend_description = policy.session.describe()
+        obs = self.last_obs
+        if self.health.active == 0 and obs is not None and time.monotonic_ns() - obs.sensor_time_ns < worker.max_age_ns:
+            worker.slot.put(Pending(obs, self.last_observation_ns))
+        self.state.record("release", f"{old[0].release_id} -> {policy.release_id}: {reason}",
+                          from_release=old[0].release_id, to_release=policy.release_id)
+        return old
+
+    async def _retire(self, policy: LoadedPolicy, worker: PolicyWorker | None) -> None:
+        if worker is not None:
+            worker.publisher = NullSink()  # a cycle still in flight must not publish or count
+            await anyio.to_thread.run_sync(worker.stop, self.cfg.serve.shutdown_timeout_s)
+        policy.session.close()
+
+    async def deploy(self, path: str, who: str, why: str, canary: bool, force: bool) -> dict[str, Any]:
+        """verify -> stage -> load and warm -> activate in the store -> hot-swap."""
+        if self.canary is not None:
+            raise VladError(f"a canary of {self.canary.release_id} is running; wait for it to pass or abort")
+        store = self.store()
+        release_id = await anyio.to_thread.run_sync(store.stage, path)
+        policy = await self._load("release", store.release_path(release_id))
+        try:
+            await anyio.to_thread.run_sync(lambda: store.activate(release_id, who, why, force))
+        except VladError:
+            policy.session.close()
+            raise
+        worker = self._worker(policy, "release", self.publisher)
+        old_policy, old_worker = self._install(policy, worker, f"deploy by {who}: {why}")
+        if canary:
+            from vlad.signing import verify_release
+
+            c = verify_release(policy.folder, self.cfg.release.keys_dir).manifest.canary
+            thresholds = CanaryThresholds(c.window_s, c.max_deadline_miss_rate, c.max_interventions,
+                                          c.max_divergence, c.max_heartbeat_faults)
+            # The previous release keeps running as a shadow: the divergence reference, and
+            # the warm policy an abort swaps back to.
+            self._start_shadow(old_policy, old_worker, "canary-reference", tolerance=c.max_divergence)
+            self.canary = Canary(policy.release_id, old_policy.release_id, thresholds,
+                                 {k: v for k, v in self.all_counters().items() if isinstance(v, int)})
+            self.state.record("canary", f"canary of {policy.release_id} for {c.window_s:g} s", **vars(thresholds))
+        else:
+            await self._retire(old_policy, old_worker)
+        return {"release": policy.release_id, "previous": old_policy.release_id, "canary": canary}
+
+    async def rollback(self, who: str, why: str) -> dict[str, Any]:
+        """The store's one-step rollback, then serve that release (loaded and warmed first)."""
+        if not why:
+            raise VladError("rollback needs a reason (--why)")
+        if self.canary is not None:
+            return await self._abort_canary(f"rollback by {who}: {why}", who)
+        store = self.store()
+        target = store.previous()
+        if target is None:
+            raise VladError("nothing to roll back to: the store has no previous release")
+        policy = await self._load("release", store.release_path(target))
+        try:
+            await anyio.to_thread.run_sync(lambda: store.rollback(who, why))
+        except VladError:
+            policy.session.close()
+            raise
+        old_policy, old_worker = self._install(policy, self._worker(policy, "release", self.publisher),
+                                               f"rollback by {who}: {why}")
+        await self._retire(old_policy, old_worker)
+        return {"release": policy.release_id, "rolled_back_from": old_policy.release_id}
+
+    def _start_shadow(self, policy: LoadedPolicy, worker: PolicyWorker | None, purpose: str, tolerance: float) -> None:
+        div = Divergence(policy.contract.action.dim, tolerance)
+        sink = ShadowSink(div, self.cfg.serve.latency_window)
+        if worker is None:
+            worker = self._worker(policy, "shadow", sink)
+        else:
+            worker.publisher, worker.name = sink, "shadow"
+        self.shadow = Shadow(policy.release_id, worker, sink, policy, purpose)
+        self.publisher.observers.append(div.reference)
+
+    async def _stop_shadow(self) -> Shadow | None:
+        shadow, self.shadow = self.shadow, None
+        if shadow is not None:
+            self.publisher.observers.remove(shadow.sink.divergence.reference)
+        return shadow
+
+    async def shadow_start(self, path: str, tolerance: float) -> dict[str, Any]:
+        if self.shadow is not None:
+            raise VladError(f"a shadow of {self.shadow.release_id} is running ({self.shadow.purpose}); stop it first")
+        policy = await self._load("shadow", Path(path))
+        self._start_shadow(policy, None, "shadow", tolerance)
+        self.state.record("shadow", f"shadow run of {policy.release_id} started")
+        return {"shadow": policy.release_id, "tolerance": tolerance}
+
+    async def shadow_stop(self) -> dict[str, Any]:
+        if self.shadow is None or self.shadow.purpose != "shadow":
+            raise VladError("no shadow run to stop")
+        report = self.shadow.report()
+        shadow = await self._stop_shadow()
+        await self._retire(shadow.policy, shadow.worker)
+        self.state.record("shadow", f"shadow run of {shadow.release_id} stopped", pairs=report["divergence"]["pairs"])
+        return report
+
+    async def _check_canary(self, findings) -> None:
+        canary = self.canary
+        if canary is None:
+            return
+        if any(f.code == "heartbeat_lost" and f"{f.monitor}:{f.code}" not in self._canary_seen for f in findings):
+            canary.heartbeat_faults += 1
+        self._canary_seen = {f"{f.monitor}:{f.code}" for f in findings}
+        reason = canary.check(self.all_counters(), self.shadow.sink.divergence if self.shadow else None)
+        if reason is not None:
+            await self._abort_canary(reason, "canary")
+        elif canary.elapsed_s(time.monotonic_ns()) >= canary.thresholds.window_s:
+            self.canary = None
+            shadow = await self._stop_shadow()
+            self.state.record("canary", f"canary of {canary.release_id} passed after {canary.thresholds.window_s:g} s")
+            if shadow is not None:
+                await self._retire(shadow.policy, shadow.worker)
+
+    async def _abort_canary(self, reason: str, who: str) -> dict[str, Any]:
+        """Swap back to the previous release (still warm in the shadow) and roll the store back."""
+        canary, self.canary = self.canary, None
+        shadow = await self._stop_shadow()
+        shadow.worker.publisher, shadow.worker.name = self.publisher, "release"
+        bad_policy, bad_worker = self._install(shadow.policy, shadow.worker, f"canary aborted: {reason}")
+        # The faults that moved us down the chain came from the canary, which is gone: the
+        # previous release serves at once (the next monitor tick re-judges everything else).
+        if self.health.active != 0:
+            before, self.health.active = self.health.active, 0
+            self._swap(before, 0)
+        self.state.record("canary_abort", f"canary of {canary.release_id} aborted: {reason}", release=canary.release_id)
+        await self._retire(bad_policy, bad_worker)
+        try:
+            await anyio.to_thread.run_sync(lambda: self.store().rollback(who, f"canary aborted: {reason}"))
+        except VladError as exc:
+            log.error("canary aborted but the store could not roll back: %s", exc)
+        return {"release": shadow.policy.release_id, "aborted": canary.release_id, "reason": reason}
 
     async def _status_task(self) -> None:
         period = 1.0 / self.cfg.serve.status_hz
@@ -331,7 +784,7 @@ class Daemon:
         await self.status_sock.send_multipart(protocol.encode(protocol.TOPIC_STATUS, {"seq": self.status_seq, "status": st}))
         e2e = st["latency_ms"].get("e2e")
         p99 = f", e2e p99 {e2e['p99']:.2f} ms" if e2e else ""
-        self.notifier.status(f"{st['state']} {self.release_id}, {st['rates']['actions_hz']:.1f} actions/s{p99}")
+        self.notifier.status(f"{st['state']} {st['serving']}, {st['rates']['actions_hz']:.1f} actions/s{p99}")
 
     async def _watchdog_task(self) -> None:
         usec = self.notifier.watchdog_usec
@@ -341,7 +794,7 @@ class Daemon:
         warned = False
         while True:
             # This task runs on the event loop, so a dead loop stops the pings by itself;
-            # the worker check catches a hung engine or a dead inference thread.
+            # the check catches a hung engine or a dead inference thread.
             if self.making_progress():
                 self.notifier.watchdog()
                 warned = False
@@ -351,36 +804,45 @@ class Daemon:
             await anyio.sleep(interval)
 
     def making_progress(self) -> bool:
-        w = self.worker
-        if w is None or not w.alive:
+        """The serving policy's thread is alive and not stuck (the hold posture always is)."""
+        w = self.workers[self.health.active]
+        if w is None:
+            return True
+        if not w.alive:
             return False
         now = time.monotonic_ns()
         hang_ns = int(self.cfg.serve.hang_timeout_s * 1e9)
-        in_flight = w.in_flight_since_ns
-        if in_flight and now - in_flight > hang_ns:
+        if w.in_flight_since_ns and now - w.in_flight_since_ns > hang_ns:
             return False
         return now - w.last_progress_ns < hang_ns
 
     # -- status ----------------------------------------------------------------------------
 
+    def all_counters(self) -> dict[str, Any]:
+        c: dict[str, Any] = dict(self.counters)
+        for w in self.workers:
+            if w is not None:
+                for k, v in w.counters.items():
+                    c[k] = c.get(k, 0) + v
+                c["superseded"] = c.get("superseded", 0) + w.slot.superseded
+        c.update(self.publisher.counters)
+        for k, v in self.publisher.guard.counts.items():
+            c[f"guard_{k}"] = v
+        return c
+
     def status(self) -> dict[str, Any]:
         now = time.monotonic_ns()
-        w = self.worker
-        published = w.counters["published"] if w else 0
+        counters = self.all_counters()
+        published = counters.get("published", 0) + counters.get("published_hold", 0)
         t_prev, obs_prev, pub_prev = self._rates_prev
         dt = (now - t_prev) / 1e9
         if dt >= 0.5:
             self.rates = {
-                "observations_hz": round((self.counters["observations"] - obs_prev) / dt, 2),
+                "observations_hz": round((counters.get("observations", 0) - obs_prev) / dt, 2),
                 "actions_hz": round((published - pub_prev) / dt, 2),
             }
-            self._rates_prev = (now, self.counters["observations"], published)
+            self._rates_prev = (now, counters.get("observations", 0), published)
         d = self.backend_description
-        counters = dict(self.counters)
-        if w:
-            counters.update(w.counters)
-            counters["superseded"] = w.slot.superseded
-            counters["guard"] = dict(w.guard.counts)
         counters["rejected"] = dict(self.rejected)
         latency = self.stats.summary()
         return {
@@ -390,6 +852,14 @@ class Daemon:
             "state_since_s": round((now - self.state.since_ns) / 1e9, 3),
             "uptime_s": round((now - self.started_ns) / 1e9, 3),
             "release": self.release_id,
+            "serving": self.health.chain[self.health.active],
+            "chain": self.health.chain,
+            "quarantined": {self.health.chain[i]: code for i, code in self.health.quarantined.items()},
+            "estop": {"engaged": self.estop_engaged, "source": self.estop_source},
+            "findings": [f.to_dict() for f in self.findings],
+            "swaps_ms": list(self.publisher.swap_ms),
+            "shadow": self.shadow.report() if self.shadow else None,
+            "canary": self.canary.report(now) if self.canary else None,
             "backend": {
                 "name": d.backend,
                 "runtime": f"{d.runtime} {d.runtime_version}",
@@ -403,7 +873,9 @@ class Daemon:
             "heartbeat_age_s": round((now - self.last_heartbeat_ns) / 1e9, 3) if self.last_heartbeat_ns else None,
             "latency_ms": latency,
             "engine_ms": latency.get("engine"),
-            "memory": {"host_rss_bytes": self.session.memory().host_rss_bytes},
+            "temperatures_c": {k[len("temperature."):]: v for k, v in getattr(self, "readings", {}).items()
+                               if k.startswith("temperature.")},
+            "memory": {"host_rss_bytes": self.policies[0].session.memory().host_rss_bytes},
         }
 
 

@@ -16,7 +16,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from vlad.backend import Backend
-    from vlad.monitors import Monitor
+    from vlad.monitors import Monitor, Sensor
 
 PROJECT = "vlad"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -49,4 +49,13 @@ def vlad_monitors(config: dict) -> list[Monitor]:
 
     :param config: the ``[monitors]`` table of the daemon configuration (read-only), so a
         plugin can take its thresholds from there.
+    """
+
+
+@hookspec
+def vlad_sensors() -> list[Sensor]:
+    """Return sensors whose readings the monitors check.
+
+    Readings are named ``temperature.<where>`` (°C), ``memory.<what>`` (bytes) or
+    ``<device>.<what>``; e.g. a board-specific thermal zone or a GPU through NVML.
     """

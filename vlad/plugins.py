@@ -1,11 +1,17 @@
 """Plugin loading: the ``vlad`` entry-point group, for built-in and third-party plugins alike.
 
 ``VLAD_PLUGINS=onnxruntime,torch`` restricts loading to those entry-point names (an empty
-value loads none); ``VLAD_TRACE_PLUGINS=1`` prints every hook call and result to stderr.
+value loads none); ``VLAD_PLUGIN_MODULES=pkg.module,...`` registers extra plugin modules by
+import path (an integrator's local plugin, or a test's fault injection) without packaging
+them; ``VLAD_TRACE_PLUGINS=1`` prints every hook call and result to stderr.
+
+Built-in plugins (:data:`DEFAULT_PLUGINS`, e.g. the health monitors) are registered the
+same way, as modules implementing hooks.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import os
 import sys
@@ -18,6 +24,7 @@ from vlad import hookspecs
 from vlad.errors import BackendUnavailable, VladError
 
 ENTRY_POINT_GROUP = "vlad"
+DEFAULT_PLUGINS = ("vlad.monitors",)
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,15 @@ def make_plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:
             pm._vlad_info[ep.name] = PluginInfo(
                 ep.name, ep.value, dist.name if dist else "?", dist.version if dist else "?"
             )
+    for module in DEFAULT_PLUGINS:
+        pm.register(importlib.import_module(module), name=module)
+    for module in filter(None, (m.strip() for m in os.environ.get("VLAD_PLUGIN_MODULES", "").split(","))):
+        try:
+            pm.register(importlib.import_module(module), name=module)
+        except ImportError as exc:
+            raise VladError(f"VLAD_PLUGIN_MODULES: cannot import {module!r}: {exc}") from None
+        pm._vlad_info = getattr(pm, "_vlad_info", {})  # noqa: SLF001
+        pm._vlad_info[module] = PluginInfo(module, module, "(module)", "-")
     if os.environ.get("VLAD_TRACE_PLUGINS"):
         pm.trace.root.setwriter(lambda msg: print(msg, end="", file=sys.stderr))
         pm.enable_tracing()
@@ -89,3 +105,13 @@ def get_backend(name: str, pm: pluggy.PluginManager | None = None):
         known = ", ".join(sorted(available)) or "none"
         raise BackendUnavailable(f"no backend {name!r}; loaded backends: {known}{hint}")
     return available[name]
+
+
+def monitors(config: dict, pm: pluggy.PluginManager | None = None) -> list:
+    pm = pm or plugin_manager()
+    return [m for result in pm.hook.vlad_monitors(config=config) for m in (result or ())]
+
+
+def sensors(pm: pluggy.PluginManager | None = None) -> list:
+    pm = pm or plugin_manager()
+    return [s for result in pm.hook.vlad_sensors() for s in (result or ())]

@@ -1,13 +1,18 @@
 """The hot path: observation -> preprocess -> infer -> decode -> guard -> publish.
 
-:meth:`PolicyWorker.cycle` is the whole path, top to bottom, in one place. It runs on one
-dedicated worker thread, so the event loop (status, control, heartbeats, the watchdog)
-stays responsive while an inference runs, and at most one inference is ever in flight.
+Read :meth:`PolicyWorker.cycle` and :meth:`Publisher.publish` top to bottom: that is the
+whole path. Each policy (the release being served and each fallback policy) has its own
+worker thread, so the event loop (status, control, heartbeats, the watchdog, the health
+monitors) stays responsive while an inference runs, at most one inference per policy is
+in flight, and a hung engine only ever blocks its own thread.
 
 The event loop hands observations over through :class:`LatestSlot`: a new observation
 replaces one still waiting (the newer one wins, the older is counted as superseded), so
-nothing queues up behind a slow inference and the worker always computes on the freshest
-data. The worker owns the action PUB socket outright (ZeroMQ sockets are not thread-safe).
+nothing queues up behind a slow inference and a worker always computes on fresh data.
+
+Every chunk leaves through the one :class:`Publisher`, which owns the action PUB socket
+(under a lock: ZeroMQ sockets are not thread-safe) and the final guard, so rate limits
+apply across policy swaps and hold postures alike.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +40,7 @@ log = logging.getLogger("vlad.serving")
 
 @dataclass
 class Pending:
-    """An observation waiting for the worker, with its receive time."""
+    """An observation waiting for a worker, with its receive time."""
 
     obs: RawObservation
     receive_ns: int
@@ -69,41 +75,114 @@ class LatestSlot:
             self._cond.notify_all()
 
 
-class PolicyWorker:
-    """Runs the hot path on its own thread and publishes action chunks."""
+class Publisher:
+    """The final guard and the action PUB socket: the only way a chunk leaves vlad."""
 
-    def __init__(
-        self,
-        *,
-        contract: Contract,
-        tokenizer: Tokenizer | None,
-        session: Session,
-        release_id: str,
-        actions_socket: zmq.Socket,
-        stats: LatencyStats,
-        state_name=lambda: "ACTIVE",
-    ) -> None:
+    def __init__(self, contract: Contract, sock: zmq.Socket, release_id: Callable[[], str],
+                 state_name: Callable[[], str], stats: LatencyStats) -> None:
+        self.contract = contract
+        self.sock = sock
+        self.release_id = release_id
+        self.state_name = state_name
+        self.stats = stats
+        self.guard = ActionGuard(contract)
+        self.lock = threading.Lock()
+        self.seq = 0
+        self.last_publish_ns = 0
+        self.counters: Counter[str] = Counter()
+        self.validity_ns = int(contract.timing.action_validity_ms * 1e6)
+        self.deadline_ns = int(contract.timing.e2e_deadline_ms * 1e6)
+        self.period_ns = int(contract.timing.control_period_ms * 1e6)
+        # Called with (obs_seq, actions) for every chunk of the release being served, while
+        # a shadow run or a canary compares another policy against it; empty otherwise.
+        self.observers: list[Callable[[int, np.ndarray], None]] = []
+        # Hot-swap timing: decision -> first command from the new policy, in ms (last 20).
+        self.swap_ms: deque[dict] = deque(maxlen=20)
+        self._swap_pending: tuple[str, int] | None = None
+
+    def expect_swap(self, source: str, t0_ns: int) -> None:
+        self._swap_pending = (source, t0_ns)
+
+    def _swap_done(self, source: str) -> None:
+        pending = self._swap_pending
+        if pending is not None and (source == pending[0] or (pending[0] == "hold" and source.startswith("hold"))):
+            self.swap_ms.append({"to": pending[0], "first_command_ms": round((self.last_publish_ns - pending[1]) / 1e6, 3)})
+            self._swap_pending = None
+
+    def publish(self, actions: np.ndarray, obs: RawObservation, t: CycleTimes, source: str) -> bool:
+        """Guard ``actions`` (from ``obs``) and send them; False when the guard dropped them."""
+        with self.lock:
+            valid_until = obs.sensor_time_ns + self.validity_ns
+            verdict = self.guard.check(actions, obs.proprio, time.monotonic_ns(), valid_until)
+            t.guard_end = time.monotonic_ns()
+            if verdict.actions is None:
+                self.counters["expired"] += 1
+                return False
+            self._send(verdict.actions, verdict.interventions, obs.sequence, obs.sensor_time_ns, valid_until,
+                       source, _stage_ms(t))
+            t.publish = self.last_publish_ns
+            self._swap_done(source)
+        if source == "release":
+            for observe in self.observers:  # the policy's own output, before the guard
+                observe(obs.sequence, actions)
+        stages = self.stats.record(t)
+        self.counters["published"] += 1
+        self.counters[f"published_{source}"] += 1
+        if verdict.interventions:
+            self.counters["interventions"] += 1
+        if stages["e2e"] * 1e6 > self.deadline_ns:
+            self.counters["deadline_misses"] += 1
+        return True
+
+    def publish_hold(self, proprio: np.ndarray | None, obs_seq: int, t_sensor_ns: int, reason: str) -> None:
+        """Send the contract's hold posture (from the last known joint state)."""
+        with self.lock:
+            chunk = self.guard.hold_posture(proprio)
+            now = time.monotonic_ns()
+            self.guard.last_command, self.guard.last_command_ns = chunk[0].copy(), now
+            self._send(chunk, ("hold",), obs_seq, t_sensor_ns or now, now + self.validity_ns, f"hold:{reason}", {})
+            self._swap_done(f"hold:{reason}")
+        self.counters["published_hold"] += 1
+
+    def _send(self, actions, interventions, obs_seq, t_sensor_ns, valid_until_ns, source, timings) -> None:
+        self.seq += 1
+        header = {
+            "seq": self.seq,
+            "obs_seq": obs_seq,
+            "t_sensor_ns": t_sensor_ns,
+            "t_issue_ns": time.monotonic_ns(),
+            "valid_until_ns": valid_until_ns,
+            "period_ns": self.period_ns,
+            "release": self.release_id(),
+            "state": self.state_name(),
+            "source": source,
+            "interventions": list(interventions),
+            "timings_ms": timings,
+        }
+        self.sock.send_multipart(protocol.encode(protocol.TOPIC_ACTIONS, header, {"actions": actions}))
+        self.last_publish_ns = time.monotonic_ns()
+
+
+class PolicyWorker:
+    """One policy on its own thread: takes the newest observation, publishes its chunk."""
+
+    def __init__(self, *, name: str, contract: Contract, tokenizer: Tokenizer | None, session: Session,
+                 release_id: str, publisher: Publisher) -> None:
+        self.name = name
         self.contract = contract
         self.tokenizer = tokenizer
         self.session = session
         self.release_id = release_id
-        self.sock = actions_socket
-        self.stats = stats
-        self.state_name = state_name
-        self.guard = ActionGuard(contract)
+        self.publisher = publisher
         self.slot = LatestSlot()
         self.counters: Counter[str] = Counter()
         self.max_age_ns = int(contract.timing.max_observation_age_ms * 1e6)
-        self.validity_ns = int(contract.timing.action_validity_ms * 1e6)
-        self.deadline_ns = int(contract.timing.e2e_deadline_ms * 1e6)
-        self.period_ns = int(contract.timing.control_period_ms * 1e6)
-        self.action_seq = 0
         # Watched by the supervisor: a cycle running for too long means a hung engine.
         self.in_flight_since_ns = 0
+        self.in_flight_obs: RawObservation | None = None
         self.last_progress_ns = time.monotonic_ns()
-        self.last_publish_ns = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vlad-inference", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"vlad-{name}", daemon=True)
 
     # -- thread lifecycle ------------------------------------------------------------------
 
@@ -111,10 +190,10 @@ class PolicyWorker:
         self._thread.start()
 
     def stop(self, timeout: float) -> bool:
-        """Stop taking work, let the in-flight cycle finish within ``timeout``.
+        """Stop taking work and let the in-flight cycle finish within ``timeout``.
 
-        Returns False when the cycle did not finish (the thread is then abandoned: it is a
-        daemon thread, and the process exits without waiting for it).
+        Returns False when it did not finish; the thread is then abandoned (a daemon thread:
+        the process exits without waiting for a hung engine).
         """
         self._stop.set()
         self.slot.close()
@@ -135,15 +214,16 @@ class PolicyWorker:
                 self.cycle(item)
             except Exception:  # a bug, not bad input: keep serving, but make it loud
                 self.counters["cycle_errors"] += 1
-                log.exception("inference cycle failed")
+                log.exception("%s: inference cycle failed", self.name)
             finally:
                 self.in_flight_since_ns = 0
+                self.in_flight_obs = None
                 self.last_progress_ns = time.monotonic_ns()
 
     # -- the hot path ----------------------------------------------------------------------
 
     def cycle(self, item: Pending) -> None:
-        """One observation in, at most one action chunk out."""
+        """One observation in, one action chunk out (or a counted reason why not)."""
         obs = item.obs
         t = CycleTimes(sensor=obs.sensor_time_ns, receive=item.receive_ns)
 
@@ -152,22 +232,23 @@ class PolicyWorker:
         if t.pre_start - obs.sensor_time_ns > self.max_age_ns:
             self.counters["stale"] += 1
             return
-        self.in_flight_since_ns = t.pre_start
+        self.in_flight_since_ns, self.in_flight_obs = t.pre_start, obs
 
         try:
             inputs = preprocess(self.contract, self.tokenizer, obs)
         except VladError as exc:
-            self.counters["rejected_observations"] += 1
-            log.warning("observation %d rejected: %s", obs.sequence, exc)
+            self.counters["nonfinite_inputs" if "non-finite" in str(exc) else "rejected_observations"] += 1
+            log.warning("%s: observation %d rejected: %s", self.name, obs.sequence, exc)
             return
-        t.pre_end = time.monotonic_ns()
+        t.pre_end = t.infer_start = time.monotonic_ns()
 
-        t.infer_start = t.pre_end
         try:
             outputs = self.session.infer(inputs)
         except VladError as exc:
+            # The controller still gets a command for this observation: the hold posture.
             self.counters["backend_errors"] += 1
-            log.error("inference failed on observation %d: %s", obs.sequence, exc)
+            self.publisher.publish_hold(obs.proprio, obs.sequence, obs.sensor_time_ns, "backend_error")
+            log.error("%s: inference failed on observation %d: %s", self.name, obs.sequence, exc)
             return
         t.infer_end = time.monotonic_ns()
         timing = self.session.last_timing
@@ -176,36 +257,7 @@ class PolicyWorker:
         actions = decode_actions(self.contract, outputs)
         t.decode_end = time.monotonic_ns()
 
-        valid_until = obs.sensor_time_ns + self.validity_ns
-        verdict = self.guard.check(actions, obs.proprio, t.decode_end, valid_until)
-        t.guard_end = time.monotonic_ns()
-        if verdict.actions is None:
-            self.counters["expired"] += 1
-            return
-
-        self.action_seq += 1
-        header = {
-            "seq": self.action_seq,
-            "obs_seq": obs.sequence,
-            "t_sensor_ns": obs.sensor_time_ns,
-            "t_issue_ns": t.guard_end,
-            "valid_until_ns": valid_until,
-            "period_ns": self.period_ns,
-            "release": self.release_id,
-            "state": self.state_name(),
-            "interventions": list(verdict.interventions),
-            "timings_ms": _stage_ms(t),
-        }
-        self.sock.send_multipart(protocol.encode(protocol.TOPIC_ACTIONS, header, {"actions": verdict.actions}))
-        t.publish = time.monotonic_ns()
-
-        self.last_publish_ns = t.publish
-        stages = self.stats.record(t)
-        self.counters["published"] += 1
-        if verdict.interventions:
-            self.counters["interventions"] += 1
-        if stages["e2e"] * 1e6 > self.deadline_ns:
-            self.counters["deadline_misses"] += 1
+        self.publisher.publish(actions, obs, t, self.name)  # final guard + send
 
 
 def _stage_ms(t: CycleTimes) -> dict[str, float]:

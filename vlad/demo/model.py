@@ -154,6 +154,10 @@ class TinyPi0(nn.Module):
         self.act_in = nn.Linear(cfg.action_dim, d)
         self.act_pos = nn.Parameter(torch.randn(1, cfg.horizon, d) * 0.02)
         self.time_mlp = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, d))
+        # Global conditioning of the action expert on the instruction (pooled language
+        # tokens of the trunk output): the two demo goals are mirror images that differ
+        # only in the instruction, and attention alone picks that up slowly.
+        self.lang_cond = nn.Linear(d, d)
         self.expert = nn.ModuleList(ExpertBlock(d, cfg.heads) for _ in range(cfg.expert_layers))
         self.act_out = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, cfg.action_dim))
 
@@ -169,8 +173,14 @@ class TinyPi0(nn.Module):
     def prefix_kv(self, prefix: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [block.prefix_kv(prefix) for block in self.expert]
 
-    def velocity(self, kv: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        h = self.act_in(x) + self.act_pos + self.time_mlp(time_embedding(t, self.cfg.d_model))[:, None]
+    def condition(self, prefix: torch.Tensor) -> torch.Tensor:
+        """Pooled instruction embedding from the trunk output, [B, d]."""
+        n_img = (self.cfg.image_size // 8) ** 2
+        return self.lang_cond(prefix[:, n_img : n_img + self.cfg.max_tokens].mean(dim=1))
+
+    def velocity(self, kv: list[tuple[torch.Tensor, torch.Tensor]], cond: torch.Tensor, x: torch.Tensor,
+                 t: torch.Tensor) -> torch.Tensor:
+        h = self.act_in(x) + self.act_pos + (self.time_mlp(time_embedding(t, self.cfg.d_model)) + cond)[:, None]
         for block, (k, v) in zip(self.expert, kv):
             h = block(h, k, v)
         return self.act_out(h)
@@ -178,13 +188,14 @@ class TinyPi0(nn.Module):
     def forward(
         self, image_overhead: torch.Tensor, tokens: torch.Tensor, proprio: torch.Tensor, noise: torch.Tensor
     ) -> torch.Tensor:
-        kv = self.prefix_kv(self.prefix(image_overhead, tokens, proprio))
+        prefix = self.prefix(image_overhead, tokens, proprio)
+        kv, cond = self.prefix_kv(prefix), self.condition(prefix)
         x = noise
         dt = 1.0 / self.cfg.steps
         for k in range(self.cfg.steps):
             # (x[:, 0, 0] * 0 + k * dt) gives t the batch size symbolically (dynamic batch).
             t = x[:, 0, 0] * 0.0 + k * dt
-            x = x + dt * self.velocity(kv, x, t)
+            x = x + dt * self.velocity(kv, cond, x, t)
         return x
 
     def flow_loss(
@@ -197,6 +208,6 @@ class TinyPi0(nn.Module):
         # where the velocity field is hardest to learn.
         t = (1.0 - torch.distributions.Beta(1.5, 1.0).sample((b,)).to(actions)) * 0.999
         x_t = (1 - t[:, None, None]) * noise + t[:, None, None] * actions
-        kv = self.prefix_kv(self.prefix(image, tokens, proprio))
-        v = self.velocity(kv, x_t, t)
+        prefix = self.prefix(image, tokens, proprio)
+        v = self.velocity(self.prefix_kv(prefix), self.condition(prefix), x_t, t)
         return F.mse_loss(v, actions - noise)

@@ -1,0 +1,385 @@
+"""The ``onnxruntime`` backend: an ONNX model on an explicit, checked list of execution providers.
+
+ONNX Runtime's default is to fall back silently: a provider that fails to register is
+dropped from the session, and nodes a GPU provider cannot run land on the CPU provider.
+Either changes latency (and possibly numerics) without a word, so this backend refuses to
+start instead:
+
+1. every requested provider must be offered by the installed build
+   (``get_available_providers``), else the load fails before a session is made;
+2. after the session is made, every requested provider must be registered in it
+   (``get_providers``); ORT drops a provider whose library or device fails to load;
+3. when GPU providers are requested without ``CPUExecutionProvider``, the session config
+   ``session.disable_cpu_ep_fallback=1`` makes ORT itself fail the load if any node would
+   be placed on the CPU provider;
+4. node placement is read back from one profiled inference at load
+   (``check_node_placement``, default on): nodes per provider go into ``describe()``, and
+   the load fails if the first requested provider runs no node at all (e.g. TensorRT that
+   rejected every subgraph), or if CPU runs nodes although CPU was not requested.
+
+Options (all optional):
+
+``providers``
+    ordered list; items are a provider name or ``[name, {provider options}]``.
+    Default ``["CPUExecutionProvider"]``.
+``provider_options``
+    ``{provider name: {option: value}}``, merged over options given inline.
+``intra_op_threads`` / ``inter_op_threads``
+    ORT thread pools (0 = ORT's default).
+``graph_optimization_level``
+    ``"disable" | "basic" | "extended" | "all"`` (default ``"all"``).
+``optimized_model_path``
+    write the optimized graph there (a cache of the optimization, for inspection or for
+    loading with ``graph_optimization_level="disable"`` next time).
+``check_node_placement``
+    bool, default true (see 4.).
+
+Execution: with a CUDA or TensorRT provider, inputs and outputs are bound to preallocated
+device ``OrtValue``\\s (one set per batch size) through IOBinding, so the timing splits
+into host-to-device, compute and device-to-host. On CPU, inputs are bound zero-copy and
+outputs are written into preallocated numpy arrays that are reused per batch size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vlad.backend import Availability, Backend, Session, SessionDescription, Timing, example_inputs
+from vlad.contract import Contract
+from vlad.errors import BackendError, BackendUnavailable
+
+CPU = "CPUExecutionProvider"
+GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider")
+
+KNOWN_OPTIONS = frozenset(
+    {
+        "providers",
+        "provider_options",
+        "intra_op_threads",
+        "inter_op_threads",
+        "graph_optimization_level",
+        "optimized_model_path",
+        "check_node_placement",
+    }
+)
+
+_OPT_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _fail(msg: str) -> BackendError:
+    return BackendError(f"onnxruntime: {msg}")
+
+
+def parse_providers(options: Mapping[str, Any]) -> tuple[list[str], list[dict[str, str]]]:
+    """The requested providers in order, and one options dict per provider (strings, as ORT wants)."""
+    raw = options.get("providers", [CPU])
+    if isinstance(raw, str) or not isinstance(raw, (list, tuple)) or not raw:
+        raise _fail(f"option providers must be a non-empty list of provider names, got {raw!r}")
+    extra = options.get("provider_options", {}) or {}
+    if not isinstance(extra, Mapping):
+        raise _fail(f"option provider_options must be a table {{provider: {{option: value}}}}, got {extra!r}")
+    names: list[str] = []
+    opts: list[dict[str, str]] = []
+    for item in raw:
+        if isinstance(item, str):
+            name, inline = item, {}
+        elif isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
+            name, inline = item[0], dict(item[1])
+        else:
+            raise _fail(f"providers entry {item!r} is neither a name nor [name, {{options}}]")
+        if name in names:
+            raise _fail(f"provider {name} is listed twice")
+        merged = {**inline, **dict(extra.get(name, {}))}
+        names.append(name)
+        opts.append({str(k): str(v) for k, v in merged.items()})
+    unknown = sorted(set(extra) - set(names))
+    if unknown:
+        raise _fail(f"provider_options given for {unknown}, which are not in providers {names}")
+    return names, opts
+
+
+class OnnxRuntimeBackend(Backend):
+    """ONNX Runtime with a checked provider list (no silent fallback)."""
+
+    name = "onnxruntime"
+
+    def availability(self) -> Availability:
+        """onnxruntime importable; its available providers; devices cpu (+ cuda with a GPU provider)."""
+        if importlib.util.find_spec("onnxruntime") is None:
+            return Availability(False, "onnxruntime", reason="onnxruntime is not installed (pip install 'vlad[cpu]' or 'vlad[gpu]')")
+        try:
+            import onnxruntime as ort
+        except Exception as exc:
+            return Availability(False, "onnxruntime", reason=f"onnxruntime does not import: {exc}")
+        providers = tuple(ort.get_available_providers())
+        devices = ["cpu"]
+        if any(p in providers for p in GPU_PROVIDERS):
+            devices.append("cuda")
+        return Availability(True, "onnxruntime", version=ort.__version__, devices=tuple(devices), providers=providers)
+
+    def artifact_suffixes(self) -> tuple[str, ...]:
+        """An ONNX model file."""
+        return (".onnx",)
+
+    def load(self, artifact: Path, contract: Contract, options: Mapping[str, Any] | None = None) -> OnnxRuntimeSession:
+        """Create an ORT session on exactly the requested providers, or refuse with the reason."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - KNOWN_OPTIONS)
+        if unknown:
+            raise _fail(f"unknown option(s) {unknown}; known: {sorted(KNOWN_OPTIONS)}")
+        availability = self.availability()
+        if not availability.usable:
+            raise BackendUnavailable(f"onnxruntime: {availability.reason}")
+        return OnnxRuntimeSession(contract, Path(artifact), options)
+
+
+class OnnxRuntimeSession(Session):
+    """One ORT ``InferenceSession`` with IOBinding (device buffers on GPU, reused outputs on CPU)."""
+
+    backend_name = "onnxruntime"
+
+    def __init__(self, contract: Contract, artifact: Path, options: Mapping[str, Any]) -> None:
+        import onnxruntime as ort
+
+        super().__init__(contract, artifact, options)
+        self._ort = ort
+        if not self.artifact.is_file():
+            raise _fail(f"artifact {self.artifact} does not exist")
+        names, provider_opts = parse_providers(self.options)
+        self.requested = names
+        all_known = set(ort.get_all_providers())
+        available = ort.get_available_providers()
+        for name in names:
+            if name not in all_known:
+                raise _fail(f"unknown execution provider {name!r} (known to onnxruntime {ort.__version__}: {', '.join(sorted(all_known))})")
+            if name not in available:
+                raise _fail(
+                    f"requested {name} but this onnxruntime {ort.__version__} build only offers {available}; refusing to fall back"
+                )
+        so = self._session_options(names)
+        check_placement = bool(self.options.get("check_node_placement", True))
+        profile_dir = tempfile.mkdtemp(prefix="vlad-ort-profile-") if check_placement else None
+        if profile_dir:
+            so.enable_profiling = True
+            so.profile_file_prefix = os.path.join(profile_dir, "load")
+        try:
+            try:
+                self._sess = ort.InferenceSession(str(self.artifact), so, providers=names, provider_options=provider_opts)
+            except Exception as exc:
+                raise _fail(f"cannot create a session for {self.artifact} on {names}: {_first_line(exc)}") from exc
+            in_use = self._sess.get_providers()
+            missing = [p for p in names if p not in in_use]
+            if missing:
+                raise _fail(
+                    f"requested providers {names} but the session runs on {in_use}: {missing} failed to register "
+                    "(ORT would fall back silently); refusing to start"
+                )
+            self._check_io()
+            self.nodes_per_provider: dict[str, int] = {}
+            if profile_dir:
+                self.nodes_per_provider = self._profile_placement(names)
+        finally:
+            if profile_dir:
+                for f in Path(profile_dir).glob("*"):
+                    f.unlink(missing_ok=True)
+                os.rmdir(profile_dir)
+        self.providers_in_use = tuple(
+            p for p in in_use if not self.nodes_per_provider or self.nodes_per_provider.get(p)
+        )
+        primary = names[0]
+        self._gpu = primary in GPU_PROVIDERS
+        self._device_id = int(provider_opts[0].get("device_id", 0)) if self._gpu else 0
+        self._output_names = [spec.name for spec in contract.outputs]
+        self._input_names = [spec.name for spec in contract.inputs]
+        # One binding (and its buffers) per input-shape signature, i.e. per batch size:
+        # after the first call of a size, the hot path allocates nothing.
+        self._bindings: dict[tuple, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
+
+    # -- load-time checks --------------------------------------------------------------------
+
+    def _session_options(self, names: list[str]):
+        ort = self._ort
+        so = ort.SessionOptions()
+        so.log_severity_level = 3  # errors only; our own messages say what matters
+        level = self.options.get("graph_optimization_level", "all")
+        if level not in _OPT_LEVELS:
+            raise _fail(f"graph_optimization_level {level!r} is not one of {sorted(_OPT_LEVELS)}")
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[level])
+        for key, attr in (("intra_op_threads", "intra_op_num_threads"), ("inter_op_threads", "inter_op_num_threads")):
+            value = self.options.get(key)
+            if value is not None:
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise _fail(f"option {key} must be a non-negative integer, got {value!r}")
+                setattr(so, attr, value)
+        path = self.options.get("optimized_model_path")
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            so.optimized_model_filepath = str(path)
+        if any(p != CPU for p in names) and CPU not in names:
+            # A node the GPU provider cannot take must fail the load, not run on the CPU.
+            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        return so
+
+    def _check_io(self) -> None:
+        got_in = sorted(i.name for i in self._sess.get_inputs())
+        got_out = sorted(o.name for o in self._sess.get_outputs())
+        want_in = sorted(s.name for s in self.contract.inputs)
+        want_out = sorted(s.name for s in self.contract.outputs)
+        if got_in != want_in or got_out != want_out:
+            raise _fail(
+                f"{self.artifact} has inputs {got_in} / outputs {got_out}, the contract declares {want_in} / {want_out}"
+            )
+
+    def _profile_placement(self, names: list[str]) -> dict[str, int]:
+        """Run once under ORT's profiler and count the graph nodes each provider executed."""
+        inputs = example_inputs(self.contract)
+        self._sess.run(None, inputs)
+        profile = self._sess.end_profiling()  # also turns profiling off for later runs
+        with open(profile) as f:
+            events = json.load(f)
+        by_provider: dict[str, set[str]] = {}
+        for ev in events:
+            if ev.get("cat") == "Node" and ev.get("name", "").endswith("_kernel_time"):
+                provider = ev.get("args", {}).get("provider")
+                if provider:
+                    by_provider.setdefault(provider, set()).add(ev["name"])
+        counts = dict(Counter({p: len(n) for p, n in by_provider.items()}))
+        if counts and not counts.get(names[0]):
+            raise _fail(
+                f"requested {names[0]} first but it runs none of the graph's nodes ({counts}); refusing to start"
+            )
+        if CPU not in names and counts.get(CPU):
+            raise _fail(f"{counts[CPU]} node(s) fell back to {CPU}, which was not requested ({counts}); refusing to start")
+        return counts
+
+    # -- hot path ------------------------------------------------------------------------------
+
+    def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._sess is None:
+            raise _fail("session is closed")
+        key = tuple(inputs[n].shape for n in self._input_names)
+        entry = self._bindings.get(key)
+        if entry is None:
+            entry = self._bindings[key] = self._bind(inputs)
+        binding, dev_in, outputs = entry
+        if self._gpu:
+            t0 = time.perf_counter()
+            for name in self._input_names:
+                dev_in[name].update_inplace(np.ascontiguousarray(inputs[name]))
+            t1 = time.perf_counter()
+            self._sess.run_with_iobinding(binding)
+            t2 = time.perf_counter()
+            result = {name: ov.numpy() for name, ov in outputs.items()}
+            t3 = time.perf_counter()
+            self.last_timing = Timing(h2d_ms=(t1 - t0) * 1e3, compute_ms=(t2 - t1) * 1e3, d2h_ms=(t3 - t2) * 1e3)
+            return result
+        binding.clear_binding_inputs()
+        for name in self._input_names:
+            # bind_cpu_input wraps the array's memory; ORT needs it C-contiguous.
+            binding.bind_cpu_input(name, np.ascontiguousarray(inputs[name]))
+        t0 = time.perf_counter()
+        self._sess.run_with_iobinding(binding)
+        self.last_timing = Timing(compute_ms=(time.perf_counter() - t0) * 1e3)
+        if outputs:
+            return outputs
+        return dict(zip(self._output_names, binding.copy_outputs_to_cpu()))
+
+    def _output_shapes(self, inputs: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]] | None:
+        """Output shapes from the contract, dynamic axes sized like the inputs' axes of that name."""
+        sizes = {}
+        for spec in self.contract.inputs:
+            for ax in spec.dynamic:
+                sizes[ax.name] = inputs[spec.name].shape[ax.axis]
+        shapes = {}
+        for spec in self.contract.outputs:
+            shape = list(spec.shape)
+            for ax in spec.dynamic:
+                if ax.name not in sizes:
+                    return None  # an axis only the model knows: let ORT allocate
+                shape[ax.axis] = sizes[ax.name]
+            shapes[spec.name] = tuple(shape)
+        return shapes
+
+    def _bind(self, inputs: Mapping[str, np.ndarray]):
+        ort = self._ort
+        binding = self._sess.io_binding()
+        shapes = self._output_shapes(inputs)
+        dtypes = {spec.name: np.dtype(spec.dtype) for spec in self.contract.outputs}
+        if self._gpu:
+            dev_in = {
+                name: ort.OrtValue.ortvalue_from_shape_and_type(inputs[name].shape, inputs[name].dtype, "cuda", self._device_id)
+                for name in self._input_names
+            }
+            for name, ov in dev_in.items():
+                binding.bind_ortvalue_input(name, ov)
+            if shapes is None:
+                raise _fail("on a GPU provider every output axis must be sized by the contract (IOBinding needs fixed outputs)")
+            outputs = {
+                name: ort.OrtValue.ortvalue_from_shape_and_type(shapes[name], dtypes[name], "cuda", self._device_id)
+                for name in self._output_names
+            }
+            for name, ov in outputs.items():
+                binding.bind_ortvalue_output(name, ov)
+            return binding, dev_in, outputs
+        outputs: dict[str, np.ndarray] = {}
+        for name in self._output_names:
+            if shapes is None:
+                binding.bind_output(name, "cpu")
+                continue
+            buf = np.empty(shapes[name], dtype=dtypes[name])
+            outputs[name] = buf
+            binding.bind_output(name, "cpu", 0, buf.dtype, buf.shape, buf.ctypes.data)
+        return binding, {}, outputs if shapes is not None else {}
+
+    # -- introspection -------------------------------------------------------------------------
+
+    def describe(self) -> SessionDescription:
+        """Providers that actually run nodes, the device, fp32, and the node placement."""
+        ort = self._ort
+        digest = hashlib.sha256(self.artifact.read_bytes()).hexdigest()[:16] if self.artifact.is_file() else "?"
+        level = self.options.get("graph_optimization_level", "all")
+        return SessionDescription(
+            backend="onnxruntime",
+            runtime="onnxruntime",
+            runtime_version=ort.__version__,
+            device=f"cuda:{self._device_id}" if self._gpu else "cpu",
+            precision="fp32",
+            providers=self.providers_in_use,
+            # What an optimized-model or TensorRT engine cache must match.
+            cache_key=f"{digest}-ort{ort.__version__}-{'+'.join(self.requested)}-opt{level}",
+            artifact=str(self.artifact),
+            extra={
+                "requested_providers": tuple(self.requested),
+                "registered_providers": tuple(self._sess.get_providers()) if self._sess else (),
+                "nodes_per_provider": dict(self.nodes_per_provider),
+                "intra_op_threads": self.options.get("intra_op_threads", 0),
+                "inter_op_threads": self.options.get("inter_op_threads", 0),
+                "graph_optimization_level": level,
+            },
+        )
+
+    def close(self) -> None:
+        """Release the ORT session and the bound buffers (idempotent)."""
+        self._bindings.clear()
+        self._sess = None

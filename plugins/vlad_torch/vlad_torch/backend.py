@@ -1,0 +1,103 @@
+"""The ``torch`` backend: a ``torch.export`` program (``.pt2``) run eagerly by PyTorch.
+
+Loading goes through :func:`torch.export.load` only: the archive holds a serialized graph
+and tensors, no pickled classes and no code, so a release artifact cannot execute anything
+on load (torch.load is never called with weights_only disabled).
+
+Options: ``device`` (``"cpu"`` default, ``"cuda"``, ``"cuda:N"``) and ``threads``
+(``torch.set_num_threads``; process-wide).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vlad.backend import Availability, Backend
+from vlad.contract import Contract
+from vlad.errors import BackendError, BackendUnavailable
+
+from vlad_torch.session import COMMON_OPTIONS, TorchSession, apply_threads, check_names, check_options, resolve_device
+
+
+def torch_availability(runtime: str = "torch") -> Availability:
+    """Whether torch imports here, its version, and the devices it can use."""
+    if importlib.util.find_spec("torch") is None:
+        return Availability(False, runtime, reason="torch is not installed (pip install 'vlad[torch]')")
+    try:
+        import torch
+    except Exception as exc:  # a broken install (missing shared library) is "not usable"
+        return Availability(False, runtime, reason=f"torch does not import: {exc}")
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return Availability(True, runtime, version=torch.__version__, devices=tuple(devices))
+
+
+def require(availability: Availability) -> None:
+    """Raise :class:`BackendUnavailable` with the reason when the runtime is not usable."""
+    if not availability.usable:
+        raise BackendUnavailable(f"{availability.runtime}: {availability.reason}")
+
+
+class TorchBackend(Backend):
+    """PyTorch eager execution of a ``torch.export`` program."""
+
+    name = "torch"
+
+    def availability(self) -> Availability:
+        """torch importable; devices: ``cpu`` and every visible CUDA device."""
+        return torch_availability()
+
+    def artifact_suffixes(self) -> tuple[str, ...]:
+        """A ``torch.export.save`` archive."""
+        return (".pt2",)
+
+    def load(self, artifact: Path, contract: Contract, options: Mapping[str, Any] | None = None) -> TorchSession:
+        """Load the program, move it to the requested device and check its signature."""
+        options = dict(options or {})
+        check_options(self.name, options, COMMON_OPTIONS)
+        require(self.availability())
+        import torch
+
+        artifact = Path(artifact)
+        device = resolve_device(self.name, options.get("device", "cpu"))
+        threads = apply_threads(self.name, options.get("threads"))
+        try:
+            program = torch.export.load(str(artifact))
+        except FileNotFoundError as exc:
+            raise BackendError(f"{self.name}: artifact {artifact} does not exist") from exc
+        except Exception as exc:
+            raise BackendError(f"{self.name}: {artifact} is not a torch.export program: {_first_line(exc)}") from exc
+        names = check_names(
+            self.name, "inputs", list(program.graph_signature.user_inputs), [s.name for s in contract.inputs]
+        )
+        n_out = len(program.graph_signature.user_outputs)
+        if n_out != len(contract.outputs):
+            raise BackendError(
+                f"{self.name}: the program has {n_out} output(s), the contract declares {[s.name for s in contract.outputs]}"
+            )
+        if device.type != "cpu":
+            from torch.export.passes import move_to_device_pass
+
+            # Moves parameters, buffers and the device constants baked into the graph;
+            # Module.to() would miss the latter.
+            program = move_to_device_pass(program, device)
+        module = program.module()
+        return TorchSession(
+            contract,
+            artifact,
+            options,
+            backend_name=self.name,
+            fn=module,
+            input_order=names,
+            device=device,
+            threads=threads,
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

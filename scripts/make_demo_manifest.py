@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Write and sign manifests/demo/manifest.toml for the demo release.
+
+Every file of the release folder (except manifest.toml / manifest.sig) becomes an artifact
+with its size and sha256; the runtime is what is installed now; the closed-loop gate comes
+from eval.json when it is there. The manifest is signed with the DEMO key
+(etc/vlad/demo-signing-key.pem, public half etc/vlad/keys.d/demo.pub), which is public in
+this repository and must never be trusted on a real robot: make your own key with
+``vladctl keygen`` (docs/releases.md).
+
+    .venv/bin/python scripts/make_demo_manifest.py                  # manifests/demo
+    .venv/bin/python scripts/make_demo_manifest.py --release-dir /tmp/copy --no-sign
+
+Exit status: 0 written (and signed and verified), 1 written but the closed-loop gate failed,
+2 error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from vlad.errors import VladError  # noqa: E402
+from vlad.manifest import CANARY_DEFAULTS, new_manifest_data, write_manifest  # noqa: E402
+from vlad.signing import installed_runtime, sign_release, verify_release  # noqa: E402
+
+RELEASE_ID = "vlad-demo-reacher-1.0.0"
+VERSION = "1.0.0"
+VERSION_CODE = 1
+
+
+def closed_loop_gate(eval_path: Path, min_success_rate: float) -> dict | None:
+    """The closed-loop gate entry from eval.json: the policy's mean success rate must reach
+    ``min_success_rate`` and beat the no-motion baseline. None without eval.json."""
+    if not eval_path.is_file():
+        return None
+    rows = json.loads(eval_path.read_text())["results"]
+
+    def mean_rate(policy: str) -> float:
+        rates = [r["success_rate"] for r in rows if r["policy"] == policy]
+        return sum(rates) / len(rates) if rates else 0.0
+
+    policy, zero = mean_rate("policy"), mean_rate("zero")
+    passed = policy >= min_success_rate and policy > zero
+    print(f"closed-loop gate: policy success {policy:.2f} (min {min_success_rate:.2f}), "
+          f"no-motion baseline {zero:.2f}: {'passed' if passed else 'FAILED'}")
+    return {"gate": "closed_loop", "report": eval_path.name, "passed": passed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write (and by default sign and verify) the demo manifest."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--release-dir", default=str(ROOT / "manifests" / "demo"))
+    p.add_argument("--key", default=str(ROOT / "etc" / "vlad" / "demo-signing-key.pem"),
+                   help="private key to sign with (default: the DEMO key)")
+    p.add_argument("--keys", default=str(ROOT / "etc" / "vlad" / "keys.d"),
+                   help="trusted keys to verify the result with")
+    p.add_argument("--valid-days", type=int, default=730, help="expires this many days from now")
+    p.add_argument("--min-success-rate", type=float, default=0.5)
+    p.add_argument("--no-sign", action="store_true", help="only write manifest.toml")
+    p.add_argument("--release-id", default=RELEASE_ID)
+    p.add_argument("--version", default=VERSION)
+    p.add_argument("--version-code", type=int, default=VERSION_CODE)
+    p.add_argument("--backend", default="onnxruntime")
+    p.add_argument("--options", default='{"intra_op_threads": 1}', help="backend options as JSON")
+    p.add_argument("--parent", help="parent release id (lineage); the change kind is then export_only")
+    args = p.parse_args(argv)
+
+    release = Path(args.release_dir)
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    gate = closed_loop_gate(release / "eval.json", args.min_success_rate)
+    try:
+        data = new_manifest_data(
+            release, release_id=args.release_id, version=args.version, version_code=args.version_code,
+            description="demo: pi0-shaped flow-matching policy for MuJoCo Reacher-v5",
+            backend=args.backend, artifact="policy.onnx", options=json.loads(args.options),
+            # A little slack before "now": a robot clock slightly behind must not refuse it.
+            not_before=now - dt.timedelta(days=1), expires=now + dt.timedelta(days=args.valid_days),
+            runtime={k: v for k, v in vars_of(installed_runtime()).items() if v},
+            fallback=[{"kind": "hold"}],
+            lineage={"change": "export_only", "parent": args.parent} if args.parent else {"change": "retrain"},
+            gates=[gate] if gate else [], canary=CANARY_DEFAULTS,
+        )
+        manifest = write_manifest(release, data)
+        print(f"wrote {manifest.path}: {len(manifest.artifacts)} artifacts")
+        if args.no_sign:
+            return 0
+        sig = sign_release(release, args.key)
+        print(f"signed with key {sig.key_id} ({args.key})")
+        if gate and not gate["passed"]:
+            print("not verifying: a release with a failed gate is refused by design", file=sys.stderr)
+            return 1
+        v = verify_release(release, args.keys, now)
+        for w in v.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        print(f"verified {v.id} against {args.keys}")
+    except VladError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def vars_of(obj) -> dict:
+    """Field values of a slotted dataclass."""
+    import dataclasses
+
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

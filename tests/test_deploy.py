@@ -1,0 +1,161 @@
+"""Live release changes on the real daemon: deploy, rollback, shadow, canary, refusals.
+
+The daemon serves from a release store in tmp (``/var/lib/vlad`` layout) holding the
+signed demo release; new releases are copies of it re-signed with the demo key. A
+simulated controller runs at 50 Hz throughout and records every chunk.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DEMO, load_golden
+from tests.daemon_harness import PERIOD_S, ROOT, VLAD, ControllerSim, max_gap, start_daemon
+
+KEYS = ROOT / "etc" / "vlad" / "keys.d"
+MAX_GAP_S = 1.5 * PERIOD_S + 0.01  # as in test_faults: 1.5 periods + scheduling margin
+VLADCTL = VLAD.parent / "vladctl"
+
+
+def make_release(dest: Path, version: str, code: int, backend: str = "onnxruntime", options: str | None = None) -> Path:
+    """A signed copy of the demo release with another id and version."""
+    dest.mkdir(parents=True)
+    for f in DEMO.iterdir():
+        if f.name not in ("manifest.toml", "manifest.sig"):
+            shutil.copy(f, dest / f.name)
+    contract = dest / "contract.toml"
+    contract.write_text(contract.read_text().replace('version = "1.0.0"', f'version = "{version}"', 1))
+    args = [sys.executable, str(ROOT / "scripts" / "make_demo_manifest.py"), "--release-dir", str(dest),
+            "--release-id", f"vlad-demo-reacher-{version}", "--version", version, "--version-code", str(code),
+            "--backend", backend, "--parent", "vlad-demo-reacher-1.0.0", "--min-success-rate", "0"]
+    if options:
+        args += ["--options", options]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return dest
+
+
+@pytest.fixture()
+def live(tmp_path):
+    from vlad.store import ReleaseStore
+
+    store_root = tmp_path / "store"
+    store = ReleaseStore(store_root, KEYS)
+    store.activate(store.stage(DEMO), who="test", why="initial")
+    control = tmp_path / "fault"
+    config = tmp_path / "vlad.toml"
+    config.write_text(f"""
+[release]
+path = "{store_root}/releases/active"
+keys_dir = "{KEYS}"
+[serve]
+warmup = 3
+[store]
+root = "{store_root}"
+""")
+    d = start_daemon(tmp_path, config=config, env={"VLAD_PLUGIN_MODULES": "tests.fault_plugin", "PYTHONPATH": str(ROOT)})
+    client = d.client()
+    ctl = ControllerSim(client, load_golden()[0]).start()
+    try:
+        yield d, client, ctl, store, tmp_path, control
+    finally:
+        ctl.stop()
+        client.close()
+        d.stop()
+    assert "Traceback" not in d.log(), d.log()
+
+
+def wait_release(client, release: str, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = client.status()
+        if st["release"] == release and st["state"] == "ACTIVE":
+            return st
+        time.sleep(0.05)
+    raise AssertionError(f"serving {st['release']} ({st['state']}), wanted {release}")
+
+
+def test_deploy_while_serving_keeps_the_stream(live):
+    d, client, ctl, store, tmp, _ = live
+    wait_release(client, "vlad-demo-reacher@1.0.0")
+    v2 = make_release(tmp / "v2", "1.1.0", 2)
+    t0 = time.monotonic()
+    r = client.control("deploy", timeout_ms=120_000, path=str(v2), who="tech", why="new grasp")
+    assert r["release"] == "vlad-demo-reacher@1.1.0" and r["previous"] == "vlad-demo-reacher@1.0.0"
+    wait_release(client, "vlad-demo-reacher@1.1.0")
+    time.sleep(0.5)
+    seen = ctl.since(t0)
+    gap = max_gap(seen)
+    assert gap <= MAX_GAP_S, f"{gap * 1000:.1f} ms without a chunk during the deploy"
+    assert store.active() == "vlad-demo-reacher-1.1.0" and store.previous() == "vlad-demo-reacher-1.0.0"
+    # rollback over the control socket: the exact previous release serves again
+    out = subprocess.run([str(VLADCTL), "rollback", "--endpoint", d.endpoints["control"], "--why", "overshoots",
+                          "--who", "tech"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    wait_release(client, "vlad-demo-reacher@1.0.0")
+    assert store.active() == "vlad-demo-reacher-1.0.0"
+    hist = subprocess.run([str(VLADCTL), "history", "--endpoint", d.endpoints["control"]], capture_output=True,
+                          text=True, timeout=30)
+    assert "rollback" in hist.stdout and "by tech: overshoots" in hist.stdout, hist.stdout
+    assert max_gap(ctl.since(t0)) <= MAX_GAP_S
+
+
+def test_deploy_refuses_tampered_and_downgraded_releases(live):
+    from vlad.client import ClientError
+
+    d, client, ctl, store, tmp, _ = live
+    bad = make_release(tmp / "tampered", "1.2.0", 3)
+    data = bytearray((bad / "policy.onnx").read_bytes())
+    data[100] ^= 1
+    (bad / "policy.onnx").write_bytes(bytes(data))
+    with pytest.raises(ClientError, match="policy.onnx"):
+        client.control("deploy", timeout_ms=120_000, path=str(bad), who="x", why="y")
+    old = make_release(tmp / "old", "0.5.0", 0)
+    with pytest.raises(ClientError, match="older than releases already activated"):
+        client.control("deploy", timeout_ms=120_000, path=str(old), who="x", why="y")
+    st = client.status()
+    assert st["release"] == "vlad-demo-reacher@1.0.0" and st["state"] == "ACTIVE"
+    assert store.active() == "vlad-demo-reacher-1.0.0"
+
+
+def test_shadow_never_publishes(live):
+    d, client, ctl, store, tmp, _ = live
+    v2 = make_release(tmp / "v2", "1.1.0", 2)
+    client.control("shadow_start", timeout_ms=120_000, path=str(v2), tolerance=0.05)
+    t0 = time.monotonic()
+    time.sleep(1.5)
+    seen = ctl.since(t0)
+    assert seen and all(c.source == "release" for c in seen), {c.source for c in seen}
+    report = client.control("shadow_report")
+    assert report["divergence"]["pairs"] >= 10
+    # same weights, same noise rule: the shadow agrees with the served policy
+    assert report["divergence"]["max_abs"] < 1e-5
+    assert report["latency_ms"]["e2e"]["count"] >= 10
+    final = client.control("shadow_stop")
+    assert final["release"] == "vlad-demo-reacher@1.1.0"
+    assert client.status()["shadow"] is None
+
+
+def test_canary_auto_abort_rolls_back(live):
+    d, client, ctl, store, tmp, control = live
+    control.write_text("oob")  # the canary's engine produces out-of-bounds actions
+    bad = make_release(tmp / "canary", "1.1.0", 2, backend="faulty",
+                       options=f'{{"control_file": "{control}", "intra_op_threads": 1}}')
+    t0 = time.monotonic()
+    r = client.control("deploy", timeout_ms=120_000, path=str(bad), who="tech", why="try", canary=True)
+    assert r["canary"] is True
+    st = wait_release(client, "vlad-demo-reacher@1.0.0")
+    assert st["canary"] is None
+    events = client.control("events", limit=100)
+    abort = [e for e in events if e["kind"] == "canary_abort"]
+    assert abort and "interventions" in abort[-1]["reason"], [(e["kind"], e["reason"]) for e in events]
+    assert store.active() == "vlad-demo-reacher-1.0.0"
+    assert store.history()[-1].event == "rollback" and "canary aborted" in store.history()[-1].why
+    time.sleep(0.3)
+    assert max_gap(ctl.since(t0)) <= MAX_GAP_S

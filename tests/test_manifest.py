@@ -1,0 +1,297 @@
+"""Release manifests, signatures and verify_release on small synthetic releases."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from vlad import release_cli
+from vlad.manifest import (
+    ManifestError, RuntimeSpec, canonical_bytes, load_manifest, new_manifest_data, parse_manifest,
+    read_manifest_document, write_manifest,
+)
+from vlad.signing import (
+    BadSignature, IntegrityError, KeyFileError, RuntimeMismatch, UnknownKey, UnsignedRelease,
+    ValidityError, check_runtime, generate_keypair, key_id, load_private_key, load_public_key,
+    load_trusted_keys, sign_release, verify_release,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_CONTRACT = ROOT / "manifests" / "demo" / "contract.toml"
+T0 = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+NOW = T0 + dt.timedelta(days=10)
+TOKENIZER = {"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[PAD]": 0, "[UNK]": 1, "reach": 2},
+                                          "unk_token": "[UNK]"}}
+
+
+# ---- helpers shared with test_store.py --------------------------------------------------
+
+
+def make_keys(base: Path, name: str = "test") -> tuple[Path, Path]:
+    """A key pair in base/private and a trusted-keys folder base/keys.d with its public half."""
+    _, private, public = generate_keypair(base / "private", name)
+    trusted = base / "keys.d"
+    trusted.mkdir(exist_ok=True)
+    shutil.copy(public, trusted / public.name)
+    return private, trusted
+
+
+def make_release(folder: Path, private_key: Path | None, *, release_id: str = "r1", version_code: int = 1,
+                 payload: bytes = b"model bytes", gate_passed: bool = True, **overrides) -> Path:
+    """A tiny but real release: the demo contract (tokenizer hash patched), a small tokenizer,
+    fake model/config/report files, a manifest and (with ``private_key``) its signature."""
+    folder.mkdir(parents=True)
+    tok = json.dumps(TOKENIZER).encode()
+    (folder / "tokenizer.json").write_bytes(tok)
+    contract = re.sub(r'sha256 = "[0-9a-f]{64}"', f'sha256 = "{hashlib.sha256(tok).hexdigest()}"',
+                      DEMO_CONTRACT.read_text())
+    (folder / "contract.toml").write_text(contract)
+    (folder / "policy.onnx").write_bytes(payload * 10)
+    (folder / "model_config.json").write_text('{"width": 8}\n')
+    (folder / "eval.json").write_text('{"results": []}\n')
+    args = dict(release_id=release_id, version=f"1.0.{version_code}", version_code=version_code,
+                backend="onnxruntime", artifact="policy.onnx", options={"intra_op_threads": 1},
+                not_before=T0, expires=T0 + dt.timedelta(days=365),
+                gates=[{"gate": "closed_loop", "report": "eval.json", "passed": gate_passed}])
+    args.update(overrides)
+    write_manifest(folder, new_manifest_data(folder, **args))
+    if private_key is not None:
+        sign_release(folder, private_key, now=NOW)
+    return folder
+
+
+@pytest.fixture()
+def keys(tmp_path):
+    return make_keys(tmp_path)
+
+
+@pytest.fixture()
+def release(tmp_path, keys):
+    return make_release(tmp_path / "rel", keys[0])
+
+
+# ---- manifest format ----------------------------------------------------------------------
+
+
+def test_valid_release_verifies(release, keys):
+    v = verify_release(release, keys[1], NOW, installed=RuntimeSpec())
+    assert v.id == "r1" and v.manifest.release.version_code == 1
+    assert v.key_id == key_id(load_private_key(keys[0]))
+    assert v.contract.sha256 == v.manifest.contract.sha256
+    assert {a.role for a in v.manifest.artifacts} >= {"contract", "tokenizer", "model", "config", "report"}
+    assert v.manifest.fallback[-1].kind == "hold" and v.manifest.canary.max_heartbeat_faults == 3
+    assert v.warnings == ()
+
+
+def test_every_problem_is_reported_at_once(release):
+    data = read_manifest_document(release)
+    del data["release"]["id"]
+    data["artifacts"][0]["role"] = "weightz"
+    data["fallback"] = [{"kind": "hold"}, {"kind": "previous_release"}]
+    data["lineage"] = {"change": "quantization"}
+    data["backend"]["artifact"] = "nope.onnx"
+    data["colour"] = 1
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(data, "m.toml")
+    text = str(info.value)
+    assert len(info.value.problems) >= 6
+    for needle in ("release.id: missing", "artifacts[0].role: unknown value 'weightz'",
+                   "entries after the first 'hold'", "lineage.parent", "'nope.onnx' is not listed",
+                   "colour: unknown key"):
+        assert needle in text
+
+
+def test_paths_must_stay_inside_the_release(release):
+    data = read_manifest_document(release)
+    data["artifacts"][0]["path"] = "../etc/passwd"
+    with pytest.raises(ManifestError, match=r"plain relative path"):
+        parse_manifest(data)
+
+
+def test_canonical_bytes_ignore_layout_and_comments(release, keys):
+    text = (release / "manifest.toml").read_text()
+    (release / "manifest.toml").write_text("# a comment the signature does not cover\n" + text.replace("\n\n", "\n"))
+    assert canonical_bytes(read_manifest_document(release)) == load_manifest(release).canonical_bytes()
+    verify_release(release, keys[1], NOW, installed=RuntimeSpec())
+
+
+# ---- refusals: each names what failed ---------------------------------------------------------
+
+
+def test_tampered_artifact_is_refused(release, keys):
+    p = release / "policy.onnx"
+    data = bytearray(p.read_bytes())
+    data[3] ^= 0x01
+    p.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=r"policy\.onnx: sha256 .* differs from manifest"):
+        verify_release(release, keys[1], NOW)
+
+
+def test_unknown_key_is_refused(tmp_path, keys):
+    other, _ = make_keys(tmp_path / "other", "other")
+    rel = make_release(tmp_path / "rel2", other)
+    with pytest.raises(UnknownKey, match=rf"unknown key {key_id(load_private_key(other))}"):
+        verify_release(rel, keys[1], NOW)
+
+
+def test_signature_by_another_key_under_a_trusted_id_is_refused(tmp_path, release, keys):
+    other, _ = make_keys(tmp_path / "other", "other")
+    sig = json.loads((release / "manifest.sig").read_text())
+    forged = load_private_key(other).sign(load_manifest(release).canonical_bytes())
+    sig["signature"] = base64.b64encode(forged).decode()
+    (release / "manifest.sig").write_text(json.dumps(sig))
+    with pytest.raises(BadSignature, match="does not match manifest.toml"):
+        verify_release(release, keys[1], NOW)
+
+
+def test_manifest_edited_after_signing_is_refused(release, keys):
+    p = release / "manifest.toml"
+    p.write_text(p.read_text().replace("version_code = 1", "version_code = 7"))
+    with pytest.raises(BadSignature, match=r"edited after signing"):
+        verify_release(release, keys[1], NOW)
+
+
+def test_unsigned_release_is_refused(release, keys):
+    (release / "manifest.sig").unlink()
+    with pytest.raises(UnsignedRelease, match=r"unsigned release \(no manifest.sig\)"):
+        verify_release(release, keys[1], NOW)
+
+
+def test_expired_and_not_yet_valid_are_refused(release, keys):
+    with pytest.raises(ValidityError, match=r"r1 expired at 2031-01-01T00:00:00Z"):
+        verify_release(release, keys[1], T0 + dt.timedelta(days=400))
+    with pytest.raises(ValidityError, match=r"not valid before 2030-01-01T00:00:00Z"):
+        verify_release(release, keys[1], T0 - dt.timedelta(seconds=1))
+    # A rollback skips the window but nothing else.
+    verify_release(release, keys[1], T0 + dt.timedelta(days=400), check_time=False, installed=RuntimeSpec())
+
+
+def test_missing_and_extra_artifacts_are_refused(release, keys):
+    (release / "model_config.json").unlink()
+    (release / "extra.bin").write_bytes(b"x")
+    with pytest.raises(IntegrityError) as info:
+        verify_release(release, keys[1], NOW)
+    assert "model_config.json: missing" in str(info.value)
+    assert "extra.bin: not listed in the manifest" in str(info.value)
+
+
+def test_contract_hash_mismatch_is_refused(release, keys):
+    data = read_manifest_document(release)
+    data["contract"]["sha256"] = "0" * 64
+    write_manifest(release, data)
+    sign_release(release, keys[0])
+    with pytest.raises(IntegrityError, match=r"contract contract.toml: canonical sha256 .* differs"):
+        verify_release(release, keys[1], NOW)
+
+
+def test_failed_gate_is_refused(tmp_path, keys):
+    rel = make_release(tmp_path / "bad", keys[0], gate_passed=False)
+    with pytest.raises(IntegrityError, match=r"gate closed_loop failed \(report eval.json\)"):
+        verify_release(rel, keys[1], NOW)
+
+
+def test_runtime_major_mismatch_refuses_minor_warns(tmp_path, keys):
+    rel = make_release(tmp_path / "rt", keys[0], runtime={"onnxruntime": "1.18.0", "torch": "2.3.1"})
+    v = verify_release(rel, keys[1], NOW, installed=RuntimeSpec(onnxruntime="1.20.1", torch="2.3.0"))
+    assert v.warnings == ("onnxruntime: validated on 1.18.0, installed 1.20.1 (minor version differs)",)
+    with pytest.raises(RuntimeMismatch, match=r"onnxruntime 2.0.0 installed, release validated on 1.18.0"):
+        verify_release(rel, keys[1], NOW, installed=RuntimeSpec(onnxruntime="2.0.0", torch="2.3.0"))
+    assert check_runtime(RuntimeSpec(tensorrt="10.3"), RuntimeSpec()) == [
+        "tensorrt: validated on 10.3, not installed here"]
+
+
+# ---- keys -------------------------------------------------------------------------------------
+
+
+def test_keys_pem_and_raw_base64(tmp_path, keys):
+    private, trusted = keys
+    assert (private.stat().st_mode & 0o777) == 0o600
+    pub = load_public_key(next(trusted.glob("*.pub")))
+    raw = pub.public_bytes(*_raw_format())
+    (trusted / "raw.pub").write_text(base64.b64encode(raw).decode() + "\n")
+    assert key_id(load_public_key(trusted / "raw.pub")) == key_id(pub) == hashlib.sha256(raw).hexdigest()[:16]
+    assert set(load_trusted_keys(trusted)) == {key_id(pub)}
+    (trusted / "junk.pub").write_text("not a key")
+    with pytest.raises(KeyFileError, match=r"junk.pub: not an Ed25519 public key"):
+        load_trusted_keys(trusted)
+
+
+def test_world_writable_keys_folder_is_refused(keys):
+    os.chmod(keys[1], 0o777)
+    with pytest.raises(KeyFileError, match=r"writable by anyone"):
+        load_trusted_keys(keys[1])
+
+
+def test_demo_key_pair_matches():
+    private = load_private_key(ROOT / "etc" / "vlad" / "demo-signing-key.pem")
+    assert key_id(private) in load_trusted_keys(ROOT / "etc" / "vlad" / "keys.d")
+
+
+def _raw_format():
+    from cryptography.hazmat.primitives import serialization
+
+    return serialization.Encoding.Raw, serialization.PublicFormat.Raw
+
+
+# ---- command line -----------------------------------------------------------------------------
+
+
+def test_cli_keygen_sign_verify_round_trip(tmp_path, capsys):
+    assert release_cli.main(["keygen", "--out", str(tmp_path / "k"), "--name", "robot1"]) == 0
+    private = tmp_path / "k" / "robot1.key"
+    assert (private.stat().st_mode & 0o777) == 0o600
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    shutil.copy(tmp_path / "k" / "robot1.pub", trusted)
+    rel = make_release(tmp_path / "rel", None, not_before=dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc),
+                       expires=dt.datetime(2999, 1, 1, tzinfo=dt.timezone.utc))
+
+    assert release_cli.main(["verify", str(rel), "--keys", str(trusted)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "unsigned release" in err and err.count("\n") == 1
+
+    assert release_cli.main(["sign", str(rel), "--key", str(private)]) == 0
+    assert release_cli.main(["verify", str(rel), "--keys", str(trusted)]) == 0
+    assert ": OK r1 1.0.1" in capsys.readouterr().out
+
+    (rel / "model_config.json").write_text('{"width": 16}\n')
+    assert release_cli.main(["verify", str(rel), "--keys", str(trusted)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model_config.json: size 14 bytes, manifest says 13" in err
+
+    assert release_cli.main(["manifest", "update-hashes", str(rel)]) == 0
+    assert release_cli.main(["verify", str(rel), "--keys", str(trusted)]) == 2
+    assert "does not match manifest.toml" in capsys.readouterr().err
+    assert release_cli.main(["sign", str(rel), "--key", str(private)]) == 0
+    capsys.readouterr()
+    assert release_cli.main(["verify", str(rel), "--keys", str(trusted), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["release"] == "r1"
+    assert release_cli.main(["manifest", "show", str(rel)]) == 0
+    assert "fallback  hold" in capsys.readouterr().out
+
+
+def test_make_demo_manifest_script(tmp_path):
+    rel = make_release(tmp_path / "demo", None)
+    (rel / "manifest.toml").unlink()
+    (rel / "eval.json").write_text(json.dumps({"results": [
+        {"policy": "policy", "success_rate": 0.9}, {"policy": "zero", "success_rate": 0.0}]}))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo_manifest.py"),
+                           "--release-dir", str(rel)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    m = load_manifest(rel)
+    assert m.release.id == "vlad-demo-reacher-1.0.0" and m.release.version_code == 1
+    assert m.backend.options == {"intra_op_threads": 1} and m.runtime.python
+    assert [g.gate for g in m.gates] == ["closed_loop"] and m.gates[0].passed
+    assert tomllib.loads((rel / "manifest.toml").read_text())["fallback"] == [{"kind": "hold"}]
+    verify_release(rel, ROOT / "etc" / "vlad" / "keys.d")

@@ -1,0 +1,254 @@
+"""The release store: staging, activation, downgrade rule, rollback and crash consistency."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_manifest import NOW, make_keys, make_release
+from vlad import release_cli
+from vlad.signing import IntegrityError, ValidityError, verify_release
+from vlad.store import DowngradeRefused, ReleaseStore, StoreError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def env(tmp_path):
+    """(store, {release id: source folder}) with r1 (vc 1), r2 (vc 2) and r0 (vc 0) signed."""
+    private, trusted = make_keys(tmp_path)
+    sources = {rid: make_release(tmp_path / "src" / rid, private, release_id=rid, version_code=vc,
+                                 payload=rid.encode() * 7)
+               for rid, vc in (("r1", 1), ("r2", 2), ("r0", 0))}
+    return ReleaseStore(tmp_path / "store", trusted), sources
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    files = lambda root: {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}  # noqa: E731
+    return files(a) == files(b)
+
+
+def test_stage_and_activate(env):
+    store, src = env
+    assert store.active() is None and store.previous() is None
+    assert store.stage(src["r1"], now=NOW) == "r1"
+    assert store.stage(src["r1"], now=NOW) == "r1"  # identical again: a no-op
+    assert store.list_releases() == ["r1"]
+    staged = store.release_path("r1")
+    assert _same_tree(staged, src["r1"])
+    assert (staged / "policy.onnx").stat().st_mode & 0o777 == 0o444
+
+    e = store.activate("r1", who="ana", why="first install", now=NOW)
+    assert (e.event, e.from_release, e.to_release, e.who) == ("activate", None, "r1", "ana")
+    assert store.active() == "r1" and store.previous() is None
+    # The fixed link the daemon reads resolves to the release folder.
+    assert (store.releases_dir / "active").resolve() == staged.resolve()
+    verify_release(store.releases_dir / "active", store.keys_dir, NOW)
+    with pytest.raises(StoreError, match="already active"):
+        store.activate("r1", who="ana", why="again", now=NOW)
+
+
+def test_stage_refuses_bad_sources(env, tmp_path):
+    store, src = env
+    (src["r2"] / "policy.onnx").write_bytes(b"r2" * 7 * 10 + b"!")
+    with pytest.raises(IntegrityError, match="policy.onnx: size"):
+        store.stage(src["r2"], now=NOW)
+    with pytest.raises(ValidityError, match="expired"):
+        store.stage(src["r1"], now=NOW.replace(year=2040))
+    assert store.list_releases() == []
+    # Same id, different content: refused, the staged copy is kept.
+    store.stage(src["r1"], now=NOW)
+    private = next((tmp_path / "private").glob("*.key"))
+    other = make_release(tmp_path / "other", private, release_id="r1", payload=b"different")
+    with pytest.raises(StoreError, match="already staged with a different manifest"):
+        store.stage(other, now=NOW)
+    assert _same_tree(store.release_path("r1"), src["r1"])
+
+
+def test_downgrade_refused_unless_forced(env):
+    store, src = env
+    for rid in ("r2", "r0"):
+        store.stage(src[rid], now=NOW)
+    store.activate("r2", who="ana", why="v2", now=NOW)
+    with pytest.raises(DowngradeRefused, match=r"r0 \(version_code 0\) is older .* \(highest 2\)"):
+        store.activate("r0", who="ana", why="try old", now=NOW)
+    assert store.active() == "r2"
+    e = store.activate("r0", who="ana", why="operator decided", force=True, now=NOW)
+    assert e.forced and store.active() == "r0" and store.activated_versions() == {0, 2}
+    # Back to v2 (already activated here) needs no force.
+    store.activate("r2", who="ana", why="forward again", now=NOW)
+
+
+def test_one_step_rollback_and_its_reversal(env):
+    store, src = env
+    for rid in ("r1", "r2"):
+        store.stage(src[rid], now=NOW)
+        store.activate(rid, who="ana", why=f"install {rid}", now=NOW)
+    assert (store.active(), store.previous()) == ("r2", "r1")
+
+    e = store.rollback(who="bo", why="jerky motion")
+    assert (e.event, e.from_release, e.to_release) == ("rollback", "r2", "r1")
+    assert (store.active(), store.previous()) == ("r1", "r2") and store.bad_releases() == {"r2"}
+    # r2 was rolled back from: neither a second rollback nor an activation brings it back...
+    with pytest.raises(DowngradeRefused, match="r2 was rolled back from"):
+        store.rollback(who="bo", why="undo")
+    with pytest.raises(DowngradeRefused, match="rolled back from"):
+        store.activate("r2", who="bo", why="retry", now=NOW)
+    # ...unless an operator says so.
+    store.rollback(who="bo", why="it was the camera, not the model", force=True)
+    assert (store.active(), store.previous()) == ("r2", "r1") and store.bad_releases() == {"r1"}
+    assert [(h.event, h.to_release) for h in store.history()] == [
+        ("activate", "r1"), ("activate", "r2"), ("rollback", "r1"), ("rollback", "r2")]
+
+
+def test_rollback_restores_exact_artifacts_and_engine_cache(env):
+    store, src = env
+    store.stage(src["r1"], now=NOW)
+    store.activate("r1", who="ana", why="v1", now=NOW)
+    cache = store.engine_cache_dir("r1-onnx-cpu")
+    (cache / "model.engine").write_bytes(b"engine for r1")
+    store.stage(src["r2"], now=NOW)
+    store.activate("r2", who="ana", why="v2", now=NOW)
+    store.stage(src["r0"], now=NOW)
+    assert store.gc(keep=0) == ["r0"]  # neither active nor previous
+    assert set(store.list_releases()) == {"r1", "r2"}
+
+    store.rollback(who="bo", why="regression")
+    assert store.active() == "r1"
+    assert _same_tree(store.active_path(), src["r1"])
+    assert _same_tree(store.releases_dir / "active", src["r1"])
+    assert (cache / "model.engine").read_bytes() == b"engine for r1"
+
+
+def test_nothing_to_roll_back_to(env):
+    store, src = env
+    with pytest.raises(StoreError, match="nothing to roll back to"):
+        store.rollback(who="bo", why="x")
+    store.stage(src["r1"], now=NOW)
+    store.activate("r1", who="ana", why="v1", now=NOW)
+    with pytest.raises(StoreError, match="nothing to roll back to"):
+        store.rollback(who="bo", why="x")
+
+
+# ---- crashes ------------------------------------------------------------------------------------
+
+_CHILD = """
+import datetime as dt, sys
+sys.path.insert(0, {root!r})
+import vlad.store
+from vlad.store import ReleaseStore
+store = ReleaseStore({store!r}, {keys!r})
+vlad.store._CRASH_AT = {point!r}
+now = dt.datetime.fromisoformat({now!r})
+{action}
+print("not killed")
+"""
+
+
+def _run_child(store: ReleaseStore, point: str, action: str) -> subprocess.CompletedProcess:
+    code = _CHILD.format(root=str(ROOT), store=str(store.root), keys=str(store.keys_dir), point=point,
+                         now=NOW.isoformat(), action=action)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def _assert_consistent(store: ReleaseStore, allowed: set[str]) -> str:
+    reopened = ReleaseStore(store.root, store.keys_dir)
+    active = reopened.active()
+    assert active in allowed
+    verify_release(reopened.releases_dir / "active", reopened.keys_dir, NOW)
+    assert [p.name for p in reopened.releases_dir.iterdir() if p.name.startswith(".")] == []
+    assert [p.name for p in reopened.root.glob(".*") if p.name != ".lock"] == [os.readlink(reopened.root / "current")]
+    journal = reopened.journal()
+    assert journal[-1]["phase"] in ("done", "aborted")  # no dangling intent
+    assert reopened.history()[-1].to_release == active  # the journal agrees with the pointers
+    return active
+
+
+@pytest.mark.parametrize("point,expected", [
+    ("intent_logged", "r1"), ("pointer_dir_written", "r1"), ("pointer_temp_written", "r1"),
+    ("after_rename", "r2"), ("done_logged", "r2"),
+])
+def test_sigkill_during_activation_leaves_old_or_new(env, point, expected):
+    store, src = env
+    for rid in ("r1", "r2"):
+        store.stage(src[rid], now=NOW)
+    store.activate("r1", who="ana", why="v1", now=NOW)
+    proc = _run_child(store, point, 'store.activate("r2", who="ci", why="crash test", now=now)')
+    assert proc.returncode == -9, proc.stderr
+    assert _assert_consistent(store, {"r1", "r2"}) == expected
+    reopened = ReleaseStore(store.root, store.keys_dir)
+    assert reopened.previous() == ("r1" if expected == "r2" else None)
+    if expected == "r1":  # the interrupted activation can simply be run again
+        reopened.activate("r2", who="ana", why="retry", now=NOW)
+    assert (reopened.active(), reopened.previous()) == ("r2", "r1")
+
+
+def test_sigkill_during_rollback(env):
+    store, src = env
+    for rid in ("r1", "r2"):
+        store.stage(src[rid], now=NOW)
+        store.activate(rid, who="ana", why=rid, now=NOW)
+    proc = _run_child(store, "pointer_temp_written", 'store.rollback(who="ci", why="crash test")')
+    assert proc.returncode == -9, proc.stderr
+    assert _assert_consistent(store, {"r1", "r2"}) == "r2"
+    assert ReleaseStore(store.root, store.keys_dir).bad_releases() == set()  # aborted: nothing marked
+
+
+@pytest.mark.parametrize("point", ["stage_copied", "stage_renamed"])
+def test_sigkill_during_stage_never_shows_a_partial_release(env, point):
+    store, src = env
+    proc = _run_child(store, point, f'store.stage({str(src["r2"])!r}, now=now)')
+    assert proc.returncode == -9, proc.stderr
+    reopened = ReleaseStore(store.root, store.keys_dir)
+    assert [p.name for p in reopened.releases_dir.iterdir()] == (["r2"] if point == "stage_renamed" else [])
+    assert reopened.stage(src["r2"], now=NOW) == "r2"
+    verify_release(reopened.release_path("r2"), reopened.keys_dir, NOW)
+
+
+def test_torn_journal_line_is_truncated(env):
+    store, src = env
+    store.stage(src["r1"], now=NOW)
+    store.activate("r1", who="ana", why="v1", now=NOW)
+    with open(store.history_path, "a") as f:
+        f.write('{"seq": 2, "phase": "inte')
+    reopened = ReleaseStore(store.root, store.keys_dir)
+    assert store.history_path.read_text().endswith("}\n")
+    assert [h.to_release for h in reopened.history()] == ["r1"]
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+
+def test_cli_stage_activate_rollback(env, capsys, monkeypatch):
+    store, src = env
+    # The CLI verifies against the real clock: give the sources a window around today.
+    private = next((store.keys_dir.parent / "private").glob("*.key"))
+    today = dt.datetime.now(dt.timezone.utc)
+    for rid, vc in (("c1", 5), ("c2", 6), ("c0", 4)):
+        make_release(store.root.parent / "cli" / rid, private, release_id=rid, version_code=vc,
+                     not_before=today - dt.timedelta(days=1), expires=today + dt.timedelta(days=1))
+    base = ["--root", str(store.root), "--keys", str(store.keys_dir)]
+    monkeypatch.setenv("VLAD_OPERATOR", "tech-7")
+    for rid in ("c1", "c2", "c0"):
+        assert release_cli.main(["release", "stage", str(store.root.parent / "cli" / rid), *base]) == 0
+    assert release_cli.main(["release", "activate", "c1", "--why", "install", *base]) == 0
+    assert release_cli.main(["release", "activate", "c2", "--why", "update", *base]) == 0
+    capsys.readouterr()
+    assert release_cli.main(["release", "activate", "c0", "--why", "old", *base]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: release c0 (version_code 4) is older") and err.count("\n") == 1
+    assert release_cli.main(["release", "rollback", "--why", "regression", *base]) == 0
+    capsys.readouterr()
+    assert release_cli.main(["release", "history", "--json", *base]) == 0
+    history = json.loads(capsys.readouterr().out)
+    assert [(h["event"], h["to_release"], h["who"]) for h in history] == [
+        ("activate", "c1", "tech-7"), ("activate", "c2", "tech-7"), ("rollback", "c1", "tech-7")]
+    assert release_cli.main(["release", "status", "--json", *base]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["active"], status["previous"], status["bad"]) == ("c1", "c2", ["c2"])

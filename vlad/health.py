@@ -1,0 +1,106 @@
+"""What the supervisor does with health findings: which policy of the chain serves.
+
+The chain is ``[release being served, fallback policies..., hold posture]``. Each monitor
+tick the findings decide the *target* position in the chain, the most conservative one
+any fault asks for:
+
+* a **policy** fault (NaN/Inf or out-of-bounds actions, backend exception or hang, an
+  artifact changed on disk) quarantines the policy that produced it and moves down the
+  chain. A quarantined policy is never re-activated automatically: only an operator
+  (``vladctl resume``) or a new release clears the quarantine;
+* a **system** fault (temperature, memory pressure) moves off the release being served to
+  the next policy (lighter, or the hold posture) until the machine is healthy again;
+* a **controller** or **input** fault (heartbeat lost, sensor stall, stale or malformed
+  observations) moves to the hold posture: without trustworthy input, hold still.
+
+Going back up the chain needs a healthy window (no fault for ``healthy_window_s``), so a
+flapping fault cannot flap the robot between policies (hysteresis). Warnings alone only
+mark the release DEGRADED.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlad.monitors import Finding
+from vlad.state import State, StateMachine
+
+
+@dataclass(frozen=True)
+class Decision:
+    target: int  # position in the chain that should serve now
+    state: State  # ACTIVE, DEGRADED or FALLBACK (the e-stop is handled apart)
+    reason: str
+
+
+class HealthPolicy:
+    def __init__(self, chain: list[str], healthy_window_ns: int, events: StateMachine) -> None:
+        self.chain = chain  # names; the last one is the hold posture
+        self.hold = len(chain) - 1
+        self.healthy_window_ns = healthy_window_ns
+        self.events = events
+        self.active = 0
+        self.quarantined: dict[int, str] = {}
+        self.findings: dict[str, Finding] = {}
+        self.last_fault_ns = 0
+        self.last_fault_reason = ""
+
+    def _next_allowed(self, after: int) -> int:
+        for i in range(after + 1, len(self.chain)):
+            if i not in self.quarantined:
+                return i
+        return self.hold
+
+    def best_allowed(self) -> int:
+        return self._next_allowed(-1)
+
+    def update(self, findings: list[Finding], now_ns: int) -> Decision:
+        # Record findings as they appear and clear (edge-triggered: the journal gets one
+        # line per fault episode, not one per tick).
+        current = {f"{f.monitor}:{f.code}": f for f in findings}
+        for key, f in current.items():
+            if key not in self.findings:
+                self.events.record("fault" if f.severity == "fault" else "warning", f.message, **f.to_dict())
+        for key, f in self.findings.items():
+            if key not in current:
+                self.events.record("cleared", f"{f.code} cleared", monitor=f.monitor, code=f.code)
+        self.findings = current
+
+        faults = [f for f in findings if f.severity == "fault"]
+        target = self.active
+        reasons = []
+        for f in faults:
+            if f.scope == "policy":
+                if self.active != self.hold and self.active not in self.quarantined:
+                    self.quarantined[self.active] = f.code
+                    self.events.record("quarantine", f"{self.chain[self.active]} quarantined: {f.message}",
+                                       policy=self.chain[self.active], code=f.code)
+                target = max(target, self._next_allowed(self.active) if self.active in self.quarantined else target)
+            elif f.scope == "system":
+                target = max(target, self._next_allowed(0))
+            else:  # controller, input
+                target = self.hold
+            reasons.append(f.message)
+        if target in self.quarantined:
+            target = self._next_allowed(target)
+        if faults:
+            self.last_fault_ns = now_ns
+            self.last_fault_reason = "; ".join(reasons)
+        elif now_ns - self.last_fault_ns >= self.healthy_window_ns and self.active > self.best_allowed():
+            target = self.best_allowed()
+            reasons.append(f"healthy for {self.healthy_window_ns / 1e9:g} s")
+        self.active = target
+        if target == 0:
+            warn = [f.message for f in findings if f.severity == "warn"]
+            state = State.DEGRADED if warn else State.ACTIVE
+            reason = "; ".join(warn) if warn else "; ".join(reasons) or "healthy"
+        else:
+            state = State.FALLBACK
+            reason = "; ".join(reasons) or self.last_fault_reason
+        return Decision(target, state, reason)
+
+    def resume(self, who: str, why: str) -> None:
+        """Operator command: clear every quarantine (recorded with who and why)."""
+        names = [self.chain[i] for i in self.quarantined]
+        self.quarantined.clear()
+        self.events.record("operator", f"resume by {who}: {why}", who=who, why=why, cleared=names)

@@ -1,0 +1,774 @@
+"""The release manifest: what one release is, artifact by artifact.
+
+A manifest is ``manifest.toml`` in the release folder (format ``vlad.manifest/1``,
+documented in docs/releases.md), parsed once into frozen dataclasses. It names the
+contract (by path and the sha256 of its canonical bytes), every artifact with size,
+sha256 and role, the backend and its options, the runtime it was validated on, the
+fallback chain, the lineage (parent release, change kind), the gate evidence, the canary
+policy and the validity window. Validation reports *every* problem in one
+:class:`ManifestError`, like the contract loader.
+
+The manifest is signed (see :mod:`vlad.signing`) over :func:`canonical_bytes`: the
+sorted-key compact JSON of the parsed TOML document, so comments and layout do not
+matter but every key the release author wrote is covered.
+
+Public API:
+
+- :func:`load_manifest` / :func:`parse_manifest` -> :class:`Manifest`
+- :func:`canonical_bytes`, :func:`read_manifest_document`
+- :func:`new_manifest_data`, :func:`scan_artifacts`, :func:`refresh_hashes`,
+  :func:`write_manifest`, :func:`update_hashes`, :func:`hash_file`, :func:`guess_role`
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from vlad.errors import VladError
+
+__all__ = [
+    "CHANGE_KINDS", "FALLBACK_KINDS", "GATES", "MANIFEST_FILE", "MANIFEST_FORMAT", "ROLES",
+    "SIGNATURE_FILE", "Artifact", "BackendSpec", "CanaryPolicy", "ContractRef",
+    "FallbackEntry", "GateEvidence", "Lineage", "Manifest", "ManifestError", "ReleaseInfo",
+    "RuntimeSpec", "canonical_bytes", "format_manifest", "guess_role", "hash_file",
+    "load_manifest", "new_manifest_data", "parse_manifest", "read_manifest_document",
+    "refresh_hashes", "rfc3339", "scan_artifacts", "update_hashes", "write_manifest",
+]
+
+MANIFEST_FORMAT = "vlad.manifest/1"
+MANIFEST_FILE = "manifest.toml"
+SIGNATURE_FILE = "manifest.sig"
+# Files of the release folder that are not artifacts: the manifest cannot hash itself,
+# and the detached signature is written after the manifest.
+RESERVED_FILES = (MANIFEST_FILE, SIGNATURE_FILE)
+
+ROLES = ("model", "tokenizer", "contract", "engine", "timing_cache", "calibration",
+         "config", "weights", "adapter", "report")
+FALLBACK_KINDS = ("previous_release", "policy", "hold")
+CHANGE_KINDS = ("retrain", "quantization", "distillation", "lora_adapter", "export_only")
+GATES = ("contract", "equivalence", "performance", "closed_loop")
+RUNTIME_KEYS = ("python", "torch", "onnxruntime", "tensorrt", "cuda", "gpu")
+CANARY_DEFAULTS: dict[str, float | int] = {
+    "window_s": 600.0,
+    "max_deadline_miss_rate": 0.01,
+    "max_interventions": 0,
+    "max_divergence": 0.05,
+    "max_heartbeat_faults": 3,
+}
+# Release ids name directories in the store; "active"/"previous" are its pointers.
+RELEASE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+RESERVED_IDS = ("active", "previous", "current")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_CHUNK = 1 << 20
+
+
+class ManifestError(VladError):
+    """A manifest is missing, unreadable or invalid; ``problems`` lists every problem."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            msg = f"{source}: {self.problems[0]}"
+        else:
+            msg = f"{source}: {len(self.problems)} problems: " + "; ".join(self.problems)
+        super().__init__(msg)
+
+
+# ---- the typed manifest ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseInfo:
+    """``[release]``: identity, ordering (``version_code``) and validity window (UTC)."""
+
+    id: str
+    version: str
+    version_code: int
+    not_before: dt.datetime
+    expires: dt.datetime
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ContractRef:
+    """``[contract]``: the contract file and the sha256 of its canonical bytes."""
+
+    path: str
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """One ``[[artifacts]]`` entry: a file of the release, relative to its folder."""
+
+    path: str
+    role: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """``[backend]``: backend plugin name, the artifact it loads, options passed as is."""
+
+    name: str
+    artifact: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSpec:
+    """``[runtime]``: versions the release was validated on; None = not recorded."""
+
+    python: str | None = None
+    torch: str | None = None
+    onnxruntime: str | None = None
+    tensorrt: str | None = None
+    cuda: str | None = None
+    gpu: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackEntry:
+    """One ``[[fallback]]`` step; ``release`` (id or path) only for kind ``policy``."""
+
+    kind: str
+    release: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """``[lineage]``: where this release comes from; every derived model is a release."""
+
+    change: str
+    parent: str | None = None
+    adapter: str | None = None
+    calibration: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GateEvidence:
+    """One ``[[gates]]`` entry: a release gate, its report artifact and the verdict."""
+
+    gate: str
+    report: str
+    sha256: str
+    passed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryPolicy:
+    """``[canary]``: observation window and the thresholds that abort a canary."""
+
+    window_s: float
+    max_deadline_miss_rate: float
+    max_interventions: int
+    max_divergence: float
+    max_heartbeat_faults: int
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A validated release manifest. Build it with :func:`load_manifest`.
+
+    ``document`` is the parsed TOML the signature covers; ``path`` where it was read.
+    Neither takes part in equality.
+    """
+
+    format: str
+    release: ReleaseInfo
+    contract: ContractRef
+    artifacts: tuple[Artifact, ...]
+    backend: BackendSpec
+    runtime: RuntimeSpec
+    fallback: tuple[FallbackEntry, ...]
+    lineage: Lineage
+    gates: tuple[GateEvidence, ...]
+    canary: CanaryPolicy
+    document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    path: Path | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def id(self) -> str:
+        """The release id (``[release].id``)."""
+        return self.release.id
+
+    def artifact(self, path: str) -> Artifact:
+        """The artifact entry for ``path`` (KeyError if it is not listed)."""
+        for a in self.artifacts:
+            if a.path == path:
+                return a
+        raise KeyError(f"no artifact {path!r} in release {self.release.id}")
+
+    def canonical_bytes(self) -> bytes:
+        """The bytes the signature covers (see :func:`canonical_bytes`)."""
+        return canonical_bytes(self.document)
+
+    @property
+    def sha256(self) -> str:
+        """Hex sha256 of :meth:`canonical_bytes`."""
+        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as TOML-shaped data, absent optional values left out."""
+        r = self.release
+        out: dict[str, Any] = {
+            "format": self.format,
+            "release": _drop_none({
+                "id": r.id, "version": r.version, "version_code": r.version_code,
+                "not_before": r.not_before, "expires": r.expires,
+                "description": r.description or None,
+            }),
+            "contract": {"path": self.contract.path, "sha256": self.contract.sha256},
+            "backend": {"name": self.backend.name, "artifact": self.backend.artifact,
+                        "options": dict(self.backend.options)},
+            "runtime": _drop_none({k: getattr(self.runtime, k) for k in RUNTIME_KEYS}),
+            "lineage": _drop_none({"change": self.lineage.change, "parent": self.lineage.parent,
+                                   "adapter": self.lineage.adapter,
+                                   "calibration": self.lineage.calibration}),
+            "canary": {k: getattr(self.canary, k) for k in CANARY_DEFAULTS},
+            "artifacts": [{"path": a.path, "role": a.role, "size": a.size, "sha256": a.sha256}
+                          for a in self.artifacts],
+            "fallback": [_drop_none({"kind": f.kind, "release": f.release}) for f in self.fallback],
+            "gates": [{"gate": g.gate, "report": g.report, "sha256": g.sha256, "passed": g.passed}
+                      for g in self.gates],
+        }
+        return out
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+# ---- canonical form -------------------------------------------------------------------
+
+
+def rfc3339(t: dt.datetime) -> str:
+    """``t`` in UTC as RFC 3339 with a ``Z`` (microseconds only when non-zero)."""
+    t = t.astimezone(dt.timezone.utc)
+    spec = "microseconds" if t.microsecond else "seconds"
+    return t.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return rfc3339(value)
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    return value
+
+
+def canonical_bytes(document: Mapping[str, Any]) -> bytes:
+    """Sorted-key compact UTF-8 JSON of a parsed manifest document (datetimes as RFC 3339 UTC).
+
+    Signatures are detached (``manifest.sig``), so there is no signature block to leave
+    out. Being computed from the parsed TOML, not the file, comments and layout may change
+    without breaking the signature; any change of a value does.
+    """
+    return json.dumps(_jsonable(dict(document)), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+# ---- loading and validation -----------------------------------------------------------
+
+
+def read_manifest_document(path: str | Path) -> dict[str, Any]:
+    """Read and TOML-parse ``path`` (a manifest file or a release folder), without validating.
+
+    Signature checks use this, so that an untrusted document is authenticated before it
+    is interpreted. Raises :class:`ManifestError` if it cannot be read or parsed.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise ManifestError(str(path), ["no manifest (run scripts/make_demo_manifest.py "
+                                        "or write manifest.toml)"]) from exc
+    except OSError as exc:
+        raise ManifestError(str(path), [f"cannot read manifest: {exc.strerror or exc}"]) from exc
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ManifestError(str(path), [f"not UTF-8 text: {exc}"]) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(str(path), [f"not valid TOML: {exc}"]) from exc
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Read, parse and validate a manifest (``path`` = manifest.toml or its release folder).
+
+    Raises :class:`ManifestError` listing every problem. Files are not opened here;
+    :func:`vlad.signing.verify_release` checks the artifacts and the signature.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_FILE
+    return parse_manifest(read_manifest_document(path), str(path), path=path.resolve())
+
+
+class _Table:
+    """Typed access to one TOML table that records problems instead of raising."""
+
+    def __init__(self, raw: Any, path: str, problems: list[str]) -> None:
+        self.path, self.problems = path, problems
+        if raw is None:  # the table itself is missing; that problem is already recorded
+            raw = {}
+        elif not isinstance(raw, dict):
+            problems.append(f"{path or 'manifest'}: expected a table, got {type(raw).__name__}")
+            raw = {}
+        self.raw, self.used = raw, set()
+
+    def _key(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, types: type | tuple[type, ...], required: bool = True) -> Any:
+        self.used.add(key)
+        if key not in self.raw:
+            if required:
+                self.problems.append(f"{self._key(key)}: missing")
+            return None
+        value = self.raw[key]
+        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+            ok = False  # `true` is an int to Python, never a meaningful number here
+        else:
+            ok = isinstance(value, types)
+        if not ok:
+            names = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
+            self.problems.append(f"{self._key(key)}: expected {names}, got {type(value).__name__} {value!r}")
+            return None
+        if isinstance(value, str) and not value.strip():
+            self.problems.append(f"{self._key(key)}: must not be empty")
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            self.problems.append(f"{self._key(key)}: must be finite")
+            return None
+        return value
+
+    def choice(self, key: str, allowed: tuple[str, ...], required: bool = True) -> Any:
+        value = self.get(key, str, required)
+        if value is not None and value not in allowed:
+            self.problems.append(f"{self._key(key)}: unknown value {value!r} (known: {', '.join(allowed)})")
+            return None
+        return value
+
+    def sha256(self, key: str) -> Any:
+        value = self.get(key, str)
+        if value is not None and not _SHA256_RE.fullmatch(value):
+            self.problems.append(f"{self._key(key)}: expected 64 lowercase hex digits, got {value!r}")
+            return None
+        return value
+
+    def time(self, key: str) -> Any:
+        value = self.get(key, (dt.datetime, str))
+        if isinstance(value, str):
+            try:
+                value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                self.problems.append(f"{self._key(key)}: not an RFC 3339 timestamp: {value!r}")
+                return None
+        if isinstance(value, dt.datetime) and value.tzinfo is None:
+            self.problems.append(f"{self._key(key)}: needs a UTC offset (e.g. 2025-01-01T00:00:00Z)")
+            return None
+        return value.astimezone(dt.timezone.utc) if value is not None else None
+
+    def relpath(self, key: str, required: bool = True) -> Any:
+        value = self.get(key, str, required)
+        if value is not None:
+            problem = _relpath_problem(value)
+            if problem:
+                self.problems.append(f"{self._key(key)}: {problem}")
+                return None
+        return value
+
+    def array(self, key: str) -> list[Any]:
+        value = self.get(key, list, required=False)
+        return value or []
+
+    def finish(self) -> None:
+        for key in self.raw:
+            if key not in self.used:
+                self.problems.append(f"{self._key(key)}: unknown key")
+
+
+def _relpath_problem(value: str) -> str | None:
+    p = PurePosixPath(value)
+    if p.is_absolute() or "\\" in value or value != str(p) or any(part in ("..", ".") for part in p.parts):
+        return f"must be a plain relative path inside the release folder, got {value!r}"
+    if value in RESERVED_FILES:
+        return f"{value!r} is not an artifact"
+    return None
+
+
+def parse_manifest(data: Any, source: str = "<manifest>", *, path: Path | None = None) -> Manifest:
+    """Validate TOML-shaped ``data`` and build a :class:`Manifest`.
+
+    Raises :class:`ManifestError` listing every problem (missing or unknown keys, bad
+    values, references to artifacts that are not listed, inconsistent lineage or gates).
+    """
+    problems: list[str] = []
+    top = _Table(data, "", problems)
+    fmt = top.get("format", str)
+    if fmt is not None and fmt != MANIFEST_FORMAT:
+        problems.append(f"format: unsupported format {fmt!r} (this vlad reads: {MANIFEST_FORMAT})")
+    if "signature" in top.raw:
+        top.used.add("signature")
+        problems.append("signature: signatures are detached (manifest.sig), not part of the manifest")
+
+    t = _Table(top.get("release", dict), "release", problems)
+    release = ReleaseInfo(
+        id=t.get("id", str), version=t.get("version", str), version_code=t.get("version_code", int),
+        not_before=t.time("not_before"), expires=t.time("expires"),
+        description=t.get("description", str, required=False) or "")
+    t.finish()
+    if release.id is not None and (not RELEASE_ID_RE.fullmatch(release.id) or release.id in RESERVED_IDS):
+        problems.append(f"release.id: {release.id!r} must match {RELEASE_ID_RE.pattern} "
+                        f"and not be one of {', '.join(RESERVED_IDS)}")
+    if release.version_code is not None and release.version_code < 0:
+        problems.append(f"release.version_code: must be >= 0, got {release.version_code}")
+    if release.not_before and release.expires and release.expires <= release.not_before:
+        problems.append("release.expires: must be later than release.not_before")
+
+    t = _Table(top.get("contract", dict), "contract", problems)
+    contract = ContractRef(path=t.relpath("path"), sha256=t.sha256("sha256"))
+    t.finish()
+
+    artifacts: list[Artifact] = []
+    for i, raw in enumerate(top.array("artifacts")):
+        t = _Table(raw, f"artifacts[{i}]", problems)
+        a = Artifact(path=t.relpath("path"), role=t.choice("role", ROLES),
+                     size=t.get("size", int), sha256=t.sha256("sha256"))
+        t.finish()
+        if a.size is not None and a.size < 0:
+            problems.append(f"artifacts[{i}].size: must be >= 0")
+        artifacts.append(a)
+    if not artifacts:
+        problems.append("artifacts: a release needs at least one artifact")
+    by_path: dict[str, Artifact] = {}
+    for i, a in enumerate(artifacts):
+        if a.path in by_path:
+            problems.append(f"artifacts[{i}].path: duplicate artifact {a.path!r}")
+        by_path.setdefault(a.path, a)
+
+    def listed(ref: str | None, where: str, role: tuple[str, ...] | None = None) -> None:
+        if ref is None:
+            return
+        if ref not in by_path:
+            problems.append(f"{where}: {ref!r} is not listed in [[artifacts]]")
+        elif role and by_path[ref].role not in role:
+            problems.append(f"{where}: artifact {ref!r} has role {by_path[ref].role!r}, "
+                            f"expected {' or '.join(role)}")
+
+    listed(contract.path, "contract.path", ("contract",))
+
+    t = _Table(top.get("backend", dict), "backend", problems)
+    options = t.get("options", dict, required=False) or {}
+    backend = BackendSpec(name=t.get("name", str), artifact=t.relpath("artifact"), options=options)
+    t.finish()
+    _check_options(options, problems)
+    listed(backend.artifact, "backend.artifact")
+
+    t = _Table(top.get("runtime", dict, required=False) or {}, "runtime", problems)
+    runtime = RuntimeSpec(**{k: t.get(k, str, required=False) for k in RUNTIME_KEYS})
+    t.finish()
+
+    fallback: list[FallbackEntry] = []
+    for i, raw in enumerate(top.array("fallback")):
+        t = _Table(raw, f"fallback[{i}]", problems)
+        kind = t.choice("kind", FALLBACK_KINDS)
+        ref = t.get("release", str, required=kind == "policy")
+        t.finish()
+        if kind != "policy" and ref is not None:
+            problems.append(f"fallback[{i}].release: only a 'policy' entry names a release")
+        fallback.append(FallbackEntry(kind=kind, release=ref))
+    # The chain must end in a posture that needs no model: an exhausted chain has
+    # nowhere else to go, and entries after "hold" could never be reached.
+    kinds = [f.kind for f in fallback]
+    if not fallback or kinds[-1] != "hold":
+        problems.append("fallback: the chain must end with {kind = \"hold\"}")
+    if "hold" in kinds[:-1]:
+        problems.append("fallback: entries after the first 'hold' can never be reached")
+
+    t = _Table(top.get("lineage", dict), "lineage", problems)
+    lineage = Lineage(change=t.choice("change", CHANGE_KINDS), parent=t.get("parent", str, required=False),
+                      adapter=t.relpath("adapter", required=False),
+                      calibration=t.relpath("calibration", required=False))
+    t.finish()
+    if lineage.change not in (None, "retrain") and lineage.parent is None:
+        problems.append(f"lineage.parent: a {lineage.change!r} release derives from a parent; name it")
+    if lineage.change == "lora_adapter" and lineage.adapter is None:
+        problems.append("lineage.adapter: a 'lora_adapter' release names its adapter artifact")
+    listed(lineage.adapter, "lineage.adapter", ("adapter",))
+    listed(lineage.calibration, "lineage.calibration", ("calibration",))
+
+    gates: list[GateEvidence] = []
+    for i, raw in enumerate(top.array("gates")):
+        t = _Table(raw, f"gates[{i}]", problems)
+        g = GateEvidence(gate=t.choice("gate", GATES), report=t.relpath("report"),
+                         sha256=t.sha256("sha256"), passed=t.get("passed", bool))
+        t.finish()
+        listed(g.report, f"gates[{i}].report", ("report",))
+        if g.report in by_path and g.sha256 and by_path[g.report].sha256 != g.sha256:
+            problems.append(f"gates[{i}].sha256: differs from artifact {g.report!r}")
+        gates.append(g)
+
+    t = _Table(top.get("canary", dict, required=False) or {}, "canary", problems)
+    canary_values: dict[str, Any] = {}
+    for key, default in CANARY_DEFAULTS.items():
+        value = t.get(key, (int, float) if isinstance(default, float) else int, required=False)
+        value = default if value is None else value
+        if value < 0:
+            problems.append(f"canary.{key}: must be >= 0, got {value}")
+        canary_values[key] = float(value) if isinstance(default, float) else value
+    t.finish()
+    if not 0 <= canary_values["max_deadline_miss_rate"] <= 1:
+        problems.append("canary.max_deadline_miss_rate: a rate, must be within [0, 1]")
+
+    top.finish()
+    if problems:
+        raise ManifestError(source, problems)
+    return Manifest(format=fmt, release=release, contract=contract, artifacts=tuple(artifacts),
+                    backend=backend, runtime=runtime, fallback=tuple(fallback), lineage=lineage,
+                    gates=tuple(gates), canary=CanaryPolicy(**canary_values), document=data,
+                    path=path)
+
+
+def _check_options(options: Mapping[str, Any], problems: list[str]) -> None:
+    """Options go to the backend as is; the well-known ones are type-checked here."""
+    for key, value in options.items():
+        where = f"backend.options.{key}"
+        if isinstance(value, (dict, dt.datetime, dt.date, dt.time)):
+            problems.append(f"{where}: expected a string, number, boolean or array of them")
+        elif key.endswith("_threads") and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            problems.append(f"{where}: expected an integer >= 0 (0 = runtime default)")
+        elif key == "providers" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            problems.append(f"{where}: expected an array of provider names, in preference order")
+        elif key == "precision" and value not in ("fp32", "fp16", "bf16", "int8", "fp8", "mixed"):
+            problems.append(f"{where}: unknown precision {value!r} (known: fp32, fp16, bf16, int8, fp8, mixed)")
+
+
+# ---- writing --------------------------------------------------------------------------
+
+
+def hash_file(path: str | Path) -> tuple[int, str]:
+    """``(size, sha256 hex)`` of a file, read in 1 MiB chunks."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def guess_role(relpath: str) -> str | None:
+    """The artifact role suggested by a file name, or None when the name says nothing."""
+    name = PurePosixPath(relpath).name.lower()
+    if name.startswith("contract") and name.endswith(".toml"):
+        return "contract"
+    if "tokenizer" in name:
+        return "tokenizer"
+    if "timing" in name and "cache" in name:
+        return "timing_cache"
+    if "calib" in name:
+        return "calibration"
+    if "adapter" in name or "lora" in name:
+        return "adapter"
+    if name.endswith((".engine", ".plan", ".trt")):
+        return "engine"
+    if name.endswith((".onnx", ".pt2", ".ts")):
+        return "model"
+    if name.endswith((".pt", ".pth", ".safetensors", ".bin", ".ckpt")):
+        return "weights"
+    if name.startswith(("eval", "report", "gate")) or "report" in name:
+        return "report"
+    if name.endswith((".json", ".toml", ".yaml", ".yml")):
+        return "config"
+    return None
+
+
+def scan_artifacts(release_dir: str | Path, roles: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Artifact entries (path, role, size, sha256) for every file of a release folder.
+
+    Every regular file except manifest.toml / manifest.sig is an artifact; ``roles``
+    overrides :func:`guess_role` per relative path. Raises :class:`ManifestError` for a
+    file whose role cannot be guessed, or for a symbolic link (a release is self-contained).
+    """
+    root = Path(release_dir)
+    roles = dict(roles or {})
+    entries, problems = [], []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            problems.append(f"{rel}: symbolic links are not allowed in a release")
+            continue
+        if not path.is_file() or rel in RESERVED_FILES:
+            continue
+        role = roles.get(rel) or guess_role(rel)
+        if role is None:
+            problems.append(f"{rel}: cannot guess its role; give it one of {', '.join(ROLES)}")
+            continue
+        size, digest = hash_file(path)
+        entries.append({"path": rel, "role": role, "size": size, "sha256": digest})
+    if problems:
+        raise ManifestError(str(root), problems)
+    return entries
+
+
+def _contract_sha256(release_dir: Path, contract_path: str) -> str:
+    from vlad.contract import load_contract  # the contract module is heavier; load lazily
+
+    return load_contract(release_dir / contract_path).sha256
+
+
+def new_manifest_data(
+    release_dir: str | Path, *, release_id: str, version: str, version_code: int,
+    backend: str, artifact: str, not_before: dt.datetime, expires: dt.datetime,
+    options: Mapping[str, Any] | None = None, roles: Mapping[str, str] | None = None,
+    runtime: Mapping[str, str | None] | None = None, fallback: Iterable[Mapping[str, Any]] = ({"kind": "hold"},),
+    lineage: Mapping[str, Any] | None = None, gates: Iterable[Mapping[str, Any]] = (),
+    canary: Mapping[str, Any] | None = None, contract: str = "contract.toml", description: str = "",
+) -> dict[str, Any]:
+    """Manifest data for the files now in ``release_dir``: artifacts scanned and hashed.
+
+    Gate entries may leave out ``sha256``; it is taken from their report artifact.
+    Pass the result to :func:`write_manifest`.
+    """
+    root = Path(release_dir)
+    data: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "release": _drop_none({"id": release_id, "version": version, "version_code": version_code,
+                               "not_before": not_before, "expires": expires,
+                               "description": description or None}),
+        "contract": {"path": contract, "sha256": ""},
+        "backend": {"name": backend, "artifact": artifact, "options": dict(options or {})},
+        "runtime": _drop_none(dict(runtime or {})),
+        "lineage": _drop_none(dict(lineage or {"change": "retrain"})),
+        "canary": {**CANARY_DEFAULTS, **dict(canary or {})},
+        "artifacts": scan_artifacts(root, roles),
+        "fallback": [dict(f) for f in fallback],
+        "gates": [dict(g) for g in gates],
+    }
+    return refresh_hashes(data, root)
+
+
+def refresh_hashes(data: Mapping[str, Any], release_dir: str | Path) -> dict[str, Any]:
+    """A copy of manifest ``data`` with artifact sizes/hashes, contract and gate hashes recomputed.
+
+    Raises :class:`ManifestError` naming every listed artifact that is missing.
+    """
+    root = Path(release_dir)
+    data = copy.deepcopy(dict(data))
+    problems, hashes = [], {}
+    for a in data.get("artifacts", []):
+        try:
+            a["size"], a["sha256"] = hash_file(root / a["path"])
+            hashes[a["path"]] = a["sha256"]
+        except OSError as exc:
+            problems.append(f"{a.get('path')}: cannot hash: {exc.strerror or exc}")
+    if problems:
+        raise ManifestError(str(root), problems)
+    contract = data.get("contract", {})
+    if contract.get("path"):
+        contract["sha256"] = _contract_sha256(root, contract["path"])
+    for g in data.get("gates", []):
+        if g.get("report") in hashes:
+            g["sha256"] = hashes[g["report"]]
+    return data
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"cannot write non-finite number {v}")
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)  # JSON escapes are valid TOML basic strings
+    if isinstance(v, dt.datetime):
+        return rfc3339(v) if v.tzinfo else v.isoformat()
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+_TABLE_ORDER = ("release", "contract", "backend", "runtime", "lineage", "canary")
+_ARRAY_ORDER = ("artifacts", "fallback", "gates")
+
+
+def format_manifest(data: Mapping[str, Any]) -> str:
+    """TOML text for manifest ``data`` (tables first, then arrays of tables)."""
+    data = dict(data)
+    lines = ["# vlad release manifest (docs/releases.md). Signed: edit, then run",
+             "# `vladctl manifest update-hashes` and `vladctl sign`.",
+             f"format = {_toml_value(data.pop('format', MANIFEST_FORMAT))}"]
+
+    def table(header: str, body: Mapping[str, Any]) -> None:
+        lines.extend(["", header])
+        subtables = {k: v for k, v in body.items() if isinstance(v, Mapping)}
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in body.items() if k not in subtables)
+        for k, v in subtables.items():
+            table(f"[{header.strip('[]')}.{k}]", v)
+
+    for key in _TABLE_ORDER:
+        if key in data:
+            table(f"[{key}]", data.pop(key))
+    arrays = {k: data.pop(k) for k in _ARRAY_ORDER if k in data}
+    for key, value in data.items():  # anything else (invalid, but keep it visible)
+        lines.append(f"{key} = {_toml_value(value)}")
+    for key, items in arrays.items():
+        for item in items:
+            table(f"[[{key}]]", item)
+    return "\n".join(lines) + "\n"
+
+
+def write_manifest(release_dir: str | Path, data: Mapping[str, Any]) -> Manifest:
+    """Validate ``data`` and write it as ``release_dir/manifest.toml`` (atomic replace).
+
+    Raises :class:`ManifestError` without touching the file when ``data`` is invalid.
+    """
+    root = Path(release_dir)
+    text = format_manifest(data)
+    target = root / MANIFEST_FILE
+    manifest = parse_manifest(tomllib.loads(text), str(target), path=target.resolve())
+    fd, tmp = tempfile.mkstemp(prefix=".manifest.", dir=root)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return manifest
+
+
+def update_hashes(release_dir: str | Path) -> Manifest:
+    """Recompute every size/sha256 of ``release_dir/manifest.toml`` in place.
+
+    The signature no longer matches afterwards: sign again. Comments are not kept.
+    """
+    root = Path(release_dir)
+    return write_manifest(root, refresh_hashes(read_manifest_document(root), root))

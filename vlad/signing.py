@@ -1,0 +1,474 @@
+"""Release signatures and release verification.
+
+A release is signed with Ed25519 over :func:`vlad.manifest.canonical_bytes`; the
+signature is detached in ``manifest.sig`` (JSON: format, key_id, algorithm, signature in
+base64, signed_at). Trusted public keys are ``*.pub`` files (PEM or raw base64) in a keys
+folder, ``/etc/vlad/keys.d`` by default; a key's id is the first 16 hex digits of the
+sha256 of its raw 32 public-key bytes, so file names are free.
+
+:func:`verify_release` is what the daemon and the store call before trusting a folder:
+signature, validity window, every artifact's size and sha256 (and no extra files),
+contract consistency, gate verdicts and runtime compatibility. It refuses with an error
+that names exactly what failed.
+
+Public API: :func:`generate_keypair`, :func:`key_id`, :func:`load_private_key`,
+:func:`load_public_key`, :func:`load_trusted_keys`, :func:`sign_release`,
+:func:`read_signature`, :func:`verify_release` -> :class:`VerifiedRelease`,
+:func:`installed_runtime`, :func:`check_runtime`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import stat
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from vlad.errors import ContractError, VladError
+from vlad.manifest import (
+    MANIFEST_FILE, RESERVED_FILES, SIGNATURE_FILE, Manifest, ManifestError, RuntimeSpec, canonical_bytes,
+    hash_file, parse_manifest, read_manifest_document, rfc3339,
+)
+
+__all__ = [
+    "ALGORITHM", "DEFAULT_KEYS_DIR", "SIGNATURE_FORMAT", "BadSignature", "IntegrityError",
+    "KeyFileError", "RuntimeMismatch", "Signature", "SignatureError", "TrustedKey",
+    "UnknownKey", "UnsignedRelease", "ValidityError", "VerifiedRelease", "check_runtime",
+    "generate_keypair", "installed_runtime", "key_id", "load_private_key", "load_public_key",
+    "load_trusted_keys", "read_signature", "sign_release", "verify_release",
+]
+
+ALGORITHM = "ed25519"
+SIGNATURE_FORMAT = "vlad.signature/1"
+DEFAULT_KEYS_DIR = Path("/etc/vlad/keys.d")
+
+
+class SignatureError(VladError):
+    """A release is unsigned, signed by an untrusted key, or its signature does not verify."""
+
+
+class UnsignedRelease(SignatureError):
+    """The release folder has no (readable) ``manifest.sig``."""
+
+
+class UnknownKey(SignatureError):
+    """The signature names a key that is not among the trusted keys."""
+
+
+class BadSignature(SignatureError):
+    """The signature does not verify: the manifest changed after signing, or the file is corrupt."""
+
+
+class KeyFileError(VladError):
+    """A key file or the trusted-keys folder is missing, unreadable, malformed or unsafe."""
+
+
+class ValidityError(VladError):
+    """The release is outside its validity window (expired or not yet valid)."""
+
+
+class IntegrityError(VladError):
+    """Release files differ from the manifest (size, hash, missing or extra files, contract)."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source, self.problems = source, list(problems)
+        detail = problems[0] if len(problems) == 1 else f"{len(problems)} problems: " + "; ".join(problems)
+        super().__init__(f"{source}: {detail}")
+
+
+class RuntimeMismatch(VladError):
+    """An installed runtime's major version differs from the one the release was validated on."""
+
+
+# ---- keys -----------------------------------------------------------------------------
+
+
+def _raw_public(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id(key: Ed25519PublicKey | Ed25519PrivateKey) -> str:
+    """First 16 hex digits of the sha256 of the raw 32-byte public key."""
+    if isinstance(key, Ed25519PrivateKey):
+        key = key.public_key()
+    return hashlib.sha256(_raw_public(key)).hexdigest()[:16]
+
+
+def _read_key_text(path: Path) -> bytes:
+    try:
+        return path.read_bytes().strip()
+    except OSError as exc:
+        raise KeyFileError(f"{path}: cannot read key: {exc.strerror or exc}") from exc
+
+
+def load_public_key(path: str | Path) -> Ed25519PublicKey:
+    """An Ed25519 public key from a PEM file or a file holding its raw 32 bytes in base64."""
+    path = Path(path)
+    text = _read_key_text(path)
+    try:
+        if b"-----BEGIN" in text:  # PEM, possibly after explanatory lines
+            key = serialization.load_pem_public_key(text)
+        else:
+            key = Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
+    except (ValueError, binascii.Error, TypeError) as exc:
+        raise KeyFileError(f"{path}: not an Ed25519 public key (PEM or base64 of 32 bytes)") from exc
+    if not isinstance(key, Ed25519PublicKey):
+        raise KeyFileError(f"{path}: a {type(key).__name__}, expected an Ed25519 public key")
+    return key
+
+
+def load_private_key(path: str | Path) -> Ed25519PrivateKey:
+    """An Ed25519 private key from an unencrypted PKCS#8 PEM file or base64 of its 32-byte seed."""
+    path = Path(path)
+    text = _read_key_text(path)
+    try:
+        if b"-----BEGIN" in text:  # PEM, possibly after explanatory lines
+            key = serialization.load_pem_private_key(text, password=None)
+        else:
+            key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(text, validate=True))
+    except (ValueError, binascii.Error, TypeError) as exc:
+        raise KeyFileError(f"{path}: not an unencrypted Ed25519 private key ({exc})") from exc
+    if not isinstance(key, Ed25519PrivateKey):
+        raise KeyFileError(f"{path}: a {type(key).__name__}, expected an Ed25519 private key")
+    return key
+
+
+def generate_keypair(out_dir: str | Path, name: str | None = None) -> tuple[str, Path, Path]:
+    """Make a new key pair in ``out_dir``: ``NAME.key`` (mode 0600) and ``NAME.pub``.
+
+    ``name`` defaults to the key id. Existing files are never overwritten. Returns
+    ``(key_id, private_path, public_path)``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    private = Ed25519PrivateKey.generate()
+    kid = key_id(private)
+    name = name or kid
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise KeyFileError(f"key name {name!r}: use letters, digits, '.', '_' or '-'")
+    priv_path, pub_path = out / f"{name}.key", out / f"{name}.pub"
+    for p in (priv_path, pub_path):
+        if p.exists():
+            raise KeyFileError(f"{p}: already exists; choose another --name or folder")
+    pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    # Created 0600 from the start (O_EXCL), so the secret is never readable by others.
+    fd = os.open(priv_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    pub_pem = private.public_key().public_bytes(serialization.Encoding.PEM,
+                                                serialization.PublicFormat.SubjectPublicKeyInfo)
+    pub_path.write_bytes(pub_pem)
+    return kid, priv_path, pub_path
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedKey:
+    """A public key from the keys folder."""
+
+    key_id: str
+    path: Path
+    key: Ed25519PublicKey
+
+
+def load_trusted_keys(keys_dir: str | Path = DEFAULT_KEYS_DIR) -> dict[str, TrustedKey]:
+    """Every ``*.pub`` in ``keys_dir`` by key id.
+
+    Refuses (:class:`KeyFileError`) a missing folder, an unreadable or malformed key, and
+    a folder or key file that anyone may write: whoever can add a key can sign releases.
+    """
+    folder = Path(keys_dir)
+    if not folder.is_dir():
+        raise KeyFileError(f"trusted keys folder {folder} does not exist (see docs/releases.md)")
+    _refuse_world_writable(folder)
+    keys: dict[str, TrustedKey] = {}
+    for path in sorted(folder.glob("*.pub")):
+        _refuse_world_writable(path)
+        key = load_public_key(path)
+        keys[key_id(key)] = TrustedKey(key_id(key), path, key)
+    return keys
+
+
+def _refuse_world_writable(path: Path) -> None:
+    mode = path.stat().st_mode
+    if mode & stat.S_IWOTH and not (path.is_dir() and mode & stat.S_ISVTX):
+        raise KeyFileError(f"{path} is writable by anyone; refusing to trust it (chmod o-w)")
+
+
+# ---- signatures -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """The content of ``manifest.sig``. ``signed_at`` is informational and not signed."""
+
+    key_id: str
+    algorithm: str
+    signature: bytes
+    signed_at: str | None = None
+    manifest_sha256: str | None = None
+
+    def to_json(self) -> str:
+        """The ``manifest.sig`` file text."""
+        return json.dumps({
+            "format": SIGNATURE_FORMAT, "key_id": self.key_id, "algorithm": self.algorithm,
+            "signature": base64.b64encode(self.signature).decode("ascii"),
+            "signed_at": self.signed_at, "manifest_sha256": self.manifest_sha256,
+        }, indent=2) + "\n"
+
+
+def sign_release(release_dir: str | Path, private_key: str | Path | Ed25519PrivateKey,
+                 now: dt.datetime | None = None) -> Signature:
+    """Sign ``release_dir/manifest.toml`` and write ``manifest.sig`` (atomic replace).
+
+    Only signs: the manifest is validated first (an invalid manifest is never signed),
+    but sizes and hashes are not recomputed (``vladctl manifest update-hashes`` does that).
+    """
+    root = Path(release_dir)
+    key = private_key if isinstance(private_key, Ed25519PrivateKey) else load_private_key(private_key)
+    document = read_manifest_document(root)
+    parse_manifest(document, str(root / MANIFEST_FILE))
+    payload = canonical_bytes(document)
+    sig = Signature(key_id=key_id(key), algorithm=ALGORITHM, signature=key.sign(payload),
+                    signed_at=rfc3339((now or dt.datetime.now(dt.timezone.utc)).replace(microsecond=0)),
+                    manifest_sha256=hashlib.sha256(payload).hexdigest())
+    tmp = root / f".{SIGNATURE_FILE}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(sig.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / SIGNATURE_FILE)
+    return sig
+
+
+def read_signature(path: str | Path) -> Signature:
+    """Parse a ``manifest.sig`` (or the one in a release folder).
+
+    :class:`UnsignedRelease` when it is absent, :class:`BadSignature` when malformed.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / SIGNATURE_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise UnsignedRelease(f"{path.parent}: unsigned release (no {SIGNATURE_FILE})") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UnsignedRelease(f"{path}: cannot read signature: {exc}") from exc
+    try:
+        data = json.loads(text)
+        sig = Signature(key_id=str(data["key_id"]), algorithm=str(data["algorithm"]),
+                        signature=base64.b64decode(data["signature"], validate=True),
+                        signed_at=data.get("signed_at"), manifest_sha256=data.get("manifest_sha256"))
+    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+        raise BadSignature(f"{path}: malformed signature file ({type(exc).__name__}: {exc})") from exc
+    if sig.algorithm != ALGORITHM:
+        raise BadSignature(f"{path}: algorithm {sig.algorithm!r} is not supported (only {ALGORITHM})")
+    return sig
+
+
+# ---- runtime compatibility ------------------------------------------------------------
+
+# Distributions that provide each runtime; the GPU builds have their own names.
+_DISTRIBUTIONS = {
+    "torch": ("torch",),
+    "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
+    "tensorrt": ("tensorrt", "tensorrt-cu12", "tensorrt-cu11", "tensorrt-libs"),
+}
+
+
+def installed_runtime() -> RuntimeSpec:
+    """Versions installed here, from package metadata (nothing heavy is imported).
+
+    ``cuda`` and ``gpu`` are left None: they need the runtime loaded, which the backend does.
+    """
+    found: dict[str, str | None] = {"python": ".".join(map(str, sys.version_info[:3]))}
+    for name, dists in _DISTRIBUTIONS.items():
+        found[name] = None
+        for dist in dists:
+            try:
+                found[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return RuntimeSpec(**found)
+
+
+def _major_minor(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+
+
+def check_runtime(validated: RuntimeSpec, installed: RuntimeSpec) -> list[str]:
+    """Compare the validated runtime with the installed one.
+
+    Raises :class:`RuntimeMismatch` for a different *major* version (its behaviour and file
+    formats may differ); returns warning lines for a different minor version and for a
+    validated runtime that is not installed here (the backend that needs it will refuse).
+    ``cuda`` and ``gpu`` are informational.
+    """
+    warnings, errors = [], []
+    for name in ("python", "torch", "onnxruntime", "tensorrt"):
+        want, have = getattr(validated, name), getattr(installed, name)
+        if want is None:
+            continue
+        if have is None:
+            warnings.append(f"{name}: validated on {want}, not installed here")
+            continue
+        w, h = _major_minor(want), _major_minor(have)
+        if w[:1] != h[:1]:
+            errors.append(f"{name} {have} installed, release validated on {want} (major version differs)")
+        elif w != h:
+            warnings.append(f"{name}: validated on {want}, installed {have} (minor version differs)")
+    if errors:
+        raise RuntimeMismatch("; ".join(errors))
+    return warnings
+
+
+# ---- verification ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedRelease:
+    """A release folder that passed :func:`verify_release`, with what was checked."""
+
+    path: Path
+    manifest: Manifest
+    contract: object  # vlad.contract.Contract (imported lazily)
+    key_id: str
+    key_path: Path
+    signature: Signature
+    warnings: tuple[str, ...]
+    verified_at: dt.datetime
+
+    @property
+    def id(self) -> str:
+        """The release id."""
+        return self.manifest.release.id
+
+
+def verify_release(path: str | Path, keys_dir: str | Path = DEFAULT_KEYS_DIR,
+                   now: dt.datetime | None = None, *, check_time: bool = True,
+                   installed: RuntimeSpec | None = None) -> VerifiedRelease:
+    """Verify the release folder ``path`` completely, or raise naming what failed.
+
+    In order: the signature over the manifest's canonical bytes by a trusted key
+    (:class:`UnsignedRelease`, :class:`UnknownKey`, :class:`BadSignature`); the manifest
+    itself (:class:`~vlad.manifest.ManifestError`); the validity window at ``now``
+    (:class:`ValidityError`; skipped with ``check_time=False``, as for a rollback); every
+    artifact's size and sha256, missing, extra or symlinked files, contract and tokenizer
+    hashes and failed gates (one :class:`IntegrityError` listing all); then the runtime
+    against ``installed`` (default: :func:`installed_runtime`): :class:`RuntimeMismatch`
+    for a major difference, a warning line in the result for a minor one.
+    """
+    folder = Path(path).resolve()
+    source = f"release {folder}"
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+
+    if not folder.is_dir():
+        raise ManifestError(str(folder), ["no such release folder"])
+    # Authenticate before interpreting: only TOML parsing touches untrusted bytes.
+    signature = read_signature(folder)
+    document = read_manifest_document(folder)
+    keys = load_trusted_keys(keys_dir)
+    trusted = keys.get(signature.key_id)
+    if trusted is None:
+        known = ", ".join(f"{k} ({t.path.name})" for k, t in keys.items()) or "none"
+        raise UnknownKey(f"{source}: signed by unknown key {signature.key_id} "
+                         f"(trusted keys in {keys_dir}: {known})")
+    try:
+        trusted.key.verify(signature.signature, canonical_bytes(document))
+    except InvalidSignature as exc:
+        raise BadSignature(f"{source}: signature by key {signature.key_id} does not match "
+                           f"{MANIFEST_FILE} (edited after signing, or {SIGNATURE_FILE} corrupt)") from exc
+    manifest = parse_manifest(document, str(folder / MANIFEST_FILE), path=folder / MANIFEST_FILE)
+    rel = manifest.release
+
+    if check_time:
+        if now < rel.not_before:
+            raise ValidityError(f"{source}: {rel.id} not valid before {rfc3339(rel.not_before)} "
+                                f"(now {rfc3339(now)}; check the clock)")
+        if now >= rel.expires:
+            raise ValidityError(f"{source}: {rel.id} expired at {rfc3339(rel.expires)} (now {rfc3339(now)})")
+
+    problems = _check_files(folder, manifest)
+    contract = None
+    if not problems:
+        contract, contract_problems = _check_contract(folder, manifest)
+        problems += contract_problems
+    problems += [f"gate {g.gate} failed (report {g.report})" for g in manifest.gates if not g.passed]
+    if problems:
+        raise IntegrityError(source, problems)
+
+    try:
+        warnings = check_runtime(manifest.runtime, installed or installed_runtime())
+    except RuntimeMismatch as exc:
+        raise RuntimeMismatch(f"{source}: {exc}") from exc
+    return VerifiedRelease(path=folder, manifest=manifest, contract=contract, key_id=trusted.key_id,
+                           key_path=trusted.path, signature=signature, warnings=tuple(warnings),
+                           verified_at=now)
+
+
+def _check_files(folder: Path, manifest: Manifest) -> list[str]:
+    """Every listed artifact present with its size and hash; nothing else in the folder."""
+    problems: list[str] = []
+    listed = {a.path for a in manifest.artifacts}
+    for a in manifest.artifacts:
+        p = folder / a.path
+        if p.is_symlink():
+            problems.append(f"{a.path}: is a symbolic link (a release holds its own files)")
+            continue
+        if not p.is_file():
+            problems.append(f"{a.path}: missing")
+            continue
+        size = p.stat().st_size
+        if size != a.size:  # cheap check first; a different size needs no hashing
+            problems.append(f"{a.path}: size {size} bytes, manifest says {a.size}")
+            continue
+        _, digest = hash_file(p)
+        if digest != a.sha256:
+            problems.append(f"{a.path}: sha256 {digest[:16]}… differs from manifest {a.sha256[:16]}…")
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if rel in listed or rel in RESERVED_FILES or (p.is_dir() and not p.is_symlink()):
+            continue
+        problems.append(f"{rel}: not listed in the manifest")
+    return problems
+
+
+def _check_contract(folder: Path, manifest: Manifest) -> tuple[object, list[str]]:
+    from vlad.contract import load_contract
+
+    try:
+        contract = load_contract(folder / manifest.contract.path)
+    except ContractError as exc:
+        return None, [f"contract: {exc}"]
+    problems = []
+    if contract.sha256 != manifest.contract.sha256:
+        problems.append(f"contract {manifest.contract.path}: canonical sha256 {contract.sha256[:16]}… "
+                        f"differs from manifest {manifest.contract.sha256[:16]}…")
+    lang = contract.language
+    if lang is not None:
+        # language.file is relative to the contract file, artifacts to the release folder.
+        tok_path = (PurePosixPath(manifest.contract.path).parent / lang.file).as_posix()
+        try:
+            tok = manifest.artifact(tok_path)
+        except KeyError:
+            problems.append(f"tokenizer {tok_path} (named by the contract) is not a release artifact")
+        else:
+            if tok.sha256 != lang.sha256:
+                problems.append(f"tokenizer {lang.file}: sha256 differs from the contract's language.sha256")
+    return contract, problems

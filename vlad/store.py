@@ -1,0 +1,494 @@
+"""The on-robot release store: verified copies, ``active``/``previous`` pointers, a journal.
+
+Layout under the root (``/var/lib/vlad`` by default; docs/releases.md explains it)::
+
+    releases/<release_id>/      verified, read-only copies (manifest, signature, artifacts)
+    releases/active             -> ../current/active     (fixed links: the daemon reads
+    releases/previous           -> ../current/previous    releases/active)
+    current                     -> .ptr-<n>               the ONE switched pointer
+    .ptr-<n>/active             -> ../releases/<id>
+    .ptr-<n>/previous           -> ../releases/<id>
+    engines/<cache_key>/        engine caches built on this robot (never removed here)
+    history.jsonl               journal of activations and rollbacks (intent, then done)
+
+Atomicity: a release directory becomes visible only by ``rename`` of a complete,
+re-verified temp copy; ``active`` and ``previous`` switch together by renaming one
+symlink (``current``) over the old one after the new generation directory and the temp
+link are fsynced. A kill at any instant therefore leaves the old or the new pair, never a
+mix, and never a half-copied release under its name. The pointers are authoritative; the
+journal is written ahead (intent) and completed (done) and reconciled with the pointers
+when a store is opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import fcntl
+import getpass
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vlad.errors import VladError
+from vlad.manifest import MANIFEST_FILE, RELEASE_ID_RE, SIGNATURE_FILE, rfc3339
+from vlad.signing import DEFAULT_KEYS_DIR, ValidityError, VerifiedRelease, verify_release
+
+__all__ = ["DEFAULT_ROOT", "DowngradeRefused", "HistoryEntry", "ReleaseStore", "StoreError",
+           "default_operator"]
+
+DEFAULT_ROOT = Path("/var/lib/vlad")
+_PTR_RE = re.compile(r"\.ptr-(\d+)")
+_CACHE_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
+
+# Tests set this (in a subprocess) to a crash point name to SIGKILL the process there.
+# Points: stage_copied, stage_renamed, intent_logged, pointer_dir_written,
+# pointer_temp_written, after_rename, done_logged.
+_CRASH_AT: str | None = None
+
+
+def _crash_point(name: str) -> None:
+    if _CRASH_AT == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StoreError(VladError):
+    """A store operation was refused or the store is unusable."""
+
+
+class DowngradeRefused(StoreError):
+    """Activating an older, never-activated release (or one marked bad) without ``force``."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One completed activation or rollback from ``history.jsonl``."""
+
+    seq: int
+    time: str
+    event: str  # "activate" | "rollback"
+    who: str
+    why: str
+    from_release: str | None
+    to_release: str
+    from_version_code: int | None
+    to_version_code: int | None
+    forced: bool = False
+    recovered: bool = False
+
+
+def default_operator() -> str:
+    """Who is acting: ``$VLAD_OPERATOR``, else ``$SUDO_USER``, else the login name."""
+    for var in ("VLAD_OPERATOR", "SUDO_USER"):
+        if os.environ.get(var):
+            return os.environ[var]
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid:{os.getuid()}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+        fout.flush()
+        os.fsync(fout.fileno())
+    os.chmod(dst, 0o444)  # a staged release is immutable; edits are new releases
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ReleaseStore:
+    """Verified releases under ``root`` with atomically switched ``active``/``previous``.
+
+    Opening a store it may write to cleans what an interrupted operation left behind
+    (temp copies, pointer temps, unfinished journal records); see :meth:`recover`.
+    """
+
+    def __init__(self, root: str | Path = DEFAULT_ROOT, keys_dir: str | Path = DEFAULT_KEYS_DIR,
+                 *, create: bool = True) -> None:
+        self.root = Path(root)
+        self.keys_dir = Path(keys_dir)
+        self.releases_dir = self.root / "releases"
+        self.engines_dir = self.root / "engines"
+        self.history_path = self.root / "history.jsonl"
+        if create:
+            for d in (self.root, self.releases_dir, self.engines_dir):
+                d.mkdir(parents=True, exist_ok=True)
+        elif not self.releases_dir.is_dir():
+            raise StoreError(f"{self.root}: not a release store (no releases/)")
+        if os.access(self.root, os.W_OK):
+            self.recover()
+
+    # ---- reading ---------------------------------------------------------------------
+
+    def release_path(self, release_id: str) -> Path:
+        """The folder of a staged release (StoreError for an invalid or unknown id)."""
+        if not RELEASE_ID_RE.fullmatch(release_id) or release_id in ("active", "previous"):
+            raise StoreError(f"{release_id!r} is not a release id")
+        path = self.releases_dir / release_id
+        if path.is_symlink() or not path.is_dir():
+            raise StoreError(f"release {release_id} is not staged in {self.releases_dir} "
+                             f"(staged: {', '.join(self.list_releases()) or 'none'})")
+        return path
+
+    def list_releases(self) -> list[str]:
+        """Ids of the staged releases (temp copies and the pointer links are not releases)."""
+        return sorted(p.name for p in self.releases_dir.iterdir()
+                      if not p.name.startswith(".") and not p.is_symlink() and p.is_dir())
+
+    def _pointer(self, name: str) -> str | None:
+        try:
+            return Path(os.readlink(self.root / "current" / name)).name
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def active(self) -> str | None:
+        """The active release id, or None before the first activation."""
+        return self._pointer("active")
+
+    def previous(self) -> str | None:
+        """The release a rollback returns to, or None."""
+        return self._pointer("previous")
+
+    def active_path(self) -> Path | None:
+        """The active release's folder, resolved once: read files through this, not the link."""
+        active = self.active()
+        return self.releases_dir / active if active else None
+
+    def engine_cache_dir(self, cache_key: str) -> Path:
+        """``engines/<cache_key>/`` (created): where a backend keeps engines built on this robot."""
+        if not _CACHE_KEY_RE.fullmatch(cache_key):
+            raise StoreError(f"{cache_key!r} is not a valid engine cache key")
+        path = self.engines_dir / cache_key
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def journal(self) -> list[dict[str, Any]]:
+        """Every record of ``history.jsonl`` (intents, completions, aborts), oldest first."""
+        try:
+            text = self.history_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        records = []
+        for line in text.splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn last line from a crash; recover() truncates it
+        return records
+
+    def history(self) -> list[HistoryEntry]:
+        """Completed activations and rollbacks, oldest first."""
+        names = {f.name for f in dataclasses.fields(HistoryEntry)}
+        return [HistoryEntry(**{k: v for k, v in r.items() if k in names})
+                for r in self.journal() if r.get("phase") == "done"]
+
+    def activated_versions(self) -> set[int]:
+        """``version_code`` of every release ever activated here (and of the current pair)."""
+        codes = {e.to_version_code for e in self.history() if e.to_version_code is not None}
+        codes |= {e.from_version_code for e in self.history() if e.from_version_code is not None}
+        for rid in (self.active(), self.previous()):
+            if rid:
+                with contextlib.suppress(StoreError, VladError, OSError):
+                    codes.add(self._version_code(rid))
+        return codes
+
+    def bad_releases(self) -> set[str]:
+        """Releases rolled back from and not re-activated since: activation needs ``force``."""
+        bad: set[str] = set()
+        for e in self.history():
+            bad.discard(e.to_release)
+            if e.event == "rollback" and e.from_release:
+                bad.add(e.from_release)
+        return bad
+
+    def _version_code(self, release_id: str) -> int:
+        from vlad.manifest import read_manifest_document
+
+        return int(read_manifest_document(self.releases_dir / release_id)["release"]["version_code"])
+
+    # ---- staging ---------------------------------------------------------------------
+
+    def stage(self, src_dir: str | Path, keys_dir: str | Path | None = None,
+              now: dt.datetime | None = None) -> str:
+        """Verify the release folder ``src_dir`` and copy it into the store; returns its id.
+
+        The copy goes to a temp folder inside ``releases/`` (each file fsynced), is verified
+        again (the source may change while being copied) and renamed into place. Staging an
+        identical release again is a no-op; a different release under a staged id is refused.
+        A release whose not_before lies ahead may be staged; an expired one may not.
+        """
+        keys = Path(keys_dir) if keys_dir is not None else self.keys_dir
+        now = now or dt.datetime.now(dt.timezone.utc)
+        src = verify_release(src_dir, keys, now, check_time=False)
+        if now >= src.manifest.release.expires:
+            raise ValidityError(f"release {src.path}: {src.id} expired at "
+                                f"{rfc3339(src.manifest.release.expires)}; not staging it")
+        dest = self.releases_dir / src.id
+        if dest.exists():
+            return self._already_staged(src, dest, keys, now)
+        if not os.access(self.releases_dir, os.W_OK):
+            raise StoreError(f"{self.releases_dir}: no permission to stage releases "
+                             f"(run as root or the vlad user)")
+        tmp = self.releases_dir / f".stage-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        try:
+            names = [MANIFEST_FILE, SIGNATURE_FILE] + [a.path for a in src.manifest.artifacts]
+            for name in names:
+                _copy_file(src.path / name, tmp / name)
+            for d in sorted({(tmp / n).parent for n in names}, key=lambda p: -len(p.parts)):
+                _fsync_dir(d)
+            _crash_point("stage_copied")
+            verify_release(tmp, keys, now, check_time=False)
+            with self._lock():
+                if dest.exists():
+                    return self._already_staged(src, dest, keys, now)
+                os.rename(tmp, dest)
+                _fsync_dir(self.releases_dir)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        _crash_point("stage_renamed")
+        return src.id
+
+    def _already_staged(self, src: VerifiedRelease, dest: Path, keys: Path, now: dt.datetime) -> str:
+        staged = verify_release(dest, keys, now, check_time=False)
+        if staged.manifest.canonical_bytes() != src.manifest.canonical_bytes():
+            raise StoreError(f"release {src.id} is already staged with a different manifest; "
+                             f"a changed release needs a new release id")
+        return src.id
+
+    # ---- switching -------------------------------------------------------------------
+
+    def activate(self, release_id: str, who: str | None = None, why: str = "",
+                 force: bool = False, now: dt.datetime | None = None) -> HistoryEntry:
+        """Make a staged release active; the active one becomes ``previous``.
+
+        The release is verified again (signature, validity window, every file). Refused
+        (:class:`DowngradeRefused`) without ``force``: a ``version_code`` lower than the
+        highest ever activated here for a release never activated here, and a release
+        marked bad by a rollback.
+        """
+        with self._lock():
+            path = self.release_path(release_id)
+            current = self.active()
+            if current == release_id:
+                raise StoreError(f"release {release_id} is already active")
+            verified = verify_release(path, self.keys_dir, now)
+            if verified.id != release_id:
+                raise StoreError(f"{path}: holds release {verified.id}, not {release_id}")
+            code = verified.manifest.release.version_code
+            seen = self.activated_versions()
+            if not force:
+                if seen and code < max(seen) and code not in seen:
+                    raise DowngradeRefused(
+                        f"release {release_id} (version_code {code}) is older than releases already "
+                        f"activated here (highest {max(seen)}) and was never active here; "
+                        f"use --force to downgrade deliberately")
+                if release_id in self.bad_releases():
+                    raise DowngradeRefused(f"release {release_id} was rolled back from; "
+                                           f"use --force to activate it again")
+            return self._switch("activate", release_id, current, who, why, force, code)
+
+    def rollback(self, who: str | None = None, why: str = "", force: bool = False) -> HistoryEntry:
+        """Swap ``active`` and ``previous``: the one-step rollback, always allowed by version.
+
+        The release rolled back from becomes ``previous`` (so the step can be undone) but
+        is marked bad: rolling back again to it needs ``force``. The target is verified
+        (signature and files) but not against its validity window: returning to the release
+        that ran here before must not be blocked by a date.
+        """
+        with self._lock():
+            current, target = self.active(), self.previous()
+            if target is None or target == current:
+                raise StoreError("nothing to roll back to (no previous release)")
+            if target in self.bad_releases() and not force:
+                raise DowngradeRefused(f"previous release {target} was rolled back from; "
+                                       f"use --force to return to it")
+            verified = verify_release(self.release_path(target), self.keys_dir, check_time=False)
+            return self._switch("rollback", target, current, who, why, force,
+                                verified.manifest.release.version_code)
+
+    def _switch(self, event: str, to: str, from_: str | None, who: str | None, why: str,
+                forced: bool, to_code: int) -> HistoryEntry:
+        records = self.journal()
+        record = {
+            "seq": max((r.get("seq", 0) for r in records), default=0) + 1,
+            "time": rfc3339(dt.datetime.now(dt.timezone.utc)), "event": event, "phase": "intent",
+            "who": who or default_operator(), "why": why, "from_release": from_, "to_release": to,
+            "from_version_code": self._version_code(from_) if from_ else None,
+            "to_version_code": to_code, "forced": forced,
+        }
+        self._append(record)
+        _crash_point("intent_logged")
+
+        old_gen = self._generation()
+        gen_dir = self.root / f".ptr-{(old_gen or 0) + 1}"
+        if gen_dir.exists():
+            shutil.rmtree(gen_dir)  # left by an interrupted switch; current never pointed here
+        gen_dir.mkdir()
+        os.symlink(f"../releases/{to}", gen_dir / "active")
+        if from_:
+            os.symlink(f"../releases/{from_}", gen_dir / "previous")
+        _fsync_dir(gen_dir)
+        _fsync_dir(self.root)
+        _crash_point("pointer_dir_written")
+
+        tmp_link = self.root / ".current.tmp"
+        tmp_link.unlink(missing_ok=True)
+        os.symlink(gen_dir.name, tmp_link)
+        _fsync_dir(self.root)
+        _crash_point("pointer_temp_written")
+        os.replace(tmp_link, self.root / "current")  # the commit point
+        _fsync_dir(self.root)
+        _crash_point("after_rename")
+
+        done = {**record, "phase": "done", "time": rfc3339(dt.datetime.now(dt.timezone.utc))}
+        self._append(done)
+        _crash_point("done_logged")
+        if old_gen is not None:
+            shutil.rmtree(self.root / f".ptr-{old_gen}", ignore_errors=True)
+        self._ensure_links()
+        return HistoryEntry(**{k: v for k, v in done.items() if k != "phase"})
+
+    def _generation(self) -> int | None:
+        try:
+            m = _PTR_RE.fullmatch(os.readlink(self.root / "current"))
+        except FileNotFoundError:
+            return None
+        return int(m.group(1)) if m else None
+
+    def _append(self, record: dict[str, Any]) -> None:
+        new = not self.history_path.exists()
+        fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if new:
+            _fsync_dir(self.root)
+
+    def _ensure_links(self) -> None:
+        for name in ("active", "previous"):
+            link = self.releases_dir / name
+            if not link.is_symlink():
+                if link.exists():
+                    raise StoreError(f"{link} exists and is not the store's link; move it away")
+                os.symlink(f"../current/{name}", link)
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        """One writer at a time (two vladctl runs, or vladctl and an updater)."""
+        try:
+            fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError as exc:
+            raise StoreError(f"{self.root}: no permission to change the release store "
+                             f"(run as root or the vlad user)") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    # ---- maintenance -----------------------------------------------------------------
+
+    def recover(self) -> list[str]:
+        """Clean up after an interrupted operation; returns what was done, one line each.
+
+        Removes temp copies of dead processes, pointer temps and unused pointer
+        generations, truncates a torn journal line, and closes an unfinished journal intent
+        as ``done`` (recovered) or ``aborted`` according to the pointers, which are
+        authoritative.
+        """
+        done: list[str] = []
+        with self._lock():
+            for p in self.releases_dir.glob(".*"):
+                m = re.fullmatch(r"\.(stage|trash)-(\d+)-[0-9a-f]+", p.name)
+                if m and not (m.group(1) == "stage" and _pid_alive(int(m.group(2)))):
+                    shutil.rmtree(p, ignore_errors=True)
+                    done.append(f"removed interrupted {m.group(1)} folder {p.name}")
+            tmp_link = self.root / ".current.tmp"
+            if tmp_link.is_symlink():
+                tmp_link.unlink()
+                done.append("removed an unused pointer temp link")
+            gen = self._generation()
+            for p in self.root.glob(".ptr-*"):
+                if p.name != f".ptr-{gen}":
+                    shutil.rmtree(p, ignore_errors=True)
+                    done.append(f"removed unused pointer generation {p.name}")
+            done += self._recover_journal()
+            if gen is not None:
+                self._ensure_links()
+        return done
+
+    def _recover_journal(self) -> list[str]:
+        try:
+            data = self.history_path.read_bytes()
+        except FileNotFoundError:
+            return []
+        out = []
+        if data and not data.endswith(b"\n"):
+            with open(self.history_path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+                os.fsync(f.fileno())
+            out.append("truncated a torn journal line")
+        records = self.journal()
+        if not records or records[-1].get("phase") != "intent":
+            return out
+        intent = records[-1]
+        committed = self.active() == intent["to_release"] and self.previous() == intent["from_release"]
+        phase = "done" if committed else "aborted"
+        self._append({**intent, "phase": phase, "recovered": True,
+                      "time": rfc3339(dt.datetime.now(dt.timezone.utc))})
+        out.append(f"journal: interrupted {intent['event']} to {intent['to_release']} marked {phase}")
+        return out
+
+    def gc(self, keep: int = 3) -> list[str]:
+        """Remove staged releases that are neither active, previous nor among the ``keep``
+        most recently activated; returns their ids. Engine caches are never removed here.
+        """
+        with self._lock():
+            protected = {self.active(), self.previous()}
+            recent: list[str] = []
+            for e in reversed(self.history()):
+                if e.to_release not in recent:
+                    recent.append(e.to_release)
+            protected |= set(recent[:keep])
+            removed = []
+            for rid in self.list_releases():
+                if rid in protected:
+                    continue
+                # Rename first: a half-deleted folder must never be visible as a release.
+                trash = self.releases_dir / f".trash-{os.getpid()}-{secrets.token_hex(4)}"
+                os.rename(self.releases_dir / rid, trash)
+                _fsync_dir(self.releases_dir)
+                shutil.rmtree(trash, ignore_errors=True)
+                removed.append(rid)
+            return removed
