@@ -155,6 +155,9 @@ def test_canary_auto_abort_rolls_back(live):
     events = client.control("events", limit=100)
     abort = [e for e in events if e["kind"] == "canary_abort"]
     assert abort and "interventions" in abort[-1]["reason"], [(e["kind"], e["reason"]) for e in events]
+    deadline = time.monotonic() + 10  # the swap comes first; the store follows
+    while store.active() != "vlad-demo-reacher-1.0.0" and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert store.active() == "vlad-demo-reacher-1.0.0"
     assert store.history()[-1].event == "rollback" and "canary aborted" in store.history()[-1].why
     time.sleep(0.3)

@@ -22,12 +22,14 @@ class ConfigError(VladError):
 @dataclass(frozen=True)
 class ReleaseConfig:
     path: str = "/var/lib/vlad/releases/active"  # folder holding contract.toml and the artifacts
-    backend: str = "onnxruntime"
-    artifact: str = "policy.onnx"
+    # Which backend runs which artifact with which options. A signed release's manifest says
+    # so; these keys are then left empty (a different value is refused at start, not
+    # silently ignored). Unsigned releases (verify = false, development) need them.
+    backend: str = ""
+    artifact: str = ""
     options: dict[str, Any] = field(default_factory=dict)  # backend options (threads, providers ...)
     # Signed releases: with verify on, the daemon serves only a release whose manifest is
-    # signed by a key in keys_dir and whose files match it; backend, artifact and options
-    # then come from the manifest. Off only for development, loudly.
+    # signed by a key in keys_dir and whose files match it. Off only for development, loudly.
     verify: bool = True
     keys_dir: str = "/etc/vlad/keys.d"
 

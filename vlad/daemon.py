@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import grp
-import hashlib
 import inspect
 import logging
 import os
@@ -43,7 +42,7 @@ from vlad.deploy import Canary, CanaryThresholds, Divergence, NullSink, Shadow, 
 from vlad.errors import VladError
 from vlad.health import HealthPolicy
 from vlad.monitors import HealthView, MonitorThresholds
-from vlad.processing import Tokenizer
+from vlad.processing import Tokenizer, sha256_file
 from vlad.serving import Pending, PolicyWorker, Publisher, observation_from_message
 from vlad.state import State, StateMachine
 from vlad.systemd import Notifier
@@ -125,10 +124,6 @@ class LoadedPolicy:
     artifacts: dict[str, str]  # relative path -> sha256 at load time
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def load_policy(name: str, folder: Path, backend_name: str, artifact: str, options: dict, warmup: int,
                 keys_dir: str | None) -> LoadedPolicy:
     """Verify (when ``keys_dir`` is given), load, check and warm up one release folder."""
@@ -143,9 +138,17 @@ def load_policy(name: str, folder: Path, backend_name: str, artifact: str, optio
             log.warning("release %s: %s", verified.id, warning)
         m = verified.manifest
         folder = verified.path
+        for key, configured, signed in (("backend", backend_name, m.backend.name), ("artifact", artifact, m.backend.artifact),
+                                        ("options", options, dict(m.backend.options))):
+            if configured and configured != signed:
+                raise StartupError(f"release.{key} = {configured!r} in the config differs from the signed manifest's "
+                                   f"{signed!r}; remove it from the config (the manifest decides)")
         backend_name, artifact, options = m.backend.name, m.backend.artifact, dict(m.backend.options)
         artifacts = {a.path: a.sha256 for a in m.artifacts}
         log.info("release %s verified: signed by key %s", verified.id, verified.key_id)
+    elif not (backend_name and artifact):
+        raise StartupError(f"release {folder} is used unsigned (release.verify = false): set release.backend and "
+                           "release.artifact in the config")
     contract_path = folder / "contract.toml"
     if not contract_path.is_file():
         raise StartupError(f"release {folder}: no contract.toml (is the release path right?)")
@@ -162,7 +165,7 @@ def load_policy(name: str, folder: Path, backend_name: str, artifact: str, optio
     session.warmup(warmup)
     if artifacts is None:  # unsigned (development): watch what was loaded
         files = [contract_path, artifact_path] + ([contract.tokenizer_path] if tokenizer else [])
-        artifacts = {str(p.relative_to(folder)): _sha256(p) for p in files}
+        artifacts = {str(p.relative_to(folder)): sha256_file(p) for p in files}
     release_id = f"{contract.model.id}@{contract.model.version}"
     return LoadedPolicy(name, release_id, folder, contract, tokenizer, session, artifacts)
 
@@ -233,8 +236,8 @@ class Daemon:
         self.notifier.status("loading release")
         specs = [("release", Path(cfg.release.path), cfg.release.backend, cfg.release.artifact, cfg.release.options)]
         for i, entry in enumerate(e for e in cfg.fallback.chain if e["kind"] == "release"):
-            specs.append((f"fallback{i + 1}", Path(entry["path"]), entry.get("backend", cfg.release.backend),
-                          entry.get("artifact", cfg.release.artifact), entry.get("options", cfg.release.options)))
+            specs.append((f"fallback{i + 1}", Path(entry["path"]), entry.get("backend", ""),
+                          entry.get("artifact", ""), entry.get("options", {})))
         keys_dir = cfg.release.keys_dir if cfg.release.verify else None
         if keys_dir is None:
             log.warning("release verification is OFF (release.verify = false): serving unsigned releases")
@@ -419,8 +422,6 @@ class Daemon:
     async def _cadence_task(self) -> None:
         """Keeps a command going out every control period when no policy produces one."""
         tick = self.period_ns / 4 / 1e9
-        controller_alive_ns = self.thresholds.sensor_stall_periods * self.period_ns
-        deadline_ns = int(self.contract.timing.e2e_deadline_ms * 1e6)
         while True:
             await anyio.sleep(tick)
             now = time.monotonic_ns()
@@ -428,20 +429,18 @@ class Daemon:
             if self.estop_engaged:
                 if self.cfg.safety.estop_output == "hold" and since >= self.period_ns:
                     self._hold("estop")
-                continue
-            worker = self.workers[self.health.active]
-            if worker is None:
+            elif self.workers[self.health.active] is None:
                 if since >= self.period_ns and self.last_observation_ns:
                     self._hold("fallback")
-            else:
-                obs = worker.in_flight_obs
-                if (obs is not None and now - obs.sensor_time_ns > deadline_ns and since > self.period_ns
-                        and now - self.last_observation_ns < controller_alive_ns):
-                    # The observation missed its deadline: bridge with the hold posture so
-                    # the controller is not left without a fresh command; the late chunk
-                    # still goes out when (if) the inference completes.
-                    self.counters["bridged"] += 1
-                    self._hold("late_inference")
+            elif (self.publisher.last_publish_ns and since > 1.5 * self.period_ns
+                  and now - self.last_observation_ns < self.period_ns):
+                # Observations keep coming but no command went out for 1.5 periods (a late
+                # or hung inference, stale or rejected observations): bridge with the hold
+                # posture until the policy answers again or the monitors move down the chain.
+                # 1.5 periods, not 1: scheduling jitter must not interleave holds with a
+                # healthy policy's chunks.
+                self.counters["bridged"] += 1
+                self._hold("bridge")
 
     async def _health_task(self) -> None:
         from vlad.plugins import monitors, sensors
@@ -469,6 +468,8 @@ class Daemon:
                 last_observation_ns=self.last_observation_ns, last_heartbeat_ns=self.last_heartbeat_ns,
                 heartbeat_seen=self.last_heartbeat_ns > 0,
                 in_flight_since_ns=worker.in_flight_since_ns if worker else 0,
+                in_flight_policy=worker.policy_id if worker else None,
+                release_policy=self.health.chain[0],
                 hang_timeout_ns=int(self.cfg.serve.hang_timeout_s * 1e9), readings=readings,
                 release_dir=self.policies[0].folder, artifacts=self.policies[0].artifacts,
             )
@@ -616,8 +617,12 @@ class Daemon:
         """Verify, load and warm a release beside the serving one (off the event loop)."""
         cfg = self.cfg
         keys_dir = cfg.release.keys_dir if cfg.release.verify else None
-        policy = await anyio.to_thread.run_sync(load_policy, name, folder, cfg.release.backend, cfg.release.artifact,
-                                                cfg.release.options, cfg.serve.warmup, keys_dir)
+        if keys_dir is None:
+            backend, artifact, options = cfg.release.backend, cfg.release.artifact, cfg.release.options
+        else:  # the signed manifest names them
+            backend, artifact, options = "", "", {}
+        policy = await anyio.to_thread.run_sync(load_policy, name, folder, backend, artifact, options,
+                                                cfg.serve.warmup, keys_dir)
         breaking = compatible(self.contract, policy.contract)
         if breaking:
             policy.session.close()
@@ -765,11 +770,11 @@ class Daemon:
             before, self.health.active = self.health.active, 0
             self._swap(before, 0)
         self.state.record("canary_abort", f"canary of {canary.release_id} aborted: {reason}", release=canary.release_id)
-        await self._retire(bad_policy, bad_worker)
         try:
             await anyio.to_thread.run_sync(lambda: self.store().rollback(who, f"canary aborted: {reason}"))
         except VladError as exc:
             log.error("canary aborted but the store could not roll back: %s", exc)
+        await self._retire(bad_policy, bad_worker)
         return {"release": shadow.policy.release_id, "aborted": canary.release_id, "reason": reason}
 
     async def _status_task(self) -> None:
@@ -824,6 +829,7 @@ class Daemon:
             if w is not None:
                 for k, v in w.counters.items():
                     c[k] = c.get(k, 0) + v
+                c[f"backend_errors:{w.policy_id}"] = w.counters.get("backend_errors", 0)
                 c["superseded"] = c.get("superseded", 0) + w.slot.superseded
         c.update(self.publisher.counters)
         for k, v in self.publisher.guard.counts.items():

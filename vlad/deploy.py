@@ -88,7 +88,7 @@ class ShadowSink:
         self.stats = LatencyStats(window)
         self.counters: Counter[str] = Counter()
 
-    def publish(self, actions: np.ndarray, obs: RawObservation, t: CycleTimes, source: str) -> bool:
+    def publish(self, actions: np.ndarray, obs: RawObservation, t: CycleTimes, source: str, policy: str = "") -> bool:
         t.guard_end = t.publish = time.monotonic_ns()
         self.stats.record(t)
         if not np.isfinite(actions).all():
@@ -104,7 +104,7 @@ class ShadowSink:
 class NullSink:
     """Where a retired worker's last in-flight chunk goes: nowhere (it must not count)."""
 
-    def publish(self, actions, obs, t, source) -> bool:
+    def publish(self, actions, obs, t, source, policy="") -> bool:
         return False
 
     def publish_hold(self, proprio, obs_seq, t_sensor_ns, reason) -> None:
@@ -166,11 +166,12 @@ class Canary:
         def delta(key: str) -> int:
             return int(counters.get(key, 0)) - int(self.start_counters.get(key, 0))
 
-        published = delta("published_release")
+        published = delta("published_release")  # the canary is the release being served
         misses = delta("deadline_misses")
         if published >= 20 and misses / published > t.max_deadline_miss_rate:
             return f"deadline miss rate {misses / published:.3f} > {t.max_deadline_miss_rate}"
-        interventions = delta("guard_nonfinite") + delta("guard_bounds")
+        policy = f"release:{self.release_id}"
+        interventions = delta(f"nonfinite:{policy}") + delta(f"bounds:{policy}")
         if interventions > t.max_interventions:
             return f"{interventions} NaN/bound interventions > {t.max_interventions}"
         if divergence is not None and divergence.pairs >= 10 and divergence.mean_abs > t.max_divergence:

@@ -11,11 +11,11 @@ class VladError(Exception):
     """Base of every expected vlad failure; ``str(exc)`` is the one line a human reads."""
 
 
-class ContractError(VladError):
-    """A release contract is missing, unreadable, incomplete or inconsistent.
+class ProblemsError(VladError):
+    """An input with several independent problems, reported all at once.
 
-    ``problems`` lists every problem found, one line each, so that a broken contract
-    is fixed in one pass instead of one error at a time.
+    ``problems`` lists every problem found, one line each, so that a broken file is fixed
+    in one pass instead of one error at a time.
     """
 
     def __init__(self, source: str, problems: list[str]) -> None:
@@ -26,6 +26,10 @@ class ContractError(VladError):
         else:
             msg = f"{source}: {len(self.problems)} problems: " + "; ".join(self.problems)
         super().__init__(msg)
+
+
+class ContractError(ProblemsError):
+    """A release contract is missing, unreadable, incomplete or inconsistent."""
 
 
 class TokenizerError(VladError):

@@ -51,6 +51,11 @@ class HealthPolicy:
                 return i
         return self.hold
 
+    def index_of(self, policy: str) -> int | None:
+        """Chain position of a policy ("release:<release id>"); None when it is no longer in
+        the chain (a deployed or rolled-back release must not inherit its faults)."""
+        return self.chain.index(policy) if policy in self.chain else None
+
     def best_allowed(self) -> int:
         return self._next_allowed(-1)
 
@@ -71,11 +76,11 @@ class HealthPolicy:
         reasons = []
         for f in faults:
             if f.scope == "policy":
-                if self.active != self.hold and self.active not in self.quarantined:
-                    self.quarantined[self.active] = f.code
-                    self.events.record("quarantine", f"{self.chain[self.active]} quarantined: {f.message}",
-                                       policy=self.chain[self.active], code=f.code)
-                target = max(target, self._next_allowed(self.active) if self.active in self.quarantined else target)
+                culprit = self.index_of(f.policy) if f.policy else self.active
+                if culprit is not None and culprit != self.hold and culprit not in self.quarantined:
+                    self.quarantined[culprit] = f.code
+                    self.events.record("quarantine", f"{self.chain[culprit]} quarantined: {f.message}",
+                                       policy=self.chain[culprit], code=f.code)
             elif f.scope == "system":
                 target = max(target, self._next_allowed(0))
             else:  # controller, input

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from vlad.errors import VladError
+from vlad.errors import ProblemsError
 
 __all__ = [
     "CHANGE_KINDS", "FALLBACK_KINDS", "GATES", "MANIFEST_FILE", "MANIFEST_FORMAT", "ROLES",
@@ -74,17 +74,8 @@ _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
 
 
-class ManifestError(VladError):
+class ManifestError(ProblemsError):
     """A manifest is missing, unreadable or invalid; ``problems`` lists every problem."""
-
-    def __init__(self, source: str, problems: list[str]) -> None:
-        self.source = source
-        self.problems = list(problems)
-        if len(self.problems) == 1:
-            msg = f"{source}: {self.problems[0]}"
-        else:
-            msg = f"{source}: {len(self.problems)} problems: " + "; ".join(self.problems)
-        super().__init__(msg)
 
 
 # ---- the typed manifest ---------------------------------------------------------------

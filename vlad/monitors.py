@@ -16,7 +16,6 @@ the defaults are in :class:`MonitorThresholds` and ``docs/health.md``.
 from __future__ import annotations
 
 import abc
-import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vlad.hookspecs import hookimpl
+from vlad.processing import sha256_file
 
 Severity = Literal["warn", "fault"]
 # policy: the model misbehaves (quarantined until an operator or a new release)
@@ -40,6 +40,7 @@ class Finding:
     message: str
     value: float | None = None
     threshold: float | None = None
+    policy: str | None = None  # for scope "policy": which policy of the chain produced it
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -89,7 +90,9 @@ class HealthView:
     last_heartbeat_ns: int
     heartbeat_seen: bool
     in_flight_since_ns: int
+    in_flight_policy: str | None
     hang_timeout_ns: int
+    release_policy: str  # the chain name of the release being served ("release:<id>")
     readings: Mapping[str, float]  # from every sensor, "temperature.cpu.0" -> 61.0 ...
     release_dir: Path | None = None
     artifacts: Mapping[str, str] = field(default_factory=dict)  # relative path -> sha256
@@ -264,21 +267,28 @@ class SensorStreamMonitor(Monitor):
 
 
 class PolicyOutputMonitor(Monitor):
-    """NaN/Inf or out-of-bounds actions, backend exceptions and hangs: the policy is at fault."""
+    """NaN/Inf or out-of-bounds actions, backend exceptions and hangs: the policy is at fault.
+
+    Counters are kept per policy (``nonfinite:<policy>``), so a chunk still in flight from a
+    policy that was just swapped out is blamed on it, not on its successor.
+    """
 
     name = "policy"
+    CODES = {"nonfinite": "nonfinite_output", "bounds": "out_of_bounds_output", "backend_errors": "backend_exception"}
 
     def check(self, v: HealthView) -> list[Finding]:
         out = []
-        for key, code in (("guard_nonfinite", "nonfinite_output"), ("guard_bounds", "out_of_bounds_output"),
-                          ("backend_errors", "backend_exception")):
-            n = v.window.get(key, 0)
-            if n:
-                out.append(Finding(self.name, code, "fault", "policy", f"{n} × {code.replace('_', ' ')}", n))
+        for key, n in v.window.items():
+            kind, _, policy = key.partition(":")
+            code = self.CODES.get(kind)
+            if code and policy and n > 0:
+                out.append(Finding(self.name, code, "fault", "policy", f"{policy}: {n} × {code.replace('_', ' ')}", n,
+                                   policy=policy))
         if v.in_flight_since_ns and v.now_ns - v.in_flight_since_ns > v.hang_timeout_ns:
             age = (v.now_ns - v.in_flight_since_ns) / 1e6
-            out.append(Finding(self.name, "backend_hang", "fault", "policy", f"inference running for {age:.0f} ms", age,
-                               v.hang_timeout_ns / 1e6))
+            out.append(Finding(self.name, "backend_hang", "fault", "policy",
+                               f"{v.in_flight_policy}: inference running for {age:.0f} ms", age,
+                               v.hang_timeout_ns / 1e6, policy=v.in_flight_policy))
         return out
 
 
@@ -318,19 +328,15 @@ class ArtifactMonitor(Monitor):
         if v.now_ns - self._last_ns >= v.thresholds.artifact_check_interval_s * 1e9:
             self._last_ns = v.now_ns
             self._bad = [rel for rel, digest in v.artifacts.items() if _sha256(v.release_dir / rel) != digest]
-        return [Finding(self.name, "artifact_modified", "fault", "policy", f"release artifact {rel} changed on disk")
-                for rel in self._bad]
+        return [Finding(self.name, "artifact_modified", "fault", "policy", f"release artifact {rel} changed on disk",
+                        policy=v.release_policy) for rel in self._bad]
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+        return sha256_file(path)
     except OSError:
         return "unreadable"
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------

@@ -109,8 +109,12 @@ class Publisher:
             self.swap_ms.append({"to": pending[0], "first_command_ms": round((self.last_publish_ns - pending[1]) / 1e6, 3)})
             self._swap_pending = None
 
-    def publish(self, actions: np.ndarray, obs: RawObservation, t: CycleTimes, source: str) -> bool:
-        """Guard ``actions`` (from ``obs``) and send them; False when the guard dropped them."""
+    def publish(self, actions: np.ndarray, obs: RawObservation, t: CycleTimes, source: str, policy: str = "") -> bool:
+        """Guard ``actions`` (from ``obs``) and send them; False when the guard dropped them.
+
+        ``source`` names the chain position ("release", "fallback1"); ``policy`` the exact
+        policy ("release:<release id>") that interventions are counted against.
+        """
         with self.lock:
             valid_until = obs.sensor_time_ns + self.validity_ns
             verdict = self.guard.check(actions, obs.proprio, time.monotonic_ns(), valid_until)
@@ -130,6 +134,8 @@ class Publisher:
         self.counters[f"published_{source}"] += 1
         if verdict.interventions:
             self.counters["interventions"] += 1
+            for kind in verdict.interventions:  # per policy: the health monitor blames the right one
+                self.counters[f"{kind}:{policy or source}"] += 1
         if stages["e2e"] * 1e6 > self.deadline_ns:
             self.counters["deadline_misses"] += 1
         return True
@@ -173,6 +179,7 @@ class PolicyWorker:
         self.tokenizer = tokenizer
         self.session = session
         self.release_id = release_id
+        self.policy_id = f"{name}:{release_id}"  # as in the supervisor's fallback chain
         self.publisher = publisher
         self.slot = LatestSlot()
         self.counters: Counter[str] = Counter()
@@ -257,7 +264,7 @@ class PolicyWorker:
         actions = decode_actions(self.contract, outputs)
         t.decode_end = time.monotonic_ns()
 
-        self.publisher.publish(actions, obs, t, self.name)  # final guard + send
+        self.publisher.publish(actions, obs, t, self.name, self.policy_id)  # final guard + send
 
 
 def _stage_ms(t: CycleTimes) -> dict[str, float]:

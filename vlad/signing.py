@@ -36,7 +36,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from vlad.errors import ContractError, VladError
+from vlad.errors import ContractError, ProblemsError, VladError
 from vlad.manifest import (
     MANIFEST_FILE, RESERVED_FILES, SIGNATURE_FILE, Manifest, ManifestError, RuntimeSpec, canonical_bytes,
     hash_file, parse_manifest, read_manifest_document, rfc3339,
@@ -79,13 +79,8 @@ class ValidityError(VladError):
     """The release is outside its validity window (expired or not yet valid)."""
 
 
-class IntegrityError(VladError):
+class IntegrityError(ProblemsError):
     """Release files differ from the manifest (size, hash, missing or extra files, contract)."""
-
-    def __init__(self, source: str, problems: list[str]) -> None:
-        self.source, self.problems = source, list(problems)
-        detail = problems[0] if len(problems) == 1 else f"{len(problems)} problems: " + "; ".join(problems)
-        super().__init__(f"{source}: {detail}")
 
 
 class RuntimeMismatch(VladError):

@@ -13,7 +13,6 @@ and ``threads``.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Mapping
@@ -23,6 +22,7 @@ from typing import Any
 from vlad.backend import Availability, Backend
 from vlad.contract import Contract
 from vlad.errors import BackendError
+from vlad.processing import sha256_file
 
 from vlad_torch.backend import _first_line, require, torch_availability
 from vlad_torch.session import COMMON_OPTIONS, TorchSession, apply_threads, check_names, check_options, resolve_device
@@ -45,14 +45,6 @@ def find_cxx() -> str | None:
         if path:
             return path
     return None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def compile_aoti(program_path: str | Path, out_path: str | Path, device: str = "cpu") -> Path:
@@ -83,7 +75,7 @@ def compile_aoti(program_path: str | Path, out_path: str | Path, device: str = "
     metadata = {
         META_INPUTS: ",".join(program.graph_signature.user_inputs),
         META_OUTPUTS: str(len(program.graph_signature.user_outputs)),
-        META_SOURCE_SHA256: _sha256(program_path),
+        META_SOURCE_SHA256: sha256_file(program_path),
         META_TORCH: torch.__version__,
         META_DEVICE: dev.type,
     }
