@@ -37,12 +37,14 @@ def wait(client, pred, timeout=10.0):
         if pred(st):
             return st
         time.sleep(0.01)
-    raise SystemExit(f"bench_swap: timed out waiting; state {st['state']} serving {st['serving']}")
+    raise SystemExit(f"bench_swap: timed out waiting; state {st['state']} serving {st['serving']}, "
+                     f"quarantined {st['quarantined']}, findings {[f['message'] for f in st['findings']]}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--modes", default="raise,nan,oob,hang", help="faults to inject, comma-separated")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="vlad-swap-") as tmp:
         rig = write_fault_rig(Path(tmp))
@@ -52,7 +54,7 @@ def main() -> int:
         try:
             wait(client, lambda s: s["state"] == "ACTIVE")
             print(f"{'fault':<8} {'switch µs':>10} {'first command ms':>17} {'detection ms':>13} {'max gap ms':>11}")
-            for mode in ("raise", "nan", "oob", "hang"):
+            for mode in args.modes.split(","):
                 rows = []
                 for _ in range(args.repeats):
                     wait(client, lambda s: s["state"] == "ACTIVE" and s["serving"].startswith("release"))

@@ -5,8 +5,7 @@ Reproducible from a seed in about 10 minutes on 2 CPU cores:
 
 1. build the word-level tokenizer for the demo instructions;
 2. roll out the scripted expert in MuJoCo Reacher-v5 (half of the episodes with noise on
-   the executed waypoints, half first heading the wrong way, so the data shows how to
-   recover from off-expert states and the instruction and camera must be used);
+   the executed waypoints, so the data shows how to recover from off-expert states);
 3. write the release contract with the data's normalization statistics;
 4. preprocess every sample with the *serving* code (vlad.processing) and train the
    flow-matching policy;
@@ -45,47 +44,28 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def collect(episodes: int, seed: int, noise: float, misdirect: float) -> dict[str, np.ndarray]:
-    """Expert rollouts labelled with the expert's chunk toward the instructed goal.
-
-    Half of the episodes add noise to the executed waypoints (DART). In a ``misdirect``
-    fraction of them the arm first heads for the *other* instruction's goal for a few
-    steps: without such states the joint velocities alone predict the next waypoints
-    so well that a cloned policy learns to keep going wherever it is going ("copycat")
-    and ignores the camera and the instruction that decide where to go.
-    """
-    rng = np.random.default_rng(seed + 7_654_321)
-    images, proprio, instr, chunks = [], [], [], []
-    task = sim.ReacherTask(render=False)
-    try:
-        for i in range(episodes):
-            k_instr = i % len(sim.INSTRUCTIONS)
-            task.reset(seed + i, sim.INSTRUCTIONS[k_instr])
-            goal = task.goal
-            wrong = sim.goal_for(task.target, sim.INSTRUCTIONS[1 - k_instr])
-            mis_steps = int(rng.integers(2, 12)) if rng.random() < misdirect else 0
-            action_noise = noise if i >= episodes // 2 else 0.0
-            chunk, k = None, 0
-            for t in range(sim.EPISODE_STEPS):
-                q, qd = task.state()
-                if chunk is None or k >= 4 or t == mis_steps:
-                    chunk, k = sim.expert_chunk(q, wrong if t < mis_steps else goal), 0
-                images.append(task.render())
-                proprio.append(np.concatenate([q, qd]).astype(np.float32))
-                instr.append(k_instr)
-                chunks.append(sim.expert_chunk(q, goal))
-                a = chunk[k] + (rng.normal(0.0, action_noise, size=2) if action_noise else 0.0)
-                task.step(a, render=False)
-                k += 1
-            if (i + 1) % 50 == 0:
-                log(f"collect: {i + 1}/{episodes} expert episodes, {len(images)} samples")
-    finally:
-        task.close()
+def collect(episodes: int, seed: int, noise: float) -> dict[str, np.ndarray]:
+    """Expert rollouts: half clean, half with executed-waypoint noise (DART)."""
+    images, proprio, instr, chunks, steps = [], [], [], [], []
+    halves = ((episodes // 2, seed, 0.0), (episodes - episodes // 2, seed + episodes // 2, noise))
+    done = 0
+    for n, seed0, action_noise in halves:
+        for s in sim.collect_demonstrations(n, seed0=seed0, action_noise=action_noise):
+            images.append(s.image)
+            proprio.append(s.proprio)
+            instr.append(sim.INSTRUCTIONS.index(s.instruction))
+            chunks.append(s.chunk)
+            steps.append(s.t)
+            if s.t == sim.EPISODE_STEPS - 1:
+                done += 1
+                if done % 50 == 0:
+                    log(f"collect: {done}/{episodes} expert episodes, {len(images)} samples")
     return {
         "images": np.stack(images),
-        "proprio": np.stack(proprio),
+        "proprio": np.stack(proprio).astype(np.float32),
         "instruction": np.asarray(instr, dtype=np.int64),
         "chunks": np.stack(chunks).astype(np.float32),
+        "t": np.asarray(steps, dtype=np.int64),
     }
 
 
@@ -94,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--episodes", type=int, default=400, help="expert episodes for training data")
     ap.add_argument("--noise", type=float, default=0.08, help="std of executed-waypoint noise (rad)")
-    ap.add_argument("--misdirect", type=float, default=0.5, help="fraction of episodes that first head the wrong way")
     ap.add_argument("--steps", type=int, default=5000, help="optimizer steps")
+    ap.add_argument("--early-weight", type=float, default=5.0,
+                    help="sampling weight of the first --early-steps control steps of each episode")
+    ap.add_argument("--early-steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
@@ -119,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"tokenizer: {out / 'tokenizer.json'} sha256 {tok_sha[:16]}...")
 
     # 2. demonstrations
-    data = collect(args.episodes, args.seed, args.noise, args.misdirect)
+    data = collect(args.episodes, args.seed, args.noise)
     n = len(data["images"])
     log(f"collect: {n} samples from {args.episodes} episodes")
 
@@ -162,10 +144,17 @@ def main(argv: list[str] | None = None) -> int:
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps))
     )
     gen = torch.Generator().manual_seed(args.seed)
+    # Where to go is decided in the first steps (the arm starts still); later states mostly
+    # reveal the goal through the joint state itself. Weighting the start up makes the
+    # policy learn the decision from camera and instruction.
+    weights = torch.where(torch.from_numpy(data["t"]) < args.early_steps, args.early_weight, 1.0).double()
     model.train()
     t0, running = time.monotonic(), None
     for step in range(1, args.steps + 1):
-        idx = torch.randint(0, n, (args.batch,), generator=gen)
+        if args.early_weight == 1.0:
+            idx = torch.randint(0, n, (args.batch,), generator=gen)
+        else:
+            idx = torch.multinomial(weights, args.batch, replacement=True, generator=gen)
         loss = model.flow_loss(x_img[idx], x_tok[idx], x_prop[idx], y[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()

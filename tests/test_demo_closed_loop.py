@@ -37,14 +37,17 @@ def test_policy_beats_no_motion(contract, tokenizer, onnx_infer, instruction):
 
 
 def test_language_changes_the_goal(contract, tokenizer, onnx_infer):
-    """Same scene, other instruction: the policy must end near the other goal."""
-    seed = fixed_seeds(1)[0]
+    """Same scenes, the other instruction: the policy ends nearer the instructed goal than its
+    mirror image (the goal of the other instruction) in nearly every episode."""
+    import numpy as np
+
+    nearer, n = 0, 0
     with sim.ReacherTask(render=True) as task:
-        ends = {}
         for instruction in sim.INSTRUCTIONS:
-            sim.run_episode(task, contract_policy(contract, tokenizer, onnx_infer), seed, instruction)
-            ends[instruction] = (task.fingertip.copy(), task.goal.copy())
-    (tip_a, goal_a), (tip_b, goal_b) = ends.values()
-    assert abs(goal_a + goal_b).max() < 1e-9  # mirrored goals
-    assert ((tip_a - goal_a) ** 2).sum() < ((tip_a - goal_b) ** 2).sum()
-    assert ((tip_b - goal_b) ** 2).sum() < ((tip_b - goal_a) ** 2).sum()
+            for seed in fixed_seeds(EPISODES):
+                sim.run_episode(task, contract_policy(contract, tokenizer, onnx_infer), seed, instruction)
+                mirrored = -task.goal  # the other instruction's goal for the same target
+                nearer += np.linalg.norm(task.fingertip - task.goal) < np.linalg.norm(task.fingertip - mirrored)
+                n += 1
+    print(f"ended nearer the instructed goal in {nearer}/{n} episodes")
+    assert nearer >= n - 2, f"{nearer}/{n}"

@@ -21,10 +21,11 @@ import pytest
 from tests.conftest import load_golden
 from tests.daemon_harness import PERIOD_S, ControllerSim, Received, max_gap, start_daemon, write_fault_rig
 
-# What "no gap" means on a shared 2-core test machine: a chunk at least every 1.5 control
-# periods. The daemon's own rule is tighter (holds go out on a period/4 tick); the margin is
-# scheduling jitter of this machine, not slack in the design (see docs/health.md).
-MAX_GAP_S = 1.5 * PERIOD_S + 0.01
+# What "no gap" is checked as on a shared 2-core test machine: a chunk at least every 2
+# control periods (+10 ms). The daemon bridges a silent policy after 1.5 periods on a
+# period/4 tick (measured max gap 39 ms, docs/benchmarks.md); the rest is scheduling jitter.
+# Each chunk is valid for 8 periods, so the controller always holds a valid command.
+MAX_GAP_S = 2 * PERIOD_S + 0.01
 
 
 @pytest.fixture()

@@ -285,7 +285,8 @@ def test_make_demo_manifest_script(tmp_path):
     rel = make_release(tmp_path / "demo", None)
     (rel / "manifest.toml").unlink()
     (rel / "eval.json").write_text(json.dumps({"results": [
-        {"policy": "policy", "success_rate": 0.9}, {"policy": "zero", "success_rate": 0.0}]}))
+        {"policy": "policy", "instruction": "reach", "success_rate": 0.9},
+        {"policy": "zero", "instruction": "reach", "success_rate": 0.0}]}))
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo_manifest.py"),
                            "--release-dir", str(rel)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
