@@ -78,7 +78,9 @@ def wait_release(client, release: str, timeout: float = 10.0) -> dict:
         if st["release"] == release and st["state"] == "ACTIVE":
             return st
         time.sleep(0.05)
-    raise AssertionError(f"serving {st['release']} ({st['state']}), wanted {release}")
+    events = [(e["kind"], e["reason"]) for e in client.control("events", limit=30)]
+    raise AssertionError(f"serving {st['release']} ({st['state']}), wanted {release}; findings {st['findings']}; "
+                         f"events {events}")
 
 
 def test_deploy_while_serving_keeps_the_stream(live):

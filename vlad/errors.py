@@ -54,3 +54,7 @@ class BackendError(VladError):
 
 class BackendUnavailable(BackendError):
     """The runtime a backend needs is not usable on this machine (the message says why)."""
+
+
+class StartupError(VladError):
+    """The daemon cannot start (bad release, endpoint in use, backend unusable)."""
