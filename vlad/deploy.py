@@ -260,20 +260,24 @@ class LiveReleases:
         except VladError:
             policy.session.close()
             raise
+        thresholds = start = None
+        if canary:
+            if policy.manifest is None:
+                policy.session.close()
+                raise VladError("a canary needs a signed release (its manifest holds the canary thresholds)")
+            c = policy.manifest.canary
+            thresholds = CanaryThresholds(c.window_s, c.max_deadline_miss_rate, c.max_interventions,
+                                          c.max_divergence, c.max_heartbeat_faults)
+            # Counted from before the swap: the canary's very first chunk already counts.
+            start = {k: v for k, v in self.all_counters().items() if isinstance(v, int)}
         worker = self._worker(policy, "release", self.publisher)
         old_policy, old_worker = self._install(policy, worker, f"deploy by {who}: {why}")
         if canary:
-            from vlad.signing import verify_release
-
-            c = verify_release(policy.folder, self.cfg.release.keys_dir).manifest.canary
-            thresholds = CanaryThresholds(c.window_s, c.max_deadline_miss_rate, c.max_interventions,
-                                          c.max_divergence, c.max_heartbeat_faults)
             # The previous release keeps running as a shadow: the divergence reference, and
             # the warm policy an abort swaps back to.
-            self._start_shadow(old_policy, old_worker, "canary-reference", tolerance=c.max_divergence)
-            self.canary = Canary(policy.release_id, old_policy.release_id, thresholds,
-                                 {k: v for k, v in self.all_counters().items() if isinstance(v, int)})
-            self.state.record("canary", f"canary of {policy.release_id} for {c.window_s:g} s", **vars(thresholds))
+            self._start_shadow(old_policy, old_worker, "canary-reference", tolerance=thresholds.max_divergence)
+            self.canary = Canary(policy.release_id, old_policy.release_id, thresholds, start)
+            self.state.record("canary", f"canary of {policy.release_id} for {thresholds.window_s:g} s", **vars(thresholds))
         else:
             await self._retire(old_policy, old_worker)
         return {"release": policy.release_id, "previous": old_policy.release_id, "canary": canary}
@@ -339,7 +343,10 @@ class LiveReleases:
         if any(f.code == "heartbeat_lost" and f"{f.monitor}:{f.code}" not in self._canary_seen for f in findings):
             canary.heartbeat_faults += 1
         self._canary_seen = {f"{f.monitor}:{f.code}" for f in findings}
+        quarantined = self.health.quarantined.get(0) if self.health.chain[0] == f"release:{canary.release_id}" else None
         reason = canary.check(self.all_counters(), self.shadow.sink.divergence if self.shadow else None)
+        if reason is None and quarantined:
+            reason = f"quarantined by the health monitors ({quarantined})"
         if reason is not None:
             await self._abort_canary(reason, "canary")
         elif canary.elapsed_s(time.monotonic_ns()) >= canary.thresholds.window_s:

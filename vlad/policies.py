@@ -28,6 +28,7 @@ class LoadedPolicy:
     tokenizer: Tokenizer | None
     session: Any
     artifacts: dict[str, str]  # relative path -> sha256 at load time
+    manifest: Any = None  # the verified vlad.manifest.Manifest; None for an unsigned release
 
 
 def load_policy(name: str, folder: Path, backend_name: str, artifact: str, options: dict, warmup: int,
@@ -36,13 +37,14 @@ def load_policy(name: str, folder: Path, backend_name: str, artifact: str, optio
     from vlad.plugins import get_backend
 
     artifacts: dict[str, str] | None = None
+    manifest = None
     if keys_dir is not None:
         from vlad.signing import verify_release
 
         verified = verify_release(folder, keys_dir)
         for warning in verified.warnings:
             log.warning("release %s: %s", verified.id, warning)
-        m = verified.manifest
+        m = manifest = verified.manifest
         folder = verified.path
         for key, configured, signed in (("backend", backend_name, m.backend.name), ("artifact", artifact, m.backend.artifact),
                                         ("options", options, dict(m.backend.options))):
@@ -73,7 +75,7 @@ def load_policy(name: str, folder: Path, backend_name: str, artifact: str, optio
         files = [contract_path, artifact_path] + ([contract.tokenizer_path] if tokenizer else [])
         artifacts = {str(p.relative_to(folder)): sha256_file(p) for p in files}
     release_id = f"{contract.model.id}@{contract.model.version}"
-    return LoadedPolicy(name, release_id, folder, contract, tokenizer, session, artifacts)
+    return LoadedPolicy(name, release_id, folder, contract, tokenizer, session, artifacts, manifest)
 
 
 def compatible(primary: Contract, other: Contract) -> list[str]:
