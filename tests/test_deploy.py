@@ -88,7 +88,17 @@ def test_deploy_while_serving_keeps_the_stream(live):
     wait_release(client, "vlad-demo-reacher@1.0.0")
     v2 = make_release(tmp / "v2", "1.1.0", 2)
     t0 = time.monotonic()
-    r = client.control("deploy", timeout_ms=120_000, path=str(v2), who="tech", why="new grasp")
+    import threading
+
+    result = {}
+    deploying = threading.Thread(target=lambda: result.update(
+        client.control("deploy", timeout_ms=120_000, path=str(v2), who="tech", why="new grasp")))
+    deploying.start()
+    while deploying.is_alive():  # the control socket keeps answering during the deploy
+        assert client.control("ping", timeout_ms=1000)["pong"]
+        time.sleep(0.02)
+    deploying.join()
+    r = result
     assert r["release"] == "vlad-demo-reacher@1.1.0" and r["previous"] == "vlad-demo-reacher@1.0.0"
     wait_release(client, "vlad-demo-reacher@1.1.0")
     time.sleep(0.5)

@@ -137,6 +137,7 @@ class Daemon(LiveReleases):
         self.shadow: Shadow | None = None  # a shadow run, or the previous release during a canary
         self.canary: Canary | None = None
         self._canary_seen: set[str] = set()
+        self._release_ops = anyio.Lock()
         self._signals = 0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -215,7 +216,7 @@ class Daemon(LiveReleases):
         actions_sock = make(zmq.PUB, s.actions, async_=False)  # used under the Publisher's lock
         actions_sock.setsockopt(zmq.SNDHWM, 16)
         self.status_sock = make(zmq.PUB, s.status)
-        self.control_sock = make(zmq.REP, s.control)
+        self.control_sock = make(zmq.ROUTER, s.control)
         self.safety_sock = None
         if cfg.safety.estop_endpoint:
             self.safety_sock = make(zmq.SUB, cfg.safety.estop_endpoint)
@@ -488,20 +489,31 @@ class Daemon(LiveReleases):
             await anyio.sleep(self.period_ns / 4 / 1e9)
 
     async def _control_task(self) -> None:
-        while True:
-            frame = await self.control_sock.recv()
-            try:
-                cmd, args = protocol.decode_request(frame)
-                result = self.handle_control(cmd, args)
-                if inspect.isawaitable(result):  # deploy, rollback, shadow: load and warm first
+        """Control requests on a ROUTER socket (REQ clients see plain REP behaviour): each
+        request is answered in its own task, so ``status`` still answers while a deploy
+        loads and warms a release. Release operations run one at a time."""
+        async with anyio.create_task_group() as tg:
+            while True:
+                frames = await self.control_sock.recv_multipart()
+                if len(frames) < 3 or frames[-2] != b"":
+                    self.rejected["malformed"] += 1  # not a REQ envelope: nothing to answer
+                    continue
+                tg.start_soon(self._answer, frames[:-1], frames[-1])
+
+    async def _answer(self, envelope: list[bytes], frame: bytes) -> None:
+        try:
+            cmd, args = protocol.decode_request(frame)
+            result = self.handle_control(cmd, args)
+            if inspect.isawaitable(result):  # deploy, rollback, shadow: load and warm first
+                async with self._release_ops:
                     result = await result
-                reply = protocol.encode_reply(True, result)
-            except protocol.ProtocolError as exc:
-                self.rejected[exc.reason] += 1
-                reply = protocol.encode_reply(False, error=str(exc))
-            except VladError as exc:
-                reply = protocol.encode_reply(False, error=str(exc))
-            await self.control_sock.send(reply)
+            reply = protocol.encode_reply(True, result)
+        except protocol.ProtocolError as exc:
+            self.rejected[exc.reason] += 1
+            reply = protocol.encode_reply(False, error=str(exc))
+        except VladError as exc:
+            reply = protocol.encode_reply(False, error=str(exc))
+        await self.control_sock.send_multipart([*envelope, reply])
 
     def handle_control(self, cmd: str, args: dict[str, Any]) -> Any:
         if cmd == "ping":
