@@ -49,7 +49,7 @@ def test_guard_clamps_bounds_and_rate(contract):
     c = _chunk(contract, 0.0)
     c[:, 0] = lo[0] - 5.0  # far below the bound, and a jump bigger than the rate limit
     r = g.check(c, None, NOW, NOW + 1)
-    assert "bounds" in r.interventions
+    assert "bounds" in r.interventions and "out_of_bounds" in r.interventions  # 5 rad beyond: gross
     assert (r.actions[:, 0] >= lo[0] - 1e-6).all()
     # next chunk jumps by far more than rate_limit per period relative to the last command
     c2 = _chunk(contract, 0.0)
@@ -167,3 +167,24 @@ def test_bad_messages_are_refused_with_a_reason(frames, reason):
     with pytest.raises(protocol.ProtocolError) as exc:
         protocol.decode(frames)
     assert exc.value.reason == reason
+
+
+def test_rate_limit_reanchors_on_a_robot_moved_externally(contract):
+    """After the robot was moved (reset, hand-guiding), the limit applies from where it is,
+    not from the last command, which would drag it back."""
+    g = ActionGuard(contract)
+    g.check(_chunk(contract, 2.0), np.array([2.0, 2.0, 0, 0], np.float32), NOW, NOW + 1)
+    here = np.array([0.0, 0.0, 0, 0], np.float32)  # the arm is now at 0, not at 2
+    c = _chunk(contract, 0.1)
+    r = g.check(c, here, NOW + PERIOD, NOW + PERIOD + 1)
+    assert "rate" not in r.interventions
+    np.testing.assert_array_equal(r.actions, c)
+
+
+def test_small_excursion_is_clamped_but_not_gross(contract):
+    g = ActionGuard(contract)
+    up = np.array([j.upper for j in contract.action.joints], np.float32)
+    c = np.tile(up, (contract.action.chunk_length, 1)) + np.float32(0.01)
+    r = g.check(c, None, NOW, NOW + 1)
+    assert "bounds" in r.interventions and "out_of_bounds" not in r.interventions
+    assert (r.actions <= up).all()

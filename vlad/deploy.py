@@ -180,7 +180,7 @@ class Canary:
         if published >= 20 and misses / published > t.max_deadline_miss_rate:
             return f"deadline miss rate {misses / published:.3f} > {t.max_deadline_miss_rate}"
         policy = f"release:{self.release_id}"
-        interventions = delta(f"nonfinite:{policy}") + delta(f"bounds:{policy}")
+        interventions = delta(f"nonfinite:{policy}") + delta(f"out_of_bounds:{policy}")
         if interventions > t.max_interventions:
             return f"{interventions} NaN/bound interventions > {t.max_interventions}"
         if divergence is not None and divergence.pairs >= 10 and divergence.mean_abs > t.max_divergence:

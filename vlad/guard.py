@@ -4,10 +4,14 @@ Checks, in order, against the release contract:
 
 1. every value finite; otherwise the whole chunk is replaced by the hold posture
    (``on_nonfinite = "hold"``) — a partially NaN chunk is not trustworthy anywhere;
-2. within each joint's ``[lower, upper]``; ``on_bound_violation`` says clamp or hold;
+2. within each joint's ``[lower, upper]``; ``on_bound_violation`` says clamp or hold
+   (``bounds``); a value beyond a bound by more than the joint's rate limit is also counted
+   as ``out_of_bounds``, which the health monitors treat as a broken policy;
 3. within each joint's ``rate_limit`` per control period: between consecutive waypoints,
    and from the last published command to the first waypoint (scaled by the control
-   periods elapsed since that command); violations are clamped step by step;
+   periods elapsed since that command; re-anchored on the measured joint positions when
+   the robot is farther from that command than the limit allows); violations are clamped
+   step by step;
 4. still valid: a chunk whose ``valid_until`` has passed is not published at all.
 
 Every correction is an *intervention*, counted by kind. The guard is a process function:
@@ -22,7 +26,7 @@ import numpy as np
 
 from vlad.contract import Contract
 
-INTERVENTIONS = ("nonfinite", "bounds", "rate", "expired")
+INTERVENTIONS = ("nonfinite", "bounds", "out_of_bounds", "rate", "expired")
 
 
 @dataclass(frozen=True)
@@ -80,11 +84,16 @@ class ActionGuard:
             out, replaced = self.hold_posture(proprio), True
         if not replaced and ((out < self.lower) | (out > self.upper)).any():
             hit.append("bounds")
+            # Beyond a bound by more than one period's rate limit is not an edge case of a
+            # sane policy but a broken one: the health monitors quarantine it.
+            excess = np.maximum(self.lower - out, out - self.upper)
+            if (excess > self.rate).any():
+                hit.append("out_of_bounds")
             if spec.on_bound_violation == "hold":
                 out, replaced = self.hold_posture(proprio), True
             else:
                 out = np.clip(out, self.lower, self.upper)
-        limited = self._rate_limit(out, now_ns)
+        limited = self._rate_limit(out, now_ns, proprio)
         if limited is not out:
             hit.append("rate")
             out = limited
@@ -94,13 +103,27 @@ class ActionGuard:
         self.last_command_ns = now_ns
         return GuardResult(out, tuple(hit), replaced)
 
-    def _rate_limit(self, chunk: np.ndarray, now_ns: int) -> np.ndarray:
-        """Clamp per-period changes; returns ``chunk`` itself when nothing was clamped."""
+    def _reference(self, proprio: np.ndarray | None, allow: np.ndarray) -> np.ndarray | None:
+        """What the first waypoint is rate-limited against: the last published command,
+        unless the measured joint positions are farther from it than the limit allows.
+        Then the robot was moved by something other than vlad's commands (hand-guiding,
+        a recovery after an e-stop, a simulator reset), and a limit relative to a stale
+        command would drag it back towards where it was."""
         prev = self.last_command
+        if proprio is None or prev is None or not all(i >= 0 for i in self._hold_index):
+            return prev
+        measured = np.asarray([proprio[i] for i in self._hold_index], dtype=np.float32)
+        if not np.isfinite(measured).all():
+            return prev
+        return measured if bool((np.abs(measured - prev) > allow).any()) else prev
+
+    def _rate_limit(self, chunk: np.ndarray, now_ns: int, proprio: np.ndarray | None = None) -> np.ndarray:
+        """Clamp per-period changes; returns ``chunk`` itself when nothing was clamped."""
         first_allow = self.rate
-        if prev is not None:
+        if self.last_command is not None:
             periods = max(1.0, (now_ns - self.last_command_ns) / self.period_ns) if self.period_ns else 1.0
             first_allow = self.rate * np.float32(periods)
+        prev = self._reference(proprio, first_allow)
         deltas = np.diff(chunk, axis=0)
         ok_first = prev is None or bool((np.abs(chunk[0] - prev) <= first_allow + 1e-6).all())
         if ok_first and bool((np.abs(deltas) <= self.rate + 1e-6).all()):

@@ -274,7 +274,7 @@ class PolicyOutputMonitor(Monitor):
     """
 
     name = "policy"
-    CODES = {"nonfinite": "nonfinite_output", "bounds": "out_of_bounds_output", "backend_errors": "backend_exception"}
+    CODES = {"nonfinite": "nonfinite_output", "out_of_bounds": "out_of_bounds_output", "backend_errors": "backend_exception"}
 
     def check(self, v: HealthView) -> list[Finding]:
         out = []

@@ -52,7 +52,12 @@ def wait_ready(client: Client, proc: subprocess.Popen, timeout: float = 90.0) ->
     raise SystemExit("demo: vlad did not become ready in time")
 
 
-def run_episode(client: Client, task: sim.ReacherTask, seed: int, instruction: str, period_ns: int) -> dict:
+def run_episode(client: Client, task: sim.ReacherTask, seed: int, instruction: str, period_ns: int,
+                exec_steps: int = 4) -> dict:
+    """One real-time episode. vlad answers every observation, but like the policy was
+    trained (and like pi0 executes its chunks), the controller commits to a chunk for
+    ``exec_steps`` periods before taking the newest one: replanning every period lets a
+    flow-matching policy switch between modes (here: the two goals) on fresh noise."""
     obs = task.reset(seed, instruction)
     chunk = None
     latencies, held = [], 0
@@ -70,11 +75,13 @@ def run_episode(client: Client, task: sim.ReacherTask, seed: int, instruction: s
             if more is None:
                 break
             newest = more
+        now = time.monotonic_ns()
         if newest is not None:
-            chunk = newest
-            if chunk.obs_seq == seq:
-                latencies.append((chunk.t_receive_ns - chunk.t_sensor_ns) / 1e6)
-        command = chunk.action_at(time.monotonic_ns()) if chunk is not None else None
+            if newest.obs_seq == seq:
+                latencies.append((newest.t_receive_ns - newest.t_sensor_ns) / 1e6)
+            if chunk is None or chunk.is_stale(now) or (now - chunk.t_sensor_ns) // period_ns >= exec_steps:
+                chunk = newest
+        command = chunk.action_at(now) if chunk is not None else None
         if command is None:  # nothing fresh to execute: hold where we are
             command, held = obs.proprio[:2], held + 1
         obs = task.step(np.asarray(command, dtype=np.float64))
@@ -89,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episodes", type=int, default=10, help="episodes, alternating the two instructions")
     ap.add_argument("--config", type=Path, default=ROOT / "etc" / "vlad" / "demo.toml")
     ap.add_argument("--seed", type=int, default=20_000)
+    ap.add_argument("--exec-steps", type=int, default=4, help="periods to follow one chunk before the next")
     ap.add_argument("--no-daemon-log", action="store_true", help="hide the daemon's log lines")
     args = ap.parse_args(argv)
 
@@ -106,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         with sim.ReacherTask(render=True) as task:
             for i in range(args.episodes):
                 instruction = sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]
-                r = run_episode(client, task, args.seed + i, instruction, period_ns)
+                r = run_episode(client, task, args.seed + i, instruction, period_ns, args.exec_steps)
                 results.append(r)
                 lat = np.asarray(r["latencies"]) if r["latencies"] else np.asarray([np.nan])
                 print(f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r['success'] else 'miss   '}"
