@@ -17,9 +17,11 @@ from tests.daemon_harness import ROOT, VLAD, daemon_command, endpoints_in, start
 VLADCTL = VLAD.parent / "vladctl"
 
 
-# These tests send observations now and then, not as a steady stream: switch off the
-# monitors that would (rightly) call that a stalled sensor; tests/test_faults.py covers them.
-QUIET_MONITORS = ["--set", "monitors.sensor_stall_periods=1000000", "--set", "monitors.stale_fraction_warn=1.0"]
+# These tests send observations and heartbeats now and then, not as steady streams: switch
+# off the monitors that would (rightly) call that a stalled sensor or a lost controller;
+# tests/test_faults.py covers them.
+QUIET_MONITORS = ["--set", "monitors.sensor_stall_periods=1000000", "--set", "monitors.stale_fraction_warn=1.0",
+                  "--set", "monitors.heartbeat_missing_periods=1000000"]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +54,10 @@ def _exchange(client, case, seq, tries=50):
         sent.add(t_sensor)
         client.publish_observation(**_obs(case), seq=seq, t_sensor_ns=t_sensor)
         chunk = client.recv_actions(timeout_ms=200)
+        deadline = time.monotonic() + 0.3
         while chunk is not None and (chunk.obs_seq != seq or chunk.is_hold):
-            chunk = client.recv_actions(timeout_ms=50)
+            # hold postures keep coming while the daemon holds: look only briefly
+            chunk = client.recv_actions(timeout_ms=50) if time.monotonic() < deadline else None
         if chunk is not None:
             assert chunk.t_sensor_ns in sent
             return chunk
@@ -318,3 +322,19 @@ def _free_ports(n):
     for s in socks:
         s.close()
     return ports
+
+
+def test_nan_observation_is_refused_and_counted(daemon, client, golden):
+    _exchange(client, golden[0], 8000)
+    before = client.status()["counters"].get("nonfinite_inputs", 0)
+    raw = golden[0]["raw"]
+    bad = raw.proprio.copy()
+    bad[1] = np.nan
+    client.publish_observation(dict(raw.images), proprio=bad, instruction=raw.instruction, seq=8001)
+    chunk = client.recv_actions(timeout_ms=300)
+    assert chunk is None or chunk.is_hold or chunk.obs_seq != 8001  # never a policy output for NaN input
+    deadline = time.monotonic() + 3
+    while client.status()["counters"].get("nonfinite_inputs", 0) <= before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.status()["counters"]["nonfinite_inputs"] == before + 1
+    assert _exchange(client, golden[1], 8002).obs_seq == 8002  # and serving goes on

@@ -85,8 +85,10 @@ class Client:
         tcp:// endpoints, which vlad serves only with CurveZMQ."""
         self.name = name
         self.endpoints = {"observations": observations, "actions": actions, "status": status, "control": control}
-        self._ctx = zmq.Context()
         self._curve = load_curve(curve) if curve else None
+        for endpoint in (observations, actions):  # refuse tcp without keys before opening anything
+            apply_curve(None, endpoint, self._curve)
+        self._ctx = zmq.Context()
         self._obs = self._ctx.socket(zmq.PUB)
         self._obs.setsockopt(zmq.LINGER, 0)
         self._obs.setsockopt(zmq.SNDHWM, 4)  # never queue old observations behind a slow link
@@ -228,12 +230,14 @@ def load_curve(curve: tuple[str, str]) -> tuple[bytes, bytes, bytes]:
     return secret, public, server_public
 
 
-def apply_curve(sock: zmq.Socket, endpoint: str, curve: tuple[bytes, bytes, bytes] | None) -> None:
+def apply_curve(sock: zmq.Socket | None, endpoint: str, curve: tuple[bytes, bytes, bytes] | None) -> None:
+    """Set the CurveZMQ client keys for a tcp:// endpoint (``sock=None``: only check)."""
     if not endpoint.startswith("tcp://"):
         return
     if curve is None:
         raise ClientError(f"{endpoint}: vlad serves tcp:// only with CurveZMQ; give the client keys (curve=...)")
-    sock.curve_secretkey, sock.curve_publickey, sock.curve_serverkey = curve
+    if sock is not None:
+        sock.curve_secretkey, sock.curve_publickey, sock.curve_serverkey = curve
 
 
 def control_request(ctx: zmq.Context, endpoint: str | None, cmd: str, timeout_ms: int = 2000,

@@ -40,6 +40,10 @@ class ObservationError(VladError):
     """A raw observation does not match the contract (missing camera, wrong shape or dtype)."""
 
 
+class NonFiniteObservation(ObservationError):
+    """A raw observation holds NaN or Inf values (refused: the contract has no rule to repair them)."""
+
+
 class InputRejected(VladError):
     """Model inputs were refused before reaching the engine (wrong name, dtype or shape)."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from vlad.contract import CameraSpec, Contract, LanguageSpec
-from vlad.errors import ObservationError, TokenizerError
+from vlad.errors import NonFiniteObservation, ObservationError, TokenizerError
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +200,7 @@ def preprocess_proprio(contract: Contract, proprio: np.ndarray | None) -> np.nda
     if p.shape != (spec.dim,) or not np.issubdtype(p.dtype, np.floating):
         raise ObservationError(f"proprio: expected float[{spec.dim}] {list(spec.names)}, got {p.dtype}{list(p.shape)}")
     if not np.all(np.isfinite(p)):
-        raise ObservationError(f"proprio has non-finite values: {p.tolist()}")
+        raise NonFiniteObservation(f"proprio has non-finite values: {p.tolist()}")
     return ((p.astype(np.float32) - np.asarray(spec.mean, np.float32)) / np.asarray(spec.std, np.float32)).astype(
         np.float32
     )

@@ -30,7 +30,7 @@ import zmq
 from vlad import protocol
 from vlad.backend import Session
 from vlad.contract import Contract
-from vlad.errors import VladError
+from vlad.errors import NonFiniteObservation, VladError
 from vlad.guard import ActionGuard
 from vlad.processing import RawObservation, Tokenizer, decode_actions, preprocess
 from vlad.tracing import CycleTimes, LatencyStats
@@ -244,8 +244,11 @@ class PolicyWorker:
         try:
             inputs = preprocess(self.contract, self.tokenizer, obs)
         except VladError as exc:
-            self.counters["nonfinite_inputs" if "non-finite" in str(exc) else "rejected_observations"] += 1
-            log.warning("%s: observation %d rejected: %s", self.name, obs.sequence, exc)
+            kind = "nonfinite_inputs" if isinstance(exc, NonFiniteObservation) else "rejected_observations"
+            self.counters[kind] += 1
+            if self.counters[kind] <= 10 or self.counters[kind] % 1000 == 0:  # a bad stream must not flood the log
+                log.warning("%s: observation %d rejected (%d so far): %s", self.name, obs.sequence,
+                            self.counters[kind], exc)
             return
         t.pre_end = t.infer_start = time.monotonic_ns()
 
