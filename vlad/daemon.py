@@ -362,9 +362,10 @@ class Daemon(LiveReleases):
                 if since >= self.period_ns and self.last_observation_ns:
                     self._hold("fallback")
             elif (self.publisher.last_publish_ns and since > 1.5 * self.period_ns
-                  and now - self.last_observation_ns < self.period_ns):
-                # Observations keep coming but no command went out for 1.5 periods (a late
-                # or hung inference, stale or rejected observations): bridge with the hold
+                  and now - max(self.last_observation_ns, self.last_heartbeat_ns) < self.period_ns):
+                # The controller is there (observations or heartbeats keep coming) but no
+                # command went out for 1.5 periods (a late or hung inference, stale, rejected
+                # or missing observations): bridge with the hold
                 # posture until the policy answers again or the monitors move down the chain.
                 # 1.5 periods, not 1: scheduling jitter must not interleave holds with a
                 # healthy policy's chunks.
