@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vlad.errors import VladError  # noqa: E402
-from vlad.manifest import CANARY_DEFAULTS, new_manifest_data, write_manifest  # noqa: E402
-from vlad.signing import installed_runtime, sign_release, verify_release  # noqa: E402
+from vlad.release.manifest import CANARY_DEFAULTS, new_manifest_data, write_manifest  # noqa: E402
+from vlad.release.signing import installed_runtime, sign_release, verify_release  # noqa: E402
 
 RELEASE_ID = "vlad-demo-reacher-1.0.0"
 VERSION = "1.0.0"

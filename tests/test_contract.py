@@ -23,7 +23,7 @@ from vlad.contract import (
     load_contract,
     parse_contract,
 )
-from vlad.contract_cli import add_contract_commands, main, main_contract_diff
+from vlad.cli.contract import add_contract_commands, main, main_contract_diff
 from vlad.errors import ContractError, VladError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -477,7 +477,7 @@ def test_cli_check_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_cli_as_module_subprocess(tmp_path: Path) -> None:
     new = write(tmp_path, "new.toml", edited('frame = "joint"\nscale', 'frame = "base"\nscale'))
     proc = subprocess.run(
-        [sys.executable, "-m", "vlad.contract_cli", "contract", "diff", str(DEMO), str(new)],
+        [sys.executable, "-m", "vlad.cli", "contract", "diff", str(DEMO), str(new)],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )
     assert proc.returncode == 1, proc.stderr
@@ -492,7 +492,7 @@ def test_tensor_spec_shapes_without_dynamic() -> None:
 
 def test_every_contract_key_is_documented() -> None:
     """docs/contract.md names every key of the format (meta-test: no silent additions)."""
-    from vlad import contract as module
+    import vlad.contract as module
 
     doc = (ROOT / "docs" / "contract.md").read_text()
     schema = [getattr(module, n) for n in module.__all__ if dataclasses.is_dataclass(getattr(module, n))]

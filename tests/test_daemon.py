@@ -77,7 +77,7 @@ def test_fresh_observations_yield_correct_chunks(daemon, client, contract, golde
     """Each observation gives one chunk; its fields and actions match the offline pipeline."""
     import onnxruntime as ort
 
-    from vlad.guard import ActionGuard
+    from vlad.serving.guard import ActionGuard
     from vlad.processing import Tokenizer, decode_actions, preprocess
 
     sess = ort.InferenceSession(str(ROOT / "manifests/demo/policy.onnx"), providers=["CPUExecutionProvider"])

@@ -43,7 +43,7 @@ def make_release(dest: Path, version: str, code: int, backend: str = "onnxruntim
 
 @pytest.fixture()
 def live(tmp_path):
-    from vlad.store import ReleaseStore
+    from vlad.release.store import ReleaseStore
 
     store_root = tmp_path / "store"
     store = ReleaseStore(store_root, KEYS)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vlad.errors import ExportError
-from vlad.export import compare, export_onnx
+from vlad.release.export import compare, export_onnx
 
 
 def _names(contract):

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from vlad import protocol
-from vlad.guard import ActionGuard
-from vlad.health import HealthPolicy
-from vlad.monitors import Finding
-from vlad.state import State, StateMachine
+from vlad.serving.guard import ActionGuard
+from vlad.health.policy import HealthPolicy
+from vlad.health.monitors import Finding
+from vlad.health.state import State, StateMachine
 
 NOW = 10_000_000_000
 PERIOD = 20_000_000

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from vlad import release_cli
-from vlad.manifest import (
+from vlad.cli import release as release_cli
+from vlad.release.manifest import (
     ManifestError, RuntimeSpec, canonical_bytes, load_manifest, new_manifest_data, parse_manifest,
     read_manifest_document, write_manifest,
 )
-from vlad.signing import (
+from vlad.release.signing import (
     BadSignature, IntegrityError, KeyFileError, RuntimeMismatch, UnknownKey, UnsignedRelease,
     ValidityError, check_runtime, generate_keypair, key_id, load_private_key, load_public_key,
     load_trusted_keys, sign_release, verify_release,

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from test_manifest import NOW, make_keys, make_release
-from vlad import release_cli
-from vlad.signing import IntegrityError, ValidityError, verify_release
-from vlad.store import DowngradeRefused, ReleaseStore, StoreError
+from vlad.cli import release as release_cli
+from vlad.release.signing import IntegrityError, ValidityError, verify_release
+from vlad.release.store import DowngradeRefused, ReleaseStore, StoreError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,10 +141,10 @@ def test_nothing_to_roll_back_to(env):
 _CHILD = """
 import datetime as dt, sys
 sys.path.insert(0, {root!r})
-import vlad.store
-from vlad.store import ReleaseStore
+import vlad.release.store
+from vlad.release.store import ReleaseStore
 store = ReleaseStore({store!r}, {keys!r})
-vlad.store._CRASH_AT = {point!r}
+vlad.release.store._CRASH_AT = {point!r}
 now = dt.datetime.fromisoformat({now!r})
 {action}
 print("not killed")

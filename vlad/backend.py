@@ -59,11 +59,18 @@ class SessionDescription:
 
 @dataclass
 class Timing:
-    """Per-call time split in milliseconds; ``None`` where the runtime does not expose it."""
+    """Per-call time split in milliseconds; ``None`` where the runtime does not expose it.
+
+    A remote backend reports the whole round trip as ``compute_ms`` and splits it into
+    ``network_ms`` (round trip minus the server's own time) and ``server_ms`` (the
+    server's compute, from its response statistics) when the server says.
+    """
 
     h2d_ms: float | None = None
     compute_ms: float = 0.0
     d2h_ms: float | None = None
+    network_ms: float | None = None
+    server_ms: float | None = None
 
     @property
     def total_ms(self) -> float:
@@ -175,6 +182,12 @@ class Session(abc.ABC):
 
     def memory(self) -> MemoryStats:
         return MemoryStats(host_rss_bytes=host_rss_bytes())
+
+    def stats(self) -> Mapping[str, Any]:
+        """Live, backend-specific figures for ``vladctl status`` (e.g. a remote backend's
+        connection state, network latency percentiles and error rate); JSON-able values.
+        Called from the event loop while inferences run: must be cheap and thread-safe."""
+        return {}
 
     def close(self) -> None:
         """Release engine resources (idempotent)."""

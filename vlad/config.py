@@ -185,7 +185,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     monitors = data.get("monitors", {})
     if not isinstance(monitors, dict):
         raise ConfigError(f"{source}: [monitors] must be a table")
-    from vlad.monitors import MonitorThresholds
+    from vlad.health.monitors import MonitorThresholds
 
     MonitorThresholds.from_config(monitors)  # validate now: unknown keys are typos
     for i, entry in enumerate(sections["fallback"].chain):

@@ -60,5 +60,12 @@ class BackendUnavailable(BackendError):
     """The runtime a backend needs is not usable on this machine (the message says why)."""
 
 
+class RemoteUnavailable(BackendError):
+    """A remote backend could not get an answer in time (server down, refused, late).
+
+    Not the policy's fault: the supervisor falls back without quarantining the policy and
+    returns to it once the connection is healthy again."""
+
+
 class StartupError(VladError):
     """The daemon cannot start (bad release, endpoint in use, backend unusable)."""

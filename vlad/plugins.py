@@ -24,7 +24,7 @@ from vlad import hookspecs
 from vlad.errors import BackendUnavailable, VladError
 
 ENTRY_POINT_GROUP = "vlad"
-DEFAULT_PLUGINS = ("vlad.monitors",)
+DEFAULT_PLUGINS = ("vlad.health.monitors",)
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ def write_golden_fixtures(model, contract, tokenizer, path: Path) -> list[dict]:
 
 def export_release(model, contract, tokenizer, out: Path, fixtures_path: Path, log=print) -> list:
     """Write ``policy.pt2``, ``policy.onnx`` and the golden fixtures for a trained model."""
-    from vlad.export import export_onnx, export_program
+    from vlad.release.export import export_onnx, export_program
 
     fixtures = write_golden_fixtures(model, contract, tokenizer, fixtures_path)
     log(f"fixtures: {len(fixtures)} golden observations -> {fixtures_path}")

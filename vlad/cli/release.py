@@ -27,13 +27,13 @@ EXIT_ERROR = 2
 
 
 def _keys_default() -> str:
-    from vlad.signing import DEFAULT_KEYS_DIR
+    from vlad.release.signing import DEFAULT_KEYS_DIR
 
     return os.environ.get("VLAD_KEYS_DIR") or str(DEFAULT_KEYS_DIR)
 
 
 def _root_default() -> str:
-    from vlad.store import DEFAULT_ROOT
+    from vlad.release.store import DEFAULT_ROOT
 
     return os.environ.get("VLAD_STORE_ROOT") or str(DEFAULT_ROOT)
 
@@ -104,7 +104,7 @@ def add_release_commands(subparsers: Any) -> None:
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     """``keygen --out DIR [--name NAME]``."""
-    from vlad.signing import generate_keypair
+    from vlad.release.signing import generate_keypair
 
     kid, private, public = generate_keypair(args.out, args.name)
     print(f"key id   {kid}\nprivate  {private} (mode 0600: keep it off the robot)\npublic   {public}")
@@ -114,7 +114,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 def cmd_sign(args: argparse.Namespace) -> int:
     """``sign RELEASE --key PRIVATE``: sign only; hashes come from ``manifest update-hashes``."""
-    from vlad.signing import sign_release
+    from vlad.release.signing import sign_release
 
     sig = sign_release(args.release, args.key)
     print(f"signed {Path(args.release) / 'manifest.sig'} with key {sig.key_id} "
@@ -124,8 +124,8 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """``verify RELEASE [--keys DIR]``: 0 verified (warnings on stderr), 2 refused."""
-    from vlad.manifest import rfc3339
-    from vlad.signing import verify_release
+    from vlad.release.manifest import rfc3339
+    from vlad.release.signing import verify_release
 
     v = verify_release(args.release, args.keys or _keys_default())
     m = v.manifest
@@ -150,7 +150,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_manifest_show(args: argparse.Namespace) -> int:
     """``manifest show RELEASE [--json]``: the validated manifest (files are not checked)."""
-    from vlad.manifest import load_manifest, rfc3339
+    from vlad.release.manifest import load_manifest, rfc3339
 
     m = load_manifest(args.release)
     if args.json:
@@ -186,7 +186,7 @@ def vars_of(obj: Any) -> dict[str, Any]:
 
 def cmd_manifest_update_hashes(args: argparse.Namespace) -> int:
     """``manifest update-hashes RELEASE``: recompute; the old signature no longer matches."""
-    from vlad.manifest import update_hashes
+    from vlad.release.manifest import update_hashes
 
     m = update_hashes(args.release)
     print(f"{m.path}: {len(m.artifacts)} artifact hashes and the contract hash updated; "
@@ -198,7 +198,7 @@ def cmd_manifest_update_hashes(args: argparse.Namespace) -> int:
 
 
 def _store(args: argparse.Namespace, create: bool = False):
-    from vlad.store import ReleaseStore
+    from vlad.release.store import ReleaseStore
 
     # Only staging creates a store; a typo in --root must not create an empty one.
     return ReleaseStore(args.root or _root_default(), args.keys or _keys_default(), create=create)

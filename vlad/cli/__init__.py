@@ -223,7 +223,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         if not _daemon_down(exc):
             raise
         from vlad.config import load_config
-        from vlad.store import ReleaseStore
+        from vlad.release.store import ReleaseStore
 
         cfg = load_config(args.config)
         entry = ReleaseStore(cfg.store.root, cfg.release.keys_dir).rollback(_who(args), args.why)
@@ -248,7 +248,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         from dataclasses import asdict
 
         from vlad.config import load_config
-        from vlad.store import ReleaseStore
+        from vlad.release.store import ReleaseStore
 
         cfg = load_config(args.config)
         rows = [asdict(e) for e in ReleaseStore(cfg.store.root, cfg.release.keys_dir, create=False).history()]
@@ -294,8 +294,8 @@ def _add_daemon_args(p: argparse.ArgumentParser) -> None:
 
 
 def vladctl_parser() -> argparse.ArgumentParser:
-    from vlad.contract_cli import add_contract_commands
-    from vlad.release_cli import add_release_commands
+    from vlad.cli.contract import add_contract_commands
+    from vlad.cli.release import add_release_commands
 
     parser = argparse.ArgumentParser(prog="vladctl", description="Operate vlad: contracts, plugins, releases.")
     parser.add_argument("--version", action="version", version=f"vladctl {__version__}")
@@ -372,8 +372,8 @@ def vladctl_main(argv: list[str] | None = None) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon in the foreground (systemd runs exactly this)."""
     from vlad.config import load_config
-    from vlad.daemon import serve
-    from vlad.systemd import setup_logging
+    from vlad.daemon.supervisor import serve
+    from vlad.daemon.systemd import setup_logging
 
     cfg = load_config(args.config, args.set)
     setup_logging(cfg.logging.level, cfg.logging.journald)

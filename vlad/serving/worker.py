@@ -31,9 +31,9 @@ from vlad import protocol
 from vlad.backend import Session
 from vlad.contract import Contract
 from vlad.errors import NonFiniteObservation, VladError
-from vlad.guard import ActionGuard
+from vlad.serving.guard import ActionGuard
 from vlad.processing import RawObservation, Tokenizer, decode_actions, preprocess
-from vlad.tracing import CycleTimes, LatencyStats
+from vlad.serving.tracing import CycleTimes, LatencyStats
 
 log = logging.getLogger("vlad.serving")
 

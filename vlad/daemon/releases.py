@@ -26,11 +26,11 @@ import anyio
 import numpy as np
 
 from vlad.errors import VladError
-from vlad.policies import LoadedPolicy, compatible, load_policy
+from vlad.release.loading import LoadedPolicy, compatible, load_policy
 from vlad.processing import RawObservation
-from vlad.serving import Pending, PolicyWorker
-from vlad.systemd import context as log_context
-from vlad.tracing import CycleTimes, LatencyStats
+from vlad.serving.worker import Pending, PolicyWorker
+from vlad.daemon.systemd import context as log_context
+from vlad.serving.tracing import CycleTimes, LatencyStats
 
 log = logging.getLogger("vlad.deploy")
 
@@ -195,12 +195,12 @@ class Canary:
 
 
 class LiveReleases:
-    """The daemon's live release operations (a mixin of :class:`vlad.daemon.Daemon`, which
+    """The daemon's live release operations (a mixin of :class:`vlad.daemon.supervisor.Daemon`, which
     owns the attributes used here: policies, workers, health, publisher, state, shadow,
     canary)."""
 
     def store(self):
-        from vlad.store import ReleaseStore
+        from vlad.release.store import ReleaseStore
 
         return ReleaseStore(self.cfg.store.root, self.cfg.release.keys_dir)
 

@@ -1,6 +1,6 @@
 """The release manifest: what one release is, artifact by artifact.
 
-A manifest is ``manifest.toml`` in the release folder (format ``vlad.manifest/1``,
+A manifest is ``manifest.toml`` in the release folder (format ``vlad.release.manifest/1``,
 documented in docs/releases.md), parsed once into frozen dataclasses. It names the
 contract (by path and the sha256 of its canonical bytes), every artifact with size,
 sha256 and role, the backend and its options, the runtime it was validated on, the
@@ -8,7 +8,7 @@ fallback chain, the lineage (parent release, change kind), the gate evidence, th
 policy and the validity window. Validation reports *every* problem in one
 :class:`ManifestError`, like the contract loader.
 
-The manifest is signed (see :mod:`vlad.signing`) over :func:`canonical_bytes`: the
+The manifest is signed (see :mod:`vlad.release.signing`) over :func:`canonical_bytes`: the
 sorted-key compact JSON of the parsed TOML document, so comments and layout do not
 matter but every key the release author wrote is covered.
 
@@ -308,7 +308,7 @@ def load_manifest(path: str | Path) -> Manifest:
     """Read, parse and validate a manifest (``path`` = manifest.toml or its release folder).
 
     Raises :class:`ManifestError` listing every problem. Files are not opened here;
-    :func:`vlad.signing.verify_release` checks the artifacts and the signature.
+    :func:`vlad.release.signing.verify_release` checks the artifacts and the signature.
     """
     path = Path(path)
     if path.is_dir():

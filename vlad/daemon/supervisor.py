@@ -8,11 +8,11 @@ and closes the sockets with linger. A second SIGTERM/SIGINT forces the exit.
 
 Tasks: ``intake`` (observations, heartbeats -> the serving policy's worker), ``cadence``
 (hold postures while falling back or e-stopped; bridges a late inference), ``health``
-(monitors -> :class:`vlad.health.HealthPolicy` -> policy swaps and state), ``safety``
+(monitors -> :class:`vlad.health.policy.HealthPolicy` -> policy swaps and state), ``safety``
 (the external e-stop), ``control`` (vladctl), ``status`` and ``watchdog`` (systemd).
 
-The hot path itself lives in :mod:`vlad.serving`; loading a release as a policy in
-:mod:`vlad.policies`; deploy, rollback, shadow and canary in :mod:`vlad.deploy`.
+The hot path itself lives in :mod:`vlad.serving.worker`; loading a release as a policy in
+:mod:`vlad.release.loading`; deploy, rollback, shadow and canary in :mod:`vlad.daemon.releases`.
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ import zmq.asyncio
 
 from vlad import __version__, protocol
 from vlad.config import Config
-from vlad.deploy import Canary, LiveReleases, Shadow
+from vlad.daemon.releases import Canary, LiveReleases, Shadow
 from vlad.errors import StartupError, VladError
-from vlad.health import Decision, HealthPolicy
-from vlad.monitors import HealthView, MonitorThresholds
-from vlad.policies import LoadedPolicy, compatible, load_policy
-from vlad.serving import Pending, PolicyWorker, Publisher, observation_from_message
-from vlad.state import State, StateMachine
-from vlad.systemd import Notifier
-from vlad.systemd import context as log_context
-from vlad.tracing import LatencyStats
+from vlad.health.policy import Decision, HealthPolicy
+from vlad.health.monitors import HealthView, MonitorThresholds
+from vlad.release.loading import LoadedPolicy, compatible, load_policy
+from vlad.serving.worker import Pending, PolicyWorker, Publisher, observation_from_message
+from vlad.health.state import State, StateMachine
+from vlad.daemon.systemd import Notifier
+from vlad.daemon.systemd import context as log_context
+from vlad.serving.tracing import LatencyStats
 
 log = logging.getLogger("vlad.daemon")
 

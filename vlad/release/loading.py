@@ -1,7 +1,7 @@
 """A release loaded as a policy: verified, checked against its contract and warmed up.
 
 The daemon loads the release being served and every fallback policy this way at start,
-and :mod:`vlad.deploy` loads deployed, shadowed and rolled-back releases the same way.
+and :mod:`vlad.daemon.releases` loads deployed, shadowed and rolled-back releases the same way.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def load_policy(name: str, folder: Path, backend_name: str, artifact: str, optio
     artifacts: dict[str, str] | None = None
     manifest = None
     if keys_dir is not None:
-        from vlad.signing import verify_release
+        from vlad.release.signing import verify_release
 
         verified = verify_release(folder, keys_dir)
         for warning in verified.warnings:

@@ -1,6 +1,6 @@
 """Release signatures and release verification.
 
-A release is signed with Ed25519 over :func:`vlad.manifest.canonical_bytes`; the
+A release is signed with Ed25519 over :func:`vlad.release.manifest.canonical_bytes`; the
 signature is detached in ``manifest.sig`` (JSON: format, key_id, algorithm, signature in
 base64, signed_at). Trusted public keys are ``*.pub`` files (PEM or raw base64) in a keys
 folder, ``/etc/vlad/keys.d`` by default; a key's id is the first 16 hex digits of the
@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from vlad.errors import ContractError, ProblemsError, VladError
-from vlad.manifest import (
+from vlad.release.manifest import (
     MANIFEST_FILE, RESERVED_FILES, SIGNATURE_FILE, Manifest, ManifestError, RuntimeSpec, canonical_bytes,
     hash_file, parse_manifest, read_manifest_document, rfc3339,
 )

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vlad.systemd import context as log_context
+from vlad.daemon.systemd import context as log_context
 
 log = logging.getLogger("vlad.state")
 

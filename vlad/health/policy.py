@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlad.monitors import Finding
-from vlad.state import State, StateMachine
+from vlad.health.monitors import Finding
+from vlad.health.state import State, StateMachine
 
 
 @dataclass(frozen=True)

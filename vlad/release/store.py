@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from vlad.errors import VladError
-from vlad.manifest import MANIFEST_FILE, RELEASE_ID_RE, SIGNATURE_FILE, rfc3339
-from vlad.signing import DEFAULT_KEYS_DIR, ValidityError, VerifiedRelease, verify_release
+from vlad.release.manifest import MANIFEST_FILE, RELEASE_ID_RE, SIGNATURE_FILE, rfc3339
+from vlad.release.signing import DEFAULT_KEYS_DIR, ValidityError, VerifiedRelease, verify_release
 
 __all__ = ["DEFAULT_ROOT", "DowngradeRefused", "HistoryEntry", "ReleaseStore", "StoreError",
            "default_operator"]
@@ -229,7 +229,7 @@ class ReleaseStore:
         return bad
 
     def _version_code(self, release_id: str) -> int:
-        from vlad.manifest import read_manifest_document
+        from vlad.release.manifest import read_manifest_document
 
         return int(read_manifest_document(self.releases_dir / release_id)["release"]["version_code"])
 

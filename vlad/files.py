@@ -1,0 +1,137 @@
+"""Reading files that may be hostile: regular files only, bounded sizes, bounded nesting.
+
+Release folders, config files and keys are read through here. A FIFO named
+``manifest.sig`` would block ``open()`` forever, a device file or a 10 GB "contract"
+would exhaust memory, and a 5,000-deep TOML array overflows the parser's recursion: each
+is refused with one clear line (:class:`FileRefused`) before anything is parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from vlad.errors import VladError
+
+# Text files of a release, a config or a key are small; artifacts are hashed in blocks.
+MAX_TEXT_BYTES = 4 * 2**20
+# Deepest nesting of [ and { a TOML file of ours may have before it is parsed.
+MAX_TOML_NESTING = 32
+
+
+class FileRefused(VladError):
+    """A file that is not a readable regular file of an acceptable size."""
+
+
+def open_regular(path: str | Path) -> int:
+    """Open ``path`` for reading without blocking, refusing anything but a regular file.
+
+    ``O_NONBLOCK`` makes opening a FIFO return at once instead of waiting for a writer;
+    the type is then checked on the open descriptor (no race with a swapped path).
+    Returns the descriptor (blocking again); the caller closes it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise FileRefused(f"{path}: cannot open ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRefused(f"{path}: not a regular file ({_kind(st.st_mode)}); refusing to read it")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_bytes(path: str | Path, max_bytes: int = MAX_TEXT_BYTES) -> bytes:
+    """The content of a regular file of at most ``max_bytes`` (FileNotFoundError if absent)."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise FileRefused(f"{path}: {size} bytes, more than the {max_bytes} allowed for this file")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:  # grew while we read
+        raise FileRefused(f"{path}: more than the {max_bytes} bytes allowed for this file")
+    return data
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a regular file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def toml_nesting(text: str) -> int:
+    """Deepest bracket nesting of ``text`` outside strings and comments (an upper bound is
+    enough: the check only has to stop hostile depth before the recursive parser)."""
+    depth = deepest = 0
+    quote = ""
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                i += 2
+                continue
+            if text.startswith(quote, i):
+                i += len(quote)
+                quote = ""
+                continue
+        elif c == "#":
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        elif c in "\"'":
+            quote = c * 3 if text.startswith(c * 3, i) else c
+            i += len(quote)
+            continue
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return deepest
+
+
+def parse_toml(raw: bytes, source: str) -> dict[str, Any]:
+    """UTF-8 TOML bytes -> a table; :class:`FileRefused` with the reason on anything else."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FileRefused(f"{source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if toml_nesting(text) > MAX_TOML_NESTING:
+        raise FileRefused(f"{source}: nested deeper than {MAX_TOML_NESTING} levels; refusing to parse it")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise FileRefused(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise FileRefused(f"{source}: nested too deeply to parse") from None
+
+
+def load_toml(path: str | Path, max_bytes: int = MAX_TEXT_BYTES) -> dict[str, Any]:
+    """Read and parse a TOML file defensively (see :func:`read_bytes`, :func:`parse_toml`)."""
+    return parse_toml(read_bytes(path, max_bytes), str(path))
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
