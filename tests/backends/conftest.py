@@ -8,6 +8,7 @@ Sessions are loaded once per backend (session scope) because loading is the slow
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,31 @@ DEMO = ROOT / "manifests" / "demo"
 GOLDEN = ROOT / "tests" / "fixtures" / "golden.npz"
 # Compiled artifacts are derived data: cached by source hash, outside version control.
 CACHE = ROOT / ".cache" / "vlad-aoti"
+# Where a test run may keep its engine caches (TensorRT engines, ORT TensorRT-EP engines):
+# a folder the caller created for the run, so scripts/gpu-check's tests and probe share
+# one cache. Unset: a fresh temporary folder per session.
+ENGINE_CACHE_ENV = "VLAD_TEST_ENGINE_CACHE"
+# The robot's real cache: tests must never write there.
+PRODUCTION_STATE = Path("/var/lib/vlad")
+
+
+def choose_engine_cache(env_value: str | None, make_temp) -> Path:
+    """The engine-cache folder for a test run: ``env_value`` when set, else ``make_temp()``.
+
+    Refuses the production state folder (/var/lib/vlad), where a test-built engine would
+    sit beside, or replace, the robot's own.
+    """
+    path = Path(env_value).expanduser().resolve() if env_value else Path(make_temp())
+    if path == PRODUCTION_STATE or PRODUCTION_STATE in path.parents:
+        raise pytest.UsageError(f"{ENGINE_CACHE_ENV}={path} is inside {PRODUCTION_STATE}; use a temporary folder")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def engine_cache_root(tmp_path_factory) -> Path:
+    """A temporary engine-cache folder for this test session (see :func:`choose_engine_cache`)."""
+    return choose_engine_cache(os.environ.get(ENGINE_CACHE_ENV), lambda: tmp_path_factory.mktemp("engine-cache"))
 
 # Demo artifact per backend; a backend not listed gets the demo file matching its
 # artifact_suffixes(), or skips when none exists (e.g. a TensorRT engine is built per GPU).
