@@ -53,6 +53,8 @@ from .budgets import MAX_ABS
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_DIR = ROOT / "manifests" / "demo"
 DEMO_ONNX = DEMO_DIR / "policy.onnx"
+# Token ids are embedding indices: outside [0, vocab_size) ONNX Runtime refuses them.
+DEMO_VOCAB = json.loads((DEMO_DIR / "model_config.json").read_text())["vocab_size"]
 
 
 @pytest.fixture(scope="module")
@@ -897,7 +899,7 @@ def test_gpu_engine_matches_onnxruntime(trt_backend, engine_dir, ort_session, co
     with trt_backend.load(DEMO_ONNX, contract, {"precision": precision, "cache_dir": str(engine_dir)}) as s:
         for batch in (1, 3, 8):
             inputs = example_inputs(contract, batch=batch)
-            inputs["tokens"] = np.random.default_rng(batch).integers(0, 20, inputs["tokens"].shape, dtype=np.int64)
+            inputs["tokens"] = np.random.default_rng(batch).integers(0, DEMO_VOCAB, inputs["tokens"].shape, dtype=np.int64)
             got = s.infer(inputs)["actions"].copy()
             want = _reference(ort_session, inputs)
             assert got.shape == want.shape == (batch, 8, 2)
@@ -988,7 +990,7 @@ def _fresh_inputs(contract, batch: int, seed: int) -> dict[str, np.ndarray]:
     x = example_inputs(contract, batch=batch)
     for name, v in x.items():
         if v.dtype == np.int64:
-            x[name] = rng.integers(0, 20, v.shape, dtype=np.int64)
+            x[name] = rng.integers(0, DEMO_VOCAB, v.shape, dtype=np.int64)
         else:
             x[name] = rng.standard_normal(v.shape).astype(v.dtype)
     return x

@@ -28,7 +28,7 @@ _libc.malloc.restype = ctypes.c_void_p
 _libc.malloc.argtypes = [ctypes.c_size_t]
 _libc.free.argtypes = [ctypes.c_void_p]
 
-VOCAB = 64
+VOCAB = 8  # like the demo policy's embedding
 GARBAGE = 0xAB
 
 
