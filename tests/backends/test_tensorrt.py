@@ -1081,7 +1081,9 @@ def test_gpu_session_dropped_without_close_gives_the_memory_back(trt_backend, en
 
 
 @pytest.mark.gpu
-def test_gpu_corrupted_cached_engine_is_refused_then_rebuilt(trt_backend, contract, tmp_path, ort_session):
+def test_gpu_corrupted_cached_engine_is_refused_then_rebuilt(trt_backend, engine_dir, contract, tmp_path, ort_session):
+    if engine_dir.is_dir():  # start from the engines (and timing cache) already built: only the rebuild builds
+        shutil.copytree(engine_dir, tmp_path, dirs_exist_ok=True)
     opts = {"precision": "fp32", "cache_dir": str(tmp_path), "progress": False}
     with trt_backend.load(DEMO_ONNX, contract, opts) as s:
         engine = Path(s.describe().extra["engine"])

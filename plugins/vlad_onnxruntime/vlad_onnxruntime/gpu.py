@@ -114,7 +114,9 @@ def precision_plan(
     if primary == TENSORRT:
         if gpu is None:
             raise _fail(f"cannot identify the GPU for {TENSORRT}; install nvidia-ml-py (pip install 'vlad[gpu]')")
-        trt = {"trt_fp16_enable": "0", "trt_bf16_enable": "0"}
+        # trt_bf16_enable only when asked: ORT builds before its introduction refuse the
+        # unknown option outright.
+        trt = {"trt_fp16_enable": "0"}
         if precision == "fp32":
             if ampere:
                 raise _fail(
@@ -155,11 +157,14 @@ def check_no_conflicts(names: list[str], provider_opts: list[dict[str, str]]) ->
 def trt_profile_options(contract: Contract) -> dict[str, str]:
     """The contract's min/opt/max input shapes as TensorRT-provider options.
 
-    Format ``name:d0xd1x...,name2:...`` (ORT's ``trt_profile_*_shapes``). Without them the
-    provider builds for the first shape it sees and rebuilds on every new one.
+    Format ``name:d0xd1x...,name2:...`` (ORT's ``trt_profile_*_shapes``), for every input
+    with a dynamic axis (static ones need no profile). Without them the provider builds
+    for the first shape it sees and rebuilds on every new one.
     """
+    dynamic = [s for s in contract.inputs if s.dynamic]
+
     def fmt(attr: str) -> str:
-        return ",".join(f"{s.name}:{'x'.join(str(d) for d in getattr(s, attr))}" for s in contract.inputs)
+        return ",".join(f"{s.name}:{'x'.join(str(d) for d in getattr(s, attr))}" for s in dynamic)
 
     return {
         "trt_profile_min_shapes": fmt("min_shape"),
