@@ -557,7 +557,7 @@ class TensorRTSession(Session):
 
     def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._res.released:
-            raise BackendError("tensorrt: session is closed")
+            raise BackendError("session is closed")
         check_profile(self.profile, inputs)
         cudart, res = self._cudart, self._res
         stream, ev = res.stream, res.events
