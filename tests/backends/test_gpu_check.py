@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -35,7 +36,7 @@ def test_without_a_gpu_it_says_so_in_one_line_after_a_dry_run(tmp_path):
     fake.chmod(0o755)
     for smi in (str(fake), str(tmp_path / "absent")):
         proc = subprocess.run([str(SCRIPTS / "gpu-check"), "--nvidia-smi", smi, "--out", str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": sys.executable})
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()
         assert len(lines) == 1, lines
