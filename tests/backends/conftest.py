@@ -1,14 +1,21 @@
-"""Fixtures of the backend conformance suite: every backend, the demo release, golden data.
+"""Fixtures of the backend conformance suite: every backend variant, the demo release, golden data.
 
-Tests that take ``backend_name`` run once per backend the loaded plugins offer (ids are
-backend names); a backend whose runtime is not usable here skips with its own reason.
-Sessions are loaded once per backend (session scope) because loading is the slow part.
+Tests that take ``variant`` run once per variant of every backend the loaded plugins offer:
+the backend on the CPU (``torch``, ``onnxruntime`` ...) and on a GPU (``torch[cuda]``,
+``onnxruntime[cuda]``, ``onnxruntime[tensorrt]``, ``tensorrt`` ...). Nothing assumes a CPU
+device: ``tensorrt`` only has a GPU one. A variant whose runtime or device is missing here
+skips with the reason; GPU variants carry the ``gpu`` mark (``-m gpu`` selects them).
+Sessions are loaded once per variant (session scope) because loading is the slow part.
+Engine caches go to a temporary folder (:func:`choose_engine_cache`), never /var/lib/vlad.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,21 +28,78 @@ DEMO = ROOT / "manifests" / "demo"
 GOLDEN = ROOT / "tests" / "fixtures" / "golden.npz"
 # Compiled artifacts are derived data: cached by source hash, outside version control.
 CACHE = ROOT / ".cache" / "vlad-aoti"
+# Where a test run may keep its engine caches (TensorRT engines, ORT TensorRT-EP engines):
+# a folder the caller created for the run, so scripts/gpu-check's tests and probe share
+# one cache. Unset: a fresh temporary folder per session.
+ENGINE_CACHE_ENV = "VLAD_TEST_ENGINE_CACHE"
+# The robot's real cache: tests must never write there.
+PRODUCTION_STATE = Path("/var/lib/vlad")
 
-# Demo artifact per backend; a backend not listed gets the demo file matching its
-# artifact_suffixes(), or skips when none exists (e.g. a TensorRT engine is built per GPU).
-ARTIFACTS = {"torch": "policy.pt2", "onnxruntime": "policy.onnx"}
-
+CUDA_EP, TRT_EP = "CUDAExecutionProvider", "TensorrtExecutionProvider"
 # One thread everywhere: the test machines have 2 cores shared with other jobs, where
 # more threads than free cores makes spinning thread pools far slower, not faster.
-OPTIONS = {
-    "torch": {"threads": 1},
-    "torch-aoti": {"threads": 1},
-    "onnxruntime": {"intra_op_threads": 1, "inter_op_threads": 1},
+ORT_THREADS = {"intra_op_threads": 1, "inter_op_threads": 1}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One backend with the options that put it on one device."""
+
+    id: str
+    backend: str
+    device: str  # "cpu" or "cuda": what describe().device starts with
+    options: dict[str, Any] = field(default_factory=dict)
+    artifact: str | None = None  # demo file; None: by the backend's suffixes
+    #: Options added at load time: "cache_dir" (a temporary engine cache) and
+    #: "precision" (the truthful label for this GPU, see _auto_precision).
+    needs: tuple[str, ...] = ()
+
+    @property
+    def gpu(self) -> bool:
+        return self.device == "cuda"
+
+
+VARIANTS: dict[str, list[Variant]] = {
+    "torch": [
+        Variant("torch", "torch", "cpu", {"threads": 1}, "policy.pt2"),
+        Variant("torch[cuda]", "torch", "cuda", {"device": "cuda", "threads": 1}, "policy.pt2"),
+    ],
+    "torch-aoti": [
+        Variant("torch-aoti", "torch-aoti", "cpu", {"threads": 1}),
+        Variant("torch-aoti[cuda]", "torch-aoti", "cuda", {"device": "cuda", "threads": 1}),
+    ],
+    "onnxruntime": [
+        Variant("onnxruntime", "onnxruntime", "cpu", dict(ORT_THREADS), "policy.onnx"),
+        Variant("onnxruntime[cuda]", "onnxruntime", "cuda", {**ORT_THREADS, "providers": [CUDA_EP]}, "policy.onnx"),
+        Variant(
+            "onnxruntime[tensorrt]", "onnxruntime", "cuda", {**ORT_THREADS, "providers": [TRT_EP, CUDA_EP]},
+            "policy.onnx", needs=("cache_dir", "precision"),
+        ),
+    ],
+    "tensorrt": [Variant("tensorrt", "tensorrt", "cuda", {"progress": False}, "policy.onnx", needs=("cache_dir",))],
 }
 
-# Backends whose 10,000-call soak takes over a minute on a 2-core machine (~6 ms/call).
-SLOW_SOAK = {"torch"}
+# Variants whose 10,000-call soak takes over a minute (eager torch: ~6 ms/call on 2 cores).
+SLOW_SOAK = {"torch", "torch[cuda]"}  # torch[cuda]: eager dispatch of ~1000 ops per call
+
+
+def choose_engine_cache(env_value: str | None, make_temp) -> Path:
+    """The engine-cache folder for a test run: ``env_value`` when set, else ``make_temp()``.
+
+    Refuses the production state folder (/var/lib/vlad), where a test-built engine would
+    sit beside, or replace, the robot's own.
+    """
+    path = Path(env_value).expanduser().resolve() if env_value else Path(make_temp())
+    if path == PRODUCTION_STATE or PRODUCTION_STATE in path.parents:
+        raise pytest.UsageError(f"{ENGINE_CACHE_ENV}={path} is inside {PRODUCTION_STATE}; use a temporary folder")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def engine_cache_root(tmp_path_factory) -> Path:
+    """A temporary engine-cache folder for this test session (see :func:`choose_engine_cache`)."""
+    return choose_engine_cache(os.environ.get(ENGINE_CACHE_ENV), lambda: tmp_path_factory.mktemp("engine-cache"))
 
 
 def all_backends() -> dict:
@@ -43,13 +107,53 @@ def all_backends() -> dict:
     return plugins.backends(plugins.make_plugin_manager())
 
 
+def all_variants() -> list[Variant]:
+    """The variants of every installed backend; a third-party backend without an entry in
+    VARIANTS runs as-is on whatever device it reports."""
+    out = []
+    for name in sorted(all_backends()):
+        out.extend(VARIANTS.get(name, [Variant(name, name, "")]))
+    return out
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "backend_name" not in metafunc.fixturenames:
+    if "variant" not in metafunc.fixturenames:
         return
-    names = sorted(all_backends())
     slow = metafunc.function.__name__ == "test_soak"
-    params = [pytest.param(n, id=n, marks=[pytest.mark.slow] if slow and n in SLOW_SOAK else []) for n in names]
-    metafunc.parametrize("backend_name", params, scope="session")
+    params = []
+    for v in all_variants():
+        marks = [pytest.mark.gpu] if v.gpu else []
+        if slow and v.id in SLOW_SOAK:
+            marks.append(pytest.mark.slow)
+        params.append(pytest.param(v, id=v.id, marks=marks))
+    metafunc.parametrize("variant", params, scope="session")
+
+
+def variant_unavailable(variant: Variant) -> str | None:
+    """Why a GPU variant cannot run here (its backend's own availability is checked apart)."""
+    if not variant.gpu or variant.backend == "tensorrt":
+        return None  # the tensorrt backend's availability already requires a GPU
+    if variant.backend in ("torch", "torch-aoti"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return f"no CUDA device visible to torch {torch.__version__}"
+        if variant.backend == "torch-aoti":
+            from vlad_torch.aoti import cuda_toolkit_problem
+
+            return cuda_toolkit_problem()
+        return None
+    if variant.backend == "onnxruntime":
+        import onnxruntime as ort
+
+        from vlad_onnxruntime.gpu import gpu_identity
+
+        wanted = variant.options["providers"][0]
+        if wanted not in ort.get_available_providers():
+            return f"onnxruntime {ort.__version__} offers no {wanted} (needs vlad[gpu] and an NVIDIA GPU)"
+        if gpu_identity(0) is None:
+            return "no NVIDIA GPU visible through NVML (nvidia-ml-py)"
+    return None
 
 
 @pytest.fixture(scope="session")
@@ -78,12 +182,20 @@ def raw_golden() -> np.lib.npyio.NpzFile:
 
 
 @pytest.fixture(scope="session")
-def backend(backend_name: str):
-    """The backend object; skips with the backend's own reason when unusable here."""
-    b = all_backends()[backend_name]
+def backend_name(variant: Variant) -> str:
+    return variant.backend
+
+
+@pytest.fixture(scope="session")
+def backend(variant: Variant):
+    """The backend object; skips with the reason when its runtime or device is missing."""
+    b = all_backends()[variant.backend]
     avail = b.availability()
     if not avail.usable:
-        pytest.skip(f"{backend_name}: {avail.reason}")
+        pytest.skip(f"{variant.id}: {avail.reason}")
+    why = variant_unavailable(variant)
+    if why:
+        pytest.skip(f"{variant.id}: {why}")
     return b
 
 
@@ -91,41 +203,56 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _aoti_package() -> Path:
-    """The demo program compiled by AOTInductor, cached by source hash and torch version."""
+def _aoti_package(device: str) -> Path:
+    """The demo program compiled by AOTInductor, cached by source hash, torch and device."""
     import torch
 
     from vlad_torch import compile_aoti
 
     source = DEMO / "policy.pt2"
-    out = CACHE / f"aoti-{_sha256(source)[:16]}-torch{torch.__version__}.pt2"
+    suffix = "" if device == "cpu" else f"-{device}"
+    out = CACHE / f"aoti-{_sha256(source)[:16]}-torch{torch.__version__}{suffix}.pt2"
     if not out.exists():
-        compile_aoti(source, out)  # ~40-60 s on 2 cores, once per source artifact
+        compile_aoti(source, out, device=device)  # ~40-60 s on 2 cores, once per source artifact
     return out
 
 
 @pytest.fixture(scope="session")
-def artifact(backend, backend_name: str) -> Path:
-    """The demo artifact this backend loads."""
-    if backend_name == "torch-aoti":
-        return _aoti_package()
-    if backend_name in ARTIFACTS:
-        return DEMO / ARTIFACTS[backend_name]
+def artifact(backend, variant: Variant) -> Path:
+    """The demo artifact this variant loads."""
+    if variant.backend == "torch-aoti":
+        return _aoti_package(variant.device)
+    if variant.artifact:
+        return DEMO / variant.artifact
     for suffix in backend.artifact_suffixes():
         found = sorted(DEMO.glob(f"*{suffix}"))
         if found:
             return found[0]
-    pytest.skip(f"{backend_name}: no demo artifact with suffix {backend.artifact_suffixes()} in {DEMO}")
+    pytest.skip(f"{variant.id}: no demo artifact with suffix {backend.artifact_suffixes()} in {DEMO}")
+
+
+def _auto_precision(variant: Variant) -> str:
+    """The label a variant can truthfully compute in: ORT's TensorRT provider cannot turn
+    TF32 off, so on Ampere and newer it runs as tf32."""
+    from vlad_onnxruntime.gpu import gpu_identity
+
+    gpu = gpu_identity(0)
+    return "tf32" if gpu is not None and gpu.compute_capability >= (8, 0) else "fp32"
 
 
 @pytest.fixture(scope="session")
-def options(backend_name: str) -> dict:
-    return dict(OPTIONS.get(backend_name, {}))
+def options(variant: Variant, engine_cache_root: Path) -> dict:
+    opts = dict(variant.options)
+    if "cache_dir" in variant.needs:
+        opts["cache_dir"] = str(engine_cache_root / variant.backend)
+    if "precision" in variant.needs:
+        opts["precision"] = _auto_precision(variant)
+    return opts
 
 
 @pytest.fixture(scope="session")
 def session(backend, artifact: Path, contract: Contract, options: dict):
-    """One loaded, warmed session per backend, shared by the tests."""
+    """One loaded, warmed session per variant, shared by the tests."""
     sess = backend.load(artifact, contract, options)
     sess.warmup(3)
     yield sess

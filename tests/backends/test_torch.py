@@ -45,3 +45,159 @@ def test_aoti_refuses_a_plain_program(contract):
         pytest.skip(TorchAOTIBackend().availability().reason)
     with pytest.raises(BackendError, match="AOTInductor package|compile_aoti"):
         TorchAOTIBackend().load(DEMO / "policy.pt2", contract)
+
+
+# ---------------------------------------------------------------------------------------
+# Precision labels, TF32 flags, AOTInductor's CUDA toolkit (no GPU needed)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def restore_tf32():
+    """TF32 flags are process-wide: put back what was there."""
+    import torch
+
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (matmul.fp32_precision, cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision)
+    yield
+    matmul.fp32_precision, cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision = saved
+
+
+def test_tf32_flags_are_set_and_read_with_one_api(restore_tf32):
+    """cuDNN convolutions default to TF32; an fp32 session turns TF32 off everywhere, with
+    the per-backend API only (mixing it with allow_tf32 makes torch raise)."""
+    import torch
+
+    from vlad_torch.session import set_tf32, tf32_state
+
+    set_tf32(torch, False)
+    assert tf32_state(torch) == {"matmul": "ieee", "cudnn_conv": "ieee", "cudnn_rnn": "ieee"}
+    set_tf32(torch, True)
+    assert tf32_state(torch) == {"matmul": "tf32", "cudnn_conv": "tf32", "cudnn_rnn": "tf32"}
+
+
+def test_precision_option_is_checked_against_the_device(contract):
+    import torch
+
+    from vlad_torch.session import resolve_precision
+
+    cpu = torch.device("cpu")
+    assert resolve_precision("torch", "fp32", cpu) == "fp32"
+    with pytest.raises(BackendError, match="precision tf32 needs device 'cuda'; on cpu sessions compute in fp32"):
+        resolve_precision("torch", "tf32", cpu)
+    with pytest.raises(BackendError, match="precision must be one of fp32, tf32, fp16, bf16"):
+        resolve_precision("torch", "fp64", cpu)
+    with pytest.raises(BackendError, match="precision bf16 needs device 'cuda'"):
+        TorchBackend().load(DEMO / "policy.pt2", contract, {"precision": "bf16", "threads": 1})
+
+
+def test_cpu_session_reports_fp32(contract):
+    with TorchBackend().load(DEMO / "policy.pt2", contract, {"threads": 1, "precision": "fp32"}) as s:
+        assert s.describe().precision == "fp32"
+
+
+def test_cuda_toolkit_detection(tmp_path):
+    """AOTInductor compiles CUDA packages against the toolkit headers: found like torch
+    finds them, and a missing piece is named."""
+    from vlad_torch.aoti import cuda_toolkit_problem
+
+    full = tmp_path / "cuda-13.0"
+    (full / "include").mkdir(parents=True)
+    (full / "include" / "cuda_runtime_api.h").write_text("")
+    (full / "bin").mkdir()
+    (full / "bin" / "nvcc").write_text("")
+    bare = tmp_path / "runtime-only"
+    bare.mkdir()
+    nowhere = str(tmp_path / "absent")
+    assert cuda_toolkit_problem({"CUDA_HOME": str(full)}, lambda _: None, nowhere) is None
+    assert cuda_toolkit_problem({}, lambda _: str(full / "bin" / "nvcc"), nowhere) is None
+    assert cuda_toolkit_problem({}, lambda _: None, str(full)) is None
+    why = cuda_toolkit_problem({"CUDA_PATH": str(bare)}, lambda _: None, nowhere)
+    assert why == f"the CUDA toolkit at {bare} (from $CUDA_PATH) has no include/cuda_runtime_api.h; point CUDA_HOME at a full toolkit"
+    assert cuda_toolkit_problem({}, lambda _: None, nowhere).startswith("no CUDA toolkit found")
+
+
+def test_aoti_cuda_compile_without_toolkit_says_what_is_missing(tmp_path, monkeypatch):
+    import torch
+
+    from vlad_torch import aoti
+
+    if not torch.cuda.is_available():
+        pytest.skip("resolve_device refuses cuda first without a GPU")
+    monkeypatch.setattr(aoti, "cuda_toolkit_problem", lambda: "no CUDA toolkit found (test)")
+    with pytest.raises(BackendError, match="cannot compile for cuda: no CUDA toolkit found"):
+        aoti.compile_aoti(DEMO / "policy.pt2", tmp_path / "x.pt2", device="cuda")
+
+
+# ---------------------------------------------------------------------------------------
+# Hardware: torch on CUDA (skipped elsewhere, with the reason)
+# ---------------------------------------------------------------------------------------
+
+
+def _cuda_or_skip():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip(f"no CUDA device visible to torch {torch.__version__}")
+    return torch
+
+
+def _max_abs(session, golden) -> float:
+    import numpy as np
+
+    worst = 0.0
+    for inputs, ref in golden:
+        out = session.infer(inputs)
+        worst = max(worst, max(float(np.abs(out[k].astype(np.float64) - r).max()) for k, r in ref.items()))
+    return worst
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_session_turns_tf32_off_even_after_another_turned_it_on(contract, golden, restore_tf32):
+    from vlad_torch.session import set_tf32, tf32_state
+
+    from .budgets import MAX_ABS
+
+    torch = _cuda_or_skip()
+    with TorchBackend().load(DEMO / "policy.pt2", contract, {"device": "cuda"}) as s:
+        set_tf32(torch, True)  # e.g. a tf32 session or a library in the same process
+        err = _max_abs(s, golden)
+        assert tf32_state(torch) == {"matmul": "ieee", "cudnn_conv": "ieee", "cudnn_rnn": "ieee"}
+        d = s.describe()
+        assert d.precision == "fp32" and d.extra["tf32"] == "off"
+        print(f"torch cuda fp32: max |err| {err:.3g}")
+        assert err <= MAX_ABS["fp32"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+def test_gpu_reduced_precisions_are_their_own_labels(contract, golden, precision, restore_tf32):
+    from .budgets import MAX_ABS
+
+    torch = _cuda_or_skip()
+    if precision in ("tf32", "bf16") and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip(f"{precision} needs compute capability >= 8.0")
+    with TorchBackend().load(DEMO / "policy.pt2", contract, {"device": "cuda", "precision": precision}) as s:
+        err = _max_abs(s, golden)
+        out = s.infer(golden[0][0])
+        assert all(v.dtype.name == "float32" for v in out.values())  # the contract's dtype
+        assert s.describe().precision == precision
+        print(f"torch cuda {precision}: max |err| {err:.3g}")
+        assert err <= MAX_ABS[precision]
+
+
+@pytest.mark.gpu
+def test_gpu_h2d_time_is_the_device_copy_only(contract, golden):
+    """Staging into pinned memory happens before the first event: h2d + compute + d2h
+    is the device timeline of the call, never more than the call's wall time."""
+    import time
+
+    _cuda_or_skip()
+    with TorchBackend().load(DEMO / "policy.pt2", contract, {"device": "cuda"}) as s:
+        s.warmup(3)
+        t0 = time.perf_counter()
+        s.infer(golden[0][0])
+        wall_ms = (time.perf_counter() - t0) * 1e3
+        t = s.last_timing
+        print(f"torch cuda: h2d {t.h2d_ms:.3f} compute {t.compute_ms:.3f} d2h {t.d2h_ms:.3f} wall {wall_ms:.3f} ms")
+        assert 0 <= t.h2d_ms and t.total_ms <= wall_ms

@@ -8,14 +8,17 @@ start instead:
 1. every requested provider must be offered by the installed build
    (``get_available_providers``), else the load fails before a session is made;
 2. after the session is made, every requested provider must be registered in it
-   (``get_providers``); ORT drops a provider whose library or device fails to load;
-3. when GPU providers are requested without ``CPUExecutionProvider``, the session config
-   ``session.disable_cpu_ep_fallback=1`` makes ORT itself fail the load if any node would
-   be placed on the CPU provider;
-4. node placement is read back from one profiled inference at load
-   (``check_node_placement``, default on): nodes per provider go into ``describe()``, and
-   the load fails if the first requested provider runs no node at all (e.g. TensorRT that
-   rejected every subgraph), or if CPU runs nodes although CPU was not requested.
+   (``get_providers``); ORT drops a provider whose library or device fails to load. The
+   CUDA / cuDNN / TensorRT libraries of the pip wheels are loaded first
+   (``onnxruntime.preload_dlls``), so registration does not depend on torch having been
+   imported before;
+3. node placement is read back from one profiled inference at load
+   (``check_node_placement``, default on; see :mod:`vlad_onnxruntime.placement`): nodes
+   per provider go into ``describe()``; the load fails if the first requested provider
+   runs no node at all (e.g. TensorRT that rejected every subgraph), or if compute nodes
+   ran on the CPU although CPU was not requested. Small integer shape computations, which
+   ORT places on the CPU on purpose, are allowed there (``session.disable_cpu_ep_fallback``
+   is not used: it refuses those too, and with them models such as the demo policy).
 
 Options (all optional):
 
@@ -24,6 +27,14 @@ Options (all optional):
     Default ``["CPUExecutionProvider"]``.
 ``provider_options``
     ``{provider name: {option: value}}``, merged over options given inline.
+``precision``
+    ``"fp32"`` (default), ``"tf32"``, ``"fp16"`` or ``"bf16"``: the label the session
+    reports is what it computes in (see :mod:`vlad_onnxruntime.gpu`; e.g. ``use_tf32=0``
+    on the CUDA provider for fp32). A precision that cannot be honoured is refused.
+``cache_dir``
+    TensorRT provider only: engines and timing caches go to
+    ``<cache_dir>/onnxruntime-trt/<key>/``, the key covering the model, ONNX Runtime,
+    TensorRT, GPU, precision and the contract's profile. Default ``/var/lib/vlad/engines``.
 ``intra_op_threads`` / ``inter_op_threads``
     ORT thread pools (0 = ORT's default).
 ``graph_optimization_level``
@@ -32,7 +43,11 @@ Options (all optional):
     write the optimized graph there (a cache of the optimization, for inspection or for
     loading with ``graph_optimization_level="disable"`` next time).
 ``check_node_placement``
-    bool, default true (see 4.).
+    bool, default true (see 3.).
+
+With the TensorRT provider the contract's min/opt/max input shapes become its
+optimization profile (``trt_profile_*_shapes``), so it builds one engine for the whole
+range instead of one per new shape.
 
 Execution: with a CUDA or TensorRT provider, inputs and outputs are bound to preallocated
 device ``OrtValue``\\s (one set per batch size) through IOBinding, so the timing splits
@@ -48,7 +63,6 @@ import json
 import os
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -59,6 +73,9 @@ from vlad.backend import Availability, Backend, Session, SessionDescription, Tim
 from vlad.contract import Contract
 from vlad.errors import BackendError, BackendUnavailable
 
+from vlad_onnxruntime import gpu as gpu_paths
+from vlad_onnxruntime.placement import Placement, judge_placement
+
 CPU = "CPUExecutionProvider"
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider")
 
@@ -66,6 +83,8 @@ KNOWN_OPTIONS = frozenset(
     {
         "providers",
         "provider_options",
+        "precision",
+        "cache_dir",
         "intra_op_threads",
         "inter_op_threads",
         "graph_optimization_level",
@@ -128,6 +147,16 @@ class OnnxRuntimeBackend(Backend):
         """onnxruntime importable; its available providers; devices cpu (+ cuda with a GPU provider)."""
         if importlib.util.find_spec("onnxruntime") is None:
             return Availability(False, "onnxruntime", reason="onnxruntime is not installed (pip install 'vlad[cpu]' or 'vlad[gpu]')")
+        both = gpu_paths.installed_runtime_distributions()
+        if len(both) > 1:
+            return Availability(
+                False,
+                "onnxruntime",
+                reason=(
+                    f"{' and '.join(both)} are both installed and overwrite each other's files; "
+                    f"pip uninstall -y {' '.join(both)}, then install one ('vlad[cpu]' or 'vlad[gpu]')"
+                ),
+            )
         try:
             import onnxruntime as ort
         except Exception as exc:
@@ -164,9 +193,11 @@ class OnnxRuntimeSession(Session):
 
         super().__init__(contract, artifact, options)
         self._ort = ort
+        self._sess = None
         if not self.artifact.is_file():
             raise _fail(f"artifact {self.artifact} does not exist")
         names, provider_opts = parse_providers(self.options)
+        gpu_paths.check_no_conflicts(names, provider_opts)
         self.requested = names
         all_known = set(ort.get_all_providers())
         available = ort.get_available_providers()
@@ -177,39 +208,44 @@ class OnnxRuntimeSession(Session):
                 raise _fail(
                     f"requested {name} but this onnxruntime {ort.__version__} build only offers {available}; refusing to fall back"
                 )
-        so = self._session_options(names)
+        primary = names[0]
+        self._gpu = primary in GPU_PROVIDERS
+        self._device_id = int(provider_opts[0].get("device_id", 0)) if self._gpu else 0
+        self.precision, self.trt_cache_key, self.trt_cache_dir = self._plan_providers(names, provider_opts)
+        library_notes = gpu_paths.prepare_gpu_libraries(ort, names) if any(n in GPU_PROVIDERS for n in names) else ""
+        so = self._session_options()
         check_placement = bool(self.options.get("check_node_placement", True))
         profile_dir = tempfile.mkdtemp(prefix="vlad-ort-profile-") if check_placement else None
         if profile_dir:
             so.enable_profiling = True
             so.profile_file_prefix = os.path.join(profile_dir, "load")
+        self.placement = Placement({}, (), ())
         try:
             try:
                 self._sess = ort.InferenceSession(str(self.artifact), so, providers=names, provider_options=provider_opts)
             except Exception as exc:
-                raise _fail(f"cannot create a session for {self.artifact} on {names}: {_first_line(exc)}") from exc
+                hint = f" ({library_notes})" if library_notes else ""
+                raise _fail(f"cannot create a session for {self.artifact} on {names}: {_first_line(exc)}{hint}") from exc
             in_use = self._sess.get_providers()
             missing = [p for p in names if p not in in_use]
             if missing:
+                hint = f"; library loading said: {library_notes}" if library_notes else ""
                 raise _fail(
                     f"requested providers {names} but the session runs on {in_use}: {missing} failed to register "
-                    "(ORT would fall back silently); refusing to start"
+                    f"(ORT would fall back silently); refusing to start{hint}"
                 )
             self._check_io()
-            self.nodes_per_provider: dict[str, int] = {}
             if profile_dir:
-                self.nodes_per_provider = self._profile_placement(names)
+                self.placement = self._profile_placement(names)
         finally:
             if profile_dir:
                 for f in Path(profile_dir).glob("*"):
                     f.unlink(missing_ok=True)
                 os.rmdir(profile_dir)
+        self.nodes_per_provider = dict(self.placement.nodes_per_provider)
         self.providers_in_use = tuple(
             p for p in in_use if not self.nodes_per_provider or self.nodes_per_provider.get(p)
         )
-        primary = names[0]
-        self._gpu = primary in GPU_PROVIDERS
-        self._device_id = int(provider_opts[0].get("device_id", 0)) if self._gpu else 0
         self._output_names = [spec.name for spec in contract.outputs]
         self._input_names = [spec.name for spec in contract.inputs]
         # One binding (and its buffers) per input-shape signature, i.e. per batch size:
@@ -218,7 +254,37 @@ class OnnxRuntimeSession(Session):
 
     # -- load-time checks --------------------------------------------------------------------
 
-    def _session_options(self, names: list[str]):
+    def _plan_providers(self, names: list[str], provider_opts: list[dict[str, str]]) -> tuple[str, str | None, str | None]:
+        """Fill in the provider options that make the precision label true, and for the
+        TensorRT provider its profile and keyed engine cache. Returns (label, cache key,
+        cache folder)."""
+        precision = self.options.get("precision", "fp32")
+        if not isinstance(precision, str):
+            raise _fail(f"option precision must be a string, got {precision!r}")
+        needs_gpu_identity = names[0] == gpu_paths.TENSORRT or (self._gpu and precision != "fp32")
+        gpu = gpu_paths.gpu_identity(self._device_id) if needs_gpu_identity else None
+        label, extra = gpu_paths.precision_plan(names, precision, gpu)
+        key = folder = None
+        if gpu_paths.TENSORRT in names:
+            profile = gpu_paths.trt_profile_options(self.contract)
+            cache_dir = self.options.get("cache_dir", str(gpu_paths.DEFAULT_CACHE_DIR))
+            if not isinstance(cache_dir, (str, Path)):
+                raise _fail(f"option cache_dir must be a path, got {cache_dir!r}")
+            if gpu is None:
+                raise _fail("cannot identify the GPU for the TensorRT engine cache key; install nvidia-ml-py (pip install 'vlad[gpu]')")
+            key = gpu_paths.trt_cache_key(
+                hashlib.sha256(self.artifact.read_bytes()).hexdigest(), self._ort.__version__,
+                gpu_paths.tensorrt_version(), gpu, label, profile,
+            )
+            cache = gpu_paths.trt_cache_options(Path(cache_dir), key)
+            folder = cache["trt_engine_cache_path"]
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            extra.setdefault(gpu_paths.TENSORRT, {}).update({**profile, **cache})
+        for name, opts in zip(names, provider_opts, strict=True):
+            opts.update(extra.get(name, {}))
+        return label, key, folder
+
+    def _session_options(self):
         ort = self._ort
         so = ort.SessionOptions()
         so.log_severity_level = 3  # errors only; our own messages say what matters
@@ -236,9 +302,6 @@ class OnnxRuntimeSession(Session):
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             so.optimized_model_filepath = str(path)
-        if any(p != CPU for p in names) and CPU not in names:
-            # A node the GPU provider cannot take must fail the load, not run on the CPU.
-            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         return so
 
     def _check_io(self) -> None:
@@ -251,27 +314,17 @@ class OnnxRuntimeSession(Session):
                 f"{self.artifact} has inputs {got_in} / outputs {got_out}, the contract declares {want_in} / {want_out}"
             )
 
-    def _profile_placement(self, names: list[str]) -> dict[str, int]:
-        """Run once under ORT's profiler and count the graph nodes each provider executed."""
+    def _profile_placement(self, names: list[str]) -> Placement:
+        """Run once under ORT's profiler and judge where each node ran."""
         inputs = example_inputs(self.contract)
         self._sess.run(None, inputs)
         profile = self._sess.end_profiling()  # also turns profiling off for later runs
         with open(profile) as f:
             events = json.load(f)
-        by_provider: dict[str, set[str]] = {}
-        for ev in events:
-            if ev.get("cat") == "Node" and ev.get("name", "").endswith("_kernel_time"):
-                provider = ev.get("args", {}).get("provider")
-                if provider:
-                    by_provider.setdefault(provider, set()).add(ev["name"])
-        counts = dict(Counter({p: len(n) for p, n in by_provider.items()}))
-        if counts and not counts.get(names[0]):
-            raise _fail(
-                f"requested {names[0]} first but it runs none of the graph's nodes ({counts}); refusing to start"
-            )
-        if CPU not in names and counts.get(CPU):
-            raise _fail(f"{counts[CPU]} node(s) fell back to {CPU}, which was not requested ({counts}); refusing to start")
-        return counts
+        placement, refusal = judge_placement(events, names)
+        if refusal:
+            raise _fail(refusal + "; refusing to start")
+        return placement
 
     # -- hot path ------------------------------------------------------------------------------
 
@@ -287,8 +340,12 @@ class OnnxRuntimeSession(Session):
             t0 = time.perf_counter()
             for name in self._input_names:
                 dev_in[name].update_inplace(np.ascontiguousarray(inputs[name]))
+            # The copies may still be in flight on another stream than the provider's:
+            # the run must not start before they land.
+            binding.synchronize_inputs()
             t1 = time.perf_counter()
             self._sess.run_with_iobinding(binding)
+            binding.synchronize_outputs()
             t2 = time.perf_counter()
             result = {name: ov.numpy() for name, ov in outputs.items()}
             t3 = time.perf_counter()
@@ -355,24 +412,31 @@ class OnnxRuntimeSession(Session):
     # -- introspection -------------------------------------------------------------------------
 
     def describe(self) -> SessionDescription:
-        """Providers that actually run nodes, the device, fp32, and the node placement."""
+        """Providers that actually run nodes, the device, the true precision label and the
+        node placement."""
         ort = self._ort
         digest = hashlib.sha256(self.artifact.read_bytes()).hexdigest()[:16] if self.artifact.is_file() else "?"
         level = self.options.get("graph_optimization_level", "all")
+        effective = {}
+        if self._sess is not None and hasattr(self._sess, "get_provider_options"):
+            effective = {p: dict(o) for p, o in self._sess.get_provider_options().items() if p != CPU}
         return SessionDescription(
             backend="onnxruntime",
             runtime="onnxruntime",
             runtime_version=ort.__version__,
             device=f"cuda:{self._device_id}" if self._gpu else "cpu",
-            precision="fp32",
+            precision=self.precision,
             providers=self.providers_in_use,
             # What an optimized-model or TensorRT engine cache must match.
-            cache_key=f"{digest}-ort{ort.__version__}-{'+'.join(self.requested)}-opt{level}",
+            cache_key=self.trt_cache_key or f"{digest}-ort{ort.__version__}-{'+'.join(self.requested)}-opt{level}",
             artifact=str(self.artifact),
             extra={
                 "requested_providers": tuple(self.requested),
                 "registered_providers": tuple(self._sess.get_providers()) if self._sess else (),
                 "nodes_per_provider": dict(self.nodes_per_provider),
+                "cpu_shape_nodes": [str(n) for n in self.placement.cpu_shape_nodes],
+                "provider_options": effective,
+                "trt_engine_cache": self.trt_cache_dir,
                 "intra_op_threads": self.options.get("intra_op_threads", 0),
                 "inter_op_threads": self.options.get("inter_op_threads", 0),
                 "graph_optimization_level": level,

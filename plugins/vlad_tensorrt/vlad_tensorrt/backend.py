@@ -9,7 +9,7 @@ Options (the manifest's backend options table, parsed once into :class:`TensorRT
 ==================== ========================= =============================================
 option               default                   meaning
 ==================== ========================= =============================================
-precision            "fp32"                    fp32 | fp16 | bf16 | fp8 (one engine each)
+precision            "fp32"                    fp32 | tf32 | fp16 | bf16 | fp8 (one engine each)
 cache_dir            "/var/lib/vlad/engines"   where engines and timing caches live
 on_mismatch          "error"                   error | rebuild, for a stored engine whose
                                                sidecar does not match this machine
@@ -142,7 +142,7 @@ class TensorRTBackend(Backend):
 
         device = self._probe(opts.device)
         profile = derive_profile(contract, opts.profile_max_batch)
-        validate_precision(opts.precision, device.compute_capability)
+        validate_precision(opts.precision, device.compute_capability, device.builder_flags, device.tensorrt_version)
         if opts.precision == "fp8":
             require_fp8_qdq(scan_onnx_qdq(artifact), str(artifact))
         ingredients = CacheIngredients(

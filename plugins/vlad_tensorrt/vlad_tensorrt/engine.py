@@ -5,23 +5,30 @@ an ImportError into :class:`~vlad.errors.BackendUnavailable` with the install hi
 
 Memory is managed with cuda-python (``cudart``), which comes with TensorRT in vlad's
 ``tensorrt`` extra; torch is not used, so a TensorRT robot image needs no torch. Device
-buffers are allocated once for the profile's max shapes (``cudaMalloc``), host staging
-buffers are pinned (``cudaMallocHost``) so copies are truly asynchronous, tensor addresses
-are bound once (stable addresses are what makes CUDA-graph replay valid), and each call
-runs H2D copies, ``execute_async_v3`` (or the captured graph) and D2H copies on one
-dedicated non-blocking stream, timed with four CUDA events.
+buffers are allocated once for the profile's max shapes (``cudaMalloc``) and zeroed (a
+CUDA-graph capture at load runs the engine on them: uninitialised int64 token ids would be
+out-of-range embedding indices). Host staging buffers are pinned (``cudaMallocHost``) so
+copies are truly asynchronous; they are owned by :class:`~vlad_tensorrt.buffers.HostBuffer`
+objects, so outputs (views of them) stay valid after ``close()``. Tensor addresses are
+bound once (stable addresses are what makes CUDA-graph replay valid), and each call runs
+H2D copies, ``execute_async_v3`` (or the captured graph) and D2H copies on one dedicated
+non-blocking stream, timed with four CUDA events. Every GPU object is released once, by
+``close()`` or by the garbage collector (:class:`~vlad_tensorrt.buffers.DeviceResources`).
 
 CUDA graph (option ``cuda_graph``): at load the engine is captured at the profile's opt
-shape. A call whose input shapes equal the captured ones replays the graph; any other
-shape inside the profile runs ``execute_async_v3`` normally, because a captured graph
-bakes in the shapes it was recorded with. That is a documented execution-path choice,
-not a precision or provider fallback: both paths run the same engine.
+shape on an execution context of its own whose input shapes are set once and never
+changed, so a replay can never run with shapes other than the captured ones. A call whose
+input shapes equal the captured ones replays the graph; any other shape inside the profile
+runs ``execute_async_v3`` on the main context, because a captured graph bakes in the
+shapes it was recorded with. That is a documented execution-path choice, not a precision
+or provider fallback: both paths run the same engine (the graph context costs one more
+activation allocation, counted in ``memory()``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,17 +40,18 @@ from vlad.backend import MemoryStats, Session, SessionDescription, Timing, host_
 from vlad.contract import Contract
 from vlad.errors import BackendError, BackendUnavailable
 
+from vlad_tensorrt.buffers import DeviceResources, HostBuffer
 from vlad_tensorrt.cache import CacheIngredients, PreparedEngine
-from vlad_tensorrt.precision import format_cc
+from vlad_tensorrt.precision import BUILDER_FLAG, format_cc
 from vlad_tensorrt.profiles import Profile, check_profile
 
 TENSORRT_MISSING = "tensorrt is not installed (pip install 'vlad[tensorrt]' on a machine with an NVIDIA GPU)"
 CUDA_PYTHON_MISSING = "cuda-python is not installed (pip install 'vlad[tensorrt]' on a machine with an NVIDIA GPU)"
 
 # Precisions built as strongly typed networks: every tensor keeps the type the ONNX gives
-# it (fp32 everywhere, or the FP8 of explicit Q/DQ nodes). fp16 / bf16 use TensorRT 10's
-# builder flags on the fp32 ONNX instead.
-STRONGLY_TYPED = frozenset({"fp32", "fp8"})
+# it (fp32 everywhere, or the FP8 of explicit Q/DQ nodes); tf32 only lets fp32 matmuls use
+# TF32 tensor cores. fp16 / bf16 use TensorRT 10's builder flags on the fp32 ONNX instead.
+STRONGLY_TYPED = frozenset({"fp32", "tf32", "fp8"})
 
 
 # ---------------------------------------------------------------------------------------
@@ -101,6 +109,8 @@ class DeviceInfo:
     compute_capability: tuple[int, int]
     tensorrt_version: str
     all_devices: tuple[tuple[int, str, tuple[int, int]], ...] = ()
+    #: Names in this TensorRT's ``BuilderFlag`` that precisions need (TensorRT 11 has no FP16/BF16).
+    builder_flags: frozenset[str] = frozenset()
 
 
 def probe(device: int = 0) -> DeviceInfo:
@@ -121,7 +131,13 @@ def probe(device: int = 0) -> DeviceInfo:
     if not 0 <= device < count:
         raise BackendUnavailable(f"CUDA device {device} is not visible ({count} GPU(s) visible)")
     _, name, cc = devices[device]
-    return DeviceInfo(device, name, cc, str(trt.__version__), tuple(devices))
+    return DeviceInfo(device, name, cc, str(trt.__version__), tuple(devices), builder_flags(trt))
+
+
+def builder_flags(trt) -> frozenset[str]:
+    """The precision-related ``BuilderFlag`` names the installed TensorRT has."""
+    wanted = {f for f in BUILDER_FLAG.values() if f}
+    return frozenset(f for f in wanted if hasattr(trt.BuilderFlag, f))
 
 
 # ---------------------------------------------------------------------------------------
@@ -210,7 +226,7 @@ def build_serialized_engine(
     Returns ``(engine plan, serialized timing cache)``. Raises BackendError with the
     parser's errors (node names included), when the network's inputs do not match the
     profile, when fp8 is asked of a network without FP8 Q/DQ layers, or when TensorRT
-    has no builder flag for fp16/bf16 (TensorRT 11 removed them).
+    has no builder flag for the precision (TensorRT 11 removed FP16/BF16).
     """
     trt = import_tensorrt()
     cudart = import_cudart()
@@ -219,11 +235,12 @@ def build_serialized_engine(
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     precision_flag = None
-    if precision not in STRONGLY_TYPED:
-        precision_flag = getattr(trt.BuilderFlag, precision.upper(), None)
+    flag_name = BUILDER_FLAG.get(precision)
+    if flag_name is not None:
+        precision_flag = getattr(trt.BuilderFlag, flag_name, None)
         if precision_flag is None:
             raise BackendError(
-                f"TensorRT {trt.__version__} has no BuilderFlag.{precision.upper()} (weakly typed "
+                f"TensorRT {trt.__version__} has no BuilderFlag.{flag_name} (weakly typed "
                 f"{precision} was removed in TensorRT 11): export a {precision} ONNX and build it "
                 f"strongly typed, or use TensorRT 10"
             )
@@ -243,15 +260,14 @@ def build_serialized_engine(
     for t in profile.tensors:
         opt_profile.set_shape(t.name, t.min, t.opt, t.max)
     config.add_optimization_profile(opt_profile)
-    if precision == "fp32" and hasattr(trt.BuilderFlag, "TF32"):
-        # TF32 is on by default and rounds matmul inputs to 10 mantissa bits; an engine
-        # labelled fp32 must compute in fp32.
-        config.clear_flag(trt.BuilderFlag.TF32)
-    elif precision_flag is not None:
+    tf32 = getattr(trt.BuilderFlag, "TF32", None)
+    if tf32 is not None and precision != "tf32":
+        # TF32 is on by default and rounds matmul inputs to 10 mantissa bits: an engine
+        # labelled fp32 (or fp16/bf16/fp8, whose fp32 layers stay fp32) must not use it.
+        config.clear_flag(tf32)
+    if precision_flag is not None:
         config.set_flag(precision_flag)
-    cache = config.create_timing_cache(timing_cache or b"")
-    # ignore_mismatch=False: TensorRT refuses a timing cache made on another device/version.
-    config.set_timing_cache(cache, False)
+    cache = attach_timing_cache(config, timing_cache, progress)
     monitor = make_progress_monitor(trt, progress) if progress else None
     if monitor is not None:
         config.progress_monitor = monitor  # kept alive by `monitor` until the build returns
@@ -264,6 +280,26 @@ def build_serialized_engine(
     # "Optimizing Builder Performance": serialize it after the build for the next one).
     timing = bytes(memoryview(cache.serialize()))
     return bytes(memoryview(plan)), timing
+
+
+def attach_timing_cache(config, stored: bytes | None, progress: Callable[[str], None] | None = None):
+    """Attach ``stored`` (or a fresh, empty timing cache) to the builder ``config``.
+
+    ``set_timing_cache(..., ignore_mismatch=False)`` returns False when TensorRT refuses
+    the stored cache (made by another TensorRT or device, or damaged): the build then
+    starts from an empty cache instead of silently running without one, and says so.
+    Returns the attached cache (serialized after the build for the next one).
+    """
+    if stored:
+        cache = config.create_timing_cache(stored)
+        if cache is not None and config.set_timing_cache(cache, False):
+            return cache
+        if progress is not None:
+            progress("stored timing cache refused by TensorRT (other version or device, or damaged); starting empty")
+    cache = config.create_timing_cache(b"")
+    if cache is None or not config.set_timing_cache(cache, False):
+        raise BackendError("TensorRT refused an empty timing cache (out of memory?); cannot build")
+    return cache
 
 
 def _check_network_inputs(network, profile: Profile, source: str) -> None:
@@ -288,20 +324,34 @@ def _check_network_inputs(network, profile: Profile, source: str) -> None:
 
 
 def _require_fp8_layers(trt, network, source: str) -> None:
-    """The parsed network must contain Quantize layers producing FP8; otherwise an "fp8"
-    engine would hold no fp8 at all."""
+    """The parsed network must contain Quantize layers that quantize to FP8; otherwise an
+    "fp8" engine would hold no fp8 at all."""
     q = fp8 = 0
     for i in range(network.num_layers):
         layer = network.get_layer(i)
         if layer.type == trt.LayerType.QUANTIZE:
             q += 1
-            if layer.get_output(0).dtype == trt.DataType.FP8:
+            if quantize_output_type(trt, layer) == trt.DataType.FP8:
                 fp8 += 1
     if fp8 == 0:
         raise BackendError(
             f"precision fp8: the TensorRT network parsed from {source} has {q} Quantize layers and "
-            f"none produces FP8; export FP8 Q/DQ nodes (e.g. with NVIDIA ModelOpt)"
+            f"none quantizes to FP8; export FP8 Q/DQ nodes (e.g. with NVIDIA ModelOpt)"
         )
+
+
+def quantize_output_type(trt, layer):
+    """The type a Quantize layer quantizes to (``IQuantizeLayer.to_type``).
+
+    ``network.get_layer`` returns a plain ``ILayer``; the Python bindings expose a layer's
+    own attributes only after its class is set to the specific interface. Before the
+    build, the output tensor's dtype of a parsed network need not say FP8 yet, so the
+    layer's own ``to_type`` decides; the output dtype is the answer only for bindings
+    without it.
+    """
+    layer.__class__ = trt.IQuantizeLayer
+    to_type = getattr(layer, "to_type", None)
+    return to_type if to_type is not None else layer.get_output(0).dtype
 
 
 # ---------------------------------------------------------------------------------------
@@ -322,7 +372,7 @@ class _Binding:
 
 
 class TensorRTSession(Session):
-    """One deserialized engine with its context, stream, buffers and (optional) graph."""
+    """One deserialized engine with its contexts, stream, buffers and (optional) graph."""
 
     backend_name = "tensorrt"
 
@@ -348,11 +398,16 @@ class TensorRTSession(Session):
         self.ingredients = ingredients
         self.graph_launches = 0  # calls served by CUDA-graph replay
         self.plain_launches = 0  # calls served by execute_async_v3
-        self._closed = False
-        self._engine = self._context = self._runtime = None
-        self._stream = None
-        self._events: list = []
+        self.weights_bytes = 0
+        self.weights_source = ""
+        # Every GPU object lives in `_res`, released once by close() or, for a session
+        # dropped without close(), by this finalizer (which must not reference `self`).
+        self._res = DeviceResources(self._cudart)
+        self._release = weakref.finalize(self, self._res.release)
         self._bindings: list[_Binding] = []
+        self._inputs: list[_Binding] = []
+        self._outputs: list[_Binding] = []
+        self._host_buffers: list[HostBuffer] = []
         self._graph_exec = None
         self._graph_shapes: dict[str, tuple[int, ...]] | None = None
         self._shapes: dict[str, tuple[int, ...]] = {}
@@ -365,28 +420,34 @@ class TensorRTSession(Session):
     # -- setup ---------------------------------------------------------------------------
 
     def _open(self) -> None:
-        trt, cudart = self._trt, self._cudart
+        trt, cudart, res = self._trt, self._cudart, self._res
         cuda_check(cudart, cudart.cudaSetDevice(self.device.index), "cudaSetDevice")
-        self._logger = trt.Logger(trt.Logger.WARNING)
-        self._runtime = trt.Runtime(self._logger)
-        self._engine = self._runtime.deserialize_cuda_engine(self.prepared.plan)
-        if self._engine is None:
+        res.logger = trt.Logger(trt.Logger.WARNING)
+        res.runtime = trt.Runtime(res.logger)
+        res.engine = res.runtime.deserialize_cuda_engine(self.prepared.plan)
+        if res.engine is None:
             raise BackendError(f"TensorRT could not deserialize {self.prepared.path}")
+        self.weights_bytes, self.weights_source = engine_weights_bytes(trt, res.engine, len(self.prepared.plan))
         self._check_engine_io()
-        self._context = self._engine.create_execution_context()
-        if self._context is None:
-            raise BackendError("TensorRT could not create an execution context (out of device memory?)")
-        self._stream = cuda_check(
+        res.context = self._new_context()
+        res.stream = cuda_check(
             cudart, cudart.cudaStreamCreateWithFlags(getattr(cudart, "cudaStreamNonBlocking", 1)), "cudaStreamCreate"
         )
-        self._events = [cuda_check(cudart, cudart.cudaEventCreate(), "cudaEventCreate") for _ in range(4)]
+        for _ in range(4):
+            res.events.append(cuda_check(cudart, cudart.cudaEventCreate(), "cudaEventCreate"))
         self._allocate()
         if self.opts.cuda_graph:
             self._capture_graph()
 
+    def _new_context(self):
+        context = self._res.engine.create_execution_context()
+        if context is None:
+            raise BackendError("TensorRT could not create an execution context (out of device memory?)")
+        return context
+
     def _check_engine_io(self) -> None:
         """The engine must have exactly the contract's tensors, dtypes and our profile."""
-        trt, engine = self._trt, self._engine
+        trt, engine = self._trt, self._res.engine
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         inputs = {n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT}
         outputs = set(names) - inputs
@@ -414,8 +475,9 @@ class TensorRTSession(Session):
                 )
 
     def _allocate(self) -> None:
-        """Device and pinned host buffers sized for the profile's max shapes, bound once."""
-        cudart, ctx = self._cudart, self._context
+        """Device and pinned host buffers sized for the profile's max shapes, zeroed, bound once."""
+        cudart, res = self._cudart, self._res
+        ctx = res.context
         for name, shape in self.profile.max_shapes().items():
             self._set_shape(name, shape)
         specs = [(s, True) for s in self.contract.inputs] + [(s, False) for s in self.contract.outputs]
@@ -426,10 +488,20 @@ class TensorRTSession(Session):
             dtype = np.dtype(spec.dtype)
             nbytes = max(int(np.prod(shape, dtype=np.int64)), 1) * dtype.itemsize
             b = _Binding(spec.name, is_input, dtype, shape, nbytes)
-            self._bindings.append(b)  # appended first so close() frees partial allocations
+            self._bindings.append(b)
             b.device = int(cuda_check(cudart, cudart.cudaMalloc(nbytes), f"cudaMalloc({spec.name})"))
-            b.host_ptr = int(cuda_check(cudart, cudart.cudaMallocHost(nbytes), f"cudaMallocHost({spec.name})"))
-            b.host = np.ctypeslib.as_array(ctypes.cast(b.host_ptr, ctypes.POINTER(ctypes.c_uint8)), (nbytes,))
+            res.device_ptrs.append(b.device)  # registered at once, so a failure later frees it
+            # Zeroed: the graph capture at load runs the engine on these buffers, and int64
+            # token ids are embedding indices (garbage would index out of range).
+            cuda_check(cudart, cudart.cudaMemset(b.device, 0, nbytes), f"cudaMemset({spec.name})")
+            host = HostBuffer(
+                cuda_check(cudart, cudart.cudaMallocHost(nbytes), f"cudaMallocHost({spec.name})"),
+                nbytes,
+                cudart.cudaFreeHost,
+            )
+            self._host_buffers.append(host)
+            b.host_ptr, b.host = host.ptr, host.array()
+            b.host.fill(0)
             if not ctx.set_tensor_address(spec.name, b.device):
                 raise BackendError(f"set_tensor_address({spec.name!r}) failed")
         self._inputs = [b for b in self._bindings if b.is_input]
@@ -439,16 +511,22 @@ class TensorRTSession(Session):
 
     def _set_shape(self, name: str, shape: tuple[int, ...]) -> None:
         if self._shapes.get(name) != shape:
-            if not self._context.set_input_shape(name, shape):
+            if not self._res.context.set_input_shape(name, shape):
                 raise BackendError(f"set_input_shape({name!r}, {list(shape)}) refused by TensorRT")
             self._shapes[name] = shape
 
     def _capture_graph(self) -> None:
-        """Capture one execute_async_v3 at the opt shape into a CUDA graph."""
-        cudart, ctx, stream = self._cudart, self._context, self._stream
+        """Capture one execute_async_v3 at the opt shape into a CUDA graph, on a context of
+        its own whose shapes are set here once and never changed afterwards."""
+        cudart, stream = self._cudart, self._res.stream
+        ctx = self._res.graph_context = self._new_context()
         opt = self.profile.opt_shapes()
         for name, shape in opt.items():
-            self._set_shape(name, shape)
+            if not ctx.set_input_shape(name, shape):
+                raise BackendError(f"set_input_shape({name!r}, {list(shape)}) refused by TensorRT (graph context)")
+        for b in self._bindings:
+            if not ctx.set_tensor_address(b.name, b.device):
+                raise BackendError(f"set_tensor_address({b.name!r}) failed (graph context)")
         # After a shape change TensorRT may do one-off work in the next enqueue, which must
         # not end up in the graph: run once, uncaptured, before capturing.
         if not ctx.execute_async_v3(int(stream)):
@@ -470,6 +548,7 @@ class TensorRTSession(Session):
             if not ok:
                 raise BackendError("execute_async_v3 failed during CUDA-graph capture (engine not capturable?)")
             self._graph_exec = cuda_check(cudart, cudart.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+            self._res.graph_execs.append(self._graph_exec)
         finally:
             cuda_check(cudart, cudart.cudaGraphDestroy(graph), "cudaGraphDestroy")
         self._graph_shapes = dict(opt)
@@ -477,23 +556,32 @@ class TensorRTSession(Session):
     # -- the hot path --------------------------------------------------------------------
 
     def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._res.released:
+            raise BackendError("session is closed")
         check_profile(self.profile, inputs)
-        cudart, ctx, stream, ev = self._cudart, self._context, self._stream, self._events
+        cudart, res = self._cudart, self._res
+        stream, ev = res.stream, res.events
         if self.device.index:
             cuda_check(cudart, cudart.cudaSetDevice(self.device.index), "cudaSetDevice")
+        graph = self._graph_exec is not None and all(
+            inputs[name].shape == shape for name, shape in self._graph_shapes.items()
+        )
         for b in self._inputs:
             x = inputs[b.name]
-            self._set_shape(b.name, x.shape)
+            if not graph:
+                self._set_shape(b.name, x.shape)
             np.copyto(b.host[: x.nbytes].view(b.dtype).reshape(x.shape), x)
         cuda_check(cudart, cudart.cudaEventRecord(ev[0], stream), "cudaEventRecord")
         for b in self._inputs:
             n = inputs[b.name].nbytes
             cuda_check(cudart, cudart.cudaMemcpyAsync(b.device, b.host_ptr, n, self._h2d, stream), "H2D copy")
         cuda_check(cudart, cudart.cudaEventRecord(ev[1], stream), "cudaEventRecord")
-        if self._graph_exec is not None and self._shapes == self._graph_shapes:
+        if graph:
+            ctx = res.graph_context
             cuda_check(cudart, cudart.cudaGraphLaunch(self._graph_exec, stream), "cudaGraphLaunch")
             self.graph_launches += 1
         else:
+            ctx = res.context
             if not ctx.execute_async_v3(int(stream)):
                 raise BackendError("execute_async_v3 failed (the TensorRT log says why)")
             self.plain_launches += 1
@@ -537,42 +625,46 @@ class TensorRTSession(Session):
                 "profile": self.profile.to_dict(),
                 "cuda_graph": None if graph is None else {k: list(v) for k, v in graph.items()},
                 "onnx_sha256": self.ingredients.onnx_sha256,
+                "weights_bytes": self.weights_bytes,
+                "weights_bytes_source": self.weights_source,
             },
         )
 
     def memory(self) -> MemoryStats:
-        """Host RSS; device bytes = engine activation memory + the I/O buffers."""
-        engine = self._engine
-        activation = 0
-        if engine is not None:
-            activation = int(getattr(engine, "device_memory_size_v2", 0) or getattr(engine, "device_memory_size", 0))
+        """Host RSS; device bytes = engine weights + activation memory of each execution
+        context + the I/O buffers."""
+        res = self._res
+        activation = weights = 0
+        if res.engine is not None:
+            weights = self.weights_bytes
+            engine = res.engine
+            per_context = int(getattr(engine, "device_memory_size_v2", 0) or getattr(engine, "device_memory_size", 0))
+            activation = per_context * sum(c is not None for c in (res.context, res.graph_context))
         buffers = sum(b.nbytes for b in self._bindings)
-        return MemoryStats(host_rss_bytes(), activation + buffers, self.device.name)
+        return MemoryStats(host_rss_bytes(), weights + activation + buffers, self.device.name)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        cudart = self._cudart
-        if self._stream is not None:
-            cudart.cudaStreamSynchronize(self._stream)
-        if self._graph_exec is not None:
-            cudart.cudaGraphExecDestroy(self._graph_exec)
-            self._graph_exec = None
-        for b in self._bindings:
-            if b.device:
-                cudart.cudaFree(b.device)
-            if b.host_ptr:
-                b.host = np.empty(0, np.uint8)  # drop the view before freeing its memory
-                cudart.cudaFreeHost(b.host_ptr)
-        self._bindings = []
-        for e in self._events:
-            cudart.cudaEventDestroy(e)
-        self._events = []
-        if self._stream is not None:
-            cudart.cudaStreamDestroy(self._stream)
-            self._stream = None
-        # The context must go before the engine, and the engine before the runtime.
-        self._context = None
-        self._engine = None
-        self._runtime = None
+        """Release the GPU objects now (idempotent). Outputs already returned stay readable:
+        their pinned memory is freed when the last of them is gone."""
+        self._graph_exec = None
+        self._release()
+        # Drop the session's own references to the pinned buffers; outputs a caller still
+        # holds keep theirs alive.
+        self._bindings, self._inputs, self._outputs, self._host_buffers = [], [], [], []
+
+
+def engine_weights_bytes(trt, engine, plan_bytes: int) -> tuple[int, str]:
+    """Device bytes the engine's weights take, and where the figure comes from.
+
+    TensorRT 10.8+ reports it (``get_engine_stat(EngineStat.TOTAL_WEIGHTS_SIZE)``); older
+    versions do not, and the serialized plan size (weights plus kernels, copied to the
+    device at deserialization) stands in for it.
+    """
+    stat = getattr(trt, "EngineStat", None)
+    getter = getattr(engine, "get_engine_stat", None)
+    if stat is not None and getter is not None and hasattr(stat, "TOTAL_WEIGHTS_SIZE"):
+        try:
+            return int(getter(stat.TOTAL_WEIGHTS_SIZE)), "engine_stat"
+        except (TypeError, RuntimeError):
+            pass
+    return int(plan_bytes), "plan_size"

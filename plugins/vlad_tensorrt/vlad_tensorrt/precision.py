@@ -1,13 +1,18 @@
 """Precision candidates and their requirements (pure: no TensorRT import).
 
 Every precision is its own build candidate: its own engine, its own cache key and its own
-equivalence-gate evidence. A precision the GPU cannot run, or that the ONNX cannot express,
-is refused with the reason; nothing is silently built at another precision.
+equivalence-gate evidence. A precision the GPU cannot run, that the installed TensorRT
+cannot build, or that the ONNX cannot express is refused with the reason; nothing is
+silently built at another precision.
 
 - ``fp32``: strongly typed build from the fp32 ONNX, TF32 disabled (so "fp32" means fp32).
+- ``tf32``: the same strongly typed build with TF32 allowed (TensorRT's own default):
+  matmul / convolution inputs rounded to 10 mantissa bits on tensor cores. Needs compute
+  capability >= 8.0 (Ampere); it has its own error budget.
 - ``fp16`` / ``bf16``: TensorRT 10 builder flags (``BuilderFlag.FP16`` / ``BF16``) on the
   fp32 ONNX; TensorRT picks reduced-precision kernels where it judges them fit. bf16
-  needs compute capability >= 8.0 (Ampere).
+  needs compute capability >= 8.0 (Ampere). TensorRT 11 removed these flags: there the
+  precisions are not offered (export a reduced-precision ONNX and build it strongly typed).
 - ``fp8``: needs compute capability >= 8.9 (Ada / Hopper and later) *and* an ONNX with
   FP8 Q/DQ (QuantizeLinear / DequantizeLinear) nodes, built as a strongly typed network:
   TensorRT only runs fp8 where the graph says so (explicit quantization).
@@ -15,25 +20,31 @@ is refused with the reason; nothing is silently built at another precision.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from vlad.errors import BackendError
 
-Precision = Literal["fp32", "fp16", "bf16", "fp8"]
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8")
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
-# Minimum compute capability per precision. fp16 arithmetic is native from sm_53; bf16
-# tensor cores arrived with Ampere (8.0); fp8 tensor cores with Ada (8.9) and Hopper (9.0).
+# Minimum compute capability per precision. fp16 arithmetic is native from sm_53; TF32 and
+# bf16 tensor cores arrived with Ampere (8.0); fp8 tensor cores with Ada (8.9) and Hopper (9.0).
 MIN_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
     "fp32": (0, 0),
+    "tf32": (8, 0),
     "fp16": (5, 3),
     "bf16": (8, 0),
     "fp8": (8, 9),
 }
 
+# The TensorRT builder flag each precision needs (None: built strongly typed, no flag).
+BUILDER_FLAG: dict[str, str | None] = {"fp32": None, "tf32": "TF32", "fp16": "FP16", "bf16": "BF16", "fp8": None}
+
 _ARCH_HINT = {
+    "tf32": "Ampere or newer",
     "bf16": "Ampere or newer",
     "fp8": "Ada Lovelace / Hopper or newer",
     "fp16": "Maxwell sm_53 or newer",
@@ -62,30 +73,61 @@ def format_cc(cc: tuple[int, int]) -> str:
     return f"{cc[0]}.{cc[1]}"
 
 
-def validate_precision(precision: str, compute_capability: str | tuple[int, int]) -> str:
-    """Check that ``precision`` is a known candidate and that the GPU can run it.
+def precision_problem(
+    precision: str,
+    compute_capability: str | tuple[int, int],
+    builder_flags: Iterable[str] | None = None,
+    tensorrt_version: str = "?",
+) -> str | None:
+    """Why ``precision`` cannot be built here, or None when it can.
 
-    Returns the precision; raises :class:`BackendError` naming the requirement otherwise
-    (e.g. fp8 on a cc 8.7 Jetson Orin).
+    ``builder_flags`` are the names in the installed TensorRT's ``BuilderFlag`` (None: do
+    not check them, e.g. before TensorRT is imported); a precision whose flag is missing
+    (fp16/bf16 on TensorRT 11) is refused with that reason.
     """
     if precision not in PRECISIONS:
-        raise BackendError(
-            f"unknown TensorRT precision {precision!r}; candidates: {', '.join(PRECISIONS)}"
-        )
+        return f"unknown TensorRT precision {precision!r}; candidates: {', '.join(PRECISIONS)}"
     cc = parse_compute_capability(compute_capability)
     need = MIN_COMPUTE_CAPABILITY[precision]
     if cc < need:
-        raise BackendError(
+        return (
             f"precision {precision} needs compute capability >= {format_cc(need)} "
             f"({_ARCH_HINT[precision]}); this GPU has {format_cc(cc)}"
         )
+    flag = BUILDER_FLAG[precision]
+    if flag is not None and builder_flags is not None and flag not in set(builder_flags):
+        return (
+            f"precision {precision}: TensorRT {tensorrt_version} has no BuilderFlag.{flag} (TensorRT 11 "
+            f"removed the weakly typed fp16/bf16 flags); install TensorRT 10 (pip install "
+            f"'vlad[tensorrt]'), or export a {precision} ONNX and build it strongly typed"
+        )
+    return None
+
+
+def validate_precision(
+    precision: str,
+    compute_capability: str | tuple[int, int],
+    builder_flags: Iterable[str] | None = None,
+    tensorrt_version: str = "?",
+) -> str:
+    """Check that ``precision`` is a known candidate that this GPU and TensorRT can build.
+
+    Returns the precision; raises :class:`BackendError` naming the requirement otherwise
+    (e.g. fp8 on a cc 8.7 Jetson Orin, fp16 on TensorRT 11).
+    """
+    problem = precision_problem(precision, compute_capability, builder_flags, tensorrt_version)
+    if problem:
+        raise BackendError(problem)
     return precision
 
 
-def supported_precisions(compute_capability: str | tuple[int, int]) -> tuple[str, ...]:
-    """The candidates this GPU can run (fp8 additionally needs a Q/DQ ONNX)."""
-    cc = parse_compute_capability(compute_capability)
-    return tuple(p for p in PRECISIONS if cc >= MIN_COMPUTE_CAPABILITY[p])
+def supported_precisions(
+    compute_capability: str | tuple[int, int], builder_flags: Iterable[str] | None = None
+) -> tuple[str, ...]:
+    """The candidates this GPU (and, given its flags, this TensorRT) can build; fp8
+    additionally needs a Q/DQ ONNX."""
+    flags = None if builder_flags is None else tuple(builder_flags)
+    return tuple(p for p in PRECISIONS if precision_problem(p, compute_capability, flags) is None)
 
 
 # ---------------------------------------------------------------------------------------

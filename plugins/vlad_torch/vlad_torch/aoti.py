@@ -7,15 +7,21 @@ the CPU instruction set it was compiled on, so it is produced on (or for) the ta
 :func:`compile_aoti` and must pass the same equivalence gate as any other artifact.
 
 Loading uses :func:`torch._inductor.aoti_load_package` only (no pickle, no remote code).
-Options: ``device`` (``"cpu"`` default or ``"cuda[:N]"``; must match the compiled device)
-and ``threads``.
+Options: ``device`` (``"cpu"`` default or ``"cuda[:N]"``; must match the compiled device),
+``threads`` and ``precision`` (must equal the precision the package was compiled at:
+kernels generated for CUDA bake TF32 use in, so it cannot be switched at load).
+
+Compiling for CUDA needs the CUDA toolkit headers (``cuda_runtime_api.h``) besides a C++
+compiler: the generated wrapper is C++ that includes them. :func:`cuda_toolkit_problem`
+finds them the way torch does (``CUDA_HOME`` / ``CUDA_PATH``, ``nvcc`` on ``PATH``,
+``/usr/local/cuda``) and ``availability()`` says what is missing.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +31,16 @@ from vlad.errors import BackendError
 from vlad.processing import sha256_file
 
 from vlad_torch.backend import _first_line, require, torch_availability
-from vlad_torch.session import COMMON_OPTIONS, TorchSession, apply_threads, check_names, check_options, resolve_device
+from vlad_torch.session import (
+    COMMON_OPTIONS,
+    TorchSession,
+    apply_threads,
+    check_names,
+    check_options,
+    resolve_device,
+    resolve_precision,
+    set_tf32,
+)
 
 # Our own metadata keys in the package, next to AOTInductor's AOTI_* keys.
 META_INPUTS = "vlad.inputs"
@@ -33,6 +48,8 @@ META_OUTPUTS = "vlad.outputs"
 META_SOURCE_SHA256 = "vlad.source_sha256"
 META_TORCH = "vlad.torch_version"
 META_DEVICE = "vlad.device"
+META_PRECISION = "vlad.precision"
+CUDA_HEADER = "cuda_runtime_api.h"
 
 
 def find_cxx() -> str | None:
@@ -44,6 +61,40 @@ def find_cxx() -> str | None:
         path = shutil.which(name)
         if path:
             return path
+    return None
+
+
+def cuda_toolkit_problem(
+    env: Mapping[str, str] | None = None,
+    which: Callable[[str], str | None] = shutil.which,
+    default_root: str = "/usr/local/cuda",
+) -> str | None:
+    """Why AOTInductor cannot compile for CUDA here (no CUDA headers), or None.
+
+    Looks where torch's ``cpp_extension`` looks: ``$CUDA_HOME`` / ``$CUDA_PATH``, the
+    toolkit of the ``nvcc`` on ``PATH``, then ``/usr/local/cuda``; the first root found
+    must hold ``include/cuda_runtime_api.h``.
+    """
+    env = os.environ if env is None else env
+    root, source = None, ""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if env.get(var):
+            root, source = env[var], f"${var}"
+            break
+    if root is None:
+        nvcc = which("nvcc")
+        if nvcc:
+            root, source = os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), f"nvcc at {nvcc}"
+    if root is None and os.path.isdir(default_root):
+        root, source = default_root, default_root
+    if root is None:
+        return (
+            "no CUDA toolkit found (no $CUDA_HOME, no nvcc on PATH, no /usr/local/cuda): AOTInductor needs the "
+            "CUDA headers to compile for cuda; install the CUDA toolkit and set CUDA_HOME"
+        )
+    header = os.path.join(root, "include", CUDA_HEADER)
+    if not os.path.isfile(header):
+        return f"the CUDA toolkit at {root} (from {source}) has no include/{CUDA_HEADER}; point CUDA_HOME at a full toolkit"
     return None
 
 
@@ -64,6 +115,8 @@ def compile_aoti(program_path: str | Path, out_path: str | Path, device: str = "
     if out_path.suffix != ".pt2":
         raise BackendError(f"torch-aoti: the package path must end in .pt2, got {out_path}")
     dev = resolve_device("torch-aoti", device)
+    if dev.type == "cuda" and (problem := cuda_toolkit_problem()):
+        raise BackendError(f"torch-aoti: cannot compile for cuda: {problem}")
     try:
         program = torch.export.load(str(program_path))
     except Exception as exc:
@@ -78,11 +131,15 @@ def compile_aoti(program_path: str | Path, out_path: str | Path, device: str = "
         META_SOURCE_SHA256: sha256_file(program_path),
         META_TORCH: torch.__version__,
         META_DEVICE: dev.type,
+        META_PRECISION: "fp32",
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
     # Compile next to the destination and rename, so a crash never leaves a half package
     # under the final name (a cache would otherwise pick it up).
     tmp = out_path.with_name(f".{out_path.stem}.partial.pt2")  # AOTInductor wants a .pt2 name
+    if dev.type == "cuda":
+        # Generated CUDA kernels decide TF32 at compile time: the package is fp32.
+        set_tf32(torch, False)
     try:
         torch._inductor.aoti_compile_and_package(
             program, package_path=str(tmp), inductor_configs={"aot_inductor.metadata": metadata}
@@ -100,7 +157,9 @@ class TorchAOTIBackend(Backend):
     name = "torch-aoti"
 
     def availability(self) -> Availability:
-        """torch importable and a C++ compiler on PATH (AOTInductor compiles with it)."""
+        """torch importable and a C++ compiler on PATH (AOTInductor compiles with it). With
+        CUDA devices but no CUDA headers, CUDA packages still load; ``reason`` says that
+        compiling for cuda would fail, and why."""
         base = torch_availability(runtime="torch-aoti")
         if not base.usable:
             return base
@@ -111,6 +170,11 @@ class TorchAOTIBackend(Backend):
                 version=base.version,
                 reason="no C++ compiler found (set $CXX or install g++): AOTInductor cannot compile packages here",
                 devices=base.devices,
+            )
+        if any(d.startswith("cuda") for d in base.devices) and (problem := cuda_toolkit_problem()):
+            return Availability(
+                True, base.runtime, version=base.version, devices=base.devices,
+                reason=f"cuda packages load, but compiling for cuda fails: {problem}",
             )
         return base
 
@@ -130,6 +194,7 @@ class TorchAOTIBackend(Backend):
         if not artifact.is_file():
             raise BackendError(f"{self.name}: artifact {artifact} does not exist")
         device = resolve_device(self.name, options.get("device", "cpu"))
+        precision = resolve_precision(self.name, options.get("precision", "fp32"), device, autocast=False)
         threads = apply_threads(self.name, options.get("threads"))
         try:
             model = torch._inductor.aoti_load_package(
@@ -149,6 +214,12 @@ class TorchAOTIBackend(Backend):
             raise BackendError(
                 f"{self.name}: {artifact} was compiled for {meta.get(META_DEVICE)}, device {device.type!r} requested"
             )
+        compiled = meta.get(META_PRECISION, "fp32")
+        if precision != compiled:
+            raise BackendError(
+                f"{self.name}: {artifact} was compiled at precision {compiled}, {precision} requested; the precision "
+                f"of generated kernels is fixed at compile time"
+            )
         names = check_names(self.name, "inputs", meta[META_INPUTS].split(","), [s.name for s in contract.inputs])
         if int(meta.get(META_OUTPUTS, -1)) != len(contract.outputs):
             raise BackendError(
@@ -165,6 +236,7 @@ class TorchAOTIBackend(Backend):
             input_order=names,
             device=device,
             threads=threads,
+            precision=precision,
             extra=extra,
             # What makes two packages interchangeable: same source program, torch, device, ISA.
             cache_key="-".join(

@@ -4,8 +4,9 @@ Loading goes through :func:`torch.export.load` only: the archive holds a seriali
 and tensors, no pickled classes and no code, so a release artifact cannot execute anything
 on load (torch.load is never called with weights_only disabled).
 
-Options: ``device`` (``"cpu"`` default, ``"cuda"``, ``"cuda:N"``) and ``threads``
-(``torch.set_num_threads``; process-wide).
+Options: ``device`` (``"cpu"`` default, ``"cuda"``, ``"cuda:N"``), ``threads``
+(``torch.set_num_threads``; process-wide) and ``precision`` (``"fp32"`` default; on CUDA
+also ``"tf32"``, ``"fp16"`` and ``"bf16"``, see :mod:`vlad_torch.session`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from vlad.backend import Availability, Backend
 from vlad.contract import Contract
 from vlad.errors import BackendError, BackendUnavailable
 
-from vlad_torch.session import COMMON_OPTIONS, TorchSession, apply_threads, check_names, check_options, resolve_device
+from vlad_torch.session import (
+    COMMON_OPTIONS,
+    TorchSession,
+    apply_threads,
+    check_names,
+    check_options,
+    resolve_device,
+    resolve_precision,
+)
 
 
 def torch_availability(runtime: str = "torch") -> Availability:
@@ -64,6 +73,7 @@ class TorchBackend(Backend):
 
         artifact = Path(artifact)
         device = resolve_device(self.name, options.get("device", "cpu"))
+        precision = resolve_precision(self.name, options.get("precision", "fp32"), device)
         threads = apply_threads(self.name, options.get("threads"))
         try:
             program = torch.export.load(str(artifact))
@@ -95,6 +105,7 @@ class TorchBackend(Backend):
             input_order=names,
             device=device,
             threads=threads,
+            precision=precision,
         )
 
 

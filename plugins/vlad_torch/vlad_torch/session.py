@@ -3,8 +3,14 @@
 Both run a callable that takes the contract's input tensors positionally and returns the
 output tensor(s); they differ only in how that callable is built (``torch.export`` program
 vs AOTInductor package). This module owns what they share: device choice, thread count,
-numpy <-> tensor conversion (zero-copy on CPU; pinned staging buffers and CUDA events on a
-GPU) and the timing split.
+precision, numpy <-> tensor conversion (zero-copy on CPU; pinned staging buffers and CUDA
+events on a GPU) and the timing split.
+
+Precision labels are what the session computes in. On CUDA, cuDNN convolutions default to
+TF32 (and matmuls may be set to it by any code in the process), so an ``fp32`` session sets
+TF32 off before every call: the flags are process-wide and another session (``tf32``) may
+have turned them on. ``tf32`` sets them on (compute capability >= 8.0); ``fp16`` /
+``bf16`` run the model under ``torch.autocast`` (eager ``torch`` only).
 
 torch is imported inside functions only, so importing the plugin costs nothing when the
 daemon runs on another engine.
@@ -25,7 +31,61 @@ from vlad.errors import BackendError
 
 #: Options every torch session understands; anything else is refused (a typo must not
 #: silently fall back to a default).
-COMMON_OPTIONS = frozenset({"device", "threads"})
+COMMON_OPTIONS = frozenset({"device", "threads", "precision"})
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+_AUTOCAST = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def set_tf32(torch: Any, enabled: bool) -> None:
+    """Allow or forbid TF32 for CUDA matmuls and cuDNN convolutions / RNNs.
+
+    Uses the per-backend ``fp32_precision`` API where torch has it (2.9+): mixing it with
+    the legacy ``allow_tf32`` flags makes torch raise, so only one of the two is ever used.
+    """
+    matmul = torch.backends.cuda.matmul
+    cudnn = torch.backends.cudnn
+    if hasattr(matmul, "fp32_precision") and hasattr(cudnn, "conv"):
+        value = "tf32" if enabled else "ieee"
+        matmul.fp32_precision = value
+        cudnn.conv.fp32_precision = value
+        cudnn.rnn.fp32_precision = value
+    else:
+        matmul.allow_tf32 = enabled
+        cudnn.allow_tf32 = enabled
+
+
+def tf32_state(torch: Any) -> dict[str, str]:
+    """The TF32 settings in effect, per backend (``tf32`` or ``ieee``)."""
+    matmul = torch.backends.cuda.matmul
+    cudnn = torch.backends.cudnn
+    if hasattr(matmul, "fp32_precision") and hasattr(cudnn, "conv"):
+        return {"matmul": matmul.fp32_precision, "cudnn_conv": cudnn.conv.fp32_precision, "cudnn_rnn": cudnn.rnn.fp32_precision}
+    return {"matmul": "tf32" if matmul.allow_tf32 else "ieee", "cudnn": "tf32" if cudnn.allow_tf32 else "ieee"}
+
+
+def resolve_precision(backend: str, precision: Any, device: Any, *, autocast: bool = True) -> str:
+    """Check the ``precision`` option against the device; returns the label.
+
+    CPU sessions compute in fp32 only; tf32 and bf16 need compute capability >= 8.0;
+    fp16 / bf16 (autocast) only where ``autocast`` is offered (eager torch).
+    """
+    if precision not in PRECISIONS:
+        raise BackendError(f"{backend}: option precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "fp32":
+        return precision
+    if device.type != "cuda":
+        raise BackendError(f"{backend}: precision {precision} needs device 'cuda'; on {device.type} sessions compute in fp32")
+    if precision in _AUTOCAST and not autocast:
+        raise BackendError(
+            f"{backend}: precision {precision} is compiled in, not switched at load; export and compile a {precision} program"
+        )
+    if precision in ("tf32", "bf16"):
+        import torch
+
+        cc = torch.cuda.get_device_capability(device)
+        if cc < (8, 0):
+            raise BackendError(f"{backend}: precision {precision} needs compute capability >= 8.0 (Ampere); {device} has {cc[0]}.{cc[1]}")
+    return precision
 
 
 def check_options(backend: str, options: Mapping[str, Any], known: frozenset[str]) -> None:
@@ -99,15 +159,18 @@ class TorchSession(Session):
         threads: int,
         extra: Mapping[str, Any] | None = None,
         cache_key: str | None = None,
+        precision: str = "fp32",
     ) -> None:
         import torch
 
         super().__init__(contract, artifact, options)
+        self.precision = precision
         self.backend_name = backend_name
         self._torch = torch
         self._fn = fn
         self._input_order = list(input_order)
         self._output_names = [spec.name for spec in contract.outputs]
+        self._output_dtypes = {spec.name: np.dtype(spec.dtype) for spec in contract.outputs}
         self._device = device
         self._threads = threads
         self._extra = dict(extra or {})
@@ -116,6 +179,7 @@ class TorchSession(Session):
         # Staging buffers per input-shape signature (one set per batch size seen), so the
         # hot path never allocates pinned or device memory after the first call.
         self._buffers: dict[tuple, dict[str, Any]] = {}
+        self._autocast = getattr(torch, _AUTOCAST[precision]) if precision in _AUTOCAST else None
         if self._cuda:
             self._stream = torch.cuda.Stream(device)
             self._events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
@@ -150,22 +214,34 @@ class TorchSession(Session):
         buf = self._buffers.get(key)
         if buf is None:
             buf = self._buffers[key] = self._allocate(inputs)
+        # Process-wide flags another session may have changed: set them for this call.
+        set_tf32(torch, self.precision != "fp32")
+        # Host-side staging first, so h2d_ms times only the device copy.
+        for name in self._input_order:
+            np.copyto(buf["host_np"][name], inputs[name], casting="no")
         start, h2d_done, compute_done, d2h_done = self._events
+        host_out = buf["out"]
         with torch.cuda.stream(self._stream), torch.inference_mode():
             start.record()
             for name in self._input_order:
-                np.copyto(buf["host_np"][name], inputs[name], casting="no")
                 buf["dev"][name].copy_(buf["host"][name], non_blocking=True)
             h2d_done.record()
-            out = self._fn(*(buf["dev"][n] for n in self._input_order))
-            compute_done.record()
+            if self._autocast is not None:
+                with torch.autocast("cuda", dtype=self._autocast):
+                    out = self._fn(*(buf["dev"][n] for n in self._input_order))
+            else:
+                out = self._fn(*(buf["dev"][n] for n in self._input_order))
             outs = out if isinstance(out, (list, tuple)) else (out,)
-            host_out = buf.setdefault("out", {})
+            self._check_count(outs)
             for name, t in zip(self._output_names, outs):
                 pinned = host_out.get(name)
-                if pinned is None or pinned.shape != t.shape:
-                    pinned = host_out[name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                pinned.copy_(t, non_blocking=True)
+                if pinned is None or pinned.shape != t.shape or pinned.dtype != t.dtype:
+                    # Only when the contract could not size it (or autocast changed the
+                    # dtype): a one-off allocation, before the timed copies below.
+                    host_out[name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            compute_done.record()
+            for name, t in zip(self._output_names, outs):
+                host_out[name].copy_(t, non_blocking=True)
             d2h_done.record()
         d2h_done.synchronize()
         self.last_timing = Timing(
@@ -173,10 +249,16 @@ class TorchSession(Session):
             compute_ms=h2d_done.elapsed_time(compute_done),
             d2h_ms=compute_done.elapsed_time(d2h_done),
         )
-        self._check_count(outs)
-        return {name: host_out[name].numpy() for name in self._output_names}
+        return {name: self._as_contract_dtype(host_out[name].numpy(), name) for name in self._output_names}
+
+    def _as_contract_dtype(self, array: np.ndarray, name: str) -> np.ndarray:
+        """Autocast may return fp16/bf16 outputs; callers get the contract's dtype."""
+        want = self._output_dtypes[name]
+        return array if array.dtype == want else array.astype(want)
 
     def _allocate(self, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """Pinned staging and device buffers for one input-shape signature, and pinned
+        outputs sized from the contract (dynamic axes sized like the inputs' axes)."""
         torch = self._torch
         host, host_np, dev = {}, {}, {}
         for name in self._input_order:
@@ -185,7 +267,17 @@ class TorchSession(Session):
             host[name] = torch.empty(x.shape, dtype=dtype, pin_memory=True)
             host_np[name] = host[name].numpy()
             dev[name] = torch.empty(x.shape, dtype=dtype, device=self._device)
-        return {"host": host, "host_np": host_np, "dev": dev}
+        sizes = {ax.name: inputs[spec.name].shape[ax.axis] for spec in self.contract.inputs for ax in spec.dynamic}
+        out = {}
+        for spec in self.contract.outputs:
+            if any(ax.name not in sizes for ax in spec.dynamic):
+                continue  # an axis only the model knows: sized at the first call
+            shape = list(spec.shape)
+            for ax in spec.dynamic:
+                shape[ax.axis] = sizes[ax.name]
+            dtype = torch.from_numpy(np.empty(0, dtype=np.dtype(spec.dtype))).dtype
+            out[spec.name] = torch.empty(tuple(shape), dtype=dtype, pin_memory=True)
+        return {"host": host, "host_np": host_np, "dev": dev, "out": out}
 
     def _outputs_to_numpy(self, out: Any) -> dict[str, np.ndarray]:
         outs = out if isinstance(out, (list, tuple)) else (out,)
@@ -201,21 +293,24 @@ class TorchSession(Session):
     # -- introspection ---------------------------------------------------------------------
 
     def describe(self) -> SessionDescription:
-        """Runtime torch and its version, the device actually used, fp32, no providers."""
+        """Runtime torch and its version, the device actually used, the precision it computes
+        in (TF32 on or off on CUDA), no providers."""
         torch = self._torch
         device = str(self._device)
+        extra = {"threads": self._threads, **self._extra}
         if self._cuda:
             device = f"{device} ({torch.cuda.get_device_name(self._device)})"
+            extra["tf32"] = "on" if self.precision != "fp32" else "off"
         return SessionDescription(
             backend=self.backend_name,
             runtime=self.runtime_name,
             runtime_version=torch.__version__,
             device=device,
-            precision="fp32",
+            precision=self.precision,
             providers=(),
             cache_key=self._cache_key,
             artifact=str(self.artifact),
-            extra={"threads": self._threads, **self._extra},
+            extra=extra,
         )
 
     def memory(self) -> MemoryStats:
