@@ -47,7 +47,7 @@ def test_never_executes_past_valid_until_or_the_chunk_end():
     assert ex.step(71 * MS) is None and ex.stats.idle_steps == 1
     ex2 = ChunkExecutor(overlap=0)
     ex2.offer(chunk(0, range(4), validity_ms=500), now_ns=0)
-    assert ex2.step(79 * MS)[0] == 3 and ex2.step(80 * MS) is None
+    assert ex2.step(77 * MS)[0] == 3 and ex2.step(78 * MS) is None  # 78 ms: within the tolerance of 80
     assert not ChunkExecutor().offer(chunk(0, range(8)), now_ns=161 * MS)  # stale when offered
 
 
@@ -111,3 +111,13 @@ def test_bridging_holds_do_not_interrupt_a_valid_chunk_but_other_holds_do():
     assert ex.step(62 * MS)[0] == 0.0  # no blending into a hold
     ex2 = ChunkExecutor()
     assert ex2.offer(chunk(0, [0.0] * 8, source="hold:bridge"), now_ns=MS)  # nothing else to run
+
+
+def test_ticks_in_step_with_the_frames_neither_repeat_nor_skip_under_jitter():
+    ex = ChunkExecutor(overlap=0)
+    ex.offer(chunk(0, range(8)), now_ns=0)
+    ticks = [k * P + jitter for k, jitter in enumerate([0, -300_000, 200_000, -50_000, 0, -900_000, 400_000, -1])]
+    assert [int(ex.step(t)[0]) for t in ticks] == list(range(8))
+    strict = ChunkExecutor(overlap=0, tolerance=0.0)
+    strict.offer(chunk(0, range(8)), now_ns=0)
+    assert int(strict.step(P - 300_000)[0]) == 0  # without tolerance: waypoint 0 again

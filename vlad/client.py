@@ -303,6 +303,10 @@ class ChunkExecutor:
     * Requesting: :meth:`should_request` turns true when the waypoints left after the
       current one fall to ``request_threshold`` and no request is outstanding (an
       unanswered one is given up after ``request_timeout_ns``).
+    * Tick jitter: a controller ticking in step with its own frames samples exactly at
+      waypoint boundaries, where scheduling jitter of a fraction of a millisecond would
+      repeat one waypoint and skip the next. A sample up to ``tolerance`` of a period
+      before a boundary counts as the next waypoint's (default 0.1).
     * Validity: nothing is ever returned past a chunk's ``valid_until_ns``.
     * Holds: the daemon's ``hold:bridge`` chunks (sent while an inference is late) are
       ignored while the current chunk still has a valid waypoint; any other hold
@@ -313,10 +317,12 @@ class ChunkExecutor:
     """
 
     def __init__(self, *, request_threshold: int = 2, overlap: int = 2, blend: str = "linear",
-                 blend_rate: float = 3.0, request_timeout_ns: int = 500_000_000,
+                 blend_rate: float = 3.0, request_timeout_ns: int = 500_000_000, tolerance: float = 0.1,
                  clock: Any = time.monotonic_ns) -> None:
         if request_threshold < 0 or overlap < 0:
             raise ValueError("request_threshold and overlap must be >= 0")
+        if not 0 <= tolerance < 0.5:
+            raise ValueError("tolerance must be in [0, 0.5) of a period")
         if blend not in BLEND_SCHEDULES:
             raise ValueError(f"blend must be one of {', '.join(BLEND_SCHEDULES)}, not {blend!r}")
         if blend == "exponential" and blend_rate <= 0:
@@ -326,6 +332,7 @@ class ChunkExecutor:
         self.blend = blend
         self.blend_rate = blend_rate
         self.request_timeout_ns = request_timeout_ns
+        self.tolerance = tolerance
         self.clock = clock
         self.current: ActionChunk | None = None
         self.stats = ExecutorStats()
@@ -333,12 +340,12 @@ class ChunkExecutor:
         self._switch_ns = 0
         self._pending: tuple[int, int] | None = None  # (obs seq, sent at)
 
-    @staticmethod
-    def index(chunk: ActionChunk, now_ns: int) -> int:
+    def index(self, chunk: ActionChunk, now_ns: int) -> int:
         """Index of the waypoint for ``now_ns`` in ``chunk`` (may be past its end)."""
         if chunk.period_ns <= 0:
             return 0
-        return max(0, (now_ns - chunk.t_sensor_ns) // chunk.period_ns)
+        early = int(self.tolerance * chunk.period_ns)
+        return max(0, (now_ns - chunk.t_sensor_ns + early) // chunk.period_ns)
 
     def _usable(self, chunk: ActionChunk | None, now: int) -> bool:
         return chunk is not None and not chunk.is_stale(now) and self.index(chunk, now) < len(chunk.actions)
@@ -405,10 +412,10 @@ class ChunkExecutor:
         if not self._usable(self.current, now):
             return 0
         chunk = self.current
-        left = len(chunk.actions) - 1 - self.index(chunk, now)
-        if chunk.period_ns > 0:  # waypoints past valid_until will never be executed
-            left = min(left, (chunk.valid_until_ns - chunk.t_sensor_ns) // chunk.period_ns - self.index(chunk, now))
-        return max(0, left)
+        last = len(chunk.actions) - 1
+        if chunk.period_ns > 0:  # a waypoint starting after valid_until will never run
+            last = min(last, (chunk.valid_until_ns - chunk.t_sensor_ns - 1) // chunk.period_ns)
+        return max(0, last - self.index(chunk, now))
 
     def should_request(self, now_ns: int | None = None) -> bool:
         """Whether to send the next observation now."""

@@ -94,14 +94,17 @@ def test_feasibility_for_gates(contract):
 
 
 def test_chunk_rate_model():
-    sync = chunk_rate(88, 20, 8, mode="sync", execute=4, validity_ms=160)
-    assert (sync.cycle_ticks, sync.executed) == (8, 4) and sync.control_hz == pytest.approx(25.0)
-    thr = async_threshold(88, 20, 8, 4)
-    assert thr == 4
-    asynch = chunk_rate(88, 20, 8, mode="async", threshold=thr, validity_ms=160)
-    assert asynch.control_hz == pytest.approx(50.0) and asynch.idle_ticks == 0
-    starved = chunk_rate(88, 20, 8, mode="async", threshold=2, validity_ms=160)
-    assert starved.idle_ticks == 2 and starved.control_hz < 50
-    fast = chunk_rate(3, 20, 8, mode="sync", execute=4)
-    assert fast.control_hz == pytest.approx(50.0)
-    assert chunk_rate(200, 20, 8, mode="async", validity_ms=160).control_hz == 0.0
+    """Chunk 8 x 20 ms, valid 160 ms, 4 waypoints per chunk (the figures scripts/bench_async.py measures)."""
+    rate = lambda lat, mode, **kw: chunk_rate(lat, 20, 8, mode=mode, execute=4, validity_ms=160, **kw)  # noqa: E731
+    assert rate(8, "sync").control_hz == rate(8, "async").control_hz == pytest.approx(50.0)
+    assert async_threshold(8, 20, 8, 4, 160) == 3  # replan every 4 waypoints, like sync
+    sync70 = rate(72, "sync")  # holds 3 ticks, executes 4
+    assert (sync70.cycle_ticks, sync70.executed) == (7, 4) and sync70.control_hz == pytest.approx(200 / 7)
+    assert rate(72, "async").control_hz == pytest.approx(50.0)  # 4 ticks late: half the horizon, hidden
+    assert async_threshold(88, 20, 8, 4, 160) == 2
+    late = rate(88, "async")  # 5 ticks late: 3 of every 5 ticks run, 2 idle
+    assert (late.cycle_ticks, late.idle_ticks) == (5, 2) and late.control_hz == pytest.approx(30.0)
+    assert rate(103, "sync").executed == 3 and rate(103, "sync").control_hz == pytest.approx(18.75)
+    assert rate(103, "async").control_hz == pytest.approx(50 / 3)  # tail waypoints only: sync wins here
+    assert rate(88, "async", threshold=4).idle_ticks == 2  # a later request cannot help either
+    assert rate(170, "async").control_hz == 0.0 and rate(170, "sync").control_hz == 0.0
