@@ -163,7 +163,7 @@ def align_to_contract(model: VLAModel, contract: Any) -> VLAModel:
                                 steps=steps if model.action.kind == "flow" else None)
 
 
-def feasibility(contract: Any, model: VLAModel | str, hardware: Hardware | str, *, placement: str = "on-device",
+def feasibility(contract: Any, model: VLAModel | str | None, hardware: Hardware | str, *, placement: str = "on-device",
                 mode: str = "sync", network: str | Sequence[str] | None = None, s2_hz: float = 10.0,
                 measured_e2e_ms: float | None = None, align: bool = True) -> dict[str, Any]:
     """Can ``contract`` be met by ``model`` on ``hardware``? A JSON-able dict for gates.
@@ -174,9 +174,10 @@ def feasibility(contract: Any, model: VLAModel | str, hardware: Hardware | str, 
     ``sustains_chunk_rate`` (a cycle fits the chunk's horizon: async execution never runs
     dry), ``measured_e2e_ms`` / ``measured_meets_deadline`` when given, and ``flagged``
     with ``reasons``: the predicted or measured e2e latency exceeds the deadline, or the
-    model does not fit in memory.
+    model does not fit in memory. ``model=None`` takes the built-in description listing
+    the contract's ``model.id``.
     """
-    model = load_model(model)
+    model = load_model(model if model is not None else contract.model.id)
     if align:
         model = align_to_contract(model, contract)
     path = parse_path(network, load_network)
