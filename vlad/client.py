@@ -258,3 +258,175 @@ def control_request(ctx: zmq.Context, endpoint: str | None, cmd: str, timeout_ms
     if not rep.get("ok"):
         raise ClientError(f"vlad refused {cmd!r}: {rep.get('error')}")
     return rep.get("result")
+
+
+# ---- asynchronous chunk execution ----------------------------------------------------------
+
+BLEND_SCHEDULES = ("linear", "exponential", "none")
+
+
+@dataclass
+class ExecutorStats:
+    """What a :class:`ChunkExecutor` did, for logs and benchmarks."""
+
+    adopted: int = 0
+    requests: int = 0
+    rejected_stale: int = 0  # already past valid_until when offered
+    rejected_older: int = 0  # from an older observation than the chunk being executed
+    rejected_exhausted: int = 0  # every waypoint already in the past
+    ignored_bridge: int = 0  # the daemon's bridging hold while a valid chunk was running
+    dropped_waypoints: int = 0  # past waypoints skipped when switching to a new chunk
+    blended_steps: int = 0
+    idle_steps: int = 0  # step() had nothing valid to execute
+
+
+class ChunkExecutor:
+    """Executes action chunks while the next one is computed (asynchronous execution).
+
+    The controller calls, every control period::
+
+        for chunk in received: executor.offer(chunk)     # adopt the newest usable one
+        command = executor.step()                       # None: hold, nothing valid
+        if executor.should_request():                   # few waypoints left: ask early
+            seq = client.publish_observation(...)
+            executor.request_sent(seq)
+
+    * Switching: a new chunk is adopted at the index for *now*: waypoint k covers
+      ``[t_sensor + k * period, t_sensor + (k + 1) * period)``, so waypoints already in
+      the past are dropped (counted). A chunk from an older observation than the current
+      one, a stale one, or one wholly in the past is refused.
+    * Blending: for ``overlap`` waypoints after a switch the command mixes the new chunk
+      with the old one (while the old one is still valid): weight of the new one ``w_j``
+      for the j-th waypoint after the switch, ``linear`` ``(j + 1) / (overlap + 1)``,
+      ``exponential`` ``(1 - exp(-r (j + 1) / (overlap + 1))) / (1 - exp(-r))`` with
+      ``r = blend_rate`` (front-loaded), ``none`` 1 (a hard switch).
+    * Requesting: :meth:`should_request` turns true when the waypoints left after the
+      current one fall to ``request_threshold`` and no request is outstanding (an
+      unanswered one is given up after ``request_timeout_ns``).
+    * Tick jitter: a controller ticking in step with its own frames samples exactly at
+      waypoint boundaries, where scheduling jitter of a fraction of a millisecond would
+      repeat one waypoint and skip the next. A sample up to ``tolerance`` of a period
+      before a boundary counts as the next waypoint's (default 0.1).
+    * Validity: nothing is ever returned past a chunk's ``valid_until_ns``.
+    * Holds: the daemon's ``hold:bridge`` chunks (sent while an inference is late) are
+      ignored while the current chunk still has a valid waypoint; any other hold
+      (e-stop, fallback, backend error) is adopted at once, without blending.
+
+    Pure logic: ``clock`` (default ``time.monotonic_ns``) is injectable, and every method
+    takes an explicit ``now_ns``.
+    """
+
+    def __init__(self, *, request_threshold: int = 2, overlap: int = 2, blend: str = "linear",
+                 blend_rate: float = 3.0, request_timeout_ns: int = 500_000_000, tolerance: float = 0.1,
+                 clock: Any = time.monotonic_ns) -> None:
+        if request_threshold < 0 or overlap < 0:
+            raise ValueError("request_threshold and overlap must be >= 0")
+        if not 0 <= tolerance < 0.5:
+            raise ValueError("tolerance must be in [0, 0.5) of a period")
+        if blend not in BLEND_SCHEDULES:
+            raise ValueError(f"blend must be one of {', '.join(BLEND_SCHEDULES)}, not {blend!r}")
+        if blend == "exponential" and blend_rate <= 0:
+            raise ValueError("blend_rate must be > 0")
+        self.request_threshold = request_threshold
+        self.overlap = overlap
+        self.blend = blend
+        self.blend_rate = blend_rate
+        self.request_timeout_ns = request_timeout_ns
+        self.tolerance = tolerance
+        self.clock = clock
+        self.current: ActionChunk | None = None
+        self.stats = ExecutorStats()
+        self._previous: ActionChunk | None = None
+        self._switch_ns = 0
+        self._pending: tuple[int, int] | None = None  # (obs seq, sent at)
+
+    def index(self, chunk: ActionChunk, now_ns: int) -> int:
+        """Index of the waypoint for ``now_ns`` in ``chunk`` (may be past its end)."""
+        if chunk.period_ns <= 0:
+            return 0
+        early = int(self.tolerance * chunk.period_ns)
+        return max(0, (now_ns - chunk.t_sensor_ns + early) // chunk.period_ns)
+
+    def _usable(self, chunk: ActionChunk | None, now: int) -> bool:
+        return chunk is not None and not chunk.is_stale(now) and self.index(chunk, now) < len(chunk.actions)
+
+    def offer(self, chunk: ActionChunk, now_ns: int | None = None) -> bool:
+        """Consider ``chunk``; True when it becomes the chunk being executed."""
+        now = self.clock() if now_ns is None else now_ns
+        bridge = chunk.source == "hold:bridge"
+        if not bridge and self._pending is not None and chunk.obs_seq >= self._pending[0]:
+            self._pending = None  # answered, whether or not it can be used
+        if chunk.is_stale(now):
+            self.stats.rejected_stale += 1
+            return False
+        if bridge and self._usable(self.current, now):
+            self.stats.ignored_bridge += 1
+            return False
+        if self.current is not None and not chunk.is_hold and chunk.t_sensor_ns < self.current.t_sensor_ns:
+            self.stats.rejected_older += 1
+            return False
+        k = self.index(chunk, now)
+        if k >= len(chunk.actions):
+            self.stats.rejected_exhausted += 1
+            return False
+        blend = self.overlap > 0 and self.blend != "none" and not chunk.is_hold
+        self._previous = self.current if blend and self.current is not None and not self.current.is_hold else None
+        self._switch_ns = now
+        self.current = chunk
+        self.stats.adopted += 1
+        self.stats.dropped_waypoints += k
+        return True
+
+    def weight(self, j: int) -> float:
+        """Weight of the new chunk for the j-th waypoint after a switch (0-based)."""
+        if self.blend == "none" or j >= self.overlap:
+            return 1.0
+        x = (j + 1) / (self.overlap + 1)
+        if self.blend == "linear":
+            return x
+        r = self.blend_rate
+        return float((1.0 - np.exp(-r * x)) / (1.0 - np.exp(-r)))
+
+    def step(self, now_ns: int | None = None) -> np.ndarray | None:
+        """The command for now, or None when no valid waypoint is left (hold)."""
+        now = self.clock() if now_ns is None else now_ns
+        chunk = self.current
+        if not self._usable(chunk, now):
+            self.stats.idle_steps += 1
+            return None
+        command = np.asarray(chunk.actions[self.index(chunk, now)], dtype=np.float64)
+        old = self._previous
+        if old is not None:
+            j = (now - self._switch_ns) // chunk.period_ns if chunk.period_ns > 0 else self.overlap
+            if j < self.overlap and self._usable(old, now):
+                w = self.weight(int(j))
+                command = w * command + (1.0 - w) * np.asarray(old.actions[self.index(old, now)], dtype=np.float64)
+                self.stats.blended_steps += 1
+            elif j >= self.overlap:
+                self._previous = None
+        return command
+
+    def remaining(self, now_ns: int | None = None) -> int:
+        """Waypoints left after the current one (0 when nothing valid is running)."""
+        now = self.clock() if now_ns is None else now_ns
+        if not self._usable(self.current, now):
+            return 0
+        chunk = self.current
+        last = len(chunk.actions) - 1
+        if chunk.period_ns > 0:  # a waypoint starting after valid_until will never run
+            last = min(last, (chunk.valid_until_ns - chunk.t_sensor_ns - 1) // chunk.period_ns)
+        return max(0, last - self.index(chunk, now))
+
+    def should_request(self, now_ns: int | None = None) -> bool:
+        """Whether to send the next observation now."""
+        now = self.clock() if now_ns is None else now_ns
+        if self._pending is not None:
+            if now - self._pending[1] < self.request_timeout_ns:
+                return False
+            self._pending = None  # lost (dropped observation or reply): ask again
+        return self.remaining(now) <= self.request_threshold
+
+    def request_sent(self, obs_seq: int, now_ns: int | None = None) -> None:
+        """Record that observation ``obs_seq`` was sent; its chunk answers the request."""
+        self._pending = (obs_seq, self.clock() if now_ns is None else now_ns)
+        self.stats.requests += 1
