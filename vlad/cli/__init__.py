@@ -302,6 +302,9 @@ def vladctl_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_contract_commands(sub)
     add_release_commands(sub)
+    from vlad.planner.cli import add_plan_commands
+
+    add_plan_commands(sub)
 
     p = sub.add_parser("status", help="state, release, backend, rates and latency of the running daemon")
     _add_daemon_args(p)

@@ -59,7 +59,7 @@ def _load_contract(path: Path):
     from vlad.contract import load_contract
 
     if path.is_dir():
-        from vlad.manifest import load_manifest
+        from vlad.release.manifest import load_manifest
 
         rel = load_manifest(path).contract.path if (path / "manifest.toml").exists() else "contract.toml"
         path = path / rel

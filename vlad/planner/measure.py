@@ -77,10 +77,10 @@ class Measurement:
 
 def _load_release(release: Path, keys_dir: str | Path | None, verify: bool):
     from vlad.contract import load_contract
-    from vlad.manifest import load_manifest
+    from vlad.release.manifest import load_manifest
 
     if verify:
-        from vlad.signing import DEFAULT_KEYS_DIR, verify_release
+        from vlad.release.signing import DEFAULT_KEYS_DIR, verify_release
 
         v = verify_release(release, keys_dir or DEFAULT_KEYS_DIR)
         return v.manifest, v.contract

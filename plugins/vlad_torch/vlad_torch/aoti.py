@@ -28,7 +28,7 @@ from typing import Any
 from vlad.backend import Availability, Backend
 from vlad.contract import Contract
 from vlad.errors import BackendError
-from vlad.processing import sha256_file
+from vlad.files import sha256_file
 
 from vlad_torch.backend import _first_line, require, torch_availability
 from vlad_torch.session import (
