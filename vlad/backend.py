@@ -154,10 +154,18 @@ class Session(abc.ABC):
         self.artifact = Path(artifact)
         self.options = dict(options)
         self.last_timing = Timing()
+        self.deadline_ns: int | None = None
 
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model on contract-conforming inputs; refuses anything else before the engine."""
+    def infer(self, inputs: Mapping[str, np.ndarray], deadline_ns: int | None = None) -> dict[str, np.ndarray]:
+        """Run the model on contract-conforming inputs; refuses anything else before the engine.
+
+        ``deadline_ns`` (``time.monotonic_ns()`` clock) is when the answer is no longer
+        useful: the serving path passes the observation's sensor time plus the contract's
+        end-to-end deadline. Engines that can give up early (a remote backend's request
+        timeout) read it from :attr:`deadline_ns`; local engines ignore it.
+        """
         check_inputs(self.contract.inputs, inputs)
+        self.deadline_ns = deadline_ns
         try:
             return self._run(inputs)
         except InputRejected:
