@@ -1,0 +1,26 @@
+"""vlad backend plugin for remote inference: the ``kserve`` backend.
+
+The model runs on a server that speaks the KServe v2 inference protocol (NVIDIA Triton,
+KServe, MLServer, or :mod:`vlad_kserve.server` for tests and the demo); vlad sends the
+contract's model inputs and gets its outputs back, over gRPC (default) or HTTP, binary
+tensors only. See ``docs/remote.md``.
+
+Registered through the ``vlad`` entry-point group like any third-party plugin. Importing
+this package imports no client library; the backend imports tritonclient when it loads.
+"""
+
+from __future__ import annotations
+
+from vlad.hookspecs import hookimpl
+
+from vlad_kserve.backend import KServeBackend, KServeSession
+from vlad_kserve.monitor import RemoteLinkMonitor
+from vlad_kserve.options import RemoteOptions, parse_options
+
+__all__ = ["KServeBackend", "KServeSession", "RemoteLinkMonitor", "RemoteOptions", "parse_options", "vlad_backends"]
+
+
+@hookimpl
+def vlad_backends() -> list:
+    """The remote KServe v2 backend."""
+    return [KServeBackend()]

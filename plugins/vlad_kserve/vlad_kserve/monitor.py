@@ -1,0 +1,65 @@
+"""Health monitor for remote policies: an unreachable, slow or failing inference server.
+
+It reads ``view.backend_stats`` (each loaded policy's ``Session.stats()``, keyed by a
+policy id with ``.slot`` and ``.release``) and looks only at the remote ones
+(``kind == "remote"``, see :mod:`vlad_kserve.stats`). Findings are ``system`` scoped: a
+network or a server in trouble is not the policy's fault, so the supervisor falls back
+without quarantining and returns once the link has been healthy for its window (the
+session's prober marks it "connected" again while nothing else sends to it).
+
+* ``remote_unreachable`` (fault): the link is lost;
+* ``remote_slow`` (warn): rolling network p99 above ``slow_fraction`` of the contract's
+  end-to-end deadline (the network alone eats most of the budget);
+* ``remote_errors`` (warn): more than ``error_rate_warn`` of the recent requests failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from vlad.health.monitors import Finding, Monitor
+
+
+def policy_name(policy_id: Any) -> str:
+    """The chain name (``release:<id>``) of a policy id with ``.slot`` and ``.release``."""
+    slot, release = getattr(policy_id, "slot", None), getattr(policy_id, "release", None)
+    return f"{slot}:{release}" if slot is not None and release is not None else str(policy_id)
+
+
+class RemoteLinkMonitor(Monitor):
+    """Remote-link findings from each remote policy's session stats."""
+
+    name = "remote"
+
+    def __init__(self, slow_fraction: float = 0.5, error_rate_warn: float = 0.05, min_samples: int = 20) -> None:
+        self.slow_fraction = slow_fraction
+        self.error_rate_warn = error_rate_warn
+        self.min_samples = min_samples
+
+    def check(self, view: Any) -> list[Finding]:
+        """Findings for every remote policy whose link is lost, slow or failing."""
+        out: list[Finding] = []
+        stats: Mapping[Any, Mapping[str, Any]] = getattr(view, "backend_stats", {}) or {}
+        budget_ms = view.deadline_ns / 1e6 * self.slow_fraction
+        for pid, s in stats.items():
+            if s.get("kind") != "remote":
+                continue
+            who = policy_name(pid)
+            where = s.get("endpoint", "the server")
+            if s.get("state") == "lost":
+                out.append(Finding(self.name, "remote_unreachable", "fault", "system",
+                                   f"{who}: {where} unreachable for {s.get('state_for_s', 0):.1f} s ({s.get('last_error', '')})",
+                                   s.get("state_for_s"), None, policy=who))
+                continue
+            net = s.get("network_ms") or s.get("round_trip_ms")
+            if net and net.get("count", 0) >= self.min_samples and net["p99"] > budget_ms:
+                out.append(Finding(self.name, "remote_slow", "warn", "system",
+                                   f"{who}: network p99 {net['p99']:.1f} ms to {where}, over {self.slow_fraction:.0%} of the "
+                                   f"{view.deadline_ns / 1e6:g} ms deadline", net["p99"], budget_ms, policy=who))
+            rate = s.get("error_rate", 0.0)
+            if s.get("window", 0) >= self.min_samples and rate > self.error_rate_warn:
+                out.append(Finding(self.name, "remote_errors", "warn", "system",
+                                   f"{who}: {rate:.0%} of the last {s['window']} requests to {where} failed",
+                                   rate, self.error_rate_warn, policy=who))
+        return out

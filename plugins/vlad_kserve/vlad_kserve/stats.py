@@ -1,0 +1,111 @@
+"""Live state of one remote link: connected or lost, counters, rolling latency and errors.
+
+Written by the inference thread (and the prober), read by ``Session.stats()`` from the
+event loop: every access holds one lock for a few list operations; percentiles are
+computed on read over at most ``window`` samples, so the hot path only appends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from typing import Any
+
+import numpy as np
+
+
+class LinkStats:
+    """Thread-safe counters and rolling windows of one remote session."""
+
+    def __init__(self, window: int) -> None:
+        self._lock = threading.Lock()
+        self.state = "connected"  # after a successful load; "lost" after a system failure
+        self.since_ns = time.monotonic_ns()
+        self.requests = 0
+        self.ok = 0
+        self.reconnects = 0
+        self.errors: Counter[str] = Counter()
+        self.last_error = ""
+        self.last_ok_ns = 0
+        self._outcomes: deque[bool] = deque(maxlen=window)  # True = failed
+        self._rtt: deque[float] = deque(maxlen=window)
+        self._network: deque[float] = deque(maxlen=window)
+        self._server: deque[float] = deque(maxlen=window)
+
+    def success(self, rtt_ms: float, network_ms: float | None, server_ms: float | None) -> bool:
+        """Record an answered request; True when it ended a lost period (a reconnect)."""
+        with self._lock:
+            self.requests += 1
+            self.ok += 1
+            self.last_ok_ns = time.monotonic_ns()
+            self._outcomes.append(False)
+            self._rtt.append(rtt_ms)
+            if network_ms is not None:
+                self._network.append(network_ms)
+            if server_ms is not None:
+                self._server.append(server_ms)
+            return self._set_connected_locked()
+
+    def failure(self, kind: str, message: str, system: bool, sent: bool = True) -> None:
+        """Record a failed (or refused, ``sent=False``) request; a system failure marks the link lost."""
+        with self._lock:
+            self.requests += 1
+            self.errors[kind] += 1
+            self.last_error = f"{kind}: {message}"
+            self._outcomes.append(True)
+            if system and sent and self.state != "lost":
+                self.state, self.since_ns = "lost", time.monotonic_ns()
+
+    def probe_failed(self, kind: str, message: str) -> None:
+        """A background probe of a lost link failed (not a request: not counted as one)."""
+        with self._lock:
+            self.last_error = f"{kind}: {message}"
+
+    def recovered(self) -> bool:
+        """A probe found the link healthy again; True when that ended a lost period."""
+        with self._lock:
+            return self._set_connected_locked()
+
+    def _set_connected_locked(self) -> bool:
+        if self.state == "lost":
+            self.state, self.since_ns = "connected", time.monotonic_ns()
+            self.reconnects += 1
+            return True
+        return False
+
+    @property
+    def lost(self) -> bool:
+        with self._lock:
+            return self.state == "lost"
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-able figures for ``vladctl status`` and the remote-link monitor."""
+        with self._lock:
+            outcomes = list(self._outcomes)
+            rtt, net, srv = list(self._rtt), list(self._network), list(self._server)
+            now = time.monotonic_ns()
+            out = {
+                "kind": "remote",
+                "state": self.state,
+                "state_for_s": round((now - self.since_ns) / 1e9, 3),
+                "requests": self.requests,
+                "ok": self.ok,
+                "errors": dict(self.errors),
+                "reconnects": self.reconnects,
+                "last_error": self.last_error,
+                "last_ok_age_s": round((now - self.last_ok_ns) / 1e9, 3) if self.last_ok_ns else None,
+            }
+        out["window"] = len(outcomes)
+        out["error_rate"] = round(sum(outcomes) / len(outcomes), 4) if outcomes else 0.0
+        out["round_trip_ms"] = _percentiles(rtt)
+        out["network_ms"] = _percentiles(net)
+        out["server_ms"] = _percentiles(srv)
+        return out
+
+
+def _percentiles(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    p50, p99 = np.percentile(np.asarray(values), [50, 99])
+    return {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "count": len(values)}
