@@ -23,6 +23,9 @@ import pytest
 from vlad import plugins
 from vlad.contract import Contract, load_contract
 
+# The remote backend's variants need a real KServe v2 server (started once per session).
+from tests.kserve.remote_server import kserve_server  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "manifests" / "demo"
 GOLDEN = ROOT / "tests" / "fixtures" / "golden.npz"
@@ -77,10 +80,17 @@ VARIANTS: dict[str, list[Variant]] = {
         ),
     ],
     "tensorrt": [Variant("tensorrt", "tensorrt", "cuda", {"progress": False}, "policy.onnx", needs=("cache_dir",))],
+    # The demo model served by tests/kserve/remote_server.py; "endpoint" is that server's.
+    # A generous timeout: the suite checks answers, tests/kserve checks deadlines.
+    "kserve": [
+        Variant("kserve[grpc]", "kserve", "remote", {"timeout_ms": 2000}, "policy.onnx", needs=("endpoint:grpc",)),
+        Variant("kserve[http]", "kserve", "remote", {"timeout_ms": 2000}, "policy.onnx", needs=("endpoint:http",)),
+    ],
 }
 
 # Variants whose 10,000-call soak takes over a minute (eager torch: ~6 ms/call on 2 cores).
 SLOW_SOAK = {"torch", "torch[cuda]"}  # torch[cuda]: eager dispatch of ~1000 ops per call
+SLOW_SOAK |= {"kserve[grpc]", "kserve[http]"}  # a loopback round trip through a Python server: 8-20 ms
 
 
 def choose_engine_cache(env_value: str | None, make_temp) -> Path:
@@ -241,8 +251,11 @@ def _auto_precision(variant: Variant) -> str:
 
 
 @pytest.fixture(scope="session")
-def options(variant: Variant, engine_cache_root: Path) -> dict:
+def options(variant: Variant, engine_cache_root: Path, request) -> dict:
     opts = dict(variant.options)
+    for need in variant.needs:
+        if need.startswith("endpoint:"):
+            opts["endpoint"] = request.getfixturevalue("kserve_server").endpoint(need.split(":", 1)[1])
     if "cache_dir" in variant.needs:
         opts["cache_dir"] = str(engine_cache_root / variant.backend)
     if "precision" in variant.needs:
