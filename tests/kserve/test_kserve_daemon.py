@@ -1,0 +1,177 @@
+"""The daemon serving a remote policy, against a real KServe v2 server: faults at the server.
+
+``vlad serve`` runs as a subprocess (tests/daemon_harness.py) with an unsigned copy of the
+demo release on the ``kserve`` backend, a fallback chain of [a previous release on local
+ONNX Runtime, hold], and a simulated controller at 50 Hz. Faults are injected at the
+server (late answers, UNAVAILABLE) or by killing and restarting it. Only what is visible
+from outside is asserted: the chunks' ``source``, ``state`` / ``serving`` in the status,
+and the longest gap between chunks.
+
+The expected behaviour is the remote contract: a remote failure is a *system* fault, so the
+daemon holds, falls back to the local policy within the contract's deadline plus a monitor
+tick, never quarantines the remote policy, and returns to it after the healthy window once
+the server answers again. The return needs the core to treat ``RemoteUnavailable`` apart
+from other backend errors (docs/remote.md, "What the core does"); until it does, these
+tests are expected to fail at the return step (the fallback itself already happens,
+through quarantine) and are marked ``xfail``. Deselect them all with
+``-m "not daemon_remote"``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DEMO, load_golden
+from tests.daemon_harness import ControllerSim, max_gap, start_daemon
+from tests.kserve.remote_server import ServerProcess, server_unavailable
+from tests.test_faults import MAX_GAP_S
+
+pytestmark = pytest.mark.daemon_remote
+
+NEEDS_CORE = pytest.mark.xfail(
+    reason="needs the core to handle RemoteUnavailable as a system fault (fall back without quarantine, "
+           "return after the healthy window); see docs/remote.md",
+    strict=False,
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    why = server_unavailable()
+    if why:
+        pytest.skip(f"no KServe test server: {why}")
+    s = ServerProcess(tmp_path_factory.mktemp("kserve-daemon")).start()
+    yield s
+    s.stop()
+
+
+def write_config(tmp_path: Path, endpoint: str) -> Path:
+    """The remote release (unsigned copy of the demo) with a local previous release and hold."""
+    release, previous = tmp_path / "release", tmp_path / "previous"
+    for folder, version in ((release, "1.0.0"), (previous, "0.9.0")):
+        folder.mkdir()
+        for name in ("tokenizer.json", "policy.onnx"):
+            shutil.copy(DEMO / name, folder / name)
+        text = (DEMO / "contract.toml").read_text().replace('version = "1.0.0"', f'version = "{version}"', 1)
+        (folder / "contract.toml").write_text(text)
+    config = tmp_path / "vlad.toml"
+    config.write_text(f"""
+[release]
+path = "{release}"
+verify = false
+backend = "kserve"
+artifact = "policy.onnx"
+options = {{ endpoint = "{endpoint}", model_name = "vlad-demo-reacher", probe_interval_ms = 50 }}
+
+[serve]
+warmup = 3
+
+[fallback]
+healthy_window_s = 1.0
+
+[[fallback.chain]]
+kind = "release"
+path = "{previous}"
+backend = "onnxruntime"
+artifact = "policy.onnx"
+options = {{ intra_op_threads = 1 }}
+
+[[fallback.chain]]
+kind = "hold"
+""")
+    return config
+
+
+class RemoteRig:
+    def __init__(self, daemon, server: ServerProcess) -> None:
+        self.daemon, self.server = daemon, server
+        self.client = daemon.client()
+        self.ctl = ControllerSim(self.client, load_golden()[0]).start()
+
+    def wait_state(self, state: str, serving_prefix: str, timeout: float = 10.0) -> dict:
+        deadline = time.monotonic() + timeout
+        st: dict = {}
+        while time.monotonic() < deadline:
+            st = self.client.status()
+            if st["state"] == state and st["serving"].startswith(serving_prefix):
+                return st
+            time.sleep(0.05)
+        raise AssertionError(f"state {st.get('state')} serving {st.get('serving')}, wanted {state} {serving_prefix}; "
+                             f"quarantined {st.get('quarantined')}; findings {st.get('findings')}")
+
+    def wait_chunks(self, source: str, n: int = 10, timeout: float = 10.0) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if sum(1 for c in self.ctl.since(t0) if c.source.startswith(source)) >= n:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"fewer than {n} chunks from {source!r}: {[c.source for c in self.ctl.since(t0)][-20:]}")
+
+    def fault_and_recover(self, inject, recover) -> list:
+        """Inject; the local fallback takes over with no gap over the bound; recover; the
+        remote policy serves again, never quarantined."""
+        t0 = time.monotonic()
+        inject()
+        self.wait_state("FALLBACK", "fallback1")
+        self.wait_chunks("fallback1")
+        seen = self.ctl.since(t0)
+        gap = max_gap(seen)
+        assert gap <= MAX_GAP_S, f"{gap * 1000:.1f} ms without a chunk; sources {[c.source for c in seen][:40]}"
+        assert not self.client.status()["quarantined"], "a remote failure must not quarantine the policy"
+        t1 = time.monotonic()
+        recover()
+        self.wait_state("ACTIVE", "release", timeout=20)
+        self.wait_chunks("release")
+        seen = self.ctl.since(t1)
+        assert max_gap(seen) <= MAX_GAP_S
+        return seen
+
+    def close(self) -> None:
+        self.ctl.stop()
+        self.client.close()
+        self.daemon.stop()
+
+
+@pytest.fixture()
+def rig(tmp_path, server):
+    if server.proc.poll() is not None:
+        server.start()
+    server.fault()
+    d = start_daemon(tmp_path, config=write_config(tmp_path, server.endpoint("grpc")))
+    r = RemoteRig(d, server)
+    try:
+        r.wait_state("ACTIVE", "release")
+        r.wait_chunks("release")
+        yield r
+    finally:
+        r.close()
+        server.fault()
+        assert "Traceback" not in d.log(), d.log()
+
+
+def test_remote_policy_serves_the_closed_loop(rig):
+    st = rig.client.status()
+    assert st["backend"]["name"] == "kserve"
+    assert st["backend"]["device"] == f"remote:{rig.server.endpoint('grpc')}"
+    chunks = rig.ctl.since(0)
+    assert chunks and all(c.source in ("release",) or c.source.startswith("hold") for c in chunks[-20:])
+
+
+@NEEDS_CORE
+def test_server_unavailable_then_back(rig):
+    rig.fault_and_recover(lambda: rig.server.fault(fail="unavailable"), lambda: rig.server.fault())
+
+
+@NEEDS_CORE
+def test_server_too_slow_then_back(rig):
+    """Answers 100 ms late against a 20 ms deadline: useless, so the local policy serves."""
+    rig.fault_and_recover(lambda: rig.server.fault(delay_ms=100), lambda: rig.server.fault())
+
+
+@NEEDS_CORE
+def test_server_killed_then_restarted(rig):
+    rig.fault_and_recover(rig.server.kill, rig.server.start)
