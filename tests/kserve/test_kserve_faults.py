@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from vlad.backend import example_inputs
 from vlad.errors import BackendError, RemoteUnavailable
-from vlad_kserve import KServeBackend
+from vlad_kserve import KServeBackend, RemoteLinkMonitor
 
 from tests.kserve.remote_server import ServerProcess, server_unavailable
 
@@ -102,10 +103,15 @@ def test_killed_then_restarted_server(own_server, contract, protocol):
         with pytest.raises(RemoteUnavailable):
             s.infer(example_inputs(contract))
         assert s.stats()["state"] == "lost"
+        # The monitor the daemon will run sees the live session's stats the same way.
+        view = SimpleNamespace(deadline_ns=20_000_000, backend_stats={"release:demo": s.stats()})
+        assert [f.code for f in RemoteLinkMonitor().check(view)] == ["remote_unreachable"]
         own_server.start()
         wait_for(lambda: s.stats()["state"] == "connected")
         s.infer(example_inputs(contract))
         st = s.stats()
         assert st["reconnects"] == 1 and st["state"] == "connected"
+        view.backend_stats = {"release:demo": st}
+        assert RemoteLinkMonitor().check(view) == []
     finally:
         s.close()
