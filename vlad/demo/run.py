@@ -6,7 +6,10 @@ heartbeat, takes the newest fresh action chunk and executes the waypoint for the
 time (holding position when it has none). Between episodes it prints what happened; at
 the end the success rate, the latency the controller saw, and ``vladctl status``.
 
-    ./scripts/demo [--episodes 10] [--config etc/vlad/demo.toml] [--no-daemon-log]
+    ./scripts/demo [--episodes 10] [--config etc/vlad/demo.toml] [--no-daemon-log] [--remote]
+
+``--remote`` serves the policy from a real KServe v2 server on 127.0.0.1 instead
+(:mod:`vlad_kserve.demo`; local ONNX Runtime is its fallback).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -98,8 +102,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=20_000)
     ap.add_argument("--exec-steps", type=int, default=4, help="periods to follow one chunk before the next")
     ap.add_argument("--no-daemon-log", action="store_true", help="hide the daemon's log lines")
+    ap.add_argument("--remote", action="store_true",
+                    help="serve the policy from a KServe v2 server on 127.0.0.1 (gRPC), local ONNX Runtime as fallback")
     args = ap.parse_args(argv)
 
+    server = None
+    if args.remote:
+        from vlad_kserve.demo import start_remote_demo
+
+        args.config, server = start_remote_demo(args.config, Path(tempfile.mkdtemp(prefix="vlad-demo-remote-")))
+    try:
+        return run_demo(args)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Start the daemon on ``args.config``, run the episodes, print what happened."""
     cfg = load_config(args.config)
     print(f"demo: starting vlad serve --config {args.config}", flush=True)
     proc = start_daemon(args.config, args.no_daemon_log)

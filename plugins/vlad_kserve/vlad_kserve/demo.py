@@ -1,0 +1,89 @@
+"""``./scripts/demo --remote``: the demo policy served by a real KServe v2 server on 127.0.0.1.
+
+:func:`start_remote_demo` starts :mod:`vlad_kserve.server` on the demo release's ONNX model
+and writes a daemon config next to an unsigned development copy of the release whose
+backend is ``kserve`` (gRPC to that server), with the signed demo release on local ONNX
+Runtime as its fallback and the hold posture last. The sockets are those of the config the
+demo was given, so the simulated robot connects exactly as in the local demo.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from vlad.config import load_config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_remote_demo(config: Path, workdir: Path, timeout_s: float = 90.0) -> tuple[Path, subprocess.Popen]:
+    """Start the v2 server and write the remote demo's config; returns (config, server process)."""
+    cfg = load_config(config)
+    demo = Path(cfg.release.path)
+    release = workdir / "release"
+    release.mkdir(parents=True, exist_ok=True)
+    for name in ("contract.toml", "tokenizer.json", "policy.onnx"):
+        shutil.copy(demo / name, release / name)
+    grpc_port, http_port = _free_port(), _free_port()
+    log = open(workdir / "server.log", "wb")
+    server = subprocess.Popen([sys.executable, "-m", "vlad_kserve.server", "--release", str(release), "--artifact",
+                               "policy.onnx", "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
+                              stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{http_port}/v2/health/ready"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if server.poll() is not None:
+            raise SystemExit(f"demo: the v2 server exited with status {server.returncode}; see {workdir / 'server.log'}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    break
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            server.kill()
+            raise SystemExit(f"demo: the v2 server was not ready within {timeout_s:.0f} s; see {workdir / 'server.log'}")
+        time.sleep(0.2)
+    s = cfg.sockets
+    out = workdir / "vlad-remote.toml"
+    out.write_text(f"""# Written by ./scripts/demo --remote: the demo policy on a local KServe v2 server.
+[release]
+path = "{release}"
+verify = false      # an unsigned development copy: its backend differs from the signed manifest's
+backend = "kserve"
+artifact = "policy.onnx"
+options = {{ endpoint = "grpc://127.0.0.1:{grpc_port}" }}
+
+[sockets]
+observations = "{s.observations}"
+actions = "{s.actions}"
+status = "{s.status}"
+control = "{s.control}"
+
+[serve]
+warmup = {cfg.serve.warmup}
+
+[[fallback.chain]]
+kind = "release"
+path = "{demo}"
+backend = "onnxruntime"
+artifact = "policy.onnx"
+options = {{ intra_op_threads = 1 }}
+
+[[fallback.chain]]
+kind = "hold"
+""")
+    print(f"demo: KServe v2 server (vlad_kserve.server, ONNX Runtime) on grpc://127.0.0.1:{grpc_port} "
+          f"and http://127.0.0.1:{http_port}; config {out}", flush=True)
+    return out, server
