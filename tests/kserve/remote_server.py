@@ -48,17 +48,26 @@ def server_unavailable() -> str | None:
 class ServerProcess:
     """One ``vlad_kserve.server`` subprocess; ``kill`` and ``start`` keep the ports."""
 
-    def __init__(self, folder: Path, release: Path = DEMO, extra: list[str] | None = None) -> None:
+    def __init__(self, folder: Path, release: Path = DEMO, extra: list[str] | None = None,
+                 tls: dict[str, Path] | None = None) -> None:
+        """``tls``: ``{"cert", "key", "ca"[, "client_cert", "client_key"]}``: serve over TLS,
+        requiring client certificates signed by ``ca`` when client files are given."""
         self.folder = folder
         self.release = release
         self.extra = list(extra or [])
+        self.tls = tls
+        if tls:
+            self.extra += ["--tls-cert", str(tls["cert"]), "--tls-key", str(tls["key"])]
+            if tls.get("client_cert"):
+                self.extra += ["--tls-client-ca", str(tls["ca"])]
         self.grpc_port, self.http_port = free_port(), free_port()
         self.fault_file = folder / "fault.json"
         self.log_path = folder / "server.log"
         self.proc: subprocess.Popen | None = None
 
     def endpoint(self, protocol: str = "grpc") -> str:
-        return f"grpc://127.0.0.1:{self.grpc_port}" if protocol == "grpc" else f"http://127.0.0.1:{self.http_port}"
+        s = "s" if self.tls else ""
+        return f"grpc{s}://127.0.0.1:{self.grpc_port}" if protocol == "grpc" else f"http{s}://127.0.0.1:{self.http_port}"
 
     def start(self, timeout: float = 90.0) -> ServerProcess:
         """Start (or restart) the server and wait until the model is ready on both protocols."""
@@ -79,8 +88,16 @@ class ServerProcess:
         raise RuntimeError(f"test server not ready within {timeout} s:\n{self.log()}")
 
     def _ready(self) -> bool:
+        context = None
+        if self.tls:
+            import ssl
+
+            context = ssl.create_default_context(cafile=str(self.tls["ca"]))
+            if self.tls.get("client_cert"):
+                context.load_cert_chain(str(self.tls["client_cert"]), str(self.tls["client_key"]))
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/v2/models/{MODEL}/ready", timeout=1) as r:
+            url = f"{self.endpoint('http')}/v2/models/{MODEL}/ready"
+            with urllib.request.urlopen(url, timeout=1, context=context) as r:
                 http_ok = r.status == 200
         except (urllib.error.URLError, OSError):
             return False

@@ -85,9 +85,11 @@ def release_model(release: Path, artifact: str | None) -> tuple[str, Path]:
     return contract.model.id, path
 
 
-def build_model(name: str, onnx_path: Path, threads: int, faults: FaultFile):
-    """A ``kserve.Model`` running ``onnx_path`` on ONNX Runtime's CPU provider."""
+def build_model(name: str, onnx_path: Path, threads: int, faults: FaultFile, token: str | None = None):
+    """A ``kserve.Model`` running ``onnx_path`` on ONNX Runtime's CPU provider; with
+    ``token``, inference requests need ``authorization: Bearer <token>``."""
     import onnxruntime as ort
+    from grpc_interceptor.exceptions import Unauthenticated
     from kserve import InferOutput, InferRequest, InferResponse, Model
     from kserve.errors import ServerNotReady
 
@@ -121,6 +123,8 @@ def build_model(name: str, onnx_path: Path, threads: int, faults: FaultFile):
 
         async def predict(self, payload: InferRequest, headers: dict[str, str] | None = None) -> InferResponse:
             t0 = time.perf_counter_ns()
+            if token is not None and (headers or {}).get("authorization") != f"Bearer {token}":
+                raise Unauthenticated("missing or wrong bearer token")
             fault = faults.current()
             if fault.get("delay_ms"):
                 await asyncio.sleep(float(fault["delay_ms"]) / 1e3)
@@ -212,6 +216,15 @@ def build_server(host: str, http_port: int, grpc_port: int, tls: dict[str, str |
             self.register_signal_handler()
             asyncio.run(self._serve())
 
+    # A refused token is 401 on HTTP too (kserve would answer 500 for an unknown exception).
+    from fastapi.responses import JSONResponse
+    from grpc_interceptor.exceptions import Unauthenticated
+    from kserve.model_server import app
+
+    async def unauthenticated(_, exc):
+        return JSONResponse(status_code=401, content={"error": str(exc.details)})
+
+    app.add_exception_handler(Unauthenticated, unauthenticated)
     kserve_args.enable_grpc = False  # the gRPC listener is ours (bound to host)
     return BoundModelServer(http_port=http_port, grpc_port=grpc_port, workers=1, enable_grpc=False,
                             enable_latency_logging=False, enable_docs_url=False, grace_period=1)
@@ -231,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tls-cert", help="server certificate (PEM): serve gRPC and HTTP over TLS")
     ap.add_argument("--tls-key", help="server private key (PEM)")
     ap.add_argument("--tls-client-ca", help="require client certificates signed by this CA (PEM)")
+    ap.add_argument("--token-file", help="require this bearer token on inference requests")
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -238,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     # kserve parses sys.argv when it is imported: give it none of ours.
     sys.argv = sys.argv[:1]
     name, onnx_path = release_model(args.release, args.artifact)
-    model = build_model(args.model_name or name, onnx_path, args.threads, FaultFile(args.fault_file))
+    token = Path(args.token_file).read_text().strip() if args.token_file else None
+    model = build_model(args.model_name or name, onnx_path, args.threads, FaultFile(args.fault_file), token)
     server = build_server(args.host, args.http_port, args.grpc_port,
                           {"cert": args.tls_cert, "key": args.tls_key, "client_ca": args.tls_client_ca})
     level = getattr(logging, args.log_level.upper(), logging.WARNING)
