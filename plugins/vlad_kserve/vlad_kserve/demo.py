@@ -56,6 +56,9 @@ def start_remote_demo(config: Path, workdir: Path, timeout_s: float = 90.0) -> t
             raise SystemExit(f"demo: the v2 server was not ready within {timeout_s:.0f} s; see {workdir / 'server.log'}")
         time.sleep(0.2)
     s = cfg.sockets
+    from vlad.contract import load_contract
+
+    timeout_ms = load_contract(release / "contract.toml").timing.max_observation_age_ms
     out = workdir / "vlad-remote.toml"
     out.write_text(f"""# Written by ./scripts/demo --remote: the demo policy on a local KServe v2 server.
 [release]
@@ -63,7 +66,11 @@ path = "{release}"
 verify = false      # an unsigned development copy: its backend differs from the signed manifest's
 backend = "kserve"
 artifact = "policy.onnx"
-options = {{ endpoint = "grpc://127.0.0.1:{grpc_port}" }}
+# timeout_ms: a late answer is still used up to the contract's max observation age (the
+# robot follows each chunk for several periods). Until the daemon passes every cycle's
+# deadline to the backend, this is also what keeps one slow request on this shared machine
+# from counting as a backend failure (docs/remote.md, "What the core does").
+options = {{ endpoint = "grpc://127.0.0.1:{grpc_port}", timeout_ms = {timeout_ms:g} }}
 
 [sockets]
 observations = "{s.observations}"
