@@ -75,7 +75,7 @@ def _tensor_problems(field: str, t: Mapping[str, Any], spec: TensorSpec) -> list
     if len(shape) != len(spec.shape):
         return out + [f"{field}.shape: server {shape} (rank {len(shape)}), contract {list(spec.shape)} (rank {len(spec.shape)})"]
     dynamic = {ax.axis: ax for ax in spec.dynamic}
-    for axis, (got, want) in enumerate(zip(shape, spec.shape)):
+    for axis, (got, want) in enumerate(zip(shape, spec.shape, strict=True)):
         if got == -1:
             continue  # the server takes any size on this axis
         ax = dynamic.get(axis)
@@ -223,7 +223,7 @@ class KServeSession(Session):
             # A dynamic axis named like an input's (batch) must come back at the size sent.
             dynamic = {ax.axis: sizes.get(ax.name) for ax in spec.dynamic}
             want = [dynamic[axis] if axis in dynamic else d for axis, d in enumerate(spec.shape)]
-            if x.ndim != len(want) or any(w is not None and w != g for w, g in zip(want, x.shape)):
+            if x.ndim != len(want) or any(w is not None and w != g for w, g in zip(want, x.shape, strict=True)):
                 raise TransportError("bad_response", f"output {name!r} has shape {list(x.shape)}, the contract expects "
                                      f"{['*' if w is None else w for w in want]}")
 

@@ -133,7 +133,7 @@ def build_model(name: str, onnx_path: Path, threads: int, faults: FaultFile, tok
             if fault.get("fail") == "internal":
                 raise RuntimeError("injected fault: internal error")
             feeds = {x.name: x.as_numpy() for x in payload.inputs}
-            results = dict(zip(self.output_names, self.sess.run(self.output_names, feeds)))
+            results = dict(zip(self.output_names, self.sess.run(self.output_names, feeds), strict=True))
             bad = fault.get("output")
             if bad == "shape":
                 results = {k: v[..., :1] for k, v in results.items()}

@@ -247,9 +247,11 @@ class HttpTransport:
         # A keep-alive connection the server closed meanwhile (restart, idle timeout) fails
         # on first use although the server is fine: one retry on a fresh connection.
         for attempt in (0, 1):
-            reused = self._conn is not None
+            # http.client drops the socket after a "Connection: close" answer: reconnect.
+            reused = self._conn is not None and self._conn.sock is not None
             try:
-                if self._conn is None:
+                if not reused:
+                    self.close()
                     self._conn = self._connect(timeout_s)
                 else:
                     self._conn.sock.settimeout(timeout_s)
@@ -297,7 +299,7 @@ class HttpTransport:
         arrays = [np.ascontiguousarray(a) for a in inputs.values()]
         header = {
             "inputs": [{"name": n, "shape": list(a.shape), "datatype": v2_datatype(a.dtype),
-                        "parameters": {"binary_data_size": a.nbytes}} for n, a in zip(inputs, arrays)],
+                        "parameters": {"binary_data_size": a.nbytes}} for n, a in zip(inputs, arrays, strict=True)],
             "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in output_names],
         }
         head = json.dumps(header, separators=(",", ":")).encode()
