@@ -67,7 +67,7 @@ def run(client, case, rate_hz: float | None, seconds: float) -> dict:
             chunk = client.recv_actions(timeout_ms=wait_ms)
         if chunk is not None and not chunk.is_hold:
             lat.append((chunk.t_receive_ns - chunk.t_sensor_ns) / 1e6)
-            eng.append(chunk.timings_ms["infer"])
+            eng.append(chunk.timings_ms["engine"])
         if rate_hz:
             next_t += period
             time.sleep(max(0.0, next_t - time.monotonic()))

@@ -22,7 +22,7 @@ import numpy as np
 from vlad.backend import Availability, Backend, Session, SessionDescription
 from vlad.errors import BackendError
 from vlad.hookspecs import hookimpl
-from vlad.health.monitors import Sensor
+from vlad.health.base import Sensor
 
 
 class FaultySession(Session):

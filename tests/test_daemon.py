@@ -20,7 +20,7 @@ VLADCTL = VLAD.parent / "vladctl"
 # These tests send observations and heartbeats now and then, not as steady streams: switch
 # off the monitors that would (rightly) call that a stalled sensor or a lost controller;
 # tests/test_faults.py covers them.
-QUIET_MONITORS = ["--set", "monitors.sensor_stall_periods=1000000", "--set", "monitors.stale_fraction_warn=1.0",
+QUIET_MONITORS = ["--set", "monitors.sensor_stall_periods=1000000", "--set", "monitors.stale_fraction_fault=1.0",
                   "--set", "monitors.heartbeat_missing_periods=1000000"]
 
 
@@ -95,7 +95,7 @@ def test_fresh_observations_yield_correct_chunks(daemon, client, contract, golde
         assert t_sensor < chunk.t_issue_ns < chunk.t_receive_ns
         assert chunk.actions.shape == (contract.action.chunk_length, contract.action.dim)
         assert chunk.actions.dtype == np.float32
-        assert {"preprocess", "infer", "decode", "guard", "sensor_to_issue"} <= set(chunk.timings_ms)
+        assert {"transport", "queue", "preprocess", "engine", "decode", "guard"} <= set(chunk.timings_ms)
         # offline: same observation and sequence -> same noise -> same actions (unless guarded)
         raw = case["raw"]
         from dataclasses import replace
@@ -174,7 +174,7 @@ def test_status_broadcast_and_vladctl(daemon, client, golden):
     out = subprocess.run([str(VLADCTL), "status", "--endpoint", daemon.endpoints["control"]],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    assert "ACTIVE" in out.stdout and "vlad-demo-reacher@1.0.0" in out.stdout and "e2e" in out.stdout
+    assert ("ACTIVE" in out.stdout or "DEGRADED" in out.stdout) and "vlad-demo-reacher@1.0.0" in out.stdout and "e2e" in out.stdout
     js = subprocess.run([str(VLADCTL), "status", "--json", "--endpoint", daemon.endpoints["control"]],
                         capture_output=True, text=True, timeout=30)
     data = json.loads(js.stdout)
@@ -327,7 +327,7 @@ def _free_ports(n):
 
 def test_nan_observation_is_refused_and_counted(daemon, client, golden):
     _exchange(client, golden[0], 8000)
-    before = client.status()["counters"].get("nonfinite_inputs", 0)
+    before = client.status()["counters"]["rejected"].get("nonfinite", 0)
     raw = golden[0]["raw"]
     bad = raw.proprio.copy()
     bad[1] = np.nan
@@ -335,7 +335,7 @@ def test_nan_observation_is_refused_and_counted(daemon, client, golden):
     chunk = client.recv_actions(timeout_ms=300)
     assert chunk is None or chunk.is_hold or chunk.obs_seq != 8001  # never a policy output for NaN input
     deadline = time.monotonic() + 3
-    while client.status()["counters"].get("nonfinite_inputs", 0) <= before and time.monotonic() < deadline:
+    while client.status()["counters"]["rejected"].get("nonfinite", 0) <= before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert client.status()["counters"]["nonfinite_inputs"] == before + 1
+    assert client.status()["counters"]["rejected"]["nonfinite"] == before + 1
     assert _exchange(client, golden[1], 8002).obs_seq == 8002  # and serving goes on

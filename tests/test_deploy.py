@@ -129,7 +129,7 @@ def test_deploy_refuses_tampered_and_downgraded_releases(live):
     with pytest.raises(ClientError, match="policy.onnx"):
         client.control("deploy", timeout_ms=120_000, path=str(bad), who="x", why="y")
     old = make_release(tmp / "old", "0.5.0", 0)
-    with pytest.raises(ClientError, match="older than releases already activated"):
+    with pytest.raises(ClientError, match="not newer than releases already activated"):
         client.control("deploy", timeout_ms=120_000, path=str(old), who="x", why="y")
     st = client.status()
     assert st["release"] == "vlad-demo-reacher@1.0.0" and st["state"] in ("ACTIVE", "DEGRADED")

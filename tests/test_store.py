@@ -76,7 +76,7 @@ def test_downgrade_refused_unless_forced(env):
     for rid in ("r2", "r0"):
         store.stage(src[rid], now=NOW)
     store.activate("r2", who="ana", why="v2", now=NOW)
-    with pytest.raises(DowngradeRefused, match=r"r0 \(version_code 0\) is older .* \(highest 2\)"):
+    with pytest.raises(DowngradeRefused, match=r"r0 \(version_code 0\) is not newer .* \(highest version_code 2\)"):
         store.activate("r0", who="ana", why="try old", now=NOW)
     assert store.active() == "r2"
     e = store.activate("r0", who="ana", why="operator decided", force=True, now=NOW)
@@ -242,7 +242,7 @@ def test_cli_stage_activate_rollback(env, capsys, monkeypatch):
     capsys.readouterr()
     assert release_cli.main(["release", "activate", "c0", "--why", "old", *base]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: release c0 (version_code 4) is older") and err.count("\n") == 1
+    assert err.startswith("error: release c0 (version_code 4) is not newer") and err.count("\n") == 1
     assert release_cli.main(["release", "rollback", "--why", "regression", *base]) == 0
     capsys.readouterr()
     assert release_cli.main(["release", "history", "--json", *base]) == 0

@@ -168,8 +168,8 @@ class Session(abc.ABC):
         self.deadline_ns = deadline_ns
         try:
             return self._run(inputs)
-        except InputRejected:
-            raise
+        except (InputRejected, BackendError):
+            raise  # already says what failed (a remote backend's RemoteUnavailable keeps its class)
         except Exception as exc:
             raise BackendError(f"{self.backend_name}: inference failed: {exc}") from exc
 

@@ -27,11 +27,9 @@ import numpy as np
 import zmq
 
 from vlad import protocol
-from vlad.errors import VladError
+from vlad.errors import ClientError, DaemonUnreachable
 
-
-class ClientError(VladError):
-    """The daemon did not answer, or answered with an error."""
+__all__ = ["ActionChunk", "ChunkExecutor", "Client", "ClientError", "DaemonUnreachable", "control_request"]
 
 
 @dataclass(frozen=True)
@@ -251,7 +249,7 @@ def control_request(ctx: zmq.Context, endpoint: str | None, cmd: str, timeout_ms
         sock.connect(endpoint)
         sock.send(protocol.encode_request(cmd, **args))
         if not sock.poll(timeout_ms):
-            raise ClientError(f"vlad did not answer {cmd!r} on {endpoint} within {timeout_ms} ms (is it running?)")
+            raise DaemonUnreachable(f"vlad did not answer {cmd!r} on {endpoint} within {timeout_ms} ms (is it running?)")
         rep = protocol.decode_reply(sock.recv())
     finally:
         sock.close(0)

@@ -1,22 +1,35 @@
 """Daemon configuration: one TOML file, parsed once into frozen typed objects.
 
 ``vlad serve --config etc/vlad/vlad.toml --set serve.warmup=5 --set sockets.control=...``
-applies ``--set`` overrides (dotted keys, TOML-typed values) before validation. Unknown
-keys are errors (a typo must not silently fall back to a default).
+applies ``--set`` overrides (dotted keys, TOML-typed values) before validation. Parsing
+is :mod:`vlad.schema`'s, like the contract's and the manifest's: unknown keys, wrong
+types (``cpu_temp_warn_c = "hot"``, ``heartbeat_missing_periods = 2.7``) and out-of-range
+values are one clear error each, all reported at once. Durations are converted to
+nanoseconds once, here (the ``*_ns`` attributes), so nothing downstream converts units.
 """
 
 from __future__ import annotations
 
-import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from vlad.errors import VladError
+from vlad import schema
+from vlad.errors import ProblemsError
+from vlad.files import FileRefused, load_toml
+from vlad.schema import bounded
+
+_NS = {"internal": True}
 
 
-class ConfigError(VladError):
+class ConfigError(ProblemsError):
     """The configuration file is missing, unreadable or invalid."""
+
+
+def _derived(obj: Any, **values: Any) -> None:
+    """Set derived (unit-converted) attributes on a frozen dataclass, once, at load."""
+    for k, v in values.items():
+        object.__setattr__(obj, k, v)
 
 
 @dataclass(frozen=True)
@@ -25,9 +38,13 @@ class ReleaseConfig:
     # Which backend runs which artifact with which options. A signed release's manifest says
     # so; these keys are then left empty (a different value is refused at start, not
     # silently ignored). Unsigned releases (verify = false, development) need them.
-    backend: str = ""
-    artifact: str = ""
+    backend: str = field(default="", metadata={"allow_empty": True})
+    artifact: str = field(default="", metadata={"allow_empty": True})
     options: dict[str, Any] = field(default_factory=dict)  # backend options (threads, providers ...)
+    # Options that belong to this robot, not to the release (a remote backend's endpoint or
+    # credential files): merged over the signed manifest's options, only for keys the
+    # manifest does not set.
+    site_options: dict[str, Any] = field(default_factory=dict)
     # Signed releases: with verify on, the daemon serves only a release whose manifest is
     # signed by a key in keys_dir and whose files match it. Off only for development, loudly.
     verify: bool = True
@@ -39,55 +56,142 @@ class SocketsConfig:
     observations: str = "ipc:///run/vlad/obs"  # SUB: controllers PUB observations and heartbeats
     actions: str = "ipc:///run/vlad/actions"  # PUB: action chunks
     status: str = "ipc:///run/vlad/status"  # PUB: status at status_hz
-    control: str = "ipc:///run/vlad/control"  # REP: vladctl
+    control: str = "ipc:///run/vlad/control"  # ROUTER (answers like REP): vladctl
     ipc_group: str = "vlad"  # group owning the ipc directory (mode 0770); absent group: left as is
-    linger_ms: int = 200
+    linger_ms: int = field(default=200, metadata=bounded(0, 10_000))
     # tcp:// endpoints are served only with CurveZMQ: this server's secret key file
     # (zmq.auth.create_certificates format) and a folder of authorized client public keys.
-    curve_secret_key: str = ""
-    curve_clients_dir: str = ""
+    curve_secret_key: str = field(default="", metadata={"allow_empty": True})
+    curve_clients_dir: str = field(default="", metadata={"allow_empty": True})
+    # Who may publish observations and heartbeats (docs/protocol.md, "Who may send"):
+    # "uid:1001", "user:robot", "group:vlad-controllers" (ipc peer credentials) or
+    # "key:<Z85 CurveZMQ public key>" (tcp). Empty: anyone who can reach the endpoint.
+    observation_producers: tuple[str, ...] = ()
+    # Control requests: a bound on requests in flight per peer and in all, and a time limit
+    # for each (release operations have their own, longer one).
+    control_in_flight_per_peer: int = field(default=4, metadata=bounded(1, 1000))
+    control_in_flight: int = field(default=64, metadata=bounded(1, 10_000))
+    control_timeout_s: float = field(default=5.0, metadata=bounded(0.1, 3600))
+    release_op_timeout_s: float = field(default=300.0, metadata=bounded(1, 86_400))
 
 
 @dataclass(frozen=True)
 class ServeConfig:
-    warmup: int = 20  # inferences before READY=1
-    status_hz: float = 2.0
-    latency_window: int = 2000  # samples per stage in the rolling percentiles
-    shutdown_timeout_s: float = 2.0  # bound on finishing the in-flight inference at shutdown
-    hang_timeout_s: float = 1.0  # an inference running longer stops the systemd watchdog pings
-    observation_hwm: int = 4  # ZeroMQ receive queue bound; the newest observation wins anyway
+    warmup: int = field(default=20, metadata=bounded(0, 100_000))  # inferences before READY=1
+    status_hz: float = field(default=2.0, metadata=bounded(1.0, 100.0))
+    latency_window: int = field(default=2000, metadata=bounded(10, 1_000_000))  # samples per stage
+    shutdown_timeout_s: float = field(default=2.0, metadata=bounded(0.0, 60.0))
+    hang_timeout_s: float = field(default=1.0, metadata=bounded(0.01, 600.0))
+    observation_hwm: int = field(default=4, metadata=bounded(1, 1000))  # ZeroMQ receive queue bound
+    # An observation stamped later than now + this skew is refused (future_timestamp): a
+    # clock mismatch would make its chunk "valid" far too long and e2e negative.
+    max_clock_skew_ms: float = field(default=5.0, metadata=bounded(0.0, 10_000.0))
+    hang_timeout_ns: int = field(default=0, init=False, metadata=_NS)
+    max_clock_skew_ns: int = field(default=0, init=False, metadata=_NS)
+
+    def __post_init__(self) -> None:
+        _derived(self, hang_timeout_ns=int(self.hang_timeout_s * 1e9), max_clock_skew_ns=int(self.max_clock_skew_ms * 1e6))
+
+
+@dataclass(frozen=True)
+class RealtimeConfig:
+    """Real-time knobs for the hot-path thread (docs/operations.md). Each is off by default
+    where it needs privileges; one that cannot be applied stops the start with the reason."""
+
+    cpu_affinity: tuple[int, ...] = ()  # CPUs for the hot-path thread; empty: no pinning
+    fifo_priority: int = field(default=0, metadata=bounded(0, 99))  # SCHED_FIFO priority; 0: off
+    mlockall: bool = False  # lock all current and future pages in RAM (needs CAP_IPC_LOCK)
+    gc_freeze: bool = True  # gc.freeze() after warm-up: the loaded model never gets scanned again
+    busy_poll_us: int = field(default=0, metadata=bounded(0, 100_000))  # spin this long before blocking
 
 
 @dataclass(frozen=True)
 class SafetyConfig:
     """The external safety PLC / e-stop, as vlad sees it. vlad only reads this state."""
 
-    estop_endpoint: str = ""  # SUB bound by vlad; the robot's safety bridge publishes `estop`
-    estop_file: str = ""  # a file (or GPIO value file) whose content "1"/"engaged" means engaged
+    estop_endpoint: str = field(default="", metadata={"allow_empty": True})  # SUB bound by vlad
+    estop_file: str = field(default="", metadata={"allow_empty": True})  # "1"/"engaged"/"true": engaged
     require_bridge: bool = False  # true: silence from the bridge counts as engaged (fail-safe)
-    bridge_timeout_ms: float = 500.0
+    bridge_timeout_ms: float = field(default=500.0, metadata=bounded(1.0, 60_000.0))
     estop_output: Literal["hold", "silence"] = "hold"  # what vlad publishes while engaged
+    # Who may publish on the e-stop topic (same forms as sockets.observation_producers).
+    # Empty: anyone who can reach the endpoint; set it on every robot.
+    estop_producers: tuple[str, ...] = ()
+    bridge_timeout_ns: int = field(default=0, init=False, metadata=_NS)
+
+    def __post_init__(self) -> None:
+        _derived(self, bridge_timeout_ns=int(self.bridge_timeout_ms * 1e6))
+
+
+@dataclass(frozen=True)
+class ChainEntry:
+    """One ``[[fallback.chain]]`` step after the release being served."""
+
+    kind: Literal["release", "hold"]
+    path: str | None = None  # kind "release": the release folder
+    backend: str = field(default="", metadata={"allow_empty": True})  # unsigned releases only
+    artifact: str = field(default="", metadata={"allow_empty": True})
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class FallbackConfig:
-    """The fallback chain, tried in order after the release being served.
+    """The fallback chain, tried in order after the release being served; the hold posture
+    is always the last resort."""
 
-    Each entry: ``{kind = "release", path = ..., backend = ..., artifact = ..., options = {}}``
-    (the previous stable release, or a slow conservative policy) or ``{kind = "hold"}`` (the
-    contract's hold posture; always appended as the last resort).
-    """
+    chain: tuple[ChainEntry, ...] = ()
+    healthy_window_s: float = field(default=2.0, metadata=bounded(0.0, 3600.0))
+    monitor_hz: float = field(default=20.0, metadata=bounded(1.0, 1000.0))
+    healthy_window_ns: int = field(default=0, init=False, metadata=_NS)
 
-    chain: list = field(default_factory=list)
-    healthy_window_s: float = 2.0  # no fault for this long before going back up the chain
-    monitor_hz: float = 20.0
+    def __post_init__(self) -> None:
+        _derived(self, healthy_window_ns=int(self.healthy_window_s * 1e9))
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """How far a measured joint state is trusted (docs/health.md, "Trusted state")."""
+
+    # Proprio beyond a joint's [lower, upper] by more than this fraction of its range is
+    # implausible (refused): a real arm never reports that.
+    proprio_limit_margin: float = field(default=0.1, metadata=bounded(0.0, 10.0))
+    # Proprio that moved more than rate_limit x periods x this factor since the last trusted
+    # state is implausible unless a run of observations confirms it (an external move).
+    proprio_rate_factor: float = field(default=3.0, metadata=bounded(1.0, 1000.0))
+    # Consistent observations needed before the trusted state re-anchors after a jump.
+    reanchor_observations: int = field(default=3, metadata=bounded(1, 1000))
 
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """The release store used by ``vladctl deploy`` / ``rollback`` on the running daemon."""
+    """The release store used by ``vladctl deploy`` / ``rollback`` (overridable by --root)."""
 
     root: str = "/var/lib/vlad"
+    lock_timeout_s: float = field(default=5.0, metadata=bounded(0.0, 600.0))
+
+
+@dataclass(frozen=True)
+class MonitorsConfig:
+    """``[monitors]`` thresholds (documented in docs/health.md)."""
+
+    cpu_temp_warn_c: float = 85.0
+    cpu_temp_fault_c: float = 95.0
+    gpu_temp_warn_c: float = 83.0
+    gpu_temp_fault_c: float = 90.0
+    min_available_memory_mb: float = field(default=512.0, metadata=bounded(0.0))
+    max_rss_mb: float = field(default=4096.0, metadata=bounded(0.0))
+    heartbeat_missing_periods: int = field(default=5, metadata=bounded(1))  # a silent controller is gone
+    sensor_stall_periods: int = field(default=5, metadata=bounded(1))  # no observation this long: stalled
+    # Bad input is judged by rate over a sliding window, not by one message (a stray stale
+    # or malformed observation is counted, not an outage).
+    input_window_s: float = field(default=1.0, metadata=bounded(0.05, 600.0))
+    stale_fraction_fault: float = field(default=0.5, metadata=bounded(0.0, 1.0))
+    rejected_fraction_warn: float = field(default=0.5, metadata=bounded(0.0, 1.0))
+    min_input_events: int = field(default=5, metadata=bounded(1))  # in the window before judging
+    deadline_miss_fraction_warn: float = field(default=0.05, metadata=bounded(0.0, 1.0))
+    p99_budget_fraction: float = field(default=1.0, metadata=bounded(0.0))
+    artifact_check_interval_s: float = field(default=5.0, metadata=bounded(0.05))
+    enabled: tuple[str, ...] = ()  # monitor names to run; empty: all
 
 
 @dataclass(frozen=True)
@@ -101,20 +205,42 @@ class Config:
     release: ReleaseConfig = field(default_factory=ReleaseConfig)
     sockets: SocketsConfig = field(default_factory=SocketsConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     fallback: FallbackConfig = field(default_factory=FallbackConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
-    monitors: dict = field(default_factory=dict)  # thresholds, see vlad.monitors.MonitorThresholds
-    source: str = "<defaults>"
+    monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
+    source: str = field(default="<defaults>", metadata={"internal": True})
 
 
-_SECTIONS = {"release": ReleaseConfig, "sockets": SocketsConfig, "serve": ServeConfig, "logging": LoggingConfig,
-             "safety": SafetyConfig, "fallback": FallbackConfig, "store": StoreConfig}
+def _check_chain(entry: ChainEntry, path: str, problems: list[str]) -> None:
+    if entry.kind == "release" and not entry.path:
+        problems.append(f"{path}.path: a release entry needs the release folder")
+    if entry.kind == "hold" and (entry.path or entry.backend or entry.artifact or entry.options):
+        problems.append(f"{path}: a hold entry takes no path, backend, artifact or options")
+
+
+def _check_monitors(m: MonitorsConfig, path: str, problems: list[str]) -> None:
+    for warn, fault in (("cpu_temp_warn_c", "cpu_temp_fault_c"), ("gpu_temp_warn_c", "gpu_temp_fault_c")):
+        if getattr(m, warn) > getattr(m, fault):
+            problems.append(f"{path}.{warn}: {getattr(m, warn)} is above {fault} {getattr(m, fault)}")
+
+
+def _check_fallback(f: FallbackConfig, path: str, problems: list[str]) -> None:
+    kinds = [e.kind for e in f.chain]
+    if "hold" in kinds[:-1]:
+        problems.append(f"{path}.chain: entries after a hold entry can never be reached")
+
+
+CHECKS = {ChainEntry: _check_chain, MonitorsConfig: _check_monitors, FallbackConfig: _check_fallback}
 
 
 def _parse_value(text: str) -> Any:
     """A ``--set`` value as TOML (numbers, booleans, arrays, quoted strings), else a string."""
+    import tomllib
+
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
@@ -125,85 +251,27 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. serve.warmup=5")
+            raise ConfigError("--set", [f"{item!r}: expected KEY=VALUE, e.g. serve.warmup=5"])
         node = data
         parts = key.strip().split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"--set {item!r}: {part!r} is not a table")
+                raise ConfigError("--set", [f"{item!r}: {part!r} is not a table"])
         node[parts[-1]] = _parse_value(value.strip())
     return data
 
 
-def _check_type(path: str, value: Any, default: Any, annotation: Any) -> Any:
-    if isinstance(annotation, str) and annotation.startswith("Literal"):
-        allowed = [a.strip().strip("'\"") for a in annotation[len("Literal[") : -1].split(",")]
-        if value not in allowed:
-            raise ConfigError(f"{path} = {value!r}: must be one of {', '.join(allowed)}")
-        return value
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif isinstance(default, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(default, str):
-        ok = isinstance(value, str)
-    elif isinstance(default, dict):
-        ok = isinstance(value, dict)
-    elif isinstance(default, list):
-        ok = isinstance(value, list)
-    else:
-        ok = True
-    if not ok:
-        raise ConfigError(f"{path} = {value!r}: expected {type(default).__name__}")
-    return value
-
-
 def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
-    """Validate a config mapping into :class:`Config`; relative paths resolve against the file."""
-    unknown = set(data) - set(_SECTIONS) - {"monitors"}
-    if unknown:
-        raise ConfigError(f"{source}: unknown section(s) {sorted(unknown)}; known: {sorted(_SECTIONS)}")
-    sections = {}
-    for name, cls in _SECTIONS.items():
-        table = data.get(name, {})
-        if not isinstance(table, dict):
-            raise ConfigError(f"{source}: [{name}] must be a table")
-        defaults = cls()
-        known = {f.name: f for f in fields(cls)}
-        extra = set(table) - set(known)
-        if extra:
-            raise ConfigError(f"{source}: unknown key(s) in [{name}]: {sorted(extra)}; known: {sorted(known)}")
-        values = {
-            key: _check_type(f"{name}.{key}", table[key], getattr(defaults, key), known[key].type)
-            for key in table
-        }
-        sections[name] = cls(**values)
-    monitors = data.get("monitors", {})
-    if not isinstance(monitors, dict):
-        raise ConfigError(f"{source}: [monitors] must be a table")
-    from vlad.health.monitors import MonitorThresholds
-
-    MonitorThresholds.from_config(monitors)  # validate now: unknown keys are typos
-    for i, entry in enumerate(sections["fallback"].chain):
-        kind = entry.get("kind") if isinstance(entry, dict) else None
-        if kind not in ("release", "hold"):
-            raise ConfigError(f"{source}: fallback.chain[{i}]: kind must be 'release' or 'hold', got {kind!r}")
-        if kind == "release" and not isinstance(entry.get("path"), str):
-            raise ConfigError(f"{source}: fallback.chain[{i}]: a release entry needs a path")
-    cfg = Config(**sections, monitors=monitors, source=source)
-    if cfg.serve.status_hz < 1.0:
-        raise ConfigError(f"{source}: serve.status_hz = {cfg.serve.status_hz}: status must go out at least at 1 Hz")
-    return cfg
+    """Validate a config mapping into :class:`Config` (every problem reported at once)."""
+    cfg = schema.parse(Config, data, source, ConfigError, CHECKS)
+    return replace(cfg, source=source)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
     """Read ``path`` (``None``: defaults only), apply ``overrides``, validate.
 
-    ``release.path`` is resolved relative to the config file's folder when relative.
+    Relative paths in the file resolve against the file's folder.
     """
     data: dict[str, Any] = {}
     source = "<defaults>"
@@ -212,21 +280,23 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         p = Path(path)
         source = str(p)
         try:
-            data = tomllib.loads(p.read_text())
+            data = load_toml(p)
         except FileNotFoundError:
-            raise ConfigError(f"config file {p} does not exist") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config file {p} cannot be read: {exc}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+            raise ConfigError(source, ["config file does not exist"]) from None
+        except FileRefused as exc:
+            raise ConfigError(source, [str(exc).removeprefix(f"{source}: ")]) from None
         base = p.resolve().parent
     apply_overrides(data, overrides or [])
     cfg = parse_config(data, source)
-    from dataclasses import replace
 
     def resolve(p: str) -> str:
-        return p if Path(p).is_absolute() else str((base / p).resolve())
+        return p if not p or Path(p).is_absolute() else str((base / p).resolve())
 
-    chain = [({**e, "path": resolve(e["path"])} if e.get("kind") == "release" else dict(e)) for e in cfg.fallback.chain]
-    return replace(cfg, release=replace(cfg.release, path=resolve(cfg.release.path), keys_dir=resolve(cfg.release.keys_dir)),
-                   fallback=replace(cfg.fallback, chain=chain), store=replace(cfg.store, root=resolve(cfg.store.root)))
+    chain = tuple(replace(e, path=resolve(e.path)) if e.path else e for e in cfg.fallback.chain)
+    return replace(
+        cfg,
+        release=replace(cfg.release, path=resolve(cfg.release.path), keys_dir=resolve(cfg.release.keys_dir)),
+        fallback=replace(cfg.fallback, chain=chain),
+        store=replace(cfg.store, root=resolve(cfg.store.root)),
+        safety=replace(cfg.safety, estop_file=resolve(cfg.safety.estop_file)),
+    )

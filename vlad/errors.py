@@ -1,10 +1,30 @@
-"""The exception tree of vlad.
+"""The exception tree of vlad, and the exit codes of its commands.
 
 Every expected failure is a :class:`VladError`; the command-line tools turn it into one
-clear line and a non-zero exit code. Anything else is a bug and keeps its traceback.
+clear line and an :class:`ExitCode`. Anything else is a bug and keeps its traceback.
+
+    VladError
+    ├── ProblemsError (every problem of an input at once)
+    │   ├── ContractError, ConfigError, ManifestError, IntegrityError, BadArguments
+    ├── TokenizerError, ObservationError (NonFiniteObservation), InputRejected
+    ├── ExportError, StartupError, FileRefused, SignatureError, StoreError, ...
+    ├── BackendError (BackendUnavailable, RemoteUnavailable)
+    └── ClientError (DaemonUnreachable)
 """
 
 from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Exit status of every ``vlad`` / ``vladctl`` command."""
+
+    OK = 0
+    FINDINGS = 1  # the command ran and found what it checks for (a breaking diff, a failed gate)
+    ERROR = 2  # an expected failure: one line on stderr says what and what to do
+    UNREACHABLE = 3  # the daemon did not answer (not running, or another endpoint)
+    INTERRUPTED = 130
 
 
 class VladError(Exception):
@@ -69,3 +89,11 @@ class RemoteUnavailable(BackendError):
 
 class StartupError(VladError):
     """The daemon cannot start (bad release, endpoint in use, backend unusable)."""
+
+
+class ClientError(VladError):
+    """The daemon answered with an error (the message is the daemon's)."""
+
+
+class DaemonUnreachable(ClientError):
+    """The daemon did not answer in time: not running, busy, or another endpoint."""

@@ -16,7 +16,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from vlad.backend import Backend
-    from vlad.health.monitors import Monitor, Sensor
+    from vlad.health.base import Monitor, Sensor
 
 PROJECT = "vlad"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -24,7 +24,7 @@ from vlad import hookspecs
 from vlad.errors import BackendUnavailable, VladError
 
 ENTRY_POINT_GROUP = "vlad"
-DEFAULT_PLUGINS = ("vlad.health.monitors",)
+DEFAULT_PLUGINS = ("vlad.health.monitors", "vlad.health.sensors")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ was trained. Everything here is numpy (no torch), so the daemon does not need to
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import numpy as np
 
 from vlad.contract import CameraSpec, Contract, LanguageSpec
 from vlad.errors import NonFiniteObservation, ObservationError, TokenizerError
+from vlad.files import sha256_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,14 +39,6 @@ class RawObservation:
 # ---------------------------------------------------------------------------------------
 # Language
 # ---------------------------------------------------------------------------------------
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass
@@ -267,3 +259,157 @@ def normalize_actions(contract: Contract, actions: np.ndarray) -> np.ndarray:
     mean = np.asarray([j.mean for j in spec.joints], dtype=np.float32)
     std = np.asarray([j.std for j in spec.joints], dtype=np.float32)
     return ((np.asarray(actions, np.float32) / np.float32(spec.scale) - mean) / std).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# The serving path: the same arithmetic into preallocated buffers
+# ---------------------------------------------------------------------------------------
+
+
+class Preprocessor:
+    """:func:`preprocess` for one contract, into buffers allocated once.
+
+    The serving thread calls :meth:`fill` every cycle; it returns the same dict of the
+    same arrays each time (the engine reads them before the next call). The results are
+    bit-identical to :func:`preprocess` (the golden fixtures check both): an 8-bit camera
+    that needs no crop or resize goes through a per-channel lookup table built with the
+    very same float32 operations, which also does the layout change in the same pass;
+    other cameras take :func:`preprocess_image` and a copy.
+    """
+
+    def __init__(self, contract: Contract, tokenizer: Tokenizer | None) -> None:
+        self.contract = contract
+        self.tokenizer = tokenizer
+        self.inputs: dict[str, np.ndarray] = {}
+        self._cameras: list[tuple[CameraSpec, np.ndarray, np.ndarray | None]] = []
+        for cam in contract.cameras:
+            m = cam.model
+            shape = (1, 3, m.height, m.width) if m.layout == "CHW" else (1, m.height, m.width, 3)
+            buf = np.zeros(shape, dtype=np.dtype(m.dtype))
+            self.inputs[cam.input] = buf
+            self._cameras.append((cam, buf, _channel_lut(cam)))
+        if contract.language is not None:
+            self.inputs[contract.language.input] = np.zeros((1, contract.language.max_tokens), np.int64)
+        if contract.proprio is not None:
+            spec = contract.proprio
+            self.inputs[spec.input] = np.zeros((1, spec.dim), np.float32)
+            self._p_mean = np.asarray(spec.mean, np.float32)
+            self._p_std = np.asarray(spec.std, np.float32)
+        if contract.noise is not None:
+            self.inputs[contract.noise.input] = np.zeros((1, *contract.noise.shape), np.dtype(contract.noise.dtype))
+            self._noise = _NoiseSource(contract)
+
+    def fill(self, obs: RawObservation) -> dict[str, np.ndarray]:
+        """Raw observation -> the model inputs (the preallocated dict); ObservationError
+        (NonFiniteObservation for NaN/Inf) for what does not fit the contract."""
+        c = self.contract
+        for cam, buf, lut in self._cameras:
+            img = obs.images.get(cam.name)
+            if img is None:
+                raise ObservationError(f"observation has no image from camera {cam.name!r} (has: {sorted(obs.images)})")
+            if lut is not None and img.shape == _raw_shape(cam) and img.dtype == np.uint8:
+                order = _channel_order(cam)
+                for k in range(3):
+                    src = img[..., order[k]] if cam.raw.layout == "HWC" else img[order[k]]
+                    dst = buf[0, k] if cam.model.layout == "CHW" else buf[0, ..., k]
+                    np.take(lut[k], src, out=dst)
+            else:
+                buf[0] = preprocess_image(cam, img)
+        if c.language is not None:
+            if obs.instruction is None:
+                raise ObservationError("observation has no instruction; the contract has a language input")
+            self.inputs[c.language.input][0] = self.tokenizer.encode(obs.instruction)  # cached per instruction
+        if c.proprio is not None:
+            spec = c.proprio
+            p = obs.proprio
+            if p is None:
+                raise ObservationError(f"observation has no proprio; the contract needs {spec.dim} values")
+            if p.shape != (spec.dim,) or p.dtype.kind != "f":
+                raise ObservationError(f"proprio: expected float[{spec.dim}], got {p.dtype}{list(p.shape)}")
+            if not np.isfinite(p).all():
+                raise NonFiniteObservation(f"proprio has non-finite values: {p.tolist()}")
+            out = self.inputs[spec.input][0]
+            np.subtract(p.astype(np.float32, copy=False), self._p_mean, out=out)
+            np.divide(out, self._p_std, out=out)
+        if c.noise is not None:
+            self._noise.fill(obs.sequence, self.inputs[c.noise.input])
+        return self.inputs
+
+
+class _NoiseSource:
+    """:func:`make_noise` without building a generator per call: one Philox generator whose
+    state is reset to the key ``seed + sequence`` (the same stream, bit for bit)."""
+
+    def __init__(self, contract: Contract) -> None:
+        self.spec = contract.noise
+        self._bits = np.random.Philox(key=0)
+        self._gen = np.random.Generator(self._bits)
+        self._f32 = np.zeros((1, *self.spec.shape), np.float32)
+
+    def fill(self, sequence: int, out: np.ndarray) -> None:
+        if self.spec.seeding == "zeros":
+            out[...] = 0
+            return
+        key = self.spec.seed + sequence
+        state = self._bits.state
+        state["state"]["key"][:] = (key & 0xFFFFFFFFFFFFFFFF, key >> 64)
+        state["state"]["counter"][:] = 0
+        state["buffer"][:] = 0
+        state["buffer_pos"], state["has_uint32"], state["uinteger"] = 4, 0, 0
+        self._bits.state = state
+        self._gen.standard_normal(out=self._f32, dtype=np.float32)
+        out[...] = self._f32
+
+
+def _raw_shape(cam: CameraSpec) -> tuple[int, int, int]:
+    r = cam.raw
+    return (r.height, r.width, 3) if r.layout == "HWC" else (3, r.height, r.width)
+
+
+def _channel_order(cam: CameraSpec) -> tuple[int, int, int]:
+    return (0, 1, 2) if cam.raw.color_order == cam.model.color_order else (2, 1, 0)
+
+
+def _channel_lut(cam: CameraSpec) -> np.ndarray | None:
+    """uint8 value -> normalized model value per channel, when no crop or resize applies."""
+    raw, m = cam.raw, cam.model
+    if raw.dtype != "uint8" or (raw.height, raw.width) != (m.height, m.width):
+        return None
+    if m.crop == "center" and (raw.height, raw.width) != (m.height, m.width):
+        return None
+    values = np.arange(256, dtype=np.float32)
+    mean = np.asarray(m.mean, dtype=np.float32)
+    std = np.asarray(m.std, dtype=np.float32)
+    # Exactly preprocess_image's float32 arithmetic, once per possible pixel value.
+    lut = (values[None, :] / np.float32(m.scale) - mean[:, None]) / std[:, None]
+    return lut.astype(np.dtype(m.dtype))
+
+
+class ActionDecoder:
+    """:func:`decode_actions` into a buffer allocated once (bit-identical results).
+
+    :meth:`decode` returns the same array every call: a caller that keeps a chunk past
+    the next cycle copies it.
+    """
+
+    def __init__(self, contract: Contract) -> None:
+        spec = contract.action
+        self.spec = spec
+        self.mean = np.asarray([j.mean for j in spec.joints], dtype=np.float32)
+        self.std = np.asarray([j.std for j in spec.joints], dtype=np.float32)
+        self.scale = np.float32(spec.scale)
+        self.out = np.zeros((spec.chunk_length, spec.dim), np.float32)
+
+    def decode(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        spec = self.spec
+        y = outputs.get(spec.output)
+        if y is None:
+            raise ObservationError(f"model produced no output {spec.output!r} (has: {sorted(outputs)})")
+        if y.shape != (1, spec.chunk_length, spec.dim):
+            raise ObservationError(f"output {spec.output!r}: expected [1, {spec.chunk_length}, {spec.dim}], "
+                                   f"got {list(y.shape)}")
+        out = self.out
+        np.multiply(y[0].astype(np.float32, copy=False), self.std, out=out)
+        out += self.mean
+        out *= self.scale
+        return out

@@ -40,6 +40,10 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_TENSOR_BYTES = 64 * 1024 * 1024
 MAX_TENSORS = 16
 MAX_RANK = 8
+MAX_AXIS = 2**31 - 1
+MAX_ITEMS = 4096  # entries of any msgpack array or map
+MAX_TEXT = 1024  # characters of a string a human or a log sees (instruction, client name)
+MAX_REQUEST_BYTES = 64 * 1024  # a control request
 
 
 class ProtocolError(VladError):
@@ -86,30 +90,57 @@ def encode(topic: bytes, header: Mapping[str, Any], tensors: Mapping[str, np.nda
     return frames
 
 
-def decode(frames: Sequence[bytes | memoryview], expect: tuple[bytes, ...] = TOPICS) -> Message:
-    """Parse and check one multipart message; raises :class:`ProtocolError` on anything off."""
+def _unpack(raw: bytes | memoryview, what: str, max_bytes: int) -> Any:
+    """msgpack -> Python, with every size bounded before anything is allocated."""
+    if len(raw) > max_bytes:
+        raise ProtocolError("too_large", f"{what} of {len(raw)} bytes exceeds {max_bytes}")
+    try:
+        return msgpack.unpackb(
+            raw, raw=False, strict_map_key=True, use_list=True, max_str_len=max_bytes, max_bin_len=max_bytes,
+            max_array_len=MAX_ITEMS, max_map_len=MAX_ITEMS, max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several types (and RecursionError on deep nesting)
+        raise ProtocolError("malformed", f"{what} is not valid msgpack ({type(exc).__name__})") from None
+
+
+def is_version(value: Any) -> bool:
+    """The protocol version, exactly: ``1.0`` and ``true`` compare equal to 1 but are not it."""
+    return type(value) is int and value == VERSION
+
+
+def check_text(value: Any, what: str, max_len: int = MAX_TEXT) -> str:
+    """A string a human or a log will see: bounded, no NUL or other control characters."""
+    if not isinstance(value, str):
+        raise ProtocolError("malformed", f"{what} must be a string, got {type(value).__name__}")
+    if len(value) > max_len:
+        raise ProtocolError("malformed", f"{what} longer than {max_len} characters")
+    if not value.isprintable():
+        raise ProtocolError("malformed", f"{what} contains NUL or control characters")
+    return value
+
+
+def decode(frames: Sequence[Any], expect: tuple[bytes, ...] = TOPICS) -> Message:
+    """Parse and check one multipart message; raises :class:`ProtocolError` on anything off.
+
+    ``frames`` may be ``bytes`` or zero-copy ``zmq.Frame`` objects (anything with the
+    buffer protocol): tensors are then views on the received memory, not copies.
+    """
     if len(frames) < 2:
         raise ProtocolError("malformed", f"{len(frames)} frame(s), need at least topic and header")
     topic = bytes(frames[0])
     if topic not in expect:
         raise ProtocolError("unknown_topic", f"topic {topic[:32]!r} not one of {[t.decode() for t in expect]}")
-    raw_header = frames[1]
-    if len(raw_header) > MAX_HEADER_BYTES:
-        raise ProtocolError("malformed", f"header of {len(raw_header)} bytes exceeds {MAX_HEADER_BYTES}")
-    try:
-        header = msgpack.unpackb(bytes(raw_header), raw=False, strict_map_key=True, use_list=True)
-    except Exception as exc:  # msgpack raises several exception types for bad input
-        raise ProtocolError("malformed", f"header is not msgpack ({type(exc).__name__})") from None
+    header = _unpack(memoryview(frames[1]), "header", MAX_HEADER_BYTES)
     if not isinstance(header, dict):
         raise ProtocolError("malformed", "header is not a map")
     version = header.get("v")
-    if version != VERSION:
-        raise ProtocolError("bad_version", f"protocol version {version!r}, this daemon speaks {VERSION}")
+    if not is_version(version):
+        raise ProtocolError("bad_version", f"protocol version {version!r:.32}, this daemon speaks {VERSION}")
     if header.get("kind") != topic.decode():
-        raise ProtocolError("malformed", f"header kind {header.get('kind')!r} does not match topic {topic.decode()!r}")
+        raise ProtocolError("malformed", f"header kind {header.get('kind')!r:.32} does not match topic {topic.decode()!r}")
     seq = header.get("seq")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-        raise ProtocolError("malformed", f"seq must be a non-negative integer, got {seq!r}")
+    if type(seq) is not int or not 0 <= seq < 2**64:
+        raise ProtocolError("malformed", f"seq must be an integer in [0, 2**64), got {seq!r:.32}")
     descs = header.get("tensors", [])
     if not isinstance(descs, list) or len(descs) > MAX_TENSORS:
         raise ProtocolError("malformed", "tensors must be a list of at most %d entries" % MAX_TENSORS)
@@ -124,28 +155,36 @@ def decode(frames: Sequence[bytes | memoryview], expect: tuple[bytes, ...] = TOP
     return Message(topic, header, tensors)
 
 
-def _tensor(desc: Any, buf: bytes | memoryview) -> tuple[str, np.ndarray]:
+def _tensor(desc: Any, buf: Any) -> tuple[str, np.ndarray]:
     if not isinstance(desc, dict):
         raise ProtocolError("malformed", "tensor description is not a map")
     name, dtype, shape = desc.get("name"), desc.get("dtype"), desc.get("shape")
     if not isinstance(name, str) or not name:
         raise ProtocolError("malformed", "tensor without a name")
+    check_text(name, "tensor name", 64)
     if dtype not in WIRE_DTYPES:
-        raise ProtocolError("bad_dtype", f"tensor {name!r}: dtype {dtype!r} not one of {', '.join(WIRE_DTYPES)}")
+        raise ProtocolError("bad_dtype", f"tensor {name!r}: dtype {dtype!r:.32} not one of {', '.join(WIRE_DTYPES)}")
+    # Every axis at least 1 and bounded: a zero axis makes any byte count "match" and an
+    # astronomic one overflows numpy's reshape ([0, 2**63] once passed both checks).
     if (
         not isinstance(shape, list)
-        or len(shape) > MAX_RANK
-        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
+        or not 1 <= len(shape) <= MAX_RANK
+        or not all(type(n) is int and 1 <= n <= MAX_AXIS for n in shape)
     ):
-        raise ProtocolError("bad_shape", f"tensor {name!r}: shape {shape!r} is not a list of at most {MAX_RANK} sizes")
+        raise ProtocolError("bad_shape", f"tensor {name!r}: shape {shape!r:.64} is not a list of 1 to {MAX_RANK} "
+                                         f"sizes in [1, {MAX_AXIS}]")
     dt = _le(dtype)
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes > MAX_TENSOR_BYTES:
-        raise ProtocolError("bad_shape", f"tensor {name!r}: {nbytes} bytes exceeds {MAX_TENSOR_BYTES}")
-    if len(buf) != nbytes:
-        raise ProtocolError("bad_shape", f"tensor {name!r}: {len(buf)} bytes, {dtype}{shape} needs {nbytes}")
-    arr = np.frombuffer(buf, dtype=dt).reshape(shape)
-    return name, arr.astype(dt.newbyteorder("="), copy=False)
+        raise ProtocolError("too_large", f"tensor {name!r}: {nbytes} bytes exceeds {MAX_TENSOR_BYTES}")
+    view = memoryview(buf)
+    if view.nbytes != nbytes:
+        raise ProtocolError("bad_shape", f"tensor {name!r}: {view.nbytes} bytes, {dtype}{shape} needs {nbytes}")
+    try:
+        arr = np.frombuffer(view, dtype=dt).reshape(shape)
+    except (ValueError, TypeError) as exc:  # defensive: the checks above should make this unreachable
+        raise ProtocolError("bad_shape", f"tensor {name!r}: {exc}") from None
+    return name, arr if dt.isnative else arr.astype(dt.newbyteorder("="))
 
 
 # ---------------------------------------------------------------------------------------
@@ -157,16 +196,24 @@ def encode_request(cmd: str, **args: Any) -> bytes:
     return msgpack.packb({"v": VERSION, "cmd": cmd, "args": args}, use_bin_type=True)
 
 
-def decode_request(frame: bytes) -> tuple[str, dict[str, Any]]:
-    try:
-        req = msgpack.unpackb(frame, raw=False, strict_map_key=True)
-    except Exception:
-        raise ProtocolError("malformed", "control request is not msgpack") from None
-    if not isinstance(req, dict) or req.get("v") != VERSION:
-        raise ProtocolError("bad_version", f"control request version {req.get('v') if isinstance(req, dict) else '?'!r}")
+def decode_request(frame: Any) -> tuple[str, dict[str, Any]]:
+    """A control request -> (command, arguments); :class:`ProtocolError` on anything off.
+
+    Only the envelope is checked here; each command's arguments are checked against its
+    schema by the daemon's command registry before anything runs.
+    """
+    req = _unpack(memoryview(frame), "control request", MAX_REQUEST_BYTES)
+    if not isinstance(req, dict):
+        raise ProtocolError("malformed", "control request is not a map")
+    if not is_version(req.get("v")):
+        raise ProtocolError("bad_version", f"control request version {req.get('v')!r:.32}, this daemon speaks {VERSION}")
+    unknown = set(req) - {"v", "cmd", "args"}
+    if unknown:
+        raise ProtocolError("malformed", f"control request has unknown key(s) {sorted(map(str, unknown))[:5]}")
     cmd, args = req.get("cmd"), req.get("args", {})
     if not isinstance(cmd, str) or not isinstance(args, dict):
-        raise ProtocolError("malformed", "control request needs 'cmd' (str) and 'args' (map)")
+        raise ProtocolError("malformed", "control request needs 'cmd' (a string) and 'args' (a map)")
+    check_text(cmd, "command", 64)
     return cmd, args
 
 
@@ -174,8 +221,8 @@ def encode_reply(ok: bool, result: Any = None, error: str | None = None) -> byte
     return msgpack.packb({"v": VERSION, "ok": ok, "result": result, "error": error}, use_bin_type=True)
 
 
-def decode_reply(frame: bytes) -> dict[str, Any]:
-    rep = msgpack.unpackb(frame, raw=False, strict_map_key=True)
-    if not isinstance(rep, dict) or rep.get("v") != VERSION:
+def decode_reply(frame: Any) -> dict[str, Any]:
+    rep = _unpack(memoryview(frame), "control reply", 64 * 2**20)
+    if not isinstance(rep, dict) or not is_version(rep.get("v")):
         raise ProtocolError("bad_version", "control reply has an unknown version")
     return rep

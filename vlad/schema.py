@@ -186,6 +186,9 @@ def convert(tp: Any, value: Any, path: str, problems: list[str], meta: Any = Non
         if "\x00" in value:
             problems.append(f"{path}: must not contain NUL characters")
             return BROKEN
+        if meta and meta.get("max_len") is not None and len(value) > meta["max_len"]:
+            problems.append(f"{path}: longer than {meta['max_len']} characters")
+            return BROKEN
         return value
     if tp is bool:
         if not isinstance(value, bool):

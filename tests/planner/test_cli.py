@@ -1,4 +1,4 @@
-"""``vladctl plan`` (through ``add_plan_commands`` and ``python -m vlad.planner.cli``)."""
+"""``vladctl plan`` (through ``add_plan_commands`` and ``python -m vlad.cli.plan``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import DEMO, ROOT
-from vlad.planner.cli import add_plan_commands, main
+from vlad.cli.plan import add_plan_commands, main
 
 
 def test_wires_into_an_argparse_parser_like_vladctl(capsys):
@@ -64,7 +64,7 @@ def test_plots(tmp_path, capsys, kind, suffix):
 def test_measure_the_demo_release_on_this_machine():
     """Short mode: micro-benchmarks, the release through its backend, each component's
     sub-graph; figures are printed, not asserted (they depend on the machine)."""
-    proc = subprocess.run([sys.executable, "-m", "vlad.planner.cli", "--measure", str(DEMO), "--keys",
+    proc = subprocess.run([sys.executable, "-m", "vlad.cli.plan", "--measure", str(DEMO), "--keys",
                            str(ROOT / "etc" / "vlad" / "keys.d"), "--short", "--json"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

@@ -16,11 +16,11 @@ import sys
 from typing import Any
 
 from vlad.contract import Contract, FieldDiff, diff_contracts, load_contract
-from vlad.errors import ContractError
+from vlad.errors import ContractError, ExitCode
 
-EXIT_OK = 0
-EXIT_BREAKING = 1
-EXIT_ERROR = 2
+EXIT_OK = ExitCode.OK
+EXIT_BREAKING = ExitCode.FINDINGS
+EXIT_ERROR = ExitCode.ERROR
 
 
 def add_contract_commands(subparsers: Any) -> argparse.ArgumentParser:

@@ -7,8 +7,9 @@
 ``python -m vlad.release_cli verify manifests/demo --keys etc/vlad/keys.d``.
 
 Commands: ``keygen``, ``sign``, ``verify``, ``manifest {show,update-hashes}``,
-``release {stage,activate,rollback,status,history,gc}``. Defaults come from
-``$VLAD_KEYS_DIR`` (else /etc/vlad/keys.d) and ``$VLAD_STORE_ROOT`` (else /var/lib/vlad).
+``release {stage,activate,rollback,status,history,gc}``. The trusted keys default to
+``$VLAD_KEYS_DIR`` (else the config's ``release.keys_dir``); the store is ``--root``, else
+the config's ``store.root`` (``--config``, default /etc/vlad/vlad.toml).
 """
 
 from __future__ import annotations
@@ -20,22 +21,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vlad.errors import VladError
+from vlad.cli.common import DEFAULT_CONFIG, operator, run
+from vlad.cli.common import store as open_store
+from vlad.errors import ExitCode
 
-EXIT_OK = 0
-EXIT_ERROR = 2
+EXIT_OK = ExitCode.OK
+EXIT_ERROR = ExitCode.ERROR
 
 
 def _keys_default() -> str:
     from vlad.release.signing import DEFAULT_KEYS_DIR
 
     return os.environ.get("VLAD_KEYS_DIR") or str(DEFAULT_KEYS_DIR)
-
-
-def _root_default() -> str:
-    from vlad.release.store import DEFAULT_ROOT
-
-    return os.environ.get("VLAD_STORE_ROOT") or str(DEFAULT_ROOT)
 
 
 def add_release_commands(subparsers: Any) -> None:
@@ -71,7 +68,8 @@ def add_release_commands(subparsers: Any) -> None:
 
     def store_parser(name: str, help: str) -> argparse.ArgumentParser:
         sp = rsub.add_parser(name, help=help)
-        sp.add_argument("--root", default=None, help="store root (default: $VLAD_STORE_ROOT or /var/lib/vlad)")
+        sp.add_argument("--root", default=None, help="store root (default: the config's store.root)")
+        sp.add_argument("--config", default=DEFAULT_CONFIG, help="daemon config, for store.root and keys_dir")
         sp.add_argument("--keys", default=None, help="trusted keys folder (default: $VLAD_KEYS_DIR or /etc/vlad/keys.d)")
         return sp
 
@@ -198,10 +196,8 @@ def cmd_manifest_update_hashes(args: argparse.Namespace) -> int:
 
 
 def _store(args: argparse.Namespace, create: bool = False):
-    from vlad.release.store import ReleaseStore
-
     # Only staging creates a store; a typo in --root must not create an empty one.
-    return ReleaseStore(args.root or _root_default(), args.keys or _keys_default(), create=create)
+    return open_store(args, create=create)
 
 
 def cmd_release_stage(args: argparse.Namespace) -> int:
@@ -214,14 +210,14 @@ def cmd_release_stage(args: argparse.Namespace) -> int:
 
 def cmd_release_activate(args: argparse.Namespace) -> int:
     """``release activate ID --why WHY [--who] [--force]``."""
-    e = _store(args).activate(args.release_id, who=args.who, why=args.why, force=args.force)
+    e = _store(args).activate(args.release_id, who=operator(args.who), why=args.why, force=args.force)
     print(f"active {e.to_release} (previous {e.from_release or 'none'}); restart vlad (systemctl restart vlad) to serve it")
     return EXIT_OK
 
 
 def cmd_release_rollback(args: argparse.Namespace) -> int:
     """``release rollback --why WHY [--who] [--force]``."""
-    e = _store(args).rollback(who=args.who, why=args.why, force=args.force)
+    e = _store(args).rollback(who=operator(args.who), why=args.why, force=args.force)
     print(f"rolled back {e.from_release} -> {e.to_release} ({e.from_release} is marked bad); "
           f"restart vlad (systemctl restart vlad) to serve it")
     return EXIT_OK
@@ -267,12 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry point with vladctl's error handling (one line, exit 2)."""
     parser = argparse.ArgumentParser(prog="vladctl", description="vlad releases: keys, signatures, store")
     add_release_commands(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except VladError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    return run(parser, argv)
 
 
 if __name__ == "__main__":

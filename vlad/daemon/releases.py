@@ -1,149 +1,45 @@
 """Live release changes on a running daemon: deploy, rollback, shadow runs and canaries.
 
 * **deploy**: verify -> stage into the store -> load and warm beside the serving release
-  -> hot-swap (a pointer change: the action stream never stops) -> activate in the store.
-* **rollback**: the store's one-step rollback, then the same load-warm-swap.
+  -> activate in the store -> hot-swap (a pointer change: the action stream never stops).
+* **rollback**: the store's one-step rollback, then the same load-warm-swap. The way back
+  is never blocked by the previous release's validity date (recorded as an event).
 * **shadow**: a candidate runs on the same observations as the serving policy, on its own
-  thread; its actions are never published, only compared (:class:`Divergence`).
+  thread; its actions are never published, only compared.
 * **canary**: a deploy whose first ``window_s`` is watched against the manifest's
   auto-abort thresholds (deadline miss rate, NaN/bound interventions, divergence from the
   previous release, which runs as a shadow meanwhile, heartbeat faults). Crossing one
   swaps back to the previous release (still loaded and warm) and rolls the store back,
   recording why.
+
+Release operations run one at a time (the control registry holds the release lock);
+store I/O, verification, loading and warm-up all run in worker threads, off the loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import threading
 import time
-from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
-import numpy as np
 
+from vlad.config import Config
+from vlad.daemon.chain import ChainPolicy, PolicyChain
 from vlad.errors import VladError
-from vlad.release.loading import LoadedPolicy, compatible, load_policy
-from vlad.processing import RawObservation
-from vlad.serving.worker import Pending, PolicyWorker
-from vlad.daemon.systemd import context as log_context
-from vlad.serving.tracing import CycleTimes, LatencyStats
+from vlad.health.base import Finding
+from vlad.health.state import StateMachine
+from vlad.release.loading import LoadedPolicy, PolicySource, compatible, load_policy
+from vlad.release.store import ReleaseStore
+from vlad.serving.policy import ServedPolicy
+from vlad.serving.publisher import Publisher
+from vlad.serving.shadow import ShadowRun
 
-log = logging.getLogger("vlad.deploy")
-
-
-class Divergence:
-    """Pairs two policies' action chunks by observation sequence and accumulates errors."""
-
-    def __init__(self, dim: int, tolerance: float, keep: int = 256) -> None:
-        self.tolerance = tolerance
-        self._ref: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._cand: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
-        self.keep = keep
-        self.pairs = 0
-        self.max_abs = np.zeros(dim)
-        self.sum_abs = np.zeros(dim)
-        self.values = 0
-        self.beyond = 0
-
-    def _add(self, table: OrderedDict, other: OrderedDict, seq: int, actions: np.ndarray, ref_first: bool) -> None:
-        with self._lock:
-            match = other.pop(seq, None)
-            if match is None:
-                table[seq] = actions.copy()
-                while len(table) > self.keep:
-                    table.popitem(last=False)
-                return
-        ref, cand = (actions, match) if ref_first else (match, actions)
-        err = np.abs(cand.astype(np.float64) - ref)
-        self.pairs += 1
-        self.max_abs = np.maximum(self.max_abs, err.max(axis=0))
-        self.sum_abs += err.sum(axis=0)
-        self.values += err.shape[0]
-        self.beyond += int((err > self.tolerance).sum())
-
-    def reference(self, seq: int, actions: np.ndarray) -> None:
-        self._add(self._ref, self._cand, seq, actions, True)
-
-    def candidate(self, seq: int, actions: np.ndarray) -> None:
-        self._add(self._cand, self._ref, seq, actions, False)
-
-    @property
-    def mean_abs(self) -> float:
-        return float(self.sum_abs.sum() / max(1, self.values * len(self.sum_abs)))
-
-    def report(self) -> dict[str, Any]:
-        n = max(1, self.values * len(self.sum_abs))
-        return {
-            "pairs": self.pairs,
-            "per_joint_max_abs": [round(float(x), 6) for x in self.max_abs],
-            "per_joint_mean_abs": [round(float(x), 6) for x in self.sum_abs / max(1, self.values)],
-            "max_abs": round(float(self.max_abs.max(initial=0.0)), 6),
-            "mean_abs": round(self.mean_abs, 6),
-            "tolerance": self.tolerance,
-            "fraction_beyond_tolerance": round(self.beyond / n, 6),
-        }
-
-
-class ShadowSink:
-    """Stands where a shadow worker's Publisher would: records, compares, never sends."""
-
-    def __init__(self, divergence: Divergence, window: int = 2000) -> None:
-        self.divergence = divergence
-        self.stats = LatencyStats(window)
-        self.counters: Counter[str] = Counter()
-
-    def publish(self, actions: np.ndarray, obs: RawObservation, t: CycleTimes, source: str, policy: str = "") -> bool:
-        t.guard_end = t.publish = time.monotonic_ns()
-        self.stats.record(t)
-        if not np.isfinite(actions).all():
-            self.counters["nonfinite_outputs"] += 1
-        self.counters["outputs"] += 1
-        self.divergence.candidate(obs.sequence, actions)
-        return True
-
-    def publish_hold(self, proprio, obs_seq: int, t_sensor_ns: int, reason: str) -> None:
-        self.counters[f"hold_{reason}"] += 1
-
-
-class NullSink:
-    """Where a retired worker's last in-flight chunk goes: nowhere (it must not count)."""
-
-    def publish(self, actions, obs, t, source, policy="") -> bool:
-        return False
-
-    def publish_hold(self, proprio, obs_seq, t_sensor_ns, reason) -> None:
-        pass
-
-
-@dataclass
-class Shadow:
-    """A candidate policy running beside the serving one (see module docstring)."""
-
-    release_id: str
-    worker: Any  # PolicyWorker with a ShadowSink
-    sink: ShadowSink
-    policy: Any  # LoadedPolicy
-    purpose: str  # "shadow" or "canary-reference"
-    started_ns: int = field(default_factory=time.monotonic_ns)
-
-    def report(self) -> dict[str, Any]:
-        w = self.worker
-        counters = dict(self.sink.counters)
-        for k, v in w.counters.items():
-            counters[k] = counters.get(k, 0) + v
-        return {
-            "release": self.release_id,
-            "purpose": self.purpose,
-            "running_s": round((time.monotonic_ns() - self.started_ns) / 1e9, 3),
-            "divergence": self.sink.divergence.report(),
-            "latency_ms": self.sink.stats.summary(),
-            "faults": counters,
-        }
+log = logging.getLogger("vlad.releases")
 
 
 @dataclass(frozen=True)
@@ -159,219 +55,246 @@ class CanaryThresholds:
 class Canary:
     """The watch over a freshly deployed release; :meth:`check` says why to abort, if so."""
 
-    release_id: str
-    previous_id: str
+    policy: ServedPolicy
+    previous: ChainPolicy
     thresholds: CanaryThresholds
-    start_counters: dict[str, int]
     started_ns: int = field(default_factory=time.monotonic_ns)
     heartbeat_faults: int = 0
 
     def elapsed_s(self, now_ns: int) -> float:
         return (now_ns - self.started_ns) / 1e9
 
-    def check(self, counters: dict[str, Any], divergence: Divergence | None) -> str | None:
-        t = self.thresholds
-
-        def delta(key: str) -> int:
-            return int(counters.get(key, 0)) - int(self.start_counters.get(key, 0))
-
-        published = delta("published_release")  # the canary is the release being served
-        misses = delta("deadline_misses")
-        if published >= 20 and misses / published > t.max_deadline_miss_rate:
-            return f"deadline miss rate {misses / published:.3f} > {t.max_deadline_miss_rate}"
-        policy = f"release:{self.release_id}"
-        interventions = delta(f"nonfinite:{policy}") + delta(f"out_of_bounds:{policy}")
+    def check(self, shadow: ShadowRun | None) -> str | None:
+        t, c = self.thresholds, self.policy.counts  # counted from the canary's first cycle
+        if c.published >= 20 and c.deadline_misses / c.published > t.max_deadline_miss_rate:
+            return f"deadline miss rate {c.deadline_misses / c.published:.3f} > {t.max_deadline_miss_rate}"
+        interventions = c.nonfinite_outputs + c.out_of_bounds
         if interventions > t.max_interventions:
             return f"{interventions} NaN/bound interventions > {t.max_interventions}"
-        if divergence is not None and divergence.pairs >= 10 and divergence.mean_abs > t.max_divergence:
-            return f"mean divergence from {self.previous_id} {divergence.mean_abs:.4f} > {t.max_divergence}"
+        d = shadow.divergence if shadow is not None else None
+        if d is not None and d.pairs >= 10 and d.mean_abs > t.max_divergence:
+            return f"mean divergence from {self.previous.id.release} {d.mean_abs:.4f} > {t.max_divergence}"
         if self.heartbeat_faults > t.max_heartbeat_faults:
             return f"{self.heartbeat_faults} heartbeat faults > {t.max_heartbeat_faults}"
         return None
 
     def report(self, now_ns: int) -> dict[str, Any]:
-        return {"release": self.release_id, "previous": self.previous_id, "elapsed_s": round(self.elapsed_s(now_ns), 3),
-                "window_s": self.thresholds.window_s, "heartbeat_faults": self.heartbeat_faults}
+        return {"release": self.policy.id.release, "previous": self.previous.id.release,
+                "elapsed_s": round(self.elapsed_s(now_ns), 3), "window_s": self.thresholds.window_s,
+                "heartbeat_faults": self.heartbeat_faults}
 
 
-class LiveReleases:
-    """The daemon's live release operations (a mixin of :class:`vlad.daemon.supervisor.Daemon`, which
-    owns the attributes used here: policies, workers, health, publisher, state, shadow,
-    canary)."""
+class ReleaseManager:
+    """Deploy, rollback, shadow and canary on top of the :class:`PolicyChain`."""
 
-    def store(self):
-        from vlad.release.store import ReleaseStore
+    def __init__(self, cfg: Config, chain: PolicyChain, publisher: Publisher, state: StateMachine,
+                 served: Callable[[LoadedPolicy, str], ServedPolicy],
+                 check_evidence: Callable[[LoadedPolicy], list[str]] | None = None) -> None:
+        self.cfg = cfg
+        self.chain = chain
+        self.publisher = publisher
+        self.state = state
+        self.served = served  # LoadedPolicy + slot name -> ServedPolicy (the supervisor's recipe)
+        self.check_evidence = check_evidence
+        self.shadow: ShadowRun | None = None
+        self.shadow_loaded: LoadedPolicy | None = None
+        self.canary: Canary | None = None
+        self._seen_findings: set[tuple] = set()
 
-        return ReleaseStore(self.cfg.store.root, self.cfg.release.keys_dir)
+    def store(self) -> ReleaseStore:
+        s = self.cfg.store
+        return ReleaseStore(s.root, self.cfg.release.keys_dir, lock_timeout_s=s.lock_timeout_s)
 
-    async def _load(self, name: str, folder: Path) -> LoadedPolicy:
+    async def history(self) -> list[dict[str, Any]]:
+        """Activations and rollbacks (reads the journal only: no lock, no recovery)."""
+        s = self.cfg.store
+
+        def read() -> list[dict[str, Any]]:
+            store = ReleaseStore(s.root, self.cfg.release.keys_dir, create=False, recover=False)
+            return [dataclasses.asdict(e) for e in store.history()]
+
+        return await self._in_thread(read)
+
+    async def _in_thread(self, fn: Callable[[], Any]) -> Any:
+        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+
+    async def _load(self, folder: Path, check_time: bool = True) -> LoadedPolicy:
         """Verify, load and warm a release beside the serving one (off the event loop)."""
-        cfg = self.cfg
-        keys_dir = cfg.release.keys_dir if cfg.release.verify else None
-        if keys_dir is None:
-            backend, artifact, options = cfg.release.backend, cfg.release.artifact, cfg.release.options
-        else:  # the signed manifest names them
-            backend, artifact, options = "", "", {}
-        policy = await anyio.to_thread.run_sync(load_policy, name, folder, backend, artifact, options,
-                                                cfg.serve.warmup, keys_dir)
-        breaking = compatible(self.contract, policy.contract)
+        r = self.cfg.release
+        keys_dir = r.keys_dir if r.verify else None
+        source = PolicySource(folder, keys_dir, *(("", "", {}) if keys_dir else (r.backend, r.artifact, r.options)),
+                              site_options=r.site_options, check_time=check_time)
+        policy = await self._in_thread(lambda: load_policy(source, self.cfg.serve.warmup))
+        breaking = compatible(self.chain.release.loaded.contract, policy.contract)
         if breaking:
             policy.session.close()
             raise VladError(f"{policy.release_id} changes the contract ({', '.join(breaking[:5])}): "
                             "controllers would break; deploy it with a restart instead")
+        for note in policy.notes:
+            self.state.record("release_note", note, release=policy.release_id)
         return policy
 
-    def _worker(self, policy: LoadedPolicy, name: str, publisher) -> PolicyWorker:
-        w = PolicyWorker(name=name, contract=policy.contract, tokenizer=policy.tokenizer, session=policy.session,
-                         release_id=policy.release_id, publisher=publisher)
-        w.start()
-        return w
+    async def _retire(self, policy: ChainPolicy | ShadowRun | None) -> None:
+        """Close a policy that no longer serves, once no thread runs it any more."""
+        if policy is None:
+            return
+        timeout = self.cfg.serve.shutdown_timeout_s
+        if isinstance(policy, ShadowRun):
+            finished = await self._in_thread(lambda: policy.stop(timeout))
+            session = policy.policy.session
+        else:
+            policy.served.retired = True  # a chunk still in flight from it is dropped, not sent
+            finished = await self._in_thread(lambda: self.chain.loop.wait_not_running(policy.served, timeout))
+            session = policy.served.session
+        if not finished:
+            log.error("%s: an inference still runs after %.1f s; its session is left open", policy, timeout)
+            return
+        await self._in_thread(session.close)
 
-    def _install(self, policy: LoadedPolicy, worker: PolicyWorker, reason: str) -> tuple[LoadedPolicy, PolicyWorker]:
-        """Make ``policy`` the release being served (a pointer change); returns the old pair."""
-        old = (self.policies[0], self.workers[0])
-        self.policies[0], self.workers[0] = policy, worker
-        self.health.chain[0] = f"release:{policy.release_id}"
-        self.health.quarantined.pop(0, None)
-        self.release_id = log_context.release = policy.release_id
-        self.backend_description = policy.session.describe()
-        obs = self.last_obs
-        if self.health.active == 0 and obs is not None and time.monotonic_ns() - obs.sensor_time_ns < worker.max_age_ns:
-            worker.slot.put(Pending(obs, self.last_observation_ns))
-        self.state.record("release", f"{old[0].release_id} -> {policy.release_id}: {reason}",
-                          from_release=old[0].release_id, to_release=policy.release_id)
-        return old
-
-    async def _retire(self, policy: LoadedPolicy, worker: PolicyWorker | None) -> None:
-        if worker is not None:
-            worker.publisher = NullSink()  # a cycle still in flight must not publish or count
-            await anyio.to_thread.run_sync(worker.stop, self.cfg.serve.shutdown_timeout_s)
-        policy.session.close()
+    # -- deploy and rollback ---------------------------------------------------------------
 
     async def deploy(self, path: str, who: str, why: str, canary: bool, force: bool) -> dict[str, Any]:
         """verify -> stage -> load and warm -> activate in the store -> hot-swap."""
         if self.canary is not None:
-            raise VladError(f"a canary of {self.canary.release_id} is running; wait for it to pass or abort")
-        store = self.store()
-        release_id = await anyio.to_thread.run_sync(store.stage, path)
-        policy = await self._load("release", store.release_path(release_id))
+            raise VladError(f"a canary of {self.canary.policy.id.release} is running; wait for it to pass or abort")
+        if canary and self.shadow is not None:
+            raise VladError(f"a shadow of {self.shadow.policy.id.release} is running; stop it before a canary")
+        store = await self._in_thread(self.store)
+        release_id = await self._in_thread(lambda: store.stage(path))
+        loaded = await self._load(store.release_path(release_id))
         try:
-            await anyio.to_thread.run_sync(lambda: store.activate(release_id, who, why, force))
-        except VladError:
-            policy.session.close()
-            raise
-        thresholds = start = None
-        if canary:
-            if policy.manifest is None:
-                policy.session.close()
+            missing = self.check_evidence(loaded) if self.check_evidence else []
+            if missing and not force:
+                raise VladError(f"{release_id} lacks passing gate evidence ({'; '.join(missing[:4])}); run "
+                                "`vladctl gate` and sign the evidence in, or deploy with --force --why")
+            if missing:
+                self.state.record("operator", f"deploy of {release_id} without gate evidence forced by {who}: {why}",
+                                  who=who, why=why, missing=missing)
+            if canary and loaded.manifest is None:
                 raise VladError("a canary needs a signed release (its manifest holds the canary thresholds)")
-            c = policy.manifest.canary
+            await self._in_thread(lambda: store.activate(release_id, who, why, force))
+        except BaseException:
+            loaded.session.close()
+            raise
+        new = ChainPolicy(loaded, self.served(loaded, "release"))
+        old = self.chain.install(new, f"deploy by {who}: {why}")
+        if canary:
+            assert loaded.manifest is not None
+            c = loaded.manifest.canary
             thresholds = CanaryThresholds(c.window_s, c.max_deadline_miss_rate, c.max_interventions,
                                           c.max_divergence, c.max_heartbeat_faults)
-            # Counted from before the swap: the canary's very first chunk already counts.
-            start = {k: v for k, v in self.all_counters().items() if isinstance(v, int)}
-        worker = self._worker(policy, "release", self.publisher)
-        old_policy, old_worker = self._install(policy, worker, f"deploy by {who}: {why}")
-        if canary:
-            # The previous release keeps running as a shadow: the divergence reference, and
-            # the warm policy an abort swaps back to.
-            self._start_shadow(old_policy, old_worker, "canary-reference", tolerance=thresholds.max_divergence)
-            self.canary = Canary(policy.release_id, old_policy.release_id, thresholds, start)
-            self.state.record("canary", f"canary of {policy.release_id} for {thresholds.window_s:g} s", **vars(thresholds))
+            # The previous release keeps running as a shadow: the divergence reference,
+            # and the warm policy an abort swaps back to.
+            self._start_shadow(old.served, old.loaded, "canary-reference", thresholds.max_divergence)
+            self.canary = Canary(new.served, old, thresholds)
+            self.state.record("canary", f"canary of {new.id.release} for {thresholds.window_s:g} s", **vars(thresholds))
         else:
-            await self._retire(old_policy, old_worker)
-        return {"release": policy.release_id, "previous": old_policy.release_id, "canary": canary}
+            await self._retire(old)
+        return {"release": new.id.release, "previous": old.id.release, "canary": canary}
 
     async def rollback(self, who: str, why: str) -> dict[str, Any]:
         """The store's one-step rollback, then serve that release (loaded and warmed first)."""
-        if not why:
-            raise VladError("rollback needs a reason (--why)")
         if self.canary is not None:
-            return await self._abort_canary(f"rollback by {who}: {why}", who)
-        store = self.store()
+            return await self.abort_canary(f"rollback by {who}: {why}", who)
+        store = await self._in_thread(self.store)
         target = store.previous()
         if target is None:
             raise VladError("nothing to roll back to: the store has no previous release")
-        policy = await self._load("release", store.release_path(target))
+        loaded = await self._load(store.release_path(target), check_time=False)
         try:
-            await anyio.to_thread.run_sync(lambda: store.rollback(who, why))
-        except VladError:
-            policy.session.close()
+            await self._in_thread(lambda: store.rollback(who, why))
+        except BaseException:
+            loaded.session.close()
             raise
-        old_policy, old_worker = self._install(policy, self._worker(policy, "release", self.publisher),
-                                               f"rollback by {who}: {why}")
-        await self._retire(old_policy, old_worker)
-        return {"release": policy.release_id, "rolled_back_from": old_policy.release_id}
+        old = self.chain.install(ChainPolicy(loaded, self.served(loaded, "release")), f"rollback by {who}: {why}")
+        await self._retire(old)
+        return {"release": loaded.release_id, "rolled_back_from": old.id.release}
 
-    def _start_shadow(self, policy: LoadedPolicy, worker: PolicyWorker | None, purpose: str, tolerance: float) -> None:
-        div = Divergence(policy.contract.action.dim, tolerance)
-        sink = ShadowSink(div, self.cfg.serve.latency_window)
-        if worker is None:
-            worker = self._worker(policy, "shadow", sink)
-        else:
-            worker.publisher, worker.name = sink, "shadow"
-        self.shadow = Shadow(policy.release_id, worker, sink, policy, purpose)
-        self.publisher.observers.append(div.reference)
+    # -- shadow ----------------------------------------------------------------------------
 
-    async def _stop_shadow(self) -> Shadow | None:
-        shadow, self.shadow = self.shadow, None
-        if shadow is not None:
-            self.publisher.observers.remove(shadow.sink.divergence.reference)
-        return shadow
+    def _start_shadow(self, served: ServedPolicy, loaded: LoadedPolicy, purpose: str, tolerance: float) -> None:
+        run = ShadowRun(served.renamed("shadow"), purpose, tolerance, self.cfg.serve.latency_window)
+        run.start()
+        self.shadow, self.shadow_loaded = run, loaded
+        self.publisher.observers.append(run.divergence.reference)
+        self.chain.loop.shadow = run
+
+    def _stop_shadow(self) -> ShadowRun | None:
+        run, self.shadow = self.shadow, None
+        if run is not None:
+            self.chain.loop.shadow = None
+            self.publisher.observers.remove(run.divergence.reference)
+        return run
 
     async def shadow_start(self, path: str, tolerance: float) -> dict[str, Any]:
         if self.shadow is not None:
-            raise VladError(f"a shadow of {self.shadow.release_id} is running ({self.shadow.purpose}); stop it first")
-        policy = await self._load("shadow", Path(path))
-        self._start_shadow(policy, None, "shadow", tolerance)
-        self.state.record("shadow", f"shadow run of {policy.release_id} started")
-        return {"shadow": policy.release_id, "tolerance": tolerance}
+            raise VladError(f"a shadow of {self.shadow.policy.id.release} is running ({self.shadow.purpose}); "
+                            "stop it first")
+        loaded = await self._load(Path(path))
+        self._start_shadow(self.served(loaded, "shadow"), loaded, "shadow", tolerance)
+        self.state.record("shadow", f"shadow run of {loaded.release_id} started")
+        return {"shadow": loaded.release_id, "tolerance": tolerance}
+
+    def shadow_report(self) -> dict[str, Any]:
+        if self.shadow is None:
+            raise VladError("no shadow run (start one with `vladctl shadow start RELEASE`)")
+        return self.shadow.report()
 
     async def shadow_stop(self) -> dict[str, Any]:
         if self.shadow is None or self.shadow.purpose != "shadow":
             raise VladError("no shadow run to stop")
         report = self.shadow.report()
-        shadow = await self._stop_shadow()
-        await self._retire(shadow.policy, shadow.worker)
-        self.state.record("shadow", f"shadow run of {shadow.release_id} stopped", pairs=report["divergence"]["pairs"])
+        run = self._stop_shadow()
+        await self._retire(run)
+        self.state.record("shadow", f"shadow run of {report['release']} stopped", pairs=report["divergence"]["pairs"])
         return report
 
-    async def _check_canary(self, findings) -> None:
+    # -- canary ----------------------------------------------------------------------------
+
+    async def check_canary(self, findings: list[Finding]) -> None:
+        """Every monitor tick: abort the canary when a threshold is crossed, end it after its window."""
         canary = self.canary
         if canary is None:
             return
-        if any(f.code == "heartbeat_lost" and f"{f.monitor}:{f.code}" not in self._canary_seen for f in findings):
+        keys = {f.key for f in findings if f.code == "heartbeat_lost"}
+        if keys - self._seen_findings:
             canary.heartbeat_faults += 1
-        self._canary_seen = {f"{f.monitor}:{f.code}" for f in findings}
-        quarantined = self.health.quarantined.get(0) if self.health.chain[0] == f"release:{canary.release_id}" else None
-        reason = canary.check(self.all_counters(), self.shadow.sink.divergence if self.shadow else None)
+        self._seen_findings = keys
+        health = self.chain.health
+        quarantined = health.quarantined.get(0) if health.chain[0] == canary.policy.id else None
+        reason = canary.check(self.shadow)
         if reason is None and quarantined:
             reason = f"quarantined by the health monitors ({quarantined})"
         if reason is not None:
-            await self._abort_canary(reason, "canary")
+            await self.abort_canary(reason, "canary")
         elif canary.elapsed_s(time.monotonic_ns()) >= canary.thresholds.window_s:
             self.canary = None
-            shadow = await self._stop_shadow()
-            self.state.record("canary", f"canary of {canary.release_id} passed after {canary.thresholds.window_s:g} s")
-            if shadow is not None:
-                await self._retire(shadow.policy, shadow.worker)
+            run = self._stop_shadow()
+            self.state.record("canary", f"canary of {canary.policy.id.release} passed after "
+                                        f"{canary.thresholds.window_s:g} s")
+            await self._retire(run)
 
-    async def _abort_canary(self, reason: str, who: str) -> dict[str, Any]:
+    async def abort_canary(self, reason: str, who: str) -> dict[str, Any]:
         """Swap back to the previous release (still warm in the shadow) and roll the store back."""
         canary, self.canary = self.canary, None
-        shadow = await self._stop_shadow()
-        shadow.worker.publisher, shadow.worker.name = self.publisher, "release"
-        bad_policy, bad_worker = self._install(shadow.policy, shadow.worker, f"canary aborted: {reason}")
+        assert canary is not None
+        run = self._stop_shadow()
+        if run is not None:
+            await self._in_thread(lambda: run.stop(self.cfg.serve.shutdown_timeout_s))
+        previous = canary.previous
+        restored = ChainPolicy(previous.loaded, previous.served)
+        bad = self.chain.install(restored, f"canary aborted: {reason}")
         # The faults that moved us down the chain came from the canary, which is gone: the
         # previous release serves at once (the next monitor tick re-judges everything else).
-        if self.health.active != 0:
-            before, self.health.active = self.health.active, 0
-            self._swap(before, 0)
-        self.state.record("canary_abort", f"canary of {canary.release_id} aborted: {reason}", release=canary.release_id)
+        if self.chain.active != 0:
+            self.chain.serve(0)
+        self.state.record("canary_abort", f"canary of {canary.policy.id.release} aborted: {reason}",
+                          release=canary.policy.id.release)
         try:
-            await anyio.to_thread.run_sync(lambda: self.store().rollback(who, f"canary aborted: {reason}"))
+            store = await self._in_thread(self.store)
+            await self._in_thread(lambda: store.rollback(who, f"canary aborted: {reason}"))
         except VladError as exc:
             log.error("canary aborted but the store could not roll back: %s", exc)
-        await self._retire(bad_policy, bad_worker)
-        return {"release": shadow.policy.release_id, "aborted": canary.release_id, "reason": reason}
+        await self._retire(bad)
+        return {"release": previous.id.release, "aborted": canary.policy.id.release, "reason": reason}
 

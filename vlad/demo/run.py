@@ -27,7 +27,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np
 
-from vlad.cli import format_status
+from vlad.cli.daemon import format_status
 from vlad.client import Client, ClientError
 from vlad.config import load_config
 from vlad.demo import sim

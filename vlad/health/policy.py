@@ -8,12 +8,13 @@ any fault asks for:
   artifact changed on disk) quarantines the policy that produced it and moves down the
   chain. A quarantined policy is never re-activated automatically: only an operator
   (``vladctl resume``) or a new release clears the quarantine;
-* a **system** fault (temperature, memory pressure) moves off the release being served to
-  the next policy (lighter, or the hold posture) until the machine is healthy again;
-* a **controller** or **input** fault (heartbeat lost, sensor stall, stale or malformed
-  observations) moves to the hold posture: without trustworthy input, hold still.
+* a **system** fault (temperature, memory pressure, an unreachable remote server) moves
+  below the policy it names (or off the release when it names none) until the machine or
+  the link is healthy again; the policy is not quarantined;
+* a **controller** or **input** fault (heartbeat lost, sensor stall, sustained stale or
+  malformed observations) moves to the hold posture: without trustworthy input, hold still.
 
-Going back up the chain needs a healthy window (no fault for ``healthy_window_s``), so a
+Going back up the chain needs a healthy window (no fault for ``healthy_window_ns``), so a
 flapping fault cannot flap the robot between policies (hysteresis). Warnings alone only
 mark the release DEGRADED.
 """
@@ -22,8 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlad.health.monitors import Finding
+from vlad.health.base import Finding
 from vlad.health.state import State, StateMachine
+from vlad.serving.counters import PolicyId
 
 
 @dataclass(frozen=True)
@@ -34,14 +36,16 @@ class Decision:
 
 
 class HealthPolicy:
-    def __init__(self, chain: list[str], healthy_window_ns: int, events: StateMachine) -> None:
-        self.chain = chain  # names; the last one is the hold posture
+    """Fallback decisions with hysteresis over a chain of :class:`PolicyId` (last: hold)."""
+
+    def __init__(self, chain: list[PolicyId], healthy_window_ns: int, events: StateMachine) -> None:
+        self.chain = chain
         self.hold = len(chain) - 1
         self.healthy_window_ns = healthy_window_ns
         self.events = events
         self.active = 0
-        self.quarantined: dict[int, str] = {}
-        self.findings: dict[str, Finding] = {}
+        self.quarantined: dict[int, str] = {}  # chain position -> the fault code that caused it
+        self.findings: dict[tuple, Finding] = {}
         self.last_fault_ns = 0
         self.last_fault_reason = ""
 
@@ -51,18 +55,23 @@ class HealthPolicy:
                 return i
         return self.hold
 
-    def index_of(self, policy: str) -> int | None:
-        """Chain position of a policy ("release:<release id>"); None when it is no longer in
-        the chain (a deployed or rolled-back release must not inherit its faults)."""
+    def index_of(self, policy: PolicyId | None) -> int | None:
+        """Chain position of a policy; None when it is no longer in the chain (a deployed or
+        rolled-back release must not inherit its faults)."""
         return self.chain.index(policy) if policy in self.chain else None
 
     def best_allowed(self) -> int:
         return self._next_allowed(-1)
 
+    def replace(self, position: int, policy: PolicyId) -> None:
+        """A new policy at ``position`` (deploy, rollback): it starts with a clean record."""
+        self.chain[position] = policy
+        self.quarantined.pop(position, None)
+
     def update(self, findings: list[Finding], now_ns: int) -> Decision:
         # Record findings as they appear and clear (edge-triggered: the journal gets one
         # line per fault episode, not one per tick).
-        current = {f"{f.monitor}:{f.code}": f for f in findings}
+        current = {f.key: f for f in findings}
         for key, f in current.items():
             if key not in self.findings:
                 self.events.record("fault" if f.severity == "fault" else "warning", f.message, **f.to_dict())
@@ -80,9 +89,11 @@ class HealthPolicy:
                 if culprit is not None and culprit != self.hold and culprit not in self.quarantined:
                     self.quarantined[culprit] = f.code
                     self.events.record("quarantine", f"{self.chain[culprit]} quarantined: {f.message}",
-                                       policy=self.chain[culprit], code=f.code)
+                                       policy=str(self.chain[culprit]), code=f.code)
             elif f.scope == "system":
-                target = max(target, self._next_allowed(0))
+                named = self.index_of(f.policy) if f.policy else None
+                below = named if named is not None else 0
+                target = max(target, self._next_allowed(below))
             else:  # controller, input
                 target = self.hold
             reasons.append(f.message)
@@ -106,6 +117,6 @@ class HealthPolicy:
 
     def resume(self, who: str, why: str) -> None:
         """Operator command: clear every quarantine (recorded with who and why)."""
-        names = [self.chain[i] for i in self.quarantined]
+        names = [str(self.chain[i]) for i in self.quarantined]
         self.quarantined.clear()
         self.events.record("operator", f"resume by {who}: {why}", who=who, why=why, cleared=names)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vlad.daemon.systemd import context as log_context
+from vlad.logs import context as log_context
 
 log = logging.getLogger("vlad.state")
 
@@ -56,28 +57,43 @@ class Event:
 
 
 class StateMachine:
+    """The supervisor's state and event history. Thread-safe: the e-stop thread and the
+    event loop both move it."""
+
     def __init__(self, history: int = 500) -> None:
         self.state = State.STARTING
         self.since_ns = time.monotonic_ns()
         self.events: deque[Event] = deque(maxlen=history)
+        self._lock = threading.RLock()
 
     def transition(self, to: State, reason: str, **details: Any) -> bool:
-        """Move to ``to``; returns False (and changes nothing) if already there."""
-        if to == self.state:
-            return False
-        if to not in ALLOWED[self.state]:
-            raise RuntimeError(f"illegal transition {self.state.value} -> {to.value} ({reason})")
-        ev = Event(time.time(), time.monotonic_ns(), "transition", self.state.value, to.value, reason, details)
-        self.state = to
-        self.since_ns = ev.monotonic_ns
-        self.events.append(ev)
-        log_context.state = to.value
-        log.info("state %s -> %s: %s", ev.state_from, ev.state_to, reason, extra={"VLAD_REASON": reason})
+        """Move to ``to``; returns False (and changes nothing) if already there or if the
+        move is not allowed (STOPPING is final): a late event never resurrects a stopping
+        daemon."""
+        with self._lock:
+            if to == self.state or to not in ALLOWED[self.state]:
+                return False
+            ev = Event(time.time(), time.monotonic_ns(), "transition", self.state.value, to.value, reason, details)
+            self.state = to
+            self.since_ns = ev.monotonic_ns
+            self.events.append(ev)
+            log_context.state = to.value
+        log.info("state %s -> %s: %s", ev.state_from, ev.state_to, reason,
+                 extra={"VLAD_EVENT": "transition", "VLAD_REASON": reason})
         return True
 
     def record(self, kind: str, reason: str, **details: Any) -> Event:
         """Record a non-transition event (a fault, an operator command, a swap)."""
-        ev = Event(time.time(), time.monotonic_ns(), kind, self.state.value, self.state.value, reason, details)
-        self.events.append(ev)
-        log.info("%s: %s", kind, reason, extra={"VLAD_REASON": reason})
+        with self._lock:
+            ev = Event(time.time(), time.monotonic_ns(), kind, self.state.value, self.state.value, reason, details)
+            self.events.append(ev)
+        extra = {"VLAD_EVENT": kind, "VLAD_REASON": reason}
+        policy = details.get("policy") or details.get("to_policy")
+        if policy:
+            extra["VLAD_POLICY"] = str(policy)
+        log.info("%s: %s", kind, reason, extra=extra)
         return ev
+
+    def recent(self, limit: int) -> list[Event]:
+        with self._lock:
+            return list(self.events)[-limit:] if limit > 0 else []

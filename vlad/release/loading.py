@@ -1,62 +1,98 @@
 """A release loaded as a policy: verified, checked against its contract and warmed up.
 
 The daemon loads the release being served and every fallback policy this way at start,
-and :mod:`vlad.daemon.releases` loads deployed, shadowed and rolled-back releases the same way.
+and the release manager loads deployed, shadowed and rolled-back releases the same way.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlad.contract import Contract, load_contract
+from vlad.backend import Session
+from vlad.contract import Contract, diff_contracts, load_contract
 from vlad.errors import StartupError
-from vlad.processing import Tokenizer, sha256_file
+from vlad.files import sha256_file
+from vlad.processing import Tokenizer
+from vlad.release.manifest import Manifest
 
-log = logging.getLogger("vlad.policies")
+log = logging.getLogger("vlad.release")
 
+
+@dataclass(frozen=True)
+class PolicySource:
+    """Where a policy comes from and how to run it.
+
+    ``keys_dir`` set: a signed release, whose manifest names backend, artifact and options
+    (``backend``/``artifact``/``options`` must then be empty or equal); ``site_options`` are
+    this robot's own (a remote endpoint, credential files) and fill only keys the manifest
+    leaves unset. ``keys_dir`` None: an unsigned development release run as configured.
+    """
+
+    folder: Path
+    keys_dir: str | None
+    backend: str = ""
+    artifact: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    site_options: Mapping[str, Any] = field(default_factory=dict)
+    check_time: bool = True  # False for a rollback: a date must not block the way back
 
 
 @dataclass
 class LoadedPolicy:
-    name: str
     release_id: str
     folder: Path
     contract: Contract
     tokenizer: Tokenizer | None
-    session: Any
+    session: Session
     artifacts: dict[str, str]  # relative path -> sha256 at load time
-    manifest: Any = None  # the verified vlad.manifest.Manifest; None for an unsigned release
+    manifest: Manifest | None = None  # the verified manifest; None for an unsigned release
+    notes: tuple[str, ...] = ()  # what a human should know (e.g. "expired, used for a rollback")
 
 
-def load_policy(name: str, folder: Path, backend_name: str, artifact: str, options: dict, warmup: int,
-                keys_dir: str | None) -> LoadedPolicy:
-    """Verify (when ``keys_dir`` is given), load, check and warm up one release folder."""
+def load_policy(source: PolicySource, warmup: int) -> LoadedPolicy:
+    """Verify (signed releases), load, check and warm up one release folder."""
     from vlad.plugins import get_backend
 
+    folder = source.folder
+    backend_name, artifact, options = source.backend, source.artifact, dict(source.options)
     artifacts: dict[str, str] | None = None
     manifest = None
-    if keys_dir is not None:
+    notes: list[str] = []
+    if source.keys_dir is not None:
         from vlad.release.signing import verify_release
 
-        verified = verify_release(folder, keys_dir)
+        verified = verify_release(folder, source.keys_dir, check_time=source.check_time)
         for warning in verified.warnings:
             log.warning("release %s: %s", verified.id, warning)
         m = manifest = verified.manifest
+        if not source.check_time and dt.datetime.now(dt.timezone.utc) >= m.release.expires:
+            notes.append(f"release {m.release.id} expired at {m.release.expires:%Y-%m-%dT%H:%M:%SZ}; "
+                         "used anyway for a rollback")
         folder = verified.path
-        for key, configured, signed in (("backend", backend_name, m.backend.name), ("artifact", artifact, m.backend.artifact),
-                                        ("options", options, dict(m.backend.options))):
+        signed_options = dict(m.backend.options)
+        for key, configured, signed in (("backend", backend_name, m.backend.name),
+                                        ("artifact", artifact, m.backend.artifact),
+                                        ("options", options, signed_options)):
             if configured and configured != signed:
                 raise StartupError(f"release.{key} = {configured!r} in the config differs from the signed manifest's "
                                    f"{signed!r}; remove it from the config (the manifest decides)")
-        backend_name, artifact, options = m.backend.name, m.backend.artifact, dict(m.backend.options)
+        clash = sorted(set(source.site_options) & set(signed_options))
+        if clash:
+            raise StartupError(f"release.site_options {clash} are set by the signed manifest; the manifest decides")
+        backend_name, artifact = m.backend.name, m.backend.artifact
+        options = {**signed_options, **source.site_options}
         artifacts = {a.path: a.sha256 for a in m.artifacts}
         log.info("release %s verified: signed by key %s", verified.id, verified.key_id)
     elif not (backend_name and artifact):
         raise StartupError(f"release {folder} is used unsigned (release.verify = false): set release.backend and "
                            "release.artifact in the config")
+    else:
+        options = {**options, **source.site_options}
     contract_path = folder / "contract.toml"
     if not contract_path.is_file():
         raise StartupError(f"release {folder}: no contract.toml (is the release path right?)")
@@ -70,18 +106,20 @@ def load_policy(name: str, folder: Path, backend_name: str, artifact: str, optio
     if not avail.usable:
         raise StartupError(f"backend {backend.name} is not usable here: {avail.reason}")
     session = backend.load(artifact_path, contract, options)
-    session.warmup(warmup)
+    try:
+        session.warmup(warmup)
+    except BaseException:
+        session.close()
+        raise
     if artifacts is None:  # unsigned (development): watch what was loaded
-        files = [contract_path, artifact_path] + ([contract.tokenizer_path] if tokenizer else [])
+        files = [contract_path, artifact_path] + ([contract.tokenizer_path] if contract.tokenizer_path else [])
         artifacts = {str(p.relative_to(folder)): sha256_file(p) for p in files}
+    # Named by the model it serves (what controllers see in every chunk), for signed and
+    # unsigned releases alike; the manifest's release id names the store folder.
     release_id = f"{contract.model.id}@{contract.model.version}"
-    return LoadedPolicy(name, release_id, folder, contract, tokenizer, session, artifacts, manifest)
+    return LoadedPolicy(release_id, folder, contract, tokenizer, session, artifacts, manifest, tuple(notes))
 
 
 def compatible(primary: Contract, other: Contract) -> list[str]:
-    """Breaking contract differences that forbid ``other`` as a fallback for ``primary``."""
-    from vlad.contract import diff_contracts
-
+    """Breaking contract differences that forbid ``other`` beside ``primary`` (fallback, deploy)."""
     return [d.path for d in diff_contracts(primary, other) if d.breaking]
-
-

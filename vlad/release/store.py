@@ -32,6 +32,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -131,9 +132,10 @@ class ReleaseStore:
     """
 
     def __init__(self, root: str | Path = DEFAULT_ROOT, keys_dir: str | Path = DEFAULT_KEYS_DIR,
-                 *, create: bool = True) -> None:
+                 *, create: bool = True, recover: bool = True, lock_timeout_s: float = 5.0) -> None:
         self.root = Path(root)
         self.keys_dir = Path(keys_dir)
+        self.lock_timeout_s = lock_timeout_s
         self.releases_dir = self.root / "releases"
         self.engines_dir = self.root / "engines"
         self.history_path = self.root / "history.jsonl"
@@ -142,7 +144,7 @@ class ReleaseStore:
                 d.mkdir(parents=True, exist_ok=True)
         elif not self.releases_dir.is_dir():
             raise StoreError(f"{self.root}: not a release store (no releases/)")
-        if os.access(self.root, os.W_OK):
+        if recover and os.access(self.root, os.W_OK):
             self.recover()
 
     # ---- reading ---------------------------------------------------------------------
@@ -218,6 +220,12 @@ class ReleaseStore:
                 with contextlib.suppress(StoreError, VladError, OSError):
                     codes.add(self._version_code(rid))
         return codes
+
+    def activated_releases(self) -> set[str]:
+        """Ids of every release ever activated here (and the current pair)."""
+        ids = {e.to_release for e in self.history()}
+        ids |= {r for r in (self.active(), self.previous()) if r}
+        return ids
 
     def bad_releases(self) -> set[str]:
         """Releases rolled back from and not re-activated since: activation needs ``force``."""
@@ -306,10 +314,12 @@ class ReleaseStore:
             code = verified.manifest.release.version_code
             seen = self.activated_versions()
             if not force:
-                if seen and code < max(seen) and code not in seen:
+                # A release that never ran here must be newer than everything that did: a
+                # reused (or lower) version_code is refused, whatever release carries it.
+                if seen and release_id not in self.activated_releases() and code <= max(seen):
                     raise DowngradeRefused(
-                        f"release {release_id} (version_code {code}) is older than releases already "
-                        f"activated here (highest {max(seen)}) and was never active here; "
+                        f"release {release_id} (version_code {code}) is not newer than releases already "
+                        f"activated here (highest version_code {max(seen)}) and was never active here; "
                         f"use --force to downgrade deliberately")
                 if release_id in self.bad_releases():
                     raise DowngradeRefused(f"release {release_id} was rolled back from; "
@@ -412,7 +422,18 @@ class ReleaseStore:
             raise StoreError(f"{self.root}: no permission to change the release store "
                              f"(run as root or the vlad user)") from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            # Bounded: a stuck or slow other writer must not freeze the caller (the daemon
+            # answers its control requests from a thread pool, vladctl a human).
+            deadline = time.monotonic() + self.lock_timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise StoreError(f"{self.root}: the release store is locked by another process "
+                                         f"(waited {self.lock_timeout_s:g} s); try again") from None
+                    time.sleep(0.05)
             yield
         finally:
             os.close(fd)

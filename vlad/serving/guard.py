@@ -1,17 +1,24 @@
-"""The final guard on every action chunk leaving vlad.
+"""The final guard on every action chunk leaving vlad, and the joint state it trusts.
 
-Checks, in order, against the release contract:
+:class:`TrustedState` decides which measured joint states vlad believes. A proprio vector
+beyond a joint's limits (with a margin), or that moved farther since the last trusted
+state than the joint can physically move (its rate limit × the periods elapsed × a
+factor), is refused. A real external move (a reset, hand-guiding, recovery after an
+e-stop) shows as a *consistent run* of such observations; after ``reanchor_observations``
+of them the trusted state re-anchors there (counted and logged). A rejected observation's
+values never reach an output: holds and re-anchoring use the trusted state only.
+
+:class:`ActionGuard` checks, in order, against the release contract:
 
 1. every value finite; otherwise the whole chunk is replaced by the hold posture
-   (``on_nonfinite = "hold"``) — a partially NaN chunk is not trustworthy anywhere;
+   (``on_nonfinite = "hold"``): a partially NaN chunk is not trustworthy anywhere;
 2. within each joint's ``[lower, upper]``; ``on_bound_violation`` says clamp or hold
    (``bounds``); a value beyond a bound by more than the joint's rate limit is also counted
    as ``out_of_bounds``, which the health monitors treat as a broken policy;
 3. within each joint's ``rate_limit`` per control period: between consecutive waypoints,
-   and from the last published command to the first waypoint (scaled by the control
-   periods elapsed since that command; re-anchored on the measured joint positions when
-   the robot is farther from that command than the limit allows); violations are clamped
-   step by step;
+   and from the reference to the first waypoint (scaled by the periods elapsed). The
+   reference is the last published command; the trusted joint state when there is none
+   (start, e-stop released) or after a confirmed external move;
 4. still valid: a chunk whose ``valid_until`` has passed is not published at all.
 
 Every correction is an *intervention*, counted by kind. The guard is a process function:
@@ -20,13 +27,96 @@ it keeps commands sane, it is not a safety function (that is the PLC and the e-s
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
+from vlad.config import GuardConfig
 from vlad.contract import Contract
 
+log = logging.getLogger("vlad.guard")
+
 INTERVENTIONS = ("nonfinite", "bounds", "out_of_bounds", "rate", "expired")
+
+
+class TrustedState:
+    """The last measured joint positions vlad trusts (action-joint order), see module doc."""
+
+    def __init__(self, contract: Contract, cfg: GuardConfig | None = None) -> None:
+        cfg = cfg or GuardConfig()
+        spec = contract.action
+        self.period_ns = int(contract.timing.control_period_ms * 1e6)
+        names = contract.proprio.names if contract.proprio else ()
+        units = contract.proprio.units if contract.proprio else ()
+        # Proprio entry of each action joint's position, where the contract has one in
+        # the same unit (only then can a measurement be compared with a command).
+        self.index = []
+        for j in spec.joints:
+            key = f"{j.name}.position"
+            idx = names.index(key) if key in names else -1
+            self.index.append(idx if idx >= 0 and units[idx] == j.unit and j.semantics == "position" else -1)
+        self.mapped = np.asarray([i >= 0 for i in self.index])
+        self._take = np.asarray([max(i, 0) for i in self.index])
+        lower = np.asarray([j.lower for j in spec.joints], np.float64)
+        upper = np.asarray([j.upper for j in spec.joints], np.float64)
+        margin = (upper - lower) * cfg.proprio_limit_margin
+        self.lo, self.hi = lower - margin, upper + margin
+        self.step = np.asarray([j.rate_limit for j in spec.joints], np.float64) * cfg.proprio_rate_factor
+        self.confirm = cfg.reanchor_observations
+        self.positions: np.ndarray | None = None  # float32, action-joint order (unmapped: NaN)
+        self.t_ns = 0
+        self.generation = 0  # bumped on every re-anchor after a confirmed jump
+        self._candidate: np.ndarray | None = None
+        self._candidate_t = 0
+        self._run = 0
+        self.reanchors = 0
+
+    def _allowed(self, dt_ns: int) -> np.ndarray:
+        periods = max(1.0, dt_ns / self.period_ns) if self.period_ns else 1.0
+        return self.step * periods + 1e-6
+
+    def judge(self, proprio: np.ndarray | None, t_sensor_ns: int) -> str | None:
+        """None when ``proprio`` is trusted (and becomes the trusted state), else the
+        rejection reason (a counter key: ``proprio_out_of_limits``, ``implausible_proprio``)."""
+        if proprio is None or not self.mapped.any():
+            return None
+        q = np.where(self.mapped, proprio[self._take].astype(np.float64), np.nan)
+        m = self.mapped
+        if ((q[m] < self.lo[m]) | (q[m] > self.hi[m])).any():
+            return "proprio_out_of_limits"
+        if self.positions is None:
+            self._accept(q, t_sensor_ns)
+            return None
+        if t_sensor_ns < self.t_ns:
+            # Older than the trusted state (a late frame): judged against it, never replacing it.
+            return None if (np.abs(q[m] - self.positions[m]) <= self._allowed(self.t_ns - t_sensor_ns)[m]).all() \
+                else "implausible_proprio"
+        if (np.abs(q[m] - self.positions[m]) <= self._allowed(t_sensor_ns - self.t_ns)[m]).all():
+            self._accept(q, t_sensor_ns)
+            return None
+        # A jump: believe it only once a run of observations agrees with it.
+        if self._candidate is not None and (
+            np.abs(q[m] - self._candidate[m]) <= self._allowed(t_sensor_ns - self._candidate_t)[m]
+        ).all():
+            self._run += 1
+        else:
+            self._run = 1
+        self._candidate, self._candidate_t = q, t_sensor_ns
+        if self._run < self.confirm:
+            return "implausible_proprio"
+        before = self.positions
+        self._accept(q, t_sensor_ns)
+        self.generation += 1
+        self.reanchors += 1
+        log.warning("joint state re-anchored after %d consistent observations: %s -> %s", self.confirm,
+                    np.round(before[m], 3).tolist(), np.round(q[m], 3).tolist())
+        return None
+
+    def _accept(self, q: np.ndarray, t_ns: int) -> None:
+        self.positions = q.astype(np.float32)
+        self.t_ns = t_ns
+        self._candidate, self._run = None, 0
 
 
 @dataclass(frozen=True)
@@ -39,39 +129,52 @@ class GuardResult:
 class ActionGuard:
     """Stateful guard: remembers the last published command for rate limiting."""
 
-    def __init__(self, contract: Contract) -> None:
+    def __init__(self, contract: Contract, trusted: TrustedState | None = None,
+                 cfg: GuardConfig | None = None) -> None:
         spec = contract.action
+        cfg = cfg or GuardConfig()
         self.contract = contract
+        self.trusted = trusted or TrustedState(contract, cfg)
         self.lower = np.asarray([j.lower for j in spec.joints], dtype=np.float32)
         self.upper = np.asarray([j.upper for j in spec.joints], dtype=np.float32)
         self.rate = np.asarray([j.rate_limit for j in spec.joints], dtype=np.float32)
         self.period_ns = int(contract.timing.control_period_ms * 1e6)
-        self.semantics = tuple(j.semantics for j in spec.joints)
-        # Where the hold posture reads the current joint positions from the proprio vector.
-        names = contract.proprio.names if contract.proprio else ()
-        self._hold_index = [names.index(f"{j.name}.position") if f"{j.name}.position" in names else -1 for j in spec.joints]
+        self.confirm = cfg.reanchor_observations
         self.last_command: np.ndarray | None = None
         self.last_command_ns = 0
-        self.counts = {k: 0 for k in INTERVENTIONS}
+        self.counts = dict.fromkeys(INTERVENTIONS, 0)
+        self.reanchors = 0  # reference moved to the trusted state after it drifted from the command
+        self._seen_generation = 0
+        self._drift_run = 0
+        self._drift_t = 0
 
-    def hold_posture(self, proprio: np.ndarray | None) -> np.ndarray:
+    def hold_posture(self) -> np.ndarray:
         """The approved stationary command as a full chunk.
 
-        ``hold_position``: every waypoint at the current joint position (from proprio, else
-        the last published command); ``zero_velocity``: zeros (for velocity/torque joints).
+        ``hold_position``: every waypoint at the trusted joint position (else the last
+        published command, else the middle of the joint's range); ``zero_velocity``:
+        zeros (velocity/torque joints).
         """
         spec = self.contract.action
         hold = np.zeros(spec.dim, dtype=np.float32)
         if spec.hold_posture == "hold_position":
-            for k, idx in enumerate(self._hold_index):
-                if idx >= 0 and proprio is not None and np.isfinite(proprio[idx]):
-                    hold[k] = proprio[idx]
+            q = self.trusted.positions
+            for k in range(spec.dim):
+                if q is not None and np.isfinite(q[k]):
+                    hold[k] = q[k]
                 elif self.last_command is not None:
                     hold[k] = self.last_command[k]
+                else:
+                    hold[k] = (self.lower[k] + self.upper[k]) / 2
             hold = np.clip(hold, self.lower, self.upper)
         return np.repeat(hold[None], spec.chunk_length, axis=0)
 
-    def check(self, actions: np.ndarray, proprio: np.ndarray | None, now_ns: int, valid_until_ns: int) -> GuardResult:
+    def forget_command(self) -> None:
+        """Start the next chunk from the trusted joint state (e.g. after an e-stop)."""
+        self.last_command = None
+
+    def check(self, actions: np.ndarray, now_ns: int, valid_until_ns: int) -> GuardResult:
+        """Guard ``actions`` (may be modified in place); remembers the first waypoint sent."""
         spec = self.contract.action
         hit: list[str] = []
         replaced = False
@@ -81,7 +184,7 @@ class ActionGuard:
         out = actions
         if not np.isfinite(out).all():
             hit.append("nonfinite")
-            out, replaced = self.hold_posture(proprio), True
+            out, replaced = self.hold_posture(), True
         if not replaced and ((out < self.lower) | (out > self.upper)).any():
             hit.append("bounds")
             # Beyond a bound by more than one period's rate limit is not an edge case of a
@@ -90,47 +193,62 @@ class ActionGuard:
             if (excess > self.rate).any():
                 hit.append("out_of_bounds")
             if spec.on_bound_violation == "hold":
-                out, replaced = self.hold_posture(proprio), True
+                out, replaced = self.hold_posture(), True
             else:
-                out = np.clip(out, self.lower, self.upper)
-        limited = self._rate_limit(out, now_ns, proprio)
-        if limited is not out:
+                np.clip(out, self.lower, self.upper, out=out)
+        if self._rate_limit(out, now_ns):
             hit.append("rate")
-            out = limited
         for kind in hit:
             self.counts[kind] += 1
         self.last_command = out[0].copy()
         self.last_command_ns = now_ns
         return GuardResult(out, tuple(hit), replaced)
 
-    def _reference(self, proprio: np.ndarray | None, allow: np.ndarray) -> np.ndarray | None:
-        """What the first waypoint is rate-limited against: the last published command,
-        unless the measured joint positions are farther from it than the limit allows.
-        Then the robot was moved by something other than vlad's commands (hand-guiding,
-        a recovery after an e-stop, a simulator reset), and a limit relative to a stale
-        command would drag it back towards where it was."""
-        prev = self.last_command
-        if proprio is None or prev is None or not all(i >= 0 for i in self._hold_index):
-            return prev
-        measured = np.asarray([proprio[i] for i in self._hold_index], dtype=np.float32)
-        if not np.isfinite(measured).all():
-            return prev
-        return measured if bool((np.abs(measured - prev) > allow).any()) else prev
+    def record_hold(self, chunk: np.ndarray, now_ns: int) -> None:
+        self.last_command, self.last_command_ns = chunk[0].copy(), now_ns
 
-    def _rate_limit(self, chunk: np.ndarray, now_ns: int, proprio: np.ndarray | None = None) -> np.ndarray:
-        """Clamp per-period changes; returns ``chunk`` itself when nothing was clamped."""
+    def _reference(self, allow: np.ndarray, now_ns: int) -> np.ndarray | None:
+        """What the first waypoint is rate-limited against (see module doc)."""
+        trusted = self.trusted
+        q = trusted.positions
+        if trusted.generation != self._seen_generation:  # a confirmed external move
+            self._seen_generation = trusted.generation
+            self._drift_run = 0
+            if q is not None and np.isfinite(q).all():
+                self.last_command = q.copy()
+            return self.last_command
+        prev = self.last_command
+        if prev is None:
+            return q.copy() if q is not None and np.isfinite(q).all() else None
+        if q is None or not np.isfinite(q).all():
+            return prev
+        # The robot drifted from the last command (hand-guiding, a slow external push):
+        # follow the measurement only once consecutive trusted states agree on it.
+        if (np.abs(q - prev) > allow).any():
+            if trusted.t_ns != self._drift_t:
+                self._drift_run += 1
+                self._drift_t = trusted.t_ns
+            if self._drift_run >= self.confirm:
+                self._drift_run = 0
+                self.reanchors += 1
+                log.info("rate-limit reference re-anchored on the trusted joint state %s", np.round(q, 3).tolist())
+                return q.copy()
+        else:
+            self._drift_run = 0
+        return prev
+
+    def _rate_limit(self, chunk: np.ndarray, now_ns: int) -> bool:
+        """Clamp per-period changes in place; True when anything was clamped."""
         first_allow = self.rate
-        if self.last_command is not None:
-            periods = max(1.0, (now_ns - self.last_command_ns) / self.period_ns) if self.period_ns else 1.0
-            first_allow = self.rate * np.float32(periods)
-        prev = self._reference(proprio, first_allow)
-        deltas = np.diff(chunk, axis=0)
+        if self.last_command is not None and self.period_ns:
+            first_allow = self.rate * np.float32(max(1.0, (now_ns - self.last_command_ns) / self.period_ns))
+        prev = self._reference(first_allow, now_ns)
         ok_first = prev is None or bool((np.abs(chunk[0] - prev) <= first_allow + 1e-6).all())
-        if ok_first and bool((np.abs(deltas) <= self.rate + 1e-6).all()):
-            return chunk
-        out = chunk.copy()
+        if ok_first and bool((np.abs(np.diff(chunk, axis=0)) <= self.rate + 1e-6).all()):
+            return False
         if prev is not None:
-            out[0] = prev + np.clip(out[0] - prev, -first_allow, first_allow)
-        for k in range(1, len(out)):
-            out[k] = out[k - 1] + np.clip(chunk[k] - out[k - 1], -self.rate, self.rate)
-        return np.clip(out, self.lower, self.upper)
+            chunk[0] = prev + np.clip(chunk[0] - prev, -first_allow, first_allow)
+        for k in range(1, len(chunk)):
+            chunk[k] = chunk[k - 1] + np.clip(chunk[k] - chunk[k - 1], -self.rate, self.rate)
+        np.clip(chunk, self.lower, self.upper, out=chunk)
+        return True

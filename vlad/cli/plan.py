@@ -9,7 +9,7 @@
     vladctl plan --list
 
 ``add_plan_commands(subparsers)`` adds the sub-command to an argparse parser (vladctl);
-``python -m vlad.planner.cli ...`` runs it on its own.
+``python -m vlad.cli.plan ...`` runs it on its own.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def _list(as_json: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m vlad.planner.cli [plan] ...``: the plan command on its own."""
+    """``python -m vlad.cli.plan [plan] ...``: the plan command on its own."""
     parser = argparse.ArgumentParser(prog="vlad.planner")
     sub = parser.add_subparsers()
     add_plan_commands(sub)

@@ -1,0 +1,81 @@
+"""Fallback decisions: which policy of the chain serves, with quarantine and hysteresis."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlad.health.base import Finding
+from vlad.health.policy import HealthPolicy
+from vlad.health.state import State, StateMachine
+from vlad.serving.counters import HOLD, PolicyId
+
+NOW = 10_000_000_000
+A = PolicyId("release", "a@1")
+B = PolicyId("fallback1", "b@1")
+
+
+def _finding(code, scope, severity="fault", policy=None):
+    return Finding("t", code, severity, scope, code, policy=policy)
+
+
+@pytest.fixture()
+def policy():
+    return HealthPolicy([A, B, HOLD], healthy_window_ns=2_000_000_000, events=StateMachine())
+
+
+def test_policy_fault_quarantines_the_culprit_only(policy):
+    d = policy.update([_finding("nonfinite_output", "policy", policy=A)], NOW)
+    assert d.target == 1 and d.state == State.FALLBACK and 0 in policy.quarantined
+    # a late fault of a policy no longer in the chain blames nobody
+    d = policy.update([_finding("nonfinite_output", "policy", policy=PolicyId("release", "gone@0"))], NOW + 1)
+    assert d.target == 1 and 1 not in policy.quarantined
+    # healthy for longer than the window: still no automatic return to the quarantined release
+    d = policy.update([], NOW + 10_000_000_000)
+    assert d.target == 1
+    policy.resume("op", "fixed")
+    d = policy.update([], NOW + 20_000_000_000)
+    assert d.target == 0 and d.state == State.ACTIVE
+
+
+def test_system_fault_has_hysteresis(policy):
+    assert policy.update([_finding("temperature_high", "system")], NOW).target == 1
+    assert policy.update([], NOW + 1_000_000_000).target == 1  # inside the healthy window
+    assert policy.update([_finding("temperature_high", "system")], NOW + 1_500_000_000).target == 1  # flaps: restart
+    assert policy.update([], NOW + 3_000_000_000).target == 1
+    d = policy.update([], NOW + 3_600_000_000)
+    assert d.target == 0 and d.state == State.ACTIVE and not policy.quarantined
+
+
+def test_input_and_controller_faults_hold(policy):
+    assert policy.update([_finding("sensor_stall", "input")], NOW).target == 2
+    assert policy.update([_finding("heartbeat_lost", "controller")], NOW + 1).target == 2
+
+
+def test_warnings_only_degrade(policy):
+    d = policy.update([_finding("temperature_warm", "system", severity="warn")], NOW)
+    assert d.target == 0 and d.state == State.DEGRADED
+
+
+def test_findings_are_recorded_once_per_episode(policy):
+    f = _finding("sensor_stall", "input")
+    for i in range(5):
+        policy.update([f], NOW + i)
+    policy.update([], NOW + 10)
+    kinds = [e.kind for e in policy.events.events]
+    assert kinds.count("fault") == 1 and kinds.count("cleared") == 1
+
+
+
+def test_a_remote_outage_falls_back_without_quarantine_and_returns(policy):
+    """A system fault naming a policy (its server is unreachable) moves below it without
+    quarantining it; after a healthy window the chain returns to it."""
+    d = policy.update([_finding("remote_unavailable", "system", policy=A)], NOW)
+    assert d.target == 1 and not policy.quarantined
+    assert policy.update([], NOW + 1_000_000_000).target == 1
+    assert policy.update([], NOW + 2_500_000_000).target == 0
+
+
+def test_a_system_fault_of_the_fallback_moves_past_it(policy):
+    policy.update([_finding("nonfinite_output", "policy", policy=A)], NOW)
+    d = policy.update([_finding("remote_unavailable", "system", policy=B)], NOW + 1)
+    assert d.target == 2

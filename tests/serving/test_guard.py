@@ -1,0 +1,181 @@
+"""The final guard and the trusted joint state: what reaches a command, and what never does."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vlad.config import GuardConfig
+from vlad.serving.guard import ActionGuard, TrustedState
+
+NOW = 10_000_000_000
+PERIOD = 20_000_000
+
+
+def _chunk(contract, value=0.0):
+    return np.full((contract.action.chunk_length, contract.action.dim), value, np.float32)
+
+
+def _q(a, b):
+    return np.array([a, b, 0.0, 0.0], np.float32)
+
+
+def _trusted(contract, *positions, t0=NOW):
+    """A trusted state fed with observations one period apart."""
+    ts = TrustedState(contract)
+    for k, q in enumerate(positions):
+        assert ts.judge(_q(*q), t0 + k * PERIOD) is None
+    return ts
+
+
+def test_guard_passes_a_sane_chunk(contract):
+    g = ActionGuard(contract, _trusted(contract, (0.1, 0.1)))
+    c = _chunk(contract, 0.1)
+    r = g.check(c, NOW, NOW + 1)
+    assert r.interventions == () and r.actions is c and not r.replaced
+
+
+def test_guard_replaces_nonfinite_with_hold_posture_from_the_trusted_state(contract):
+    g = ActionGuard(contract, _trusted(contract, (0.5, -0.25)))
+    c = _chunk(contract, 0.1)
+    c[3, 1] = np.nan
+    r = g.check(c, NOW, NOW + 1)
+    assert r.replaced and "nonfinite" in r.interventions
+    np.testing.assert_allclose(r.actions, np.tile([0.5, -0.25], (contract.action.chunk_length, 1)))
+    assert g.counts["nonfinite"] == 1
+
+
+def test_guard_clamps_bounds_and_rate(contract):
+    g = ActionGuard(contract)
+    lo = np.array([j.lower for j in contract.action.joints])
+    c = _chunk(contract, 0.0)
+    c[:, 0] = lo[0] - 5.0  # far below the bound, and a jump bigger than the rate limit
+    r = g.check(c, NOW, NOW + 1)
+    assert "bounds" in r.interventions and "out_of_bounds" in r.interventions  # 5 rad beyond: gross
+    assert (r.actions[:, 0] >= lo[0] - 1e-6).all()
+    first = r.actions[0].copy()
+    r2 = g.check(_chunk(contract, 0.0), NOW + PERIOD, NOW + PERIOD + 1)
+    rate = np.array([j.rate_limit for j in contract.action.joints])
+    assert "rate" in r2.interventions
+    steps = np.abs(np.diff(np.vstack([first, r2.actions]), axis=0))
+    assert (steps <= rate + 1e-5).all()
+
+
+def test_guard_drops_expired_chunks(contract):
+    g = ActionGuard(contract)
+    r = g.check(_chunk(contract), NOW, NOW - 1)
+    assert r.actions is None and r.interventions == ("expired",)
+
+
+def test_guard_bound_violation_can_hold(contract):
+    action = dataclasses.replace(contract.action, on_bound_violation="hold")
+    c2 = dataclasses.replace(contract, action=action)
+    g = ActionGuard(c2, _trusted(c2, (0.0, 0.0)))
+    r = g.check(_chunk(contract, 100.0), NOW, NOW + 1)
+    assert r.replaced and (r.actions == 0).all()
+
+
+def test_small_excursion_is_clamped_but_not_gross(contract):
+    g = ActionGuard(contract)
+    up = np.array([j.upper for j in contract.action.joints], np.float32)
+    c = np.tile(up, (contract.action.chunk_length, 1)) + np.float32(0.01)
+    r = g.check(c, NOW, NOW + 1)
+    assert "bounds" in r.interventions and "out_of_bounds" not in r.interventions
+    assert (r.actions <= up).all()
+
+
+def test_first_chunk_is_limited_from_the_trusted_state(contract):
+    """No last command (start, e-stop released): the first waypoint may move at most one
+    rate limit from where the robot is, not jump anywhere."""
+    g = ActionGuard(contract, _trusted(contract, (0.0, 0.0)))
+    r = g.check(_chunk(contract, 2.0), NOW + PERIOD, NOW + PERIOD + 1)
+    assert "rate" in r.interventions
+    assert np.abs(r.actions[0]).max() <= 0.25 + 1e-6
+
+
+# -- the trusted state -------------------------------------------------------------------
+
+
+def test_a_forged_jump_is_refused_and_never_reaches_a_command(contract):
+    """One forged [3.9, 2.9] among genuine observations: refused, and neither the hold
+    posture nor the rate-limit reference moves there."""
+    ts = _trusted(contract, (0.0, 0.0), (0.01, 0.0))
+    g = ActionGuard(contract, ts)
+    g.check(_chunk(contract, 0.01), NOW + PERIOD, NOW + 2 * PERIOD)
+    assert ts.judge(_q(3.9, 2.9), NOW + 2 * PERIOD) == "implausible_proprio"
+    np.testing.assert_allclose(g.hold_posture()[0], [0.01, 0.0])
+    r = g.check(_chunk(contract, 3.9), NOW + 2 * PERIOD, NOW + 3 * PERIOD)
+    assert np.abs(r.actions[0] - [0.01, 0.01]).max() <= 0.25 + 1e-5
+    # the next genuine observation is consistent with the trusted state again
+    assert ts.judge(_q(0.02, 0.0), NOW + 3 * PERIOD) is None
+
+
+def test_beyond_the_joint_limits_is_refused(contract):
+    ts = TrustedState(contract)
+    assert ts.judge(_q(10.0, 0.0), NOW) == "proprio_out_of_limits"
+    assert ts.positions is None
+
+
+def test_an_external_move_reanchors_after_a_consistent_run(contract):
+    """A reset or hand-guiding: a run of consistent observations elsewhere is believed
+    after ``reanchor_observations``, and the next chunk is limited from there."""
+    cfg = GuardConfig(reanchor_observations=3)
+    ts = TrustedState(contract, cfg)
+    g = ActionGuard(contract, ts, cfg)
+    assert ts.judge(_q(2.0, 2.0), NOW) is None
+    g.check(_chunk(contract, 2.0), NOW, NOW + 1)
+    verdicts = [ts.judge(_q(-2.0, -2.0), NOW + k * PERIOD) for k in (1, 2, 3)]
+    assert verdicts == ["implausible_proprio", "implausible_proprio", None]
+    assert ts.reanchors == 1
+    c = _chunk(contract, -1.9)
+    r = g.check(c, NOW + 3 * PERIOD, NOW + 4 * PERIOD)
+    assert "rate" not in r.interventions  # limited from -2.0 (the robot), not from 2.0
+    np.testing.assert_array_equal(r.actions, c)
+
+
+def test_an_inconsistent_run_never_reanchors(contract):
+    """Forged values that jump around between the genuine stream are never believed."""
+    ts = _trusted(contract, (0.0, 0.0))
+    for k in range(1, 30):
+        t = NOW + k * PERIOD
+        assert ts.judge(_q(0.0, 0.0), t) is None  # the real controller
+        q = (3.0, 2.5) if k % 2 else (-3.0, -2.5)  # the forger, never consistent with itself
+        assert ts.judge(_q(*q), t + PERIOD // 2) == "implausible_proprio"
+    assert ts.reanchors == 0
+    np.testing.assert_allclose(ts.positions, [0.0, 0.0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(-50, 50, allow_nan=False), st.floats(-50, 50, allow_nan=False)),
+                min_size=1, max_size=30),
+       st.lists(st.one_of(st.floats(-1e6, 1e6), st.sampled_from([np.nan, np.inf, -np.inf])), min_size=16, max_size=16))
+def test_no_observation_moves_a_command_beyond_the_contract(contract, observations, chunk_values):
+    """Property: whatever observations arrive and whatever the policy outputs, every
+    published command is within the bounds and within one rate limit per period of the
+    previous one (the trusted state cannot be steered past that)."""
+    ts = TrustedState(contract)
+    g = ActionGuard(contract, ts)
+    lo = np.array([j.lower for j in contract.action.joints])
+    hi = np.array([j.upper for j in contract.action.joints])
+    rate = np.array([j.rate_limit for j in contract.action.joints])
+    prev = None
+    chunk = np.asarray(chunk_values, np.float32).reshape(contract.action.chunk_length, contract.action.dim)
+    for k, q in enumerate(observations):
+        t = NOW + k * PERIOD
+        ts.judge(_q(*q), t)
+        r = g.check(chunk.copy(), t, t + 1)
+        out = r.actions
+        assert (out >= lo - 1e-5).all() and (out <= hi + 1e-5).all()
+        assert (np.abs(np.diff(out, axis=0)) <= rate + 1e-4).all()
+        if prev is not None and ts.reanchors == 0 and g.reanchors == 0:
+            assert (np.abs(out[0] - prev) <= rate + 1e-4).all()
+        prev = out[0].copy()
+
+
+def test_hold_posture_without_any_trusted_state_is_inside_the_bounds(contract):
+    g = ActionGuard(contract)
+    mid = [(j.lower + j.upper) / 2 for j in contract.action.joints]
+    np.testing.assert_allclose(g.hold_posture(), np.tile(mid, (contract.action.chunk_length, 1)))

@@ -1,0 +1,209 @@
+"""``vladctl`` commands for the running daemon: status, events, resume, deploy, rollback,
+history, shadow. Each sends one control request (the registry in
+:mod:`vlad.daemon.control` says which, with which arguments); ``rollback`` and ``history``
+work on the release store when the daemon is not running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from vlad.cli.common import add_daemon_args, operator, request, store
+from vlad.errors import DaemonUnreachable
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Show what the daemon is doing: state, release, backend, rates, latency."""
+    st = request(args, "status")
+    if args.json:
+        print(json.dumps(st, indent=2, sort_keys=True))
+        return 0
+    print(format_status(st))
+    return 0
+
+
+def format_status(st: dict) -> str:
+    b = st["backend"]
+    c = st["counters"]
+    lines = [
+        f"state        {st['state']} (for {st['state_since_s']:.0f} s)   uptime {st['uptime_s']:.0f} s   pid {st['pid']}",
+        f"release      {st['release']}",
+        f"backend      {b['name']} ({b['runtime']}, {b['device']}, {b['precision']}"
+        + (f", providers {', '.join(b['providers'])}" if b["providers"] else "") + ")",
+        f"rates        {st['rates']['observations_hz']:.1f} observations/s, {st['rates']['actions_hz']:.1f} actions/s"
+        f" (control period {st['control_period_ms']:g} ms)",
+        f"counters     published {c.get('published', 0)}, stale {c.get('stale', 0)}, superseded {c.get('superseded', 0)},"
+        f" deadline misses {c.get('deadline_misses', 0)}, interventions {c.get('interventions', 0)},"
+        f" holds {c.get('published_hold', 0)},"
+        f" rejected {sum(c.get('rejected', {}).values())}",
+    ]
+    serving = st.get("serving", "")
+    if serving and not serving.startswith("release:"):
+        lines.append(f"serving      {serving} (fallback chain: {' > '.join(st.get('chain', []))})")
+    if st.get("quarantined"):
+        lines.append(f"quarantined  {', '.join(f'{k} ({v})' for k, v in st['quarantined'].items())}"
+                     " -- `vladctl resume --why ...` after fixing")
+    if st.get("estop", {}).get("engaged"):
+        lines.append(f"e-stop       ENGAGED ({st['estop']['source'] or 'safety system'}): no motion is published")
+    for f in st.get("findings", []):
+        lines.append(f"{f['severity']:<12} {f['message']}")
+    if st.get("canary"):
+        c = st["canary"]
+        lines.append(f"canary       {c['release']} for {c['elapsed_s']:.0f}/{c['window_s']:.0f} s (previous {c['previous']})")
+    if st.get("shadow"):
+        sh = st["shadow"]
+        lines.append(f"shadow       {sh['release']} ({sh['purpose']}): {sh['divergence']['pairs']} chunks compared,"
+                     f" mean abs divergence {sh['divergence']['mean_abs']:.4g}")
+    temps = st.get("temperatures_c") or {}
+    if temps:
+        lines.append("temperature  " + ", ".join(f"{k} {v:.0f} °C" for k, v in sorted(temps.items())[:6]))
+    hb = st.get("heartbeat_age_s")
+    lines.append(f"heartbeat    {'none received' if hb is None else f'{hb:.2f} s ago'}")
+    lines.append(f"memory       RSS {st['memory']['host_rss_bytes'] / 2**20:.0f} MiB")
+    lat = st.get("latency_ms", {})
+    if lat:
+        lines.append("latency ms   stage         p50      p95      p99      max    count")
+        for stage, v in lat.items():
+            lines.append(f"             {stage:<10} {v['p50']:8.3f} {v['p95']:8.3f} {v['p99']:8.3f} {v['max']:8.3f} {v['count']:8d}")
+    return "\n".join(lines)
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    import time as _time
+
+    events = request(args, "events", limit=args.limit)
+    if args.json:
+        print(json.dumps(events, indent=2))
+        return 0
+    for e in events:
+        when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(e["time"]))
+        arrow = f"{e['state_from']} -> {e['state_to']}" if e["state_from"] != e["state_to"] else e["state_to"]
+        print(f"{when}  {e['kind']:<10} {arrow:<22} {e['reason']}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    r = request(args, "resume", who=operator(args.who), why=args.why)
+    print(f"quarantine cleared; state {r['state']} (the release serves again after a healthy window)")
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """verify -> stage -> warm -> hot-swap on the running daemon (or refuse with the reason)."""
+    r = request(args, "deploy", max(args.timeout_ms, 120_000), path=str(Path(args.release).resolve()), who=operator(args.who),
+                why=args.why, canary=args.canary, force=args.force)
+    extra = " as a canary (auto-rollback armed)" if r["canary"] else ""
+    print(f"deployed {r['release']}{extra}; previous {r['previous']}")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    """One command back to the previous release: live on the daemon, else in the store."""
+    try:
+        r = request(args, "rollback", max(args.timeout_ms, 120_000), who=operator(args.who), why=args.why)
+    except DaemonUnreachable:
+        entry = store(args).rollback(operator(args.who), args.why)
+        print(f"vlad is not running: rolled the store back to {entry.to_release} (from {entry.from_release}); "
+              "it is served at the next start")
+        return 0
+    if "aborted" in r:
+        print(f"canary of {r['aborted']} aborted; serving {r['release']} again")
+    else:
+        print(f"rolled back to {r['release']} (from {r['rolled_back_from']})")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    try:
+        rows = request(args, "history")
+    except DaemonUnreachable:
+        from dataclasses import asdict
+
+        rows = [asdict(e) for e in store(args).history()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no activations or rollbacks recorded")
+    for e in rows:
+        print(f"{e['time']}  {e['event']:<9} {e['from_release'] or '-'} -> {e['to_release']}  by {e['who']}: {e['why']}"
+              + ("  (forced)" if e.get("forced") else ""))
+    return 0
+
+
+def cmd_shadow(args: argparse.Namespace) -> int:
+    if args.shadow_command == "start":
+        r = request(args, "shadow_start", max(args.timeout_ms, 120_000), path=str(Path(args.release).resolve()),
+                    tolerance=args.tolerance)
+        print(f"shadow run of {r['shadow']} started (tolerance {r['tolerance']:g}); its actions are never published")
+        return 0
+    r = request(args, "shadow_report" if args.shadow_command == "report" else "shadow_stop")
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    d = r["divergence"]
+    lat = r["latency_ms"].get("e2e", {})
+    print(f"shadow {r['release']} ({r['purpose']}), running {r['running_s']:.0f} s, {d['pairs']} chunks compared")
+    print(f"  divergence: max abs {d['max_abs']:.4g}, mean abs {d['mean_abs']:.4g}, per joint max {d['per_joint_max_abs']},"
+          f" beyond tolerance {100 * d['fraction_beyond_tolerance']:.2f} %")
+    if lat:
+        print(f"  latency: sensor -> actions p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms")
+    print(f"  faults: {r['faults']}")
+    return 0
+
+
+def add_daemon_commands(sub: Any) -> None:
+    """Add the running-daemon commands to ``vladctl``'s subparsers."""
+    from vlad.daemon.control import COMMANDS
+
+    p = sub.add_parser("status", help=COMMANDS["status"].help)
+    add_daemon_args(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("events", help=COMMANDS["events"].help)
+    add_daemon_args(p)
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(func=cmd_events)
+
+    p = sub.add_parser("deploy", help=COMMANDS["deploy"].help)
+    add_daemon_args(p)
+    p.add_argument("release", help="release folder (signed manifest)")
+    p.add_argument("--why", required=True, help="reason, recorded in the history")
+    p.add_argument("--who", help="operator name (default: $VLAD_OPERATOR, $SUDO_USER, $USER)")
+    p.add_argument("--canary", action="store_true", help="watch it against the manifest's canary thresholds; "
+                   "crossing one rolls back automatically")
+    p.add_argument("--force", action="store_true", help="allow a deliberate downgrade, or a release without "
+                   "passing gate evidence (recorded with --why)")
+    p.set_defaults(func=cmd_deploy)
+
+    p = sub.add_parser("rollback", help="back to the previous release (live, or in the store when vlad is down)")
+    add_daemon_args(p)
+    p.add_argument("--root", help="release store (default: the config's store.root), when vlad is down")
+    p.add_argument("--why", required=True, help="reason, recorded in the history")
+    p.add_argument("--who", help="operator name (default: $VLAD_OPERATOR, $SUDO_USER, $USER)")
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("history", help="activations and rollbacks with who and why")
+    add_daemon_args(p)
+    p.add_argument("--root", help="release store (default: the config's store.root), when vlad is down")
+    p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("shadow", help="run a candidate beside the serving policy without publishing it")
+    shadow = p.add_subparsers(dest="shadow_command", metavar="COMMAND", required=True)
+    q = shadow.add_parser("start", help=COMMANDS["shadow_start"].help)
+    add_daemon_args(q)
+    q.add_argument("release", help="release folder (signed manifest)")
+    q.add_argument("--tolerance", type=float, default=0.05, help="per-value abs error counted as beyond (contract units)")
+    for name in ("report", "stop"):
+        q = shadow.add_parser(name, help=COMMANDS[f"shadow_{name}"].help)
+        add_daemon_args(q)
+    p.set_defaults(func=cmd_shadow)
+
+    p = sub.add_parser("resume", help=COMMANDS["resume"].help)
+    add_daemon_args(p)
+    p.add_argument("--why", required=True, help="why it is safe to use the policy again (recorded)")
+    p.add_argument("--who", help="operator name (default: $VLAD_OPERATOR, $SUDO_USER, $USER)")
+    p.set_defaults(func=cmd_resume)

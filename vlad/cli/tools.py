@@ -1,0 +1,74 @@
+"""``vladctl plugins`` and ``vladctl export``: what is installed, and the demo's artifacts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    """List loaded plugins, their backends, versions and whether each runtime is usable."""
+    from vlad.plugins import backends, plugin_infos
+
+    rows = []
+    by_plugin = {info.name: info for info in plugin_infos()}
+    for name, backend in sorted(backends().items()):
+        module = type(backend).__module__.split(".")[0]
+        info = next((i for i in by_plugin.values() if i.module.split(":")[0].split(".")[0] == module), None)
+        avail = backend.availability()
+        rows.append(
+            {
+                "backend": name,
+                "plugin": info.name if info else module,
+                "distribution": info.distribution if info else "?",
+                "plugin_version": info.version if info else "?",
+                "runtime": avail.runtime,
+                "runtime_version": avail.version,
+                "usable": avail.usable,
+                "devices": list(avail.devices),
+                "reason": avail.reason,
+            }
+        )
+    if args.json:
+        print(json.dumps({"plugins": [vars(i) for i in plugin_infos()], "backends": rows}, indent=2))
+        return 0
+    if not rows:
+        print("no backend plugins loaded (check VLAD_PLUGINS and the installed plugins)")
+        return 0
+    print(f"{'backend':<12} {'plugin':<22} {'runtime':<24} {'usable':<7} devices / reason")
+    for r in rows:
+        runtime = f"{r['runtime']} {r['runtime_version'] or '-'}"
+        plugin = f"{r['distribution']} {r['plugin_version']}"
+        detail = ", ".join(r["devices"]) if r["usable"] else r["reason"]
+        print(f"{r['backend']:<12} {plugin:<22} {runtime:<24} {'yes' if r['usable'] else 'no':<7} {detail}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Re-export the demo policy's .pt2 and ONNX from its weights and check them."""
+    from vlad.contract import load_contract
+    from vlad.demo.release import export_release, load_trained_model
+    from vlad.processing import Tokenizer
+
+    release = Path(args.release)
+    contract = load_contract(release / "contract.toml")
+    model = load_trained_model(release)
+    comparisons = export_release(
+        model, contract, Tokenizer.from_contract(contract), release, Path(args.fixtures), log=print
+    )
+    worst = max(c.max_abs for c in comparisons if c.name != "prefix")
+    print(f"export OK: ONNX Runtime vs PyTorch max abs error {worst:.3g}")
+    return 0
+
+
+def add_tool_commands(sub: Any) -> None:
+    p = sub.add_parser("plugins", help="list plugins, backends and whether their runtime is usable here")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_plugins)
+
+    p = sub.add_parser("export", help="export the demo policy to .pt2 and ONNX and check them against PyTorch")
+    p.add_argument("--release", default="manifests/demo", help="release folder with policy_weights.pt (default: %(default)s)")
+    p.add_argument("--fixtures", default="tests/fixtures/golden.npz", help="golden fixtures to (re)write")
+    p.set_defaults(func=cmd_export)

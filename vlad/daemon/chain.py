@@ -1,0 +1,98 @@
+"""The policy chain: the loaded policies in fallback order, and which one serves.
+
+``[release being served, fallback policies..., hold posture]``. Every policy is loaded and
+warm from the start, so :meth:`PolicyChain.serve` is a pointer change on the serving
+thread plus a wake-up (the newest observation is answered by the new policy at once);
+:meth:`PolicyChain.install` puts a newly deployed or rolled-back release in first place.
+The :class:`~vlad.health.policy.HealthPolicy` over the chain decides the position.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from vlad.health.policy import HealthPolicy
+from vlad.health.state import StateMachine
+from vlad.logs import context as log_context
+from vlad.release.loading import LoadedPolicy
+from vlad.serving.counters import HOLD, PolicyId
+from vlad.serving.loop import ServingLoop
+from vlad.serving.policy import ServedPolicy
+
+
+@dataclass(eq=False)
+class ChainPolicy:
+    """One model of the chain: what was loaded (release, files) and what serves."""
+
+    loaded: LoadedPolicy
+    served: ServedPolicy
+
+    @property
+    def id(self) -> PolicyId:
+        return self.served.id
+
+
+class PolicyChain:
+    """Owns the chain's policies, the health policy over them and the serving pointer."""
+
+    def __init__(self, policies: list[ChainPolicy], health_window_ns: int, state: StateMachine,
+                 loop: ServingLoop) -> None:
+        self.policies = policies  # without the hold posture
+        self.state = state
+        self.loop = loop
+        self.health = HealthPolicy([p.id for p in policies] + [HOLD], health_window_ns, state)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def release(self) -> ChainPolicy:
+        """The release being served (first in the chain), whether or not it serves now."""
+        return self.policies[0]
+
+    @property
+    def active(self) -> int:
+        return self.health.active
+
+    @property
+    def serving(self) -> ChainPolicy | None:
+        """The policy answering now; None: the hold posture."""
+        i = self.health.active
+        return self.policies[i] if i < len(self.policies) else None
+
+    def ids(self) -> list[PolicyId]:
+        return list(self.health.chain)
+
+    def at(self, position: int) -> ChainPolicy | None:
+        return self.policies[position] if position < len(self.policies) else None
+
+    # -- changing --------------------------------------------------------------------------
+
+    def serve(self, target: int) -> None:
+        """Route to chain position ``target`` (a pointer change; every policy is warm)."""
+        before = self.health.active
+        self.health.active = target
+        self.point(target, f"{self.health.chain[before]} -> {self.health.chain[target]}",
+                   from_policy=str(self.health.chain[before]))
+
+    def point(self, target: int, why: str, **details: object) -> None:
+        """Point the serving thread at chain position ``target`` and wake it."""
+        t0 = time.monotonic_ns()
+        new = self.at(target)
+        self.loop.publisher.expect_swap(new.id.slot if new else "hold", t0)
+        self.loop.active = new.served if new else None
+        self.loop.wake()
+        self.state.record("swap", why, to_policy=str(self.health.chain[target]),
+                          switch_us=round((time.monotonic_ns() - t0) / 1e3, 1), **details)
+
+    def install(self, policy: ChainPolicy, reason: str) -> ChainPolicy:
+        """Make ``policy`` the release being served; returns the one it replaces."""
+        old = self.policies[0]
+        self.policies[0] = policy
+        self.health.replace(0, policy.id)
+        log_context.release = policy.id.release
+        if self.health.active == 0:
+            self.point(0, f"{old.id} -> {policy.id}: {reason}")
+        self.state.record("release", f"{old.id.release} -> {policy.id.release}: {reason}",
+                          from_release=old.id.release, to_release=policy.id.release)
+        return old

@@ -1,0 +1,148 @@
+"""The stop path: the external e-stop, read on a thread that does nothing else.
+
+vlad never clears or overrides an e-stop; it only reads the state the safety PLC's bridge
+publishes (or a file / GPIO value file) and gates the :class:`~vlad.serving.publisher.Publisher`
+directly: once :meth:`Publisher.set_estop` returned, no policy chunk leaves, whatever
+floods the observation or control sockets and whatever the event loop is doing. The
+thread wakes at least four times per control period.
+
+Reading is fail-safe: only a well-formed ``estop`` message whose ``engaged`` is the
+boolean ``false`` releases. Anything garbled, of another type, or (with
+``safety.require_bridge``) silence longer than ``bridge_timeout_ms`` counts as engaged.
+Who may publish on the e-stop endpoint is enforced at connection time
+(``safety.estop_producers``, see :mod:`vlad.daemon.sockets`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from vlad import protocol
+from vlad.config import SafetyConfig
+from vlad.files import FileRefused, read_bytes
+from vlad.serving.publisher import Publisher
+
+log = logging.getLogger("vlad.safety")
+
+# Messages handled per wake-up: a flood on the e-stop endpoint cannot hold the thread.
+BATCH = 32
+
+
+class EStop:
+    """The e-stop reader thread (see module docstring)."""
+
+    def __init__(self, cfg: SafetyConfig, sock: zmq.Socket | None, publisher: Publisher, period_ns: int,
+                 on_change: Callable[[bool, str], None]) -> None:
+        self.cfg = cfg
+        self.sock = sock
+        self.publisher = publisher
+        self.period_ns = period_ns
+        self.on_change = on_change
+        self.engaged = False
+        self.source = ""
+        self.reason = ""
+        self.last_bridge_ns = 0
+        self.counts: Counter[str] = Counter()  # messages, engaged, released, garbled
+        self._bridge_engaged = False
+        self._file = Path(cfg.estop_file) if cfg.estop_file else None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vlad-estop", daemon=True)
+        self.started_ns = time.monotonic_ns()
+
+    def start(self) -> None:
+        # The first reading happens before serving starts: a robot booted with the e-stop
+        # engaged never publishes a policy chunk, not even one.
+        self.poll_once(0)
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        timeout_ms = max(1, self.period_ns // 4_000_000)
+        while not self._stop.is_set():
+            try:
+                self.poll_once(timeout_ms)
+            except Exception:  # a bug here must not end the stop path: treat as engaged
+                log.exception("e-stop reading failed: treated as engaged")
+                self._set(True, "e-stop reader failed: treated as engaged")
+                time.sleep(timeout_ms / 1000)
+
+    def poll_once(self, timeout_ms: int) -> None:
+        if self.sock is not None:
+            if self.sock.poll(timeout_ms):
+                for _ in range(BATCH):
+                    try:
+                        frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._message(frames)
+        elif timeout_ms:
+            self._stop.wait(timeout_ms / 1000)
+        engaged, reason = self._bridge_engaged, f"e-stop engaged ({self.source or 'bridge'})"
+        cfg = self.cfg
+        now = time.monotonic_ns()
+        if cfg.require_bridge and now - max(self.last_bridge_ns, self.started_ns) > cfg.bridge_timeout_ns:
+            engaged, reason = True, "safety bridge silent: treated as e-stop engaged"
+        elif cfg.require_bridge and not self.last_bridge_ns:
+            engaged, reason = True, "no word from the safety bridge yet: treated as e-stop engaged"
+        if self._file is not None:
+            file_engaged, file_reason = self._read_file()
+            if file_engaged:
+                engaged, reason = True, file_reason
+        self._set(engaged, reason)
+
+    def _message(self, frames: list[bytes]) -> None:
+        self.counts["messages"] += 1
+        try:
+            msg = protocol.decode(frames, expect=(protocol.TOPIC_ESTOP,))
+            value = msg.header.get("engaged")
+            if type(value) is not bool:
+                raise protocol.ProtocolError("malformed", f"'engaged' must be true or false, got {value!r:.32}")
+            source = msg.header.get("source", "bridge")
+            protocol.check_text(source, "source", 128)
+        except protocol.ProtocolError as exc:
+            # A garbled safety message cannot be read as "released".
+            self.counts["garbled"] += 1
+            if self.counts["garbled"] <= 10 or self.counts["garbled"] % 1000 == 0:
+                log.warning("garbled e-stop message (%d so far), treated as engaged: %s", self.counts["garbled"], exc)
+            self._bridge_engaged = True
+            self.source = "garbled message"
+            return
+        self._bridge_engaged = value
+        self.source = source
+        self.last_bridge_ns = time.monotonic_ns()
+
+    def _read_file(self) -> tuple[bool, str]:
+        try:
+            text = read_bytes(self._file, 4096).decode("utf-8", "replace").strip().lower()
+        except FileNotFoundError:
+            return False, ""
+        except (FileRefused, OSError):
+            return True, f"e-stop file {self._file} unreadable: treated as engaged"
+        if text in ("", "0", "released", "false"):
+            return False, ""
+        if text in ("1", "engaged", "true"):
+            return True, f"e-stop engaged ({self._file})"
+        return True, f"e-stop file {self._file} holds {text[:32]!r}: treated as engaged"
+
+    def _set(self, engaged: bool, reason: str) -> None:
+        if engaged == self.engaged:
+            return
+        self.publisher.set_estop(engaged)  # the gate first: nothing else may come before it
+        self.engaged = engaged
+        self.reason = reason if engaged else ""
+        self.counts["engaged" if engaged else "released"] += 1
+        self.on_change(engaged, reason if engaged else "e-stop released by the safety system")

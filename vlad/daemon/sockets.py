@@ -1,0 +1,240 @@
+"""The daemon's sockets: binding safely, bounding what a peer can send, and who may connect.
+
+* :func:`prepare_ipc` refuses an ipc endpoint another process serves (ZeroMQ would
+  silently steal it) and creates its folder ``0770`` for the ``vlad`` group.
+* :func:`bind` applies the limits every bound socket gets: ``ZMQ_MAXMSGSIZE`` from the
+  largest legal message (a bigger frame disconnects the peer before it is buffered; a
+  1 GiB frame used to cost 2 GB of RSS) and a small receive high-water mark.
+* :class:`Gatekeeper` is the ZAP handler: every connection to a bound socket is checked
+  at handshake against the allow list of that socket's role. On ``ipc://`` ZeroMQ hands
+  ZAP the peer's credentials (``SO_PEERCRED``: uid, gid, pid); on ``tcp://`` CurveZMQ
+  authenticates the client's key. Refused connections are counted (``unauthorized``).
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import logging
+import os
+import pwd
+import socket
+import stat
+import threading
+from collections import Counter
+from pathlib import Path
+
+import zmq
+from zmq.utils import z85
+
+from vlad.errors import StartupError
+
+log = logging.getLogger("vlad.sockets")
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+
+
+def prepare_ipc(endpoint: str, group: str) -> None:
+    """Make an ``ipc://`` endpoint bindable, refusing one another process is serving.
+
+    ZeroMQ silently steals an ipc path that is already bound, so probe it first: a live
+    listener answers a connect (in use: refuse); a leftover file refuses it (stale:
+    remove). The folder is created ``0770`` and handed to ``group`` when it exists, so
+    directory permissions are the first access control.
+    """
+    if not endpoint.startswith("ipc://"):
+        return
+    path = Path(endpoint[len("ipc://"):])
+    folder = path.parent
+    if not folder.exists():
+        try:
+            folder.mkdir(mode=0o770, parents=True)
+        except OSError as exc:
+            raise StartupError(f"cannot create {folder} for {endpoint}: {exc.strerror}") from None
+        try:
+            os.chown(folder, -1, grp.getgrnam(group).gr_gid)
+        except (KeyError, PermissionError):
+            pass  # no such group on this machine, or not ours to give: keep the owner's
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise StartupError(f"endpoint {endpoint}: {path} exists and is not a socket; remove it or choose another path")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(0.5)
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise StartupError(f"endpoint {endpoint}: cannot probe {path}: {exc.strerror}") from None
+        else:
+            raise StartupError(f"endpoint {endpoint} is in use by another process (is another vlad running?)")
+        finally:
+            probe.close()
+
+
+def bind(sock: zmq.Socket, endpoint: str, *, role: str, max_message: int, rcvhwm: int | None = None,
+         curve: tuple[bytes, bytes] | None = None) -> None:
+    """Bind with the limits and the ZAP domain of ``role`` (see module docstring)."""
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message)
+    if rcvhwm is not None:
+        sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    sock.setsockopt(zmq.ZAP_DOMAIN, role.encode())
+    if endpoint.startswith("tcp://"):
+        if curve is None:
+            raise StartupError(f"{endpoint}: tcp:// needs CurveZMQ keys (sockets.curve_secret_key, curve_clients_dir)")
+        sock.curve_secretkey, sock.curve_publickey = curve
+        sock.curve_server = True
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise StartupError(f"endpoint {endpoint} is already in use") from None
+        raise StartupError(f"cannot bind {endpoint}: {exc.strerror}") from None
+    if endpoint.startswith("ipc://"):
+        os.chmod(endpoint[len("ipc://"):], stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IWGRP)
+
+
+class Principal:
+    """One allow-list entry: ``uid:N``, ``user:NAME``, ``group:NAME``, ``gid:N`` or ``key:Z85``."""
+
+    def __init__(self, text: str) -> None:
+        kind, sep, value = text.partition(":")
+        if not sep or kind not in ("uid", "user", "gid", "group", "key") or not value:
+            raise StartupError(f"allow-list entry {text!r}: expected uid:N, user:NAME, gid:N, group:NAME or key:Z85")
+        self.text, self.kind, self.value = text, kind, value
+        try:
+            if kind == "uid" or kind == "gid":
+                self.id = int(value)
+            elif kind == "user":
+                self.id = pwd.getpwnam(value).pw_uid
+            elif kind == "group":
+                self.id = grp.getgrnam(value).gr_gid
+            else:
+                self.id = -1
+        except (KeyError, ValueError):
+            raise StartupError(f"allow-list entry {text!r}: no such {kind} on this machine") from None
+
+    def admits_peer(self, uid: int, gid: int) -> bool:
+        if self.kind in ("uid", "user"):
+            return uid == self.id
+        if self.kind in ("gid", "group"):
+            if gid == self.id:
+                return True
+            try:  # supplementary membership of the peer's user
+                return pwd.getpwuid(uid).pw_name in grp.getgrgid(self.id).gr_mem
+            except KeyError:
+                return False
+        return False
+
+
+class Gatekeeper:
+    """ZAP handler thread: admits a connection when its socket role's allow list does.
+
+    ``allow`` maps a role (the bound socket's ZAP domain) to its principals; a role not
+    in it admits every peer that reached the endpoint (directory permissions on ipc, an
+    authorized CurveZMQ key on tcp). ``curve_keys`` are the authorized client keys (Z85).
+    """
+
+    def __init__(self, ctx: zmq.Context, allow: dict[str, list[Principal]], curve_keys: set[bytes]) -> None:
+        self.allow = allow
+        self.curve_keys = curve_keys
+        self.denied: Counter[str] = Counter()  # by role
+        self.admitted: Counter[str] = Counter()
+        self._sock = ctx.socket(zmq.REP)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(ZAP_ENDPOINT)
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="vlad-zap", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._thread.join(1.0)
+        self._sock.close(0)
+
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                if not self._sock.poll(100):
+                    continue
+                request = self._sock.recv_multipart()
+            except zmq.ZMQError:
+                return
+            try:
+                reply = self.decide(request)
+            except Exception:  # never leave a handshake unanswered: refuse it
+                log.exception("ZAP request failed")
+                reply = (b"500", b"internal error", b"")
+            version, request_id = (request + [b"", b""])[:2]
+            status, text, user = reply
+            try:
+                self._sock.send_multipart([version, request_id, status, text, user, b""])
+            except zmq.ZMQError:
+                return
+
+    def decide(self, request: list[bytes]) -> tuple[bytes, bytes, bytes]:
+        """(status code, text, user id) for one ZAP request (RFC 27)."""
+        if len(request) < 6 or request[0] != b"1.0":
+            return b"400", b"malformed ZAP request", b""
+        domain, address, mechanism = request[2].decode("ascii", "replace"), request[3].decode("ascii", "replace"), request[5]
+        principals = self.allow.get(domain)
+        user = b""
+        if mechanism == b"CURVE":
+            key = z85.encode(request[6]) if len(request) > 6 and len(request[6]) == 32 else b""
+            if key not in self.curve_keys:
+                return self._deny(domain, f"unknown CurveZMQ key from {address}")
+            user = b"key:" + key
+            if principals is not None and not any(p.kind == "key" and p.value.encode() == key for p in principals):
+                return self._deny(domain, f"key {key.decode()} may not use {domain}")
+        elif mechanism == b"NULL":
+            if principals is not None:
+                creds = _peer_credentials(address)
+                if creds is None or not any(p.admits_peer(*creds) for p in principals):
+                    return self._deny(domain, f"peer {address} (uid:gid:pid) may not use {domain}")
+                user = f"uid:{creds[0]}".encode()
+        else:
+            return self._deny(domain, f"mechanism {mechanism!r} not accepted")
+        self.admitted[domain] += 1
+        return b"200", b"OK", user
+
+    def _deny(self, domain: str, why: str) -> tuple[bytes, bytes, bytes]:
+        self.denied[domain] += 1
+        n = sum(self.denied.values())
+        if n <= 10 or n % 1000 == 0:
+            log.warning("connection refused (%d so far): %s", n, why)
+        return b"400", b"not authorized", b""
+
+
+def _peer_credentials(address: str) -> tuple[int, int] | None:
+    """(uid, gid) from an ipc peer address as libzmq passes it to ZAP: ``host:uid:gid:pid``."""
+    parts = address.rsplit(":", 3)
+    if len(parts) != 4:
+        return None
+    try:
+        return int(parts[1]), int(parts[2])
+    except ValueError:
+        return None
+
+
+def load_curve(secret_key_file: str, clients_dir: str) -> tuple[tuple[bytes, bytes], set[bytes]]:
+    """This server's key pair and the authorized client public keys (Z85)."""
+    import zmq.auth
+
+    try:
+        public, secret = zmq.auth.load_certificate(secret_key_file)
+    except (OSError, ValueError) as exc:
+        raise StartupError(f"sockets.curve_secret_key {secret_key_file}: {exc}") from None
+    if secret is None:
+        raise StartupError(f"sockets.curve_secret_key {secret_key_file} holds no secret key")
+    if not Path(clients_dir).is_dir():
+        raise StartupError(f"sockets.curve_clients_dir {clients_dir} is not a folder")
+    keys = set()
+    for path in sorted(Path(clients_dir).glob("*.key")):
+        try:
+            key, _ = zmq.auth.load_certificate(str(path))
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"client key {path}: {exc}") from None
+        keys.add(key)
+    return (secret, public), keys

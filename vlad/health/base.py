@@ -1,0 +1,112 @@
+"""The health interface: monitors look at a :class:`HealthView` and return :class:`Finding`s.
+
+The supervisor builds a view every monitor tick (a snapshot: counters copied, nothing live)
+and hands it to every monitor; :class:`vlad.health.policy.HealthPolicy` decides what the
+findings mean. A finding's ``scope`` says whose fault it is, which decides between
+degrading, falling back and quarantining:
+
+* ``policy``: the model misbehaves (quarantined until an operator or a new release);
+* ``system``: the machine or a remote link (heat, memory, deadlines, an unreachable server);
+* ``controller``: heartbeats;   ``input``: the sensor data.
+
+Monitors and sensors are plugins (``vlad_monitors(config)``, ``vlad_sensors()`` hooks): the
+built-ins (:mod:`vlad.health.monitors`, :mod:`vlad.health.sensors`) are registered the same
+way a robot integrator registers theirs (a board temperature, a PLC heartbeat).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from vlad.config import MonitorsConfig
+from vlad.serving.counters import IntakeCounts, PolicyCounts, PolicyId, PublishCounts
+
+Severity = Literal["warn", "fault"]
+Scope = Literal["policy", "system", "controller", "input"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something wrong right now, as one monitor sees it."""
+
+    monitor: str
+    code: str
+    severity: Severity
+    scope: Scope
+    message: str
+    value: float | None = None
+    threshold: float | None = None
+    policy: PolicyId | None = None  # scope "policy": the policy that produced it
+
+    @property
+    def key(self) -> tuple[str, str, PolicyId | None]:
+        """Identity of a fault episode (edge-triggered logging)."""
+        return (self.monitor, self.code, self.policy)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["policy"] = str(self.policy) if self.policy else None
+        return out
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """An inference running now: which policy, since when (monotonic ns)."""
+
+    policy: PolicyId
+    since_ns: int
+
+
+@dataclass(frozen=True)
+class HealthView:
+    """What monitors may look at: one consistent snapshot per monitor tick."""
+
+    now_ns: int
+    period_ns: int
+    deadline_ns: int
+    thresholds: MonitorsConfig
+    intake: IntakeCounts  # cumulative
+    intake_window: IntakeCounts  # since the previous tick
+    publish: PublishCounts
+    publish_window: PublishCounts
+    policies: Mapping[PolicyId, PolicyCounts]  # cumulative, every loaded policy (chain and shadow)
+    policies_window: Mapping[PolicyId, PolicyCounts]
+    serving: PolicyId | None  # the policy answering now; None: the hold posture
+    release: PolicyId  # the release being served (first in the chain)
+    latency: Mapping[str, Mapping[str, float]]  # LatencyStats.summary()
+    last_observation_ns: int  # last valid observation (0: none yet)
+    last_heartbeat_ns: int  # 0: none yet
+    in_flight: InFlight | None
+    hang_timeout_ns: int
+    readings: Mapping[str, float]  # from every sensor: "temperature.cpu.0" -> 61.0 ...
+    backend_stats: Mapping[PolicyId, Mapping[str, Any]] = field(default_factory=dict)  # Session.stats()
+    release_dir: Path | None = None
+    artifacts: Mapping[str, str] = field(default_factory=dict)  # relative path -> sha256
+
+    @property
+    def heartbeat_seen(self) -> bool:
+        return self.last_heartbeat_ns > 0
+
+
+class Monitor(abc.ABC):
+    """One health check. ``check`` must be cheap; it runs every monitor tick (~50 ms)."""
+
+    name: str = "?"
+
+    @abc.abstractmethod
+    def check(self, view: HealthView) -> list[Finding]:
+        """Findings for what is wrong now; an empty list means healthy."""
+
+
+class Sensor(abc.ABC):
+    """A source of named readings (``temperature.<where>`` in °C, ``memory.<what>`` in bytes)."""
+
+    name: str = "?"
+
+    @abc.abstractmethod
+    def read(self) -> dict[str, float]:
+        """Current readings; an unreadable sensor returns ``{}`` rather than raising."""

@@ -1,0 +1,71 @@
+"""Keeps a command going out every control period when no policy produces one.
+
+Its own small thread, independent of the serving thread (which may be stuck in a hung
+engine) and of the event loop (which may be busy): every quarter period it looks at when
+the last chunk left and publishes the hold posture when
+
+* the e-stop is engaged and ``safety.estop_output = "hold"``: one hold per period;
+* the hold posture is the policy serving (the end of the fallback chain) once any
+  observation arrived: one per period, also while the controller is silent (the serving
+  thread also answers each observation);
+* a policy serves but no command went out for 1.5 periods while the controller is there
+  (observations or heartbeats keep coming): a late or hung inference, stale, rejected or
+  missing observations. These *bridging* holds last until the policy answers again or the
+  monitors move down the chain. 1.5 periods, not 1: scheduling jitter must not interleave
+  holds with a healthy policy's chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from vlad.serving.loop import ServingLoop
+
+log = logging.getLogger("vlad.cadence")
+
+
+class HoldKeeper:
+    def __init__(self, loop: ServingLoop, period_ns: int) -> None:
+        self.loop = loop
+        self.period_ns = period_ns
+        self.bridged = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vlad-cadence", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        tick = self.period_ns / 4 / 1e9
+        while not self._stop.wait(tick):
+            try:
+                self.tick(time.monotonic_ns())
+            except Exception:  # never let the cadence die silently
+                log.exception("cadence tick failed")
+
+    def tick(self, now: int) -> None:
+        loop, pub, period = self.loop, self.loop.publisher, self.period_ns
+        since = now - pub.last_publish_ns
+        intake = loop.intake
+        # The controller is there when a message came within a period; while the serving
+        # thread is stuck in an engine nothing is received, so then: when it was there
+        # as that inference started.
+        running = loop.in_flight
+        seen = intake.last_seen_ns
+        controller_alive = now - seen < period or (running is not None and running.since_ns - seen < period)
+        if pub.estop_engaged:
+            if pub.estop_output == "hold" and since >= period:
+                pub.publish_hold("estop")
+        elif loop.active is None:
+            if since >= period and intake.last_observation_ns:
+                pub.publish_hold("fallback")
+        elif pub.last_publish_ns and since > 1.5 * period and controller_alive:
+            self.bridged += 1
+            obs = loop.last_obs
+            pub.publish_hold("bridge", obs.sequence if obs else 0, obs.sensor_time_ns if obs else 0)

@@ -1,0 +1,145 @@
+"""Observation intake: every wire-level and contract check of an incoming message, in one place.
+
+:meth:`Intake.accept` takes the raw frames of one message from the observation socket and
+returns a :class:`~vlad.processing.RawObservation` only when everything holds; anything
+else is a counted rejection with a reason (``IntakeCounts.rejected``, the reasons are
+listed in docs/protocol.md). It never raises: a message is data, not control flow.
+
+Checks, in order: the protocol (:func:`vlad.protocol.decode`), the header's fields (sensor
+time positive and not in the future beyond ``serve.max_clock_skew_ms``, instruction text),
+every tensor against the contract (name, dtype, shape), values (finite), and the joint
+state against what the robot can do (:class:`~vlad.serving.guard.TrustedState`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from vlad import protocol
+from vlad.contract import Contract
+from vlad.processing import RawObservation
+from vlad.serving.counters import IntakeCounts
+from vlad.serving.guard import TrustedState
+
+log = logging.getLogger("vlad.intake")
+
+_EXPECT = (protocol.TOPIC_OBS, protocol.TOPIC_HEARTBEAT)
+
+
+class Rejected(Exception):
+    """Internal: one check failed (``reason`` is the counter key)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class Intake:
+    """Decodes and checks observations and heartbeats for one contract (see module doc)."""
+
+    def __init__(self, contract: Contract, counts: IntakeCounts, trusted: TrustedState, max_skew_ns: int) -> None:
+        self.contract = contract
+        self.counts = counts
+        self.trusted = trusted
+        self.max_skew_ns = max_skew_ns
+        self.last_observation_ns = 0  # receive time of the last accepted observation
+        self.last_heartbeat_ns = 0
+        self.last_seen_ns = 0  # any well-formed message: the controller is there
+        cams = []
+        for cam in contract.cameras:
+            raw = cam.raw
+            shape = (raw.height, raw.width, 3) if raw.layout == "HWC" else (3, raw.height, raw.width)
+            cams.append((cam.name, f"image/{cam.name}", np.dtype(raw.dtype), shape))
+        self._cameras = tuple(cams)
+        self._proprio_dim = contract.proprio.dim if contract.proprio else None
+        self._language = contract.language is not None
+        self._allowed = {name for _, name, _, _ in cams} | ({"proprio"} if self._proprio_dim else set())
+
+    def accept(self, frames: Sequence[Any], receive_ns: int) -> RawObservation | None:
+        """One message -> an observation, or None (a heartbeat, or a counted rejection)."""
+        self.counts.messages += 1
+        try:
+            msg = protocol.decode(frames, expect=_EXPECT)
+            if msg.topic == protocol.TOPIC_HEARTBEAT:
+                self.last_heartbeat_ns = self.last_seen_ns = receive_ns
+                self.counts.heartbeats += 1
+                return None
+            self.last_seen_ns = receive_ns
+            obs = self._observation(msg, receive_ns)
+        except protocol.ProtocolError as exc:
+            self.reject(exc.reason, str(exc))
+            return None
+        except Rejected as exc:
+            self.reject(exc.reason, str(exc))
+            return None
+        self.counts.observations += 1
+        self.last_observation_ns = receive_ns
+        return obs
+
+    def reject(self, reason: str, detail: str) -> None:
+        c = self.counts
+        c.rejected[reason] += 1
+        c.input_rejected += 1
+        n = c.input_rejected
+        # Loud for the first ones, then sampled, so a broken client cannot flood the journal.
+        if n <= 10 or n % 1000 == 0:
+            log.warning("rejected message (%d so far): %s: %s", n, reason, detail)
+
+    def _observation(self, msg: protocol.Message, receive_ns: int) -> RawObservation:
+        h = msg.header
+        seq = msg.seq
+        t_sensor = h.get("t_sensor_ns")
+        if type(t_sensor) is not int or not 0 < t_sensor < 2**63:
+            raise Rejected("malformed", f"obs {seq}: t_sensor_ns must be a positive integer")
+        if t_sensor > time.monotonic_ns() + self.max_skew_ns:
+            raise Rejected("future_timestamp", f"obs {seq}: t_sensor_ns is {(t_sensor - receive_ns) / 1e6:.1f} ms "
+                                               "in the future (clocks not on the daemon's CLOCK_MONOTONIC?)")
+        instruction = h.get("instruction")
+        if self._language:
+            if instruction is None:
+                raise Rejected("malformed", f"obs {seq}: header needs an 'instruction' string")
+            protocol.check_text(instruction, "instruction")
+        elif instruction is not None:
+            protocol.check_text(instruction, "instruction")
+        client = h.get("client")
+        if client is not None:
+            protocol.check_text(client, "client", 128)
+        tensors = msg.tensors
+        extra = set(tensors) - self._allowed
+        if extra:
+            raise Rejected("unknown_tensor", f"obs {seq}: tensor(s) {sorted(extra)[:4]} not in the contract")
+        images = {}
+        for cam, name, dtype, shape in self._cameras:
+            img = tensors.get(name)
+            if img is None:
+                raise Rejected("missing_tensor", f"obs {seq}: no tensor {name!r}")
+            if img.dtype != dtype:
+                raise Rejected("bad_dtype", f"obs {seq}: {name} is {img.dtype}, expected {dtype}")
+            if img.shape != shape:
+                raise Rejected("bad_shape", f"obs {seq}: {name} is {list(img.shape)}, expected {list(shape)}")
+            if dtype.kind == "f" and not np.isfinite(img).all():
+                raise Rejected("nonfinite", f"obs {seq}: {name} holds NaN or Inf")
+            images[cam] = img
+        proprio = tensors.get("proprio")
+        if self._proprio_dim is not None:
+            if proprio is None:
+                raise Rejected("missing_tensor", f"obs {seq}: no tensor 'proprio'")
+            if proprio.shape != (self._proprio_dim,):
+                raise Rejected("bad_shape", f"obs {seq}: proprio is {list(proprio.shape)}, expected [{self._proprio_dim}]")
+            if proprio.dtype not in (np.float32, np.float64):
+                raise Rejected("bad_dtype", f"obs {seq}: proprio is {proprio.dtype}, expected float32")
+            if not np.isfinite(proprio).all():
+                raise Rejected("nonfinite", f"obs {seq}: proprio holds NaN or Inf")
+        if proprio is not None:
+            verdict = self.trusted.judge(proprio, t_sensor)
+            if verdict is not None:
+                raise Rejected(verdict, f"obs {seq}: joint state {np.round(proprio, 3).tolist()} is not plausible "
+                                        "(beyond the joint limits, or moved faster than the joints can)")
+            self.counts.reanchors = self.trusted.reanchors
+        return RawObservation(images=images, proprio=proprio, instruction=instruction, sequence=seq,
+                              sensor_time_ns=t_sensor)

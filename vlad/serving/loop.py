@@ -1,0 +1,293 @@
+"""The hot path: observation -> preprocess -> infer -> decode -> guard -> publish, on one thread.
+
+Read :meth:`ServingLoop._serve_once` and :meth:`ServingLoop._cycle` top to bottom: that is
+the whole path. The serving thread owns the observation socket: it polls it together with
+an inproc wake-up socket, drains what is queued (a bounded batch, so a flood cannot keep
+it from serving) keeping only the newest valid observation (latest wins; older ones are
+counted as superseded), and runs the serving policy's engine inline. The asyncio event
+loop is never on this path; it reads the thread's state through plain attributes and
+counter snapshots.
+
+The policy the thread runs is :attr:`ServingLoop.active`, a pointer the supervisor sets
+(a fallback swap, a deploy) and then :meth:`wake`s the thread so the newest observation is
+answered by the new policy at once; ``None`` is the hold posture. A hung engine is the
+one case a pointer change cannot fix: the supervisor then calls :meth:`replace_thread`,
+which starts a successor on the same socket (it takes the socket lock the hung thread
+released before calling the engine) and bumps the generation, so the hung thread can
+never publish or touch the socket again when its call finally returns.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+
+from vlad.config import RealtimeConfig
+from vlad.errors import ObservationError, RemoteUnavailable, VladError
+from vlad.processing import RawObservation
+from vlad.serving.intake import Intake
+from vlad.serving.policy import ServedPolicy
+from vlad.serving.publisher import Publisher
+from vlad.serving.realtime import apply_thread_knobs
+from vlad.serving.shadow import ShadowRun
+from vlad.serving.tracing import CycleTimes
+
+log = logging.getLogger("vlad.serving")
+
+# Messages drained per wake-up before the newest one is served: bounds the time a flood
+# can hold the thread in intake (each message is decoded and counted).
+DRAIN_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Inference:
+    """The inference running now (read by the health monitors and the watchdog)."""
+
+    policy: ServedPolicy
+    since_ns: int
+
+
+class ServingLoop:
+    """The serving thread and the state the rest of vlad reads from it."""
+
+    def __init__(self, ctx: zmq.Context, sock: zmq.Socket, intake: Intake, publisher: Publisher,
+                 realtime: RealtimeConfig, period_ns: int) -> None:
+        self.sock = sock
+        self.intake = intake
+        self.publisher = publisher
+        self.realtime = realtime
+        self.period_ns = period_ns
+        self.active: ServedPolicy | None = None  # None: the hold posture
+        self.shadow: ShadowRun | None = None
+        self.estop_engaged: Callable[[], bool] = lambda: publisher.estop_engaged
+        self.in_flight: Inference | None = None
+        self.last_obs: RawObservation | None = None  # the newest accepted (trusted) observation
+        self.last_obs_receive_ns = 0
+        self.last_progress_ns = time.monotonic_ns()
+        self.cycle_errors = 0
+        self.generation = 0
+        self._stopping = False
+        self._sock_lock = threading.Lock()
+        self._wake_lock = threading.Lock()
+        self._wake_addr = f"inproc://vlad-wake-{id(self)}"
+        self._wake_rx = ctx.socket(zmq.PULL)
+        self._wake_rx.bind(self._wake_addr)
+        self._wake_tx = ctx.socket(zmq.PUSH)
+        self._wake_tx.setsockopt(zmq.SNDHWM, 1)
+        self._wake_tx.connect(self._wake_addr)
+        self._times = CycleTimes()
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+
+    # -- lifecycle (called from the supervisor) --------------------------------------------
+
+    def start(self, timeout: float = 5.0) -> None:
+        """Start the serving thread; raises the reason when a real-time knob cannot be applied."""
+        self._spawn()
+        self._started.wait(timeout)
+        if self._start_error is not None:
+            raise self._start_error
+
+    def _spawn(self) -> None:
+        gen = self.generation
+        self._thread = threading.Thread(target=self._run, args=(gen,), name=f"vlad-serving-{gen}", daemon=True)
+        self._thread.start()
+
+    def replace_thread(self) -> None:
+        """A hung engine holds the current thread: start a successor (see module doc)."""
+        with self.publisher.lock:
+            self.generation += 1
+            self.publisher.generation = self.generation
+        self.in_flight = None
+        log.error("serving thread stuck in an inference: replaced by a new one (generation %d)", self.generation)
+        self._started.clear()
+        self._spawn()
+
+    def wake(self) -> None:
+        """Make the thread re-serve the newest observation now (after a swap)."""
+        with self._wake_lock:
+            try:
+                self._wake_tx.send(b"", zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # a wake-up is already pending: one is enough
+
+    def stop(self, timeout: float) -> bool:
+        """Stop serving; True when the thread finished its cycle within ``timeout``."""
+        self._stopping = True
+        self.wake()
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+            return not t.is_alive()
+        return True
+
+    def wait_not_running(self, policy: ServedPolicy, timeout: float) -> bool:
+        """Wait until no inference of ``policy`` is in flight (before closing its session)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            running = self.in_flight
+            if running is None or running.policy is not policy:
+                return True
+            time.sleep(0.002)
+        return False
+
+    def close(self) -> None:
+        with self._wake_lock:
+            self._wake_tx.close(0)
+        with self._sock_lock:
+            self._wake_rx.close(0)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def _run(self, gen: int) -> None:
+        try:
+            apply_thread_knobs(self.realtime)
+        except BaseException as exc:  # reported to start(), which refuses to run without it
+            self._start_error = exc
+            self._started.set()
+            return
+        if self.realtime.gc_freeze:
+            gc.collect()
+            gc.freeze()  # the model and everything loaded at start are never scanned again
+        self._started.set()
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._wake_rx, zmq.POLLIN)
+        # Wake at least every quarter period: shutdown and a replaced thread notice promptly.
+        timeout_ms = max(1, self.period_ns // 4_000_000)
+        busy_ns = self.realtime.busy_poll_us * 1000
+        while True:
+            try:
+                if not self._serve_once(gen, poller, timeout_ms, busy_ns):
+                    return
+            except Exception:  # a bug, not bad input: keep serving, but make it loud
+                self.cycle_errors += 1
+                log.exception("serving cycle failed")
+            finally:
+                self.last_progress_ns = time.monotonic_ns()
+
+    def _serve_once(self, gen: int, poller: zmq.Poller, timeout_ms: int, busy_ns: int) -> bool:
+        """One wake-up: poll, drain, serve the newest observation. False: this thread ends."""
+        with self._sock_lock:
+            if gen != self.generation or self._stopping:
+                return False
+            ready = self._poll(poller, timeout_ms, busy_ns)
+            woken = self._wake_rx in ready
+            if woken:
+                while self._wake_rx.poll(0):
+                    self._wake_rx.recv()
+            newest: tuple[RawObservation, int] | None = None
+            if self.sock in ready:
+                newest = self._drain()
+        if newest is None and woken and self.last_obs is not None:
+            newest = (self.last_obs, self.last_obs_receive_ns)  # a swap: answer the newest again
+        if newest is not None and not self.estop_engaged():  # e-stop: the policy is not even asked
+            self._cycle(*newest, gen)
+        return True
+
+    def _poll(self, poller: zmq.Poller, timeout_ms: int, busy_ns: int) -> dict:
+        if busy_ns:
+            end = time.monotonic_ns() + busy_ns
+            while time.monotonic_ns() < end:
+                ready = dict(poller.poll(0))
+                if ready:
+                    return ready
+        return dict(poller.poll(timeout_ms))
+
+    def _drain(self) -> tuple[RawObservation, int] | None:
+        newest = None
+        accept = self.intake.accept
+        for _ in range(DRAIN_BATCH):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            receive_ns = time.monotonic_ns()
+            obs = accept(frames, receive_ns)
+            if obs is not None:
+                if newest is not None:
+                    self.intake.counts.superseded += 1
+                newest = (obs, receive_ns)
+        if newest is not None:
+            self.last_obs, self.last_obs_receive_ns = newest
+        return newest
+
+    # -- the hot path ----------------------------------------------------------------------
+
+    def _cycle(self, obs: RawObservation, receive_ns: int, gen: int) -> None:
+        """One observation in, one action chunk out (or a counted reason why not)."""
+        shadow = self.shadow
+        if shadow is not None:
+            shadow.offer(obs, receive_ns)
+        policy = self.active
+        if policy is None:  # the hold posture serves: answer with it at once
+            self.publisher.publish_hold("fallback", obs.sequence, obs.sensor_time_ns)
+            return
+        t = self._times
+        t.reset(obs.sensor_time_ns, receive_ns)
+        counts = policy.counts
+
+        # Never compute on stale data: the age is judged when inference would start.
+        t.pre_start = time.monotonic_ns()
+        if t.pre_start - obs.sensor_time_ns > policy.max_age_ns:
+            counts.stale += 1
+            return
+        # Marked in flight before the retired check: a deploy retiring this policy waits
+        # for in_flight to clear before closing its session.
+        self.in_flight = Inference(policy, t.pre_start)
+        try:
+            if policy.retired:
+                return
+            counts.cycles += 1
+            try:
+                inputs = policy.pre.fill(obs)
+            except ObservationError as exc:  # e.g. an instruction longer than the contract allows
+                self.intake.reject("preprocess", str(exc))
+                return
+            t.pre_end = t.infer_start = time.monotonic_ns()
+            try:
+                outputs = policy.session.infer(inputs, obs.sensor_time_ns + policy.deadline_ns)
+            except RemoteUnavailable as exc:
+                counts.remote_errors += 1
+                self._hold_instead(gen, obs, "remote_unavailable", f"{policy.id}: {exc}")
+                return
+            except VladError as exc:
+                counts.backend_errors += 1
+                self._hold_instead(gen, obs, "backend_error", f"{policy.id}: inference failed on observation "
+                                                              f"{obs.sequence}: {exc}")
+                return
+        finally:
+            if gen == self.generation:
+                self.in_flight = None
+        t.infer_end = time.monotonic_ns()
+        timing = policy.session.last_timing
+        t.h2d_ms, t.d2h_ms, t.network_ms, t.server_ms = timing.h2d_ms, timing.d2h_ms, timing.network_ms, timing.server_ms
+
+        try:
+            actions = policy.decoder.decode(outputs)
+        except ObservationError as exc:  # the engine answered something else than the contract
+            counts.backend_errors += 1
+            self._hold_instead(gen, obs, "backend_error", f"{policy.id}: {exc}")
+            return
+        t.decode_end = time.monotonic_ns()
+
+        self.publisher.publish(actions, obs, t, policy, gen)  # final guard + e-stop gate + send
+
+    def _hold_instead(self, gen: int, obs: RawObservation, reason: str, message: str) -> None:
+        """The controller still gets a command for this observation: the hold posture."""
+        if gen != self.generation:
+            return
+        self.publisher.publish_hold(reason, obs.sequence, obs.sensor_time_ns)
+        if self.publisher.counts.holds[reason] <= 10 or self.publisher.counts.holds[reason] % 1000 == 0:
+            log.error("%s", message)

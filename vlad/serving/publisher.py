@@ -1,0 +1,158 @@
+"""The only way a chunk leaves vlad: the final guard, the e-stop gate and the action socket.
+
+Policy chunks come from the serving thread, hold postures from it and from the
+:class:`~vlad.serving.cadence.HoldKeeper`; the e-stop thread flips :attr:`estop_engaged`
+under the same lock, so once :meth:`Publisher.set_estop` returned no policy chunk is sent
+until the e-stop is released, whatever the other threads are doing. ZeroMQ sockets are
+not thread-safe: every send happens under the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import zmq
+
+from vlad import protocol
+from vlad.contract import Contract
+from vlad.processing import RawObservation
+from vlad.serving.counters import HOLD, PublishCounts
+from vlad.serving.guard import ActionGuard
+from vlad.serving.policy import ServedPolicy
+from vlad.serving.tracing import CycleTimes, LatencyStats
+
+Observer = Callable[[int, np.ndarray], None]
+
+
+class Publisher:
+    """Guards and sends action chunks; gates them on the e-stop (see module docstring)."""
+
+    def __init__(self, contract: Contract, sock: zmq.Socket, guard: ActionGuard, stats: LatencyStats,
+                 counts: PublishCounts, release_name: Callable[[], str], state_name: Callable[[], str],
+                 estop_output: str = "hold") -> None:
+        self.contract = contract
+        self.sock = sock
+        self.guard = guard
+        self.stats = stats
+        self.counts = counts
+        self.release_name = release_name
+        self.state_name = state_name
+        self.estop_output = estop_output
+        self.lock = threading.Lock()
+        self.estop_engaged = False
+        # The serving thread's generation: a thread replaced after a hang must never send.
+        self.generation = 0
+        self.seq = 0
+        self.last_publish_ns = 0
+        self.validity_ns = int(contract.timing.action_validity_ms * 1e6)
+        self.deadline_ns = int(contract.timing.e2e_deadline_ms * 1e6)
+        self.period_ns = int(contract.timing.control_period_ms * 1e6)
+        # Called with (obs_seq, the policy's own chunk before the guard) for every chunk of
+        # the release, while a shadow run or a canary compares another policy against it.
+        self.observers: list[Observer] = []
+        # Hot-swap timing: decision -> first command from the new policy, in ms (last 20).
+        self.swap_ms: deque[dict[str, Any]] = deque(maxlen=20)
+        self._swap_pending: tuple[str, int] | None = None
+        self._header: dict[str, Any] = {}
+        self._timings: dict[str, float] = {}
+
+    # -- the e-stop gate -------------------------------------------------------------------
+
+    def set_estop(self, engaged: bool) -> None:
+        """Called by the e-stop thread. Engaged: no policy chunk leaves from now on.
+        Released: the next chunk starts from the trusted joint state, not from the last
+        command before the stop (the robot may have been moved meanwhile)."""
+        with self.lock:
+            if self.estop_engaged and not engaged:
+                self.guard.forget_command()
+            self.estop_engaged = engaged
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def expect_swap(self, source: str, t0_ns: int) -> None:
+        self._swap_pending = (source, t0_ns)
+
+    def publish(self, actions: np.ndarray, obs: RawObservation, t: CycleTimes, policy: ServedPolicy,
+                generation: int) -> bool:
+        """Guard ``actions`` (computed from ``obs`` by ``policy``) and send them.
+
+        False when nothing was sent: a replaced serving thread, the e-stop engaged, or the
+        chunk expired. ``actions`` may be modified in place by the guard.
+        """
+        counts = policy.counts
+        own = actions.copy() if self.observers and policy.id.slot == "release" else None
+        with self.lock:
+            if generation != self.generation or policy.retired:
+                return False
+            if self.estop_engaged:
+                counts.estop_blocked += 1
+                return False
+            valid_until = obs.sensor_time_ns + self.validity_ns
+            verdict = self.guard.check(actions, time.monotonic_ns(), valid_until)
+            t.guard_end = time.monotonic_ns()
+            if verdict.actions is None:
+                counts.expired += 1
+                return False
+            self._send(verdict.actions, verdict.interventions, obs.sequence, obs.sensor_time_ns, valid_until,
+                       policy.id.slot, str(policy.id), t.header_ms(self._timings))
+            t.publish = self.last_publish_ns
+            self._swap_done(policy.id.slot)
+            self.counts.policy_chunks += 1
+            if verdict.interventions:
+                self.counts.interventions += 1
+            e2e_ms = self.stats.record(t)
+            if e2e_ms * 1e6 > self.deadline_ns:
+                self.counts.deadline_misses += 1
+                counts.deadline_misses += 1
+        counts.published += 1
+        for kind in verdict.interventions:  # per policy: the health monitors blame the right one
+            if kind == "nonfinite":
+                counts.nonfinite_outputs += 1
+            elif kind in ("bounds", "out_of_bounds", "rate"):
+                setattr(counts, kind, getattr(counts, kind) + 1)
+        if own is not None:
+            for observe in list(self.observers):
+                observe(obs.sequence, own)
+        return True
+
+    def publish_hold(self, reason: str, obs_seq: int = 0, t_sensor_ns: int = 0) -> bool:
+        """Send the contract's hold posture (from the trusted joint state).
+
+        While the e-stop is engaged only ``reason="estop"`` holds go out, and only with
+        ``safety.estop_output = "hold"``.
+        """
+        with self.lock:
+            if self.estop_engaged and (reason != "estop" or self.estop_output != "hold"):
+                return False
+            chunk = self.guard.hold_posture()
+            now = time.monotonic_ns()
+            self.guard.record_hold(chunk, now)
+            self._send(chunk, ("hold",), obs_seq, t_sensor_ns or now, now + self.validity_ns, f"hold:{reason}",
+                       str(HOLD), {})
+            self._swap_done(f"hold:{reason}")
+            self.counts.holds[reason] += 1
+        return True
+
+    def _send(self, actions: np.ndarray, interventions: tuple[str, ...], obs_seq: int, t_sensor_ns: int,
+              valid_until_ns: int, source: str, policy: str, timings: dict[str, float]) -> None:
+        self.seq += 1
+        h = self._header
+        h.clear()
+        h.update(seq=self.seq, obs_seq=obs_seq, t_sensor_ns=t_sensor_ns, t_issue_ns=time.monotonic_ns(),
+                 valid_until_ns=valid_until_ns, period_ns=self.period_ns, release=self.release_name(),
+                 state=self.state_name(), source=source, policy=policy, interventions=list(interventions),
+                 timings_ms=timings)
+        self.sock.send_multipart(protocol.encode(protocol.TOPIC_ACTIONS, h, {"actions": actions}))
+        self.last_publish_ns = time.monotonic_ns()
+        self.counts.chunks += 1
+
+    def _swap_done(self, source: str) -> None:
+        pending = self._swap_pending
+        if pending is not None and (source == pending[0] or (pending[0] == "hold" and source.startswith("hold"))):
+            self.swap_ms.append({"to": pending[0], "first_command_ms": round((self.last_publish_ns - pending[1]) / 1e6, 3)})
+            self._swap_pending = None

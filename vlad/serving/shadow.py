@@ -1,0 +1,163 @@
+"""A shadow run: a candidate policy on the same observations as the serving one, never published.
+
+The serving thread offers each observation it serves (:meth:`ShadowRun.offer`, latest
+wins, never blocking); the shadow's own thread preprocesses, infers and decodes it, and
+:class:`Divergence` pairs its chunk with the release's chunk for the same observation
+(the publisher's observer hook) before either is guarded. Used by ``vladctl shadow`` and
+by a canary, where the previous release runs as the shadow (the divergence reference,
+and the warm policy an abort swaps back to).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from vlad.errors import VladError
+from vlad.processing import RawObservation
+from vlad.serving.policy import ServedPolicy
+from vlad.serving.tracing import CycleTimes, LatencyStats
+
+log = logging.getLogger("vlad.shadow")
+
+
+class Divergence:
+    """Pairs two policies' action chunks by observation sequence and accumulates errors."""
+
+    def __init__(self, dim: int, tolerance: float, keep: int = 256) -> None:
+        self.tolerance = tolerance
+        self._ref: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._cand: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self.keep = keep
+        self.pairs = 0
+        self.max_abs = np.zeros(dim)
+        self.sum_abs = np.zeros(dim)
+        self.values = 0
+        self.beyond = 0
+
+    def _add(self, table: OrderedDict, other: OrderedDict, seq: int, actions: np.ndarray, ref_first: bool) -> None:
+        with self._lock:
+            match = other.pop(seq, None)
+            if match is None:
+                table[seq] = actions.copy()
+                while len(table) > self.keep:
+                    table.popitem(last=False)
+                return
+            ref, cand = (actions, match) if ref_first else (match, actions)
+            err = np.abs(cand.astype(np.float64) - ref)
+            self.pairs += 1
+            self.max_abs = np.maximum(self.max_abs, err.max(axis=0))
+            self.sum_abs += err.sum(axis=0)
+            self.values += err.shape[0]
+            self.beyond += int((err > self.tolerance).sum())
+
+    def reference(self, seq: int, actions: np.ndarray) -> None:
+        self._add(self._ref, self._cand, seq, actions, True)
+
+    def candidate(self, seq: int, actions: np.ndarray) -> None:
+        self._add(self._cand, self._ref, seq, actions, False)
+
+    @property
+    def mean_abs(self) -> float:
+        return float(self.sum_abs.sum() / max(1, self.values * len(self.sum_abs)))
+
+    def report(self) -> dict[str, Any]:
+        with self._lock:
+            n = max(1, self.values * len(self.sum_abs))
+            return {
+                "pairs": self.pairs,
+                "per_joint_max_abs": [round(float(x), 6) for x in self.max_abs],
+                "per_joint_mean_abs": [round(float(x), 6) for x in self.sum_abs / max(1, self.values)],
+                "max_abs": round(float(self.max_abs.max(initial=0.0)), 6),
+                "mean_abs": round(self.mean_abs, 6),
+                "tolerance": self.tolerance,
+                "fraction_beyond_tolerance": round(self.beyond / n, 6),
+            }
+
+
+class ShadowRun:
+    """A candidate policy on its own thread (see module docstring)."""
+
+    def __init__(self, policy: ServedPolicy, purpose: str, tolerance: float, window: int = 2000) -> None:
+        self.policy = policy
+        self.purpose = purpose  # "shadow" or "canary-reference"
+        self.divergence = Divergence(policy.contract.action.dim, tolerance)
+        self.stats = LatencyStats(window)
+        self.started_ns = time.monotonic_ns()
+        self.outputs = 0
+        self._cond = threading.Condition()
+        self._item: tuple[RawObservation, int] | None = None
+        self._stop = False
+        self._times = CycleTimes()
+        self._thread = threading.Thread(target=self._run, name=f"vlad-shadow-{policy.id.release}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def offer(self, obs: RawObservation, receive_ns: int) -> None:
+        """Hand over an observation (the newest wins; never blocks the serving thread)."""
+        with self._cond:
+            self._item = (obs, receive_ns)
+            self._cond.notify()
+
+    def stop(self, timeout: float) -> bool:
+        """Stop; True when the in-flight cycle finished within ``timeout``."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._item is None and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                (obs, receive_ns), self._item = self._item, None
+            try:
+                self._cycle(obs, receive_ns)
+            except Exception:  # a bug, not bad input: keep the shadow going, but loudly
+                self.policy.counts.cycle_errors += 1
+                log.exception("shadow %s: cycle failed", self.policy.id)
+
+    def _cycle(self, obs: RawObservation, receive_ns: int) -> None:
+        p, t = self.policy, self._times
+        t.reset(obs.sensor_time_ns, receive_ns)
+        t.pre_start = time.monotonic_ns()
+        if t.pre_start - obs.sensor_time_ns > p.max_age_ns:
+            p.counts.stale += 1
+            return
+        p.counts.cycles += 1
+        try:
+            inputs = p.pre.fill(obs)
+            t.pre_end = t.infer_start = time.monotonic_ns()
+            outputs = p.session.infer(inputs, obs.sensor_time_ns + p.deadline_ns)
+        except VladError:
+            p.counts.backend_errors += 1
+            return
+        t.infer_end = time.monotonic_ns()
+        actions = p.decoder.decode(outputs)
+        t.decode_end = t.guard_end = t.publish = time.monotonic_ns()
+        self.stats.record(t)
+        if not np.isfinite(actions).all():
+            p.counts.nonfinite_outputs += 1
+        self.outputs += 1
+        self.divergence.candidate(obs.sequence, actions)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "release": self.policy.id.release,
+            "purpose": self.purpose,
+            "running_s": round((time.monotonic_ns() - self.started_ns) / 1e9, 3),
+            "divergence": self.divergence.report(),
+            "latency_ms": self.stats.summary(),
+            "faults": {**self.policy.counts.to_dict(), "outputs": self.outputs},
+        }
