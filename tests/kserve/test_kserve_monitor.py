@@ -1,13 +1,12 @@
-"""The remote-link monitor on hand-built stats (the daemon does not hand it a view yet)."""
+"""The remote-link monitor on hand-built stats (the daemon test runs it inside a real daemon)."""
 
 from __future__ import annotations
 
-from collections import namedtuple
 from types import SimpleNamespace
 
+from vlad.serving.counters import PolicyId
 from vlad_kserve import RemoteLinkMonitor
 
-PolicyId = namedtuple("PolicyId", "slot release")
 REMOTE = PolicyId("release", "vlad-demo-reacher@1.0.0")
 LOCAL = PolicyId("fallback1", "vlad-demo-reacher@0.9.0")
 
@@ -30,7 +29,7 @@ def test_healthy_link_no_findings():
 def test_lost_link_is_a_system_fault_of_that_policy():
     (f,) = RemoteLinkMonitor().check(view(stats(state="lost", state_for_s=0.4, last_error="unavailable: refused")))
     assert (f.monitor, f.code, f.severity, f.scope) == ("remote", "remote_unreachable", "fault", "system")
-    assert f.policy == "release:vlad-demo-reacher@1.0.0"
+    assert f.policy == REMOTE
     assert "grpc://gpu:8001" in f.message and "refused" in f.message
 
 
@@ -59,4 +58,4 @@ def test_server_time_missing_falls_back_to_round_trip():
 def test_local_and_missing_stats_are_ignored():
     v = SimpleNamespace(deadline_ns=20_000_000, backend_stats={LOCAL: {"threads": 1}})
     assert RemoteLinkMonitor().check(v) == []
-    assert RemoteLinkMonitor().check(SimpleNamespace(deadline_ns=20_000_000)) == []
+    assert RemoteLinkMonitor().check(SimpleNamespace(deadline_ns=20_000_000, backend_stats={})) == []

@@ -24,3 +24,9 @@ __all__ = ["KServeBackend", "KServeSession", "RemoteLinkMonitor", "RemoteOptions
 def vlad_backends() -> list:
     """The remote KServe v2 backend."""
     return [KServeBackend()]
+
+
+@hookimpl
+def vlad_monitors(config: dict) -> list:
+    """The remote-link monitor (it looks only at remote policies' session stats)."""
+    return [RemoteLinkMonitor()]

@@ -18,13 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vlad.health.monitors import Finding, Monitor
-
-
-def policy_name(policy_id: Any) -> str:
-    """The chain name (``release:<id>``) of a policy id with ``.slot`` and ``.release``."""
-    slot, release = getattr(policy_id, "slot", None), getattr(policy_id, "release", None)
-    return f"{slot}:{release}" if slot is not None and release is not None else str(policy_id)
+from vlad.health.base import Finding, HealthView, Monitor
 
 
 class RemoteLinkMonitor(Monitor):
@@ -37,15 +31,15 @@ class RemoteLinkMonitor(Monitor):
         self.error_rate_warn = error_rate_warn
         self.min_samples = min_samples
 
-    def check(self, view: Any) -> list[Finding]:
+    def check(self, view: HealthView) -> list[Finding]:
         """Findings for every remote policy whose link is lost, slow or failing."""
         out: list[Finding] = []
-        stats: Mapping[Any, Mapping[str, Any]] = getattr(view, "backend_stats", {}) or {}
+        stats: Mapping[Any, Mapping[str, Any]] = view.backend_stats
         budget_ms = view.deadline_ns / 1e6 * self.slow_fraction
         for pid, s in stats.items():
             if s.get("kind") != "remote":
                 continue
-            who = policy_name(pid)
+            who = pid
             where = s.get("endpoint", "the server")
             if s.get("state") == "lost":
                 out.append(Finding(self.name, "remote_unreachable", "fault", "system",
