@@ -140,7 +140,8 @@ def success_rates(cl: dict[str, Any], threshold: float | None) -> bytes | None:
         rates = np.asarray([per[i]["rate"] for i in instructions])
         lo = np.asarray([per[i]["wilson95"][0] for i in instructions])
         hi = np.asarray([per[i]["wilson95"][1] for i in instructions])
-        ax.bar(x + k * width, rates, width, label=name, yerr=[rates - lo, hi - rates], capsize=4)
+        err = np.clip([rates - lo, hi - rates], 0.0, None)  # rounding can put a bound a hair past the rate
+        ax.bar(x + k * width, rates, width, label=name, yerr=err, capsize=4)
     if threshold is not None:
         ax.axhline(threshold, color="red", linestyle="--", label=f"threshold {threshold:.0%}")
     ax.set_xticks(x + width * (len(rows) - 1) / 2, [i if len(i) < 30 else i[:27] + "..." for i in instructions])
