@@ -57,8 +57,8 @@ def write_manifest(dest: Path, release_id: str, backend: str = "onnxruntime", ar
 
 
 def demo_copy(dest: Path) -> Path:
-    """An unsigned copy of the demo release (same artifacts, its own manifest)."""
-    return write_manifest(copy_demo(dest), "vlad-demo-reacher-copy", change="retrain")
+    """An unsigned copy of the demo release: the same artifacts re-released (export only)."""
+    return write_manifest(copy_demo(dest), "vlad-demo-reacher-copy")
 
 
 def changed_normalization(dest: Path) -> Path:
@@ -147,7 +147,9 @@ def ignores_instruction(dest: Path, fixtures: Path) -> Path:
             return self.inner(image_overhead, self.fixed.expand(tokens.shape[0], -1), proprio, noise)
 
     model = IgnoresInstruction(load_trained_model(DEMO)).eval()
-    inputs = write_golden_fixtures(model, contract, tokenizer, fixtures)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch on read-only numpy views: copied, harmless here
+        inputs = write_golden_fixtures(model, contract, tokenizer, fixtures)
     export_program(model, contract, inputs[0], dest / "policy.pt2")
     _onnx_export(model, contract, dest / "policy.onnx")
     return write_manifest(dest, "vlad-demo-reacher-no-language", change="retrain")

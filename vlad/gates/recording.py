@@ -85,7 +85,7 @@ class McapRecorder:
     Call :meth:`observation` / :meth:`actions` with the message frames and a
     ``time.monotonic_ns()`` stamp, :meth:`state` with a status dict; each returns at once
     (False when the message was dropped). Recording stops by itself at ``max_bytes`` of
-    message data or after ``max_seconds``; :meth:`close` flushes and finishes the file.
+    message data or ``max_seconds`` after the first message; :meth:`close` flushes and finishes the file.
     ``stop_reason`` and :meth:`stats` say what happened.
     """
 
@@ -99,7 +99,7 @@ class McapRecorder:
         self._writer = Writer(self._file, compression=CompressionType.ZSTD)
         self._writer.start(profile="", library="vlad")
         self._offset_ns = time.time_ns() - time.monotonic_ns()
-        self._t0 = time.monotonic_ns()
+        self._t0: int | None = None
         self._channels = self._register()
         info = {"format": RECORDING_FORMAT, "tap": tap, "clock_offset_ns": str(self._offset_ns),
                 "max_bytes": str(self.max_bytes), "max_seconds": str(max_seconds),
@@ -137,6 +137,8 @@ class McapRecorder:
             if self._closed or self.stop_reason is not None:
                 self._counts["dropped"] += 1
                 return False
+            if self._t0 is None:
+                self._t0 = t_ns  # the limit counts from the first message, not from setup
             if t_ns - self._t0 > self.max_ns:
                 self.stop_reason = f"time limit ({self.max_ns / 1e9:g} s) reached"
             elif self._accepted_bytes + size > self.max_bytes:
@@ -176,9 +178,9 @@ class McapRecorder:
     def close(self) -> dict[str, Any]:
         """Write what is queued, the summary metadata and the MCAP footer; idempotent."""
         with self._lock:
-            if self._closed:
-                return self.stats()
-            self._closed = True
+            already, self._closed = self._closed, True
+        if already:
+            return self.stats()
         self._queue.put(_STOP)
         self._thread.join()
         stats = self.stats()

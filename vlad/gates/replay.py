@@ -3,8 +3,9 @@
 Each recorded observation goes through the candidate exactly as the daemon would run it:
 :func:`vlad.processing.preprocess` with the recorded sequence number (so the
 flow-matching noise is the recorded one), the engine, :func:`decode_actions`, then the
-final guard replayed in the recorded publish order with the recorded issue times (its
-rate limit depends on the previous command and the time since). The guarded actions are
+final guard replayed in the recorded publish order at the recorded guard times (its rate
+limit depends on the previous command and the time since, so the replayed guard matches
+the recorded one to the timestamps' resolution, not bit for bit). The guarded actions are
 compared with what the robot actually received, and the raw actions with a baseline
 session's on the same inputs.
 
@@ -61,7 +62,8 @@ def replay_guard(contract: Contract, recording: Recording, actions: Mapping[int,
             guard.last_command, guard.last_command_ns = np.array(chunk.actions[0], np.float32), chunk.t_issue_ns
             continue
         obs = observations[chunk.obs_seq]
-        verdict = guard.check(actions[chunk.obs_seq], obs.proprio, chunk.t_issue_ns, chunk.t_issue_ns + 1)
+        now = _guard_time(chunk)
+        verdict = guard.check(actions[chunk.obs_seq], obs.proprio, now, now + 1)
         if verdict.actions is None:
             continue
         out.errors.add(chunk.actions, verdict.actions)
@@ -73,6 +75,16 @@ def replay_guard(contract: Contract, recording: Recording, actions: Mapping[int,
             if len(out.examples) < 5:
                 out.examples.append(f"observation {chunk.obs_seq}: recorded {sorted(recorded)}, replayed {sorted(replayed)}")
     return out
+
+
+def _guard_time(chunk) -> int:
+    """When the daemon's guard ran on ``chunk``: its rate limit scales with the time since the
+    previous command. The chunk's stage timings put the guard's start at sensor time +
+    (sensor_to_issue - guard); without them, the issue time is the nearest stamp."""
+    t = chunk.timings_ms
+    if "sensor_to_issue" in t and "guard" in t:
+        return chunk.t_sensor_ns + round((t["sensor_to_issue"] - t["guard"]) * 1e6)
+    return chunk.t_issue_ns
 
 
 @dataclass

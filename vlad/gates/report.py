@@ -51,9 +51,19 @@ def _e(v: Any) -> str:
     return html.escape(str(v))
 
 
-def _img(png: bytes | None, caption: str) -> str:
+def _plot(draw, *args) -> bytes | str | None:
+    """A plot's PNG, or the one-line reason it could not be drawn (the report still renders)."""
+    try:
+        return draw(*args)
+    except Exception as exc:  # a plot must never cost the report
+        return f"plot not drawn: {type(exc).__name__}: {exc}"
+
+
+def _img(png: bytes | str | None, caption: str) -> str:
     if png is None:
         return ""
+    if isinstance(png, str):
+        return f"<p class=failed>{_e(caption)}: {_e(png)}</p>"
     data = base64.b64encode(png).decode("ascii")
     return (f'<figure><img class="plot" alt="{_e(caption)}" src="data:image/png;base64,{data}">'
             f"<figcaption>{_e(caption)}</figcaption></figure>")
@@ -175,9 +185,9 @@ def _sections(report: dict) -> list[str]:
                    f"Candidates: {_e(', '.join(d['candidates']))}.</p>"
                    + (f"<p>Skipped here:</p><ul>{skipped}</ul>" if skipped else "")
                    + _checks_table(g)
-                   + _img(plots.action_errors(d, budgets, joints, units),
+                   + _img(_plot(plots.action_errors, d, budgets, joints, units),
                           "Per-joint action error against the PyTorch fp32 reference (golden fixtures and replays)")
-                   + _img(plots.rollout_divergence(d, budgets, units[0] if units else ""),
+                   + _img(_plot(plots.rollout_divergence, d, budgets, units[0] if units else ""),
                           "Rollout divergence over time in the simulator, same seed and noise"))
     elif g:
         out.append(f"<h2>Equivalence gate</h2>{_checks_table(g)}")
@@ -185,7 +195,7 @@ def _sections(report: dict) -> list[str]:
     if g and g["details"].get("scenarios"):
         d = g["details"]
         out.append(f"<h2>Performance gate</h2>{_checks_table(g)}"
-                   + _img(plots.latency_cdf(d), "Latency CDF per stage (warm steady state) and end to end per scenario")
+                   + _img(_plot(plots.latency_cdf, d), "Latency CDF per stage (warm steady state) and end to end per scenario")
                    + _stage_table(d)
                    + "<h3>Setup</h3>" + _kv_table({"setup": d["setup"], "cold_start": d["cold_start"],
                                                     "shape_switches": d.get("shape_switches") or "not measured",
@@ -196,7 +206,7 @@ def _sections(report: dict) -> list[str]:
     if g and g["details"].get("candidate"):
         d = g["details"]
         out.append(f"<h2>Closed-loop gate</h2>{_checks_table(g)}"
-                   + _img(plots.success_rates(d, plan["closed_loop"]["min_success_rate"]),
+                   + _img(_plot(plots.success_rates, d, plan["closed_loop"]["min_success_rate"]),
                           "Success rate per instruction with 95 % Wilson intervals")
                    + _success_table(d)
                    + "<h3>Safety events (candidate)</h3>" + _kv_table(d["candidate"]["safety"]))
