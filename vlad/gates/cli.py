@@ -93,7 +93,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from vlad.gates.runner import console_progress, run_gates
     from vlad.gates.subject import open_subject
 
-    progress = console_progress(args.quiet)
+    progress = console_progress(args.quiet, sys.stderr if args.json else None)  # --json: stdout is the JSON
     cand = open_subject(args.candidate)
     plan = load_plan(cand.path, args.plan, cand.document).with_overrides(**_overrides(args))
     gates = [g.strip() for g in args.gates.split(",")] if args.gates else None

@@ -19,7 +19,7 @@ from typing import Any
 
 from vlad.gates.controller import Controller, EpisodeLog, run_episode
 from vlad.gates.launcher import RunningDaemon
-from vlad.gates.metrics import wilson_interval
+from vlad.gates.metrics import percentiles, wilson_interval
 from vlad.gates.plan import ClosedLoopPlan, GatePlan
 from vlad.gates.results import GateError, GateResult, check
 from vlad.gates.subject import Subject
@@ -27,13 +27,21 @@ from vlad.gates.subject import Subject
 TASKS = ("reacher",)
 
 
-def make_task(name: str, render: bool = True):
-    """The simulated task and its instructions; only the demo's Reacher exists so far."""
+def task_instructions(name: str) -> tuple[str, ...]:
+    """The instructions a task's episodes cycle through."""
     if name not in TASKS:
         raise GateError(f"closed_loop.task = {name!r}: unknown task (known: {', '.join(TASKS)})")
     from vlad.demo import sim
 
-    return sim.ReacherTask(render=render), sim.INSTRUCTIONS
+    return sim.INSTRUCTIONS
+
+
+def make_task(name: str, render: bool = True):
+    """The simulated task and its instructions; only the demo's Reacher exists so far."""
+    instructions = task_instructions(name)
+    from vlad.demo import sim
+
+    return sim.ReacherTask(render=render), instructions
 
 
 def seeds(plan: ClosedLoopPlan) -> range:
@@ -100,13 +108,7 @@ def summarize(logs: list[EpisodeLog], instructions, before: dict, after: dict) -
     }
     latencies = [x for e in logs for x in e.latencies_ms]
     return {"per_instruction": per, "safety": safety, "episodes": [e.to_dict() for e in logs],
-            "latency_ms": _pct(latencies)}
-
-
-def _pct(values: list[float]) -> dict:
-    from vlad.gates.metrics import percentiles
-
-    return percentiles(values)
+            "latency_ms": percentiles(latencies)}
 
 
 def no_motion(plan: ClosedLoopPlan) -> dict[str, Any]:

@@ -63,9 +63,12 @@ def aoti_package(program: Path, device: str = "cpu", compile_now: bool = False, 
     import torch
 
     suffix = "" if device == "cpu" else f"-{device}"
-    out = cache_dir() / "aoti" / f"aoti-{_sha256(program)[:16]}-torch{torch.__version__}{suffix}.pt2"
-    if out.is_file():
-        return out
+    name = f"aoti-{_sha256(program)[:16]}-torch{torch.__version__}{suffix}.pt2"
+    out = cache_dir() / "aoti" / name
+    # A checkout's own cache (the conformance tests and benchmarks compile there) is as good.
+    for found in (out, Path.cwd() / ".cache" / "vlad-aoti" / name):
+        if found.is_file():
+            return found
     if not compile_now:
         return None
     from vlad_torch import compile_aoti

@@ -63,11 +63,9 @@ def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str 
     images = {cam.name: np.full((cam.raw.height, cam.raw.width, 3) if cam.raw.layout == "HWC"
                                 else (3, cam.raw.height, cam.raw.width), 128, dtype=cam.raw.dtype) for cam in c.cameras}
     proprio = np.zeros(c.proprio.dim, np.float32) if c.proprio else None
-    from vlad.gates.closed_loop import make_task
+    from vlad.gates.closed_loop import task_instructions
 
-    task, instructions = make_task(plan.closed_loop.task, render=False)
-    task.close()
-    return [(images, proprio, instructions[0] if c.language else None)]
+    return [(images, proprio, task_instructions(plan.closed_loop.task)[0] if c.language else None)]
 
 
 def _stats(sent: dict[int, int], chunks: list[Chunk], deadline_ms: float) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -30,13 +31,14 @@ from vlad.gates.subject import Subject, open_subject
 Progress = Callable[[str], None]
 
 
-def console_progress(quiet: bool = False) -> Progress:
-    """Progress lines with the elapsed time, flushed at once (long steps must show life)."""
+def console_progress(quiet: bool = False, stream: Any = None) -> Progress:
+    """Progress lines with the elapsed time, flushed at once (long steps must show life);
+    to ``stream`` (default stdout)."""
     t0 = time.monotonic()
 
     def progress(message: str) -> None:
         if not quiet:
-            print(f"[{time.monotonic() - t0:7.1f} s] {message}", flush=True)
+            print(f"[{time.monotonic() - t0:7.1f} s] {message}", file=stream or sys.stdout, flush=True)
 
     return progress
 
