@@ -119,3 +119,13 @@ def capture() -> dict[str, Any]:
         "python": platform.python_version(),
         "versions": {d: v for d in VERSIONED if (v := _version(d))},
     }
+
+
+def capture_after() -> dict[str, Any]:
+    """What may have changed during a run: load, other busy processes, temperatures.
+
+    A neighbour that started mid-run shows up here, not in :func:`capture`.
+    """
+    return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+            "other_busy_processes": busy_processes(), "temperatures_c": temperatures(), "gpu": gpus()}

@@ -156,7 +156,8 @@ def render_html(report: dict[str, Any]) -> str:
                      f"<td class=num>{g['duration_s']:.1f} s</td><td>{_e('; '.join(g['reasons'][:3]))}</td></tr>")
     parts.append("</table>")
     parts += _sections(report)
-    parts.append("<h2>Conditions</h2>" + _kv_table(report["conditions"]))
+    parts.append("<h2>Conditions</h2>" + _kv_table(report["conditions"])
+                 + "<h3>At the end of the run</h3>" + _kv_table(report.get("conditions_after") or {}))
     parts.append("<h2>Plan</h2><details><summary>budgets and thresholds "
                  f"({_e(report['plan'].get('source'))})</summary><pre>{_e(json.dumps(report['plan'], indent=1))}</pre></details>")
     parts.append(f"<script>{_SCRIPT}</script></body></html>")

@@ -102,6 +102,9 @@ def run_gates(candidate: str | Path, baseline: str | Path, report_dir: str | Pat
         progress(f"[{i}/{len(order)}] {result.summary()} ({timer.s:.1f} s)")
         if not result.passed and not run_all:
             stopped = gate
+    after = conditions.capture_after()
+    if after["other_busy_processes"]:
+        progress(f"conditions changed during the run: now busy: {', '.join(after['other_busy_processes'])}")
     finished = dt.datetime.now(dt.timezone.utc)
     report = {
         "format": REPORT_FORMAT,
@@ -116,6 +119,7 @@ def run_gates(candidate: str | Path, baseline: str | Path, report_dir: str | Pat
         "finished_at": finished.isoformat(timespec="seconds"),
         "duration_s": round((finished - started).total_seconds(), 1),
         "conditions": cond,
+        "conditions_after": after,
     }
     write_report(report, Path(report_dir), html=html)
     verdicts = ", ".join(f"{r.gate} {r.status}" for r in results)
