@@ -88,7 +88,8 @@ class _Comparison:
     def judge(self, result: GateResult, prefix: str, budget) -> dict[str, Any]:
         joints = self.subject.contract.action.joints
         for name, e in self.outputs.items():
-            result.add(check(f"{prefix}: output {name} max abs", e.max_abs, budget.output_max_abs))
+            result.add(check(f"{prefix}: output {name} max abs", e.max_abs, budget.output_max_abs,
+                             note=f"max rel {e.max_rel:.3g}, {e.samples} samples"))
             result.add(check(f"{prefix}: output {name} mean abs", e.mean_abs, budget.output_mean_abs))
             result.add(check(f"{prefix}: output {name} min cosine", e.min_cosine, budget.min_cosine, ">="))
         for joint, err in zip(joints, self.actions.max_per_joint()):
