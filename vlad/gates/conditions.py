@@ -13,6 +13,7 @@ import os
 import platform
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,57 @@ def capture_after() -> dict[str, Any]:
     return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
             "other_busy_processes": busy_processes(), "temperatures_c": temperatures(), "gpu": gpus()}
+
+
+class NeighbourWatch:
+    """Samples, while a run goes on, which processes outside this one's own tree (the gate,
+    its daemons, its CPU hog) use the CPU: a neighbour that comes and goes mid-run skews
+    tail latency and would otherwise stay invisible in the report."""
+
+    def __init__(self, every_s: float = 2.0, threshold: float = 20.0) -> None:
+        self.every_s, self.threshold = every_s, threshold
+        self.peaks: dict[str, float] = {}
+        self.samples = 0
+        self.busy_samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gate-neighbours", daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        known: dict[int, psutil.Process] = {}
+        while not self._stop.wait(self.every_s):
+            try:
+                own = {me.pid} | {c.pid for c in me.children(recursive=True)}
+            except psutil.Error:
+                own = {me.pid}
+            busy = False
+            for p in psutil.process_iter(["name", "cmdline"]):
+                if p.pid in own:
+                    continue
+                proc = known.setdefault(p.pid, p)
+                try:
+                    pct = proc.cpu_percent(None)  # since this process's previous sample
+                except psutil.Error:
+                    continue
+                if pct >= self.threshold:
+                    busy = True
+                    name = " ".join((p.info.get("cmdline") or [p.info.get("name") or "?"])[:3])[:80]
+                    self.peaks[name] = max(self.peaks.get(name, 0.0), round(pct))
+            self.samples += 1
+            self.busy_samples += busy
+
+    def __enter__(self) -> NeighbourWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def summary(self) -> dict[str, Any]:
+        """Share of samples with a busy neighbour, and each neighbour's peak CPU %."""
+        return {"sampled_every_s": self.every_s, "samples": self.samples,
+                "share_with_busy_neighbour": round(self.busy_samples / self.samples, 3) if self.samples else 0.0,
+                "peak_cpu_percent": dict(sorted(self.peaks.items(), key=lambda kv: -kv[1])[:8])}

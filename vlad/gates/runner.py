@@ -83,28 +83,31 @@ def run_gates(candidate: str | Path, baseline: str | Path, report_dir: str | Pat
              f"load {cond['loadavg_1_5_15']}")
     results: list[GateResult] = []
     stopped: str | None = None
-    for i, gate in enumerate(order, 1):
-        if stopped is not None:
-            results.append(GateResult(gate, "skipped", reasons=[f"not run: the {stopped} gate failed first "
-                                                                "(--all runs every gate)"]))
-            continue
-        progress(f"[{i}/{len(order)}] {gate} gate")
-        with Timer() as timer:
-            try:
-                result = _run_one(gate, cand, base, plan, progress, keys_dir)
-            except VladError as exc:
-                result = GateResult(gate, "error", reasons=[str(exc)])
-            except Exception as exc:  # a bug in a gate must still leave a report behind
-                result = GateResult(gate, "error", reasons=[f"{type(exc).__name__}: {exc}"],
-                                    details={"traceback": traceback.format_exc()})
-        result.duration_s = timer.s
-        results.append(result)
-        progress(f"[{i}/{len(order)}] {result.summary()} ({timer.s:.1f} s)")
-        if not result.passed and not run_all:
-            stopped = gate
-    after = conditions.capture_after()
-    if after["other_busy_processes"]:
-        progress(f"conditions changed during the run: now busy: {', '.join(after['other_busy_processes'])}")
+    with conditions.NeighbourWatch() as watch:
+        for i, gate in enumerate(order, 1):
+            if stopped is not None:
+                results.append(GateResult(gate, "skipped", reasons=[f"not run: the {stopped} gate failed first "
+                                                                    "(--all runs every gate)"]))
+                continue
+            progress(f"[{i}/{len(order)}] {gate} gate")
+            with Timer() as timer:
+                try:
+                    result = _run_one(gate, cand, base, plan, progress, keys_dir)
+                except VladError as exc:
+                    result = GateResult(gate, "error", reasons=[str(exc)])
+                except Exception as exc:  # a bug in a gate must still leave a report behind
+                    result = GateResult(gate, "error", reasons=[f"{type(exc).__name__}: {exc}"],
+                                        details={"traceback": traceback.format_exc()})
+            result.duration_s = timer.s
+            results.append(result)
+            progress(f"[{i}/{len(order)}] {result.summary()} ({timer.s:.1f} s)")
+            if not result.passed and not run_all:
+                stopped = gate
+    after = {**conditions.capture_after(), "neighbours_during_run": watch.summary()}
+    if watch.busy_samples:
+        share = 100 * after["neighbours_during_run"]["share_with_busy_neighbour"]
+        progress(f"conditions: other processes were busy during {share:.0f} % of the run "
+                 f"({', '.join(list(watch.peaks)[:3])}): latency figures are not this release's alone")
     finished = dt.datetime.now(dt.timezone.utc)
     report = {
         "format": REPORT_FORMAT,
