@@ -92,7 +92,7 @@ class _Comparison:
                              note=f"max rel {e.max_rel:.3g}, {e.samples} samples"))
             result.add(check(f"{prefix}: output {name} mean abs", e.mean_abs, budget.output_mean_abs))
             result.add(check(f"{prefix}: output {name} min cosine", e.min_cosine, budget.min_cosine, ">="))
-        for joint, err in zip(joints, self.actions.max_per_joint()):
+        for joint, err in zip(joints, self.actions.max_per_joint(), strict=True):
             result.add(check(f"{prefix}: {joint.name} action max abs", err, budget.action_max_abs, unit=joint.unit))
         result.add(check(f"{prefix}: guard decision flips", self.decisions.flips, budget.max_decision_flips,
                          note="; ".join(self.decisions.examples[:2])))
@@ -285,7 +285,7 @@ def _same_model(subject: Subject, rec) -> bool:
 
 def _rollouts(subject, e: Engine, plan: GatePlan, ref: list[np.ndarray], result, budget) -> dict:
     got = rollouts(subject, e, plan)
-    div = [np.abs(g - r).max(axis=1) for g, r in zip(got, ref)]  # [steps + 1] per episode
+    div = [np.abs(g - r).max(axis=1) for g, r in zip(got, ref, strict=True)]  # [steps + 1] per episode
     worst = float(max(d.max() for d in div)) if div else 0.0
     unit = subject.contract.action.joints[0].unit
     result.add(check(f"{e.id} rollouts: joint trajectory divergence", worst, budget.rollout_max_divergence, unit=unit,

@@ -141,7 +141,7 @@ def render_html(report: dict[str, Any]) -> str:
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>vlad gates: {_e(cand['release_id'])}</title>",
              f"<style>{_CSS}</style></head><body>",
              f"<h1>Release gates: {_e(cand['release_id'])}</h1>",
-             f"<p id=render-status>plots not checked (scripts disabled)</p>",
+             "<p id=render-status>plots not checked (scripts disabled)</p>",
              f"<div class='banner {verdict}'>{verdict.upper()}"
              + (f" (stopped after the {_e(report['stopped_after'])} gate)" if report.get("stopped_after") else "")
              + f" &mdash; {report['duration_s']:.0f} s, {_e(report['started_at'])}</div>",
