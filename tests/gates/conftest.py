@@ -1,0 +1,53 @@
+"""Fixtures of the gate tests: the broken candidates (built once per session) and plans."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.gates import candidates
+
+ROOT = candidates.ROOT
+DEMO_PLAN = ROOT / "etc" / "vlad" / "demo-gates.toml"
+RECORDING = ROOT / "tests" / "fixtures" / "demo_recording.mcap"
+# Small runs: every gate's machinery with a few episodes and calls (docs/gates.md has the
+# default, long run). Enough samples that a stress verdict is not decided by one chunk.
+SMALL = ["--perf-calls", "300", "--bursts", "20", "--episodes", "4", "--replay-limit", "40", "--rollout-episodes", "1"]
+
+
+def gate_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
+    """``vladctl gate ARGS``, as its own process (the real CLI path)."""
+    return subprocess.run([sys.executable, "-m", "vlad.gates.cli", "gate", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "MUJOCO_GL": "egl", **(env or {})}, timeout=timeout)
+
+
+def small_plan(overrides: dict | None = None, plan_file: Path = DEMO_PLAN):
+    """The demo plan with the small run's numbers (as the CLI options above set them)."""
+    from vlad.gates.plan import load_plan
+
+    plan = load_plan(ROOT, plan_file).with_overrides(
+        equivalence={"replay_limit": 40, "rollout_episodes": 1},
+        performance={"warm_calls": 300, "bursts": 20, "shape_switch_calls": 15},
+        closed_loop={"episodes": 3})
+    return plan.with_overrides(**(overrides or {}))
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("candidates")
+
+
+@pytest.fixture(scope="session")
+def ignores_instruction(built) -> tuple[Path, Path]:
+    """(release, its own gate plan): golden fixtures of the wrapped model, outside the release."""
+    golden = built / "no-language-golden.npz"
+    release = candidates.ignores_instruction(built / "no-language", golden)
+    plan = built / "no-language-gates.toml"
+    text = DEMO_PLAN.read_text().replace('"../../tests/fixtures/', f'"{ROOT}/tests/fixtures/')
+    plan.write_text(text.replace(f'golden = "{ROOT}/tests/fixtures/golden.npz"', f'golden = "{golden}"'))
+    assert str(golden) in plan.read_text()
+    return release, plan

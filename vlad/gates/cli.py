@@ -1,0 +1,202 @@
+"""``vladctl gate``, ``record``, ``replay`` and ``evidence``: release gates from the command line.
+
+    vladctl gate CANDIDATE --baseline BASELINE --report DIR [--plan gates.toml] [--record]
+    vladctl gate manifests/demo --baseline manifests/demo --plan etc/vlad/demo-gates.toml --report out/
+    vladctl record OUT.mcap --release manifests/demo --episodes 4        # demo episodes, controller tap
+    vladctl replay RECORDING.mcap --release CANDIDATE [--baseline BASELINE]
+    vladctl evidence RELEASE                                             # what deploy would refuse
+
+:func:`add_gate_commands` adds them to any argparse sub-parsers object and sets
+``args.func`` (returning the exit code); ``python -m vlad.gates.cli ...`` runs them alone.
+Exit status of ``gate``: 0 every gate passed, 1 a gate failed, 2 error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from vlad.errors import VladError
+
+EXIT_FAILED = 1
+
+
+def add_gate_commands(subparsers: Any) -> None:
+    """Add ``gate``, ``record``, ``replay`` and ``evidence`` to ``subparsers``."""
+    p = subparsers.add_parser("gate", help="run the release gates (contract, equivalence, performance, closed loop)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("candidate", help="release folder to judge")
+    p.add_argument("--baseline", required=True, help="release folder it replaces (may be the candidate itself)")
+    p.add_argument("--report", required=True, help="folder for report.json and report.html")
+    p.add_argument("--plan", help="gate plan TOML (default: the manifest's [gate_plan], else CANDIDATE/gates.toml, "
+                                  "else built-in defaults)")
+    p.add_argument("--gates", help="comma-separated subset (default: every gate the plan requires)")
+    p.add_argument("--all", action="store_true", help="run every gate even after one failed")
+    p.add_argument("--record", action="store_true", help="add the report and verdicts to CANDIDATE's manifest "
+                                                         "(then re-sign it with vladctl sign)")
+    p.add_argument("--keys", help="trusted keys: serve the releases verified (default: unsigned, as gated)")
+    p.add_argument("--golden", help="golden fixtures .npz (overrides equivalence.golden)")
+    p.add_argument("--replay", action="append", metavar="MCAP", help="recording to replay (repeatable; overrides "
+                                                                    "equivalence.recordings)")
+    p.add_argument("--replay-limit", type=int, help="observations per recording (0 = all)")
+    p.add_argument("--rollout-episodes", type=int, help="simulator rollouts per instruction")
+    p.add_argument("--aoti", action="store_true", help="compile torch-aoti (about a minute, cached) to compare it too")
+    p.add_argument("--perf-calls", type=int, help="warm steady-state observations (stress scenarios get a third)")
+    p.add_argument("--bursts", type=int, help="observation bursts")
+    p.add_argument("--episodes", type=int, help="closed-loop episodes per instruction and policy")
+    p.add_argument("--no-hog", action="store_true", help="skip the CPU-hog scenario")
+    p.add_argument("--no-html", action="store_true", help="write report.json only")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--json", action="store_true", help="print the report's verdicts as JSON")
+    p.set_defaults(func=cmd_gate)
+
+    p = subparsers.add_parser("record", help="record observations, action chunks and state to MCAP")
+    p.add_argument("out", help="MCAP file to write")
+    p.add_argument("--release", default="manifests/demo", help="release served for the demo episodes "
+                                                               "(default: %(default)s)")
+    p.add_argument("--episodes", type=int, default=4, help="demo episodes, alternating the instructions")
+    p.add_argument("--seed", type=int, default=20_000)
+    p.add_argument("--max-mb", type=float, default=100.0, help="stop at this much message data (MiB)")
+    p.add_argument("--max-s", type=float, default=600.0, help="stop after this many seconds")
+    p.set_defaults(func=cmd_record)
+
+    p = subparsers.add_parser("replay", help="replay a recording through a release and compare its actions")
+    p.add_argument("recording", help="MCAP file made by vladctl record")
+    p.add_argument("--release", required=True, help="release folder to replay through (its serving backend)")
+    p.add_argument("--baseline", help="release folder to compare with as well")
+    p.add_argument("--limit", type=int, default=0, help="observations to replay (0 = all)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_replay)
+
+    p = subparsers.add_parser("evidence", help="check a release's gate evidence as deploy does")
+    p.add_argument("release", help="release folder")
+    p.set_defaults(func=cmd_evidence)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    eq = {"golden": str(Path(args.golden).resolve()) if args.golden else None,
+          "recordings": tuple(str(Path(r).resolve()) for r in args.replay) if args.replay else None,
+          "replay_limit": args.replay_limit, "rollout_episodes": args.rollout_episodes,
+          "compile_aoti": True if args.aoti else None}
+    perf = {"warm_calls": args.perf_calls, "bursts": args.bursts, "cpu_hog": False if args.no_hog else None}
+    if args.perf_calls is not None:
+        perf["shape_switch_calls"] = max(3, min(20, args.perf_calls // 20))
+    return {"equivalence": eq, "performance": perf, "closed_loop": {"episodes": args.episodes}}
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    """Run the gates; 0 passed, 1 failed (the report says why)."""
+    from vlad.gates.plan import load_plan
+    from vlad.gates.runner import console_progress, run_gates
+    from vlad.gates.subject import open_subject
+
+    progress = console_progress(args.quiet, sys.stderr if args.json else None)  # --json: stdout is the JSON
+    cand = open_subject(args.candidate)
+    plan = load_plan(cand.path, args.plan, cand.document).with_overrides(**_overrides(args))
+    gates = [g.strip() for g in args.gates.split(",")] if args.gates else None
+    report = run_gates(cand.path, args.baseline, args.report, plan=plan, gates=gates, run_all=args.all,
+                       keys_dir=args.keys, progress=progress, html=not args.no_html)
+    if args.json:
+        print(json.dumps({"passed": report["passed"], "gates": [
+            {k: g[k] for k in ("gate", "status", "reasons")} for g in report["gates"]]}, indent=2))
+    else:
+        for g in report["gates"]:
+            print(f"{g['gate']:<12} {g['status'].upper():<8} {g['reasons'][0] if g['reasons'] else ''}")
+    if args.record:
+        from vlad.gates.evidence import record_evidence
+
+        entries = record_evidence(cand.path, args.report)
+        print(f"recorded {len(entries)} gate verdict(s) in {cand.path / 'manifest.toml'}; "
+              f"sign it again: vladctl sign {cand.path} --key KEY")
+    return 0 if report["passed"] else EXIT_FAILED
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    """Serve a release and record real-time demo episodes through a controller-side tap."""
+    from vlad.gates.closed_loop import record_demo
+    from vlad.gates.runner import console_progress
+    from vlad.gates.subject import open_subject
+
+    stats = record_demo(open_subject(args.release), Path(args.out), args.episodes, max_bytes=int(args.max_mb * 2**20),
+                        max_seconds=args.max_s, seed=args.seed, progress=console_progress())
+    size = Path(args.out).stat().st_size
+    print(f"wrote {args.out}: {stats['observations']} observations, {stats['actions']} action chunks, "
+          f"{stats['states']} states, {stats['dropped']} dropped, {size / 1024:.0f} KiB"
+          + (f"; stopped: {stats['stop_reason']}" if stats["stop_reason"] else ""))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Replay a recording through a release's serving backend (and a baseline's)."""
+    from vlad.gates.engines import Engine, load_engine
+    from vlad.gates.recording import read_recording
+    from vlad.gates.replay import replay
+    from vlad.gates.subject import open_subject
+
+    cand = open_subject(args.release)
+    rec = read_recording(args.recording, limit=args.limit)
+    engine = load_engine(cand, Engine("candidate", cand.serving, required=True))
+    base = None
+    if args.baseline:
+        b = open_subject(args.baseline)
+        base = load_engine(b, Engine("baseline", b.serving, required=True))
+    try:
+        result = replay(rec, engine.session, cand.contract, cand.tokenizer(), baseline=base.session if base else None)
+    finally:
+        engine.close()
+        if base is not None:
+            base.close()
+    d = result.to_dict()
+    if args.json:
+        print(json.dumps(d, indent=2))
+        return 0
+    print(f"replayed {d['observations']} observations of {args.recording} through {cand.id} "
+          f"({cand.serving.backend}); {d['chunks_compared']} chunks compared with the recording")
+    print(f"  guarded actions vs recorded: max abs per joint {_fmt(d['vs_recorded_max_abs_per_joint'])}; "
+          f"interventions differing: {d['intervention_flips_vs_recorded']}")
+    for example in d["flip_examples"]:
+        print(f"    {example}")
+    if "vs_baseline_max_abs_per_joint" in d:
+        print(f"  actions vs baseline: max abs per joint {_fmt(d['vs_baseline_max_abs_per_joint'])}")
+    return 0
+
+
+def cmd_evidence(args: argparse.Namespace) -> int:
+    """Print what deploy would refuse; exit 1 when evidence is missing."""
+    from vlad.gates.evidence import check_evidence
+
+    problems = check_evidence(Path(args.release), args.release)
+    if not problems:
+        print(f"{args.release}: passing evidence for every required gate")
+        return 0
+    for p in problems:
+        print(p)
+    return EXIT_FAILED
+
+
+def _fmt(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.3g}" for v in values) + "]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the gate commands alone (``python -m vlad.gates.cli gate ...``)."""
+    parser = argparse.ArgumentParser(prog="vladctl", description="vlad release gates")
+    add_gate_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except VladError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The numbers gates are judged by: tensor errors, guard decisions, percentiles, intervals.
+
+Pure numpy, no I/O: every function here is a definition the report and docs/gates.md
+refer to.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vlad.contract import Contract
+
+# Relative error divides by |reference|; below this floor the relative error of a value
+# near zero says nothing (0.001 vs 0.002 is "100 %"), so the floor is used instead.
+REL_FLOOR = 1e-3
+
+
+@dataclass
+class ErrorStats:
+    """Running worst-case error of a candidate tensor against its reference, over samples."""
+
+    max_abs: float = 0.0
+    sum_abs: float = 0.0
+    count: int = 0
+    max_rel: float = 0.0
+    min_cosine: float = 1.0
+    samples: int = 0
+
+    def add(self, ref: np.ndarray, got: np.ndarray) -> None:
+        """Fold one sample (same shape) into the statistics; a NaN anywhere poisons them."""
+        r = np.asarray(ref, dtype=np.float64).ravel()
+        g = np.asarray(got, dtype=np.float64).ravel()
+        if r.shape != g.shape:
+            raise ValueError(f"shape {got.shape} differs from the reference {ref.shape}")
+        err = np.abs(g - r)
+        if not np.isfinite(err).all():
+            self.max_abs = self.max_rel = math.inf
+            self.min_cosine = -math.inf
+        else:
+            self.max_abs = max(self.max_abs, float(err.max(initial=0.0)))
+            self.max_rel = max(self.max_rel, float((err / np.maximum(np.abs(r), REL_FLOOR)).max(initial=0.0)))
+            self.min_cosine = min(self.min_cosine, cosine(r, g))
+        self.sum_abs += float(err.sum()) if np.isfinite(err).all() else math.inf
+        self.count += err.size
+        self.samples += 1
+
+    @property
+    def mean_abs(self) -> float:
+        return self.sum_abs / self.count if self.count else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"max_abs": self.max_abs, "mean_abs": self.mean_abs, "max_rel": self.max_rel,
+                "min_cosine": self.min_cosine, "samples": self.samples}
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of two flattened tensors; two zero tensors count as identical."""
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+@dataclass
+class JointErrors:
+    """Absolute action errors per joint in contract units, every waypoint of every sample."""
+
+    names: tuple[str, ...]
+    values: list[np.ndarray] = field(default_factory=list)  # each [H, J]
+
+    def add(self, ref: np.ndarray, got: np.ndarray) -> None:
+        self.values.append(np.abs(np.asarray(got, np.float64) - np.asarray(ref, np.float64)))
+
+    def per_joint(self) -> np.ndarray:
+        """``[N * H, J]`` array of every error (empty ``[0, J]`` without samples)."""
+        if not self.values:
+            return np.zeros((0, len(self.names)))
+        return np.concatenate([v.reshape(-1, len(self.names)) for v in self.values])
+
+    def max_per_joint(self) -> list[float]:
+        e = self.per_joint()
+        if e.size and not np.isfinite(e).all():
+            return [math.inf] * len(self.names)
+        return [float(x) for x in (e.max(axis=0) if len(e) else np.zeros(len(self.names)))]
+
+
+# ---- guard decisions ------------------------------------------------------------------
+
+
+def _position_index(contract: Contract) -> list[int]:
+    names = contract.proprio.names if contract.proprio else ()
+    return [names.index(f"{j.name}.position") if f"{j.name}.position" in names else -1 for j in contract.action.joints]
+
+
+def guard_decisions(contract: Contract, actions: np.ndarray, proprio: np.ndarray | None) -> np.ndarray:
+    """The guard's yes/no decisions for one chunk: ``bool[H, J, 3]`` = below the lower
+    bound, above the upper bound, rate limit exceeded (from the previous waypoint; the
+    first from the measured joint position where the proprio vector has it).
+
+    A decision that differs between reference and candidate is a *flip*: the same
+    observation would be clamped by one and not by the other.
+    """
+    spec = contract.action
+    a = np.asarray(actions, dtype=np.float64)
+    lower = np.asarray([j.lower for j in spec.joints])
+    upper = np.asarray([j.upper for j in spec.joints])
+    rate = np.asarray([j.rate_limit for j in spec.joints])
+    prev = np.full(a.shape[1], np.nan)
+    if proprio is not None:
+        idx = _position_index(contract)
+        prev = np.asarray([proprio[i] if i >= 0 else np.nan for i in idx], dtype=np.float64)
+    previous = np.vstack([prev[None], a[:-1]])
+    with np.errstate(invalid="ignore"):
+        rate_hit = np.abs(a - previous) > rate
+    rate_hit &= np.isfinite(previous)
+    return np.stack([a < lower, a > upper, rate_hit], axis=-1)
+
+
+def guard_margins(contract: Contract, actions: np.ndarray, proprio: np.ndarray | None) -> np.ndarray:
+    """Distance of each decision from its threshold, same layout as :func:`guard_decisions`
+    (contract units; how near the boundary the reference is)."""
+    spec = contract.action
+    a = np.asarray(actions, dtype=np.float64)
+    lower = np.asarray([j.lower for j in spec.joints])
+    upper = np.asarray([j.upper for j in spec.joints])
+    rate = np.asarray([j.rate_limit for j in spec.joints])
+    prev = np.full(a.shape[1], np.nan)
+    if proprio is not None:
+        idx = _position_index(contract)
+        prev = np.asarray([proprio[i] if i >= 0 else np.nan for i in idx], dtype=np.float64)
+    previous = np.vstack([prev[None], a[:-1]])
+    rate_margin = np.abs(np.abs(a - previous) - rate)
+    rate_margin = np.where(np.isfinite(rate_margin), rate_margin, np.inf)
+    return np.stack([np.abs(a - lower), np.abs(upper - a), rate_margin], axis=-1)
+
+
+@dataclass
+class DecisionStats:
+    """Flips between reference and candidate guard decisions, and how many reference
+    decisions lay near a threshold (within ``near`` in contract units)."""
+
+    near: float
+    flips: int = 0
+    decisions: int = 0
+    near_boundary: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, contract: Contract, ref: np.ndarray, got: np.ndarray, proprio: np.ndarray | None, label: str) -> None:
+        dr = guard_decisions(contract, ref, proprio)
+        dg = guard_decisions(contract, got, proprio)
+        diff = dr != dg
+        self.flips += int(diff.sum())
+        self.decisions += dr.size
+        self.near_boundary += int((guard_margins(contract, ref, proprio) < self.near).sum())
+        if diff.any() and len(self.examples) < 5:
+            k, j, kind = (int(x) for x in np.argwhere(diff)[0])
+            what = ("below lower bound", "above upper bound", "rate limit")[kind]
+            joint = contract.action.joints[j].name
+            self.examples.append(f"{label}: waypoint {k} {joint} {what}: reference {bool(dr[k, j, kind])}, "
+                                 f"candidate {bool(dg[k, j, kind])}")
+
+    def to_dict(self) -> dict:
+        return {"flips": self.flips, "decisions": self.decisions, "near_boundary": self.near_boundary,
+                "near_threshold": self.near, "examples": self.examples}
+
+
+# ---- distributions ----------------------------------------------------------------------
+
+
+def percentiles(values: Iterable[float]) -> dict[str, float]:
+    """count, p50, p95, p99, max and mean of a sample (NaN entries are ignored)."""
+    a = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    a = a[np.isfinite(a)]
+    if a.size == 0:
+        return {"count": 0, "p50": math.nan, "p95": math.nan, "p99": math.nan, "max": math.nan, "mean": math.nan}
+    p50, p95, p99 = np.percentile(a, (50, 95, 99))
+    return {"count": int(a.size), "p50": round(float(p50), 4), "p95": round(float(p95), 4),
+            "p99": round(float(p99), 4), "max": round(float(a.max()), 4), "mean": round(float(a.mean()), 4)}
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95 % for the default ``z``).
+
+    Unlike the normal approximation it stays within [0, 1] and is sensible for 0 or n
+    successes and small n, which is what a handful of robot episodes gives.
+    """
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return (lo, hi)
