@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vlad.errors import VladError  # noqa: E402
-from vlad.release.manifest import CANARY_DEFAULTS, new_manifest_data, write_manifest  # noqa: E402
+from vlad.release.authoring import new_manifest_data, write_manifest  # noqa: E402
+from vlad.files import load_toml  # noqa: E402
+from vlad.release.manifest import CANARY_DEFAULTS  # noqa: E402
 from vlad.release.signing import installed_runtime, sign_release, verify_release  # noqa: E402
 
 RELEASE_ID = "vlad-demo-reacher-1.0.0"
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--valid-days", type=int, default=730, help="expires this many days from now")
     p.add_argument("--min-success-rate", type=float, default=0.5, help="closed-loop gate, per instruction")
     p.add_argument("--min-margin", type=float, default=0.2, help="closed-loop gate: over the no-motion baseline")
+    p.add_argument("--gate-plan", default=str(ROOT / "etc" / "vlad" / "demo-gates.toml"),
+                   help="gate plan written into the manifest's [gate_plan] table")
     p.add_argument("--no-sign", action="store_true", help="only write manifest.toml")
     p.add_argument("--release-id", default=RELEASE_ID)
     p.add_argument("--version", default=VERSION)
@@ -88,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             lineage={"change": "export_only", "parent": args.parent} if args.parent else {"change": "retrain"},
             gates=[gate] if gate else [], canary=CANARY_DEFAULTS,
         )
+        # The release carries its own gate plan (docs/gates.md); the demo's lives in
+        # etc/vlad/demo-gates.toml, whose relative paths resolve the same from manifests/demo.
+        data["gate_plan"] = load_toml(args.gate_plan)
         manifest = write_manifest(release, data)
         print(f"wrote {manifest.path}: {len(manifest.artifacts)} artifacts")
         if args.no_sign:

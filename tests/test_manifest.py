@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from vlad.cli import release as release_cli
+from vlad.release.authoring import new_manifest_data, write_manifest
 from vlad.release.manifest import (
-    ManifestError, RuntimeSpec, canonical_bytes, load_manifest, new_manifest_data, parse_manifest,
-    read_manifest_document, write_manifest,
+    ManifestError, RuntimeSpec, canonical_bytes, load_manifest, parse_manifest, read_manifest_document,
 )
 from vlad.release.signing import (
     BadSignature, IntegrityError, KeyFileError, RuntimeMismatch, UnknownKey, UnsignedRelease,
@@ -119,11 +119,68 @@ def test_paths_must_stay_inside_the_release(release):
         parse_manifest(data)
 
 
-def test_canonical_bytes_ignore_layout_and_comments(release, keys):
+def test_signature_covers_the_raw_bytes(release, keys):
+    """Canonical bytes ignore layout (the store compares by them), the signature does not:
+    even a comment added after signing is refused, because the file is verified before it is
+    parsed."""
     text = (release / "manifest.toml").read_text()
-    (release / "manifest.toml").write_text("# a comment the signature does not cover\n" + text.replace("\n\n", "\n"))
+    (release / "manifest.toml").write_text("# a comment added after signing\n" + text.replace("\n\n", "\n"))
     assert canonical_bytes(read_manifest_document(release)) == load_manifest(release).canonical_bytes()
+    with pytest.raises(BadSignature, match="edited after signing"):
+        verify_release(release, keys[1], NOW, installed=RuntimeSpec())
+    sign_release(release, keys[0])
     verify_release(release, keys[1], NOW, installed=RuntimeSpec())
+
+
+@pytest.mark.parametrize("payload", [
+    b"format = nan\n",                                           # NaN where a string belongs
+    b"x = " + b"[" * 5000 + b"]" * 5000 + b"\n",                  # 5,000-deep nesting
+    b"\xff\xfe not utf-8",
+    b"[release]\nid = \"a\x00b\"\n",
+])
+def test_unsigned_hostile_manifest_is_refused_before_parsing(release, keys, payload):
+    (release / "manifest.toml").write_bytes(payload)
+    with pytest.raises(BadSignature, match="does not match manifest.toml"):
+        verify_release(release, keys[1], NOW)
+
+
+def test_hostile_manifest_fails_parsing_with_a_problem_not_a_crash(release):
+    (release / "manifest.toml").write_bytes(b"x = " + b"[" * 5000 + b"]" * 5000 + b"\n")
+    with pytest.raises(ManifestError, match="nest"):
+        load_manifest(release)
+    (release / "manifest.toml").write_bytes(b"format = nan\n")
+    with pytest.raises(ManifestError):
+        load_manifest(release)
+
+
+def test_fifo_signature_or_manifest_is_refused_without_blocking(release, keys):
+    (release / "manifest.sig").unlink()
+    os.mkfifo(release / "manifest.sig")
+    with pytest.raises(BadSignature, match="not a regular file|FIFO"):
+        verify_release(release, keys[1], NOW)
+    (release / "manifest.sig").unlink()
+    sign_release_raw = release / "manifest.toml"
+    sign_release_raw.unlink()
+    os.mkfifo(sign_release_raw)
+    with pytest.raises(ManifestError, match="not a regular file|FIFO"):
+        load_manifest(release)
+
+
+def test_oversized_files_are_refused(release, keys):
+    (release / "manifest.sig").write_bytes(b" " * (1 << 20))
+    with pytest.raises(BadSignature, match="allowed"):
+        verify_release(release, keys[1], NOW)
+    (release / "manifest.toml").write_bytes(b"#" * (2 << 20))
+    with pytest.raises(ManifestError, match="allowed"):
+        load_manifest(release)
+
+
+def test_old_signature_format_asks_for_a_new_signature(release, keys):
+    sig = json.loads((release / "manifest.sig").read_text())
+    sig["format"] = "vlad.signature/1"
+    (release / "manifest.sig").write_text(json.dumps(sig))
+    with pytest.raises(BadSignature, match="re-sign"):
+        verify_release(release, keys[1], NOW)
 
 
 # ---- refusals: each names what failed ---------------------------------------------------------
@@ -148,7 +205,7 @@ def test_unknown_key_is_refused(tmp_path, keys):
 def test_signature_by_another_key_under_a_trusted_id_is_refused(tmp_path, release, keys):
     other, _ = make_keys(tmp_path / "other", "other")
     sig = json.loads((release / "manifest.sig").read_text())
-    forged = load_private_key(other).sign(load_manifest(release).canonical_bytes())
+    forged = load_private_key(other).sign((release / "manifest.toml").read_bytes())
     sig["signature"] = base64.b64encode(forged).decode()
     (release / "manifest.sig").write_text(json.dumps(sig))
     with pytest.raises(BadSignature, match="does not match manifest.toml"):

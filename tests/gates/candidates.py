@@ -43,8 +43,8 @@ def copy_demo(dest: Path, skip: tuple[str, ...] = ()) -> Path:
 def write_manifest(dest: Path, release_id: str, backend: str = "onnxruntime", artifact: str = "policy.onnx",
                    options: dict | None = None, change: str = "export_only") -> Path:
     """An unsigned manifest for the files now in ``dest``."""
-    from vlad.release.manifest import new_manifest_data
-    from vlad.release.manifest import write_manifest as write
+    from vlad.release.authoring import new_manifest_data
+    from vlad.release.authoring import write_manifest as write
 
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     lineage = {"change": change, "parent": "vlad-demo-reacher-1.0.0"} if change != "retrain" else {"change": change}

@@ -52,7 +52,7 @@ def test_demo_release_passes_every_gate(demo_run):
     # What the report must carry beside the verdicts.
     perf = _gate(report, "performance")["details"]
     assert set(perf["scenarios"]) == {"warm", "burst", "cpu_hog", "debug_logging"}
-    assert perf["scenarios"]["warm"]["stages_ms"]["infer"]["count"] > 0
+    assert perf["scenarios"]["warm"]["stages_ms"]["engine"]["count"] > 0
     assert perf["peak_rss_mib"] > 0 and perf["shape_switches"]["shapes"] == [1, 4, 8]
     eq = _gate(report, "equivalence")["details"]
     assert "tensorrt" in eq["skipped"]  # skipped with the reason, not silently
@@ -83,7 +83,8 @@ def test_recorded_evidence_is_signed_and_passes_the_deploy_check(demo_run):
 
 def test_evidence_for_other_artifacts_or_a_changed_report_is_refused(demo_run, tmp_path):
     from vlad.gates.evidence import check_evidence
-    from vlad.release.manifest import load_manifest, update_hashes
+    from vlad.release.authoring import update_hashes
+    from vlad.release.manifest import load_manifest
 
     release = shutil.copytree(demo_run[0], tmp_path / "release")
     (release / "manifest.sig").unlink(missing_ok=True)

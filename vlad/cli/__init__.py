@@ -23,6 +23,7 @@ def vladctl_parser() -> argparse.ArgumentParser:
     from vlad.cli.plan import add_plan_commands
     from vlad.cli.release import add_release_commands
     from vlad.cli.tools import add_tool_commands
+    from vlad.gates.cli import add_gate_commands
 
     parser = argparse.ArgumentParser(prog="vladctl", description="Operate vlad: the daemon, releases, contracts.")
     parser.add_argument("--version", action="version", version=f"vladctl {__version__}")
@@ -31,6 +32,7 @@ def vladctl_parser() -> argparse.ArgumentParser:
     add_release_commands(sub)
     add_contract_commands(sub)
     add_plan_commands(sub)
+    add_gate_commands(sub)
     add_tool_commands(sub)
     return parser
 

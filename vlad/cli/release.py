@@ -184,7 +184,7 @@ def vars_of(obj: Any) -> dict[str, Any]:
 
 def cmd_manifest_update_hashes(args: argparse.Namespace) -> int:
     """``manifest update-hashes RELEASE``: recompute; the old signature no longer matches."""
-    from vlad.release.manifest import update_hashes
+    from vlad.release.authoring import update_hashes
 
     m = update_hashes(args.release)
     print(f"{m.path}: {len(m.artifacts)} artifact hashes and the contract hash updated; "

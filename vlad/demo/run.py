@@ -65,11 +65,13 @@ def run_episode(client: Client, task: sim.ReacherTask, seed: int, instruction: s
     obs = task.reset(seed, instruction)
     chunk = None
     latencies, held = [], 0
+    first_seq = None
     next_tick = time.monotonic_ns()
     for _ in range(sim.EPISODE_STEPS):
         t_sensor = time.monotonic_ns()
         seq = client.publish_observation({"overhead": obs.image}, proprio=obs.proprio, instruction=instruction,
                                          t_sensor_ns=t_sensor)
+        first_seq = seq if first_seq is None else first_seq
         client.heartbeat()
         # Wait for this observation's chunk until shortly before the period ends; keep
         # executing the previous one if it does not come in time.
@@ -80,6 +82,10 @@ def run_episode(client: Client, task: sim.ReacherTask, seed: int, instruction: s
                 break
             newest = more
         now = time.monotonic_ns()
+        if newest is not None and newest.obs_seq < first_seq:
+            # Computed before the reset (e.g. a hold of the old pose): never executed. vlad
+            # refuses the jump of the reset arm until a few observations confirm it.
+            newest = None
         if newest is not None:
             if newest.obs_seq == seq:
                 latencies.append((newest.t_receive_ns - newest.t_sensor_ns) / 1e6)

@@ -180,10 +180,12 @@ def run_episode(ctl: Controller, task: Any, seed: int, instruction: str, period_
     log = EpisodeLog(seed, instruction)
     obs = task.reset(seed, instruction)
     chunk: Chunk | None = None
+    first_seq = None
     next_tick = time.monotonic_ns()
     for _ in range(steps or sim.EPISODE_STEPS):
         t_sensor = time.monotonic_ns()
         seq = ctl.publish({camera: obs.image}, obs.proprio, instruction, t_sensor)
+        first_seq = seq if first_seq is None else first_seq
         ctl.heartbeat()
         newest = None
         for c in _await(ctl, seq, next_tick + int(period_ns * 0.8)):
@@ -194,7 +196,10 @@ def run_episode(ctl: Controller, task: Any, seed: int, instruction: str, period_
                 log.holds[c.source] = log.holds.get(c.source, 0) + 1
             elif c.obs_seq == seq:
                 log.latencies_ms.append((c.t_receive_ns - c.t_sensor_ns) / 1e6)
-            newest = c
+            # A chunk computed before the reset (a hold of the old pose) is never executed:
+            # the daemon re-anchors on the reset arm after a few consistent observations.
+            if c.obs_seq >= first_seq:
+                newest = c
         now = time.monotonic_ns()
         if newest is not None and (chunk is None or now > chunk.valid_until_ns
                                    or (now - chunk.t_sensor_ns) // period_ns >= exec_steps):

@@ -157,7 +157,8 @@ def record_evidence(release_dir: str | Path, report_dir: str | Path) -> list[dic
     the gates the report ran, refreshes every hash and writes the manifest. Sign it again
     afterwards (``vladctl sign``).
     """
-    from vlad.release.manifest import read_manifest_document, refresh_hashes, write_manifest
+    from vlad.release.authoring import refresh_hashes, write_manifest
+    from vlad.release.manifest import read_manifest_document
 
     root, src = Path(release_dir), Path(report_dir)
     report_path = src / "report.json"

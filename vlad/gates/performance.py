@@ -43,7 +43,7 @@ from vlad.gates.subject import Subject
 # calls after warm-up still run on cold caches and freshly faulted-in pages.
 SETTLE = 25
 BURST_EVERY = 5  # periods between bursts, so each one is answered before the next
-STAGES = ("transport", "queue", "preprocess", "infer", "decode", "guard", "sensor_to_issue")
+STAGES = ("transport", "queue", "preprocess", "engine", "decode", "guard")  # vlad.serving.tracing names
 
 
 def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str | None]]:
@@ -69,8 +69,9 @@ def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str 
     return [(images, proprio, task_instructions(plan.closed_loop.task)[0] if c.language else None)]
 
 
-def _stats(sent: dict[int, int], chunks: list[Chunk], deadline_ms: float) -> dict[str, Any]:
-    """Latency per stage over the policy chunks answering ``sent`` observations."""
+def _stats(sent: dict[int, int], chunks: list[Chunk], deadline_ms: float, refused: int = 0) -> dict[str, Any]:
+    """Latency per stage over the policy chunks answering ``sent`` observations; observations
+    the daemon refused (``refused``, from its counters) are not late, they are reported apart."""
     first: dict[int, Chunk] = {}
     holds = 0
     for c in chunks:
@@ -81,10 +82,12 @@ def _stats(sent: dict[int, int], chunks: list[Chunk], deadline_ms: float) -> dic
     e2e = [(c.t_receive_ns - sent[s]) / 1e6 for s, c in first.items()]
     stages = {stage: percentiles(c.timings_ms.get(stage) for c in first.values()) for stage in STAGES}
     late = sum(1 for x in e2e if x > deadline_ms)
-    unanswered = len(sent) - len(first)
+    refused = min(max(0, refused), len(sent) - len(first))
+    unanswered = len(sent) - len(first) - refused
     return {
-        "observations": len(sent), "answered": len(first), "unanswered": unanswered, "hold_chunks": holds,
-        "e2e_ms": percentiles(e2e), "stages_ms": stages, "engine_ms": stages["infer"],
+        "observations": len(sent), "answered": len(first), "refused": refused, "unanswered": unanswered,
+        "hold_chunks": holds,
+        "e2e_ms": percentiles(e2e), "stages_ms": stages, "engine_ms": stages["engine"],
         "deadline_misses": late + unanswered, "deadline_miss_rate": (late + unanswered) / max(1, len(sent)),
         "samples": {"e2e": [round(x, 4) for x in e2e],
                     **{s: [c.timings_ms.get(s) for c in first.values()] for s in STAGES}},
@@ -103,6 +106,7 @@ def stream(ctl: Controller, obs: list, n: int, period_ns: int, deadline_ms: floa
     """
     sent: dict[int, int] = {}
     chunks: list[Chunk] = []
+    refused_before = _refused(ctl)
     tail = int(max(5 * deadline_ms, 200) * 1e6 // period_ns) + 1
     next_tick = time.monotonic_ns()
     for k in range(settle + n + tail):
@@ -119,7 +123,13 @@ def stream(ctl: Controller, obs: list, n: int, period_ns: int, deadline_ms: floa
         chunks += ctl.recv_until(next_tick)
         if measured and (k - settle + 1) % max(1, n // 4) == 0:
             progress(f"  performance: {label} {k - settle + 1}/{n} periods")
-    return _stats(sent, chunks, deadline_ms)
+    return _stats(sent, chunks, deadline_ms, refused=_refused(ctl) - refused_before)
+
+
+def _refused(ctl: Controller) -> int:
+    """Observations the daemon refused for their content (counted, never answered: e.g. a
+    joint state that jumped where a recording wraps to its next episode)."""
+    return int(ctl.status()["counters"].get("input_rejected", 0))
 
 
 def cold_start(daemon: RunningDaemon, ctl: Controller, obs: list, period_ns: int, timeout_s: float) -> dict:

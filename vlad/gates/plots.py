@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 # Pipeline order; e2e (controller) last.
-STAGE_ORDER = ("transport", "queue", "preprocess", "infer", "decode", "guard", "sensor_to_issue", "e2e")
+STAGE_ORDER = ("transport", "queue", "preprocess", "engine", "decode", "guard", "e2e")
 
 
 def _pyplot():

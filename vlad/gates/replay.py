@@ -45,6 +45,7 @@ class GuardReplay:
     errors: JointErrors
     flips: int = 0
     compared: int = 0
+    refused: int = 0  # observations this daemon's trusted joint state would refuse
     examples: list[str] = field(default_factory=list)
 
 
@@ -52,18 +53,26 @@ def replay_guard(contract: Contract, recording: Recording, actions: Mapping[int,
                  observations: Mapping[int, RecordedObservation]) -> GuardReplay:
     """Run the final guard over ``actions`` (decoded candidate chunks by observation seq) in
     the recorded publish order, and compare with the published chunks."""
-    from vlad.serving.guard import ActionGuard
+    from vlad.serving.guard import ActionGuard, TrustedState
 
-    guard = ActionGuard(contract)
+    trusted = TrustedState(contract)
+    guard = ActionGuard(contract, trusted)
     out = GuardReplay(JointErrors(tuple(j.name for j in contract.action.joints)))
     for chunk in sorted(recording.chunks, key=lambda c: c.seq):
         if chunk.is_hold or chunk.obs_seq not in actions:
             # A hold (or an unreplayed observation) still moved the guard's last command.
-            guard.last_command, guard.last_command_ns = np.array(chunk.actions[0], np.float32), chunk.t_issue_ns
+            guard.record_hold(np.asarray(chunk.actions, np.float32), chunk.t_issue_ns)
             continue
         obs = observations[chunk.obs_seq]
         now = _guard_time(chunk)
-        verdict = guard.check(actions[chunk.obs_seq], obs.proprio, now, now + 1)
+        if obs.proprio is not None and trusted.judge(np.asarray(obs.proprio), obs.t_sensor_ns) is not None:
+            # This daemon refuses that joint state (a jump, e.g. where the recording starts
+            # its next episode) and would not answer it; the recorded chunk still moved the
+            # recording daemon's last command.
+            guard.record_hold(np.asarray(chunk.actions, np.float32), chunk.t_issue_ns)
+            out.refused += 1
+            continue
+        verdict = guard.check(np.array(actions[chunk.obs_seq], np.float32), now, now + 1)
         if verdict.actions is None:
             continue
         out.errors.add(chunk.actions, verdict.actions)
@@ -79,11 +88,13 @@ def replay_guard(contract: Contract, recording: Recording, actions: Mapping[int,
 
 def _guard_time(chunk) -> int:
     """When the daemon's guard ran on ``chunk``: its rate limit scales with the time since the
-    previous command. The chunk's stage timings put the guard's start at sensor time +
-    (sensor_to_issue - guard); without them, the issue time is the nearest stamp."""
+    previous command. The guard ran just before the issue: issue time - its own stage time
+    (recordings from before vlad 0.1 carry ``sensor_to_issue`` instead)."""
     t = chunk.timings_ms
     if "sensor_to_issue" in t and "guard" in t:
         return chunk.t_sensor_ns + round((t["sensor_to_issue"] - t["guard"]) * 1e6)
+    if "guard" in t:
+        return chunk.t_issue_ns - round(t["guard"] * 1e6)
     return chunk.t_issue_ns
 
 

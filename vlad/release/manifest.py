@@ -8,43 +8,43 @@ fallback chain, the lineage (parent release, change kind), the gate evidence, th
 policy and the validity window. Validation reports *every* problem in one
 :class:`ManifestError`, like the contract loader.
 
-The manifest is signed (see :mod:`vlad.release.signing`) over :func:`canonical_bytes`: the
-sorted-key compact JSON of the parsed TOML document, so comments and layout do not
-matter but every key the release author wrote is covered.
+The manifest is signed (see :mod:`vlad.release.signing`) over its raw bytes, and the
+signature is checked before the TOML is parsed: an unsigned file never reaches the
+parser on the robot. Reading is defensive (:func:`read_manifest_bytes`: a regular file,
+at most :data:`MAX_MANIFEST_BYTES`; TOML nesting capped before parsing).
+:func:`canonical_bytes` (sorted-key JSON of the document) stays as the manifest's
+identity for comparisons that must ignore layout (the store's staging check).
+
+Writing manifests lives in :mod:`vlad.release.authoring`.
 
 Public API:
 
 - :func:`load_manifest` / :func:`parse_manifest` -> :class:`Manifest`
-- :func:`canonical_bytes`, :func:`read_manifest_document`
-- :func:`new_manifest_data`, :func:`scan_artifacts`, :func:`refresh_hashes`,
-  :func:`write_manifest`, :func:`update_hashes`, :func:`hash_file`, :func:`guess_role`
+- :func:`read_manifest_bytes`, :func:`parse_document`, :func:`read_manifest_document`
+- :func:`canonical_bytes`, :func:`rfc3339`
 """
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import hashlib
 import json
 import math
-import os
 import re
-import tempfile
-import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from vlad.errors import ProblemsError
+from vlad.errors import ProblemsError, VladError
+from vlad.files import FileRefused, parse_toml, read_bytes
 
 __all__ = [
     "CHANGE_KINDS", "FALLBACK_KINDS", "GATES", "MANIFEST_FILE", "MANIFEST_FORMAT", "ROLES",
     "SIGNATURE_FILE", "Artifact", "BackendSpec", "CanaryPolicy", "ContractRef",
     "FallbackEntry", "GateEvidence", "Lineage", "Manifest", "ManifestError", "ReleaseInfo",
-    "RuntimeSpec", "canonical_bytes", "format_manifest", "guess_role", "hash_file",
-    "load_manifest", "new_manifest_data", "parse_manifest", "read_manifest_document",
-    "refresh_hashes", "rfc3339", "scan_artifacts", "update_hashes", "write_manifest",
+    "RuntimeSpec", "MAX_MANIFEST_BYTES", "canonical_bytes", "load_manifest", "parse_document",
+    "parse_manifest", "read_manifest_bytes", "read_manifest_document", "rfc3339",
 ]
 
 MANIFEST_FORMAT = "vlad.manifest/1"
@@ -70,8 +70,9 @@ CANARY_DEFAULTS: dict[str, float | int] = {
 # Release ids name directories in the store; "active"/"previous" are its pointers.
 RELEASE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 RESERVED_IDS = ("active", "previous", "current")
+# A real manifest is a few KiB; anything near this is not a manifest.
+MAX_MANIFEST_BYTES = 1 << 20
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-_CHUNK = 1 << 20
 
 
 class ManifestError(ProblemsError):
@@ -189,6 +190,8 @@ class Manifest:
     lineage: Lineage
     gates: tuple[GateEvidence, ...]
     canary: CanaryPolicy
+    # The release's own gate plan (docs/gates.md), checked by vlad.gates.plan when used.
+    gate_plan: Mapping[str, Any] | None = None
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     path: Path | None = field(default=None, compare=False, repr=False)
 
@@ -237,6 +240,8 @@ class Manifest:
             "gates": [{"gate": g.gate, "report": g.report, "sha256": g.sha256, "passed": g.passed}
                       for g in self.gates],
         }
+        if self.gate_plan is not None:
+            out["gate_plan"] = dict(self.gate_plan)
         return out
 
 
@@ -280,28 +285,44 @@ def canonical_bytes(document: Mapping[str, Any]) -> bytes:
 # ---- loading and validation -----------------------------------------------------------
 
 
-def read_manifest_document(path: str | Path) -> dict[str, Any]:
-    """Read and TOML-parse ``path`` (a manifest file or a release folder), without validating.
+def read_manifest_bytes(path: str | Path) -> bytes:
+    """The raw bytes of ``path`` (a manifest file or a release folder), read defensively.
 
-    Signature checks use this, so that an untrusted document is authenticated before it
-    is interpreted. Raises :class:`ManifestError` if it cannot be read or parsed.
+    Only a regular file is opened (a FIFO or device is refused before it can block), and
+    at most :data:`MAX_MANIFEST_BYTES` are read. Raises :class:`ManifestError`.
     """
     path = Path(path)
     if path.is_dir():
         path = path / MANIFEST_FILE
     try:
-        raw = path.read_bytes()
+        return read_bytes(path, MAX_MANIFEST_BYTES)
     except FileNotFoundError as exc:
         raise ManifestError(str(path), ["no manifest (run scripts/make_demo_manifest.py "
                                         "or write manifest.toml)"]) from exc
+    except FileRefused as exc:
+        raise ManifestError(str(path), [str(exc)]) from exc
     except OSError as exc:
         raise ManifestError(str(path), [f"cannot read manifest: {exc.strerror or exc}"]) from exc
+
+
+def parse_document(raw: bytes, source: str) -> dict[str, Any]:
+    """TOML-parse manifest bytes (nesting capped first). Raises :class:`ManifestError`."""
     try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ManifestError(str(path), [f"not UTF-8 text: {exc}"]) from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ManifestError(str(path), [f"not valid TOML: {exc}"]) from exc
+        return parse_toml(raw, source)
+    except VladError as exc:
+        raise ManifestError(source, [str(exc)]) from exc
+
+
+def read_manifest_document(path: str | Path) -> dict[str, Any]:
+    """Read and TOML-parse ``path`` (a manifest file or a release folder), without validating.
+
+    Authoring tools use this; the robot verifies the signature over
+    :func:`read_manifest_bytes` first and parses with :func:`parse_document` after.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_FILE
+    return parse_document(read_manifest_bytes(path), str(path))
 
 
 def load_manifest(path: str | Path) -> Manifest:
@@ -526,19 +547,24 @@ def parse_manifest(data: Any, source: str = "<manifest>", *, path: Path | None =
     for key, default in CANARY_DEFAULTS.items():
         value = t.get(key, (int, float) if isinstance(default, float) else int, required=False)
         value = default if value is None else value
-        if value < 0:
+        if not math.isfinite(value):
+            problems.append(f"canary.{key}: must be a finite number, got {value}")
+            value = default
+        elif value < 0:
             problems.append(f"canary.{key}: must be >= 0, got {value}")
         canary_values[key] = float(value) if isinstance(default, float) else value
     t.finish()
     if not 0 <= canary_values["max_deadline_miss_rate"] <= 1:
         problems.append("canary.max_deadline_miss_rate: a rate, must be within [0, 1]")
 
+    gate_plan = top.get("gate_plan", dict, required=False)
+
     top.finish()
     if problems:
         raise ManifestError(source, problems)
     return Manifest(format=fmt, release=release, contract=contract, artifacts=tuple(artifacts),
                     backend=backend, runtime=runtime, fallback=tuple(fallback), lineage=lineage,
-                    gates=tuple(gates), canary=CanaryPolicy(**canary_values), document=data,
+                    gates=tuple(gates), canary=CanaryPolicy(**canary_values), gate_plan=gate_plan, document=data,
                     path=path)
 
 
@@ -546,7 +572,9 @@ def _check_options(options: Mapping[str, Any], problems: list[str]) -> None:
     """Options go to the backend as is; the well-known ones are type-checked here."""
     for key, value in options.items():
         where = f"backend.options.{key}"
-        if isinstance(value, (dict, dt.datetime, dt.date, dt.time)):
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{where}: must be a finite number")
+        elif isinstance(value, (dict, dt.datetime, dt.date, dt.time)):
             problems.append(f"{where}: expected a string, number, boolean or array of them")
         elif key.endswith("_threads") and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             problems.append(f"{where}: expected an integer >= 0 (0 = runtime default)")
@@ -554,212 +582,3 @@ def _check_options(options: Mapping[str, Any], problems: list[str]) -> None:
             problems.append(f"{where}: expected an array of provider names, in preference order")
         elif key == "precision" and value not in ("fp32", "fp16", "bf16", "int8", "fp8", "mixed"):
             problems.append(f"{where}: unknown precision {value!r} (known: fp32, fp16, bf16, int8, fp8, mixed)")
-
-
-# ---- writing --------------------------------------------------------------------------
-
-
-def hash_file(path: str | Path) -> tuple[int, str]:
-    """``(size, sha256 hex)`` of a file, read in 1 MiB chunks."""
-    h, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
-
-
-def guess_role(relpath: str) -> str | None:
-    """The artifact role suggested by a file name, or None when the name says nothing."""
-    name = PurePosixPath(relpath).name.lower()
-    if name.startswith("contract") and name.endswith(".toml"):
-        return "contract"
-    if "tokenizer" in name:
-        return "tokenizer"
-    if "timing" in name and "cache" in name:
-        return "timing_cache"
-    if "calib" in name:
-        return "calibration"
-    if "adapter" in name or "lora" in name:
-        return "adapter"
-    if name.endswith((".engine", ".plan", ".trt")):
-        return "engine"
-    if name.endswith((".onnx", ".pt2", ".ts")):
-        return "model"
-    if name.endswith((".pt", ".pth", ".safetensors", ".bin", ".ckpt")):
-        return "weights"
-    if name.startswith(("eval", "report", "gate")) or "report" in name:
-        return "report"
-    if name.endswith((".json", ".toml", ".yaml", ".yml")):
-        return "config"
-    return None
-
-
-def scan_artifacts(release_dir: str | Path, roles: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """Artifact entries (path, role, size, sha256) for every file of a release folder.
-
-    Every regular file except manifest.toml / manifest.sig is an artifact; ``roles``
-    overrides :func:`guess_role` per relative path. Raises :class:`ManifestError` for a
-    file whose role cannot be guessed, or for a symbolic link (a release is self-contained).
-    """
-    root = Path(release_dir)
-    roles = dict(roles or {})
-    entries, problems = [], []
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if path.is_symlink():
-            problems.append(f"{rel}: symbolic links are not allowed in a release")
-            continue
-        if not path.is_file() or rel in RESERVED_FILES:
-            continue
-        role = roles.get(rel) or guess_role(rel)
-        if role is None:
-            problems.append(f"{rel}: cannot guess its role; give it one of {', '.join(ROLES)}")
-            continue
-        size, digest = hash_file(path)
-        entries.append({"path": rel, "role": role, "size": size, "sha256": digest})
-    if problems:
-        raise ManifestError(str(root), problems)
-    return entries
-
-
-def _contract_sha256(release_dir: Path, contract_path: str) -> str:
-    from vlad.contract import load_contract  # the contract module is heavier; load lazily
-
-    return load_contract(release_dir / contract_path).sha256
-
-
-def new_manifest_data(
-    release_dir: str | Path, *, release_id: str, version: str, version_code: int,
-    backend: str, artifact: str, not_before: dt.datetime, expires: dt.datetime,
-    options: Mapping[str, Any] | None = None, roles: Mapping[str, str] | None = None,
-    runtime: Mapping[str, str | None] | None = None, fallback: Iterable[Mapping[str, Any]] = ({"kind": "hold"},),
-    lineage: Mapping[str, Any] | None = None, gates: Iterable[Mapping[str, Any]] = (),
-    canary: Mapping[str, Any] | None = None, contract: str = "contract.toml", description: str = "",
-) -> dict[str, Any]:
-    """Manifest data for the files now in ``release_dir``: artifacts scanned and hashed.
-
-    Gate entries may leave out ``sha256``; it is taken from their report artifact.
-    Pass the result to :func:`write_manifest`.
-    """
-    root = Path(release_dir)
-    data: dict[str, Any] = {
-        "format": MANIFEST_FORMAT,
-        "release": _drop_none({"id": release_id, "version": version, "version_code": version_code,
-                               "not_before": not_before, "expires": expires,
-                               "description": description or None}),
-        "contract": {"path": contract, "sha256": ""},
-        "backend": {"name": backend, "artifact": artifact, "options": dict(options or {})},
-        "runtime": _drop_none(dict(runtime or {})),
-        "lineage": _drop_none(dict(lineage or {"change": "retrain"})),
-        "canary": {**CANARY_DEFAULTS, **dict(canary or {})},
-        "artifacts": scan_artifacts(root, roles),
-        "fallback": [dict(f) for f in fallback],
-        "gates": [dict(g) for g in gates],
-    }
-    return refresh_hashes(data, root)
-
-
-def refresh_hashes(data: Mapping[str, Any], release_dir: str | Path) -> dict[str, Any]:
-    """A copy of manifest ``data`` with artifact sizes/hashes, contract and gate hashes recomputed.
-
-    Raises :class:`ManifestError` naming every listed artifact that is missing.
-    """
-    root = Path(release_dir)
-    data = copy.deepcopy(dict(data))
-    problems, hashes = [], {}
-    for a in data.get("artifacts", []):
-        try:
-            a["size"], a["sha256"] = hash_file(root / a["path"])
-            hashes[a["path"]] = a["sha256"]
-        except OSError as exc:
-            problems.append(f"{a.get('path')}: cannot hash: {exc.strerror or exc}")
-    if problems:
-        raise ManifestError(str(root), problems)
-    contract = data.get("contract", {})
-    if contract.get("path"):
-        contract["sha256"] = _contract_sha256(root, contract["path"])
-    for g in data.get("gates", []):
-        if g.get("report") in hashes:
-            g["sha256"] = hashes[g["report"]]
-    return data
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ValueError(f"cannot write non-finite number {v}")
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)  # JSON escapes are valid TOML basic strings
-    if isinstance(v, dt.datetime):
-        return rfc3339(v) if v.tzinfo else v.isoformat()
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, Mapping):
-        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-_TABLE_ORDER = ("release", "contract", "backend", "runtime", "lineage", "canary")
-_ARRAY_ORDER = ("artifacts", "fallback", "gates")
-
-
-def format_manifest(data: Mapping[str, Any]) -> str:
-    """TOML text for manifest ``data`` (tables first, then arrays of tables)."""
-    data = dict(data)
-    lines = ["# vlad release manifest (docs/releases.md). Signed: edit, then run",
-             "# `vladctl manifest update-hashes` and `vladctl sign`.",
-             f"format = {_toml_value(data.pop('format', MANIFEST_FORMAT))}"]
-
-    def table(header: str, body: Mapping[str, Any]) -> None:
-        lines.extend(["", header])
-        subtables = {k: v for k, v in body.items() if isinstance(v, Mapping)}
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in body.items() if k not in subtables)
-        for k, v in subtables.items():
-            table(f"[{header.strip('[]')}.{k}]", v)
-
-    for key in _TABLE_ORDER:
-        if key in data:
-            table(f"[{key}]", data.pop(key))
-    arrays = {k: data.pop(k) for k in _ARRAY_ORDER if k in data}
-    for key, value in data.items():  # anything else (invalid, but keep it visible)
-        lines.append(f"{key} = {_toml_value(value)}")
-    for key, items in arrays.items():
-        for item in items:
-            table(f"[[{key}]]", item)
-    return "\n".join(lines) + "\n"
-
-
-def write_manifest(release_dir: str | Path, data: Mapping[str, Any]) -> Manifest:
-    """Validate ``data`` and write it as ``release_dir/manifest.toml`` (atomic replace).
-
-    Raises :class:`ManifestError` without touching the file when ``data`` is invalid.
-    """
-    root = Path(release_dir)
-    text = format_manifest(data)
-    target = root / MANIFEST_FILE
-    manifest = parse_manifest(tomllib.loads(text), str(target), path=target.resolve())
-    fd, tmp = tempfile.mkstemp(prefix=".manifest.", dir=root)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return manifest
-
-
-def update_hashes(release_dir: str | Path) -> Manifest:
-    """Recompute every size/sha256 of ``release_dir/manifest.toml`` in place.
-
-    The signature no longer matches afterwards: sign again. Comments are not kept.
-    """
-    root = Path(release_dir)
-    return write_manifest(root, refresh_hashes(read_manifest_document(root), root))

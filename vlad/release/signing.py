@@ -1,8 +1,11 @@
 """Release signatures and release verification.
 
-A release is signed with Ed25519 over :func:`vlad.release.manifest.canonical_bytes`; the
-signature is detached in ``manifest.sig`` (JSON: format, key_id, algorithm, signature in
-base64, signed_at). Trusted public keys are ``*.pub`` files (PEM or raw base64) in a keys
+A release is signed with Ed25519 over the raw bytes of its ``manifest.toml``; the
+signature is detached in ``manifest.sig`` (JSON: format ``vlad.signature/2``, key_id,
+algorithm, signature in base64, signed_at, manifest_sha256). Verification reads both
+files defensively (regular files only, capped sizes) and checks the signature before the
+manifest's TOML is parsed, so an unsigned or tampered file never reaches the parser.
+Any edit to ``manifest.toml``, a comment included, needs a new signature. Trusted public keys are ``*.pub`` files (PEM or raw base64) in a keys
 folder, ``/etc/vlad/keys.d`` by default; a key's id is the first 16 hex digits of the
 sha256 of its raw 32 public-key bytes, so file names are free.
 
@@ -38,9 +41,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from vlad.errors import ContractError, ProblemsError, VladError
 from vlad.release.manifest import (
-    MANIFEST_FILE, RESERVED_FILES, SIGNATURE_FILE, Manifest, ManifestError, RuntimeSpec, canonical_bytes,
-    hash_file, parse_manifest, read_manifest_document, rfc3339,
+    MANIFEST_FILE, RESERVED_FILES, SIGNATURE_FILE, Manifest, ManifestError, RuntimeSpec, parse_document,
+    parse_manifest, read_manifest_bytes, rfc3339,
 )
+from vlad.files import FileRefused, read_bytes, sha256_file
 
 __all__ = [
     "ALGORITHM", "DEFAULT_KEYS_DIR", "SIGNATURE_FORMAT", "BadSignature", "IntegrityError",
@@ -51,7 +55,9 @@ __all__ = [
 ]
 
 ALGORITHM = "ed25519"
-SIGNATURE_FORMAT = "vlad.signature/1"
+SIGNATURE_FORMAT = "vlad.signature/2"
+# A signature file is a few hundred bytes.
+MAX_SIGNATURE_BYTES = 64 * 1024
 DEFAULT_KEYS_DIR = Path("/etc/vlad/keys.d")
 
 
@@ -233,9 +239,8 @@ def sign_release(release_dir: str | Path, private_key: str | Path | Ed25519Priva
     """
     root = Path(release_dir)
     key = private_key if isinstance(private_key, Ed25519PrivateKey) else load_private_key(private_key)
-    document = read_manifest_document(root)
-    parse_manifest(document, str(root / MANIFEST_FILE))
-    payload = canonical_bytes(document)
+    payload = read_manifest_bytes(root)
+    parse_manifest(parse_document(payload, str(root / MANIFEST_FILE)), str(root / MANIFEST_FILE))
     sig = Signature(key_id=key_id(key), algorithm=ALGORITHM, signature=key.sign(payload),
                     signed_at=rfc3339((now or dt.datetime.now(dt.timezone.utc)).replace(microsecond=0)),
                     manifest_sha256=hashlib.sha256(payload).hexdigest())
@@ -257,13 +262,21 @@ def read_signature(path: str | Path) -> Signature:
     if path.is_dir():
         path = path / SIGNATURE_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bytes(path, MAX_SIGNATURE_BYTES).decode("utf-8")
     except FileNotFoundError as exc:
         raise UnsignedRelease(f"{path.parent}: unsigned release (no {SIGNATURE_FILE})") from exc
+    except FileRefused as exc:
+        raise BadSignature(str(exc)) from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise UnsignedRelease(f"{path}: cannot read signature: {exc}") from exc
     try:
         data = json.loads(text)
+        if not isinstance(data, dict):
+            raise TypeError("not a JSON object")
+        fmt = data.get("format")
+        if fmt != SIGNATURE_FORMAT:
+            raise BadSignature(f"{path}: signature format {fmt!r} is not {SIGNATURE_FORMAT!r} "
+                               "(re-sign the release with `vladctl sign`)")
         sig = Signature(key_id=str(data["key_id"]), algorithm=str(data["algorithm"]),
                         signature=base64.b64decode(data["signature"], validate=True),
                         signed_at=data.get("signed_at"), manifest_sha256=data.get("manifest_sha256"))
@@ -358,7 +371,7 @@ def verify_release(path: str | Path, keys_dir: str | Path = DEFAULT_KEYS_DIR,
                    installed: RuntimeSpec | None = None) -> VerifiedRelease:
     """Verify the release folder ``path`` completely, or raise naming what failed.
 
-    In order: the signature over the manifest's canonical bytes by a trusted key
+    In order: the signature over the manifest's raw bytes by a trusted key
     (:class:`UnsignedRelease`, :class:`UnknownKey`, :class:`BadSignature`); the manifest
     itself (:class:`~vlad.manifest.ManifestError`); the validity window at ``now``
     (:class:`ValidityError`; skipped with ``check_time=False``, as for a rollback); every
@@ -375,9 +388,9 @@ def verify_release(path: str | Path, keys_dir: str | Path = DEFAULT_KEYS_DIR,
 
     if not folder.is_dir():
         raise ManifestError(str(folder), ["no such release folder"])
-    # Authenticate before interpreting: only TOML parsing touches untrusted bytes.
+    # Authenticate before interpreting: the manifest's bytes are verified, then parsed.
     signature = read_signature(folder)
-    document = read_manifest_document(folder)
+    raw = read_manifest_bytes(folder)
     keys = load_trusted_keys(keys_dir)
     trusted = keys.get(signature.key_id)
     if trusted is None:
@@ -385,10 +398,11 @@ def verify_release(path: str | Path, keys_dir: str | Path = DEFAULT_KEYS_DIR,
         raise UnknownKey(f"{source}: signed by unknown key {signature.key_id} "
                          f"(trusted keys in {keys_dir}: {known})")
     try:
-        trusted.key.verify(signature.signature, canonical_bytes(document))
+        trusted.key.verify(signature.signature, raw)
     except InvalidSignature as exc:
         raise BadSignature(f"{source}: signature by key {signature.key_id} does not match "
                            f"{MANIFEST_FILE} (edited after signing, or {SIGNATURE_FILE} corrupt)") from exc
+    document = parse_document(raw, str(folder / MANIFEST_FILE))
     manifest = parse_manifest(document, str(folder / MANIFEST_FILE), path=folder / MANIFEST_FILE)
     rel = manifest.release
 
@@ -433,7 +447,11 @@ def _check_files(folder: Path, manifest: Manifest) -> list[str]:
         if size != a.size:  # cheap check first; a different size needs no hashing
             problems.append(f"{a.path}: size {size} bytes, manifest says {a.size}")
             continue
-        _, digest = hash_file(p)
+        try:
+            digest = sha256_file(p)
+        except (OSError, VladError) as exc:
+            problems.append(f"{a.path}: cannot hash: {getattr(exc, 'strerror', None) or exc}")
+            continue
         if digest != a.sha256:
             problems.append(f"{a.path}: sha256 {digest[:16]}… differs from manifest {a.sha256[:16]}…")
     for p in sorted(folder.rglob("*")):
