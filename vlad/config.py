@@ -201,6 +201,46 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class OpenPIConfig:
+    """``[compat.openpi]``: an openpi-compatible websocket endpoint (docs/operations.md).
+
+    Each request goes through the daemon's observation socket like a ZeroMQ controller's;
+    the keys below say which entries of openpi's observation dict are which contract input."""
+
+    enabled: bool = False
+    # "HOST:PORT" (tcp; beyond loopback only with tls_cert, tls_key and token_file) or
+    # "unix:/path" (clients that can open a unix socket; openpi's stock client cannot).
+    listen: str = "127.0.0.1:8000"
+    # Contract camera name -> openpi observation key ("a.b" also finds obs["a"]["b"]).
+    cameras: dict[str, Any] = field(default_factory=dict)
+    # openpi keys whose arrays, concatenated in this order, are the contract's proprio.
+    proprio: tuple[str, ...] = ()
+    prompt: str = "prompt"  # key of the language instruction
+    default_prompt: str = field(default="", metadata={"allow_empty": True})  # when a request has none
+    # A request whose policy chunk has not come back within this is answered with an error.
+    request_timeout_ms: float = field(default=500.0, metadata=bounded(1.0, 60_000.0))
+    max_message_mb: float = field(default=16.0, metadata=bounded(0.001, 1024.0))  # websocket max_size
+    max_clients: int = field(default=1, metadata=bounded(1, 64))  # connections open at once
+    tls_cert: str = field(default="", metadata={"allow_empty": True})  # PEM; with tls_key: wss://
+    tls_key: str = field(default="", metadata={"allow_empty": True})
+    token_file: str = field(default="", metadata={"allow_empty": True})  # clients send "Api-Key <token>"
+
+
+@dataclass(frozen=True)
+class CompatConfig:
+    openpi: OpenPIConfig = field(default_factory=OpenPIConfig)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``[metrics]``: Prometheus text exposition over HTTP (docs/operations.md)."""
+
+    enabled: bool = False
+    listen: str = "127.0.0.1:9464"  # "HOST:PORT" or "unix:/path"
+    allow_remote: bool = False  # a non-loopback HOST must be asked for explicitly
+
+
+@dataclass(frozen=True)
 class Config:
     release: ReleaseConfig = field(default_factory=ReleaseConfig)
     sockets: SocketsConfig = field(default_factory=SocketsConfig)
@@ -212,6 +252,8 @@ class Config:
     guard: GuardConfig = field(default_factory=GuardConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
+    compat: CompatConfig = field(default_factory=CompatConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = field(default="<defaults>", metadata={"internal": True})
 
 
@@ -234,7 +276,30 @@ def _check_fallback(f: FallbackConfig, path: str, problems: list[str]) -> None:
         problems.append(f"{path}.chain: entries after a hold entry can never be reached")
 
 
-CHECKS = {ChainEntry: _check_chain, MonitorsConfig: _check_monitors, FallbackConfig: _check_fallback}
+def _check_openpi(o: OpenPIConfig, path: str, problems: list[str]) -> None:
+    from vlad.compat.listen import listen_problem
+
+    problem = listen_problem(o.listen, remote_ok=bool(o.tls_cert and o.tls_key and o.token_file))
+    if problem:
+        problems.append(f"{path}.listen: {problem}"
+                        + (" unless tls_cert, tls_key and token_file are set" if "loopback" in problem else ""))
+    if bool(o.tls_cert) != bool(o.tls_key):
+        problems.append(f"{path}: tls_cert and tls_key go together")
+    for cam, key in o.cameras.items():
+        if not isinstance(key, str) or not key:
+            problems.append(f"{path}.cameras.{cam}: expected the openpi observation key (a string)")
+
+
+def _check_metrics(m: MetricsConfig, path: str, problems: list[str]) -> None:
+    from vlad.compat.listen import listen_problem
+
+    problem = listen_problem(m.listen, remote_ok=m.allow_remote)
+    if problem:
+        problems.append(f"{path}.listen: {problem}" + (" unless allow_remote = true" if "loopback" in problem else ""))
+
+
+CHECKS = {ChainEntry: _check_chain, MonitorsConfig: _check_monitors, FallbackConfig: _check_fallback,
+          OpenPIConfig: _check_openpi, MetricsConfig: _check_metrics}
 
 
 def _parse_value(text: str) -> Any:
@@ -293,10 +358,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         return p if not p or Path(p).is_absolute() else str((base / p).resolve())
 
     chain = tuple(replace(e, path=resolve(e.path)) if e.path else e for e in cfg.fallback.chain)
+    o = cfg.compat.openpi
     return replace(
         cfg,
         release=replace(cfg.release, path=resolve(cfg.release.path), keys_dir=resolve(cfg.release.keys_dir)),
         fallback=replace(cfg.fallback, chain=chain),
         store=replace(cfg.store, root=resolve(cfg.store.root)),
         safety=replace(cfg.safety, estop_file=resolve(cfg.safety.estop_file)),
+        compat=replace(cfg.compat, openpi=replace(o, tls_cert=resolve(o.tls_cert), tls_key=resolve(o.tls_key),
+                                                  token_file=resolve(o.token_file))),
     )

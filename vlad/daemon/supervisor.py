@@ -34,6 +34,7 @@ import zmq.asyncio
 from anyio.abc import TaskStatus
 
 from vlad import protocol
+from vlad import compat
 from vlad.config import Config
 from vlad.contract import Contract
 from vlad.daemon import control, status
@@ -95,6 +96,9 @@ class Daemon:
         self.readings: dict[str, float] = {}
         self.control_rejected: Counter[str] = Counter()
         self.status_seq = 0
+        self.last_status: dict[str, Any] | None = None  # the newest status built (read by vlad.compat.metrics)
+        self.openpi: Any = None  # vlad.compat: set by attach() when enabled
+        self.metrics: Any = None
         self.state_before_estop = State.ACTIVE
         self._release_lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -227,6 +231,7 @@ class Daemon:
 
     async def _publish_status(self) -> None:
         st = self.status()
+        self.last_status = st
         self.status_seq += 1
         try:
             await self.status_sock.send_multipart(protocol.encode(protocol.TOPIC_STATUS,
@@ -510,6 +515,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
                     control_sock=control_sock, status_sock=status_sock, served=served,
                     realtime_report=_realtime_report(cfg))
     daemon_ref.append(daemon)
+    compat.attach(daemon, obs_sock, actions_sock, stack)  # openpi endpoint, metrics: before serving starts
     # The e-stop is read once before serving starts: a robot booted with it engaged never
     # sees a single policy chunk.
     estop.start()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,9 @@ class Intake:
         self.last_observation_ns = 0  # receive time of the last accepted observation
         self.last_heartbeat_ns = 0
         self.last_seen_ns = 0  # any well-formed message: the controller is there
+        # Called (serving thread) with (header, reason) for an observation refused on its
+        # content; set once before serving starts (vlad.compat.openpi), else None.
+        self.rejection_listener: Callable[[dict[str, Any], str], None] | None = None
         cams = []
         for cam in contract.cameras:
             raw = cam.raw
@@ -76,6 +79,8 @@ class Intake:
             return None
         except Rejected as exc:
             self.reject(exc.reason, str(exc))
+            if self.rejection_listener is not None:  # the openpi bridge answers its client at once
+                self.rejection_listener(msg.header, exc.reason)
             return None
         self.counts.observations += 1
         self.last_observation_ns = receive_ns

@@ -1,0 +1,162 @@
+"""openpi compatibility: the unmodified openpi client drives the demo arm through vlad.
+
+One real daemon subprocess serves both the native ZeroMQ controller and openpi's
+``WebsocketClientPolicy`` + ``ActionChunkBroker`` (real websocket, real MuJoCo); the same
+seeded episodes must succeed about as often either way. A second daemon allows only a
+foreign uid on its observation socket: the in-process bridge still serves, the native
+client is refused, and bad websocket input is answered and counted.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("openpi_client.websocket_client_policy")
+pytest.importorskip("openpi_client.action_chunk_broker")
+
+from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa: E402
+
+from tests.daemon_harness import start_daemon  # noqa: E402
+from vlad.demo import openpi as demo_openpi  # noqa: E402
+from vlad.demo import run as demo_run  # noqa: E402
+from vlad.demo import sim  # noqa: E402
+
+EPISODES = 6
+SEEDS = range(20_000, 20_000 + EPISODES)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def settings(port: int, *extra: str) -> list[str]:
+    out = []
+    for item in [*demo_openpi.OPENPI_SETTINGS, f"compat.openpi.listen='127.0.0.1:{port}'", "serve.warmup=2", *extra]:
+        out += ["--set", item]
+    return out
+
+
+@pytest.mark.slow
+def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path):
+    port = free_port()
+    d = start_daemon(tmp_path, settings(port, f"sockets.observation_producers=['uid:{os.getuid()}']"))
+    client = d.client("mujoco-reacher")
+    try:
+        period_ns = int(client.status()["control_period_ms"] * 1e6)
+        native, openpi = [], []
+        with sim.ReacherTask(render=True) as task:
+            for i, seed in enumerate(SEEDS):
+                native.append(demo_run.run_episode(client, task, seed, sim.INSTRUCTIONS[i % 2], period_ns))
+            policy = demo_openpi.connect("127.0.0.1", port, action_horizon=4)
+            for i, seed in enumerate(SEEDS):
+                openpi.append(demo_openpi.run_episode(policy, task, seed, sim.INSTRUCTIONS[i % 2], period_ns))
+        st = client.status()
+    finally:
+        client.close()
+        d.stop()
+    ok_native = sum(r["success"] for r in native)
+    ok_openpi = sum(r["success"] for r in openpi)
+    lat = np.concatenate([r["latencies"] for r in openpi])
+    nat = np.concatenate([r["latencies"] for r in native])
+    print(f"native {ok_native}/{EPISODES}, openpi {ok_openpi}/{EPISODES}; openpi request->chunk p50 "
+          f"{np.median(lat):.2f} ms p99 {np.percentile(lat, 99):.2f} ms over {len(lat)}; native sensor->chunk p50 "
+          f"{np.median(nat):.2f} ms; openpi held {[r['held'] for r in openpi]}, errors "
+          f"{sorted({e for r in openpi for e in r['errors']})}; bridge {st['openpi']}")
+    assert ok_openpi >= EPISODES // 2
+    assert ok_openpi >= ok_native - 1, (ok_native, ok_openpi)
+    assert st["openpi"]["replies"] >= EPISODES * sim.EPISODE_STEPS // 4 - 3 * EPISODES
+    # After a reset vlad refuses the arm's jump until a few observations confirm it: those
+    # requests are answered with an error, never with a chunk computed from another pose.
+    assert all(r["held"] <= 10 for r in openpi), [r["held"] for r in openpi]
+
+
+def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
+    port = free_port()
+    # uid 4242 is not us: the native client is refused by ZAP; the in-process bridge is not.
+    d = start_daemon(tmp_path, settings(port, "sockets.observation_producers=['uid:4242']",
+                                        "compat.openpi.max_message_mb=1"))
+    try:
+        policy = WebsocketClientPolicy("127.0.0.1", port)
+        meta = policy.get_server_metadata()
+        assert meta["server"] == "vlad" and meta["action_dim"] == 2 and meta["chunk_length"] == 8
+        obs = {demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
+               demo_openpi.STATE_KEY: np.zeros(4, np.float32), "prompt": sim.INSTRUCTIONS[0]}
+        out = policy.infer(obs)
+        assert out["actions"].shape == (8, 2) and out["actions"].dtype == np.float32
+        assert out["server_timing"]["infer_ms"] > 0
+        out = policy.infer(obs)
+        assert "prev_total_ms" in out["server_timing"]
+
+        def refused(o, match):
+            with pytest.raises(RuntimeError, match=match):
+                policy.infer(o)
+
+        refused({**obs, demo_openpi.IMAGE_KEY: np.zeros((32, 32, 3), np.uint8)}, "rejected_bad_shape")
+        refused({k: v for k, v in obs.items() if k != demo_openpi.STATE_KEY}, "bad_observation")
+        refused({**obs, "prompt": 7}, "bad_observation")
+        refused({**obs, demo_openpi.STATE_KEY: np.full(4, np.nan, np.float32)}, "rejected_nonfinite")
+        ws = policy._ws  # raw frames through the same connection
+        ws.send("text is not an observation")
+        assert "malformed" in ws.recv()
+        ws.send(b"\xc1\x00garbage")
+        assert "malformed" in ws.recv()
+        ws.send(b"\x93\x01\x02\x03")  # msgpack, but a list
+        assert "malformed" in ws.recv()
+        # An object-dtype array must never be built from client bytes.
+        import msgpack
+        ws.send(msgpack.packb({demo_openpi.IMAGE_KEY: {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "|O",
+                                                     b"shape": [1]}}))
+        assert "not numeric" in ws.recv()
+        assert policy.infer(obs)["actions"].shape == (8, 2)  # the connection still serves
+        # The connection limit (1): a second client is refused before the handshake.
+        with pytest.raises(Exception, match="503"):
+            WebsocketClientPolicy("127.0.0.1", port)
+        # Over max_message_mb: the websocket layer closes the connection (1009), counted.
+        with pytest.raises(Exception):
+            policy.infer({**obs, "junk": np.zeros(2 * 2**20, np.uint8)})
+        policy = WebsocketClientPolicy("127.0.0.1", port)  # the endpoint lives on
+        assert policy.infer(obs)["actions"].shape == (8, 2)
+        client = d.client()
+        sent, answered = set(), []
+        for _ in range(10):
+            t = time.monotonic_ns()
+            sent.add(t)
+            client.publish_observation({"overhead": obs[demo_openpi.IMAGE_KEY]}, proprio=obs[demo_openpi.STATE_KEY],
+                                       instruction=sim.INSTRUCTIONS[0], t_sensor_ns=t)
+            chunk = client.recv_actions(timeout_ms=50, drop_stale=False)
+            answered += [chunk.t_sensor_ns] if chunk is not None else []
+        time.sleep(0.6)  # a status tick
+        st = client.status()
+        client.close()
+        assert not sent & set(answered)  # the native observations were refused by the allow list
+        assert st["counters"]["rejected"].get("unauthorized_observations", 0) >= 1
+        o = st["openpi"]
+        assert o["replies"] >= 4
+        for reason in ("rejected_bad_shape", "bad_observation", "rejected_nonfinite", "malformed", "busy", "too_large"):
+            assert o["errors"].get(reason, 0) >= 1, (reason, o)
+        assert d.proc.poll() is None
+    finally:
+        d.stop()
+
+
+def test_openpi_config_is_checked():
+    from vlad.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="beyond loopback"):
+        parse_config({"compat": {"openpi": {"enabled": True, "listen": "0.0.0.0:8000"}}})
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_config({"compat": {"openpi": {"enable": True}}})
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        parse_config({"compat": {"openpi": {"listen": "8000"}}})
+    cfg = parse_config({"compat": {"openpi": {"listen": "0.0.0.0:8000", "tls_cert": "c.pem", "tls_key": "k.pem",
+                                              "token_file": "token"}}})
+    assert cfg.compat.openpi.listen == "0.0.0.0:8000"
+    with pytest.raises(ConfigError, match="allow_remote"):
+        parse_config({"metrics": {"listen": "10.0.0.1:9464"}})
