@@ -113,6 +113,16 @@ class LatencyStats:
         add("e2e", e2e)
         return e2e
 
+    def since(self, stage: str, seen: int) -> tuple[np.ndarray, int, int]:
+        """Samples recorded after the first ``seen`` of ``stage`` (for cumulative histograms,
+        read off the hot path): (those still in the window, the total count now, how many
+        were overwritten before they could be read)."""
+        n = self._n[stage]
+        new = max(0, n - seen)
+        take = min(new, self.window)
+        idx = np.arange(n - take, n) % self.window
+        return self._buf[stage][idx], n, new - take
+
     def summary(self) -> dict[str, dict[str, float]]:
         """``{stage: {count, p50, p95, p99, max}}`` over the window, for stages with samples."""
         out = {}

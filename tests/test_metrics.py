@@ -1,0 +1,93 @@
+"""Prometheus metrics from a real daemon subprocess, scraped over real HTTP and parsed with
+prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from tests.conftest import load_golden  # noqa: E402
+from tests.daemon_harness import ControllerSim, start_daemon  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(url: str) -> dict[str, dict]:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    out: dict[str, dict] = {}
+    for fam in text_string_to_metric_families(text):
+        out[fam.name] = {"type": fam.type, "samples": fam.samples}
+    return out
+
+
+def value(fams: dict, family: str, sample: str | None = None, **labels: str) -> float:
+    for s in fams[family]["samples"]:
+        if (sample is None or s.name == sample) and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise KeyError((family, sample, labels))
+
+
+def test_metrics_endpoint_families_and_counts_move(tmp_path):
+    port = free_port()
+    d = start_daemon(tmp_path, ["--set", "metrics.enabled=true", "--set", f"metrics.listen='127.0.0.1:{port}'",
+                                "--set", "serve.warmup=2", "--set", "serve.status_hz=10"])
+    url = f"http://127.0.0.1:{port}/metrics"
+    client = d.client()
+    sim = ControllerSim(client, load_golden()[0]).start()
+    try:
+        time.sleep(1.5)
+        first = scrape(url)
+        client.send_raw([b"obs", b"\xc1garbage"])  # one malformed message: a rejection by reason
+        time.sleep(1.5)
+        second = scrape(url)
+    finally:
+        sim.stop()
+        client.close()
+        d.stop()
+    for fam, kind in (("vlad_up", "gauge"), ("vlad_state", "gauge"), ("vlad_release_info", "gauge"),
+                      ("vlad_estop_engaged", "gauge"), ("vlad_latency_seconds", "histogram"),
+                      ("vlad_published", "counter"), ("vlad_observations", "counter"), ("vlad_holds", "counter"),
+                      ("vlad_rejections", "counter"), ("vlad_deadline_misses", "counter"),
+                      ("vlad_interventions", "counter"), ("vlad_state_transitions", "counter"),
+                      ("vlad_events", "counter"), ("vlad_memory_bytes", "gauge"),
+                      ("vlad_temperature_celsius", "gauge"), ("vlad_latency_window_seconds", "gauge"),
+                      ("vlad_policy_cycles", "counter"), ("vlad_fallback_active", "gauge")):
+        assert fam in second, f"{fam} missing; have {sorted(second)}"
+        assert second[fam]["type"] == kind, (fam, second[fam]["type"])
+    # Exactly one state is current (DEGRADED possible on a loaded machine: deadline warnings).
+    assert sum(s.value for s in second["vlad_state"]["samples"]) == 1
+    assert max(value(second, "vlad_state", state=s) for s in ("ACTIVE", "DEGRADED")) == 1
+    assert value(second, "vlad_state_transitions", to="ACTIVE") >= 1
+    assert value(second, "vlad_release_info", release="vlad-demo-reacher@1.0.0") == 1
+    assert value(second, "vlad_memory_bytes", kind="rss") > 1e6
+    # Counters move between scrapes; the histogram counts every published chunk's e2e.
+    assert value(second, "vlad_published") > value(first, "vlad_published") > 0
+    assert value(second, "vlad_rejections", reason="malformed") >= 1
+    for stage in ("e2e", "engine", "transport", "preprocess", "decode", "guard", "publish"):
+        n1 = value(first, "vlad_latency_seconds", "vlad_latency_seconds_count", stage=stage)
+        n2 = value(second, "vlad_latency_seconds", "vlad_latency_seconds_count", stage=stage)
+        assert n2 > n1 > 0, stage
+        inf = value(second, "vlad_latency_seconds", "vlad_latency_seconds_bucket", stage=stage, le="+Inf")
+        assert inf == n2
+    e2e_sum = value(second, "vlad_latency_seconds", "vlad_latency_seconds_sum", stage="e2e")
+    assert 0 < e2e_sum / value(second, "vlad_latency_seconds", "vlad_latency_seconds_count", stage="e2e") < 0.1
+
+
+def test_metrics_refuses_a_remote_address_unless_asked():
+    from vlad.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="beyond loopback"):
+        parse_config({"metrics": {"enabled": True, "listen": "0.0.0.0:9464"}})
+    assert parse_config({"metrics": {"listen": "0.0.0.0:9464", "allow_remote": True}}).metrics.allow_remote
+    assert parse_config({"metrics": {"listen": "unix:/run/vlad/metrics.sock"}}).metrics.enabled is False
