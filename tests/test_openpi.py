@@ -36,6 +36,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def unix_get(path, url: str) -> str:
+    import http.client
+
+    class Conn(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(str(path))
+
+    conn = Conn("localhost", timeout=5)
+    conn.request("GET", url)
+    return conn.getresponse().read().decode()
+
+
 def settings(port: int, *extra: str) -> list[str]:
     out = []
     for item in [*demo_openpi.OPENPI_SETTINGS, f"compat.openpi.listen='127.0.0.1:{port}'", "serve.warmup=2", *extra]:
@@ -80,8 +93,10 @@ def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path):
 def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
     port = free_port()
     # uid 4242 is not us: the native client is refused by ZAP; the in-process bridge is not.
+    metrics_sock = tmp_path / "metrics.sock"
     d = start_daemon(tmp_path, settings(port, "sockets.observation_producers=['uid:4242']",
-                                        "compat.openpi.max_message_mb=1"))
+                                        "compat.openpi.max_message_mb=1", "metrics.enabled=true",
+                                        f"metrics.listen='unix:{metrics_sock}'"))
     try:
         policy = WebsocketClientPolicy("127.0.0.1", port)
         meta = policy.get_server_metadata()
@@ -141,6 +156,10 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         assert o["replies"] >= 4
         for reason in ("rejected_bad_shape", "bad_observation", "rejected_nonfinite", "malformed", "busy", "too_large"):
             assert o["errors"].get(reason, 0) >= 1, (reason, o)
+        # The same counters reach Prometheus (here over the metrics unix socket).
+        text = unix_get(metrics_sock, "/metrics")
+        assert 'vlad_openpi_errors_total{reason="malformed"}' in text
+        assert "vlad_openpi_replies_total" in text
         assert d.proc.poll() is None
     finally:
         d.stop()

@@ -17,6 +17,11 @@ from vlad.errors import DaemonUnreachable
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Show what the daemon is doing: state, release, backend, rates, latency."""
+    if getattr(args, "watch", False):
+        from vlad.cli.common import load_config_or_defaults
+        from vlad.cli.watch import watch
+
+        return watch(args, request, args.endpoint or load_config_or_defaults(args.config).sockets.control)
     st = request(args, "status")
     if args.json:
         print(json.dumps(st, indent=2, sort_keys=True))
@@ -161,6 +166,8 @@ def add_daemon_commands(sub: Any) -> None:
 
     p = sub.add_parser("status", help=COMMANDS["status"].help)
     add_daemon_args(p)
+    p.add_argument("--watch", action="store_true", help="live view, refreshed in place (Ctrl-C exits)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("events", help=COMMANDS["events"].help)
