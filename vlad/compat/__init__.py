@@ -16,9 +16,20 @@ if TYPE_CHECKING:
     from vlad.daemon.supervisor import Daemon
 
 
+def _need(module: str, extra: str, section: str) -> None:
+    import importlib.util
+
+    from vlad.errors import StartupError
+
+    if importlib.util.find_spec(module) is None:
+        raise StartupError(f"[{section}] is enabled but the {module} package is missing: "
+                           f"pip install 'vlad[{extra}]'")
+
+
 def attach(daemon: Daemon, obs_sock: Any, actions_sock: Any, stack: AsyncExitStack) -> None:
     cfg = daemon.cfg
     if cfg.compat.openpi.enabled:
+        _need("websockets", "openpi", "compat.openpi")
         from vlad.compat.openpi import OpenPIBridge
 
         bridge = OpenPIBridge(cfg.compat.openpi, daemon)
@@ -27,6 +38,7 @@ def attach(daemon: Daemon, obs_sock: Any, actions_sock: Any, stack: AsyncExitSta
         stack.callback(bridge.stop)
         daemon.openpi = bridge
     if cfg.metrics.enabled:
+        _need("prometheus_client", "metrics", "metrics")
         from vlad.compat.metrics import MetricsServer
 
         server = MetricsServer(cfg.metrics, daemon)
