@@ -80,6 +80,18 @@ def test_metrics_endpoint_families_and_counts_move(tmp_path):
         assert n2 > n1 > 0, stage
         inf = value(second, "vlad_latency_seconds", "vlad_latency_seconds_bucket", stage=stage, le="+Inf")
         assert inf == n2
+    # Every metric the example Grafana dashboard queries exists (openpi's only when enabled).
+    import json
+    import re
+
+    from tests.daemon_harness import ROOT
+
+    dash = json.loads((ROOT / "docs" / "grafana" / "vlad.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    names = {re.sub(r"_(bucket|total|info)$", "", n) for n in re.findall(r"\bvlad_\w+", exprs)}
+    present = {re.sub(r"_(info)$", "", n) for n in second}
+    missing = {n for n in names if n not in present and not n.startswith("vlad_openpi_")}
+    assert not missing, missing
     e2e_sum = value(second, "vlad_latency_seconds", "vlad_latency_seconds_sum", stage="e2e")
     assert 0 < e2e_sum / value(second, "vlad_latency_seconds", "vlad_latency_seconds_count", stage="e2e") < 0.1
 

@@ -26,7 +26,11 @@ from vlad.demo import openpi as demo_openpi  # noqa: E402
 from vlad.demo import run as demo_run  # noqa: E402
 from vlad.demo import sim  # noqa: E402
 
-EPISODES = 6
+# 10 real-time episodes per client (~25 s in all). The flow-matching noise is seeded by the
+# observation sequence, which differs between the two clients, so outcomes differ per
+# episode; the bounds below fail a broken bridge (no motion: ~2 % success, 235 mm) and
+# leave room for that noise (the policy succeeds ~88 % over 100 seeds).
+EPISODES = 10
 SEEDS = range(20_000, 20_000 + EPISODES)
 
 
@@ -56,6 +60,36 @@ def settings(port: int, *extra: str) -> list[str]:
     return out
 
 
+def settle_native(client, task, timeout: float = 10.0) -> None:
+    """Until the release serves (ACTIVE, a policy chunk): the switch between clients leaves
+    a gap the stall monitor answers with the hold posture for its healthy window."""
+    obs = task.reset(SEEDS[0], sim.INSTRUCTIONS[0])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        client.publish_observation({"overhead": obs.image}, proprio=obs.proprio, instruction=sim.INSTRUCTIONS[0])
+        client.heartbeat()
+        chunk = client.recv_actions(timeout_ms=20)
+        if chunk is not None and not chunk.is_hold and chunk.state == "ACTIVE":
+            return
+    raise AssertionError("the daemon never served the release to the native client")
+
+
+def settle_openpi(policy, task, timeout: float = 10.0) -> None:
+    obs = task.reset(SEEDS[0], sim.INSTRUCTIONS[0])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            out = policy.infer({demo_openpi.IMAGE_KEY: obs.image, demo_openpi.STATE_KEY: obs.proprio,
+                                "prompt": sim.INSTRUCTIONS[0]})
+            policy.reset()
+            if out["vlad"]["state"] == "ACTIVE":
+                return
+        except RuntimeError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError("the daemon never served the release to the openpi client")
+
+
 @pytest.mark.slow
 def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path):
     port = free_port()
@@ -65,9 +99,11 @@ def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path):
         period_ns = int(client.status()["control_period_ms"] * 1e6)
         native, openpi = [], []
         with sim.ReacherTask(render=True) as task:
+            settle_native(client, task)
             for i, seed in enumerate(SEEDS):
                 native.append(demo_run.run_episode(client, task, seed, sim.INSTRUCTIONS[i % 2], period_ns))
             policy = demo_openpi.connect("127.0.0.1", port, action_horizon=4)
+            settle_openpi(policy, task)
             for i, seed in enumerate(SEEDS):
                 openpi.append(demo_openpi.run_episode(policy, task, seed, sim.INSTRUCTIONS[i % 2], period_ns))
         st = client.status()
@@ -82,8 +118,12 @@ def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path):
           f"{np.median(lat):.2f} ms p99 {np.percentile(lat, 99):.2f} ms over {len(lat)}; native sensor->chunk p50 "
           f"{np.median(nat):.2f} ms; openpi held {[r['held'] for r in openpi]}, errors "
           f"{sorted({e for r in openpi for e in r['errors']})}; bridge {st['openpi']}")
-    assert ok_openpi >= EPISODES // 2
-    assert ok_openpi >= ok_native - 1, (ok_native, ok_openpi)
+    mean_native = np.mean([r["distance"] for r in native])
+    mean_openpi = np.mean([r["distance"] for r in openpi])
+    print(f"mean final distance: native {mean_native * 1e3:.1f} mm, openpi {mean_openpi * 1e3:.1f} mm")
+    assert ok_openpi >= 3
+    assert ok_openpi >= ok_native - 3, (ok_native, ok_openpi)
+    assert mean_openpi < 0.15, mean_openpi
     assert st["openpi"]["replies"] >= EPISODES * sim.EPISODE_STEPS // 4 - 3 * EPISODES
     # After a reset vlad refuses the arm's jump until a few observations confirm it: those
     # requests are answered with an error, never with a chunk computed from another pose.
