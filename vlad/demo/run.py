@@ -6,10 +6,11 @@ heartbeat, takes the newest fresh action chunk and executes the waypoint for the
 time (holding position when it has none). Between episodes it prints what happened; at
 the end the success rate, the latency the controller saw, and ``vladctl status``.
 
-    ./scripts/demo [--episodes 10] [--config etc/vlad/demo.toml] [--no-daemon-log] [--remote]
+    ./scripts/demo [--episodes 10] [--config etc/vlad/demo.toml] [--no-daemon-log] [--remote] [--openpi]
 
 ``--remote`` serves the policy from a real KServe v2 server on 127.0.0.1 instead
-(:mod:`vlad_kserve.demo`; local ONNX Runtime is its fallback).
+(:mod:`vlad_kserve.demo`; local ONNX Runtime is its fallback). ``--openpi`` drives the arm
+with openpi's own client through vlad's openpi-compatible endpoint (:mod:`vlad.demo.openpi`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ from vlad.config import load_config
 from vlad.demo import sim
 
 ROOT = Path(__file__).resolve().parents[2]
+OPENPI_PORT = 8000  # openpi's default
 
 
-def start_daemon(config: Path, quiet: bool) -> subprocess.Popen:
+def start_daemon(config: Path, quiet: bool, settings: list[str] | None = None) -> subprocess.Popen:
     vlad = Path(sys.executable).parent / "vlad"
     out = subprocess.DEVNULL if quiet else None
-    return subprocess.Popen([str(vlad), "serve", "--config", str(config)], stdout=out, stderr=out)
+    sets = [a for item in settings or [] for a in ("--set", item)]
+    return subprocess.Popen([str(vlad), "serve", "--config", str(config), *sets], stdout=out, stderr=out)
 
 
 def wait_ready(client: Client, proc: subprocess.Popen, timeout: float = 90.0) -> dict:
@@ -110,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-daemon-log", action="store_true", help="hide the daemon's log lines")
     ap.add_argument("--remote", action="store_true",
                     help="serve the policy from a KServe v2 server on 127.0.0.1 (gRPC), local ONNX Runtime as fallback")
+    ap.add_argument("--openpi", action="store_true",
+                    help="drive the arm with openpi's client (WebsocketClientPolicy + ActionChunkBroker) through "
+                         "vlad's openpi-compatible endpoint on 127.0.0.1:8000")
     args = ap.parse_args(argv)
 
     server = None
@@ -129,7 +135,13 @@ def run_demo(args: argparse.Namespace) -> int:
     """Start the daemon on ``args.config``, run the episodes, print what happened."""
     cfg = load_config(args.config)
     print(f"demo: starting vlad serve --config {args.config}", flush=True)
-    proc = start_daemon(args.config, args.no_daemon_log)
+    openpi = getattr(args, "openpi", False)
+    if openpi:
+        from vlad.demo import openpi as demo_openpi
+
+        settings = [*demo_openpi.OPENPI_SETTINGS, f"compat.openpi.listen='127.0.0.1:{OPENPI_PORT}'"]
+        cfg = load_config(args.config, settings)
+    proc = start_daemon(args.config, args.no_daemon_log, settings if openpi else None)
     client = Client.from_config(cfg, name="mujoco-reacher")
     results = []
     try:
@@ -138,10 +150,18 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"demo: vlad is {st['state']}: {st['release']} on {st['backend']['name']} ({st['backend']['runtime']})")
         print(f"demo: simulated Reacher arm at {1e3 / st['control_period_ms']:.0f} Hz, {sim.EPISODE_STEPS} periods per episode,"
               f" success = fingertip within {sim.SUCCESS_RADIUS * 1000:.0f} mm of the goal at the end\n", flush=True)
+        policy = None
+        if openpi:
+            policy = demo_openpi.connect("127.0.0.1", OPENPI_PORT, action_horizon=args.exec_steps)
+            print(f"demo: openpi's WebsocketClientPolicy + ActionChunkBroker(action_horizon={args.exec_steps}) on "
+                  f"ws://127.0.0.1:{OPENPI_PORT}\n", flush=True)
         with sim.ReacherTask(render=True) as task:
             for i in range(args.episodes):
                 instruction = sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]
-                r = run_episode(client, task, args.seed + i, instruction, period_ns, args.exec_steps)
+                if policy is not None:
+                    r = demo_openpi.run_episode(policy, task, args.seed + i, instruction, period_ns)
+                else:
+                    r = run_episode(client, task, args.seed + i, instruction, period_ns, args.exec_steps)
                 results.append(r)
                 lat = np.asarray(r["latencies"]) if r["latencies"] else np.asarray([np.nan])
                 print(f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r['success'] else 'miss   '}"
