@@ -174,7 +174,9 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         with pytest.raises(Exception, match="503"):
             WebsocketClientPolicy("127.0.0.1", port)
         # Over max_message_mb: the websocket layer closes the connection (1009), counted.
-        with pytest.raises(Exception):
+        from websockets.exceptions import ConnectionClosed
+
+        with pytest.raises(ConnectionClosed):
             policy.infer({**obs, "junk": np.zeros(2 * 2**20, np.uint8)})
         policy = WebsocketClientPolicy("127.0.0.1", port)  # the endpoint lives on
         assert policy.infer(obs)["actions"].shape == (8, 2)
@@ -219,3 +221,69 @@ def test_openpi_config_is_checked():
     assert cfg.compat.openpi.listen == "0.0.0.0:8000"
     with pytest.raises(ConfigError, match="allow_remote"):
         parse_config({"metrics": {"listen": "10.0.0.1:9464"}})
+
+
+def _self_signed(tmp_path):
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "vlad-test")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=1))
+            .not_valid_after(now + dt.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls_and_token(tmp_path, monkeypatch):
+    from websockets.exceptions import InvalidStatus
+
+    cert, key = _self_signed(tmp_path)
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-for-the-test\n")
+    port = free_port()
+    d = start_daemon(tmp_path, settings(port, f"compat.openpi.tls_cert='{cert}'", f"compat.openpi.tls_key='{key}'",
+                                        f"compat.openpi.token_file='{token}'"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the client trusts the test certificate
+    try:
+        obs = {demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
+               demo_openpi.STATE_KEY: np.zeros(4, np.float32), "prompt": sim.INSTRUCTIONS[0]}
+        with pytest.raises(InvalidStatus, match="401"):
+            WebsocketClientPolicy(f"wss://127.0.0.1:{port}", api_key="wrong-token-wrong-token")
+        with pytest.raises(InvalidStatus, match="401"):
+            WebsocketClientPolicy(f"wss://127.0.0.1:{port}")
+        with pytest.raises(Exception):  # noqa: B017 - plain ws:// to a TLS port: no handshake at all
+            WebsocketClientPolicy(f"ws://127.0.0.1:{port}")
+        policy = WebsocketClientPolicy(f"wss://127.0.0.1:{port}", api_key="s3cret-token-for-the-test")
+        assert policy.infer(obs)["actions"].shape == (8, 2)
+        client = d.client()
+        st = client.status()
+        client.close()
+        assert st["openpi"]["errors"]["unauthorized"] == 2
+    finally:
+        d.stop()
+
+
+def test_busy_port_refuses_the_start_with_one_line(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        d = start_daemon(tmp_path, settings(busy.getsockname()[1]), wait_ready=False)
+        try:
+            assert d.proc.wait(60) != 0
+        finally:
+            d.stop()
+    errors = [line for line in d.log().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "cannot listen on 127.0.0.1" in errors[0], d.log()

@@ -100,7 +100,12 @@ class VladCollector:
         return []  # families vary with the daemon's state (policies, reasons): no fixed description
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+            InfoMetricFamily,
+        )
 
         d = self.daemon
         self.h.fold()

@@ -266,8 +266,14 @@ class OpenPIBridge:
                 server = await ws_server.unix_serve(self._handler, self.listen.path, **kwargs)
             else:
                 server = await ws_server.serve(self._handler, self.listen.host, self.listen.port, **kwargs)
-        except OSError as exc:
-            raise StartupError(f"compat.openpi: cannot listen on {self.listen}: {exc.strerror or exc}") from None
+        except BaseException as exc:
+            # Close ours before the daemon's exit stack terminates the ZeroMQ context,
+            # which would otherwise wait for these sockets forever.
+            self._pub.close(0)
+            self._sub.close(0)
+            if isinstance(exc, OSError):
+                raise StartupError(f"compat.openpi: cannot listen on {self.listen}: {exc.strerror or exc}") from None
+            raise
         reader = asyncio.create_task(self._read_actions())
         beat = asyncio.create_task(self._heartbeats())
         log.info("openpi endpoint listening on %s%s", self.listen, " (TLS)" if self.ssl else "")

@@ -33,8 +33,7 @@ import zmq
 import zmq.asyncio
 from anyio.abc import TaskStatus
 
-from vlad import protocol
-from vlad import compat
+from vlad import compat, protocol
 from vlad.config import Config
 from vlad.contract import Contract
 from vlad.daemon import control, status
