@@ -134,9 +134,11 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
     port = free_port()
     # uid 4242 is not us: the native client is refused by ZAP; the in-process bridge is not.
     metrics_sock = tmp_path / "metrics.sock"
+    estop = tmp_path / "estop"
+    estop.write_text("0")
     d = start_daemon(tmp_path, settings(port, "sockets.observation_producers=['uid:4242']",
                                         "compat.openpi.max_message_mb=1", "metrics.enabled=true",
-                                        f"metrics.listen='unix:{metrics_sock}'"))
+                                        f"metrics.listen='unix:{metrics_sock}'", f"safety.estop_file='{estop}'"))
     try:
         policy = WebsocketClientPolicy("127.0.0.1", port)
         meta = policy.get_server_metadata()
@@ -198,6 +200,27 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         assert o["replies"] >= 4
         for reason in ("rejected_bad_shape", "bad_observation", "rejected_nonfinite", "malformed", "busy", "too_large"):
             assert o["errors"].get(reason, 0) >= 1, (reason, o)
+        # E-stop engaged: an explicit error, never a chunk; released: served again.
+        estop.write_text("engaged")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                policy.infer(obs)
+            except RuntimeError as exc:
+                if "estop" in str(exc):
+                    break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the e-stop never reached the openpi endpoint")
+        estop.write_text("0")
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert policy.infer(obs)["actions"].shape == (8, 2)
+                break
+            except RuntimeError:
+                assert time.monotonic() < deadline, "not served again after the e-stop was released"
+                time.sleep(0.05)
         # The same counters reach Prometheus (here over the metrics unix socket).
         text = unix_get(metrics_sock, "/metrics")
         assert 'vlad_openpi_errors_total{reason="malformed"}' in text

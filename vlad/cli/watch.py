@@ -47,6 +47,12 @@ def render(st: dict[str, Any] | None, events: list[dict[str, Any]], error: str |
         lines.append(f"counts   published {c.get('published', 0)}  holds {c.get('published_hold', 0)}  "
                      f"stale {c.get('stale', 0)}  rejected {sum(c.get('rejected', {}).values())}  "
                      f"misses {c.get('deadline_misses', 0)}")
+        o = st.get("openpi")
+        if o:
+            lat_o = o.get("infer_ms", {})
+            lines.append(f"openpi   {o['clients']} client(s)  replies {o.get('replies', 0)}  "
+                         f"errors {sum(o['errors'].values())}"
+                         + (f"  p50 {lat_o['p50']:.1f} ms  p99 {lat_o['p99']:.1f} ms" if lat_o else ""))
         for f in st.get("findings", [])[:3]:
             lines.append(f"{f['severity']:<8} {f['message']}")
         lat = st.get("latency_ms", {})

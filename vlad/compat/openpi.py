@@ -458,6 +458,14 @@ class OpenPIBridge:
     # -- chunks coming back ----------------------------------------------------------------
 
     async def _read_actions(self) -> None:
+        try:
+            await self._read_actions_forever()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # without this task every request would time out: make it loud
+            log.exception("openpi endpoint: reading action chunks failed; requests will time out")
+
+    async def _read_actions_forever(self) -> None:
         while True:
             frames = await self._sub.recv_multipart()
             if not self._waiters:
