@@ -358,6 +358,8 @@ class OpenPIBridge:
         except Exception:  # a bug: answered and logged, never the end of the endpoint
             log.exception("openpi request failed")
             return self._error("internal_error", "internal error (see the daemon's log)")
+        # Engaged: the serving thread would not even ask the policy; say so at once rather
+        # than after request_timeout_ms (a race with the gate ends in _why_not, same answer).
         if self.daemon.publisher.estop_engaged:
             return self._error("estop", "e-stop engaged: vlad sends no policy actions until it is released")
         key = (header["seq"], header["t_sensor_ns"])
@@ -515,6 +517,8 @@ class OpenPIBridge:
     def _why_not(self, before: dict[str, int]) -> tuple[str, str]:
         """(reason, message) for a request that got no chunk in time. Judged from the
         daemon's counters that moved meanwhile: a hint, exact when this is the only client."""
+        if self.daemon.publisher.estop_engaged:  # engaged while we waited: the policy was not asked
+            return "estop", "e-stop engaged: vlad sends no policy actions until it is released"
         after = self._diagnostics()
         moved = [k for k, v in after.items() if v > before.get(k, 0)]
         limit = f"within compat.openpi.request_timeout_ms ({self.cfg.request_timeout_ms:g} ms)"
