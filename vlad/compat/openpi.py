@@ -200,6 +200,11 @@ class OpenPIBridge:
             return None
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        # No TLS 1.3 session tickets: sent right after the handshake, they raced the client's
+        # first request in asyncio's SSL layer here (about 1 connection in 50 got no answer
+        # until the client's 10 s open timeout). Clients connect once and stay; resumption
+        # buys nothing.
+        ctx.num_tickets = 0
         try:
             ctx.load_cert_chain(self.cfg.tls_cert, self.cfg.tls_key)
         except (OSError, ssl.SSLError) as exc:
