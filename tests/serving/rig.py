@@ -75,7 +75,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = 
         time.sleep(0.002)
 
 
-def _connected(pub: zmq.Socket, sub: zmq.Socket, frames: list[bytes], received: Callable[[], bool]) -> None:
+def connected(pub: zmq.Socket, sub: zmq.Socket, frames: list[bytes], received: Callable[[], bool]) -> None:
     """PUB/SUB drops messages until the subscription has reached the publisher (even over
     inproc): send a probe until the subscriber side has seen one."""
     deadline = time.monotonic() + 5
@@ -106,7 +106,7 @@ class Rig:
         self.actions = self.ctx.socket(zmq.SUB)
         self.actions.connect(act_addr)
         self.actions.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ACTIONS)
-        _connected(self.act_sock, self.actions, [protocol.TOPIC_ACTIONS, b"probe"],
+        connected(self.act_sock, self.actions, [protocol.TOPIC_ACTIONS, b"probe"],
                    lambda: self.actions.poll(5) and self.actions.recv_multipart() is not None)
         while self.actions.poll(20):  # a probe sent before the first one arrived
             self.actions.recv_multipart()
@@ -126,7 +126,7 @@ class Rig:
         self.loop.active = self.policy
         self.loop.start()
         hb = protocol.encode(protocol.TOPIC_HEARTBEAT, {"seq": 0, "t_ns": time.monotonic_ns()})
-        _connected(self.controller, self.obs_sock, hb, lambda: self.intake.counts.heartbeats > 0)
+        connected(self.controller, self.obs_sock, hb, lambda: self.intake.counts.heartbeats > 0)
         self._seq = itertools.count(1)
 
     def served(self, slot: str, release: str, session: Session | None = None) -> ServedPolicy:
