@@ -89,14 +89,47 @@ def test_a_hang_is_judged_against_the_hang_timeout():
     assert codes(found) == [("backend_hang", "fault")] and found[0].policy == A
 
 
-def test_deadline_misses_are_a_rate_over_enough_cycles():
+def _deadline_ticks(mon, publish, ticks, chunks_per_tick, miss_every, now):
+    """Monitor ticks at 20 Hz while chunks go out at 50 Hz: 2 or 3 chunks per tick."""
+    found = []
+    for k in range(ticks):
+        now += 50_000_000
+        n = chunks_per_tick[k % len(chunks_per_tick)]
+        publish.policy_chunks += n
+        publish.chunks += n
+        if miss_every and k % miss_every == 0:
+            publish.deadline_misses += 1
+        found = mon.check(view(now_ns=now, publish=publish.snapshot()))
+    return found, now
+
+
+def test_deadline_misses_are_a_rate_over_the_window_not_one_tick():
+    """At 50 Hz control and a 20 Hz monitor one tick sees 2-3 chunks: the rate is judged over
+    input_window_s (a per-tick rate over >= 5 chunks never fired at the demo's rates)."""
     mon = m.DeadlineMonitor()
-    assert mon.check(view(publish_window=PublishCounts(policy_chunks=4, deadline_misses=4))) == []  # too few
-    assert mon.check(view(publish_window=PublishCounts(policy_chunks=100, deadline_misses=5))) == []  # 5 % = limit
-    assert codes(mon.check(view(publish_window=PublishCounts(policy_chunks=100, deadline_misses=6)))) == [
-        ("deadline_misses", "warn")]
-    slow = {"e2e": {"count": 49, "p99": 50.0}}
-    assert mon.check(view(latency=slow)) == []  # p99 over fewer than 50 samples is noise
+    publish = PublishCounts()
+    assert mon.check(view(now_ns=T0, publish=publish.snapshot())) == []  # baseline
+    found, now = _deadline_ticks(mon, publish, 1, [3], 1, T0)
+    assert found == []  # 1 of 3: too few cycles to call it a rate
+    found, now = _deadline_ticks(mon, publish, 20, [2, 3], 4, now)  # ~1 miss in 10 chunks
+    assert codes(found) == [("deadline_misses", "warn")] and found[0].value > 0.05
+    found, now = _deadline_ticks(mon, publish, 8, [2, 3], 0, now)
+    assert codes(found) == [("deadline_misses", "warn")]  # still inside the 1 s window
+    found, now = _deadline_ticks(mon, publish, 20, [2, 3], 0, now)
+    assert found == []  # the misses slid out of the window
+
+
+def test_a_miss_rate_at_the_threshold_is_not_a_warning():
+    mon = m.DeadlineMonitor()
+    publish = PublishCounts()
+    mon.check(view(now_ns=T0, publish=publish.snapshot()))
+    found, _ = _deadline_ticks(mon, publish, 20, [5], 20, T0)  # 1 miss in 100 chunks: 1 %
+    assert found == []
+
+
+def test_p99_needs_enough_samples():
+    mon = m.DeadlineMonitor()
+    assert mon.check(view(latency={"e2e": {"count": 49, "p99": 50.0}})) == []  # p99 of < 50 samples is noise
     assert codes(mon.check(view(latency={"e2e": {"count": 50, "p99": 20.5}}))) == [("p99_over_budget", "warn")]
 
 
