@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-VLAD = ROOT / "vlad"
 
 # Lowest first. A module belongs to the layer of its longest matching prefix. Where a
 # package straddles layers the modules are named one by one (the demo: its simulated
@@ -225,7 +224,7 @@ def unsafe_code(text: str) -> list[str]:
         else:
             bad = set()
         if bad:
-            out.append(f"{node.lineno}: imports {sorted(bad)[0]} (unpickling runs code from the file)")
+            out.append(f"{node.lineno}: imports {min(bad)} (unpickling runs code from the file)")
     for call in _calls(tree, "torch", "load"):
         # exactly the constant True: a variable could be False at run time
         if _keyword(call, "weights_only") is not True:

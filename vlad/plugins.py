@@ -23,7 +23,7 @@ import os
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 
@@ -58,7 +58,7 @@ def _hook_names() -> list[str]:
 
 
 def _plugin_label(pm: pluggy.PluginManager, plugin: object) -> str:
-    return pm.get_name(plugin) or getattr(plugin, "__name__", repr(plugin))
+    return pm.get_name(plugin) or str(getattr(plugin, "__name__", repr(plugin)))
 
 
 def check(pm: pluggy.PluginManager) -> None:
@@ -159,7 +159,8 @@ def _backends_by_plugin(pm: pluggy.PluginManager) -> dict[str, tuple[Any, str]]:
     # Each implementation is called on its own (not through pm.hook) so that every backend
     # is attributed to its plugin, and a duplicate names both plugins.
     for impl in reversed(pm.hook.vlad_backends.get_hookimpls()):  # pluggy's call order
-        for backend in impl.function() or ():
+        offered = cast("list[Any]", impl.function() or [])
+        for backend in offered:
             if backend.name in found:
                 raise VladError(f"two plugins provide a backend named {backend.name!r}: "
                                 f"{found[backend.name][1]!r} and {impl.plugin_name!r}")

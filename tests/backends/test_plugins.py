@@ -211,4 +211,4 @@ def test_a_hookimpl_with_wrong_arguments_is_one_line():
     mod.vlad_monitors = vlad_monitors
     pm = plugins.make_plugin_manager(load_entry_points=False)
     with pytest.raises(VladError, match="plugin 'bad_args'"):
-        plugins._register(pm, mod, "bad_args")  # noqa: SLF001 (what make_plugin_manager uses)
+        plugins._register(pm, mod, "bad_args")  # what make_plugin_manager uses

@@ -8,7 +8,13 @@ from vlad.health import monitors as m
 from vlad.health.base import HealthView, InFlight
 from vlad.health.policy import HealthPolicy
 from vlad.health.state import StateMachine
-from vlad.serving.counters import HOLD, IntakeCounts, PolicyCounts, PolicyId, PublishCounts
+from vlad.serving.counters import (
+    HOLD,
+    IntakeCounts,
+    PolicyCounts,
+    PolicyId,
+    PublishCounts,
+)
 
 PERIOD = 20_000_000  # the demo contract's 50 Hz
 T0 = 100_000_000_000
@@ -17,11 +23,13 @@ B = PolicyId("fallback1", "b@1")
 
 
 def view(**over) -> HealthView:
-    base = dict(now_ns=T0, period_ns=PERIOD, deadline_ns=20_000_000, thresholds=MonitorsConfig(),
-                intake=IntakeCounts(), intake_window=IntakeCounts(), publish=PublishCounts(),
-                publish_window=PublishCounts(), policies={A: PolicyCounts()}, policies_window={A: PolicyCounts()},
-                serving=A, release=A, latency={}, last_observation_ns=0, last_heartbeat_ns=0, in_flight=None,
-                hang_timeout_ns=1_000_000_000, readings={})
+    base = {
+        "now_ns": T0, "period_ns": PERIOD, "deadline_ns": 20_000_000, "thresholds": MonitorsConfig(),
+        "intake": IntakeCounts(), "intake_window": IntakeCounts(), "publish": PublishCounts(),
+        "publish_window": PublishCounts(), "policies": {A: PolicyCounts()}, "policies_window": {A: PolicyCounts()},
+        "serving": A, "release": A, "latency": {}, "last_observation_ns": 0, "last_heartbeat_ns": 0,
+        "in_flight": None, "hang_timeout_ns": 1_000_000_000, "readings": {},
+    }
     base.update(over)
     return HealthView(**base)
 

@@ -86,7 +86,8 @@ def test_a_fallback_swap_answers_the_newest_observation_at_once(rig):
     h = rig.recv().header
     assert (h["obs_seq"], h["source"], h["policy"]) == (1, "fallback1", "fallback1:backup@1")
     assert backup.session.calls == 1 and rig.session.calls == 1
-    assert [s["to"] for s in rig.publisher.swap_ms] == ["fallback1"]
+    # recorded just after the send, under the publisher's lock
+    wait_until(lambda: [s["to"] for s in rig.publisher.swap_ms] == ["fallback1"], what="the swap timing")
 
     rig.loop.active = None  # the hold posture: no model runs
     rig.loop.wake()
