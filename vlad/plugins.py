@@ -42,6 +42,12 @@ def _allowed() -> set[str] | None:
     return {p.strip() for p in raw.split(",") if p.strip()}
 
 
+def _infos(pm: pluggy.PluginManager) -> dict[str, PluginInfo]:
+    """The plugin metadata vlad keeps on its manager (our own attribute, made on first use)."""
+    infos: dict[str, PluginInfo] = vars(pm).setdefault("_vlad_info", {})
+    return infos
+
+
 def make_plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:
     """A fresh plugin manager with the hookspecs and the (allowed) entry-point plugins."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -54,9 +60,8 @@ def make_plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:
             if pm.get_plugin(ep.name) is not None:
                 continue
             pm.register(ep.load(), name=ep.name)
-            pm._vlad_info = getattr(pm, "_vlad_info", {})  # noqa: SLF001 (our own attribute)
             dist = ep.dist
-            pm._vlad_info[ep.name] = PluginInfo(
+            _infos(pm)[ep.name] = PluginInfo(
                 ep.name, ep.value, dist.name if dist else "?", dist.version if dist else "?"
             )
     for module in DEFAULT_PLUGINS:
@@ -66,8 +71,7 @@ def make_plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:
             pm.register(importlib.import_module(module), name=module)
         except ImportError as exc:
             raise VladError(f"VLAD_PLUGIN_MODULES: cannot import {module!r}: {exc}") from None
-        pm._vlad_info = getattr(pm, "_vlad_info", {})  # noqa: SLF001
-        pm._vlad_info[module] = PluginInfo(module, module, "(module)", "-")
+        _infos(pm)[module] = PluginInfo(module, module, "(module)", "-")
     if os.environ.get("VLAD_TRACE_PLUGINS"):
         pm.trace.root.setwriter(lambda msg: print(msg, end="", file=sys.stderr))
         pm.enable_tracing()
