@@ -234,7 +234,8 @@ def _check_fallback(f: FallbackConfig, path: str, problems: list[str]) -> None:
         problems.append(f"{path}.chain: entries after a hold entry can never be reached")
 
 
-CHECKS = {ChainEntry: _check_chain, MonitorsConfig: _check_monitors, FallbackConfig: _check_fallback}
+CHECKS: dict[type, schema.Check] = {ChainEntry: _check_chain, MonitorsConfig: _check_monitors,
+                                    FallbackConfig: _check_fallback}
 
 
 def _parse_value(text: str) -> Any:
