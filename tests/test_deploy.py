@@ -23,9 +23,15 @@ MAX_GAP_S = 2 * PERIOD_S + 0.01  # as in test_faults: 2 periods + scheduling mar
 VLADCTL = VLAD.parent / "vladctl"
 
 
-def make_release(dest: Path, version: str, code: int, backend: str = "onnxruntime", options: str | None = None) -> Path:
-    """A signed copy of the demo release with another id and version."""
+def make_release(dest: Path, version: str, code: int, backend: str = "onnxruntime", options: str | None = None,
+                 required_gates: tuple[str, ...] = ("closed_loop",)) -> Path:
+    """A signed copy of the demo release with another id and version.
+
+    Its gate plan requires only ``required_gates``; the copy carries the demo's closed-loop
+    evidence (eval.json) and no other, so the default deploys without --force."""
     dest.mkdir(parents=True)
+    plan = dest.parent / f"{dest.name}-gates.toml"
+    plan.write_text("required = [" + ", ".join(f'"{g}"' for g in required_gates) + "]\n")
     for f in DEMO.iterdir():
         if f.name not in ("manifest.toml", "manifest.sig"):
             shutil.copy(f, dest / f.name)
@@ -33,7 +39,8 @@ def make_release(dest: Path, version: str, code: int, backend: str = "onnxruntim
     contract.write_text(contract.read_text().replace('version = "1.0.0"', f'version = "{version}"', 1))
     args = [sys.executable, str(ROOT / "scripts" / "make_demo_manifest.py"), "--release-dir", str(dest),
             "--release-id", f"vlad-demo-reacher-{version}", "--version", version, "--version-code", str(code),
-            "--backend", backend, "--parent", "vlad-demo-reacher-1.0.0", "--min-success-rate", "0", "--min-margin", "0"]
+            "--backend", backend, "--parent", "vlad-demo-reacher-1.0.0", "--min-success-rate", "0", "--min-margin", "0",
+            "--gate-plan", str(plan)]
     if options:
         args += ["--options", options]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
@@ -134,6 +141,25 @@ def test_deploy_refuses_tampered_and_downgraded_releases(live):
     st = client.status()
     assert st["release"] == "vlad-demo-reacher@1.0.0" and st["state"] in ("ACTIVE", "DEGRADED")
     assert store.active() == "vlad-demo-reacher-1.0.0"
+
+
+def test_deploy_enforces_gate_evidence_unless_forced_with_a_reason(live):
+    from vlad.client import ClientError
+
+    d, client, ctl, store, tmp, _ = live
+    rel = make_release(tmp / "unproven", "1.3.0", 4, required_gates=("contract", "equivalence", "performance",
+                                                                      "closed_loop"))
+    with pytest.raises(ClientError, match=r"lacks passing gate evidence \(gate contract: no evidence"):
+        client.control("deploy", timeout_ms=120_000, path=str(rel), who="tech", why="try")
+    assert store.active() == "vlad-demo-reacher-1.0.0"
+    r = client.control("deploy", timeout_ms=120_000, path=str(rel), who="tech", why="field trial, gates pending",
+                       force=True)
+    assert r["release"] == "vlad-demo-reacher@1.3.0"
+    assert store.active() == "vlad-demo-reacher-1.3.0"
+    events = client.control("events", limit=50)
+    forced = [e for e in events if "without gate evidence forced by tech" in e["reason"]]
+    assert forced and "field trial, gates pending" in forced[-1]["reason"]
+    assert forced[-1]["details"]["missing"]
 
 
 def test_shadow_never_publishes(live):

@@ -29,7 +29,9 @@ def test_committed_onnx_matches_pytorch_weights(demo_dir, contract, golden):
         args = [torch.from_numpy(case["inputs"][n]) for n in _names(contract)]
         with torch.inference_mode():
             ref = model(*args).numpy()
-        np.testing.assert_array_equal(ref, case["outputs"]["actions"])  # fixtures are this model's outputs
+        # The fixtures are this model's outputs. Not bit-exact across machines: the same torch
+        # build picks different kernels per CPU (AVX2 vs AVX-512), a few ulp apart.
+        np.testing.assert_allclose(ref, case["outputs"]["actions"], rtol=0, atol=1e-6)
         pt2 = program(*args).detach().numpy()
         got = sess.run(["actions"], case["inputs"])[0]
         for name, out in (("pt2", pt2), ("onnx", got)):

@@ -40,8 +40,19 @@ def value(fams: dict, family: str, sample: str | None = None, **labels: str) -> 
 
 def test_metrics_endpoint_families_and_counts_move(tmp_path):
     port = free_port()
-    d = start_daemon(tmp_path, ["--set", "metrics.enabled=true", "--set", f"metrics.listen='127.0.0.1:{port}'",
-                                "--set", "serve.warmup=2", "--set", "serve.status_hz=10"])
+    d = start_daemon(
+        tmp_path,
+        [
+            "--set",
+            "metrics.enabled=true",
+            "--set",
+            f"metrics.listen='127.0.0.1:{port}'",
+            "--set",
+            "serve.warmup=2",
+            "--set",
+            "serve.status_hz=10",
+        ],
+    )
     url = f"http://127.0.0.1:{port}/metrics"
     client = d.client()
     sim = ControllerSim(client, load_golden()[0]).start()
@@ -55,14 +66,26 @@ def test_metrics_endpoint_families_and_counts_move(tmp_path):
         sim.stop()
         client.close()
         d.stop()
-    for fam, kind in (("vlad_up", "gauge"), ("vlad_state", "gauge"), ("vlad_release_info", "gauge"),
-                      ("vlad_estop_engaged", "gauge"), ("vlad_latency_seconds", "histogram"),
-                      ("vlad_published", "counter"), ("vlad_observations", "counter"), ("vlad_holds", "counter"),
-                      ("vlad_rejections", "counter"), ("vlad_deadline_misses", "counter"),
-                      ("vlad_interventions", "counter"), ("vlad_state_transitions", "counter"),
-                      ("vlad_events", "counter"), ("vlad_memory_bytes", "gauge"),
-                      ("vlad_temperature_celsius", "gauge"), ("vlad_latency_window_seconds", "gauge"),
-                      ("vlad_policy_cycles", "counter"), ("vlad_fallback_active", "gauge")):
+    for fam, kind in (
+        ("vlad_up", "gauge"),
+        ("vlad_state", "gauge"),
+        ("vlad_release_info", "gauge"),
+        ("vlad_estop_engaged", "gauge"),
+        ("vlad_latency_seconds", "histogram"),
+        ("vlad_published", "counter"),
+        ("vlad_observations", "counter"),
+        ("vlad_holds", "counter"),
+        ("vlad_rejections", "counter"),
+        ("vlad_deadline_misses", "counter"),
+        ("vlad_interventions", "counter"),
+        ("vlad_state_transitions", "counter"),
+        ("vlad_events", "counter"),
+        ("vlad_memory_bytes", "gauge"),
+        ("vlad_temperature_celsius", "gauge"),
+        ("vlad_latency_window_seconds", "gauge"),
+        ("vlad_policy_cycles", "counter"),
+        ("vlad_fallback_active", "gauge"),
+    ):
         assert fam in second, f"{fam} missing; have {sorted(second)}"
         assert second[fam]["type"] == kind, (fam, second[fam]["type"])
     # Exactly one state is current (DEGRADED possible on a loaded machine: deadline warnings).

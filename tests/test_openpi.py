@@ -94,8 +94,9 @@ def settle_openpi(policy, task, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            out = policy.infer({demo_openpi.IMAGE_KEY: obs.image, demo_openpi.STATE_KEY: obs.proprio,
-                                "prompt": sim.INSTRUCTIONS[0]})
+            out = policy.infer(
+                {demo_openpi.IMAGE_KEY: obs.image, demo_openpi.STATE_KEY: obs.proprio, "prompt": sim.INSTRUCTIONS[0]}
+            )
             policy.reset()
             if out["vlad"]["policy"].startswith("release"):
                 return
@@ -129,14 +130,18 @@ def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path):
     ok_openpi = sum(r["success"] for r in openpi)
     lat = np.concatenate([r["latencies"] for r in openpi])
     nat = np.concatenate([r["latencies"] for r in native])
-    print(f"native {ok_native}/{EPISODES}, openpi {ok_openpi}/{EPISODES}; openpi request->chunk p50 "
-          f"{np.median(lat):.2f} ms p99 {np.percentile(lat, 99):.2f} ms over {len(lat)}; native sensor->chunk p50 "
-          f"{np.median(nat):.2f} ms; openpi held {[r['held'] for r in openpi]}, errors "
-          f"{sorted({e for r in openpi for e in r['errors']})}; bridge {st['openpi']}")
+    print(
+        f"native {ok_native}/{EPISODES}, openpi {ok_openpi}/{EPISODES}; openpi request->chunk p50 "
+        f"{np.median(lat):.2f} ms p99 {np.percentile(lat, 99):.2f} ms over {len(lat)}; native sensor->chunk p50 "
+        f"{np.median(nat):.2f} ms; openpi held {[r['held'] for r in openpi]}, errors "
+        f"{sorted({e for r in openpi for e in r['errors']})}; bridge {st['openpi']}"
+    )
     mean_native = np.mean([r["distance"] for r in native])
     mean_openpi = np.mean([r["distance"] for r in openpi])
-    print(f"mean final distance: native {mean_native * 1e3:.1f} mm, openpi {mean_openpi * 1e3:.1f} mm; per episode (mm) "
-          f"native {[round(r['distance'] * 1e3) for r in native]}, openpi {[round(r['distance'] * 1e3) for r in openpi]}")
+    print(
+        f"mean final distance: native {mean_native * 1e3:.1f} mm, openpi {mean_openpi * 1e3:.1f} mm; per episode (mm) "
+        f"native {[round(r['distance'] * 1e3) for r in native]}, openpi {[round(r['distance'] * 1e3) for r in openpi]}"
+    )
     assert ok_openpi >= 3
     assert ok_openpi >= ok_native - 3, (ok_native, ok_openpi)
     assert mean_openpi < 0.15, mean_openpi
@@ -152,15 +157,26 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
     metrics_sock = tmp_path / "metrics.sock"
     estop = tmp_path / "estop"
     estop.write_text("0")
-    d = start_daemon(tmp_path, settings(port, "sockets.observation_producers=['uid:4242']",
-                                        "compat.openpi.max_message_mb=1", "metrics.enabled=true",
-                                        f"metrics.listen='unix:{metrics_sock}'", f"safety.estop_file='{estop}'"))
+    d = start_daemon(
+        tmp_path,
+        settings(
+            port,
+            "sockets.observation_producers=['uid:4242']",
+            "compat.openpi.max_message_mb=1",
+            "metrics.enabled=true",
+            f"metrics.listen='unix:{metrics_sock}'",
+            f"safety.estop_file='{estop}'",
+        ),
+    )
     try:
         policy = WebsocketClientPolicy("127.0.0.1", port)
         meta = policy.get_server_metadata()
         assert meta["server"] == "vlad" and meta["action_dim"] == 2 and meta["chunk_length"] == 8
-        obs = {demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
-               demo_openpi.STATE_KEY: np.zeros(4, np.float32), "prompt": sim.INSTRUCTIONS[0]}
+        obs = {
+            demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
+            demo_openpi.STATE_KEY: np.zeros(4, np.float32),
+            "prompt": sim.INSTRUCTIONS[0],
+        }
         out = policy.infer(obs)
         assert out["actions"].shape == (8, 2) and out["actions"].dtype == np.float32
         assert out["server_timing"]["infer_ms"] > 0
@@ -184,8 +200,12 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         assert "malformed" in ws.recv()
         # An object-dtype array must never be built from client bytes.
         import msgpack
-        ws.send(msgpack.packb({demo_openpi.IMAGE_KEY: {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "|O",
-                                                     b"shape": [1]}}))
+
+        ws.send(
+            msgpack.packb(
+                {demo_openpi.IMAGE_KEY: {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "|O", b"shape": [1]}}
+            )
+        )
         assert "not numeric" in ws.recv()
         assert policy.infer(obs)["actions"].shape == (8, 2)  # the connection still serves
         # The connection limit (1): a second client is refused before the handshake.
@@ -203,8 +223,12 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         for _ in range(10):
             t = time.monotonic_ns()
             sent.add(t)
-            client.publish_observation({"overhead": obs[demo_openpi.IMAGE_KEY]}, proprio=obs[demo_openpi.STATE_KEY],
-                                       instruction=sim.INSTRUCTIONS[0], t_sensor_ns=t)
+            client.publish_observation(
+                {"overhead": obs[demo_openpi.IMAGE_KEY]},
+                proprio=obs[demo_openpi.STATE_KEY],
+                instruction=sim.INSTRUCTIONS[0],
+                t_sensor_ns=t,
+            )
             chunk = client.recv_actions(timeout_ms=50, drop_stale=False)
             answered += [chunk.t_sensor_ns] if chunk is not None else []
         time.sleep(0.6)  # a status tick
@@ -255,8 +279,13 @@ def test_openpi_config_is_checked():
         parse_config({"compat": {"openpi": {"enable": True}}})
     with pytest.raises(ConfigError, match="HOST:PORT"):
         parse_config({"compat": {"openpi": {"listen": "8000"}}})
-    cfg = parse_config({"compat": {"openpi": {"listen": "0.0.0.0:8000", "tls_cert": "c.pem", "tls_key": "k.pem",
-                                              "token_file": "token"}}})
+    cfg = parse_config(
+        {
+            "compat": {
+                "openpi": {"listen": "0.0.0.0:8000", "tls_cert": "c.pem", "tls_key": "k.pem", "token_file": "token"}
+            }
+        }
+    )
     assert cfg.compat.openpi.listen == "0.0.0.0:8000"
     with pytest.raises(ConfigError, match="allow_remote"):
         parse_config({"metrics": {"listen": "10.0.0.1:9464"}})
@@ -273,16 +302,23 @@ def _self_signed(tmp_path):
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "vlad-test")])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=1))
-            .not_valid_after(now + dt.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .sign(key, hashes.SHA256()))
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .sign(key, hashes.SHA256())
+    )
     cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_path, key_path
 
 
@@ -293,12 +329,22 @@ def test_tls_and_token(tmp_path, monkeypatch):
     token = tmp_path / "token"
     token.write_text("s3cret-token-for-the-test\n")
     port = free_port()
-    d = start_daemon(tmp_path, settings(port, f"compat.openpi.tls_cert='{cert}'", f"compat.openpi.tls_key='{key}'",
-                                        f"compat.openpi.token_file='{token}'"))
+    d = start_daemon(
+        tmp_path,
+        settings(
+            port,
+            f"compat.openpi.tls_cert='{cert}'",
+            f"compat.openpi.tls_key='{key}'",
+            f"compat.openpi.token_file='{token}'",
+        ),
+    )
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the client trusts the test certificate
     try:
-        obs = {demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
-               demo_openpi.STATE_KEY: np.zeros(4, np.float32), "prompt": sim.INSTRUCTIONS[0]}
+        obs = {
+            demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
+            demo_openpi.STATE_KEY: np.zeros(4, np.float32),
+            "prompt": sim.INSTRUCTIONS[0],
+        }
         with pytest.raises(InvalidStatus, match="401"):
             WebsocketClientPolicy(f"wss://127.0.0.1:{port}", api_key="wrong-token-wrong-token")
         with pytest.raises(InvalidStatus, match="401"):

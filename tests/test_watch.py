@@ -41,15 +41,20 @@ def test_status_watch_in_tmux(tmp_path):
     session = f"vlad-watch-{tmp_path.name}"[:60]
     vladctl = Path(sys.executable).parent / "vladctl"
     status_file = tmp_path / "exit"
-    cmd = (f"cd {ROOT} && PYTHONPATH={ROOT} {vladctl} status --watch --interval 0.3 "
-           f"--endpoint {d.endpoints['control']}; echo $? > {status_file}; sleep 60")
+    cmd = (
+        f"cd {ROOT} && PYTHONPATH={ROOT} {vladctl} status --watch --interval 0.3 "
+        f"--endpoint {d.endpoints['control']}; echo $? > {status_file}; sleep 60"
+    )
     # A 100-column pane: a line over 80 columns would show, not wrap.
     tmux("new-session", "-d", "-s", session, "-x", "100", "-y", "40", cmd)
     client = d.client()
     try:
         for _ in range(30):  # some traffic, so latency rows appear
-            client.publish_observation({"overhead": __import__("numpy").zeros((64, 64, 3), "uint8")},
-                                       proprio=[0, 0, 0, 0], instruction="reach the red target")
+            client.publish_observation(
+                {"overhead": __import__("numpy").zeros((64, 64, 3), "uint8")},
+                proprio=[0, 0, 0, 0],
+                instruction="reach the red target",
+            )
             client.heartbeat()
             time.sleep(0.02)
         lines = wait_screen(session, lambda s: "e2e" in s and "state " in s)
@@ -57,7 +62,7 @@ def test_status_watch_in_tmux(tmp_path):
         assert "release  vlad-demo-reacher@1.0.0" in text
         assert "backend  onnxruntime" in text
         assert "e-stop released" in text
-        events = lines[lines.index("events") + 1:]
+        events = lines[lines.index("events") + 1 :]
         assert events and re.match(r"  \d\d:\d\d:\d\d \S+: ", events[0]), events  # the last events
         assert all(len(line) <= 80 for line in lines), max(lines, key=len)
         # Refreshed in place: the frame never scrolls (one header line on the screen).

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import zmq
@@ -345,7 +345,7 @@ class ChunkExecutor:
         early = int(self.tolerance * chunk.period_ns)
         return max(0, (now_ns - chunk.t_sensor_ns + early) // chunk.period_ns)
 
-    def _usable(self, chunk: ActionChunk | None, now: int) -> bool:
+    def _usable(self, chunk: ActionChunk | None, now: int) -> TypeGuard[ActionChunk]:
         return chunk is not None and not chunk.is_stale(now) and self.index(chunk, now) < len(chunk.actions)
 
     def offer(self, chunk: ActionChunk, now_ns: int | None = None) -> bool:

@@ -10,6 +10,7 @@ nanoseconds once, here (the ``*_ns`` attributes), so nothing downstream converts
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -276,9 +277,65 @@ def _check_fallback(f: FallbackConfig, path: str, problems: list[str]) -> None:
         problems.append(f"{path}.chain: entries after a hold entry can never be reached")
 
 
-def _check_openpi(o: OpenPIConfig, path: str, problems: list[str]) -> None:
-    from vlad.compat.listen import listen_problem
+# -- listen = "HOST:PORT" | "unix:/path": the openpi endpoint and the metrics endpoint ---------
 
+
+@dataclass(frozen=True)
+class Listen:
+    host: str = ""  # empty for unix
+    port: int = 0
+    path: str = ""  # unix socket path
+
+    @property
+    def unix(self) -> bool:
+        return bool(self.path)
+
+    def __str__(self) -> str:
+        if self.unix:
+            return f"unix:{self.path}"
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_listen(text: str) -> Listen:
+    """Raises ValueError with a one-line reason."""
+    if text.startswith("unix:"):
+        path = text[len("unix:"):]
+        if not path.startswith("/"):
+            raise ValueError(f"{text!r}: a unix socket needs an absolute path (unix:/run/vlad/x.sock)")
+        return Listen(path=path)
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r}: expected HOST:PORT (e.g. 127.0.0.1:8000) or unix:/path")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        p = int(port)
+    except ValueError:
+        raise ValueError(f"{text!r}: port {port!r} is not a number") from None
+    if not 0 < p < 65536:
+        raise ValueError(f"{text!r}: port must be 1..65535")
+    return Listen(host=host, port=p)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name that may resolve anywhere: not loopback
+
+
+def listen_problem(text: str, *, remote_ok: bool) -> str | None:
+    try:
+        listen = parse_listen(text)
+    except ValueError as exc:
+        return str(exc)
+    if not listen.unix and not is_loopback(listen.host) and not remote_ok:
+        return f"{text!r} is reachable beyond loopback; refused"
+    return None
+
+
+def _check_openpi(o: OpenPIConfig, path: str, problems: list[str]) -> None:
     problem = listen_problem(o.listen, remote_ok=bool(o.tls_cert and o.tls_key and o.token_file))
     if problem:
         problems.append(f"{path}.listen: {problem}"
@@ -291,15 +348,14 @@ def _check_openpi(o: OpenPIConfig, path: str, problems: list[str]) -> None:
 
 
 def _check_metrics(m: MetricsConfig, path: str, problems: list[str]) -> None:
-    from vlad.compat.listen import listen_problem
-
     problem = listen_problem(m.listen, remote_ok=m.allow_remote)
     if problem:
         problems.append(f"{path}.listen: {problem}" + (" unless allow_remote = true" if "loopback" in problem else ""))
 
 
-CHECKS = {ChainEntry: _check_chain, MonitorsConfig: _check_monitors, FallbackConfig: _check_fallback,
-          OpenPIConfig: _check_openpi, MetricsConfig: _check_metrics}
+CHECKS: dict[type, schema.Check] = {ChainEntry: _check_chain, MonitorsConfig: _check_monitors,
+                                    FallbackConfig: _check_fallback, OpenPIConfig: _check_openpi,
+                                    MetricsConfig: _check_metrics}
 
 
 def _parse_value(text: str) -> Any:

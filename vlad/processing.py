@@ -13,12 +13,16 @@ import importlib.metadata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from vlad.contract import CameraSpec, Contract, LanguageSpec
 from vlad.errors import NonFiniteObservation, ObservationError, TokenizerError
 from vlad.files import sha256_file
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as _HFTokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +56,7 @@ class Tokenizer:
 
     spec: LanguageSpec
     path: Path
-    _tok: object = field(repr=False)
+    _tok: _HFTokenizer = field(repr=False)
     _cache: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -63,6 +67,7 @@ class Tokenizer:
         if spec.library != "tokenizers":
             raise TokenizerError(f"tokenizer library {spec.library!r} is not supported (only 'tokenizers')")
         path = contract.tokenizer_path
+        assert path is not None  # set whenever the contract has a language (checked above)
         if not path.is_file():
             raise TokenizerError(f"tokenizer file {path} is missing; the release is incomplete")
         digest = sha256_file(path)
@@ -186,6 +191,7 @@ def preprocess_image(cam: CameraSpec, img: np.ndarray) -> np.ndarray:
 def preprocess_proprio(contract: Contract, proprio: np.ndarray | None) -> np.ndarray:
     """Joint state in contract units -> normalized float32 vector."""
     spec = contract.proprio
+    assert spec is not None  # callers check contract.proprio first
     if proprio is None:
         raise ObservationError(f"observation has no proprio; the contract needs {spec.dim} values {list(spec.names)}")
     p = np.asarray(proprio)
@@ -205,6 +211,7 @@ def make_noise(contract: Contract, sequence: int, batch: int = 1) -> np.ndarray:
     observation sequence gives the same noise on every backend and every replay.
     """
     spec = contract.noise
+    assert spec is not None  # callers check contract.noise first
     shape = (batch, *spec.shape)
     if spec.seeding == "zeros":
         return np.zeros(shape, dtype=np.dtype(spec.dtype))
@@ -228,6 +235,7 @@ def preprocess(contract: Contract, tokenizer: Tokenizer | None, obs: RawObservat
     if contract.language is not None:
         if obs.instruction is None:
             raise ObservationError("observation has no instruction; the contract has a language input")
+        assert tokenizer is not None  # a contract with a language input comes with its tokenizer
         inputs[contract.language.input] = tokenizer.encode(obs.instruction)[None]
     if contract.proprio is not None:
         inputs[contract.proprio.input] = preprocess_proprio(contract, obs.proprio)[None]
@@ -318,6 +326,7 @@ class Preprocessor:
         if c.language is not None:
             if obs.instruction is None:
                 raise ObservationError("observation has no instruction; the contract has a language input")
+            assert self.tokenizer is not None  # a contract with a language input comes with its tokenizer
             self.inputs[c.language.input][0] = self.tokenizer.encode(obs.instruction)  # cached per instruction
         if c.proprio is not None:
             spec = c.proprio
@@ -341,6 +350,7 @@ class _NoiseSource:
     state is reset to the key ``seed + sequence`` (the same stream, bit for bit)."""
 
     def __init__(self, contract: Contract) -> None:
+        assert contract.noise is not None  # built only for a contract with a noise input
         self.spec = contract.noise
         self._bits = np.random.Philox(key=0)
         self._gen = np.random.Generator(self._bits)

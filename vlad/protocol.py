@@ -84,7 +84,8 @@ def encode(topic: bytes, header: Mapping[str, Any], tensors: Mapping[str, np.nda
             if a.dtype.byteorder == ">":
                 a = a.astype(a.dtype.newbyteorder("<"))
             descs.append({"name": name, "dtype": a.dtype.name, "shape": list(a.shape)})
-            frames.append(memoryview(a).cast("B") if a.size else b"")
+            # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12
+            frames.append(memoryview(a).cast("B") if a.size else b"")  # type: ignore[arg-type]
         head["tensors"] = descs
     frames[1] = msgpack.packb(head, use_bin_type=True)
     return frames

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import json
+import os
 import subprocess
 import sys
 import types
@@ -129,3 +131,111 @@ def test_builtin_hookimpls_are_documented():
         assert inspect.getdoc(mod.vlad_backends), f"{mod.__name__}.vlad_backends has no docstring"
         for backend in mod.vlad_backends():
             assert inspect.getdoc(type(backend).load) and inspect.getdoc(type(backend).availability)
+
+
+# -- pluggy's own API: distribution info, unknown hooks --------------------------------------
+
+
+def test_distribution_info_comes_from_pluggy():
+    """plugin_infos reports what pluggy's list_plugin_distinfo says provided each plugin."""
+    pm = plugins.make_plugin_manager()
+    from_pluggy = {pm.get_name(p): d.metadata["Name"] for p, d in pm.list_plugin_distinfo()}
+    assert from_pluggy, "no plugin came through load_setuptools_entrypoints"
+    infos = {i.name: i.distribution for i in plugins.plugin_infos(pm)}
+    assert {k: infos[k] for k in from_pluggy} == from_pluggy
+    # the backends are attributed to the plugin that provides them, not guessed from modules
+    providers = plugins.backend_plugins(pm)
+    assert providers["torch-aoti"] == "torch" and providers["onnxruntime"] == "onnxruntime"
+
+
+def test_a_plugin_registered_by_code_is_reported_as_unpackaged():
+    pm = plugins.make_plugin_manager(load_entry_points=False)
+    pm.register(_plugin("local_plugin", "local"), name="local_plugin")
+    assert plugins.plugin_infos(pm) == [plugins.PluginInfo("local_plugin", "local_plugin", plugins.UNPACKAGED, "-")]
+    assert plugins.backend_plugins(pm) == {"local": "local_plugin"}
+
+
+def _misspelt_plugin(name: str) -> types.ModuleType:
+    """A real plugin whose author wrote vlad_backend for vlad_backends: pluggy accepts the
+    registration (it cannot know the hook) and would never call it."""
+    mod = types.ModuleType(name)
+
+    @hookimpl
+    def vlad_backend():
+        return [_Fake("never-offered")]
+
+    mod.vlad_backend = vlad_backend
+    return mod
+
+
+def test_a_misspelt_hookimpl_fails_with_one_clear_line():
+    pm = plugins.make_plugin_manager(load_entry_points=False)
+    pm.register(_misspelt_plugin("typo_plugin"), name="typo_plugin")
+    assert "never-offered" not in plugins.backends(pm)  # what silently happens without the check
+    with pytest.raises(VladError) as err:
+        plugins.check(pm)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "'typo_plugin'" in msg and "unknown hook 'vlad_backend'" in msg and "'vlad_backends'" in msg
+
+
+def test_a_misspelt_plugin_module_stops_the_start(monkeypatch):
+    """Through VLAD_PLUGIN_MODULES (how an integrator's local plugin is loaded), the manager
+    the daemon builds refuses it instead of running without the plugin."""
+    monkeypatch.setitem(sys.modules, "typo_plugin_mod", _misspelt_plugin("typo_plugin_mod"))
+    monkeypatch.setenv("VLAD_PLUGIN_MODULES", "typo_plugin_mod")
+    monkeypatch.setenv("VLAD_PLUGINS", "")
+    with pytest.raises(VladError, match=r"plugin 'typo_plugin_mod' implements unknown hook 'vlad_backend'"):
+        plugins.make_plugin_manager()
+
+
+def test_an_optional_unknown_hook_is_allowed():
+    """pluggy's optionalhook is the documented way to implement a hook of a newer vlad."""
+    mod = types.ModuleType("future_plugin")
+
+    @hookimpl(optionalhook=True)
+    def vlad_future_hook():
+        return None
+
+    mod.vlad_future_hook = vlad_future_hook
+    pm = plugins.make_plugin_manager(load_entry_points=False)
+    pm.register(mod, name="future_plugin")
+    plugins.check(pm)
+
+
+def test_a_hookimpl_with_wrong_arguments_is_one_line():
+    mod = types.ModuleType("bad_args")
+
+    @hookimpl
+    def vlad_monitors(cfg):  # the spec's argument is "config"
+        return []
+
+    mod.vlad_monitors = vlad_monitors
+    pm = plugins.make_plugin_manager(load_entry_points=False)
+    with pytest.raises(VladError, match="plugin 'bad_args'"):
+        plugins._register(pm, mod, "bad_args")  # what make_plugin_manager uses
+
+
+def _vladctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vlad.cli", *args], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", **env}, timeout=120, check=False)
+
+
+def test_vladctl_plugins_names_each_backends_distribution():
+    out = _vladctl("plugins", "--json", env={"VLAD_PLUGINS": "torch,onnxruntime"})
+    assert out.returncode == 0, out.stderr
+    rows = {r["backend"]: r for r in json.loads(out.stdout)["backends"]}
+    assert {k: (r["plugin"], r["distribution"]) for k, r in rows.items()} == {
+        "torch": ("torch", "vlad-torch"), "torch-aoti": ("torch", "vlad-torch"),
+        "onnxruntime": ("onnxruntime", "vlad-onnxruntime")}
+
+
+def test_vladctl_refuses_a_misspelt_plugin_in_one_line(tmp_path):
+    (tmp_path / "typo_plugin_cli.py").write_text(
+        "from vlad.hookspecs import hookimpl\n\n\n@hookimpl\ndef vlad_sensor():\n    return []\n")
+    path = os.pathsep.join([str(tmp_path), *sys.path])
+    out = _vladctl("plugins", env={"VLAD_PLUGIN_MODULES": "typo_plugin_cli", "VLAD_PLUGINS": "", "PYTHONPATH": path})
+    assert out.returncode == 2
+    expected = ("error: plugin 'typo_plugin_cli' implements unknown hook 'vlad_sensor' "
+                "(did you mean 'vlad_sensors'?): fix or remove its @hookimpl")
+    assert out.stderr.strip().splitlines() == [expected]

@@ -104,8 +104,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     preds = [planner.predict(model, hw, **kw) for hw in hardware]
     feas = [planner.feasibility(contract, model, hw, align=False, **kw) for hw in hardware] if contract else []
     if args.json:
-        out = feas or [p.to_dict() for p in preds]
-        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+        doc = feas or [p.to_dict() for p in preds]
+        print(json.dumps(doc[0] if len(doc) == 1 else doc, indent=2))
     elif len(preds) == 1:
         print(report.format_prediction(preds[0], feas[0] if feas else None))
     else:

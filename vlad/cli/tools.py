@@ -10,18 +10,21 @@ from typing import Any
 
 def cmd_plugins(args: argparse.Namespace) -> int:
     """List loaded plugins, their backends, versions and whether each runtime is usable."""
-    from vlad.plugins import backends, plugin_infos
+    from vlad.plugins import backend_plugins, backends, plugin_infos
 
     rows = []
-    by_plugin = {info.name: info for info in plugin_infos()}
+    infos = plugin_infos()
+    by_plugin = {info.name: info for info in infos}
+    # Which plugin provides each backend, as pluggy registered it; the plugin's
+    # distribution and version come from pluggy's list_plugin_distinfo (plugin_infos).
+    provider = backend_plugins()
     for name, backend in sorted(backends().items()):
-        module = type(backend).__module__.split(".")[0]
-        info = next((i for i in by_plugin.values() if i.module.split(":")[0].split(".")[0] == module), None)
+        info = by_plugin.get(provider.get(name, ""))
         avail = backend.availability()
         rows.append(
             {
                 "backend": name,
-                "plugin": info.name if info else module,
+                "plugin": info.name if info else provider.get(name, "?"),
                 "distribution": info.distribution if info else "?",
                 "plugin_version": info.version if info else "?",
                 "runtime": avail.runtime,
@@ -32,7 +35,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             }
         )
     if args.json:
-        print(json.dumps({"plugins": [vars(i) for i in plugin_infos()], "backends": rows}, indent=2))
+        print(json.dumps({"plugins": [vars(i) for i in infos], "backends": rows}, indent=2))
         return 0
     if not rows:
         print("no backend plugins loaded (check VLAD_PLUGINS and the installed plugins)")

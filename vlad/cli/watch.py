@@ -22,8 +22,9 @@ STAGES = ("e2e", "transport", "queue", "preprocess", "engine", "decode", "guard"
 HOME, ERASE_LINE, ERASE_BELOW, HIDE, SHOW = "\x1b[H", "\x1b[K", "\x1b[J", "\x1b[?25l", "\x1b[?25h"
 
 
-def render(st: dict[str, Any] | None, events: list[dict[str, Any]], error: str | None, endpoint: str,
-           now: float) -> list[str]:
+def render(
+    st: dict[str, Any] | None, events: list[dict[str, Any]], error: str | None, endpoint: str, now: float
+) -> list[str]:
     """The frame's lines (each at most WIDTH characters)."""
     clock = time.strftime("%H:%M:%S", time.localtime(now))
     lines = []
@@ -41,18 +42,24 @@ def render(st: dict[str, Any] | None, events: list[dict[str, Any]], error: str |
         b = st["backend"]
         lines.append(f"backend  {b['name']} ({b['runtime']}, {b['device']})")
         r = st["rates"]
-        lines.append(f"rates    {r['observations_hz']:.1f} obs/s   {r['actions_hz']:.1f} actions/s   "
-                     f"period {st['control_period_ms']:g} ms")
+        lines.append(
+            f"rates    {r['observations_hz']:.1f} obs/s   {r['actions_hz']:.1f} actions/s   "
+            f"period {st['control_period_ms']:g} ms"
+        )
         c = st["counters"]
-        lines.append(f"counts   published {c.get('published', 0)}  holds {c.get('published_hold', 0)}  "
-                     f"stale {c.get('stale', 0)}  rejected {sum(c.get('rejected', {}).values())}  "
-                     f"misses {c.get('deadline_misses', 0)}")
+        lines.append(
+            f"counts   published {c.get('published', 0)}  holds {c.get('published_hold', 0)}  "
+            f"stale {c.get('stale', 0)}  rejected {sum(c.get('rejected', {}).values())}  "
+            f"misses {c.get('deadline_misses', 0)}"
+        )
         o = st.get("openpi")
         if o:
             lat_o = o.get("infer_ms", {})
-            lines.append(f"openpi   {o['clients']} client(s)  replies {o.get('replies', 0)}  "
-                         f"errors {sum(o['errors'].values())}"
-                         + (f"  p50 {lat_o['p50']:.1f} ms  p99 {lat_o['p99']:.1f} ms" if lat_o else ""))
+            lines.append(
+                f"openpi   {o['clients']} client(s)  replies {o.get('replies', 0)}  "
+                f"errors {sum(o['errors'].values())}"
+                + (f"  p50 {lat_o['p50']:.1f} ms  p99 {lat_o['p99']:.1f} ms" if lat_o else "")
+            )
         for f in st.get("findings", [])[:3]:
             lines.append(f"{f['severity']:<8} {f['message']}")
         lat = st.get("latency_ms", {})

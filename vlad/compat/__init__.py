@@ -22,8 +22,7 @@ def _need(module: str, extra: str, section: str) -> None:
     from vlad.errors import StartupError
 
     if importlib.util.find_spec(module) is None:
-        raise StartupError(f"[{section}] is enabled but the {module} package is missing: "
-                           f"pip install 'vlad[{extra}]'")
+        raise StartupError(f"[{section}] is enabled but the {module} package is missing: pip install 'vlad[{extra}]'")
 
 
 def attach(daemon: Daemon, obs_sock: Any, actions_sock: Any, stack: AsyncExitStack) -> None:

@@ -53,8 +53,7 @@ import zmq
 import zmq.asyncio
 
 from vlad import __version__, protocol
-from vlad.compat.listen import parse_listen
-from vlad.config import OpenPIConfig
+from vlad.config import OpenPIConfig, parse_listen
 from vlad.errors import StartupError
 
 if TYPE_CHECKING:
@@ -97,7 +96,7 @@ def _ndarray_hook(obj: dict) -> Any:
         if dtype.kind not in "biuf" or dtype.hasobject:
             raise BadRequest("malformed", f"array dtype {dtype.str!r} is not numeric")
         if len(shape) > MAX_RANK or not all(type(d) is int and d >= 0 for d in shape):
-            raise BadRequest("malformed", f"array shape {list(shape)[:MAX_RANK + 1]} is invalid")
+            raise BadRequest("malformed", f"array shape {list(shape)[: MAX_RANK + 1]} is invalid")
         if not isinstance(data, bytes) or len(data) != math.prod(shape) * dtype.itemsize:
             raise BadRequest("malformed", f"array data does not match shape {list(shape)} of {dtype.str}")
         return np.frombuffer(data, dtype=dtype).reshape(shape)
@@ -114,9 +113,17 @@ def _ndarray_hook(obj: dict) -> Any:
 
 def unpack(raw: bytes, max_bytes: int) -> Any:
     try:
-        return msgpack.unpackb(raw, object_hook=_ndarray_hook, raw=False, strict_map_key=True,
-                               max_bin_len=max_bytes, max_str_len=max_bytes, max_ext_len=0,
-                               max_array_len=protocol.MAX_ITEMS, max_map_len=protocol.MAX_ITEMS)
+        return msgpack.unpackb(
+            raw,
+            object_hook=_ndarray_hook,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=max_bytes,
+            max_str_len=max_bytes,
+            max_ext_len=0,
+            max_array_len=protocol.MAX_ITEMS,
+            max_map_len=protocol.MAX_ITEMS,
+        )
     except BadRequest:
         raise
     except Exception as exc:  # msgpack raises several types (and ValueError on deep nesting)
@@ -150,25 +157,38 @@ class OpenPIBridge:
         missing = [n for n in names if n not in cfg.cameras]
         unknown = [n for n in cfg.cameras if n not in names]
         if missing or unknown:
-            raise StartupError(f"compat.openpi.cameras must name every contract camera ({', '.join(names)}): "
-                               + "; ".join(filter(None, [missing and f"missing {', '.join(missing)}",
-                                                         unknown and f"not in the contract: {', '.join(unknown)}"])))
+            wrong = [f"missing {', '.join(missing)}"] if missing else []
+            wrong += [f"not in the contract: {', '.join(unknown)}"] if unknown else []
+            raise StartupError(
+                f"compat.openpi.cameras must name every contract camera ({', '.join(names)}): {'; '.join(wrong)}"
+            )
         if contract.proprio is not None and not cfg.proprio:
-            raise StartupError(f"compat.openpi.proprio: the contract needs a proprio vector of {contract.proprio.dim}; "
-                               "name the openpi key(s) that hold it")
+            raise StartupError(
+                f"compat.openpi.proprio: the contract needs a proprio vector of {contract.proprio.dim}; "
+                "name the openpi key(s) that hold it"
+            )
         self.language = contract.language is not None
         self.proprio_dim = contract.proprio.dim if contract.proprio is not None else None
-        self.expect = {f"image/{c.name}": f"{c.raw.dtype}[{c.raw.height}, {c.raw.width}, 3]" if c.raw.layout == "HWC"
-                       else f"{c.raw.dtype}[3, {c.raw.height}, {c.raw.width}]" for c in contract.cameras}
+        self.expect = {
+            f"image/{c.name}": f"{c.raw.dtype}[{c.raw.height}, {c.raw.width}, 3]"
+            if c.raw.layout == "HWC"
+            else f"{c.raw.dtype}[3, {c.raw.height}, {c.raw.width}]"
+            for c in contract.cameras
+        }
         self.token = self._read_token()
         self.ssl = self._ssl_context()
         self.max_bytes = int(cfg.max_message_mb * 2**20)
         self.timeout_s = cfg.request_timeout_ms / 1e3
         self.metadata = {
-            "server": "vlad", "version": __version__, "release": daemon.chain.release.id.release,
-            "action_dim": contract.action.dim, "chunk_length": contract.action.chunk_length,
+            "server": "vlad",
+            "version": __version__,
+            "release": daemon.chain.release.id.release,
+            "action_dim": contract.action.dim,
+            "chunk_length": contract.action.chunk_length,
             "control_period_ms": contract.timing.control_period_ms,
-            "cameras": dict(cfg.cameras), "proprio": list(cfg.proprio), "prompt": cfg.prompt,
+            "cameras": dict(cfg.cameras),
+            "proprio": list(cfg.proprio),
+            "prompt": cfg.prompt,
         }
         # Counters: written on the bridge thread, read by status and metrics (copied under the lock).
         self.lock = threading.Lock()
@@ -242,8 +262,11 @@ class OpenPIBridge:
             asyncio.run(self._main())
         except BaseException as exc:  # reported to start(); after start a crash is logged, never silent
             if not self._started.is_set():
-                self._start_error = exc if isinstance(exc, StartupError) else StartupError(
-                    f"compat.openpi: cannot serve on {self.listen}: {exc}")
+                self._start_error = (
+                    exc
+                    if isinstance(exc, StartupError)
+                    else StartupError(f"compat.openpi: cannot serve on {self.listen}: {exc}")
+                )
                 self._started.set()
             else:
                 log.exception("openpi endpoint failed; it no longer serves")
@@ -262,9 +285,16 @@ class OpenPIBridge:
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ACTIONS)
         self._sub.connect(ACT_INPROC)
-        kwargs: dict[str, Any] = dict(compression=None, max_size=self.max_bytes, process_request=self._admit,
-                                      ssl=self.ssl, ping_interval=5, ping_timeout=10, close_timeout=1,
-                                      logger=_ws_logger)
+        kwargs: dict[str, Any] = dict(
+            compression=None,
+            max_size=self.max_bytes,
+            process_request=self._admit,
+            ssl=self.ssl,
+            ping_interval=5,
+            ping_timeout=10,
+            close_timeout=1,
+            logger=_ws_logger,
+        )
         try:
             if self.listen.unix:
                 Path(self.listen.path).unlink(missing_ok=True)
@@ -309,10 +339,15 @@ class OpenPIBridge:
                 self._error("unauthorized", f"connection from {connection.remote_address}: bad or missing token")
                 return connection.respond(http.HTTPStatus.UNAUTHORIZED, "vlad: missing or wrong api key\n")
         if self._clients >= self.cfg.max_clients:
-            self._error("busy", f"connection from {connection.remote_address} refused: "
-                                f"{self._clients} client(s) connected (compat.openpi.max_clients)")
-            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
-                                      "vlad: another openpi client is connected (compat.openpi.max_clients)\n")
+            self._error(
+                "busy",
+                f"connection from {connection.remote_address} refused: "
+                f"{self._clients} client(s) connected (compat.openpi.max_clients)",
+            )
+            return connection.respond(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                "vlad: another openpi client is connected (compat.openpi.max_clients)\n",
+            )
         return None
 
     # -- one connection --------------------------------------------------------------------
@@ -331,8 +366,11 @@ class OpenPIBridge:
                     message = await ws.recv()
                 except ConnectionClosed as exc:
                     if exc.rcvd is not None and exc.rcvd.code == 1009 or exc.sent is not None and exc.sent.code == 1009:
-                        self._error("too_large", f"message over compat.openpi.max_message_mb "
-                                                 f"({self.cfg.max_message_mb:g} MiB): connection closed")
+                        self._error(
+                            "too_large",
+                            f"message over compat.openpi.max_message_mb "
+                            f"({self.cfg.max_message_mb:g} MiB): connection closed",
+                        )
                     break
                 start = time.monotonic()
                 reply = await self._answer(message, prev_total_ms)
@@ -384,8 +422,11 @@ class OpenPIBridge:
         source = h.get("source", "")
         if source.startswith("hold"):
             reason = source.partition(":")[2] or "hold"
-            return self._error(f"hold_{reason}", f"vlad answered with the hold posture ({reason}, state "
-                                                 f"{h.get('state')}): no policy action for this observation")
+            return self._error(
+                f"hold_{reason}",
+                f"vlad answered with the hold posture ({reason}, state "
+                f"{h.get('state')}): no policy action for this observation",
+            )
         now = time.monotonic_ns()
         if now > h["valid_until_ns"]:
             return self._error("expired", "the chunk for this observation expired before it could be sent")
@@ -397,15 +438,23 @@ class OpenPIBridge:
         timing: dict[str, float] = {"infer_ms": infer_ms}
         if prev_total_ms is not None:
             timing["prev_total_ms"] = prev_total_ms
-        return pack({
-            "actions": np.asarray(chunk.tensors["actions"], dtype=np.float32),
-            "server_timing": timing,
-            # vlad's own view of the cycle: which policy answered, and the stage timings.
-            "policy_timing": {"infer_ms": float(h.get("timings_ms", {}).get("engine", 0.0))},
-            "vlad": {"release": h.get("release", ""), "state": h.get("state", ""), "policy": h.get("policy", ""),
-                     "interventions": list(h.get("interventions", ())), "timings_ms": dict(h.get("timings_ms", {})),
-                     "valid_until_ns": h["valid_until_ns"], "period_ns": h["period_ns"]},
-        })
+        return pack(
+            {
+                "actions": np.asarray(chunk.tensors["actions"], dtype=np.float32),
+                "server_timing": timing,
+                # vlad's own view of the cycle: which policy answered, and the stage timings.
+                "policy_timing": {"infer_ms": float(h.get("timings_ms", {}).get("engine", 0.0))},
+                "vlad": {
+                    "release": h.get("release", ""),
+                    "state": h.get("state", ""),
+                    "policy": h.get("policy", ""),
+                    "interventions": list(h.get("interventions", ())),
+                    "timings_ms": dict(h.get("timings_ms", {})),
+                    "valid_until_ns": h["valid_until_ns"],
+                    "period_ns": h["period_ns"],
+                },
+            }
+        )
 
     def _observation(self, obs: dict, t_receive: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The openpi observation as a vlad ``obs`` header and tensors (contract checks are
@@ -414,8 +463,9 @@ class OpenPIBridge:
         for cam, key in self.cfg.cameras.items():
             img = _lookup(obs, key)
             if not isinstance(img, np.ndarray):
-                raise BadRequest("bad_observation", f"{key!r} (camera {cam}) must be an image array, "
-                                                    f"got {type(img).__name__}")
+                raise BadRequest(
+                    "bad_observation", f"{key!r} (camera {cam}) must be an image array, got {type(img).__name__}"
+                )
             tensors[f"image/{cam}"] = img
         if self.cfg.proprio:
             parts = []
@@ -424,13 +474,18 @@ class OpenPIBridge:
                 if isinstance(v, (int, float, np.generic)) and not isinstance(v, bool):
                     v = np.asarray([v])
                 if not isinstance(v, np.ndarray) or v.dtype.kind not in "iuf" or v.ndim > 1:
-                    raise BadRequest("bad_observation", f"{key!r} must be a numeric vector, got "
-                                                        f"{getattr(v, 'shape', type(v).__name__)}")
+                    raise BadRequest(
+                        "bad_observation",
+                        f"{key!r} must be a numeric vector, got {getattr(v, 'shape', type(v).__name__)}",
+                    )
                 parts.append(v.reshape(-1).astype(np.float64))
             proprio = np.concatenate(parts)
             if self.proprio_dim is not None and proprio.shape != (self.proprio_dim,):
-                raise BadRequest("bad_observation", f"proprio from {', '.join(self.cfg.proprio)} has {proprio.size} "
-                                                    f"values, the contract needs {self.proprio_dim}")
+                raise BadRequest(
+                    "bad_observation",
+                    f"proprio from {', '.join(self.cfg.proprio)} has {proprio.size} "
+                    f"values, the contract needs {self.proprio_dim}",
+                )
             tensors["proprio"] = proprio.astype(np.float32)
         header: dict[str, Any] = {"seq": next(self._seq), "t_sensor_ns": t_receive, "client": CLIENT_NAME}
         prompt = _find(obs, self.cfg.prompt)
@@ -441,8 +496,11 @@ class OpenPIBridge:
         if prompt is not None and not isinstance(prompt, str):
             raise BadRequest("bad_observation", f"{self.cfg.prompt!r} must be a string, got {type(prompt).__name__}")
         if self.language and prompt is None:
-            raise BadRequest("bad_observation", f"no {self.cfg.prompt!r} in the observation and no "
-                                                "compat.openpi.default_prompt; the policy needs an instruction")
+            raise BadRequest(
+                "bad_observation",
+                f"no {self.cfg.prompt!r} in the observation and no "
+                "compat.openpi.default_prompt; the policy needs an instruction",
+            )
         if prompt is not None:
             header["instruction"] = prompt
         for name, arr in tensors.items():
@@ -459,8 +517,12 @@ class OpenPIBridge:
         while True:
             await asyncio.sleep(period)
             if self._clients > 0:
-                await self._pub.send_multipart(protocol.encode(protocol.TOPIC_HEARTBEAT, {
-                    "seq": next(self._seq), "t_ns": time.monotonic_ns(), "client": CLIENT_NAME}))
+                await self._pub.send_multipart(
+                    protocol.encode(
+                        protocol.TOPIC_HEARTBEAT,
+                        {"seq": next(self._seq), "t_ns": time.monotonic_ns(), "client": CLIENT_NAME},
+                    )
+                )
 
     # -- chunks coming back ----------------------------------------------------------------
 
@@ -498,7 +560,7 @@ class OpenPIBridge:
             pass  # the bridge's loop has ended
 
     def _resolve(self, key: tuple[Any, Any], result: Any) -> None:
-        future = self._waiters.get(key)  # type: ignore[arg-type]
+        future = self._waiters.get(key)
         if future is not None and not future.done():
             future.set_result(result)
 
@@ -529,7 +591,7 @@ class OpenPIBridge:
         limit = f"within compat.openpi.request_timeout_ms ({self.cfg.request_timeout_ms:g} ms)"
         for k in moved:
             if k.startswith("rejected_"):
-                reason = k[len("rejected_"):]
+                reason = k[len("rejected_") :]
                 return f"rejected_{reason}", f"vlad refused the observation: {reason}{self._hint(reason)}"
         for k in ("stale", "superseded", "expired", "estop_blocked"):
             if k in moved:
@@ -538,8 +600,12 @@ class OpenPIBridge:
 
     def _hint(self, reason: str) -> str:
         if reason in ("bad_shape", "bad_dtype", "missing_tensor", "unknown_tensor"):
-            return " (the contract expects " + ", ".join(f"{n} {s}" for n, s in self.expect.items()) + \
-                (f", proprio float32[{self.proprio_dim}]" if self.proprio_dim else "") + ")"
+            return (
+                " (the contract expects "
+                + ", ".join(f"{n} {s}" for n, s in self.expect.items())
+                + (f", proprio float32[{self.proprio_dim}]" if self.proprio_dim else "")
+                + ")"
+            )
         if reason in ("implausible_proprio", "proprio_out_of_limits"):
             return " (joint state beyond the limits, or it jumped: vlad re-anchors after a few consistent ones)"
         return ""
@@ -559,8 +625,12 @@ class OpenPIBridge:
     def report(self) -> dict[str, Any]:
         with self.lock:
             lat = list(self.infer_ms)
-            out: dict[str, Any] = {"listen": str(self.listen), "clients": self._clients, **self.counts,
-                                   "errors": dict(self.errors)}
+            out: dict[str, Any] = {
+                "listen": str(self.listen),
+                "clients": self._clients,
+                **self.counts,
+                "errors": dict(self.errors),
+            }
         if lat:
             p50, p99 = np.percentile(lat, (50, 99))
             out["infer_ms"] = {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "count": len(lat)}

@@ -139,7 +139,7 @@ def parse_request(frame: Any) -> tuple[Command, Any]:
     if cmd is None:
         raise protocol.ProtocolError("unknown_command", f"unknown control command {name[:64]!r} "
                                                         f"(known: {', '.join(COMMANDS)})")
-    args = schema.parse(cmd.args, raw_args, f"{name}", BadArguments)
+    args: Any = schema.parse(cmd.args, raw_args, f"{name}", BadArguments)
     return cmd, args
 
 

@@ -126,6 +126,7 @@ class EStop:
         self.last_bridge_ns = time.monotonic_ns()
 
     def _read_file(self) -> tuple[bool, str]:
+        assert self._file is not None  # called only when an e-stop file is configured
         try:
             text = read_bytes(self._file, 4096).decode("utf-8", "replace").strip().lower()
         except FileNotFoundError:

@@ -410,7 +410,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     # before spending seconds on loading.
     for endpoint in roles.values():
         prepare_ipc(endpoint, s.ipc_group)
-    curve, curve_keys = None, set()
+    curve, curve_keys = None, set[bytes]()
     if any(e.startswith("tcp://") for e in roles.values()):
         if not (s.curve_secret_key and s.curve_clients_dir):
             raise StartupError("tcp:// endpoints need CurveZMQ keys: set sockets.curve_secret_key and "

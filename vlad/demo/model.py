@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -111,6 +112,8 @@ class ImageEncoder(nn.Module):
     """Conv encoder -> 8x8 grid of tokens. Two coordinate channels (CoordConv) make target
     positions easy to read off, which a tiny network otherwise learns slowly."""
 
+    coords: torch.Tensor  # a (non-persistent) buffer
+
     def __init__(self, d: int, size: int) -> None:
         super().__init__()
         self.net = nn.Sequential(
@@ -171,7 +174,7 @@ class TinyPi0(nn.Module):
         return self.trunk_norm(x)
 
     def prefix_kv(self, prefix: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [block.prefix_kv(prefix) for block in self.expert]
+        return [cast(ExpertBlock, block).prefix_kv(prefix) for block in self.expert]
 
     def condition(self, prefix: torch.Tensor) -> torch.Tensor:
         """Pooled instruction embedding from the trunk output, [B, d]."""

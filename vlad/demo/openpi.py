@@ -23,11 +23,14 @@ from vlad.demo import sim
 # The keys this demo's [compat.openpi] mapping names (tests and etc/vlad/demo-openpi.toml).
 IMAGE_KEY = "observation/image"
 STATE_KEY = "observation/state"
-OPENPI_SETTINGS = ["compat.openpi.enabled=true", f"compat.openpi.cameras={{overhead='{IMAGE_KEY}'}}",
-                   f"compat.openpi.proprio=['{STATE_KEY}']",
-                   # openpi clients send an observation only when their chunk runs out
-                   # (every action_horizon periods): the stall monitor must allow for that.
-                   "monitors.sensor_stall_periods=10"]
+OPENPI_SETTINGS = [
+    "compat.openpi.enabled=true",
+    f"compat.openpi.cameras={{overhead='{IMAGE_KEY}'}}",
+    f"compat.openpi.proprio=['{STATE_KEY}']",
+    # openpi clients send an observation only when their chunk runs out
+    # (every action_horizon periods): the stall monitor must allow for that.
+    "monitors.sensor_stall_periods=10",
+]
 
 
 def connect(host: str, port: int, action_horizon: int = 4) -> Any:

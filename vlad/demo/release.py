@@ -101,6 +101,7 @@ def golden_observations() -> list:
             for _ in range(3):
                 q, _ = task.state()
                 obs = task.step(sim.expert_chunk(q, task.goal)[0], render=True)
+            assert obs.image is not None  # rendered (render=True)
             obs_list.append(
                 RawObservation(images={"overhead": obs.image}, proprio=obs.proprio, instruction=obs.instruction, sequence=1000 + i)
             )
@@ -136,7 +137,7 @@ def write_golden_fixtures(model, contract, tokenizer, path: Path) -> list[dict]:
         arrays[f"{i}/actions"] = actions
         all_inputs.append(inputs)
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path, **arrays)
+    np.savez_compressed(path, **arrays)  # type: ignore[arg-type]  # numpy stubs: a key could be allow_pickle
     return all_inputs
 
 

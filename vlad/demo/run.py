@@ -72,6 +72,7 @@ def run_episode(client: Client, task: sim.ReacherTask, seed: int, instruction: s
     next_tick = time.monotonic_ns()
     for _ in range(sim.EPISODE_STEPS):
         t_sensor = time.monotonic_ns()
+        assert obs.image is not None  # the demo's task renders every step
         seq = client.publish_observation({"overhead": obs.image}, proprio=obs.proprio, instruction=instruction,
                                          t_sensor_ns=t_sensor)
         first_seq = seq if first_seq is None else first_seq

@@ -28,10 +28,14 @@ import argparse
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import gymnasium as gym
 import mujoco
 import numpy as np
+
+if TYPE_CHECKING:
+    from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 
 __all__ = [
     "CONTROL_DT",
@@ -242,7 +246,7 @@ class ReacherTask:
             height=size,
             default_camera_config=CAMERA_CONFIG,
         )
-        self._u = self._env.unwrapped
+        self._u = cast("MujocoEnv", self._env.unwrapped)
         model = self._u.model
         gid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, "target")
         model.geom_size[gid, 0] = TARGET_RENDER_RADIUS
@@ -545,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.png:
         with ReacherTask(render=True) as task:
             obs = task.reset(args.seed0, INSTRUCTIONS[0])
+            assert obs.image is not None  # the task renders (render=True)
             _write_png(args.png, obs.image)
         print(f"wrote {args.png}")
         return 0

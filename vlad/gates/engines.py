@@ -119,6 +119,7 @@ def candidate_engines(subject: Subject, plan: GatePlan, reference: Engine, progr
     eq = plan.equivalence
     s = subject.serving
     if eq.candidates != "auto":
+        assert not isinstance(eq.candidates, str)  # "auto" is the only string a plan holds
         return [Engine(_label(c), c, required=True) for c in eq.candidates]
     out = [Engine(_label(s) + " (serving)", s, required=True)]
     from vlad.plugins import backends

@@ -21,6 +21,7 @@ performance gate's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,7 @@ def load_golden(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _run(engine: Engine, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _run(engine: Engine, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in engine.session.infer(inputs).items()}
 
 
@@ -137,7 +138,10 @@ def replay_samples(subject: Subject, plan: GatePlan, reference: Engine, progress
 
     out = []
     for rel in plan.equivalence.recordings:
-        rec = read_recording(plan.path(rel), limit=plan.equivalence.replay_limit)
+        path = plan.path(rel)
+        if path is None:
+            raise GateError("equivalence.recordings: an entry is an empty path")
+        rec = read_recording(path, limit=plan.equivalence.replay_limit)
         samples = []
         for obs in rec.observations:
             raw = raw_observation(obs)
@@ -230,9 +234,9 @@ def run_equivalence_gate(candidate: Subject, baseline: Subject, plan: GatePlan, 
         if not live:
             result.fail("no candidate engine could be loaded")
     finally:
-        for e in [reference, baseline_engine, *engines]:
-            if e is not None:
-                e.close()
+        for engine in [reference, baseline_engine, *engines]:
+            if engine is not None:
+                engine.close()
     return result
 
 

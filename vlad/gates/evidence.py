@@ -114,7 +114,7 @@ def _load_report(path: Path) -> Any:
         return None  # not JSON: an external report (e.g. a lab's PDF); its hash is what is trusted
 
 
-def _report_problems(where: str, gate: str, report: Any, artifacts: Mapping[str, Any]) -> list[str]:
+def _report_problems(where: str, gate: str, report: Any, artifacts: Mapping[Any, Any]) -> list[str]:
     """A vlad gate report must say the gate passed, on exactly these artifacts."""
     if not isinstance(report, Mapping) or report.get("format") != REPORT_FORMAT:
         return []

@@ -173,7 +173,7 @@ class DecisionStats:
 # ---- distributions ----------------------------------------------------------------------
 
 
-def percentiles(values: Iterable[float]) -> dict[str, float]:
+def percentiles(values: Iterable[float | None]) -> dict[str, float]:
     """count, p50, p95, p99, max and mean of a sample (NaN entries are ignored)."""
     a = np.asarray([v for v in values if v is not None], dtype=np.float64)
     a = a[np.isfinite(a)]

@@ -52,7 +52,10 @@ def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str 
     for rel in plan.equivalence.recordings:
         from vlad.gates.recording import read_recording
 
-        rec = read_recording(plan.path(rel), limit=200)
+        path = plan.path(rel)
+        if path is None:
+            raise GateError("equivalence.recordings: an entry is an empty path")
+        rec = read_recording(path, limit=200)
         if rec.observations:
             return [(o.images, o.proprio, o.instruction) for o in rec.observations]
     golden = plan.path(plan.equivalence.golden)

@@ -127,7 +127,8 @@ def rollout_divergence(eq: dict[str, Any], budgets: dict[str, Any], unit: str) -
 
 def success_rates(cl: dict[str, Any], threshold: float | None) -> bytes | None:
     """Success rate per instruction with 95 % Wilson intervals: candidate, baseline, no motion."""
-    rows = [("candidate", cl.get("candidate")), ("baseline", cl.get("baseline")), ("no motion", cl.get("no_motion"))]
+    rows: list[tuple[str, Any]] = [("candidate", cl.get("candidate")), ("baseline", cl.get("baseline")),
+                                   ("no motion", cl.get("no_motion"))]
     rows = [(name, r["per_instruction"]) for name, r in rows if r]
     if not rows:
         return None

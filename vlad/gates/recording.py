@@ -85,7 +85,7 @@ class McapRecorder:
     Call :meth:`observation` / :meth:`actions` with the message frames and a
     ``time.monotonic_ns()`` stamp, :meth:`state` with a status dict; each returns at once
     (False when the message was dropped). Recording stops by itself at ``max_bytes`` of
-    message data or ``max_seconds`` after the first message; :meth:`close` flushes and finishes the file.
+    message data or ``max_seconds`` after the first observation or chunk; :meth:`close` flushes and finishes the file.
     ``stop_reason`` and :meth:`stats` say what happened.
     """
 
@@ -137,9 +137,11 @@ class McapRecorder:
             if self._closed or self.stop_reason is not None:
                 self._counts["dropped"] += 1
                 return False
-            if self._t0 is None:
-                self._t0 = t_ns  # the limit counts from the first message, not from setup
-            if t_ns - self._t0 > self.max_ns:
+            if self._t0 is None and kind != "states":
+                # The limit counts from the first observation or chunk, not from setup: a
+                # status snapshot taken while the simulator still loads does not start it.
+                self._t0 = t_ns
+            if self._t0 is not None and t_ns - self._t0 > self.max_ns:
                 self.stop_reason = f"time limit ({self.max_ns / 1e9:g} s) reached"
             elif self._accepted_bytes + size > self.max_bytes:
                 self.stop_reason = f"size limit ({self.max_bytes} bytes) reached"

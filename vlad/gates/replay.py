@@ -129,7 +129,7 @@ def replay(recording: Recording, candidate: Any, contract: Contract, tokenizer: 
     for i, obs in enumerate(recording.observations):
         inputs = preprocess(contract, tokenizer, raw_observation(obs))
         actions[obs.seq] = decode_actions(contract, _copy(infer(inputs)))
-        if base is not None:
+        if vs_baseline is not None:  # exactly when there is a baseline
             vs_baseline.add(decode_actions(contract, _copy(base(inputs))), actions[obs.seq])
         if progress is not None:
             progress(i + 1, total)

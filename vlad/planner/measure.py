@@ -190,8 +190,10 @@ def time_components(onnx_path: Path, contract: Any, scopes: dict[str, tuple[str,
     values = dict(zip([o.name for o in full.get_outputs()], full.run(None, feeds)))
     values.update(feeds)
     extractor = onnx.utils.Extractor(model)
-    out, info = {}, {"method": "sub-graph per component at its boundary tensors, onnxruntime CPUExecutionProvider",
-                     "threads": threads, "calls": calls, "boundaries": {}}
+    out: dict[str, float] = {}
+    info: dict[str, Any] = {
+        "method": "sub-graph per component at its boundary tensors, onnxruntime CPUExecutionProvider",
+        "threads": threads, "calls": calls, "boundaries": {}}
     for comp in COMPONENTS:
         if comp not in io:
             continue

@@ -178,6 +178,7 @@ def vision_ops(model: VLAModel) -> list[Op]:
     v = model.vision
     if v.kind == "conv":
         return conv_ops(model)
+    assert v.transformer is not None  # a ViT encoder always has one (parse_model)
     return prefill_ops("vision", v.transformer, model.batch * v.cameras, v.tokens_per_image)
 
 
@@ -190,6 +191,7 @@ def flow_ops(model: VLAModel) -> list[Op]:
     """``steps`` passes of a flow/diffusion expert over the chunk (source A's "parallel
     decode"): activations stay on chip, weights, K/V and FFN inputs come from memory."""
     a, t, b = model.action, model.action.transformer, model.batch
+    assert t is not None  # a flow head always has its own expert (parse_model)
     n, steps, tokens, ctx = t.layers, a.steps, a.chunk, model.prefix_tokens
     q, kv, reps = t.heads * t.head_dim, t.kv_heads * t.head_dim, t.layers * a.steps
     ops = []
@@ -248,12 +250,14 @@ def parameter_counts(model: VLAModel) -> dict[str, int]:
             vision += layer.out_channels * c * layer.kernel**2
             c = layer.out_channels
     else:
+        assert v.transformer is not None  # a ViT encoder always has one (parse_model)
         vision = v.transformer.params
     b = model.backbone
     backbone = b.transformer.params + b.vocab * b.transformer.hidden
     action = 0
     if model.action.kind == "flow":
         t = model.action.transformer
+        assert t is not None  # a flow head always has its own expert (parse_model)
         action = t.params
         if model.action.context == "cross_attention":  # cross-attention Q, K/V and output
             q, kv = t.heads * t.head_dim, t.kv_heads * t.head_dim

@@ -228,7 +228,9 @@ class VLAModel:
             return dataclasses.replace(t, hidden=max(1, round(t.hidden * factor)), ffn=max(1, round(t.ffn * factor)),
                                        heads=heads, kv_heads=kv)
 
-        backbone = dataclasses.replace(self.backbone, transformer=scale(self.backbone.transformer))
+        backbone_t = scale(self.backbone.transformer)
+        assert backbone_t is not None  # Backbone.transformer is required, and scale keeps it
+        backbone = dataclasses.replace(self.backbone, transformer=backbone_t)
         action = dataclasses.replace(self.action, transformer=scale(self.action.transformer))
         return dataclasses.replace(self, name=f"{self.name} x{factor:g}", backbone=backbone, action=action)
 
@@ -290,7 +292,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
 def load_hardware_file(path: str | Path = DATA / "hardware.toml") -> dict[str, Hardware]:
     """Every hardware entry of a file, by key."""
     path = Path(path)
-    doc, problems = _read_toml(path), []
+    doc = _read_toml(path)
+    problems: list[str] = []
     conv = _Fields(doc.get("conventions", {}), "conventions", problems)
     gb = conv.get("bytes_per_gb", (int, float), 1e9, positive=True)
     onchip = conv.get("onchip_gb_s", (int, float), math.inf, positive=True)
@@ -328,7 +331,8 @@ def load_hardware_file(path: str | Path = DATA / "hardware.toml") -> dict[str, H
 def load_network_file(path: str | Path = DATA / "networks.toml") -> dict[str, Network]:
     """Every network entry of a file, by key."""
     path = Path(path)
-    doc, problems = _read_toml(path), []
+    doc = _read_toml(path)
+    problems: list[str] = []
     conv = _Fields(doc.get("conventions", {}), "conventions", problems)
     defaults = {"protocol_overhead": conv.get("protocol_overhead", (int, float), 1.05, positive=True),
                 "jpeg_ratio": conv.get("jpeg_ratio", (int, float), 0.1, positive=True),

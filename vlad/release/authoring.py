@@ -146,9 +146,9 @@ def refresh_hashes(data: Mapping[str, Any], release_dir: str | Path) -> dict[str
     Raises :class:`ManifestError` naming every listed artifact that is missing.
     """
     root = Path(release_dir)
-    data = copy.deepcopy(dict(data))
+    out: dict[str, Any] = copy.deepcopy(dict(data))
     problems, hashes = [], {}
-    for a in data.get("artifacts", []):
+    for a in out.get("artifacts", []):
         try:
             a["size"], a["sha256"] = hash_file(root / a["path"])
             hashes[a["path"]] = a["sha256"]
@@ -156,13 +156,13 @@ def refresh_hashes(data: Mapping[str, Any], release_dir: str | Path) -> dict[str
             problems.append(f"{a.get('path')}: cannot hash: {getattr(exc, 'strerror', None) or exc}")
     if problems:
         raise ManifestError(str(root), problems)
-    contract = data.get("contract", {})
+    contract = out.get("contract", {})
     if contract.get("path"):
         contract["sha256"] = _contract_sha256(root, contract["path"])
-    for g in data.get("gates", []):
+    for g in out.get("gates", []):
         if g.get("report") in hashes:
             g["sha256"] = hashes[g["report"]]
-    return data
+    return out
 
 
 def _toml_value(v: Any) -> str:

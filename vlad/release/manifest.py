@@ -347,7 +347,7 @@ class _Table:
         elif not isinstance(raw, dict):
             problems.append(f"{path or 'manifest'}: expected a table, got {type(raw).__name__}")
             raw = {}
-        self.raw, self.used = raw, set()
+        self.raw, self.used = raw, set[str]()
 
     def _key(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key

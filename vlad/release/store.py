@@ -348,7 +348,7 @@ class ReleaseStore:
     def _switch(self, event: str, to: str, from_: str | None, who: str | None, why: str,
                 forced: bool, to_code: int) -> HistoryEntry:
         records = self.journal()
-        record = {
+        record: dict[str, Any] = {
             "seq": max((r.get("seq", 0) for r in records), default=0) + 1,
             "time": rfc3339(dt.datetime.now(dt.timezone.utc)), "event": event, "phase": "intent",
             "who": who or default_operator(), "why": why, "from_release": from_, "to_release": to,

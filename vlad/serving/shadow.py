@@ -121,6 +121,7 @@ class ShadowRun:
                     self._cond.wait()
                 if self._stop:
                     return
+                assert self._item is not None  # the wait ends on an item or on stop
                 (obs, receive_ns), self._item = self._item, None
             try:
                 self._cycle(obs, receive_ns)

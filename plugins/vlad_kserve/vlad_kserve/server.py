@@ -174,6 +174,8 @@ def build_server(host: str, http_port: int, grpc_port: int, tls: dict[str, str |
     class BoundGRPCServer:
         """kserve's gRPC server (its servicer and error mapping) on one host, TLS optional."""
 
+        _server: Any  # a grpc.aio.Server once started
+
         def __init__(self, dataplane, repository) -> None:
             self.dataplane, self.repository, self._server = dataplane, repository, None
 
@@ -184,11 +186,13 @@ def build_server(host: str, http_port: int, grpc_port: int, tls: dict[str, str |
             grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
                 InferenceServicer(self.dataplane, self.repository), self._server)
             address = f"{host}:{grpc_port}"
-            if tls.get("cert"):
+            cert, key, client_ca = tls.get("cert"), tls.get("key"), tls.get("client_ca")
+            if cert:
+                assert key is not None  # main(): --tls-cert and --tls-key go together
                 creds = grpc.ssl_server_credentials(
-                    [(Path(tls["key"]).read_bytes(), Path(tls["cert"]).read_bytes())],
-                    root_certificates=Path(tls["client_ca"]).read_bytes() if tls.get("client_ca") else None,
-                    require_client_auth=bool(tls.get("client_ca")))
+                    [(Path(key).read_bytes(), Path(cert).read_bytes())],
+                    root_certificates=Path(client_ca).read_bytes() if client_ca else None,
+                    require_client_auth=bool(client_ca))
                 self._server.add_secure_port(address, creds)
             else:
                 self._server.add_insecure_port(address)

@@ -230,6 +230,7 @@ class HttpTransport:
         self._paths = {"metadata": base, "ready": f"{base}/ready", "infer": f"{base}/infer"}
 
     def _connect(self, timeout_s: float) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection
         if self._ssl is not None:
             conn = http.client.HTTPSConnection(self.opts.host, self.opts.port, timeout=timeout_s, context=self._ssl)
         else:
@@ -254,6 +255,7 @@ class HttpTransport:
                     self.close()
                     self._conn = self._connect(timeout_s)
                 else:
+                    assert self._conn is not None  # reused: a connection with a live socket
                     self._conn.sock.settimeout(timeout_s)
                 self._conn.request(method, self._paths[what], body=body, headers=headers)
                 resp = self._conn.getresponse()
@@ -331,7 +333,7 @@ def _decode_http_output(out: Mapping[str, Any], data: bytes, offset: int) -> tup
     """One output tensor from the binary section (or, from a server that ignored the
     binary request, its JSON ``data``)."""
     name, datatype, shape = out.get("name"), out.get("datatype"), out.get("shape", [])
-    dtype = NUMPY_DTYPES.get(datatype)
+    dtype = NUMPY_DTYPES.get(datatype) if datatype is not None else None
     if dtype is None:
         raise TransportError("bad_response", f"output {name!r} has datatype {datatype!r}, which vlad cannot read")
     size = (out.get("parameters") or {}).get("binary_data_size")

@@ -305,6 +305,7 @@ class OnnxRuntimeSession(Session):
         return so
 
     def _check_io(self) -> None:
+        assert self._sess is not None  # called from __init__ once the session exists
         got_in = sorted(i.name for i in self._sess.get_inputs())
         got_out = sorted(o.name for o in self._sess.get_outputs())
         want_in = sorted(s.name for s in self.contract.inputs)
@@ -317,6 +318,7 @@ class OnnxRuntimeSession(Session):
     def _profile_placement(self, names: list[str]) -> Placement:
         """Run once under ORT's profiler and judge where each node ran."""
         inputs = example_inputs(self.contract)
+        assert self._sess is not None  # called from __init__ once the session exists
         self._sess.run(None, inputs)
         profile = self._sess.end_profiling()  # also turns profiling off for later runs
         with open(profile) as f:
@@ -380,6 +382,7 @@ class OnnxRuntimeSession(Session):
 
     def _bind(self, inputs: Mapping[str, np.ndarray]):
         ort = self._ort
+        assert self._sess is not None  # _run checked that the session is open
         binding = self._sess.io_binding()
         shapes = self._output_shapes(inputs)
         dtypes = {spec.name: np.dtype(spec.dtype) for spec in self.contract.outputs}
@@ -399,7 +402,7 @@ class OnnxRuntimeSession(Session):
             for name, ov in outputs.items():
                 binding.bind_ortvalue_output(name, ov)
             return binding, dev_in, outputs
-        outputs: dict[str, np.ndarray] = {}
+        outputs = {}
         for name in self._output_names:
             if shapes is None:
                 binding.bind_output(name, "cpu")

@@ -167,7 +167,7 @@ class TorchSession(Session):
         self.precision = precision
         self.backend_name = backend_name
         self._torch = torch
-        self._fn = fn
+        self._fn: Callable[..., Any] | None = fn
         self._input_order = list(input_order)
         self._output_names = [spec.name for spec in contract.outputs]
         self._output_dtypes = {spec.name: np.dtype(spec.dtype) for spec in contract.outputs}
@@ -209,6 +209,7 @@ class TorchSession(Session):
         return self._outputs_to_numpy(out)
 
     def _run_cuda(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        assert self._fn is not None  # _run checked that the session is open
         torch = self._torch
         key = tuple(inputs[n].shape for n in self._input_order)
         buf = self._buffers.get(key)

@@ -1,0 +1,258 @@
+"""The architecture as a test: imports inside ``vlad`` only go down through the layers, and
+no code path can unpickle or run code shipped with a model.
+
+Every module under ``vlad/`` is parsed with :mod:`ast` (nothing is imported), and every
+``import`` counts: top level, inside functions (lazy imports) and under ``TYPE_CHECKING``.
+An import of a higher layer fails unless it is in :data:`ALLOWED_UPWARD`, with its reason.
+Imports within one layer are allowed (e.g. ``health`` reads ``serving``'s typed counters,
+``daemon`` checks ``gates`` evidence), but never in a cycle between modules at import time.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Lowest first. A module belongs to the layer of its longest matching prefix. Where a
+# package straddles layers the modules are named one by one (the demo: its simulated
+# robot and model are what the gates drive; its release builder and its runner sit on top).
+LAYERS: list[tuple[str, ...]] = [
+    ("vlad", "vlad.errors"),  # the package root holds only __version__
+    ("vlad.files", "vlad.schema", "vlad.logs"),
+    ("vlad.config", "vlad.contract"),
+    ("vlad.processing", "vlad.backend", "vlad.protocol", "vlad.hookspecs", "vlad.plugins"),
+    ("vlad.serving", "vlad.health", "vlad.client", "vlad.demo.sim", "vlad.demo.model", "vlad.demo.evaluate"),
+    ("vlad.release",),
+    # The planner reads signed manifests (planner.measure -> release), so it sits above
+    # release with the other tools that consume releases, not beside serving.
+    # compat: the openpi endpoint and the metrics run inside the daemon and read it.
+    ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat"),
+    ("vlad.cli", "vlad.demo"),
+]
+
+# (importer, imported) -> why an upward import is acceptable. Keep this short.
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {
+    # The hookspecs name the hooks' return types for type checkers only (under
+    # TYPE_CHECKING): at run time hookspecs imports nothing from vlad, so a plugin that
+    # imports hookspecs does not pull in the health package.
+    ("vlad.hookspecs", "vlad.health.base"): "TYPE_CHECKING only: vlad_monitors/vlad_sensors return types",
+}
+
+
+def scan(root: Path) -> dict[str, Path]:
+    """Module name -> file, for every module of the ``vlad`` package under ``root``."""
+    out = {}
+    for path in sorted((root / "vlad").rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(modules: dict[str, Path], module: str, top_level_only: bool = False) -> set[str]:
+    """The vlad modules ``module`` imports; ``from vlad import x`` resolves to ``vlad.x``
+    where that is a module, ``vlad.contract.Contract`` to ``vlad.contract``."""
+    tree = ast.parse(modules[module].read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    out: set[str] = set()
+    for node in nodes:
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolved against the importing module's package
+                pkg = module.split(".")
+                pkg = pkg[: len(pkg) - node.level + (1 if modules[module].name == "__init__.py" else 0)]
+                base = ".".join(pkg + ([node.module] if node.module else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        for name in names:
+            if name == "vlad" or name.startswith("vlad."):
+                while name not in modules and "." in name:
+                    name = name.rsplit(".", 1)[0]
+                if name != module:
+                    out.add(name)
+    return out
+
+
+def layer_of(module: str) -> int:
+    best, best_len = None, -1
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = i, len(prefix)
+    assert best is not None, f"{module} is in no layer: add it to LAYERS in tests/test_layers.py"
+    return best
+
+
+def upward_imports(modules: dict[str, Path]) -> list[str]:
+    out = []
+    for module in modules:
+        for imported in sorted(imports(modules, module)):
+            if layer_of(imported) > layer_of(module) and (module, imported) not in ALLOWED_UPWARD:
+                out.append(f"{module} (layer {layer_of(module)}) imports {imported} (layer {layer_of(imported)})")
+    return out
+
+
+def import_cycle(modules: dict[str, Path]) -> list[str] | None:
+    """One cycle of top-level imports, or None."""
+    graph = {m: imports(modules, m, top_level_only=True) for m in modules}
+    # a package's own submodule importing the package (for a shared name) is no cycle:
+    # the package is already being initialised when its submodule runs
+    graph = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state and (found := visit(d)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+MODULES = scan(ROOT)
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        layer_of(module)
+
+
+def test_imports_only_go_down():
+    upward = upward_imports(MODULES)
+    assert not upward, "imports against the layer order:\n" + "\n".join(upward)
+
+
+def test_the_allow_list_has_no_dead_entries():
+    """An exception that no longer happens must go, or the list grows into a second layout."""
+    for importer, imported in ALLOWED_UPWARD:
+        assert imported in imports(MODULES, importer), f"{importer} no longer imports {imported}: drop it"
+
+
+def test_no_import_cycles_at_import_time():
+    """Lazy imports may close a loop (they run after both modules are loaded); top-level
+    imports must not: a cycle there breaks depending on which module is imported first."""
+    cycle = import_cycle(MODULES)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_plugins_use_only_the_plugin_facing_layers():
+    """The backend plugins build on the plugin API (errors, contract, backend, hookspecs, the
+    health interface), never on the daemon, the release store or the CLI: a plugin must
+    keep working when those change."""
+    highest = layer_of("vlad.health")
+    found = []
+    for path in sorted((ROOT / "plugins").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for name in names:
+                if name.startswith("vlad.") and layer_of(name) > highest:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not found, "\n".join(found)
+
+
+def _fake_package(root: Path, files: dict[str, str]) -> dict[str, Path]:
+    for rel, text in {"vlad/__init__.py": "", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return scan(root)
+
+
+def test_the_checks_see_violations(tmp_path):
+    """Not vacuous: a lazy upward import, a relative one and a cycle are all caught."""
+    modules = _fake_package(tmp_path, {
+        "vlad/errors.py": "def f():\n    from vlad.daemon import supervisor\n",
+        "vlad/daemon/__init__.py": "",
+        "vlad/daemon/supervisor.py": "from ..cli import main\n",
+        "vlad/cli/__init__.py": "",
+        "vlad/cli/main.py": "from vlad.daemon.supervisor import x\n",
+    })
+    assert imports(modules, "vlad.errors") == {"vlad.daemon.supervisor"}
+    assert imports(modules, "vlad.daemon.supervisor") == {"vlad.cli.main"}
+    assert upward_imports(modules) == [
+        "vlad.daemon.supervisor (layer 6) imports vlad.cli.main (layer 7)",
+        "vlad.errors (layer 0) imports vlad.daemon.supervisor (layer 6)",
+    ]
+    assert import_cycle(modules) == ["vlad.cli.main", "vlad.daemon.supervisor", "vlad.cli.main"]
+
+
+# -- nothing in vlad executes code that came with a model ------------------------------------
+
+SOURCES = sorted(p for d in ("vlad", "plugins", "scripts") for p in (ROOT / d).rglob("*.py"))
+PICKLERS = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "shelve"}
+
+
+def _calls(tree: ast.AST, owner: str, attr: str):
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == owner):
+            yield node
+
+
+def _keyword(call: ast.Call, name: str):
+    for kw in call.keywords:
+        if kw.arg == name:
+            return kw.value.value if isinstance(kw.value, ast.Constant) else kw.value
+    return None
+
+
+def unsafe_code(text: str) -> list[str]:
+    """Where ``text`` could run code that came with a model file, as "line: what"."""
+    tree = ast.parse(text)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bad = {a.name.split(".")[0] for a in node.names} & PICKLERS
+        elif isinstance(node, ast.ImportFrom):
+            bad = {(node.module or "").split(".")[0]} & PICKLERS
+        else:
+            bad = set()
+        if bad:
+            out.append(f"{node.lineno}: imports {min(bad)} (unpickling runs code from the file)")
+    for call in _calls(tree, "torch", "load"):
+        # exactly the constant True: a variable could be False at run time
+        if _keyword(call, "weights_only") is not True:
+            out.append(f"{call.lineno}: torch.load without weights_only=True")
+    for call in _calls(tree, "np", "load"):
+        if _keyword(call, "allow_pickle") not in (None, False):
+            out.append(f"{call.lineno}: np.load with allow_pickle")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.keyword) and node.arg == "trust_remote_code") or (
+                isinstance(node, ast.Name) and node.id == "trust_remote_code") or (
+                isinstance(node, ast.Constant) and isinstance(node.value, str) and "trust_remote_code" in node.value):
+            out.append(f"{getattr(node, 'lineno', '?')}: trust_remote_code (runs code shipped with a model)")
+    return out
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_pickle_and_no_remote_code(path):
+    problems = unsafe_code(path.read_text(encoding="utf-8"))
+    assert not problems, f"{path.relative_to(ROOT)}: " + "; ".join(problems)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("import torch\nm = torch.load('x.pt')\n", "torch.load without weights_only=True"),
+    ("import torch\nm = torch.load('x.pt', weights_only=safe)\n", "torch.load without weights_only=True"),
+    ("from pickle import loads\n", "imports pickle"),
+    ("import numpy as np\nnp.load('a.npy', allow_pickle=True)\n", "allow_pickle"),
+    ("from_pretrained('m', trust_remote_code=True)\n", "trust_remote_code"),
+])
+def test_the_safety_scan_catches(text, problem):
+    assert any(problem in p for p in unsafe_code(text))
