@@ -249,3 +249,58 @@ def test_forged_proprio_between_good_observations_never_reaches_the_output(daemo
         for f in forged_xy:
             assert not (np.abs(a - f) < 0.05).all(axis=1).any(), (c.source, a, f)
         prev = c
+
+
+def test_forged_bursts_between_good_observations_never_reanchor(daemon, contract):
+    """A burst of identical forged joint states between two good observations looks like a
+    "consistent run" by count alone. Re-anchoring on it would move the rate limiter's
+    reference to the forged position (a command jump): a real external move is consistent
+    over time as well, which a burst inside one control period is not."""
+    golden = load_golden()
+    raw = golden[0]["raw"]
+    rate = np.array([j.rate_limit for j in contract.action.joints], np.float64)
+    forged = np.array([3.9, 2.9, 0.0, 0.0], np.float32)
+    client = daemon.client("burster")
+    chunks = []
+    stop = threading.Event()
+
+    def receive():
+        while not stop.is_set():
+            c = client.recv_actions(timeout_ms=50, drop_stale=False)
+            if c is not None:
+                chunks.append(c)
+
+    before = client.status()["counters"]
+    logged = daemon.log().count("joint state re-anchored")
+    rx = threading.Thread(target=receive, daemon=True)
+    rx.start()
+    try:
+        seq = 20_000
+        for i in range(120):
+            seq += 1
+            client.publish_observation(dict(raw.images), proprio=raw.proprio, instruction=raw.instruction, seq=seq)
+            client.heartbeat()
+            if i >= 20 and i % 4 == 0:
+                time.sleep(0.002)
+                for _ in range(4):  # more than reanchor_observations, inside one period
+                    seq += 1
+                    client.publish_observation(dict(raw.images), proprio=forged, instruction=raw.instruction, seq=seq)
+                    time.sleep(0.001)  # below the client's send HWM
+            time.sleep(PERIOD_S)
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        rx.join(2)
+    after = client.status()["counters"]
+    client.close()
+    assert after["rejected"].get("implausible_proprio", 0) > before["rejected"].get("implausible_proprio", 0)
+    # the trusted joint state never moved to the forged one (the "reanchors" counter also
+    # counts the rate limiter following the trusted state, which is not what this is about)
+    assert daemon.log().count("joint state re-anchored") == logged, daemon.log()[-2000:]
+    chunks.sort(key=lambda c: c.seq)
+    assert len(chunks) > 40
+    for prev, c in zip(chunks, chunks[1:]):
+        periods = max(1.0, (c.t_issue_ns - prev.t_issue_ns) / (PERIOD_S * 1e9))
+        step = np.abs(c.actions[0].astype(np.float64) - prev.actions[0].astype(np.float64))
+        assert (step <= rate * np.ceil(periods) + 1e-5).all(), (prev.source, c.source, step)
+        assert not (np.abs(c.actions.astype(np.float64) - forged[:2]) < 0.5).all(axis=1).any(), c.actions
