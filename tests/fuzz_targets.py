@@ -283,7 +283,13 @@ def gen_frames(rng: random.Random) -> list[bytes]:
             img = rng.choice([64 * 64 * 3, 64 * 64 * 3 - 1, 32 * 32 * 3, 0])
             q = np.array([rng.choice([0.0, 0.1, -0.1, 3.9, np.nan, np.inf, 1e30]) for _ in range(4)], np.float32)
             frames += [bytes(img) if img < 20000 else rng.randbytes(16) + bytes(img - 16), q.tobytes()]
-            if rng.random() < 0.1:  # a tensor frame too few or too many
+            tens = h.get("tensors")
+            if rng.random() < 0.1 and isinstance(tens, list) and tens and len(frames) == 2 + len(tens):  # one left out
+                k = rng.randrange(len(h["tensors"]))
+                del h["tensors"][k]
+                frames[1] = msgpack.packb(h, use_bin_type=True)
+                del frames[2 + k]
+            elif rng.random() < 0.1:  # a tensor frame too few or too many
                 del frames[2 + rng.randint(0, 1)]
             elif rng.random() < 0.05:
                 frames.append(b"")
