@@ -9,6 +9,7 @@ Control requests go over raw REQ sockets so that anything, not only what
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 import typing
@@ -299,7 +300,7 @@ def test_forged_bursts_between_good_observations_never_reanchor(daemon, contract
     assert daemon.log().count("joint state re-anchored") == logged, daemon.log()[-2000:]
     chunks.sort(key=lambda c: c.seq)
     assert len(chunks) > 40
-    for prev, c in zip(chunks, chunks[1:]):
+    for prev, c in itertools.pairwise(chunks):
         periods = max(1.0, (c.t_issue_ns - prev.t_issue_ns) / (PERIOD_S * 1e9))
         step = np.abs(c.actions[0].astype(np.float64) - prev.actions[0].astype(np.float64))
         assert (step <= rate * np.ceil(periods) + 1e-5).all(), (prev.source, c.source, step)
