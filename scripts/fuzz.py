@@ -67,7 +67,7 @@ def run_target(name: str, seconds: float, seed: int, hang_ms: int, out: Path | N
             signal.setitimer(signal.ITIMER_REAL, 0)
         dt = time.perf_counter() - t0
         if dt > slowest[0]:
-            slowest = (dt, repr(data)[:120])
+            slowest = (dt, f"{len(repr(data))} chars: {repr(data)[:100]}")
     return {"target": name, "inputs": n, "seconds": seconds, "crashes": crashes, "hangs": hangs,
             "slowest_ms": round(slowest[0] * 1000, 2), "slowest_input": slowest[1]}
 
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             c = _shared_intake().counts
             print(f"    intake outcomes: {c.observations} accepted, {c.heartbeats} heartbeats, "
                   f"{c.input_rejected} rejected {dict(c.rejected.most_common())}")
+        print(f"    slowest input ({r['slowest_ms']} ms): {r['slowest_input']}")
         for key, data in r["crashes"].items():
             print(f"    crash {key}\n          input {data}")
         failed |= bool(r["crashes"] or r["hangs"])

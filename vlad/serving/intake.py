@@ -75,7 +75,7 @@ class Intake:
             self.last_seen_ns = receive_ns
             obs = self._observation(msg, receive_ns)
         except protocol.ProtocolError as exc:
-            self.reject(exc.reason, str(exc))
+            self.reject(exc.reason, str(exc).removeprefix(f"{exc.reason}: "))  # logged as "reason: detail" once
             return None
         except Rejected as exc:
             self.reject(exc.reason, str(exc))
