@@ -68,8 +68,15 @@ def run_target(name: str, seconds: float, seed: int, hang_ms: int, out: Path | N
         dt = time.perf_counter() - t0
         if dt > slowest[0]:
             slowest = (dt, f"{len(repr(data))} chars: {repr(data)[:100]}")
-    return {"target": name, "inputs": n, "seconds": seconds, "crashes": crashes, "hangs": hangs,
-            "slowest_ms": round(slowest[0] * 1000, 2), "slowest_input": slowest[1]}
+    return {
+        "target": name,
+        "inputs": n,
+        "seconds": seconds,
+        "crashes": crashes,
+        "hangs": hangs,
+        "slowest_ms": round(slowest[0] * 1000, 2),
+        "slowest_input": slowest[1],
+    }
 
 
 def _save(out: Path | None, name: str, kind: str, i: int, data) -> None:
@@ -100,14 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'target':10} {'inputs':>10} {'per s':>8} {'crashes':>8} {'hangs':>6} {'slowest ms':>11}")
     for name in names:
         r = run_target(name, args.seconds, args.seed, args.hang_ms, args.out)
-        print(f"{name:10} {r['inputs']:>10} {r['inputs'] / args.seconds:>8.0f} {len(r['crashes']):>8} "
-              f"{r['hangs']:>6} {r['slowest_ms']:>11}", flush=True)
+        print(
+            f"{name:10} {r['inputs']:>10} {r['inputs'] / args.seconds:>8.0f} {len(r['crashes']):>8} "
+            f"{r['hangs']:>6} {r['slowest_ms']:>11}",
+            flush=True,
+        )
         if name == "intake":
             from tests.fuzz_targets import _shared_intake
 
             c = _shared_intake().counts
-            print(f"    intake outcomes: {c.observations} accepted, {c.heartbeats} heartbeats, "
-                  f"{c.input_rejected} rejected {dict(c.rejected.most_common())}")
+            print(
+                f"    intake outcomes: {c.observations} accepted, {c.heartbeats} heartbeats, "
+                f"{c.input_rejected} rejected {dict(c.rejected.most_common())}"
+            )
         print(f"    slowest input ({r['slowest_ms']} ms): {r['slowest_input']}")
         for key, data in r["crashes"].items():
             print(f"    crash {key}\n          input {data}")

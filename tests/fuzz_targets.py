@@ -34,8 +34,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "manifests" / "demo"
 
 PROTOCOL_REASONS = {"malformed", "unknown_topic", "bad_version", "bad_dtype", "bad_shape", "too_large"}
-INTAKE_REASONS = PROTOCOL_REASONS | {"future_timestamp", "unknown_tensor", "missing_tensor", "nonfinite",
-                                     "proprio_out_of_limits", "implausible_proprio"}
+INTAKE_REASONS = PROTOCOL_REASONS | {
+    "future_timestamp",
+    "unknown_tensor",
+    "missing_tensor",
+    "nonfinite",
+    "proprio_out_of_limits",
+    "implausible_proprio",
+}
 
 
 class FuzzFailure(AssertionError):
@@ -168,9 +174,11 @@ def valid_obs_frames() -> tuple[bytes, ...]:
     cam = contract.cameras[0].raw
     img = np.zeros((cam.height, cam.width, 3), np.dtype(cam.dtype))
     q = np.zeros(contract.proprio.dim, np.float32)
-    frames = protocol.encode(protocol.TOPIC_OBS, {"seq": 1, "t_sensor_ns": time.monotonic_ns(),
-                                                  "instruction": "reach the red target", "client": "fuzz"},
-                             {f"image/{contract.cameras[0].name}": img, "proprio": q})
+    frames = protocol.encode(
+        protocol.TOPIC_OBS,
+        {"seq": 1, "t_sensor_ns": time.monotonic_ns(), "instruction": "reach the red target", "client": "fuzz"},
+        {f"image/{contract.cameras[0].name}": img, "proprio": q},
+    )
     return tuple(bytes(f) for f in frames)
 
 
@@ -181,51 +189,111 @@ def seeds_frames() -> list[list[bytes]]:
     hb = [bytes(f) for f in protocol.encode(protocol.TOPIC_HEARTBEAT, {"seq": 2, "t_ns": 5, "client": "x"})]
     es = [bytes(f) for f in protocol.encode(protocol.TOPIC_ESTOP, {"seq": 3, "engaged": False, "source": "plc"})]
     es2 = [bytes(f) for f in protocol.encode(protocol.TOPIC_ESTOP, {"seq": 4, "engaged": True})]
-    act = [bytes(f) for f in protocol.encode(protocol.TOPIC_ACTIONS, {"seq": 1}, {"actions": np.zeros((8, 2), np.float32)})]
+    act = [
+        bytes(f) for f in protocol.encode(protocol.TOPIC_ACTIONS, {"seq": 1}, {"actions": np.zeros((8, 2), np.float32)})
+    ]
     return [obs, hb, es, es2, act]
 
 
 def seeds_control() -> list[bytes]:
     from vlad import protocol
 
-    return [protocol.encode_request("ping"), protocol.encode_request("events", limit=5),
-            protocol.encode_request("deploy", path="/tmp/x", why="w", canary=True),
-            protocol.encode_request("shadow_start", path="/a", tolerance=0.1),
-            protocol.encode_request("resume", who="me", why="because")]
+    return [
+        protocol.encode_request("ping"),
+        protocol.encode_request("events", limit=5),
+        protocol.encode_request("deploy", path="/tmp/x", why="w", canary=True),
+        protocol.encode_request("shadow_start", path="/a", tolerance=0.1),
+        protocol.encode_request("resume", who="me", why="because"),
+    ]
 
 
 def seeds_manifest() -> list[bytes]:
     return [(DEMO / "manifest.toml").read_bytes(), (DEMO / "contract.toml").read_bytes()]
 
 
-_KEYS = ["v", "kind", "seq", "tensors", "name", "dtype", "shape", "t_sensor_ns", "instruction", "client",
-         "engaged", "source", "cmd", "args", "path", "why", "who", "limit", "tolerance", "canary", "force", "t_ns"]
-_STRINGS = ["obs", "hb", "estop", "act", "status", "float32", "uint8", "float64", "bool", "object", "proprio",
-            "image/overhead", "ping", "deploy", "status", "", "\x00", "a" * 300, "../../etc", "\u202e"]
+_KEYS = [
+    "v",
+    "kind",
+    "seq",
+    "tensors",
+    "name",
+    "dtype",
+    "shape",
+    "t_sensor_ns",
+    "instruction",
+    "client",
+    "engaged",
+    "source",
+    "cmd",
+    "args",
+    "path",
+    "why",
+    "who",
+    "limit",
+    "tolerance",
+    "canary",
+    "force",
+    "t_ns",
+]
+_STRINGS = [
+    "obs",
+    "hb",
+    "estop",
+    "act",
+    "status",
+    "float32",
+    "uint8",
+    "float64",
+    "bool",
+    "object",
+    "proprio",
+    "image/overhead",
+    "ping",
+    "deploy",
+    "status",
+    "",
+    "\x00",
+    "a" * 300,
+    "../../etc",
+    "\u202e",
+]
 _INTS = [0, 1, -1, 2, 3, 4, 8, 64, 255, 2**31 - 1, 2**31, 2**32, 2**63 - 1, 2**64 - 1, -(2**63)]
 
 
 def random_value(rng: random.Random, depth: int = 0) -> Any:
     r = rng.random()
     if depth > 3 or r < 0.5:
-        return rng.choice([
-            lambda: rng.choice(_INTS), lambda: rng.randint(-1000, 1000), lambda: rng.choice(_STRINGS),
-            lambda: rng.random() * rng.choice([1, 1e300, -1e-300]), lambda: float(rng.choice(["nan", "inf", "-inf"])),
-            lambda: rng.choice([True, False, None]), lambda: rng.randbytes(rng.randint(0, 16)),
-        ])()
+        return rng.choice(
+            [
+                lambda: rng.choice(_INTS),
+                lambda: rng.randint(-1000, 1000),
+                lambda: rng.choice(_STRINGS),
+                lambda: rng.random() * rng.choice([1, 1e300, -1e-300]),
+                lambda: float(rng.choice(["nan", "inf", "-inf"])),
+                lambda: rng.choice([True, False, None]),
+                lambda: rng.randbytes(rng.randint(0, 16)),
+            ]
+        )()
     if r < 0.75:
         return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 5))]
-    return {rng.choice(_KEYS) if rng.random() < 0.8 else random_value(rng, 4): random_value(rng, depth + 1)
-            for _ in range(rng.randint(0, 6))}
+    return {
+        rng.choice(_KEYS) if rng.random() < 0.8 else random_value(rng, 4): random_value(rng, depth + 1)
+        for _ in range(rng.randint(0, 6))
+    }
 
 
 def random_header(rng: random.Random, topic: str) -> dict:
     """A header that is mostly right: each field kept, dropped or replaced at random."""
     h: dict[str, Any] = {"v": 1, "kind": topic, "seq": rng.randint(0, 2**20)}
     if topic == "obs":
-        h.update(t_sensor_ns=time.monotonic_ns() - rng.randint(0, 10**9), instruction="reach the red target",
-                 tensors=[{"name": "image/overhead", "dtype": "uint8", "shape": [64, 64, 3]},
-                          {"name": "proprio", "dtype": "float32", "shape": [4]}])
+        h.update(
+            t_sensor_ns=time.monotonic_ns() - rng.randint(0, 10**9),
+            instruction="reach the red target",
+            tensors=[
+                {"name": "image/overhead", "dtype": "uint8", "shape": [64, 64, 3]},
+                {"name": "proprio", "dtype": "float32", "shape": [4]},
+            ],
+        )
     elif topic == "estop":
         h.update(engaged=rng.choice([False, True]), source="plc")
     for key in list(h):
@@ -252,15 +320,15 @@ def mutate(rng: random.Random, data: bytes, max_len: int = 1 << 16) -> bytes:
         elif op == 2:  # insert random bytes
             b[pos:pos] = rng.randbytes(rng.randint(1, 8))
         elif op == 3 and b:  # delete a range
-            del b[pos:pos + rng.randint(1, 16)]
+            del b[pos : pos + rng.randint(1, 16)]
         elif op == 4 and b:  # duplicate a range
             j = rng.randrange(len(b))
-            b[pos:pos] = b[j:j + rng.randint(1, 32)]
+            b[pos:pos] = b[j : j + rng.randint(1, 32)]
         elif op == 5 and len(b) >= 4:  # overwrite with an interesting integer
             i = rng.randrange(len(b) - 3)
-            b[i:i + 4] = struct.pack("<I", rng.choice([0, 1, 0x7FFFFFFF, 0xFFFFFFFF, 0x80000000]))
+            b[i : i + 4] = struct.pack("<I", rng.choice([0, 1, 0x7FFFFFFF, 0xFFFFFFFF, 0x80000000]))
         elif op == 6 and b:  # truncate
-            del b[rng.randrange(len(b)):]
+            del b[rng.randrange(len(b)) :]
     return bytes(b[:max_len])
 
 
@@ -272,13 +340,16 @@ def gen_frames(rng: random.Random) -> list[bytes]:
         return [rng.randbytes(rng.randint(0, 64)) for _ in range(rng.randint(0, 5))]
     if r < 0.3:
         topic = rng.choice([b"obs", b"hb", b"estop", b"act", b"zzz"])
-        return [topic, msgpack.packb(random_value(rng), use_bin_type=rng.random() < 0.5)] + \
-            [rng.randbytes(rng.randint(0, 32)) for _ in range(rng.randint(0, 3))]
+        return [topic, msgpack.packb(random_value(rng), use_bin_type=rng.random() < 0.5)] + [
+            rng.randbytes(rng.randint(0, 32)) for _ in range(rng.randint(0, 3))
+        ]
     if r < 0.6:
         topic = rng.choice(["obs", "obs", "hb", "estop"])
         h = random_header(rng, topic)
-        frames = [topic.encode() if rng.random() < 0.95 else rng.choice([b"obs", b"hb", b""]),
-                  msgpack.packb(h, use_bin_type=True)]
+        frames = [
+            topic.encode() if rng.random() < 0.95 else rng.choice([b"obs", b"hb", b""]),
+            msgpack.packb(h, use_bin_type=True),
+        ]
         if topic == "obs":
             img = rng.choice([64 * 64 * 3, 64 * 64 * 3 - 1, 32 * 32 * 3, 0])
             q = np.array([rng.choice([0.0, 0.1, -0.1, 3.9, np.nan, np.inf, 1e30]) for _ in range(4)], np.float32)
@@ -323,10 +394,26 @@ def gen_control(rng: random.Random) -> bytes:
 
 
 _TOML_VALUES = ["1", "-1", "true", '""', "[]", "{}", "1e400", "0x10", "inf", '"a"', "1979-05-27", '"\\u0000"']
-_TOML_SNIPPETS = ["[release]\n", "[[artifacts]]\n", 'path = "../x"\n', "size = -1\n", "version_code = 99999999999999999999\n",
-                  'sha256 = "zz"\n', "expires = 1979-05-27T07:32:00Z\n", "x = [[[[[[[[1]]]]]]]]\n", "a.b.c = {d = 1}\n",
-                  'format = "vlad.manifest/1"\n', "[canary]\n", "window_s = nan\n", "[lineage]\n", "= 1\n",
-                  "t = 1979-05-27T07:32:00+25:00\n", "d = 0000-00-00\n", '"\\ud800" = 1\n', "k = 1_000_\n"]
+_TOML_SNIPPETS = [
+    "[release]\n",
+    "[[artifacts]]\n",
+    'path = "../x"\n',
+    "size = -1\n",
+    "version_code = 99999999999999999999\n",
+    'sha256 = "zz"\n',
+    "expires = 1979-05-27T07:32:00Z\n",
+    "x = [[[[[[[[1]]]]]]]]\n",
+    "a.b.c = {d = 1}\n",
+    'format = "vlad.manifest/1"\n',
+    "[canary]\n",
+    "window_s = nan\n",
+    "[lineage]\n",
+    "= 1\n",
+    "t = 1979-05-27T07:32:00+25:00\n",
+    "d = 0000-00-00\n",
+    '"\\ud800" = 1\n',
+    "k = 1_000_\n",
+]
 
 
 def gen_manifest(rng: random.Random) -> bytes:

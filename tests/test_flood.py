@@ -56,9 +56,16 @@ def flood(endpoints: dict[str, str], seconds: float, seed: int, counts) -> None:
     ctl.setsockopt(zmq.SNDHWM, 1000)
     ctl.connect(endpoints["control"])
     img = bytes(64 * 64 * 3)
-    header = {"v": 1, "kind": "obs", "seq": 1, "instruction": "reach the red target",
-              "tensors": [{"name": "image/overhead", "dtype": "uint8", "shape": [64, 64, 3]},
-                          {"name": "proprio", "dtype": "float32", "shape": [4]}]}
+    header = {
+        "v": 1,
+        "kind": "obs",
+        "seq": 1,
+        "instruction": "reach the red target",
+        "tensors": [
+            {"name": "image/overhead", "dtype": "uint8", "shape": [64, 64, 3]},
+            {"name": "proprio", "dtype": "float32", "shape": [4]},
+        ],
+    }
     end = time.monotonic() + seconds
     n_obs = n_ctl = 0
     while time.monotonic() < end:
@@ -68,14 +75,21 @@ def flood(endpoints: dict[str, str], seconds: float, seed: int, counts) -> None:
                 frames = ft.gen_frames(rng)  # random bytes, random msgpack, mutated messages
             elif r < 0.5:  # valid-looking observations with bad shapes, bad values
                 h = dict(header, seq=rng.randint(1, 2**40), t_sensor_ns=time.monotonic_ns())
-                q = rng.choice([np.array([3.9, 2.9, 0, 0], np.float32), np.array([np.nan, 0, 0, 0], np.float32),
-                                np.array([9.0, 9.0, 0, 0], np.float32), np.zeros(5, np.float32)])
+                q = rng.choice(
+                    [
+                        np.array([3.9, 2.9, 0, 0], np.float32),
+                        np.array([np.nan, 0, 0, 0], np.float32),
+                        np.array([9.0, 9.0, 0, 0], np.float32),
+                        np.zeros(5, np.float32),
+                    ]
+                )
                 if rng.random() < 0.5:
                     h["tensors"] = [dict(h["tensors"][0], shape=[32, 128, 3]), h["tensors"][1]]
                 frames = [b"obs", msgpack.packb(h), img, q.tobytes()]
             elif r < 0.52:  # beyond ZMQ_MAXMSGSIZE: libzmq drops the connection (and we reconnect)
-                big.send_multipart([b"obs", msgpack.packb(dict(header, seq=1, t_sensor_ns=1)), bytes(1 << 20), bytes(16)],
-                                   zmq.NOBLOCK)
+                big.send_multipart(
+                    [b"obs", msgpack.packb(dict(header, seq=1, t_sensor_ns=1)), bytes(1 << 20), bytes(16)], zmq.NOBLOCK
+                )
                 n_obs += 1
                 continue
             else:
@@ -170,8 +184,9 @@ class Bridge:
         self.seq += 1
         if self.engaged and not self.first_engaged_ns:
             self.first_engaged_ns = time.monotonic_ns()  # taken just before the first engaged message
-        self.sock.send_multipart(protocol.encode(protocol.TOPIC_ESTOP, {"seq": self.seq, "engaged": self.engaged,
-                                                                         "source": "test-bridge"}))
+        self.sock.send_multipart(
+            protocol.encode(protocol.TOPIC_ESTOP, {"seq": self.seq, "engaged": self.engaged, "source": "test-bridge"})
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(PERIOD_S):
@@ -241,16 +256,22 @@ def test_flood_with_estop(daemon):
         t_engaged_ns = bridge.first_engaged_ns
         _wait(lambda: client.status()["state"] == "ESTOPPED", 5, "ESTOPPED")
         time.sleep(3.0)
-        late = [c for c in list(observer.chunks)
-                if not c.source.startswith("hold") and c.t_issue_ns > t_engaged_ns + PERIOD_S * 1e9 + E_STOP_SLACK_S * 1e9]
+        late = [
+            c
+            for c in list(observer.chunks)
+            if not c.source.startswith("hold") and c.t_issue_ns > t_engaged_ns + PERIOD_S * 1e9 + E_STOP_SLACK_S * 1e9
+        ]
         estop_chunks = [c for c in list(observer.chunks) if c.t_issue_ns > t_engaged_ns + 0.1e9]
         assert estop_chunks and all(c.source == "hold:estop" for c in estop_chunks), {c.source for c in estop_chunks}
 
         # released by the safety system: the policy serves again, still under the flood
         bridge.set(False)
         t_released_ns = time.monotonic_ns()
-        _wait(lambda: any(c.source == "release" and c.t_issue_ns > t_released_ns for c in list(observer.chunks)),
-              8, "policy chunks after the release")
+        _wait(
+            lambda: any(c.source == "release" and c.t_issue_ns > t_released_ns for c in list(observer.chunks)),
+            8,
+            "policy chunks after the release",
+        )
         proc.join(FLOOD_S + 30)
         t_end = time.monotonic()
         assert proc.exitcode == 0
@@ -281,8 +302,10 @@ def test_flood_with_estop(daemon):
         # external move and the trusted state re-anchors (docs/protocol.md, "Who may send");
         # tests/test_hostile.py covers forgers between good observations.
         reanchored = daemon.log().count("joint state re-anchored")
-        print(f"flood: {dict(counts)} sent; {rate:.1f} chunks/s to the good controller; rejected {moved}; "
-              f"trusted state re-anchored {reanchored}x")
+        print(
+            f"flood: {dict(counts)} sent; {rate:.1f} chunks/s to the good controller; rejected {moved}; "
+            f"trusted state re-anchored {reanchored}x"
+        )
     finally:
         stop_status.set()
         if proc is not None and proc.is_alive():

@@ -19,8 +19,13 @@ from hypothesis import strategies as st
 
 from tests import fuzz_targets as ft
 
-FUZZ = settings(max_examples=400, deadline=None, derandomize=False, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=400,
+    deadline=None,
+    derandomize=False,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 FUZZ_SLOW = settings(FUZZ, max_examples=500)
 
 
@@ -37,17 +42,33 @@ def _quiet():
 
 
 # msgpack-able values, nested a few levels (what a hostile peer can put in a header)
-leaves = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**64 - 1),
-                   st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40), st.binary(max_size=40))
-structures = st.recursive(leaves, lambda kids: st.one_of(st.lists(kids, max_size=6),
-                                                         st.dictionaries(st.text(max_size=12), kids, max_size=6)),
-                          max_leaves=30)
+leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=40),
+    st.binary(max_size=40),
+)
+structures = st.recursive(
+    leaves,
+    lambda kids: st.one_of(st.lists(kids, max_size=6), st.dictionaries(st.text(max_size=12), kids, max_size=6)),
+    max_leaves=30,
+)
 topics = st.sampled_from([b"obs", b"hb", b"estop", b"act", b"status", b"", b"obs\x00"])
 frames_bytes = st.lists(st.binary(max_size=200), min_size=0, max_size=6)
-frames_msgpack = st.builds(lambda t, h, rest: [t, msgpack.packb(h, use_bin_type=True), *rest],
-                           topics, structures, st.lists(st.binary(max_size=64), max_size=4))
+frames_msgpack = st.builds(
+    lambda t, h, rest: [t, msgpack.packb(h, use_bin_type=True), *rest],
+    topics,
+    structures,
+    st.lists(st.binary(max_size=64), max_size=4),
+)
 frames_headers = st.builds(
-    lambda t, extra, rest: [t.encode(), msgpack.packb({"v": 1, "kind": t, "seq": 1, **extra}, use_bin_type=True), *rest],
+    lambda t, extra, rest: [
+        t.encode(),
+        msgpack.packb({"v": 1, "kind": t, "seq": 1, **extra}, use_bin_type=True),
+        *rest,
+    ],
     st.sampled_from(["obs", "hb", "estop"]),
     st.dictionaries(st.sampled_from(ft._KEYS), structures, max_size=5),
     st.lists(st.binary(max_size=64), max_size=3),
@@ -78,18 +99,26 @@ def test_intake_never_raises_and_counts_every_rejection_once(frames):
 @given(st.randoms(use_true_random=False))
 def test_intake_on_valid_looking_observations(rng):
     # mostly-right obs headers with wrong shapes, NaN/huge proprio, missing tensors
-    frames = [b"obs", msgpack.packb(ft.random_header(rng, "obs"), use_bin_type=True),
-              bytes(64 * 64 * 3), rng.choice([bytes(16), bytes(8), b"\x00\x00\xc0\x7f" * 4])]
+    frames = [
+        b"obs",
+        msgpack.packb(ft.random_header(rng, "obs"), use_bin_type=True),
+        bytes(64 * 64 * 3),
+        rng.choice([bytes(16), bytes(8), b"\x00\x00\xc0\x7f" * 4]),
+    ]
     ft.target_intake(frames)
 
 
 control_requests = st.one_of(
     st.binary(max_size=200),
     structures.map(lambda s: msgpack.packb(s, use_bin_type=True)),
-    st.builds(lambda cmd, args: msgpack.packb({"v": 1, "cmd": cmd, "args": args}, use_bin_type=True),
-              st.one_of(st.sampled_from(sorted(__import__("vlad.daemon.control", fromlist=["COMMANDS"]).COMMANDS)),
-                        st.text(max_size=20)),
-              st.one_of(st.dictionaries(st.sampled_from(ft._KEYS), structures, max_size=5), structures)),
+    st.builds(
+        lambda cmd, args: msgpack.packb({"v": 1, "cmd": cmd, "args": args}, use_bin_type=True),
+        st.one_of(
+            st.sampled_from(sorted(__import__("vlad.daemon.control", fromlist=["COMMANDS"]).COMMANDS)),
+            st.text(max_size=20),
+        ),
+        st.one_of(st.dictionaries(st.sampled_from(ft._KEYS), structures, max_size=5), structures),
+    ),
     st.randoms(use_true_random=False).map(ft.gen_control),
 )
 

@@ -23,8 +23,14 @@ from tests.conftest import load_golden
 from tests.daemon_harness import PERIOD_S, start_daemon
 from vlad.daemon.control import COMMANDS
 
-QUIET_MONITORS = ["--set", "monitors.sensor_stall_periods=1000000", "--set", "monitors.stale_fraction_fault=1.0",
-                  "--set", "monitors.heartbeat_missing_periods=1000000"]
+QUIET_MONITORS = [
+    "--set",
+    "monitors.sensor_stall_periods=1000000",
+    "--set",
+    "monitors.stale_fraction_fault=1.0",
+    "--set",
+    "monitors.heartbeat_missing_periods=1000000",
+]
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +73,12 @@ def request(cmd, args, extra=None) -> bytes:
 
 # -- every command x wrong / missing / extra arguments ---------------------------------------
 
-_WRONG = {str: [42, None, ["x"], b"bytes"], int: ["7", 1.5, True, None], float: ["0.1", None, [1.0]],
-          bool: ["yes", 1, None]}
+_WRONG = {
+    str: [42, None, ["x"], b"bytes"],
+    int: ["7", 1.5, True, None],
+    float: ["0.1", None, [1.0]],
+    bool: ["yes", 1, None],
+}
 _GOOD = {str: "x", int: 5, float: 0.1, bool: False}
 
 
@@ -78,8 +88,11 @@ def _fields(cmd):
 
 
 def _required(cmd) -> dict:
-    return {f.name: _GOOD[t] for f, t in _fields(cmd)
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    return {
+        f.name: _GOOD[t]
+        for f, t in _fields(cmd)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
 
 
 def _bad_cases():
@@ -195,8 +208,12 @@ def test_forged_proprio_between_good_observations_never_reaches_the_output(daemo
     golden = load_golden()
     raw = golden[0]["raw"]
     rate = np.array([j.rate_limit for j in contract.action.joints], np.float64)
-    forged = [np.array([3.9, 2.9, 0.0, 0.0], np.float32), np.array([-3.9, -2.9, 0.0, 0.0], np.float32),
-              np.array([4.9, 3.7, 0.0, 0.0], np.float32), np.array([np.nan, 0.18, 0.0, 0.0], np.float32)]
+    forged = [
+        np.array([3.9, 2.9, 0.0, 0.0], np.float32),
+        np.array([-3.9, -2.9, 0.0, 0.0], np.float32),
+        np.array([4.9, 3.7, 0.0, 0.0], np.float32),
+        np.array([np.nan, 0.18, 0.0, 0.0], np.float32),
+    ]
     client = daemon.client("forger")
     chunks = []
     stop = threading.Event()
@@ -230,8 +247,9 @@ def test_forged_proprio_between_good_observations_never_reaches_the_output(daemo
         rx.join(2)
     after = client.status()["counters"]["rejected"]
     client.close()
-    moved = {k: after.get(k, 0) - before.get(k, 0) for k in ("implausible_proprio", "proprio_out_of_limits",
-                                                             "nonfinite")}
+    moved = {
+        k: after.get(k, 0) - before.get(k, 0) for k in ("implausible_proprio", "proprio_out_of_limits", "nonfinite")
+    }
     assert all(v > 0 for v in moved.values()), moved
     assert sum(moved.values()) <= sent_forged  # good observations were never refused as forged
     assert len(chunks) > 50, len(chunks)

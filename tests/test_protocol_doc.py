@@ -47,19 +47,21 @@ def _code_reasons() -> tuple[set[str], set[str]]:
     protocol = (vlad / "protocol.py").read_text()
     intake = (vlad / "serving" / "intake.py").read_text() + (vlad / "serving" / "loop.py").read_text()
     guard = (vlad / "serving" / "guard.py").read_text()
-    judge = guard[guard.index("def judge"):guard.index("def _accept")]
-    judge = judge[judge.index('"""', judge.index('"""') + 3) + 3:]  # code after the docstring
+    judge = guard[guard.index("def judge") : guard.index("def _accept")]
+    judge = judge[judge.index('"""', judge.index('"""') + 3) + 3 :]  # code after the docstring
     observations = set(re.findall(r'ProtocolError\(\s*"(\w+)"', protocol))
     observations |= set(re.findall(r'Rejected\(\s*"(\w+)"', intake))
     observations |= set(re.findall(r'\.reject\(\s*"(\w+)"', intake))
     observations |= set(re.findall(r'return "(\w+)"', judge))
     supervisor = (vlad / "daemon" / "supervisor.py").read_text()
     control_src = (vlad / "daemon" / "control.py").read_text()
-    request_path = protocol[protocol.index("def _unpack"):protocol.index("def is_version")] + \
-        protocol[protocol.index("def check_text"):protocol.index("def decode(")] + \
-        protocol[protocol.index("def decode_request"):protocol.index("def encode_reply")]
+    request_path = (
+        protocol[protocol.index("def _unpack") : protocol.index("def is_version")]
+        + protocol[protocol.index("def check_text") : protocol.index("def decode(")]
+        + protocol[protocol.index("def decode_request") : protocol.index("def encode_reply")]
+    )
     control = set(re.findall(r'control_rejected\["(\w+)"\]', supervisor))
-    control |= set(re.findall(r'return "(\w+)"', control_src[control_src.index("def error_reason"):]))
+    control |= set(re.findall(r'return "(\w+)"', control_src[control_src.index("def error_reason") :]))
     control |= set(re.findall(r'ProtocolError\(\s*"(\w+)"', control_src + request_path))
     # nothing else in vlad/ produces a reason
     every = set()
@@ -73,7 +75,7 @@ def _code_reasons() -> tuple[set[str], set[str]]:
 def test_rejection_reasons_table_matches_the_code():
     documented = {_names(r[0])[0] for r in _table("reasons")}
     observations, control = _code_reasons()
-    doc_control = {n[len("control_"):] for n in documented if n.startswith("control_")}
+    doc_control = {n[len("control_") :] for n in documented if n.startswith("control_")}
     doc_other = {n for n in documented if not n.startswith("control_")} - {"estop_garbled", "unauthorized_<role>"}
     assert doc_control == control, f"control reasons, code vs docs/protocol.md: {sorted(doc_control ^ control)}"
     assert doc_other == observations, f"reasons, code vs docs/protocol.md: {sorted(doc_other ^ observations)}"
@@ -98,7 +100,7 @@ def test_control_commands_table_matches_the_registry():
         documented = [n for n in documented if re.fullmatch(r"[a-z_]+", n)]
         assert set(documented) == set(fields), (name, documented, list(fields))
         for fname, f in fields.items():
-            part = cell[cell.index(f"`{fname}`"):].split("),")[0]
+            part = cell[cell.index(f"`{fname}`") :].split("),")[0]
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             assert ("required" in part) == required, (name, fname, part)
             assert hints[fname].__name__ in part, (name, fname, hints[fname], part)
@@ -112,8 +114,12 @@ def test_control_commands_table_matches_the_registry():
 def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("protocol-doc")
     (tmp / "run").mkdir()
-    endpoints = {"observations": f"ipc://{tmp}/run/obs", "actions": f"ipc://{tmp}/run/actions",
-                 "status": f"ipc://{tmp}/run/status", "control": f"ipc://{tmp}/run/control"}
+    endpoints = {
+        "observations": f"ipc://{tmp}/run/obs",
+        "actions": f"ipc://{tmp}/run/actions",
+        "status": f"ipc://{tmp}/run/status",
+        "control": f"ipc://{tmp}/run/control",
+    }
     d = start_daemon(tmp, endpoints=endpoints)
     d.folder = tmp / "run"
     yield d
@@ -138,9 +144,9 @@ def test_counters_table_matches_a_live_status(daemon):
 
 def test_the_example_runs_as_written(daemon, tmp_path):
     text = DOC.read_text()
-    example = text[text.index("## Example"):]
-    code = example[example.index("```python\n") + len("```python\n"):]
-    code = code[:code.index("```")]
+    example = text[text.index("## Example") :]
+    code = example[example.index("```python\n") + len("```python\n") :]
+    code = code[: code.index("```")]
     assert code.count("ipc:///run/vlad/") == 3
     script = Path(tmp_path / "example.py")
     script.write_text(code.replace("ipc:///run/vlad/", f"ipc://{daemon.folder}/"))

@@ -57,9 +57,24 @@ def test_vladctl_rollback_with_a_fifo_signature_answers_with_an_error(store, tmp
     copy = ReleaseStore(root, KEYS)
     _fifo_in_place_of(copy.release_path("vlad-demo-reacher-1.0.0") / "manifest.sig")
     env = {**os.environ, "VLAD_KEYS_DIR": str(KEYS)}
-    out = subprocess.run([str(VLADCTL), "rollback", "--root", str(root), "--why", "test",
-                          "--endpoint", f"ipc://{tmp_path}/nobody-here", "--timeout-ms", "300"],
-                         capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run(
+        [
+            str(VLADCTL),
+            "rollback",
+            "--root",
+            str(root),
+            "--why",
+            "test",
+            "--endpoint",
+            f"ipc://{tmp_path}/nobody-here",
+            "--timeout-ms",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert out.returncode != 0, out.stdout + out.stderr
     text = out.stdout + out.stderr
     assert "FIFO" in text and "Traceback" not in text, text
@@ -74,9 +89,24 @@ def test_vladctl_rollback_with_vlad_down_goes_to_the_store_at_once(store, tmp_pa
     root = tmp_path / "store"
     shutil.copytree(st.root, root, symlinks=True)
     env = {**os.environ, "VLAD_KEYS_DIR": str(KEYS)}
-    out = subprocess.run([str(VLADCTL), "rollback", "--root", str(root), "--why", "test",
-                          "--endpoint", f"ipc://{tmp_path}/nobody-here", "--timeout-ms", "300"],
-                         capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run(
+        [
+            str(VLADCTL),
+            "rollback",
+            "--root",
+            str(root),
+            "--why",
+            "test",
+            "--endpoint",
+            f"ipc://{tmp_path}/nobody-here",
+            "--timeout-ms",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert out.returncode == 0 and "vlad is not running" in out.stdout, out.stdout + out.stderr
 
 
@@ -125,8 +155,12 @@ def test_live_rollback_to_a_release_with_a_fifo_signature_answers_with_an_error(
 
     d, client, st, _ = live
     _fifo_in_place_of(st.release_path("vlad-demo-reacher-1.0.0") / "manifest.sig")
-    out = subprocess.run([str(VLADCTL), "rollback", "--endpoint", d.endpoints["control"], "--why", "fifo"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(VLADCTL), "rollback", "--endpoint", d.endpoints["control"], "--why", "fifo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0 and "FIFO" in out.stdout + out.stderr, out.stdout + out.stderr
     with pytest.raises(ClientError, match="FIFO"):
         client.control("rollback", timeout_ms=60_000, who="test", why="fifo")
@@ -136,4 +170,3 @@ def test_live_rollback_to_a_release_with_a_fifo_signature_answers_with_an_error(
     assert client.control("ping")["pong"] is True
     assert client.status()["release"] == "vlad-demo-reacher@1.1.0"
     assert st.active() == "vlad-demo-reacher-1.1.0"
-

@@ -42,8 +42,12 @@ def _verify(path):
 
 
 def _exposure(path) -> float:
-    out = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", str(path)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if "--offline" in out.stderr and out.returncode != 0:
         pytest.skip(f"this systemd-analyze has no --offline (systemd >= 250 needed): {out.stderr.strip()[:200]}")
     m = re.search(r"Overall exposure level for \S+: (\d+(?:\.\d+)?)", out.stdout)
