@@ -206,6 +206,8 @@ class Received:
     state: str
     actions: np.ndarray
     interventions: tuple
+    t_issue_ns: int = 0  # the daemon's CLOCK_MONOTONIC, comparable with time.monotonic_ns() here
+    obs_seq: int = 0
 
 
 @dataclass
@@ -253,7 +255,7 @@ class ControllerSim:
                 if chunk is None:
                     break
                 self.received.append(Received(time.monotonic(), chunk.source, chunk.state, chunk.actions.copy(),
-                                              chunk.interventions))
+                                              chunk.interventions, chunk.t_issue_ns, chunk.obs_seq))
                 if time.monotonic() >= next_t:
                     break
 

@@ -37,12 +37,14 @@ def rig(tmp_path):
     client = d.client()
     ctl = ControllerSim(client, load_golden()[0]).start()
     rig = Rig(d, client, ctl, control, sensors, estop, primary)
-    rig.wait_state("ACTIVE", serving_prefix="release")
-    rig.wait_chunks(source="release")
-    yield rig
-    ctl.stop()
-    client.close()
-    d.stop()
+    try:  # a set-up that times out on a loaded machine must not leave the daemon running
+        rig.wait_state("ACTIVE", serving_prefix="release")
+        rig.wait_chunks(source="release")
+        yield rig
+    finally:
+        ctl.stop()
+        client.close()
+        d.stop()
     assert "Traceback" not in d.log(), d.log()
 
 

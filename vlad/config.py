@@ -101,7 +101,7 @@ class RealtimeConfig:
 
     cpu_affinity: tuple[int, ...] = ()  # CPUs for the hot-path thread; empty: no pinning
     fifo_priority: int = field(default=0, metadata=bounded(0, 99))  # SCHED_FIFO priority; 0: off
-    mlockall: bool = False  # lock all current and future pages in RAM (needs CAP_IPC_LOCK)
+    mlockall: bool = False  # lock all current and future pages in RAM (needs LimitMEMLOCK=infinity)
     gc_freeze: bool = True  # gc.freeze() after warm-up: the loaded model never gets scanned again
     busy_poll_us: int = field(default=0, metadata=bounded(0, 100_000))  # spin this long before blocking
 

@@ -136,6 +136,25 @@ def test_an_external_move_reanchors_after_a_consistent_run(contract):
     np.testing.assert_array_equal(r.actions, c)
 
 
+def test_a_burst_of_consistent_forged_states_never_reanchors(contract):
+    """A forger repeating the same joint state many times between two genuine observations
+    is consistent in count but not over time: no re-anchor (found by tests/test_hostile.py
+    against the live daemon; before, 3 identical forged messages moved the trusted state)."""
+    ts = _trusted(contract, (0.0, 0.0))
+    for k in range(1, 30):
+        t = NOW + k * PERIOD
+        assert ts.judge(_q(0.0, 0.0), t) is None  # the real controller
+        for i in range(10):  # the forger: 10 identical states within 2 ms
+            assert ts.judge(_q(3.0, 2.5), t + 1 + i * 200_000) == "implausible_proprio"
+    assert ts.reanchors == 0
+    np.testing.assert_allclose(ts.positions, [0.0, 0.0])
+    # the same burst with nobody contradicting it still needs its run to span the periods
+    ts = _trusted(contract, (0.0, 0.0))
+    burst = [ts.judge(_q(3.0, 2.5), NOW + 1 + i * 200_000) for i in range(10)]
+    assert set(burst) == {"implausible_proprio"} and ts.reanchors == 0
+    assert ts.judge(_q(3.0, 2.5), NOW + 2 * PERIOD + 1) is None and ts.reanchors == 1
+
+
 def test_an_inconsistent_run_never_reanchors(contract):
     """Forged values that jump around between the genuine stream are never believed."""
     ts = _trusted(contract, (0.0, 0.0))

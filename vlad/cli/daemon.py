@@ -108,12 +108,16 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def cmd_rollback(args: argparse.Namespace) -> int:
     """One command back to the previous release: live on the daemon, else in the store."""
     try:
-        r = request(args, "rollback", max(args.timeout_ms, 120_000), who=operator(args.who), why=args.why)
+        # Is vlad there? Asked with the short --timeout-ms: with vlad down the store rollback
+        # starts at once (it waited for the 2-minute rollback timeout before). A running
+        # daemon that is slow to roll back is never bypassed: that timeout is an error.
+        request(args, "ping")
     except DaemonUnreachable:
         entry = store(args).rollback(operator(args.who), args.why)
         print(f"vlad is not running: rolled the store back to {entry.to_release} (from {entry.from_release}); "
               "it is served at the next start")
         return 0
+    r = request(args, "rollback", max(args.timeout_ms, 120_000), who=operator(args.who), why=args.why)
     if "aborted" in r:
         print(f"canary of {r['aborted']} aborted; serving {r['release']} again")
     else:

@@ -160,10 +160,17 @@ class Daemon:
             task_status.started()
             while True:
                 frames = await self.control_sock.recv_multipart()
-                if len(frames) < 3 or frames[-2] != b"":
+                delimiter = frames.index(b"", 1) if b"" in frames[1:] else 0
+                if not delimiter:
                     self.control_rejected["malformed"] += 1  # not a REQ envelope: nothing to answer
                     continue
-                envelope, frame, peer = frames[:-1], frames[-1], frames[0]
+                envelope, body, peer = frames[:delimiter + 1], frames[delimiter + 1:], frames[0]
+                if len(body) != 1:  # a REQ peer that sent a multipart request: answer, never leave it waiting
+                    self.control_rejected["malformed"] += 1
+                    await self._reply(envelope, protocol.encode_reply(
+                        False, error=f"malformed: a control request is one frame, got {len(body)}"))
+                    continue
+                frame = body[0]
                 if in_flight[peer] >= s.control_in_flight_per_peer or sum(in_flight.values()) >= s.control_in_flight:
                     self.control_rejected["busy"] += 1
                     await self._reply(envelope, protocol.encode_reply(False, error="busy: too many requests in "

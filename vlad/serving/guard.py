@@ -5,7 +5,8 @@ beyond a joint's limits (with a margin), or that moved farther since the last tr
 state than the joint can physically move (its rate limit × the periods elapsed × a
 factor), is refused. A real external move (a reset, hand-guiding, recovery after an
 e-stop) shows as a *consistent run* of such observations; after ``reanchor_observations``
-of them the trusted state re-anchors there (counted and logged). A rejected observation's
+of them, spanning that many control periods of sensor time (a burst inside one period is
+not a move), the trusted state re-anchors there (counted and logged). A rejected observation's
 values never reach an output: holds and re-anchoring use the trusted state only.
 
 :class:`ActionGuard` checks, in order, against the release contract:
@@ -64,11 +65,16 @@ class TrustedState:
         self.lo, self.hi = lower - margin, upper + margin
         self.step = np.asarray([j.rate_limit for j in spec.joints], np.float64) * cfg.proprio_rate_factor
         self.confirm = cfg.reanchor_observations
+        # A real move is consistent over time, not only in count: the confirming run must
+        # span (confirm - 1) control periods of sensor time (less a quarter period of
+        # jitter). A burst of identical forged states inside one period never re-anchors.
+        self.min_span_ns = max(0, (self.confirm - 1) * self.period_ns - self.period_ns // 4)
         self.positions: np.ndarray | None = None  # float32, action-joint order (unmapped: NaN)
         self.t_ns = 0
         self.generation = 0  # bumped on every re-anchor after a confirmed jump
         self._candidate: np.ndarray | None = None
         self._candidate_t = 0
+        self._candidate_t0 = 0  # sensor time of the run's first observation
         self._run = 0
         self.reanchors = 0
 
@@ -102,8 +108,9 @@ class TrustedState:
             self._run += 1
         else:
             self._run = 1
+            self._candidate_t0 = t_sensor_ns
         self._candidate, self._candidate_t = q, t_sensor_ns
-        if self._run < self.confirm:
+        if self._run < self.confirm or t_sensor_ns - self._candidate_t0 < self.min_span_ns:
             return "implausible_proprio"
         before = self.positions
         self._accept(q, t_sensor_ns)

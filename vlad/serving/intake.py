@@ -75,7 +75,7 @@ class Intake:
             self.last_seen_ns = receive_ns
             obs = self._observation(msg, receive_ns)
         except protocol.ProtocolError as exc:
-            self.reject(exc.reason, str(exc))
+            self.reject(exc.reason, str(exc).removeprefix(f"{exc.reason}: "))  # logged as "reason: detail" once
             return None
         except Rejected as exc:
             self.reject(exc.reason, str(exc))
@@ -143,7 +143,8 @@ class Intake:
         if proprio is not None:
             verdict = self.trusted.judge(proprio, t_sensor)
             if verdict is not None:
-                raise Rejected(verdict, f"obs {seq}: joint state {np.round(proprio, 3).tolist()} is not plausible "
+                raise Rejected(verdict, f"obs {seq}: joint state {np.round(proprio.astype(np.float64), 3).tolist()} "
+                                        "is not plausible "
                                         "(beyond the joint limits, or moved faster than the joints can)")
             self.counts.reanchors = self.trusted.reanchors
         return RawObservation(images=images, proprio=proprio, instruction=instruction, sequence=seq,

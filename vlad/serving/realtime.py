@@ -31,9 +31,10 @@ def apply_thread_knobs(cfg: RealtimeConfig) -> None:
         try:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(cfg.fifo_priority))
         except PermissionError:
-            raise StartupError(f"realtime.fifo_priority = {cfg.fifo_priority}: SCHED_FIFO needs CAP_SYS_NICE "
-                               "(AmbientCapabilities=CAP_SYS_NICE and LimitRTPRIO in the unit, see "
-                               "docs/operations.md) or set it to 0") from None
+            raise StartupError(f"realtime.fifo_priority = {cfg.fifo_priority}: SCHED_FIFO not allowed here: "
+                               "under systemd install the drop-in systemd/realtime.conf (RestrictRealtime=no, "
+                               "LimitRTPRIO; see docs/operations.md, \"Real-time\"), elsewhere raise RLIMIT_RTPRIO "
+                               "or grant CAP_SYS_NICE; or set it to 0") from None
         except OSError as exc:
             raise StartupError(f"realtime.fifo_priority = {cfg.fifo_priority}: {exc.strerror}") from None
 
@@ -45,5 +46,5 @@ def lock_memory(cfg: RealtimeConfig) -> None:
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     if libc.mlockall(MCL_CURRENT | MCL_FUTURE) != 0:
         err = ctypes.get_errno()
-        raise StartupError(f"realtime.mlockall: {os.strerror(err)} (needs CAP_IPC_LOCK and LimitMEMLOCK=infinity "
-                           "in the unit, see docs/operations.md) or set it to false")
+        raise StartupError(f"realtime.mlockall: {os.strerror(err)} (needs LimitMEMLOCK=infinity, as the unit sets, "
+                           "or CAP_IPC_LOCK; see docs/operations.md, \"Real-time\") or set it to false")

@@ -1,0 +1,156 @@
+"""docs/protocol.md cannot drift from the code: its tables of rejection reasons, control
+commands and counters are compared with the code (and a live daemon's status), and its
+example runs, as written, against a live daemon."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_harness import ROOT, start_daemon
+
+DOC = ROOT / "docs" / "protocol.md"
+ROLES = ("observations", "actions", "status", "control", "estop")
+
+
+def _table(marker: str) -> list[list[str]]:
+    """The rows (cells) of the markdown table right after ``<!-- marker: ... -->``."""
+    text = DOC.read_text()
+    start = text.index(f"<!-- {marker}:")
+    rows = []
+    for line in text[start:].splitlines()[1:]:
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if set(cells[0]) <= set("-: "):
+            continue
+        rows.append(cells)
+    return rows[1:]  # without the header row
+
+
+def _names(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def _code_reasons() -> tuple[set[str], set[str]]:
+    """(reasons of the observation and e-stop sockets, reasons of the control channel),
+    as the code spells them."""
+    vlad = ROOT / "vlad"
+    protocol = (vlad / "protocol.py").read_text()
+    intake = (vlad / "serving" / "intake.py").read_text() + (vlad / "serving" / "loop.py").read_text()
+    guard = (vlad / "serving" / "guard.py").read_text()
+    judge = guard[guard.index("def judge") : guard.index("def _accept")]
+    judge = judge[judge.index('"""', judge.index('"""') + 3) + 3 :]  # code after the docstring
+    observations = set(re.findall(r'ProtocolError\(\s*"(\w+)"', protocol))
+    observations |= set(re.findall(r'Rejected\(\s*"(\w+)"', intake))
+    observations |= set(re.findall(r'\.reject\(\s*"(\w+)"', intake))
+    observations |= set(re.findall(r'return "(\w+)"', judge))
+    supervisor = (vlad / "daemon" / "supervisor.py").read_text()
+    control_src = (vlad / "daemon" / "control.py").read_text()
+    request_path = (
+        protocol[protocol.index("def _unpack") : protocol.index("def is_version")]
+        + protocol[protocol.index("def check_text") : protocol.index("def decode(")]
+        + protocol[protocol.index("def decode_request") : protocol.index("def encode_reply")]
+    )
+    control = set(re.findall(r'control_rejected\["(\w+)"\]', supervisor))
+    control |= set(re.findall(r'return "(\w+)"', control_src[control_src.index("def error_reason") :]))
+    control |= set(re.findall(r'ProtocolError\(\s*"(\w+)"', control_src + request_path))
+    # nothing else in vlad/ produces a reason
+    every = set()
+    for path in vlad.rglob("*.py"):
+        text = path.read_text()
+        every |= set(re.findall(r'(?:ProtocolError|Rejected)\(\s*"(\w+)"', text))
+    assert every <= observations | control, every - observations - control
+    return observations, control
+
+
+def test_rejection_reasons_table_matches_the_code():
+    documented = {_names(r[0])[0] for r in _table("reasons")}
+    observations, control = _code_reasons()
+    doc_control = {n[len("control_") :] for n in documented if n.startswith("control_")}
+    doc_other = {n for n in documented if not n.startswith("control_")} - {"estop_garbled", "unauthorized_<role>"}
+    assert doc_control == control, f"control reasons, code vs docs/protocol.md: {sorted(doc_control ^ control)}"
+    assert doc_other == observations, f"reasons, code vs docs/protocol.md: {sorted(doc_other ^ observations)}"
+
+
+def test_the_status_rejected_keys_are_documented():
+    status = (ROOT / "vlad" / "daemon" / "status.py").read_text()
+    assert 'rejected[f"unauthorized_{role}"]' in status and 'rejected["estop_garbled"]' in status
+    assert '{f"control_{k}": v' in status
+
+
+def test_control_commands_table_matches_the_registry():
+    from vlad.daemon.control import COMMANDS
+
+    rows = {_names(r[0])[0]: r for r in _table("commands")}
+    assert set(rows) == set(COMMANDS), sorted(set(rows) ^ set(COMMANDS))
+    for name, cmd in COMMANDS.items():
+        hints = typing.get_type_hints(cmd.args)
+        fields = {f.name: f for f in dataclasses.fields(cmd.args)}
+        cell = rows[name][1]
+        documented = [n for n in _names(cell) if n in fields or not n.startswith('"')]
+        documented = [n for n in documented if re.fullmatch(r"[a-z_]+", n)]
+        assert set(documented) == set(fields), (name, documented, list(fields))
+        for fname, f in fields.items():
+            part = cell[cell.index(f"`{fname}`") :].split("),")[0]
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            assert ("required" in part) == required, (name, fname, part)
+            assert hints[fname].__name__ in part, (name, fname, hints[fname], part)
+            if not required:
+                default = f.default
+                shown = {True: "true", False: "false"}.get(default, default) if isinstance(default, bool) else default
+                assert str(shown) in part, (name, fname, default, part)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("protocol-doc")
+    (tmp / "run").mkdir()
+    endpoints = {
+        "observations": f"ipc://{tmp}/run/obs",
+        "actions": f"ipc://{tmp}/run/actions",
+        "status": f"ipc://{tmp}/run/status",
+        "control": f"ipc://{tmp}/run/control",
+    }
+    d = start_daemon(tmp, endpoints=endpoints)
+    d.folder = tmp / "run"
+    yield d
+    d.stop()
+    assert "Traceback" not in d.log(), d.log()
+
+
+def test_counters_table_matches_a_live_status(daemon):
+    from vlad.serving.guard import INTERVENTIONS
+
+    documented = set()
+    for row in _table("counters"):
+        documented |= set(_names(row[0]))
+    client = daemon.client()
+    try:
+        counters = client.status()["counters"]
+    finally:
+        client.close()
+    assert set(counters) == documented, sorted(set(counters) ^ documented)
+    assert {f"guard_{k}" for k in INTERVENTIONS} <= documented
+
+
+def test_the_example_runs_as_written(daemon, tmp_path):
+    text = DOC.read_text()
+    example = text[text.index("## Example") :]
+    code = example[example.index("```python\n") + len("```python\n") :]
+    code = code[: code.index("```")]
+    assert code.count("ipc:///run/vlad/") == 3
+    script = Path(tmp_path / "example.py")
+    script.write_text(code.replace("ipc:///run/vlad/", f"ipc://{daemon.folder}/"))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "vlad is ACTIVE" in out.stdout or "vlad is DEGRADED" in out.stdout, out.stdout
+    assert "from release:vlad-demo-reacher@1.0.0 execute waypoint" in out.stdout, out.stdout
