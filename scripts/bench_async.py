@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             print("| " + " | ".join(_cells(r)) + " |")
     else:
         for r in rows:
-            print("  ".join(f"{h}: {c}" for h, c in zip(heads, _cells(r))))
+            print("  ".join(f"{h}: {c}" for h, c in zip(heads, _cells(r), strict=True)))
     print(json.dumps(result["conditions"]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

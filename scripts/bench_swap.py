@@ -62,7 +62,7 @@ def main() -> int:
                     n_swaps = len(client.status()["swaps_ms"])
                     t0 = time.monotonic()
                     rig.control.write_text(mode)
-                    st = wait(client, lambda s: len(s["swaps_ms"]) > n_swaps)
+                    st = wait(client, lambda s, n=n_swaps: len(s["swaps_ms"]) > n)
                     detect_ms = (time.monotonic() - t0) * 1000  # upper bound: includes status polling
                     time.sleep(0.3)
                     gap = max_gap(ctl.since(t0)) * 1000

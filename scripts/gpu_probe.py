@@ -449,7 +449,7 @@ def conditions() -> dict:
     if smi:
         q = "clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw,power.limit,pstate,persistence_mode"
         out = subprocess.run([smi, f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True, check=False)
-        cond["gpu_state"] = dict(zip(q.split(","), (v.strip() for v in out.stdout.splitlines()[0].split(","))))\
+        cond["gpu_state"] = dict(zip(q.split(","), (v.strip() for v in out.stdout.splitlines()[0].split(",")), strict=False))\
             if out.stdout.strip() else out.stderr.strip()
         procs = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
                                capture_output=True, text=True, check=False)

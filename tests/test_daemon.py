@@ -277,7 +277,7 @@ def test_systemd_unit_verifies(tmp_path):
 
 def test_tcp_needs_curve_keys(tmp_path):
     eps = {k: f"tcp://127.0.0.1:{port}" for k, port in zip(("observations", "actions", "status", "control"),
-                                                           _free_ports(4))}
+                                                           _free_ports(4), strict=True)}
     rc, lines = _run_fail(daemon_command(eps))
     assert rc == 2 and len(lines) == 1 and "CurveZMQ" in lines[0], lines
 
@@ -296,7 +296,7 @@ def test_tcp_control_with_curve(tmp_path, golden):
     _, stranger_secret = zmq.auth.create_certificates(keys, "stranger")
     (clients / "client.key").write_bytes(open(client_pub, "rb").read())
     eps = {k: f"tcp://127.0.0.1:{port}" for k, port in zip(("observations", "actions", "status", "control"),
-                                                           _free_ports(4))}
+                                                           _free_ports(4), strict=True)}
     d = start_daemon(tmp_path, extra=["--set", f'sockets.curve_secret_key="{server_secret}"',
                                       "--set", f'sockets.curve_clients_dir="{clients}"', *QUIET_MONITORS],
                      endpoints=eps)

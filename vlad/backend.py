@@ -120,7 +120,7 @@ def check_inputs(specs: tuple[TensorSpec, ...], inputs: Mapping[str, np.ndarray]
                 f"input {spec.name!r}: rank {x.ndim} {list(x.shape)}, the contract requires rank {len(spec.shape)} {list(spec.shape)}"
             )
         dynamic = {ax.axis: ax for ax in spec.dynamic}
-        for axis, (size, want) in enumerate(zip(x.shape, spec.shape)):
+        for axis, (size, want) in enumerate(zip(x.shape, spec.shape, strict=True)):
             ax = dynamic.get(axis)
             if ax is None:
                 if size != want:
@@ -197,7 +197,7 @@ class Session(abc.ABC):
         Called from the event loop while inferences run: must be cheap and thread-safe."""
         return {}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional override: most sessions have nothing to free
         """Release engine resources (idempotent)."""
 
     def __enter__(self) -> Session:

@@ -144,11 +144,11 @@ def decode(frames: Sequence[Any], expect: tuple[bytes, ...] = TOPICS) -> Message
         raise ProtocolError("malformed", f"seq must be an integer in [0, 2**64), got {seq!r:.32}")
     descs = header.get("tensors", [])
     if not isinstance(descs, list) or len(descs) > MAX_TENSORS:
-        raise ProtocolError("malformed", "tensors must be a list of at most %d entries" % MAX_TENSORS)
+        raise ProtocolError("malformed", f"tensors must be a list of at most {MAX_TENSORS} entries")
     if len(frames) != 2 + len(descs):
         raise ProtocolError("malformed", f"header describes {len(descs)} tensor(s), message has {len(frames) - 2}")
     tensors: dict[str, np.ndarray] = {}
-    for desc, buf in zip(descs, frames[2:]):
+    for desc, buf in zip(descs, frames[2:], strict=True):
         name, arr = _tensor(desc, buf)
         if name in tensors:
             raise ProtocolError("malformed", f"tensor {name!r} appears twice")

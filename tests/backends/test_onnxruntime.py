@@ -291,7 +291,7 @@ def test_tensorrt_provider_session_options_end_to_end(backend, contract, monkeyp
 
     class Recording:
         def __init__(self, path, so, providers, provider_options):
-            seen.update(zip(providers, provider_options))
+            seen.update(zip(providers, provider_options, strict=True))
             raise RuntimeError("recorded")
 
     monkeypatch.setattr(ort, "get_available_providers", lambda: [TRT, CUDA, CPU])

@@ -14,7 +14,7 @@ def test_defaults_require_every_gate_with_a_budget_per_precision():
     assert set(plan.equivalence.budgets) >= {"fp32", "fp16", "bf16", "int8", "fp8"}
     # Looser precisions get looser budgets, never tighter ones.
     order = ["fp32", "tf32", "fp16", "bf16", "int8"]
-    for a, b in zip(order, order[1:]):
+    for a, b in zip(order, order[1:], strict=False):
         assert DEFAULT_BUDGETS[a].output_max_abs <= DEFAULT_BUDGETS[b].output_max_abs
 
 

@@ -161,7 +161,7 @@ def format_contract(c: Contract) -> str:
         )
     if c.proprio:
         p = c.proprio
-        entries = ", ".join(f"{n} [{u}]" for n, u in zip(p.names, p.units))
+        entries = ", ".join(f"{n} [{u}]" for n, u in zip(p.names, p.units, strict=True))
         out.append(f"proprio   -> {p.input}: dim {p.dim}, frame {p.frame}: {entries}")
     if c.noise:
         n = c.noise

@@ -154,7 +154,7 @@ def _walk_tables(
     if len(set(ka)) != len(ka) or len(set(kb)) != len(kb):
         # Duplicate keys (only in unvalidated data): fall back to comparing by index.
         ka, kb = [str(i) for i in range(len(a))], [str(i) for i in range(len(b))]
-    ma, mb = dict(zip(ka, a)), dict(zip(kb, b))
+    ma, mb = dict(zip(ka, a, strict=True)), dict(zip(kb, b, strict=True))
     removed_or_added = "shape" if dynamic else "structure"
     for k in ka:
         if k not in mb:

@@ -226,7 +226,7 @@ class TensorSpec:
     def accepts(self, shape: tuple[int, ...]) -> bool:
         """Whether a concrete ``shape`` lies within this tensor's allowed shape range."""
         lo, hi = self.min_shape, self.max_shape
-        return len(shape) == len(lo) and all(a <= s <= b for s, a, b in zip(shape, lo, hi))
+        return len(shape) == len(lo) and all(a <= s <= b for s, a, b in zip(shape, lo, hi, strict=True))
 
 
 @dataclass(frozen=True, slots=True)

@@ -184,7 +184,7 @@ class TinyPi0(nn.Module):
     def velocity(self, kv: list[tuple[torch.Tensor, torch.Tensor]], cond: torch.Tensor, x: torch.Tensor,
                  t: torch.Tensor) -> torch.Tensor:
         h = self.act_in(x) + self.act_pos + (self.time_mlp(time_embedding(t, self.cfg.d_model)) + cond)[:, None]
-        for block, (k, v) in zip(self.expert, kv):
+        for block, (k, v) in zip(self.expert, kv, strict=True):
             h = block(h, k, v)
         return self.act_out(h)
 

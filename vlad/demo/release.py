@@ -171,7 +171,7 @@ def evaluate_release(out: Path, episodes: int, log=print) -> dict:
     out_names = [o.name for o in sess.get_outputs()]
 
     def infer(inputs):
-        return dict(zip(out_names, sess.run(out_names, dict(inputs))))
+        return dict(zip(out_names, sess.run(out_names, dict(inputs)), strict=True))
 
     task = sim.ReacherTask(render=True)
     rows = []

@@ -57,7 +57,7 @@ def gpus() -> list[dict[str, Any]] | str:
     if out.returncode != 0:
         return f"nvidia-smi failed: {out.stderr.strip() or out.returncode}"
     keys = query.split(",")
-    return [dict(zip(keys, (v.strip() for v in line.split(",")))) for line in out.stdout.strip().splitlines()]
+    return [dict(zip(keys, (v.strip() for v in line.split(",")), strict=False)) for line in out.stdout.strip().splitlines()]
 
 
 def busy_processes(sample_s: float = 0.3, threshold: float = 5.0) -> list[str]:

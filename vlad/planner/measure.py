@@ -187,7 +187,7 @@ def time_components(onnx_path: Path, contract: Any, scopes: dict[str, tuple[str,
         raise PlannerError(f"{onnx_path.name}: no type information for boundary tensors {', '.join(missing[:3])}")
     probe.graph.output.extend(known[t] for t in boundary)
     full = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    values = dict(zip([o.name for o in full.get_outputs()], full.run(None, feeds)))
+    values = dict(zip([o.name for o in full.get_outputs()], full.run(None, feeds), strict=True))
     values.update(feeds)
     extractor = onnx.utils.Extractor(model)
     out: dict[str, float] = {}

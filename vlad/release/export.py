@@ -257,7 +257,7 @@ def _compare_onnx(model, path: Path, names, out_names, fixtures) -> list[Compari
         with torch.inference_mode():
             ref = model(*_to_torch(fx, names))
         ref = ref if isinstance(ref, tuple) else (ref,)
-        for n, r, g in zip(out_names, ref, got):
+        for n, r, g in zip(out_names, ref, got, strict=True):
             c = compare(n, r.numpy(), g)
             if n not in worst or c.max_abs > worst[n].max_abs:
                 worst[n] = c

@@ -362,7 +362,7 @@ class OnnxRuntimeSession(Session):
         self.last_timing = Timing(compute_ms=(time.perf_counter() - t0) * 1e3)
         if outputs:
             return outputs
-        return dict(zip(self._output_names, binding.copy_outputs_to_cpu()))
+        return dict(zip(self._output_names, binding.copy_outputs_to_cpu(), strict=True))
 
     def _output_shapes(self, inputs: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]] | None:
         """Output shapes from the contract, dynamic axes sized like the inputs' axes of that name."""

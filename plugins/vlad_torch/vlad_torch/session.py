@@ -234,14 +234,14 @@ class TorchSession(Session):
                 out = self._fn(*(buf["dev"][n] for n in self._input_order))
             outs = out if isinstance(out, (list, tuple)) else (out,)
             self._check_count(outs)
-            for name, t in zip(self._output_names, outs):
+            for name, t in zip(self._output_names, outs, strict=True):
                 pinned = host_out.get(name)
                 if pinned is None or pinned.shape != t.shape or pinned.dtype != t.dtype:
                     # Only when the contract could not size it (or autocast changed the
                     # dtype): a one-off allocation, before the timed copies below.
                     host_out[name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             compute_done.record()
-            for name, t in zip(self._output_names, outs):
+            for name, t in zip(self._output_names, outs, strict=True):
                 host_out[name].copy_(t, non_blocking=True)
             d2h_done.record()
         d2h_done.synchronize()
@@ -283,7 +283,7 @@ class TorchSession(Session):
     def _outputs_to_numpy(self, out: Any) -> dict[str, np.ndarray]:
         outs = out if isinstance(out, (list, tuple)) else (out,)
         self._check_count(outs)
-        return {name: t.numpy() for name, t in zip(self._output_names, outs)}
+        return {name: t.numpy() for name, t in zip(self._output_names, outs, strict=True)}
 
     def _check_count(self, outs: Sequence[Any]) -> None:
         if len(outs) != len(self._output_names):
