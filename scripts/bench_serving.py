@@ -494,6 +494,70 @@ class VladClient:
 
 
 # ---------------------------------------------------------------------------------------
+# vlad's per-stage costs in a hot loop, in this process (no daemon, no waiting)
+# ---------------------------------------------------------------------------------------
+
+
+def hot_stage_costs(payload: Payload, calls: int) -> dict:
+    """p50/p99 microseconds of each vlad stage called back to back on warm caches: what the
+    same code costs when nothing evicts it between calls (the daemon at 50 Hz sleeps 20 ms)."""
+    import zmq
+
+    from vlad import protocol
+    from vlad.client import Client
+    from vlad.config import GuardConfig
+    from vlad.contract import load_contract
+    from vlad.processing import ActionDecoder, Preprocessor, Tokenizer
+    from vlad.serving.counters import IntakeCounts
+    from vlad.serving.guard import ActionGuard, TrustedState
+    from vlad.serving.intake import Intake
+
+    c = load_contract(payload.release / "contract.toml")
+    pre = Preprocessor(c, Tokenizer.from_contract(c) if c.language else None)
+    dec = ActionDecoder(c)
+    trusted = TrustedState(c, GuardConfig())
+    guard = ActionGuard(c, trusted)
+    intake = Intake(c, IntakeCounts(), trusted, 5_000_000)
+    tensors = {f"image/{k}": v for k, v in payload.images.items()}
+    tensors["proprio"] = payload.proprio
+
+    def obs_frames():
+        h = {"seq": 1, "t_sensor_ns": time.monotonic_ns(), "client": "bench"}
+        if payload.instruction is not None:
+            h["instruction"] = payload.instruction
+        return protocol.encode(protocol.TOPIC_OBS, h, tensors)
+
+    frames = [zmq.Frame(f) for f in obs_frames()]
+    obs = intake.accept(frames, time.monotonic_ns())
+    y = {c.action.output: np.zeros((1, *payload.action_shape), np.float32)}
+    header = {"seq": 1, "obs_seq": 1, "t_sensor_ns": 1, "t_issue_ns": 2, "valid_until_ns": 3, "period_ns": 4,
+              "release": "bench@1", "state": "ACTIVE", "source": "release", "policy": "release", "interventions": [],
+              "timings_ms": dict.fromkeys(("transport", "queue", "preprocess", "engine", "decode", "guard"), 0.1234)}
+    act = protocol.encode(protocol.TOPIC_ACTIONS, header, {"actions": dec.decode(y)})
+    stages = {
+        "client encode": obs_frames,
+        "intake (decode + checks)": lambda: intake.accept(frames, time.monotonic_ns()),
+        "preprocess": lambda: pre.fill(obs),
+        "decode": lambda: dec.decode(y),
+        "guard": lambda: guard.check(dec.decode(y), time.monotonic_ns(), time.monotonic_ns() + 10**9),
+        "action encode": lambda: protocol.encode(protocol.TOPIC_ACTIONS, header, {"actions": dec.out}),
+        "client decode": lambda: Client._decode_actions(act),
+    }
+    out = {}
+    for name, fn in stages.items():
+        for _ in range(max(10, calls // 10)):
+            fn()
+        ts = np.empty(calls)
+        for i in range(calls):
+            t0 = time.perf_counter_ns()
+            fn()
+            ts[i] = time.perf_counter_ns() - t0
+        out[name] = {"p50_us": round(float(np.percentile(ts, 50)) / 1e3, 1),
+                     "p99_us": round(float(np.percentile(ts, 99)) / 1e3, 1)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------
 
@@ -599,6 +663,7 @@ def run(args) -> dict:
         payloads = [bench_releases.demo_payload(), bench_releases.synthetic_payload(tmp / "synthetic")]
         cond["payloads"] = {p.name.split(" ")[0]: {"what": p.name, "raw_observation_bytes": p.raw_bytes,
                                                    "action_shape": list(p.action_shape)} for p in payloads}
+        hot = {p.name.split(" ")[0]: hot_stage_costs(p, 200 if args.short else 2000) for p in payloads}
         servers = [s for s in SERVERS if s in args.servers]
         n = 0
         for payload in payloads:
@@ -642,7 +707,7 @@ def run(args) -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     add_ratios(rows)
-    return {"conditions": cond, "rows": rows, "targets": targets(rows)}
+    return {"conditions": cond, "rows": rows, "hot_stage_costs_us": hot, "targets": targets(rows)}
 
 
 def print_row(r: dict) -> None:
@@ -682,6 +747,13 @@ def print_report(result: dict) -> None:
             st = r["stages_ms"]
             print(f"| {r['payload']} | {r['load']} | {r['rate']} | {r['server']} | "
                   + " | ".join(f"{st[k]['p50']:.3f} / {st[k]['p99']:.3f}" for k in names) + " |")
+    hot = result["hot_stage_costs_us"]
+    print("\nThe same vlad stages called back to back in one process (warm caches), p50 / p99 us:\n")
+    names = list(next(iter(hot.values())))
+    print("| payload | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for p, st in hot.items():
+        print(f"| {p} | " + " | ".join(f"{st[k]['p50_us']} / {st[k]['p99_us']}" for k in names) + " |")
     print("\nTargets (issue 11), judged on this run:\n")
     for t in result["targets"]:
         print(f"- {'MET   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']} ({t['limit']})")
