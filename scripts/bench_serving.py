@@ -14,10 +14,11 @@ Runtime session settings (CPU, ``intra_op_num_threads = 1``, graph optimisation 
   implementation, allocating per call as openpi's transforms do), one ``InferenceSession.run``
   and the same decoding. Driven by the real ``openpi_client.websocket_client_policy.WebsocketClientPolicy``.
 * **vlad**: ``vlad serve`` on the release (signed) as a subprocess, driven by ``vlad.client``
-  (observation + one heartbeat per period), without the real-time knobs
-  (``gc_freeze = false``, no pinning, no busy poll) and with them (``cpu_affinity`` = the
-  last usable CPU, ``gc_freeze``, ``busy_poll_us``, and ``fifo_priority`` / ``mlockall``
-  when this machine permits them: probed first, a refusal is reported).
+  (observation + one heartbeat per period), three ways: ``vlad`` without the real-time
+  knobs (``gc_freeze = false``, no pinning, no busy poll); ``vlad+rt`` with them
+  (``cpu_affinity`` = the last usable CPU, ``gc_freeze``, and ``fifo_priority`` /
+  ``mlockall`` when this machine permits them: probed first, a refusal is reported);
+  ``vlad+rt+spin`` the same plus ``busy_poll_us``.
 
 For each payload (the demo release; a synthetic release with two 224x224 RGB cameras,
 generated and signed with a throwaway key into a temporary folder), load (quiet; a
@@ -45,8 +46,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import json
 import logging
 import math
@@ -303,7 +302,7 @@ class OrtPolicy:
         t = time.monotonic()
         outs = self.sess.run(None, inputs)
         model_ms = (time.monotonic() - t) * 1000
-        actions = decode_actions(self.contract, dict(zip([o.name for o in self.sess.get_outputs()], outs)))
+        actions = decode_actions(self.contract, dict(zip([o.name for o in self.sess.get_outputs()], outs, strict=True)))
         return {"state": raw.proprio, "actions": actions, "policy_timing": {"infer_ms": model_ms}}
 
 
@@ -457,7 +456,6 @@ class VladClient:
             raise RuntimeError(f"vlad never became ready; log:\n{d.log()}") from None
         self.client = self.daemon.client("bench")
         self.seq = 0
-        self.holds = 0
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # slow joiner
             self.step(None)
@@ -469,17 +467,27 @@ class VladClient:
         c, p = self.client, self.payload
         t0 = time.monotonic_ns()
         c.publish_observation(p.images, proprio=p.proprio, instruction=p.instruction, seq=self.seq, t_sensor_ns=t0)
-        chunk = c.recv_actions(timeout_ms=1000, drop_stale=False)
-        while chunk is not None and chunk.obs_seq < self.seq:
-            chunk = c.recv_actions(timeout_ms=1000, drop_stale=False)
+        # The answer to this observation, within 1 s. Hold chunks for older observations
+        # (the daemon bridging a silent controller) keep coming: never wait past the deadline.
+        deadline = t0 + 1_000_000_000
+        chunk = None
+        while True:
+            left_ms = (deadline - time.monotonic_ns()) // 1_000_000
+            if left_ms <= 0:
+                break
+            chunk = c.recv_actions(timeout_ms=int(left_ms), drop_stale=False)
+            # recv_actions keeps the newest chunk: a bridge hold arriving just after the
+            # answer hides it. A hold ends the wait too (counted as missed, never timed).
+            if chunk is None or chunk.obs_seq >= self.seq or chunk.is_hold:
+                break
+            chunk = None
         t1 = time.monotonic_ns()
         c.heartbeat()  # a real controller's heartbeat, outside the timed span
         self._last_ok = chunk is not None and not chunk.is_hold
         if s is None:
             return
-        if chunk is None or chunk.is_hold:
+        if chunk is None or chunk.is_hold or chunk.obs_seq != self.seq:
             s.missed += 1
-            self.holds += chunk is not None
             return
         tm = chunk.timings_ms
         stages = {k: tm[k] for k in ("transport", "queue", "preprocess", "decode", "guard") if k in tm}
@@ -652,10 +660,12 @@ def run(args) -> dict:
         rt["mlockall"] = True
     else:
         refused.append(f"mlockall: {cond['rt_probe']['mlockall']}")
-    cond["vlad_rt_knobs"] = rt
+    cond["vlad_knobs"] = {
+        "vlad": {"gc_freeze": False, "cpu_affinity": [], "busy_poll_us": 0, "fifo_priority": 0, "mlockall": False},
+        "vlad+rt": {k: v for k, v in rt.items() if k != "busy_poll_us"},
+        "vlad+rt+spin": rt,
+    }
     cond["vlad_rt_refused"] = refused
-    cond["vlad_plain_knobs"] = {"gc_freeze": False, "cpu_affinity": [], "busy_poll_us": 0, "fifo_priority": 0,
-                                "mlockall": False}
     seconds = {"50 Hz": args.seconds, "lock-step": args.lockstep_seconds}
     rows: list[dict] = []
     tmp = Path(tempfile.mkdtemp(prefix="vlad-bench-"))
@@ -771,10 +781,12 @@ def main() -> int:
                     "condition started together (idle ones run beside the measured one)")
     ap.add_argument("--parallel-start", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help="print the result as JSON only")
+    ap.add_argument("--json-out", type=Path, help="also write the result as JSON to this file")
     ap.add_argument("--_floor-server", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--_openpi-server", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--_debug", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-ups (servers, hog, temp folder)
     if args._floor_server:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         floor_server(args._floor_server[0], args._floor_server[1], int(args._floor_server[2]))
@@ -793,6 +805,8 @@ def main() -> int:
                   "(pip install --no-deps openpi-client)", file=sys.stderr)
             args.servers = [s for s in args.servers if s != "openpi-style"]
     result = run(args)
+    if args.json_out:
+        args.json_out.write_text(json.dumps(result, indent=2))
     if args.json:
         print(json.dumps(result, indent=2))
     else:

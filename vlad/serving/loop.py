@@ -83,6 +83,7 @@ class ServingLoop:
         self._wake_tx.setsockopt(zmq.SNDHWM, 1)
         self._wake_tx.connect(self._wake_addr)
         self._times = CycleTimes()
+        self._spin = False  # busy-poll before the next blocking poll (see _serve_once)
         self._alloc = alloctrace.from_env()  # None unless VLAD_ALLOC_TRACE is set (scripts/soak.py)
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
@@ -184,7 +185,10 @@ class ServingLoop:
         with self._sock_lock:
             if gen != self.generation or self._stopping:
                 return False
-            ready = self._poll(poller, timeout_ms, busy_ns)
+            # Spin only after a wake-up that brought messages: an idle thread blocks at once
+            # instead of spinning busy_poll_us after every quarter-period timeout.
+            ready = self._poll(poller, timeout_ms, busy_ns if self._spin else 0)
+            self._spin = bool(ready)
             woken = self._wake_rx in ready
             if woken:
                 while self._wake_rx.poll(0):
