@@ -31,6 +31,7 @@ import zmq
 from vlad.config import RealtimeConfig
 from vlad.errors import ObservationError, RemoteUnavailable, VladError
 from vlad.processing import RawObservation
+from vlad.serving import alloctrace
 from vlad.serving.intake import Intake
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.publisher import Publisher
@@ -82,6 +83,8 @@ class ServingLoop:
         self._wake_tx.setsockopt(zmq.SNDHWM, 1)
         self._wake_tx.connect(self._wake_addr)
         self._times = CycleTimes()
+        self._spin = False  # busy-poll before the next blocking poll (see _serve_once)
+        self._alloc = alloctrace.from_env()  # None unless VLAD_ALLOC_TRACE is set (scripts/soak.py)
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._start_error: BaseException | None = None
@@ -182,7 +185,10 @@ class ServingLoop:
         with self._sock_lock:
             if gen != self.generation or self._stopping:
                 return False
-            ready = self._poll(poller, timeout_ms, busy_ns)
+            # Spin only after a wake-up that brought messages: an idle thread blocks at once
+            # instead of spinning busy_poll_us after every quarter-period timeout.
+            ready = self._poll(poller, timeout_ms, busy_ns if self._spin else 0)
+            self._spin = bool(ready)
             woken = self._wake_rx in ready
             if woken:
                 while self._wake_rx.poll(0):
@@ -193,7 +199,10 @@ class ServingLoop:
         if newest is None and woken and self.last_obs is not None:
             newest = (self.last_obs, self.last_obs_receive_ns)  # a swap: answer the newest again
         if newest is not None and not self.estop_engaged():  # e-stop: the policy is not even asked
-            self._cycle(*newest, gen)
+            if self._alloc is None:
+                self._cycle(*newest, gen)
+            else:
+                self._alloc.measure(self._cycle, *newest, gen)
         return True
 
     def _poll(self, poller: zmq.Poller, timeout_ms: int, busy_ns: int) -> dict:

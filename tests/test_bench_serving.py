@@ -1,0 +1,79 @@
+"""scripts/bench_serving.py --short: every row comes out with finite numbers.
+
+A smoke test of the benchmark, not a benchmark: no timing is asserted (figures from a
+shared CI machine mean nothing). One run of the script serves every test here; the
+openpi-style rows need ``openpi_client`` and are checked only where it is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "bench_serving.py"
+HAVE_OPENPI = importlib.util.find_spec("openpi_client") is not None
+VLAD_SERVERS = ("vlad", "vlad+rt", "vlad+rt+spin")
+PAYLOADS = ("demo", "synthetic")
+LOADS = ("quiet", "hog+debug")
+RATES = ("50 Hz", "lock-step")
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    servers = ["floor", *VLAD_SERVERS] + (["openpi-style"] if HAVE_OPENPI else [])
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--short", "--json", "--servers", *servers],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout)
+
+
+def _finite(d: dict) -> bool:
+    return all(math.isfinite(d[k]) for k in ("p50", "p95", "p99", "max")) and d["n"] > 0
+
+
+def _rows(result: dict, server: str) -> dict:
+    return {(r["payload"], r["load"], r["rate"]): r for r in result["rows"] if r["server"] == server}
+
+
+@pytest.mark.parametrize("server", ["floor", *VLAD_SERVERS])
+def test_floor_and_vlad_rows(result, server):
+    rows = _rows(result, server)
+    for key in [(p, lo, ra) for p in PAYLOADS for lo in LOADS for ra in RATES]:
+        assert key in rows, f"{server}: no row for {key}"
+        r = rows[key]
+        for what in ("round_trip_ms", "engine_ms", "overhead_ms"):
+            assert _finite(r[what]), f"{server} {key} {what}: {r[what]}"
+        if server != "floor":
+            assert r["engine_ms"]["p50"] > 0
+            assert math.isfinite(r["above_floor_ms"]["p50"]) and math.isfinite(r["above_floor_ms"]["p99"])
+            for stage in ("preprocess", "decode", "guard", "pre+decode+guard"):
+                assert _finite(r["stages_ms"][stage]), f"{server} {key} {stage}"
+
+
+def test_conditions_and_targets(result):
+    c = result["conditions"]
+    for key in ("cpu", "cores", "python", "onnxruntime", "loadavg_before", "loadavg_after", "payloads", "rt_probe"):
+        assert key in c, key
+    assert c["payloads"]["synthetic"]["raw_observation_bytes"] > 2 * 224 * 224 * 3
+    assert result["targets"], "no target judged"
+
+
+def test_openpi_rows(result):
+    pytest.importorskip("openpi_client")
+    rows = _rows(result, "openpi-style")
+    for key in [(p, lo, ra) for p in PAYLOADS for lo in LOADS for ra in RATES]:
+        r = rows[key]
+        for what in ("round_trip_ms", "engine_ms", "overhead_ms"):
+            assert _finite(r[what]), f"openpi-style {key} {what}: {r[what]}"
+        assert r["engine_ms"]["p50"] > 0
+    vlad = _rows(result, "vlad")
+    assert all(math.isfinite(r["vs_openpi"]["p50"]) for r in vlad.values())
