@@ -97,8 +97,9 @@ def settle(client, seconds: float = 0.15) -> None:
         client.recv_actions(timeout_ms=10)
 
 
-def run_sync(client, task, seed: int, instruction: str, period_ns: int, execute: int,
-             resend_ns: int = 500_000_000) -> Episode:
+def run_sync(
+    client, task, seed: int, instruction: str, period_ns: int, execute: int, resend_ns: int = 500_000_000
+) -> Episode:
     ep, obs = Episode(), task.reset(seed, instruction)
     plan, k, pending, sent_at = None, 0, None, 0
     next_tick = time.monotonic_ns()
@@ -107,8 +108,9 @@ def run_sync(client, task, seed: int, instruction: str, period_ns: int, execute:
         if pending is not None and now - sent_at > resend_ns:
             pending = None  # never answered (the daemon skipped it as stale): send anew
         if plan is None and pending is None:
-            pending = client.publish_observation({"overhead": obs.image}, proprio=obs.proprio,
-                                                 instruction=instruction, t_sensor_ns=now)
+            pending = client.publish_observation(
+                {"overhead": obs.image}, proprio=obs.proprio, instruction=instruction, t_sensor_ns=now
+            )
             sent_at = now
         client.heartbeat()
         if pending is not None:  # the robot holds still while it waits
@@ -122,8 +124,11 @@ def run_sync(client, task, seed: int, instruction: str, period_ns: int, execute:
             command, k = plan.actions[k], k + 1
         # The next tick comes one period after this one (give or take jitter, hence a tenth
         # of a period of margin): a waypoint due after valid_until would never run.
-        if plan is not None and (command is None or k >= min(execute, len(plan.actions))
-                                 or now + period_ns + period_ns // 10 > plan.valid_until_ns):
+        if plan is not None and (
+            command is None
+            or k >= min(execute, len(plan.actions))
+            or now + period_ns + period_ns // 10 > plan.valid_until_ns
+        ):
             plan = None  # executed, or the next waypoint would be too late: send a new frame
         obs = _apply(ep, task, obs, command)
         next_tick += period_ns
@@ -146,8 +151,9 @@ def run_async(client, task, seed: int, instruction: str, executor: ChunkExecutor
         if command is not None and executor.current.is_hold:
             command = None  # a hold posture is not a policy waypoint
         if executor.should_request(now):
-            seq = client.publish_observation({"overhead": obs.image}, proprio=obs.proprio, instruction=instruction,
-                                             t_sensor_ns=now)
+            seq = client.publish_observation(
+                {"overhead": obs.image}, proprio=obs.proprio, instruction=instruction, t_sensor_ns=now
+            )
             executor.request_sent(seq, now)
             sent[seq] = now
             mine.add(seq)
@@ -174,8 +180,7 @@ def measure_latency(client, task, frames: int) -> float:
     """Median frame -> chunk latency (ms) over ``frames`` request/answer round trips."""
     obs, lat = task.reset(19_999, sim.INSTRUCTIONS[0]), []
     for _ in range(frames):
-        seq = client.publish_observation({"overhead": obs.image}, proprio=obs.proprio,
-                                         instruction=sim.INSTRUCTIONS[0])
+        seq = client.publish_observation({"overhead": obs.image}, proprio=obs.proprio, instruction=sim.INSTRUCTIONS[0])
         client.heartbeat()
         chunk = wait_for(client, seq, time.monotonic_ns() + 5_000_000_000)
         if chunk is not None:
@@ -292,8 +297,11 @@ def run_backend(label: str, tmp: Path, args, contract, slow_ms: float | None) ->
             latency = measure_latency(client, task, 5 if args.ci else 20)  # sets the async threshold
             validity = contract.timing.action_validity_ms
             validity_ns = int(validity * 1e6)  # a frame unanswered this long will never be useful
-            threshold = (args.threshold if args.threshold is not None
-                         else async_threshold(latency, period_ms, chunk, args.execute, validity))
+            threshold = (
+                args.threshold
+                if args.threshold is not None
+                else async_threshold(latency, period_ms, chunk, args.execute, validity)
+            )
             for mode in ("sync", "async"):
                 eps = []
                 for i in range(args.episodes):
@@ -302,22 +310,49 @@ def run_backend(label: str, tmp: Path, args, contract, slow_ms: float | None) ->
                     if mode == "sync":
                         eps.append(run_sync(client, task, seed, instruction, period_ns, args.execute, validity_ns))
                     else:
-                        ex = ChunkExecutor(request_threshold=threshold, overlap=args.overlap, blend=args.blend,
-                                           request_timeout_ns=validity_ns)
+                        ex = ChunkExecutor(
+                            request_threshold=threshold,
+                            overlap=args.overlap,
+                            blend=args.blend,
+                            request_timeout_ns=validity_ns,
+                        )
                         eps.append(run_async(client, task, seed, instruction, ex))
                 st = client.status()
-                row = {"backend": label, "mode": mode, "threshold": threshold if mode == "async" else None,
-                       **summarize(eps, period_ms),
-                       "daemon": {"state": st["state"], "fallbacks": d.log().count("-> FALLBACK"),
-                                  **{k: st["counters"].get(k, 0) for k in ("stale", "superseded", "bridged")}}}
-                predicted = chunk_rate(row["latency_p50_ms"], period_ms, chunk, mode=mode, execute=args.execute,
-                                       threshold=threshold, validity_ms=contract.timing.action_validity_ms,
-                                       wait_fraction=WAIT_FRACTION)
+                row = {
+                    "backend": label,
+                    "mode": mode,
+                    "threshold": threshold if mode == "async" else None,
+                    **summarize(eps, period_ms),
+                    "daemon": {
+                        "state": st["state"],
+                        "fallbacks": d.log().count("-> FALLBACK"),
+                        **{k: st["counters"].get(k, 0) for k in ("stale", "superseded", "bridged")},
+                    },
+                }
+                predicted = chunk_rate(
+                    row["latency_p50_ms"],
+                    period_ms,
+                    chunk,
+                    mode=mode,
+                    execute=args.execute,
+                    threshold=threshold,
+                    validity_ms=contract.timing.action_validity_ms,
+                    wait_fraction=WAIT_FRACTION,
+                )
                 row["predicted_hz_measured_latency"] = round(predicted.control_hz, 2)
-                row["predicted_hz_roofline"] = round(chunk_rate(
-                    max(args.roofline_ms, slow_ms or 0.0), period_ms, chunk, mode=mode, execute=args.execute,
-                    threshold=threshold, validity_ms=contract.timing.action_validity_ms,
-                    wait_fraction=WAIT_FRACTION).control_hz, 2)
+                row["predicted_hz_roofline"] = round(
+                    chunk_rate(
+                        max(args.roofline_ms, slow_ms or 0.0),
+                        period_ms,
+                        chunk,
+                        mode=mode,
+                        execute=args.execute,
+                        threshold=threshold,
+                        validity_ms=contract.timing.action_validity_ms,
+                        wait_fraction=WAIT_FRACTION,
+                    ).control_hz,
+                    2,
+                )
                 rows.append(row)
     finally:
         d.stop()
@@ -330,9 +365,15 @@ def conditions() -> dict:
     import mujoco
     import onnxruntime
 
-    return {"date": time.strftime("%Y-%m-%d"), "cpu": _cpu(), "cpus": os.cpu_count(),
-            "load_avg": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
-            "onnxruntime": onnxruntime.__version__, "mujoco": mujoco.__version__}
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu": _cpu(),
+        "cpus": os.cpu_count(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "mujoco": mujoco.__version__,
+    }
 
 
 def _cpu() -> str:
@@ -342,18 +383,27 @@ def _cpu() -> str:
         return platform.processor() or "unknown"
 
 
-COLUMNS = [("backend", "backend"), ("mode", "mode"), ("control Hz", "control_hz"),
-           ("predicted Hz (measured latency)", "predicted_hz_measured_latency"),
-           ("predicted Hz (roofline)", "predicted_hz_roofline"), ("max idle gap ms", "max_gap_ms"),
-           ("switch jump mean / max rad", None), ("joint jerk RMS / p95 rad/s³", None), ("success", None),
-           ("latency p50 / max ms", None)]
+COLUMNS = [
+    ("backend", "backend"),
+    ("mode", "mode"),
+    ("control Hz", "control_hz"),
+    ("predicted Hz (measured latency)", "predicted_hz_measured_latency"),
+    ("predicted Hz (roofline)", "predicted_hz_roofline"),
+    ("max idle gap ms", "max_gap_ms"),
+    ("switch jump mean / max rad", None),
+    ("joint jerk RMS / p95 rad/s³", None),
+    ("success", None),
+    ("latency p50 / max ms", None),
+]
 
 
 def _cells(r: dict) -> list[str]:
-    extra = {"switch jump mean / max rad": f"{r['switch_jump_mean_rad']:.3f} / {r['switch_jump_max_rad']:.3f}",
-             "joint jerk RMS / p95 rad/s³": f"{r['jerk_rms_rad_s3']:.0f} / {r['jerk_p95_rad_s3']:.0f}",
-             "success": f"{r['success']}/{r['episodes']}",
-             "latency p50 / max ms": f"{r['latency_p50_ms']:.1f} / {r['latency_max_ms']:.1f}"}
+    extra = {
+        "switch jump mean / max rad": f"{r['switch_jump_mean_rad']:.3f} / {r['switch_jump_max_rad']:.3f}",
+        "joint jerk RMS / p95 rad/s³": f"{r['jerk_rms_rad_s3']:.0f} / {r['jerk_p95_rad_s3']:.0f}",
+        "success": f"{r['success']}/{r['episodes']}",
+        "latency p50 / max ms": f"{r['latency_p50_ms']:.1f} / {r['latency_max_ms']:.1f}",
+    }
     return [str(r[key]) if key else extra[head] for head, key in COLUMNS]
 
 
@@ -367,8 +417,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap", type=int, default=2, help="async: waypoints blended after a switch")
     ap.add_argument("--blend", default="linear", choices=("linear", "exponential", "none"))
     ap.add_argument("--no-real", action="store_true", help="only the slowed backend")
-    ap.add_argument("--ci", action="store_true", help="one episode per configuration, the first --slow-ms only, "
-                                                     "short micro-benchmarks")
+    ap.add_argument(
+        "--ci",
+        action="store_true",
+        help="one episode per configuration, the first --slow-ms only, short micro-benchmarks",
+    )
     ap.add_argument("--json", type=Path, help="also write the results as JSON")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table (for docs/benchmarks.md)")
     args = ap.parse_args(argv)
@@ -382,11 +435,21 @@ def main(argv: list[str] | None = None) -> int:
         for delay in ([] if args.no_real else [None]) + slow:
             label = "real" if delay is None else f"slow {delay:g} ms"
             rows += run_backend(label, Path(tmp), args, contract, delay)
-    result = {"conditions": {**conditions(), "episodes": args.episodes, "execute": args.execute,
-                             "overlap": args.overlap, "blend": args.blend, "slow_ms": slow,
-                             "roofline_ms": round(args.roofline_ms, 4), "peaks": peaks,
-                             "period_ms": contract.timing.control_period_ms, "chunk": contract.action.chunk_length},
-              "rows": rows}
+    result = {
+        "conditions": {
+            **conditions(),
+            "episodes": args.episodes,
+            "execute": args.execute,
+            "overlap": args.overlap,
+            "blend": args.blend,
+            "slow_ms": slow,
+            "roofline_ms": round(args.roofline_ms, 4),
+            "peaks": peaks,
+            "period_ms": contract.timing.control_period_ms,
+            "chunk": contract.action.chunk_length,
+        },
+        "rows": rows,
+    }
     heads = [h for h, _ in COLUMNS]
     if args.markdown:
         print("| " + " | ".join(heads) + " |")

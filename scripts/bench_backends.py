@@ -64,7 +64,10 @@ def conditions(threads: int) -> dict:
     import psutil
 
     cpuinfo = _read("/proc/cpuinfo") or ""
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), platform.processor())
+    model = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+        platform.processor(),
+    )
     temps = {}
     try:
         for chip, entries in (psutil.sensors_temperatures() or {}).items():
@@ -281,7 +284,18 @@ def main(argv: list[str] | None = None) -> int:
     cond = conditions(args.threads)
     results = []
     for name in names:
-        cmd = [sys.executable, __file__, "--one", name, "--calls", str(args.calls), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--one",
+            name,
+            "--calls",
+            str(args.calls),
+            "--warmup",
+            str(args.warmup),
+            "--threads",
+            str(args.threads),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["?"])[-1]

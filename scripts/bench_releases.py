@@ -42,21 +42,29 @@ class Payload:
 
     @property
     def raw_bytes(self) -> int:
-        return sum(a.nbytes for a in self.images.values()) + self.proprio.nbytes + len(
-            (self.instruction or "").encode())
+        return (
+            sum(a.nbytes for a in self.images.values()) + self.proprio.nbytes + len((self.instruction or "").encode())
+        )
 
 
 def demo_payload() -> Payload:
     from tests.conftest import DEMO, load_golden
 
     raw = load_golden()[0]["raw"]
-    return Payload("demo (1 camera 64x64, 4 proprio, language)", DEMO, ROOT / "etc" / "vlad" / "keys.d",
-                   {k: np.ascontiguousarray(v) for k, v in raw.images.items()},
-                   np.asarray(raw.proprio, np.float32), raw.instruction, (8, 2))
+    return Payload(
+        "demo (1 camera 64x64, 4 proprio, language)",
+        DEMO,
+        ROOT / "etc" / "vlad" / "keys.d",
+        {k: np.ascontiguousarray(v) for k, v in raw.images.items()},
+        np.asarray(raw.proprio, np.float32),
+        raw.instruction,
+        (8, 2),
+    )
 
 
 def _contract_text() -> str:
-    cams = "".join(f"""
+    cams = "".join(
+        f"""
 [[cameras]]
 name = "{c}"
 input = "image_{c}"
@@ -79,8 +87,11 @@ crop = "none"
 scale = 255.0
 mean = [0.485, 0.456, 0.406]
 std = [0.229, 0.224, 0.225]
-""" for c in SYN_CAMERAS)
-    joints = "".join(f"""
+"""
+        for c in SYN_CAMERAS
+    )
+    joints = "".join(
+        f"""
 [[action.joints]]
 name = "joint{j}"
 semantics = "position"
@@ -90,16 +101,21 @@ std = 1.0
 lower = -3.0
 upper = 3.0
 rate_limit = 0.5
-""" for j in range(SYN_DIM))
+"""
+        for j in range(SYN_DIM)
+    )
     names = [f"joint{j}.position" for j in range(SYN_DIM)] + ["gripper.opening"]
     units = ["rad"] * SYN_DIM + ["1"]
-    inputs = "".join(f"""
+    inputs = "".join(
+        f"""
 [[inputs]]
 name = "image_{c}"
 dtype = "float32"
 layout = "NCHW"
 shape = [1, 3, {SYN_HW}, {SYN_HW}]
-""" for c in SYN_CAMERAS)
+"""
+        for c in SYN_CAMERAS
+    )
     return f"""# Synthetic benchmark release: two 224x224 RGB cameras (scripts/bench_releases.py).
 format = "vlad.contract/1"
 
@@ -170,10 +186,12 @@ def _onnx_model(path: Path) -> None:
     rng = np.random.default_rng(0)
     feat = 3 * len(SYN_CAMERAS) + SYN_PROPRIO
     w = rng.standard_normal((feat, SYN_CHUNK * SYN_DIM)).astype(np.float32) * 0.1
-    inits = [numpy_helper.from_array(w, "W"),
-             numpy_helper.from_array(np.asarray([1, SYN_CHUNK, SYN_DIM], np.int64), "shape"),
-             numpy_helper.from_array(np.asarray(0.1, np.float32), "k_act"),
-             numpy_helper.from_array(np.asarray(0.01, np.float32), "k_noise")]
+    inits = [
+        numpy_helper.from_array(w, "W"),
+        numpy_helper.from_array(np.asarray([1, SYN_CHUNK, SYN_DIM], np.int64), "shape"),
+        numpy_helper.from_array(np.asarray(0.1, np.float32), "k_act"),
+        numpy_helper.from_array(np.asarray(0.01, np.float32), "k_noise"),
+    ]
     nodes, feats = [], []
     for c in SYN_CAMERAS:
         nodes.append(helper.make_node("ReduceMean", [f"image_{c}"], [f"m_{c}"], axes=[2, 3], keepdims=0))
@@ -188,8 +206,10 @@ def _onnx_model(path: Path) -> None:
         helper.make_node("Add", ["a", "n"], ["actions"]),
     ]
     ins = [helper.make_tensor_value_info(f"image_{c}", TensorProto.FLOAT, [1, 3, SYN_HW, SYN_HW]) for c in SYN_CAMERAS]
-    ins += [helper.make_tensor_value_info("proprio", TensorProto.FLOAT, [1, SYN_PROPRIO]),
-            helper.make_tensor_value_info("noise", TensorProto.FLOAT, [1, SYN_CHUNK, SYN_DIM])]
+    ins += [
+        helper.make_tensor_value_info("proprio", TensorProto.FLOAT, [1, SYN_PROPRIO]),
+        helper.make_tensor_value_info("noise", TensorProto.FLOAT, [1, SYN_CHUNK, SYN_DIM]),
+    ]
     outs = [helper.make_tensor_value_info("actions", TensorProto.FLOAT, [1, SYN_CHUNK, SYN_DIM])]
     graph = helper.make_graph(nodes, "bench_two_cameras", ins, outs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -213,16 +233,31 @@ def synthetic_payload(folder: Path) -> Payload:
     keys.mkdir(mode=0o755)
     (keys / public.name).write_bytes(public.read_bytes())
     rt = installed_runtime()
-    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    data = new_manifest_data(release, release_id="bench-two-cameras-1.0.0", version="1.0.0", version_code=1,
-                             backend="onnxruntime", artifact="policy.onnx", options={"intra_op_threads": 1},
-                             not_before=now - dt.timedelta(days=1), expires=now + dt.timedelta(days=7),
-                             runtime={"python": platform.python_version(), "onnxruntime": rt.onnxruntime},
-                             description="benchmark payload (throwaway key)")
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    data = new_manifest_data(
+        release,
+        release_id="bench-two-cameras-1.0.0",
+        version="1.0.0",
+        version_code=1,
+        backend="onnxruntime",
+        artifact="policy.onnx",
+        options={"intra_op_threads": 1},
+        not_before=now - dt.timedelta(days=1),
+        expires=now + dt.timedelta(days=7),
+        runtime={"python": platform.python_version(), "onnxruntime": rt.onnxruntime},
+        description="benchmark payload (throwaway key)",
+    )
     write_manifest(release, data)
     sign_release(release, private)
     rng = np.random.default_rng(1)
     images = {c: rng.integers(0, 256, (SYN_HW, SYN_HW, 3), dtype=np.uint8) for c in SYN_CAMERAS}
     proprio = np.zeros(SYN_PROPRIO, np.float32)
-    return Payload(f"synthetic (2 cameras {SYN_HW}x{SYN_HW} RGB, {SYN_PROPRIO} proprio, no language)", release,
-                   keys, images, proprio, None, (SYN_CHUNK, SYN_DIM))
+    return Payload(
+        f"synthetic (2 cameras {SYN_HW}x{SYN_HW} RGB, {SYN_PROPRIO} proprio, no language)",
+        release,
+        keys,
+        images,
+        proprio,
+        None,
+        (SYN_CHUNK, SYN_DIM),
+    )

@@ -54,7 +54,9 @@ class _Pipe:
     """One direction: chunks leave after ``latency + bytes * 8 / rate`` (the link is busy
     while it serialises, so bursts queue up like on a real link)."""
 
-    def __init__(self, src: socket.socket, dst: socket.socket, latency_s: float, mbps: float, counter: list[int]) -> None:
+    def __init__(
+        self, src: socket.socket, dst: socket.socket, latency_s: float, mbps: float, counter: list[int]
+    ) -> None:
         self.src, self.dst, self.latency_s, self.bps = src, dst, latency_s, mbps * 1e6
         self.counter = counter
         self.busy_until = 0.0
@@ -128,8 +130,10 @@ class LinkProxy:
             server = socket.create_connection(("127.0.0.1", self.target_port))
             for s in (client, server):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for pipe in (_Pipe(client, server, self.latency_s, self.up_mbps, self.up_bytes),
-                         _Pipe(server, client, self.latency_s, self.down_mbps, self.down_bytes)):
+            for pipe in (
+                _Pipe(client, server, self.latency_s, self.up_mbps, self.up_bytes),
+                _Pipe(server, client, self.latency_s, self.down_mbps, self.down_bytes),
+            ):
                 threading.Thread(target=pipe.reader, daemon=True).start()
                 threading.Thread(target=pipe.writer, daemon=True).start()
 
@@ -146,8 +150,11 @@ def netem_available() -> str:
         if subprocess.run(["ip", "netns", "add", ns], capture_output=True).returncode:
             return "ip netns add failed"
         subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], capture_output=True)
-        r = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+            capture_output=True,
+            text=True,
+        )
         return "" if r.returncode == 0 else f"tc netem unavailable: {r.stderr.strip() or r.returncode}"
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
@@ -188,8 +195,15 @@ def measure(session, feeds, calls: int, warmup: int) -> dict[str, float]:
             srv.append(t.server_ms)
             net.append(t.network_ms)
     pct = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
-    return {"p50": pct(rtt, 50), "p95": pct(rtt, 95), "p99": pct(rtt, 99), "max": max(rtt),
-            "server_p50": pct(srv, 50), "network_p50": pct(net, 50), "network_p99": pct(net, 99)}
+    return {
+        "p50": pct(rtt, 50),
+        "p95": pct(rtt, 95),
+        "p99": pct(rtt, 99),
+        "max": max(rtt),
+        "server_p50": pct(srv, 50),
+        "network_p50": pct(net, 50),
+        "network_p99": pct(net, 99),
+    }
 
 
 def conditions() -> list[str]:
@@ -199,11 +213,19 @@ def conditions() -> list[str]:
         except importlib.metadata.PackageNotFoundError:
             return "-"
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return [f"CPU: {cpu}; {os.cpu_count()} logical cores; load average {[round(x, 2) for x in os.getloadavg()]}",
-            f"Python {platform.python_version()}; kernel {platform.release()}; onnxruntime {v('onnxruntime')}, "
-            f"kserve {v('kserve')}, tritonclient {v('tritonclient')}, grpcio {v('grpcio')}, numpy {v('numpy')}"]
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return [
+        f"CPU: {cpu}; {os.cpu_count()} logical cores; load average {[round(x, 2) for x in os.getloadavg()]}",
+        f"Python {platform.python_version()}; kernel {platform.release()}; onnxruntime {v('onnxruntime')}, "
+        f"kserve {v('kserve')}, tritonclient {v('tritonclient')}, grpcio {v('grpcio')}, numpy {v('numpy')}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     feeds = golden_inputs(contract)
     rows: list[tuple[str, dict[str, float], str]] = []
 
-    local = get_backend("onnxruntime").load(DEMO / "policy.onnx", contract, {"intra_op_threads": args.threads,
-                                                                             "inter_op_threads": 1})
+    local = get_backend("onnxruntime").load(
+        DEMO / "policy.onnx", contract, {"intra_op_threads": args.threads, "inter_op_threads": 1}
+    )
     rows.append(("local ONNX Runtime (in process)", measure(local, feeds, args.calls, args.warmup), ""))
     local.close()
 
@@ -237,19 +260,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         loop = {}
         for proto, port in (("grpc", grpc_port), ("http", http_port)):
-            with kserve.load(DEMO / "policy.onnx", contract, {"endpoint": f"{proto}://127.0.0.1:{port}",
-                                                              "timeout_ms": 5000}) as s:
+            with kserve.load(
+                DEMO / "policy.onnx", contract, {"endpoint": f"{proto}://127.0.0.1:{port}", "timeout_ms": 5000}
+            ) as s:
                 loop[proto] = measure(s, feeds, args.calls, args.warmup)
             rows.append((f"kserve {proto}, loopback", loop[proto], ""))
         why = netem_available()
-        notes.append("link emulation: tc netem in a network namespace" if not why else
-                     f"link emulation: Python delay proxy (tc netem not usable here: {why})")
+        notes.append(
+            "link emulation: tc netem in a network namespace"
+            if not why
+            else f"link emulation: Python delay proxy (tc netem not usable here: {why})"
+        )
         for key in [k for k in args.links.split(",") if k]:
             net = load_network(key)
             proxy = LinkProxy(grpc_port, net.latency_ms, net.upload_mbps, net.download_mbps)
             try:
-                with kserve.load(DEMO / "policy.onnx", contract, {"endpoint": f"grpc://127.0.0.1:{proxy.port}",
-                                                                  "timeout_ms": 5000}) as s:
+                with kserve.load(
+                    DEMO / "policy.onnx", contract, {"endpoint": f"grpc://127.0.0.1:{proxy.port}", "timeout_ms": 5000}
+                ) as s:
                     up0, down0 = proxy.up_bytes[0], proxy.down_bytes[0]
                     m = measure(s, feeds, args.calls, args.warmup)
                     n = args.calls + args.warmup
@@ -258,27 +286,38 @@ def main(argv: list[str] | None = None) -> int:
                 proxy.close()
             times = network_times([net], Payload(image_bytes=up_b, action_bytes=down_b))
             predicted = times.up_ms + times.down_ms + loop["grpc"]["p50"]
-            rows.append((f"kserve grpc, emulated {net.name} ({net.latency_ms:g} ms one way, "
-                         f"{net.upload_mbps:g}/{net.download_mbps:g} Mbit/s)", m,
-                         f"{predicted:.2f} (net {times.up_ms:.2f} up + {times.down_ms:.2f} down for "
-                         f"{up_b / 1e3:.1f} kB / {down_b / 1e3:.2f} kB + loopback {loop['grpc']['p50']:.2f})"))
+            rows.append(
+                (
+                    f"kserve grpc, emulated {net.name} ({net.latency_ms:g} ms one way, "
+                    f"{net.upload_mbps:g}/{net.download_mbps:g} Mbit/s)",
+                    m,
+                    f"{predicted:.2f} (net {times.up_ms:.2f} up + {times.down_ms:.2f} down for "
+                    f"{up_b / 1e3:.1f} kB / {down_b / 1e3:.2f} kB + loopback {loop['grpc']['p50']:.2f})",
+                )
+            )
     finally:
         server.stop()
 
     deadline = contract.timing.e2e_deadline_ms
     local_p50 = rows[0][1]["p50"]
-    header = ("| path | p50 ms | p95 ms | p99 ms | max ms | server p50 ms | network p50 / p99 ms | over local p50 ms "
-              "| planner round trip ms |")
-    print(f"# bench_remote: {args.calls} calls after {args.warmup} warm-up, golden inputs (batch 1), "
-          f"contract deadline {deadline:g} ms\n")
+    header = (
+        "| path | p50 ms | p95 ms | p99 ms | max ms | server p50 ms | network p50 / p99 ms | over local p50 ms "
+        "| planner round trip ms |"
+    )
+    print(
+        f"# bench_remote: {args.calls} calls after {args.warmup} warm-up, golden inputs (batch 1), "
+        f"contract deadline {deadline:g} ms\n"
+    )
     print(header)
     print("|" + "---|" * 9)
     for name, m, planned in rows:
         net = f"{m['network_p50']:.2f} / {m['network_p99']:.2f}" if m["network_p50"] == m["network_p50"] else "-"
         srv = f"{m['server_p50']:.2f}" if m["server_p50"] == m["server_p50"] else "-"
         over = f"{m['p50'] - local_p50:+.2f}" if name != rows[0][0] else ""
-        print(f"| {name} | {m['p50']:.2f} | {m['p95']:.2f} | {m['p99']:.2f} | {m['max']:.2f} | {srv} | {net} | {over} "
-              f"| {planned or '-'} |")
+        print(
+            f"| {name} | {m['p50']:.2f} | {m['p95']:.2f} | {m['p99']:.2f} | {m['max']:.2f} | {srv} | {net} | {over} "
+            f"| {planned or '-'} |"
+        )
     print()
     for line in notes + conditions():
         print(f"- {line}")

@@ -93,18 +93,31 @@ def _version(dist: str) -> str:
 
 
 def conditions() -> dict:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
     gov = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
     import zmq
 
     return {
         "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "cpu": cpu, "cores": os.cpu_count(), "usable_cpus": sorted(os.sched_getaffinity(0)),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cpus": sorted(os.sched_getaffinity(0)),
         "governor": gov.read_text().strip() if gov.exists() else "not readable",
-        "kernel": platform.release(), "python": platform.python_version(),
-        "numpy": np.__version__, "onnxruntime": _version("onnxruntime"), "pyzmq": zmq.__version__,
-        "libzmq": zmq.zmq_version(), "msgpack": _version("msgpack"), "websockets": _version("websockets"),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "onnxruntime": _version("onnxruntime"),
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+        "msgpack": _version("msgpack"),
+        "websockets": _version("websockets"),
         "openpi_client": _version("openpi-client"),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "ort_session": "CPUExecutionProvider, intra_op_num_threads=1, graph_optimization_level=all, batch 1",
@@ -134,13 +147,15 @@ def busy_neighbours(own: set[int]) -> list[str]:
 
 def probe_rt() -> dict:
     """Can this process use SCHED_FIFO and mlockall? Probed in a child, never here."""
-    code = ("import os,ctypes,ctypes.util\n"
-            "r=[]\n"
-            "try:\n os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(%d)); r.append('ok')\n"
-            "except OSError as e: r.append(str(e))\n"
-            "lc=ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True)\n"
-            "r.append('ok' if lc.mlockall(3)==0 else os.strerror(ctypes.get_errno()))\n"
-            "print('|'.join(r))\n") % FIFO_PRIORITY
+    code = (
+        "import os,ctypes,ctypes.util\n"
+        "r=[]\n"
+        "try:\n os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(PRIO)); r.append('ok')\n"
+        "except OSError as e: r.append(str(e))\n"
+        "lc=ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True)\n"
+        "r.append('ok' if lc.mlockall(3)==0 else os.strerror(ctypes.get_errno()))\n"
+        "print('|'.join(r))\n"
+    ).replace("PRIO", str(FIFO_PRIORITY))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30).stdout.strip()
     fifo, _, mlock = out.partition("|")
     return {"fifo_priority": fifo or "probe failed", "mlockall": mlock or "probe failed"}
@@ -156,8 +171,13 @@ def pct(values) -> dict:
     if a.size == 0:
         return {"p50": math.nan, "p95": math.nan, "p99": math.nan, "max": math.nan, "n": 0}
     p50, p95, p99 = np.percentile(a, (50, 95, 99))
-    return {"p50": round(float(p50), 4), "p95": round(float(p95), 4), "p99": round(float(p99), 4),
-            "max": round(float(a.max()), 4), "n": int(a.size)}
+    return {
+        "p50": round(float(p50), 4),
+        "p95": round(float(p95), 4),
+        "p99": round(float(p99), 4),
+        "max": round(float(a.max()), 4),
+        "n": int(a.size),
+    }
 
 
 class Samples:
@@ -215,8 +235,11 @@ class FloorClient:
     def __init__(self, payload: Payload, folder: Path) -> None:
         self.obs_ep, self.act_ep = f"ipc://{folder}/floor-obs", f"ipc://{folder}/floor-act"
         reply = int(np.prod(payload.action_shape)) * 4
-        self.proc = subprocess.Popen([sys.executable, __file__, "--_floor-server", self.obs_ep, self.act_ep, str(reply)],
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--_floor-server", self.obs_ep, self.act_ep, str(reply)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.payload = payload
 
     def connect(self) -> None:
@@ -295,9 +318,12 @@ class OrtPolicy:
         from vlad.processing import RawObservation, decode_actions, preprocess
 
         obs = dict(obs)  # openpi: jax.tree.map(lambda x: x, obs)
-        raw = RawObservation(images={c: obs[f"observation/image/{c}"] for c in self.cameras},
-                             proprio=np.asarray(obs["observation/state"]), instruction=obs.get("prompt"),
-                             sequence=int(obs.get("seq", 0)))
+        raw = RawObservation(
+            images={c: obs[f"observation/image/{c}"] for c in self.cameras},
+            proprio=np.asarray(obs["observation/state"]),
+            instruction=obs.get("prompt"),
+            sequence=int(obs.get("seq", 0)),
+        )
         inputs = preprocess(self.contract, self.tokenizer, raw)
         t = time.monotonic()
         outs = self.sess.run(None, inputs)
@@ -355,8 +381,9 @@ def openpi_server(port: int, release: str, debug: bool) -> None:
         return None
 
     async def run():
-        async with _server.serve(handler, "127.0.0.1", port, compression=None, max_size=None,
-                                 process_request=health_check) as server:
+        async with _server.serve(
+            handler, "127.0.0.1", port, compression=None, max_size=None, process_request=health_check
+        ) as server:
             print("READY", flush=True)
             await server.serve_forever()
 
@@ -365,8 +392,7 @@ def openpi_server(port: int, release: str, debug: bool) -> None:
 
 def bench_inputs_for(policy: OrtPolicy) -> dict:
     c = policy.contract
-    obs = {f"observation/image/{cam.name}": np.zeros((cam.raw.height, cam.raw.width, 3), np.uint8)
-           for cam in c.cameras}
+    obs = {f"observation/image/{cam.name}": np.zeros((cam.raw.height, cam.raw.width, 3), np.uint8) for cam in c.cameras}
     obs["observation/state"] = np.zeros(c.proprio.dim if c.proprio else 0, np.float32)
     if c.language:
         obs["prompt"] = "reach the red target"
@@ -383,9 +409,13 @@ class OpenpiClient:
     def __init__(self, payload: Payload, folder: Path, debug: bool) -> None:
         port = free_port()
         self.log = open(folder / "openpi-style.log", "wb")  # like vlad's: a file  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, __file__, "--_openpi-server", str(port), str(payload.release)]
-                                     + (["--_debug"] if debug else []), stdout=subprocess.PIPE, stderr=self.log,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--_openpi-server", str(port), str(payload.release)]
+            + (["--_debug"] if debug else []),
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
         self.port, self.payload = port, payload
 
     def connect(self) -> None:
@@ -427,9 +457,20 @@ class OpenpiClient:
 
 
 def vlad_config(folder: Path, payload: Payload, debug: bool, rt: dict | None, warmup: int) -> Path:
-    lines = ["[release]", f'path = "{payload.release}"', f'keys_dir = "{payload.keys_dir}"', "",
-             "[serve]", f"warmup = {warmup}", "", "[logging]", f'level = "{"debug" if debug else "info"}"',
-             'journald = "off"', "", "[realtime]"]
+    lines = [
+        "[release]",
+        f'path = "{payload.release}"',
+        f'keys_dir = "{payload.keys_dir}"',
+        "",
+        "[serve]",
+        f"warmup = {warmup}",
+        "",
+        "[logging]",
+        f'level = "{"debug" if debug else "info"}"',
+        'journald = "off"',
+        "",
+        "[realtime]",
+    ]
     if rt is None:
         lines += ["gc_freeze = false"]
     else:
@@ -538,9 +579,20 @@ def hot_stage_costs(payload: Payload, calls: int) -> dict:
     frames = [zmq.Frame(f) for f in obs_frames()]
     obs = intake.accept(frames, time.monotonic_ns())
     y = {c.action.output: np.zeros((1, *payload.action_shape), np.float32)}
-    header = {"seq": 1, "obs_seq": 1, "t_sensor_ns": 1, "t_issue_ns": 2, "valid_until_ns": 3, "period_ns": 4,
-              "release": "bench@1", "state": "ACTIVE", "source": "release", "policy": "release", "interventions": [],
-              "timings_ms": dict.fromkeys(("transport", "queue", "preprocess", "engine", "decode", "guard"), 0.1234)}
+    header = {
+        "seq": 1,
+        "obs_seq": 1,
+        "t_sensor_ns": 1,
+        "t_issue_ns": 2,
+        "valid_until_ns": 3,
+        "period_ns": 4,
+        "release": "bench@1",
+        "state": "ACTIVE",
+        "source": "release",
+        "policy": "release",
+        "interventions": [],
+        "timings_ms": dict.fromkeys(("transport", "queue", "preprocess", "engine", "decode", "guard"), 0.1234),
+    }
     act = protocol.encode(protocol.TOPIC_ACTIONS, header, {"actions": dec.decode(y)})
     stages = {
         "client encode": obs_frames,
@@ -560,8 +612,10 @@ def hot_stage_costs(payload: Payload, calls: int) -> dict:
             t0 = time.perf_counter_ns()
             fn()
             ts[i] = time.perf_counter_ns() - t0
-        out[name] = {"p50_us": round(float(np.percentile(ts, 50)) / 1e3, 1),
-                     "p99_us": round(float(np.percentile(ts, 99)) / 1e3, 1)}
+        out[name] = {
+            "p50_us": round(float(np.percentile(ts, 50)) / 1e3, 1),
+            "p99_us": round(float(np.percentile(ts, 99)) / 1e3, 1),
+        }
     return out
 
 
@@ -587,9 +641,17 @@ def make_client(server: str, payload: Payload, folder: Path, loaded: bool, rt: d
 
 def row_of(server: str, payload: Payload, load: str, rate: str, s: Samples, seconds: float) -> dict:
     rtt, eng = np.asarray(s.rtt), np.asarray(s.engine)
-    row = {"server": server, "payload": payload.name.split(" ")[0], "load": load, "rate": rate,
-           "achieved_hz": round(len(rtt) / seconds, 1) if seconds else None, "missed": s.missed,
-           "round_trip_ms": pct(rtt), "engine_ms": pct(eng), "overhead_ms": pct(rtt - eng)}
+    row = {
+        "server": server,
+        "payload": payload.name.split(" ")[0],
+        "load": load,
+        "rate": rate,
+        "achieved_hz": round(len(rtt) / seconds, 1) if seconds else None,
+        "missed": s.missed,
+        "round_trip_ms": pct(rtt),
+        "engine_ms": pct(eng),
+        "overhead_ms": pct(rtt - eng),
+    }
     if s.stages:
         row["stages_ms"] = {k: pct(v) for k, v in s.stages.items()}
     return row
@@ -633,12 +695,20 @@ def targets(rows: list[dict]) -> list[dict]:
                 o = idx.get(("openpi-style", payload, load, "50 Hz"))
                 if r2 is not None and o is not None:
                     for q in ("p50", "p99"):
-                        add(f"{server} {payload} {load} 50 Hz overhead {q} below openpi-style",
-                            [r2["overhead_ms"][q], o["overhead_ms"][q]], "vlad < openpi-style",
-                            r2["overhead_ms"][q] < o["overhead_ms"][q])
+                        add(
+                            f"{server} {payload} {load} 50 Hz overhead {q} below openpi-style",
+                            [r2["overhead_ms"][q], o["overhead_ms"][q]],
+                            "vlad < openpi-style",
+                            r2["overhead_ms"][q] < o["overhead_ms"][q],
+                        )
             h = idx.get((server, payload, "hog+debug", "50 Hz"))
             if h is not None and "p99_vs_quiet" in h:
-                add(f"{server} {payload} hog+debug 50 Hz p99 / quiet p99", h["p99_vs_quiet"], "<= 2", h["p99_vs_quiet"] <= 2)
+                add(
+                    f"{server} {payload} hog+debug 50 Hz p99 / quiet p99",
+                    h["p99_vs_quiet"],
+                    "<= 2",
+                    h["p99_vs_quiet"] <= 2,
+                )
         r = idx.get((server, "demo", "quiet", "50 Hz"))
         if r is not None and "stages_ms" in r:
             v = r["stages_ms"]["pre+decode+guard"]["p50"]
@@ -671,8 +741,14 @@ def run(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="vlad-bench-"))
     try:
         payloads = [bench_releases.demo_payload(), bench_releases.synthetic_payload(tmp / "synthetic")]
-        cond["payloads"] = {p.name.split(" ")[0]: {"what": p.name, "raw_observation_bytes": p.raw_bytes,
-                                                   "action_shape": list(p.action_shape)} for p in payloads}
+        cond["payloads"] = {
+            p.name.split(" ")[0]: {
+                "what": p.name,
+                "raw_observation_bytes": p.raw_bytes,
+                "action_shape": list(p.action_shape),
+            }
+            for p in payloads
+        }
         hot = {p.name.split(" ")[0]: hot_stage_costs(p, 200 if args.short else 2000) for p in payloads}
         servers = [s for s in SERVERS if s in args.servers]
         n = 0
@@ -722,9 +798,12 @@ def run(args) -> dict:
 
 def print_row(r: dict) -> None:
     o, rt, e = r["overhead_ms"], r["round_trip_ms"], r["engine_ms"]
-    print(f"{r['payload']:<9} {r['load']:<9} {r['rate']:<9} {r['server']:<12} {r['achieved_hz'] or 0:>6.1f} Hz "
-          f"rtt p50 {rt['p50']:6.3f}  engine p50 {e['p50']:6.3f}  overhead p50 {o['p50']:6.3f} p95 {o['p95']:6.3f} "
-          f"p99 {o['p99']:6.3f} max {o['max']:7.3f} ms (n={o['n']}, missed {r['missed']})", flush=True)
+    print(
+        f"{r['payload']:<9} {r['load']:<9} {r['rate']:<9} {r['server']:<12} {r['achieved_hz'] or 0:>6.1f} Hz "
+        f"rtt p50 {rt['p50']:6.3f}  engine p50 {e['p50']:6.3f}  overhead p50 {o['p50']:6.3f} p95 {o['p95']:6.3f} "
+        f"p99 {o['p99']:6.3f} max {o['max']:7.3f} ms (n={o['n']}, missed {r['missed']})",
+        flush=True,
+    )
 
 
 def pair(d: dict | None, fmt: str = "") -> str:
@@ -733,21 +812,27 @@ def pair(d: dict | None, fmt: str = "") -> str:
 
 def print_report(result: dict) -> None:
     rows = result["rows"]
-    print("\nOverhead = round trip - engine, ms. Ratios: this server's overhead / the floor's (x floor) and / "
-          "openpi-style's (x openpi), same payload, load and rate.\n")
-    print("| payload | load | rate | server | Hz | round trip p50 | engine p50 | overhead p50 | p95 | p99 | max "
-          "| above floor p50 / p99 | x floor p50 / p99 | x openpi p50 / p99 |")
+    print(
+        "\nOverhead = round trip - engine, ms. Ratios: this server's overhead / the floor's (x floor) and / "
+        "openpi-style's (x openpi), same payload, load and rate.\n"
+    )
+    print(
+        "| payload | load | rate | server | Hz | round trip p50 | engine p50 | overhead p50 | p95 | p99 | max "
+        "| above floor p50 / p99 | x floor p50 / p99 | x openpi p50 / p99 |"
+    )
     print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         o = r["overhead_ms"]
         af = r.get("above_floor_ms")
         vf, vo = r.get("vs_floor"), r.get("vs_openpi")
-        print(f"| {r['payload']} | {r['load']} | {r['rate']} | {r['server']} | {r['achieved_hz']} | "
-              f"{r['round_trip_ms']['p50']:.3f} | {r['engine_ms']['p50']:.3f} | {o['p50']:.3f} | {o['p95']:.3f} | "
-              f"{o['p99']:.3f} | {o['max']:.3f} | "
-              f"{pair(af, '.3f') if r['server'] != 'floor' else '-'} | "
-              f"{pair(vf) if r['server'] != 'floor' else '-'} | "
-              f"{pair(vo) if r['server'] != 'openpi-style' else '-'} |")
+        print(
+            f"| {r['payload']} | {r['load']} | {r['rate']} | {r['server']} | {r['achieved_hz']} | "
+            f"{r['round_trip_ms']['p50']:.3f} | {r['engine_ms']['p50']:.3f} | {o['p50']:.3f} | {o['p95']:.3f} | "
+            f"{o['p99']:.3f} | {o['max']:.3f} | "
+            f"{pair(af, '.3f') if r['server'] != 'floor' else '-'} | "
+            f"{pair(vf) if r['server'] != 'floor' else '-'} | "
+            f"{pair(vo) if r['server'] != 'openpi-style' else '-'} |"
+        )
     print("\nvlad stage breakdown (from the chunks' timings_ms), p50 / p99 ms:\n")
     names = ("transport", "queue", "preprocess", "decode", "guard", "pre+decode+guard", "issue->controller")
     print("| payload | load | rate | server | " + " | ".join(names) + " |")
@@ -755,8 +840,11 @@ def print_report(result: dict) -> None:
     for r in rows:
         if r["server"].startswith("vlad") and "stages_ms" in r:
             st = r["stages_ms"]
-            print(f"| {r['payload']} | {r['load']} | {r['rate']} | {r['server']} | "
-                  + " | ".join(f"{st[k]['p50']:.3f} / {st[k]['p99']:.3f}" for k in names) + " |")
+            print(
+                f"| {r['payload']} | {r['load']} | {r['rate']} | {r['server']} | "
+                + " | ".join(f"{st[k]['p50']:.3f} / {st[k]['p99']:.3f}" for k in names)
+                + " |"
+            )
     hot = result["hot_stage_costs_us"]
     print("\nThe same vlad stages called back to back in one process (warm caches), p50 / p99 us:\n")
     names = list(next(iter(hot.values())))
@@ -777,8 +865,12 @@ def main() -> int:
     ap.add_argument("--warmup-seconds", type=float, default=2.0, help="unmeasured 50 Hz warm-up per server")
     ap.add_argument("--warmup", type=int, default=10, help="the daemon's serve.warmup inferences")
     ap.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)
-    ap.add_argument("--short", action="store_true", help="a smoke run: every row, few samples, servers of a "
-                    "condition started together (idle ones run beside the measured one)")
+    ap.add_argument(
+        "--short",
+        action="store_true",
+        help="a smoke run: every row, few samples, servers of a "
+        "condition started together (idle ones run beside the measured one)",
+    )
     ap.add_argument("--parallel-start", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help="print the result as JSON only")
     ap.add_argument("--json-out", type=Path, help="also write the result as JSON to this file")
@@ -801,8 +893,11 @@ def main() -> int:
         import openpi_client  # noqa: F401
     except ImportError:
         if "openpi-style" in args.servers:
-            print("openpi_client is not installed: the openpi-style rows are skipped "
-                  "(pip install --no-deps openpi-client)", file=sys.stderr)
+            print(
+                "openpi_client is not installed: the openpi-style rows are skipped "
+                "(pip install --no-deps openpi-client)",
+                file=sys.stderr,
+            )
             args.servers = [s for s in args.servers if s != "openpi-style"]
     result = run(args)
     if args.json_out:

@@ -37,8 +37,10 @@ def wait(client, pred, timeout=10.0):
         if pred(st):
             return st
         time.sleep(0.01)
-    raise SystemExit(f"bench_swap: timed out waiting; state {st['state']} serving {st['serving']}, "
-                     f"quarantined {st['quarantined']}, findings {[f['message'] for f in st['findings']]}")
+    raise SystemExit(
+        f"bench_swap: timed out waiting; state {st['state']} serving {st['serving']}, "
+        f"quarantined {st['quarantined']}, findings {[f['message'] for f in st['findings']]}"
+    )
 
 
 def main() -> int:
@@ -71,10 +73,14 @@ def main() -> int:
                     rig.control.write_text("ok")
                     client.control("resume", who="bench", why="measured")
                 r = np.asarray(rows)
-                print(f"{mode:<8} " + " ".join(f"{np.median(r[:, i]):>8.2f} (max {r[:, i].max():.2f})" for i in range(4)),
-                      flush=True)
-            print(f"{args.repeats} repeats each; controller at 50 Hz; fallback = previous release on onnxruntime CPU;"
-                  " monitor tick 50 ms; median (max)")
+                print(
+                    f"{mode:<8} " + " ".join(f"{np.median(r[:, i]):>8.2f} (max {r[:, i].max():.2f})" for i in range(4)),
+                    flush=True,
+                )
+            print(
+                f"{args.repeats} repeats each; controller at 50 Hz; fallback = previous release on onnxruntime CPU;"
+                " monitor tick 50 ms; median (max)"
+            )
         finally:
             ctl.stop()
             client.close()

@@ -43,8 +43,11 @@ ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".cache" / "gpu-check"
 NVIDIA_INDEX = "https://pypi.nvidia.com"
 # PyTorch's CUDA 12 wheel indexes, newest first: torch==2.13.0 from PyPI is a CUDA 13 build.
-TORCH_CU12_INDEXES = ("https://download.pytorch.org/whl/cu129", "https://download.pytorch.org/whl/cu128",
-                      "https://download.pytorch.org/whl/cu126")
+TORCH_CU12_INDEXES = (
+    "https://download.pytorch.org/whl/cu129",
+    "https://download.pytorch.org/whl/cu128",
+    "https://download.pytorch.org/whl/cu126",
+)
 TEST_SELECTION = "gpu and not slow"
 # Minimum drivers (Linux) per CUDA major: CUDA 13.0 needs r580; CUDA 12.x runs on r525+
 # through minor-version compatibility.
@@ -109,7 +112,10 @@ def detect_gpus(smi: str | None = None) -> tuple[list[Gpu], str]:
     try:
         out = subprocess.run(
             [smi, "--query-gpu=name,driver_version,compute_cap,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=30, check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [], f"nvidia-smi failed: {exc}"
@@ -143,13 +149,18 @@ class Stack:
 def choose_stack(gpu: Gpu) -> Stack:
     """The stack this driver and GPU can run, or ValueError saying why none can."""
     if gpu.driver_major >= MIN_DRIVER[13] and gpu.compute_capability >= CUDA13_MIN_CC:
-        return Stack(13, ("torch", "gpu-cu13", "tensorrt-cu13", "export"),
-                     why=f"driver {gpu.driver} >= {MIN_DRIVER[13]} and cc {_cc(gpu)} >= 7.5: CUDA 13")
+        return Stack(
+            13,
+            ("torch", "gpu-cu13", "tensorrt-cu13", "export"),
+            why=f"driver {gpu.driver} >= {MIN_DRIVER[13]} and cc {_cc(gpu)} >= 7.5: CUDA 13",
+        )
     if gpu.driver_major >= MIN_DRIVER[12]:
-        reason = (f"cc {_cc(gpu)} < 7.5 (CUDA 13 dropped it)" if gpu.driver_major >= MIN_DRIVER[13]
-                  else f"driver {gpu.driver} < {MIN_DRIVER[13]}")
-        return Stack(12, ("torch", "gpu-cu12", "tensorrt-cu12", "export"), TORCH_CU12_INDEXES,
-                     why=f"{reason}: CUDA 12")
+        reason = (
+            f"cc {_cc(gpu)} < 7.5 (CUDA 13 dropped it)"
+            if gpu.driver_major >= MIN_DRIVER[13]
+            else f"driver {gpu.driver} < {MIN_DRIVER[13]}"
+        )
+        return Stack(12, ("torch", "gpu-cu12", "tensorrt-cu12", "export"), TORCH_CU12_INDEXES, why=f"{reason}: CUDA 12")
     raise ValueError(f"driver {gpu.driver} is older than {MIN_DRIVER[12]} (CUDA 12); update the NVIDIA driver")
 
 
@@ -172,7 +183,7 @@ def extras_closure(pyproject: Path, extras: tuple[str, ...]) -> tuple[list[str],
         seen.append(extra)
         for req in table[extra]:
             if req.startswith("vlad["):
-                for inner in req[len("vlad["):req.index("]")].split(","):
+                for inner in req[len("vlad[") : req.index("]")].split(","):
                     visit(inner.strip())
             elif req not in reqs:
                 reqs.append(req)
@@ -217,9 +228,13 @@ def install_commands(python: Path, stack: Stack, root: Path = ROOT) -> list[list
     commands = [[*pip, "--upgrade", "pip"]]
     if stack.torch_indexes:
         # One index per attempt (see run_install): the first that has the pinned torch wins.
-        commands.append([*pip, torch_pin, "--index-url", stack.torch_indexes[0], "--extra-index-url", "https://pypi.org/simple"])
+        commands.append(
+            [*pip, torch_pin, "--index-url", stack.torch_indexes[0], "--extra-index-url", "https://pypi.org/simple"]
+        )
     plugins = [a for d in sorted((root / "plugins").glob("*/pyproject.toml")) for a in ("-e", str(d.parent))]
-    commands.append([*pip, *extra, "-e", f"{root}[{','.join(stack.extras)}]", *plugins, "pytest>=8", "pytest-timeout>=2.3"])
+    commands.append(
+        [*pip, *extra, "-e", f"{root}[{','.join(stack.extras)}]", *plugins, "pytest>=8", "pytest-timeout>=2.3"]
+    )
     return commands
 
 
@@ -286,9 +301,11 @@ def write_report(path: Path, report: dict) -> Path:
 def _run(cmd: list[str], timeout: int, env: dict | None = None, log: Path | None = None) -> int:
     started = time.monotonic()
     print(f"gpu-check: $ {' '.join(cmd[:6])}{' ...' if len(cmd) > 6 else ''}", flush=True)
-    with (open(log, "a") if log else open(os.devnull, "w")) as out:
+    with open(log, "a") if log else open(os.devnull, "w") as out:
         try:
-            rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            rc = subprocess.run(
+                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     print(f"gpu-check:   exit {rc} after {time.monotonic() - started:.0f} s", flush=True)
@@ -327,9 +344,16 @@ def prepare_venv(venv: Path, stack: Stack, log: Path) -> str:
 def conditions(gpu: Gpu, stack: Stack) -> dict:
     """The machine the figures were taken on (the probe adds clocks, temperatures, versions)."""
     return {
-        "gpu": gpu.name, "driver": gpu.driver, "compute_capability": _cc(gpu), "memory_mib": gpu.memory_mib,
-        "stack": stack.spec, "cuda_major": stack.cuda_major, "stack_choice": stack.why,
-        "cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+        "gpu": gpu.name,
+        "driver": gpu.driver,
+        "compute_capability": _cc(gpu),
+        "memory_mib": gpu.memory_mib,
+        "stack": stack.spec,
+        "cuda_major": stack.cuda_major,
+        "stack_choice": stack.why,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
         "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -384,7 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or WORK / time.strftime("run-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     log = out / "log.txt"
-    print(f"gpu-check: {gpu.name}, driver {gpu.driver}, cc {_cc(gpu)}: {stack.why}; installing {stack.spec}", flush=True)
+    print(
+        f"gpu-check: {gpu.name}, driver {gpu.driver}, cc {_cc(gpu)}: {stack.why}; installing {stack.spec}", flush=True
+    )
     if problems := exclusivity_problems(ROOT / "pyproject.toml", stack.extras):
         print(f"gpu-check: {stack.spec} is not coherent: {'; '.join(problems)}")
         return 1
@@ -399,14 +425,40 @@ def main(argv: list[str] | None = None) -> int:
         env.pop("VLAD_PLUGINS", None)
         if not args.no_tests:
             junit = out / "junit.xml"
-            rc = _run([str(python), "-m", "pytest", "-m", TEST_SELECTION, "tests/backends", "-q", "-p", "no:cacheprovider",
-                       f"--junitxml={junit}"], PHASE_TIMEOUT_S["tests"], env=env, log=out / "pytest.txt")
+            rc = _run(
+                [
+                    str(python),
+                    "-m",
+                    "pytest",
+                    "-m",
+                    TEST_SELECTION,
+                    "tests/backends",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    f"--junitxml={junit}",
+                ],
+                PHASE_TIMEOUT_S["tests"],
+                env=env,
+                log=out / "pytest.txt",
+            )
             rows += parse_junit(junit.read_text()) if junit.exists() else []
             if rc not in (0, 1) or not junit.exists():
                 rows.append(Row("pytest", "FAIL", f"exit {rc} (see {out / 'pytest.txt'})"))
         probe_json = out / "probe.json"
-        rc = _run([str(python), str(ROOT / "scripts" / "gpu_probe.py"), "--out", str(probe_json),
-                   "--engine-cache", str(out / "engines")], PHASE_TIMEOUT_S["probe"], env=env, log=out / "probe.txt")
+        rc = _run(
+            [
+                str(python),
+                str(ROOT / "scripts" / "gpu_probe.py"),
+                "--out",
+                str(probe_json),
+                "--engine-cache",
+                str(out / "engines"),
+            ],
+            PHASE_TIMEOUT_S["probe"],
+            env=env,
+            log=out / "probe.txt",
+        )
         probe = json.loads(probe_json.read_text()) if probe_json.exists() else {}
         rows += [Row(**r) for r in probe.get("rows", [])]
         if rc != 0 and not probe:

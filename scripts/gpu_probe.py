@@ -103,8 +103,10 @@ def plan_targets(engine_cache: Path, smoke: bool = False, ampere: bool = True) -
     if aoti:  # compiled by the conformance suite's torch-aoti[cuda] variant
         targets.append(Target("torch-aoti[cuda]", "torch-aoti", aoti[-1], {"device": "cuda"}, "fp32"))
     targets += [Target("onnxruntime[cuda]", "onnxruntime", onnx, {"providers": [CUDA_EP]}, p) for p in ("fp32", "tf32")]
-    targets += [Target("onnxruntime[tensorrt]", "onnxruntime", onnx, ort_trt, p)
-                for p in ("tf32" if ampere else "fp32", "fp16", "bf16")]
+    targets += [
+        Target("onnxruntime[tensorrt]", "onnxruntime", onnx, ort_trt, p)
+        for p in ("tf32" if ampere else "fp32", "fp16", "bf16")
+    ]
     targets += [Target("tensorrt", "tensorrt", onnx, trt_cache, p) for p in ("fp32", "tf32", "fp16", "bf16")]
     return targets
 
@@ -129,8 +131,12 @@ def golden() -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
     data = np.load(GOLDEN, allow_pickle=False)
     out, i = [], 0
     while f"{i}/outputs/{contract.outputs[0].name}" in data.files:
-        out.append(({s.name: data[f"{i}/inputs/{s.name}"] for s in contract.inputs},
-                    {s.name: data[f"{i}/outputs/{s.name}"] for s in contract.outputs}))
+        out.append(
+            (
+                {s.name: data[f"{i}/inputs/{s.name}"] for s in contract.inputs},
+                {s.name: data[f"{i}/outputs/{s.name}"] for s in contract.outputs},
+            )
+        )
         i += 1
     return out
 
@@ -159,8 +165,14 @@ def fresh_inputs(batch: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = example_inputs(load_contract(DEMO / "contract.toml"), batch=batch)
     vocab = json.loads((DEMO / "model_config.json").read_text())["vocab_size"]  # token ids index an embedding
-    return {k: (rng.integers(0, vocab, v.shape, dtype=np.int64) if v.dtype == np.int64
-                else rng.standard_normal(v.shape).astype(v.dtype)) for k, v in x.items()}
+    return {
+        k: (
+            rng.integers(0, vocab, v.shape, dtype=np.int64)
+            if v.dtype == np.int64
+            else rng.standard_normal(v.shape).astype(v.dtype)
+        )
+        for k, v in x.items()
+    }
 
 
 def device_used_bytes() -> int | None:
@@ -210,8 +222,14 @@ def check_precision_and_latency(
             errors[t.name] = err
             budget = MAX_ABS[label]
             ok = label == t.precision and err <= budget
-            rows.append(Row(f"precision {t.name}", "PASS" if ok else "FAIL",
-                            f"label {label}, max |err| {err:.3g} (budget {budget:g})", {"max_abs": err, "label": label}))
+            rows.append(
+                Row(
+                    f"precision {t.name}",
+                    "PASS" if ok else "FAIL",
+                    f"label {label}, max |err| {err:.3g} (budget {budget:g})",
+                    {"max_abs": err, "label": label},
+                )
+            )
             latency[t.name], split_row = warm_latency_and_split(session, t, cases[0][0], warmup, calls)
             rows.append(split_row)
         except Exception as exc:  # noqa: BLE001 (one target's failure is a row, not the end)
@@ -235,11 +253,22 @@ def warm_latency_and_split(session, target: Target, inputs, warmup: int, calls: 
         inconsistent += t.total_ms > wall + TIMER_SLACK_MS
     w = np.array(walls)
     s = np.median(np.array(splits), axis=0)
-    fig = {"p50_ms": float(np.percentile(w, 50)), "p95_ms": float(np.percentile(w, 95)),
-           "p99_ms": float(np.percentile(w, 99)), "max_ms": float(w.max()), "calls": calls, "warmup": warmup,
-           "batch": 1, "h2d_p50_ms": float(s[0]), "compute_p50_ms": float(s[1]), "d2h_p50_ms": float(s[2])}
-    detail = (f"median h2d {s[0]:.3f} + compute {s[1]:.3f} + d2h {s[2]:.3f} ms vs wall p50 {fig['p50_ms']:.3f} ms; "
-              f"{inconsistent}/{calls} calls with split > wall")
+    fig = {
+        "p50_ms": float(np.percentile(w, 50)),
+        "p95_ms": float(np.percentile(w, 95)),
+        "p99_ms": float(np.percentile(w, 99)),
+        "max_ms": float(w.max()),
+        "calls": calls,
+        "warmup": warmup,
+        "batch": 1,
+        "h2d_p50_ms": float(s[0]),
+        "compute_p50_ms": float(s[1]),
+        "d2h_p50_ms": float(s[2]),
+    }
+    detail = (
+        f"median h2d {s[0]:.3f} + compute {s[1]:.3f} + d2h {s[2]:.3f} ms vs wall p50 {fig['p50_ms']:.3f} ms; "
+        f"{inconsistent}/{calls} calls with split > wall"
+    )
     return fig, Row(f"timing split {target.name}", "FAIL" if inconsistent else "PASS", detail, fig)
 
 
@@ -252,8 +281,14 @@ def check_tf32(errors: dict[str, float]) -> list[Row]:
         if fp32 is None or tf32 is None:
             continue
         ok = fp32 <= MAX_ABS["fp32"]
-        rows.append(Row(f"tf32 off/on {backend}", "PASS" if ok else "FAIL",
-                        f"fp32 (TF32 off) {fp32:.3g}, tf32 {tf32:.3g}", {"fp32": fp32, "tf32": tf32}))
+        rows.append(
+            Row(
+                f"tf32 off/on {backend}",
+                "PASS" if ok else "FAIL",
+                f"fp32 (TF32 off) {fp32:.3g}, tf32 {tf32:.3g}",
+                {"fp32": fp32, "tf32": tf32},
+            )
+        )
     try:
         import torch
 
@@ -273,16 +308,27 @@ def check_tf32(errors: dict[str, float]) -> list[Row]:
     set_tf32(torch, False)
     ampere = torch.cuda.get_device_capability() >= (8, 0)
     ok = figs["ieee"] < 1e-5 and (not ampere or figs["tf32"] > 10 * figs["ieee"])
-    rows.append(Row("tf32 switch (4096^2 matmul)", "PASS" if ok else "FAIL",
-                    f"relative max err TF32 off {figs['ieee']:.2e}, on {figs['tf32']:.2e}", figs))
+    rows.append(
+        Row(
+            "tf32 switch (4096^2 matmul)",
+            "PASS" if ok else "FAIL",
+            f"relative max err TF32 off {figs['ieee']:.2e}, on {figs['tf32']:.2e}",
+            figs,
+        )
+    )
     return rows
 
 
 def check_graph_replay(engine_cache: Path) -> list[Row]:
     from vlad.errors import BackendError
 
-    target = Target("tensorrt", "tensorrt", DEMO / "policy.onnx",
-                    {"cache_dir": str(engine_cache / "tensorrt"), "progress": False}, "fp32")
+    target = Target(
+        "tensorrt",
+        "tensorrt",
+        DEMO / "policy.onnx",
+        {"cache_dir": str(engine_cache / "tensorrt"), "progress": False},
+        "fp32",
+    )
     try:
         plain, graphed = load(target), load(target, cuda_graph=True)
     except BackendError as exc:
@@ -302,8 +348,10 @@ def check_graph_replay(engine_cache: Path) -> list[Row]:
         graphed.close()
     expected = (REPLAY_BATCHES.count(1), len(REPLAY_BATCHES) - REPLAY_BATCHES.count(1))
     ok = not mismatches and launches == expected
-    detail = (f"{len(REPLAY_BATCHES)} calls, batches {list(REPLAY_BATCHES)}, new data each; max diff {worst:.3g}; "
-              f"graph/plain launches {launches} (expected {expected})" + (f"; {mismatches[:3]}" if mismatches else ""))
+    detail = (
+        f"{len(REPLAY_BATCHES)} calls, batches {list(REPLAY_BATCHES)}, new data each; max diff {worst:.3g}; "
+        f"graph/plain launches {launches} (expected {expected})" + (f"; {mismatches[:3]}" if mismatches else "")
+    )
     return [Row("cuda-graph replay tensorrt", "PASS" if ok else "FAIL", detail, {"max_diff": worst})]
 
 
@@ -331,10 +379,15 @@ def check_load_close(targets: list[Target]) -> list[Row]:
             rows.append(Row(f"10x load/close {t.name}", "SKIP", "device memory not readable (no torch CUDA)"))
             continue
         growth = after - before
-        rows.append(Row(f"10x load/close {t.name}", "PASS" if growth < MEMORY_GROWTH_LIMIT else "FAIL",
-                        f"device memory {before / 2**20:.0f} -> {after / 2**20:.0f} MiB ({growth / 2**20:+.1f}); "
-                        f"{seconds / LOAD_CYCLES:.2f} s per cycle",
-                        {"before_bytes": before, "after_bytes": after, "seconds_per_cycle": seconds / LOAD_CYCLES}))
+        rows.append(
+            Row(
+                f"10x load/close {t.name}",
+                "PASS" if growth < MEMORY_GROWTH_LIMIT else "FAIL",
+                f"device memory {before / 2**20:.0f} -> {after / 2**20:.0f} MiB ({growth / 2**20:+.1f}); "
+                f"{seconds / LOAD_CYCLES:.2f} s per cycle",
+                {"before_bytes": before, "after_bytes": after, "seconds_per_cycle": seconds / LOAD_CYCLES},
+            )
+        )
     return rows
 
 
@@ -365,8 +418,13 @@ def check_outputs_after_close(targets: list[Target]) -> list[Row]:
         proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, timeout=600)
         ok = proc.returncode == 0 and proc.stdout.strip().endswith("ok")
         last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
-        rows.append(Row(f"outputs after close {t.name}", "PASS" if ok else "FAIL",
-                        "read in a child process after close(): unchanged" if ok else f"exit {proc.returncode}: {last}"))
+        rows.append(
+            Row(
+                f"outputs after close {t.name}",
+                "PASS" if ok else "FAIL",
+                "read in a child process after close(): unchanged" if ok else f"exit {proc.returncode}: {last}",
+            )
+        )
     return rows
 
 
@@ -398,9 +456,14 @@ def check_corrupted_engine(engine_cache: Path, cases) -> list[Row]:
             built = s.describe().extra["built"]
             err = max_abs(s, cases)
     ok = built and err <= MAX_ABS["fp32"]
-    return [Row("corrupted engine tensorrt", "PASS" if ok else "FAIL",
-                f"refused (engine_sha256), rebuilt in {seconds:.1f} s, max |err| {err:.3g}",
-                {"rebuild_seconds": seconds, "max_abs": err})]
+    return [
+        Row(
+            "corrupted engine tensorrt",
+            "PASS" if ok else "FAIL",
+            f"refused (engine_sha256), rebuilt in {seconds:.1f} s, max |err| {err:.3g}",
+            {"rebuild_seconds": seconds, "max_abs": err},
+        )
+    ]
 
 
 _COLD = """
@@ -430,9 +493,15 @@ def check_cold(targets: list[Target]) -> tuple[list[Row], dict[str, dict]]:
             rows.append(Row(f"cold start {t.name}", "FAIL", (proc.stderr.strip().splitlines() or ["?"])[-1][:200]))
             continue
         figs[t.name] = fig
-        rows.append(Row(f"cold start {t.name}", "PASS",
-                        f"fresh process: import + load {fig['load_s']:.2f} s, first call {fig['first_ms']:.1f} ms "
-                        f"(engine cache warm)", fig))
+        rows.append(
+            Row(
+                f"cold start {t.name}",
+                "PASS",
+                f"fresh process: import + load {fig['load_s']:.2f} s, first call {fig['first_ms']:.1f} ms "
+                f"(engine cache warm)",
+                fig,
+            )
+        )
     return rows, figs
 
 
@@ -448,22 +517,43 @@ def conditions() -> dict:
     smi = shutil.which("nvidia-smi")
     if smi:
         q = "clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw,power.limit,pstate,persistence_mode"
-        out = subprocess.run([smi, f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True, check=False)
-        cond["gpu_state"] = dict(zip(q.split(","), (v.strip() for v in out.stdout.splitlines()[0].split(",")), strict=False))\
-            if out.stdout.strip() else out.stderr.strip()
-        procs = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
-                               capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            [smi, f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True, check=False
+        )
+        cond["gpu_state"] = (
+            dict(zip(q.split(","), (v.strip() for v in out.stdout.splitlines()[0].split(",")), strict=False))
+            if out.stdout.strip()
+            else out.stderr.strip()
+        )
+        procs = subprocess.run(
+            [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         cond["other_gpu_processes"] = [p.strip() for p in procs.stdout.splitlines() if str(os.getpid()) not in p]
     versions = {}
-    for dist in ("numpy", "torch", "onnxruntime-gpu", "onnxruntime", "tensorrt-cu13", "tensorrt-cu12",
-                 "cuda-python", "cuda-bindings", "nvidia-cudnn-cu13", "nvidia-cudnn-cu12"):
+    for dist in (
+        "numpy",
+        "torch",
+        "onnxruntime-gpu",
+        "onnxruntime",
+        "tensorrt-cu13",
+        "tensorrt-cu12",
+        "cuda-python",
+        "cuda-bindings",
+        "nvidia-cudnn-cu13",
+        "nvidia-cudnn-cu12",
+    ):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             pass
     cond["versions"] = versions
-    cond["method"] = (f"golden fixtures (batch 1) for errors; warm latency: {WARMUP} warm-up then {CALLS} calls of "
-                      f"Session.infer at batch 1, wall clock per call; cold: a fresh process per target")
+    cond["method"] = (
+        f"golden fixtures (batch 1) for errors; warm latency: {WARMUP} warm-up then {CALLS} calls of "
+        f"Session.infer at batch 1, wall clock per call; cold: a fresh process per target"
+    )
     return cond
 
 
@@ -494,8 +584,12 @@ def run(out: Path, engine_cache: Path, smoke: bool) -> dict:
     rows += cold_rows
     for name, fig in cold.items():
         latency.setdefault(name, {}).update({"cold_load_s": fig["load_s"], "cold_first_ms": fig["first_ms"]})
-    report = {"rows": [asdict(r) for r in rows], "latency": latency, "speedups": speedups(latency),
-              "conditions": conditions()}
+    report = {
+        "rows": [asdict(r) for r in rows],
+        "latency": latency,
+        "speedups": speedups(latency),
+        "conditions": conditions(),
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     return report

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vlad.errors import VladError  # noqa: E402
-from vlad.release.authoring import new_manifest_data, write_manifest  # noqa: E402
 from vlad.files import load_toml  # noqa: E402
+from vlad.release.authoring import new_manifest_data, write_manifest  # noqa: E402
 from vlad.release.manifest import CANARY_DEFAULTS  # noqa: E402
 from vlad.release.signing import installed_runtime, sign_release, verify_release  # noqa: E402
 
@@ -47,11 +47,16 @@ def closed_loop_gate(eval_path: Path, min_success_rate: float, min_margin: float
     passed = True
     for instruction in sorted({r["instruction"] for r in rows}):
         rate = {r["policy"]: r["success_rate"] for r in rows if r["instruction"] == instruction}
-        ok = rate.get("policy", 0.0) >= min_success_rate and rate.get("policy", 0.0) - rate.get("zero", 0.0) >= min_margin
+        ok = (
+            rate.get("policy", 0.0) >= min_success_rate
+            and rate.get("policy", 0.0) - rate.get("zero", 0.0) >= min_margin
+        )
         passed &= ok
-        print(f"closed-loop gate: {instruction!r}: policy {rate.get('policy', 0):.2f}, no-motion {rate.get('zero', 0):.2f},"
-              f" expert {rate.get('expert', 0):.2f} (need >= {min_success_rate:.2f} and a margin of {min_margin:.2f}):"
-              f" {'passed' if ok else 'FAILED'}")
+        print(
+            f"closed-loop gate: {instruction!r}: policy {rate.get('policy', 0):.2f}, no-motion {rate.get('zero', 0):.2f},"
+            f" expert {rate.get('expert', 0):.2f} (need >= {min_success_rate:.2f} and a margin of {min_margin:.2f}):"
+            f" {'passed' if ok else 'FAILED'}"
+        )
     return {"gate": "closed_loop", "report": eval_path.name, "passed": passed}
 
 
@@ -59,15 +64,22 @@ def main(argv: list[str] | None = None) -> int:
     """Write (and by default sign and verify) the demo manifest."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--release-dir", default=str(ROOT / "manifests" / "demo"))
-    p.add_argument("--key", default=str(ROOT / "etc" / "vlad" / "demo-signing-key.pem"),
-                   help="private key to sign with (default: the DEMO key)")
-    p.add_argument("--keys", default=str(ROOT / "etc" / "vlad" / "keys.d"),
-                   help="trusted keys to verify the result with")
+    p.add_argument(
+        "--key",
+        default=str(ROOT / "etc" / "vlad" / "demo-signing-key.pem"),
+        help="private key to sign with (default: the DEMO key)",
+    )
+    p.add_argument(
+        "--keys", default=str(ROOT / "etc" / "vlad" / "keys.d"), help="trusted keys to verify the result with"
+    )
     p.add_argument("--valid-days", type=int, default=730, help="expires this many days from now")
     p.add_argument("--min-success-rate", type=float, default=0.5, help="closed-loop gate, per instruction")
     p.add_argument("--min-margin", type=float, default=0.2, help="closed-loop gate: over the no-motion baseline")
-    p.add_argument("--gate-plan", default=str(ROOT / "etc" / "vlad" / "demo-gates.toml"),
-                   help="gate plan written into the manifest's [gate_plan] table")
+    p.add_argument(
+        "--gate-plan",
+        default=str(ROOT / "etc" / "vlad" / "demo-gates.toml"),
+        help="gate plan written into the manifest's [gate_plan] table",
+    )
     p.add_argument("--no-sign", action="store_true", help="only write manifest.toml")
     p.add_argument("--release-id", default=RELEASE_ID)
     p.add_argument("--version", default=VERSION)
@@ -78,19 +90,26 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     release = Path(args.release_dir)
-    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     gate = closed_loop_gate(release / "eval.json", args.min_success_rate, args.min_margin)
     try:
         data = new_manifest_data(
-            release, release_id=args.release_id, version=args.version, version_code=args.version_code,
+            release,
+            release_id=args.release_id,
+            version=args.version,
+            version_code=args.version_code,
             description="demo: pi0-shaped flow-matching policy for MuJoCo Reacher-v5",
-            backend=args.backend, artifact="policy.onnx", options=json.loads(args.options),
+            backend=args.backend,
+            artifact="policy.onnx",
+            options=json.loads(args.options),
             # A little slack before "now": a robot clock slightly behind must not refuse it.
-            not_before=now - dt.timedelta(days=1), expires=now + dt.timedelta(days=args.valid_days),
+            not_before=now - dt.timedelta(days=1),
+            expires=now + dt.timedelta(days=args.valid_days),
             runtime={k: v for k, v in vars_of(installed_runtime()).items() if v},
             fallback=[{"kind": "hold"}],
             lineage={"change": "export_only", "parent": args.parent} if args.parent else {"change": "retrain"},
-            gates=[gate] if gate else [], canary=CANARY_DEFAULTS,
+            gates=[gate] if gate else [],
+            canary=CANARY_DEFAULTS,
         )
         # The release carries its own gate plan (docs/gates.md); the demo's lives in
         # etc/vlad/demo-gates.toml, whose relative paths resolve the same from manifests/demo.

@@ -46,8 +46,10 @@ def start(payload, folder: Path, env: dict | None = None):
 
     folder.mkdir(parents=True)
     cfg = folder / "vlad.toml"
-    cfg.write_text(f'[release]\npath = "{payload.release}"\nkeys_dir = "{payload.keys_dir}"\n\n'
-                   '[serve]\nwarmup = 10\n\n[logging]\njournald = "off"\n')
+    cfg.write_text(
+        f'[release]\npath = "{payload.release}"\nkeys_dir = "{payload.keys_dir}"\n\n'
+        '[serve]\nwarmup = 10\n\n[logging]\njournald = "off"\n'
+    )
     return start_daemon(folder, config=cfg, env=env)
 
 
@@ -67,8 +69,9 @@ def drive(d, payload, seconds: float, on_sample=None, sample_s: float = 5.0) -> 
                 next_sample += sample_s
             seq += 1
             t0 = time.monotonic_ns()
-            client.publish_observation(payload.images, proprio=payload.proprio, instruction=payload.instruction,
-                                       seq=seq, t_sensor_ns=t0)
+            client.publish_observation(
+                payload.images, proprio=payload.proprio, instruction=payload.instruction, seq=seq, t_sensor_ns=t0
+            )
             client.heartbeat()
             chunk = None
             deadline = next_t + PERIOD_S
@@ -95,11 +98,22 @@ def drive(d, payload, seconds: float, on_sample=None, sample_s: float = 5.0) -> 
     finally:
         client.close()
     a = np.asarray(lat) if lat else np.asarray([np.nan])
-    return {"observations": seq, "chunks": len(lat), "missed": missed, "holds": holds,
-            "latency_ms": {"p50": round(float(np.percentile(a, 50)), 3), "p99": round(float(np.percentile(a, 99)), 3),
-                           "max": round(float(np.max(a)), 3)},
-            "daemon": {"state": status.get("state"), "counters": status.get("counters"),
-                       "e2e_ms": status.get("latency_ms", {}).get("e2e")}}
+    return {
+        "observations": seq,
+        "chunks": len(lat),
+        "missed": missed,
+        "holds": holds,
+        "latency_ms": {
+            "p50": round(float(np.percentile(a, 50)), 3),
+            "p99": round(float(np.percentile(a, 99)), 3),
+            "max": round(float(np.max(a)), 3),
+        },
+        "daemon": {
+            "state": status.get("state"),
+            "counters": status.get("counters"),
+            "e2e_ms": status.get("latency_ms", {}).get("e2e"),
+        },
+    }
 
 
 def rss_phase(payload, folder: Path, minutes: float, warmup_s: float, sample_s: float) -> dict:
@@ -120,15 +134,25 @@ def rss_phase(payload, folder: Path, minutes: float, warmup_s: float, sample_s: 
     t = np.asarray([s[0] for s in samples])
     rss = np.asarray([s[1] for s in samples])
     after = t >= warmup_s
-    out = {"minutes": minutes, "warmup_s": warmup_s, "samples": len(samples),
-           "rss_mib_start": round(float(rss[0]), 1), "rss_mib_end_of_warmup": None, "rss_mib_end": round(float(rss[-1]), 1),
-           "rss_mib_max": round(float(rss.max()), 1), **lat}
+    out = {
+        "minutes": minutes,
+        "warmup_s": warmup_s,
+        "samples": len(samples),
+        "rss_mib_start": round(float(rss[0]), 1),
+        "rss_mib_end_of_warmup": None,
+        "rss_mib_end": round(float(rss[-1]), 1),
+        "rss_mib_max": round(float(rss.max()), 1),
+        **lat,
+    }
     if after.sum() >= 2:
         ta, ra = t[after], rss[after]
         slope = np.polyfit(ta, ra, 1)[0] * 3600
-        out.update(rss_mib_end_of_warmup=round(float(ra[0]), 1), growth_after_warmup_mib=round(float(ra[-1] - ra[0]), 2),
-                   slope_mib_per_hour=round(float(slope), 2), rss_mib_range_after_warmup=[round(float(ra.min()), 1),
-                                                                                        round(float(ra.max()), 1)])
+        out.update(
+            rss_mib_end_of_warmup=round(float(ra[0]), 1),
+            growth_after_warmup_mib=round(float(ra[-1] - ra[0]), 2),
+            slope_mib_per_hour=round(float(slope), 2),
+            rss_mib_range_after_warmup=[round(float(ra.min()), 1), round(float(ra.max()), 1)],
+        )
     out["rss_series"] = samples[:: max(1, len(samples) // 60)]
     return out
 
@@ -159,13 +183,25 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="vlad-soak-"))
     try:
-        payload = (bench_releases.demo_payload() if args.payload == "demo"
-                   else bench_releases.synthetic_payload(tmp / "synthetic"))
-        cond = {"utc_start": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "payload": payload.name,
-                "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                "python": platform.python_version(), "onnxruntime": onnxruntime.__version__,
-                "psutil": psutil.__version__, "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
-        result = {"conditions": cond, "rss": rss_phase(payload, tmp / "rss", args.minutes, args.warmup_s, args.sample_s)}
+        payload = (
+            bench_releases.demo_payload()
+            if args.payload == "demo"
+            else bench_releases.synthetic_payload(tmp / "synthetic")
+        )
+        cond = {
+            "utc_start": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+            "payload": payload.name,
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__,
+            "psutil": psutil.__version__,
+            "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+        }
+        result = {
+            "conditions": cond,
+            "rss": rss_phase(payload, tmp / "rss", args.minutes, args.warmup_s, args.sample_s),
+        }
         if not args.json:
             print_rss(result["rss"])
         if args.trace_minutes > 0:
@@ -184,12 +220,16 @@ def main() -> int:
 
 
 def print_rss(r: dict) -> None:
-    print(f"RSS phase: {r['minutes']} min at 50 Hz, {r['observations']} observations, {r['chunks']} chunks, "
-          f"{r['missed']} missed, {r['holds']} holds; latency p50 {r['latency_ms']['p50']} p99 {r['latency_ms']['p99']} "
-          f"max {r['latency_ms']['max']} ms")
-    print(f"  RSS MiB: start {r['rss_mib_start']}, end of warm-up ({r['warmup_s']} s) {r['rss_mib_end_of_warmup']}, "
-          f"end {r['rss_mib_end']}, max {r['rss_mib_max']}; growth after warm-up {r.get('growth_after_warmup_mib')} MiB, "
-          f"slope {r.get('slope_mib_per_hour')} MiB/h, range after warm-up {r.get('rss_mib_range_after_warmup')}")
+    print(
+        f"RSS phase: {r['minutes']} min at 50 Hz, {r['observations']} observations, {r['chunks']} chunks, "
+        f"{r['missed']} missed, {r['holds']} holds; latency p50 {r['latency_ms']['p50']} p99 {r['latency_ms']['p99']} "
+        f"max {r['latency_ms']['max']} ms"
+    )
+    print(
+        f"  RSS MiB: start {r['rss_mib_start']}, end of warm-up ({r['warmup_s']} s) {r['rss_mib_end_of_warmup']}, "
+        f"end {r['rss_mib_end']}, max {r['rss_mib_max']}; growth after warm-up {r.get('growth_after_warmup_mib')} MiB, "
+        f"slope {r.get('slope_mib_per_hour')} MiB/h, range after warm-up {r.get('rss_mib_range_after_warmup')}"
+    )
     print(f"  daemon: state {r['daemon']['state']}, e2e {r['daemon']['e2e_ms']}", flush=True)
 
 
@@ -197,19 +237,23 @@ def print_trace(a: dict) -> None:
     print(f"Allocation phase: {a['minutes']} min under tracemalloc, {len(a['reports'])} reports")
     for line in a["reports"]:
         pc = line["per_cycle"]
-        print(f"  cycles {line['cycles']}: per cycle retained mean {pc['retained_mean']} B (min {pc['retained_min']}, "
-              f"max {pc['retained_max']}), transient p50 {pc['transient_p50']:.0f} p99 {pc['transient_p99']:.0f} "
-              f"max {pc['transient_max']} B; traced {line['traced_bytes']} B; growth since baseline: all "
-              f"{line.get('traced_growth_since_baseline')} B, under the serving loop "
-              f"{line.get('serving_growth_since_baseline')} B")
+        print(
+            f"  cycles {line['cycles']}: per cycle retained mean {pc['retained_mean']} B (min {pc['retained_min']}, "
+            f"max {pc['retained_max']}), transient p50 {pc['transient_p50']:.0f} p99 {pc['transient_p99']:.0f} "
+            f"max {pc['transient_max']} B; traced {line['traced_bytes']} B; growth since baseline: all "
+            f"{line.get('traced_growth_since_baseline')} B, under the serving loop "
+            f"{line.get('serving_growth_since_baseline')} B"
+        )
     if a["reports"] and a["reports"][-1].get("top_growth"):
         print("  top growth under the serving loop (last report):")
         for g in a["reports"][-1]["top_growth"]:
             print(f"    {g['size_diff']:+d} B ({g['count_diff']:+d} blocks) {g['where']}")
     lat = a["latency_under_tracemalloc"]
-    print(f"  latency under tracemalloc p50 {lat['latency_ms']['p50']} p99 {lat['latency_ms']['p99']} ms, "
-          f"{lat['chunks']} chunks, {lat['missed']} missed, {lat['holds']} holds; daemon state {lat['daemon']['state']}",
-          flush=True)
+    print(
+        f"  latency under tracemalloc p50 {lat['latency_ms']['p50']} p99 {lat['latency_ms']['p99']} ms, "
+        f"{lat['chunks']} chunks, {lat['missed']} missed, {lat['holds']} holds; daemon state {lat['daemon']['state']}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

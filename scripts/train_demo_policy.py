@@ -75,8 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episodes", type=int, default=400, help="expert episodes for training data")
     ap.add_argument("--noise", type=float, default=0.08, help="std of executed-waypoint noise (rad)")
     ap.add_argument("--steps", type=int, default=5000, help="optimizer steps")
-    ap.add_argument("--early-weight", type=float, default=5.0,
-                    help="sampling weight of the first --early-steps control steps of each episode")
+    ap.add_argument(
+        "--early-weight",
+        type=float,
+        default=5.0,
+        help="sampling weight of the first --early-steps control steps of each episode",
+    )
     ap.add_argument("--early-steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -164,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         if step % 100 == 0 or step == args.steps:
             el = time.monotonic() - t0
-            log(f"train: step {step}/{args.steps} loss {running:.4f} ({el:.0f} s, eta {el / step * (args.steps - step):.0f} s)")
+            log(
+                f"train: step {step}/{args.steps} loss {running:.4f} ({el:.0f} s, eta {el / step * (args.steps - step):.0f} s)"
+            )
     model.eval()
     torch.save(model.state_dict(), out / "policy_weights.pt")
     (out / "model_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")

@@ -111,9 +111,14 @@ def daemon_command(endpoints: dict[str, str], extra: list[str] | None = None, co
     return cmd + list(extra or [])
 
 
-def start_daemon(tmp_path: Path, extra: list[str] | None = None, env: dict[str, str] | None = None,
-                 config: Path | None = None, wait_ready: bool = True,
-                 endpoints: dict[str, str] | None = None) -> RunningDaemon:
+def start_daemon(
+    tmp_path: Path,
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    config: Path | None = None,
+    wait_ready: bool = True,
+    endpoints: dict[str, str] | None = None,
+) -> RunningDaemon:
     sock_dir = tmp_path / "run"
     sock_dir.mkdir(exist_ok=True)
     endpoints = endpoints or endpoints_in(sock_dir)
@@ -121,7 +126,10 @@ def start_daemon(tmp_path: Path, extra: list[str] | None = None, env: dict[str, 
     full_env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "PYTHONUNBUFFERED": "1", **(env or {})}
     log_path = tmp_path / "vlad.log"
     proc = subprocess.Popen(
-        daemon_command(endpoints, extra, config), env=full_env, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
+        daemon_command(endpoints, extra, config),
+        env=full_env,
+        stdout=open(log_path, "wb"),
+        stderr=subprocess.STDOUT,
         cwd=ROOT,
     )
     d = RunningDaemon(proc, endpoints, notify, log_path)
@@ -245,8 +253,9 @@ class ControllerSim:
                 img = raw.images["overhead"]
                 if self.bad_shape:
                     img = np.zeros((32, 32, 3), np.uint8)
-                self.client.publish_observation({"overhead": img}, proprio=raw.proprio, instruction=raw.instruction,
-                                                seq=seq, t_sensor_ns=t_sensor)
+                self.client.publish_observation(
+                    {"overhead": img}, proprio=raw.proprio, instruction=raw.instruction, seq=seq, t_sensor_ns=t_sensor
+                )
             if self.send_heartbeat:
                 self.client.heartbeat()
             next_t += PERIOD_S
@@ -254,8 +263,17 @@ class ControllerSim:
                 chunk = self.client.recv_actions(timeout_ms=max(0, int((next_t - time.monotonic()) * 1000)))
                 if chunk is None:
                     break
-                self.received.append(Received(time.monotonic(), chunk.source, chunk.state, chunk.actions.copy(),
-                                              chunk.interventions, chunk.t_issue_ns, chunk.obs_seq))
+                self.received.append(
+                    Received(
+                        time.monotonic(),
+                        chunk.source,
+                        chunk.state,
+                        chunk.actions.copy(),
+                        chunk.interventions,
+                        chunk.t_issue_ns,
+                        chunk.obs_seq,
+                    )
+                )
                 if time.monotonic() >= next_t:
                     break
 

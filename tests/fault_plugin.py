@@ -21,8 +21,8 @@ import numpy as np
 
 from vlad.backend import Availability, Backend, Session, SessionDescription
 from vlad.errors import BackendError
-from vlad.hookspecs import hookimpl
 from vlad.health.base import Sensor
+from vlad.hookspecs import hookimpl
 
 
 class FaultySession(Session):
@@ -56,8 +56,14 @@ class FaultySession(Session):
 
     def describe(self) -> SessionDescription:
         d = self.inner.describe()
-        return SessionDescription(backend="faulty", runtime=d.runtime, runtime_version=d.runtime_version,
-                                  device=d.device, precision=d.precision, providers=d.providers)
+        return SessionDescription(
+            backend="faulty",
+            runtime=d.runtime,
+            runtime_version=d.runtime_version,
+            device=d.device,
+            precision=d.precision,
+            providers=d.providers,
+        )
 
     def close(self) -> None:
         self.inner.close()

@@ -57,8 +57,14 @@ class SlowSession(Session):
 
     def describe(self) -> SessionDescription:
         d = self.inner.describe()
-        return SessionDescription(backend="slow", runtime=d.runtime, runtime_version=d.runtime_version,
-                                  device=d.device, precision=d.precision, providers=d.providers)
+        return SessionDescription(
+            backend="slow",
+            runtime=d.runtime,
+            runtime_version=d.runtime_version,
+            device=d.device,
+            precision=d.precision,
+            providers=d.providers,
+        )
 
     def close(self) -> None:
         self.inner.close()

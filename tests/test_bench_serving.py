@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +29,14 @@ RATES = ("50 Hz", "lock-step")
 @pytest.fixture(scope="module")
 def result() -> dict:
     servers = ["floor", *VLAD_SERVERS] + (["openpi-style"] if HAVE_OPENPI else [])
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--short", "--json", "--servers", *servers],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--short", "--json", "--servers", *servers],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout)
 

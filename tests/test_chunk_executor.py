@@ -11,12 +11,26 @@ MS = 1_000_000
 P = 20 * MS  # control period
 
 
-def chunk(t_sensor_ms: float, values, *, seq: int = 1, validity_ms: float = 160, source: str = "release") -> ActionChunk:
+def chunk(
+    t_sensor_ms: float, values, *, seq: int = 1, validity_ms: float = 160, source: str = "release"
+) -> ActionChunk:
     actions = np.asarray(values, dtype=np.float32).reshape(-1, 1)
     t = int(t_sensor_ms * MS)
-    return ActionChunk(seq=seq, obs_seq=seq, t_sensor_ns=t, t_issue_ns=t, valid_until_ns=t + int(validity_ms * MS),
-                       period_ns=P, release="r", state="ACTIVE", source=source, interventions=(), timings_ms={},
-                       actions=actions, t_receive_ns=t)
+    return ActionChunk(
+        seq=seq,
+        obs_seq=seq,
+        t_sensor_ns=t,
+        t_issue_ns=t,
+        valid_until_ns=t + int(validity_ms * MS),
+        period_ns=P,
+        release="r",
+        state="ACTIVE",
+        source=source,
+        interventions=(),
+        timings_ms={},
+        actions=actions,
+        t_receive_ns=t,
+    )
 
 
 class Clock:

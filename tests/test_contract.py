@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from vlad.cli.contract import add_contract_commands, main, main_contract_diff
 from vlad.contract import (
     CONTRACT_FORMAT,
     Contract,
@@ -23,7 +24,6 @@ from vlad.contract import (
     load_contract,
     parse_contract,
 )
-from vlad.cli.contract import add_contract_commands, main, main_contract_diff
 from vlad.errors import ContractError, VladError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -478,7 +478,10 @@ def test_cli_as_module_subprocess(tmp_path: Path) -> None:
     new = write(tmp_path, "new.toml", edited('frame = "joint"\nscale', 'frame = "base"\nscale'))
     proc = subprocess.run(
         [sys.executable, "-m", "vlad.cli", "contract", "diff", str(DEMO), str(new)],
-        cwd=ROOT, capture_output=True, text=True, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 1, proc.stderr
     assert "action.frame" in proc.stdout and "BREAKING (frame)" in proc.stdout

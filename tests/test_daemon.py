@@ -20,8 +20,14 @@ VLADCTL = VLAD.parent / "vladctl"
 # These tests send observations and heartbeats now and then, not as steady streams: switch
 # off the monitors that would (rightly) call that a stalled sensor or a lost controller;
 # tests/test_faults.py covers them.
-QUIET_MONITORS = ["--set", "monitors.sensor_stall_periods=1000000", "--set", "monitors.stale_fraction_fault=1.0",
-                  "--set", "monitors.heartbeat_missing_periods=1000000"]
+QUIET_MONITORS = [
+    "--set",
+    "monitors.sensor_stall_periods=1000000",
+    "--set",
+    "monitors.stale_fraction_fault=1.0",
+    "--set",
+    "monitors.heartbeat_missing_periods=1000000",
+]
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +83,8 @@ def test_fresh_observations_yield_correct_chunks(daemon, client, contract, golde
     """Each observation gives one chunk; its fields and actions match the offline pipeline."""
     import onnxruntime as ort
 
-    from vlad.serving.guard import ActionGuard
     from vlad.processing import Tokenizer, decode_actions, preprocess
+    from vlad.serving.guard import ActionGuard
 
     sess = ort.InferenceSession(str(ROOT / "manifests/demo/policy.onnx"), providers=["CPUExecutionProvider"])
     tok = Tokenizer.from_contract(contract)
@@ -128,22 +134,44 @@ def test_stale_observation_is_skipped_and_counted(daemon, client, golden, contra
 
 
 def _good_header(seq):
-    return {"v": 1, "kind": "obs", "seq": seq, "t_sensor_ns": time.monotonic_ns(), "instruction": "reach the red target"}
+    return {
+        "v": 1,
+        "kind": "obs",
+        "seq": seq,
+        "t_sensor_ns": time.monotonic_ns(),
+        "instruction": "reach the red target",
+    }
 
 
 def test_malformed_messages_are_rejected_and_counted(daemon, client, golden):
     img = golden[0]["raw"].images["overhead"]
     q = golden[0]["raw"].proprio.astype(np.float32)
-    tensors = [{"name": "image/overhead", "dtype": "uint8", "shape": [64, 64, 3]},
-               {"name": "proprio", "dtype": "float32", "shape": [4]}]
+    tensors = [
+        {"name": "image/overhead", "dtype": "uint8", "shape": [64, 64, 3]},
+        {"name": "proprio", "dtype": "float32", "shape": [4]},
+    ]
     bad = {
         "malformed": [[b"obs"], [b"obs", b"\xc1not msgpack"], [b"obs", msgpack.packb([1, 2])]],
-        "bad_version": [[b"obs", msgpack.packb({**_good_header(1), "v": 2, "tensors": tensors}), img.tobytes(), q.tobytes()]],
-        "bad_dtype": [[b"obs", msgpack.packb({**_good_header(2), "tensors": [{**tensors[0], "dtype": "float32"}, tensors[1]]}),
-                       img.astype(np.float32).tobytes(), q.tobytes()]],
-        "bad_shape": [[b"obs", msgpack.packb({**_good_header(3), "tensors": [{**tensors[0], "shape": [32, 128, 3]}, tensors[1]]}),
-                       img.tobytes(), q.tobytes()],
-                      [b"obs", msgpack.packb({**_good_header(4), "tensors": tensors}), img.tobytes()[:-1], q.tobytes()]],
+        "bad_version": [
+            [b"obs", msgpack.packb({**_good_header(1), "v": 2, "tensors": tensors}), img.tobytes(), q.tobytes()]
+        ],
+        "bad_dtype": [
+            [
+                b"obs",
+                msgpack.packb({**_good_header(2), "tensors": [{**tensors[0], "dtype": "float32"}, tensors[1]]}),
+                img.astype(np.float32).tobytes(),
+                q.tobytes(),
+            ]
+        ],
+        "bad_shape": [
+            [
+                b"obs",
+                msgpack.packb({**_good_header(3), "tensors": [{**tensors[0], "shape": [32, 128, 3]}, tensors[1]]}),
+                img.tobytes(),
+                q.tobytes(),
+            ],
+            [b"obs", msgpack.packb({**_good_header(4), "tensors": tensors}), img.tobytes()[:-1], q.tobytes()],
+        ],
         "missing_tensor": [[b"obs", msgpack.packb({**_good_header(5), "tensors": tensors[:1]}), img.tobytes()]],
     }
     # make sure our PUB is connected before counting (slow joiner)
@@ -171,12 +199,21 @@ def test_status_broadcast_and_vladctl(daemon, client, golden):
     st = client.recv_status(timeout_ms=3000)
     assert st is not None and st["state"] in ("ACTIVE", "DEGRADED")
     assert st["backend"]["name"] == "onnxruntime"
-    out = subprocess.run([str(VLADCTL), "status", "--endpoint", daemon.endpoints["control"]],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [str(VLADCTL), "status", "--endpoint", daemon.endpoints["control"]], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0, out.stderr
-    assert ("ACTIVE" in out.stdout or "DEGRADED" in out.stdout) and "vlad-demo-reacher@1.0.0" in out.stdout and "e2e" in out.stdout
-    js = subprocess.run([str(VLADCTL), "status", "--json", "--endpoint", daemon.endpoints["control"]],
-                        capture_output=True, text=True, timeout=30)
+    assert (
+        ("ACTIVE" in out.stdout or "DEGRADED" in out.stdout)
+        and "vlad-demo-reacher@1.0.0" in out.stdout
+        and "e2e" in out.stdout
+    )
+    js = subprocess.run(
+        [str(VLADCTL), "status", "--json", "--endpoint", daemon.endpoints["control"]],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     data = json.loads(js.stdout)
     assert data["latency_ms"]["e2e"]["count"] >= 1 and data["engine_ms"]["p50"] > 0
     assert data["latency_ms"]["e2e"]["p50"] >= data["engine_ms"]["p50"]
@@ -238,15 +275,39 @@ def test_startup_failures_are_one_clear_line(tmp_path):
     eps = endpoints_in(tmp_path)
     rc, lines = _run_fail(daemon_command(eps, ["--set", 'release.path="/nonexistent/release"']))
     assert rc == 2 and len(lines) == 1 and "no such release folder" in lines[0], lines
-    rc, lines = _run_fail(daemon_command(eps, ["--set", 'release.path="/nonexistent/release"', "--set", "release.verify=false",
-                                               "--set", 'release.backend="onnxruntime"', "--set", 'release.artifact="policy.onnx"']))
+    rc, lines = _run_fail(
+        daemon_command(
+            eps,
+            [
+                "--set",
+                'release.path="/nonexistent/release"',
+                "--set",
+                "release.verify=false",
+                "--set",
+                'release.backend="onnxruntime"',
+                "--set",
+                'release.artifact="policy.onnx"',
+            ],
+        )
+    )
     assert rc == 2 and len(lines) == 2 and "no contract.toml" in lines[1], lines  # + the "verification OFF" warning
     rc, lines = _run_fail(daemon_command(eps, ["--set", "serve.warmupp=3"]))
     assert rc == 2 and len(lines) == 1 and "unknown key" in lines[0], lines
     rc, lines = _run_fail(daemon_command(eps, ["--set", 'release.backend="nope"']))
     assert rc == 2 and len(lines) == 1 and "differs from the signed manifest" in lines[0], lines
-    rc, lines = _run_fail(daemon_command(eps, ["--set", 'release.backend="nope"', "--set", 'release.artifact="policy.onnx"',
-                                               "--set", "release.verify=false"]))
+    rc, lines = _run_fail(
+        daemon_command(
+            eps,
+            [
+                "--set",
+                'release.backend="nope"',
+                "--set",
+                'release.artifact="policy.onnx"',
+                "--set",
+                "release.verify=false",
+            ],
+        )
+    )
     assert rc == 2 and len(lines) == 2 and "no backend 'nope'" in lines[1], lines
     rc, lines = _run_fail([str(VLAD), "serve", "--config", str(tmp_path / "missing.toml")])
     assert rc == 2 and len(lines) == 1 and "does not exist" in lines[0], lines
@@ -276,8 +337,10 @@ def test_systemd_unit_verifies(tmp_path):
 
 
 def test_tcp_needs_curve_keys(tmp_path):
-    eps = {k: f"tcp://127.0.0.1:{port}" for k, port in zip(("observations", "actions", "status", "control"),
-                                                           _free_ports(4), strict=True)}
+    eps = {
+        k: f"tcp://127.0.0.1:{port}"
+        for k, port in zip(("observations", "actions", "status", "control"), _free_ports(4), strict=True)
+    }
     rc, lines = _run_fail(daemon_command(eps))
     assert rc == 2 and len(lines) == 1 and "CurveZMQ" in lines[0], lines
 
@@ -295,11 +358,21 @@ def test_tcp_control_with_curve(tmp_path, golden):
     client_pub, client_secret = zmq.auth.create_certificates(keys, "client")
     _, stranger_secret = zmq.auth.create_certificates(keys, "stranger")
     (clients / "client.key").write_bytes(open(client_pub, "rb").read())
-    eps = {k: f"tcp://127.0.0.1:{port}" for k, port in zip(("observations", "actions", "status", "control"),
-                                                           _free_ports(4), strict=True)}
-    d = start_daemon(tmp_path, extra=["--set", f'sockets.curve_secret_key="{server_secret}"',
-                                      "--set", f'sockets.curve_clients_dir="{clients}"', *QUIET_MONITORS],
-                     endpoints=eps)
+    eps = {
+        k: f"tcp://127.0.0.1:{port}"
+        for k, port in zip(("observations", "actions", "status", "control"), _free_ports(4), strict=True)
+    }
+    d = start_daemon(
+        tmp_path,
+        extra=[
+            "--set",
+            f'sockets.curve_secret_key="{server_secret}"',
+            "--set",
+            f'sockets.curve_clients_dir="{clients}"',
+            *QUIET_MONITORS,
+        ],
+        endpoints=eps,
+    )
     try:
         with Client(**eps, curve=(client_secret, server_pub)) as c:
             assert c.control("ping")["pong"] is True

@@ -26,8 +26,9 @@ def onnx_infer(demo_dir):
 @pytest.mark.parametrize("instruction", sim.INSTRUCTIONS)
 def test_policy_beats_no_motion(contract, tokenizer, onnx_infer, instruction):
     with sim.ReacherTask(render=True) as task:
-        policy = evaluate(task, lambda: contract_policy(contract, tokenizer, onnx_infer), "policy", instruction,
-                          fixed_seeds(EPISODES))
+        policy = evaluate(
+            task, lambda: contract_policy(contract, tokenizer, onnx_infer), "policy", instruction, fixed_seeds(EPISODES)
+        )
         zero = evaluate(task, lambda: sim.zero_policy(task), "zero", instruction, fixed_seeds(EPISODES))
     print(policy.line())
     print(zero.line())

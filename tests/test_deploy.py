@@ -23,8 +23,14 @@ MAX_GAP_S = 2 * PERIOD_S + 0.01  # as in test_faults: 2 periods + scheduling mar
 VLADCTL = VLAD.parent / "vladctl"
 
 
-def make_release(dest: Path, version: str, code: int, backend: str = "onnxruntime", options: str | None = None,
-                 required_gates: tuple[str, ...] = ("closed_loop",)) -> Path:
+def make_release(
+    dest: Path,
+    version: str,
+    code: int,
+    backend: str = "onnxruntime",
+    options: str | None = None,
+    required_gates: tuple[str, ...] = ("closed_loop",),
+) -> Path:
     """A signed copy of the demo release with another id and version.
 
     Its gate plan requires only ``required_gates``; the copy carries the demo's closed-loop
@@ -37,10 +43,28 @@ def make_release(dest: Path, version: str, code: int, backend: str = "onnxruntim
             shutil.copy(f, dest / f.name)
     contract = dest / "contract.toml"
     contract.write_text(contract.read_text().replace('version = "1.0.0"', f'version = "{version}"', 1))
-    args = [sys.executable, str(ROOT / "scripts" / "make_demo_manifest.py"), "--release-dir", str(dest),
-            "--release-id", f"vlad-demo-reacher-{version}", "--version", version, "--version-code", str(code),
-            "--backend", backend, "--parent", "vlad-demo-reacher-1.0.0", "--min-success-rate", "0", "--min-margin", "0",
-            "--gate-plan", str(plan)]
+    args = [
+        sys.executable,
+        str(ROOT / "scripts" / "make_demo_manifest.py"),
+        "--release-dir",
+        str(dest),
+        "--release-id",
+        f"vlad-demo-reacher-{version}",
+        "--version",
+        version,
+        "--version-code",
+        str(code),
+        "--backend",
+        backend,
+        "--parent",
+        "vlad-demo-reacher-1.0.0",
+        "--min-success-rate",
+        "0",
+        "--min-margin",
+        "0",
+        "--gate-plan",
+        str(plan),
+    ]
     if options:
         args += ["--options", options]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
@@ -66,7 +90,9 @@ warmup = 3
 [store]
 root = "{store_root}"
 """)
-    d = start_daemon(tmp_path, config=config, env={"VLAD_PLUGIN_MODULES": "tests.fault_plugin", "PYTHONPATH": str(ROOT)})
+    d = start_daemon(
+        tmp_path, config=config, env={"VLAD_PLUGIN_MODULES": "tests.fault_plugin", "PYTHONPATH": str(ROOT)}
+    )
     client = d.client()
     ctl = ControllerSim(client, load_golden()[0]).start()
     try:
@@ -86,8 +112,9 @@ def wait_release(client, release: str, timeout: float = 10.0) -> dict:
             return st
         time.sleep(0.05)
     events = [(e["kind"], e["reason"]) for e in client.control("events", limit=30)]
-    raise AssertionError(f"serving {st['release']} ({st['state']}), wanted {release}; findings {st['findings']}; "
-                         f"events {events}")
+    raise AssertionError(
+        f"serving {st['release']} ({st['state']}), wanted {release}; findings {st['findings']}; events {events}"
+    )
 
 
 def test_deploy_while_serving_keeps_the_stream(live):
@@ -98,8 +125,11 @@ def test_deploy_while_serving_keeps_the_stream(live):
     import threading
 
     result = {}
-    deploying = threading.Thread(target=lambda: result.update(
-        client.control("deploy", timeout_ms=120_000, path=str(v2), who="tech", why="new grasp")))
+    deploying = threading.Thread(
+        target=lambda: result.update(
+            client.control("deploy", timeout_ms=120_000, path=str(v2), who="tech", why="new grasp")
+        )
+    )
     deploying.start()
     while deploying.is_alive():  # the control socket keeps answering during the deploy
         assert client.control("ping", timeout_ms=1000)["pong"]
@@ -114,13 +144,18 @@ def test_deploy_while_serving_keeps_the_stream(live):
     assert gap <= MAX_GAP_S, f"{gap * 1000:.1f} ms without a chunk during the deploy"
     assert store.active() == "vlad-demo-reacher-1.1.0" and store.previous() == "vlad-demo-reacher-1.0.0"
     # rollback over the control socket: the exact previous release serves again
-    out = subprocess.run([str(VLADCTL), "rollback", "--endpoint", d.endpoints["control"], "--why", "overshoots",
-                          "--who", "tech"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(VLADCTL), "rollback", "--endpoint", d.endpoints["control"], "--why", "overshoots", "--who", "tech"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     wait_release(client, "vlad-demo-reacher@1.0.0")
     assert store.active() == "vlad-demo-reacher-1.0.0"
-    hist = subprocess.run([str(VLADCTL), "history", "--endpoint", d.endpoints["control"]], capture_output=True,
-                          text=True, timeout=30)
+    hist = subprocess.run(
+        [str(VLADCTL), "history", "--endpoint", d.endpoints["control"]], capture_output=True, text=True, timeout=30
+    )
     assert "rollback" in hist.stdout and "by tech: overshoots" in hist.stdout, hist.stdout
     assert max_gap(ctl.since(t0)) <= MAX_GAP_S
 
@@ -147,13 +182,15 @@ def test_deploy_enforces_gate_evidence_unless_forced_with_a_reason(live):
     from vlad.client import ClientError
 
     d, client, ctl, store, tmp, _ = live
-    rel = make_release(tmp / "unproven", "1.3.0", 4, required_gates=("contract", "equivalence", "performance",
-                                                                      "closed_loop"))
+    rel = make_release(
+        tmp / "unproven", "1.3.0", 4, required_gates=("contract", "equivalence", "performance", "closed_loop")
+    )
     with pytest.raises(ClientError, match=r"lacks passing gate evidence \(gate contract: no evidence"):
         client.control("deploy", timeout_ms=120_000, path=str(rel), who="tech", why="try")
     assert store.active() == "vlad-demo-reacher-1.0.0"
-    r = client.control("deploy", timeout_ms=120_000, path=str(rel), who="tech", why="field trial, gates pending",
-                       force=True)
+    r = client.control(
+        "deploy", timeout_ms=120_000, path=str(rel), who="tech", why="field trial, gates pending", force=True
+    )
     assert r["release"] == "vlad-demo-reacher@1.3.0"
     assert store.active() == "vlad-demo-reacher-1.3.0"
     events = client.control("events", limit=50)
@@ -183,8 +220,9 @@ def test_shadow_never_publishes(live):
 def test_canary_auto_abort_rolls_back(live):
     d, client, ctl, store, tmp, control = live
     control.write_text("oob")  # the canary's engine produces out-of-bounds actions
-    bad = make_release(tmp / "canary", "1.1.0", 2, backend="faulty",
-                       options=f'{{"control_file": "{control}", "intra_op_threads": 1}}')
+    bad = make_release(
+        tmp / "canary", "1.1.0", 2, backend="faulty", options=f'{{"control_file": "{control}", "intra_op_threads": 1}}'
+    )
     t0 = time.monotonic()
     r = client.control("deploy", timeout_ms=120_000, path=str(bad), who="tech", why="try", canary=True)
     assert r["canary"] is True

@@ -72,8 +72,10 @@ class Rig:
             if ok and (serving_prefix is None or st["serving"].startswith(serving_prefix)):
                 return st
             time.sleep(0.05)
-        raise AssertionError(f"state {st.get('state')} serving {st.get('serving')}, wanted {state} {serving_prefix}; "
-                             f"findings {st.get('findings')}")
+        raise AssertionError(
+            f"state {st.get('state')} serving {st.get('serving')}, wanted {state} {serving_prefix}; "
+            f"findings {st.get('findings')}"
+        )
 
     def wait_chunks(self, source: str, n: int = 10, timeout: float = 10.0) -> list[Received]:
         t0 = time.monotonic()
@@ -82,7 +84,9 @@ class Rig:
             if len(got) >= n:
                 return got
             time.sleep(0.02)
-        raise AssertionError(f"fewer than {n} chunks from {source!r}; got {[c.source for c in self.ctl.since(t0)][-20:]}")
+        raise AssertionError(
+            f"fewer than {n} chunks from {source!r}; got {[c.source for c in self.ctl.since(t0)][-20:]}"
+        )
 
     def events(self) -> list[dict]:
         return self.client.control("events", limit=200)
@@ -98,8 +102,9 @@ class Rig:
             assert np.isfinite(c.actions).all(), c
             assert (c.actions >= lower - 1e-6).all() and (c.actions <= upper + 1e-6).all(), c
 
-    def run_fault(self, contract, inject, expect_state: str, expect_serving: str, event: tuple[str, str],
-                  settle: float = 1.0) -> list[Received]:
+    def run_fault(
+        self, contract, inject, expect_state: str, expect_serving: str, event: tuple[str, str], settle: float = 1.0
+    ) -> list[Received]:
         """Inject, wait for the transition, and check what the controller saw meanwhile."""
         t0 = time.monotonic()
         inject()
@@ -114,8 +119,9 @@ class Rig:
 
 
 def test_backend_raises(rig, contract):
-    seen = rig.run_fault(contract, lambda: rig.control.write_text("raise"), "FALLBACK", "fallback1",
-                         ("quarantine", "backend exception"))
+    seen = rig.run_fault(
+        contract, lambda: rig.control.write_text("raise"), "FALLBACK", "fallback1", ("quarantine", "backend exception")
+    )
     assert any(c.source == "hold:backend_error" for c in seen)
     rig.wait_chunks("fallback1")
     st = rig.status()
@@ -131,16 +137,18 @@ def test_backend_raises(rig, contract):
 
 
 def test_backend_hangs_past_deadline(rig, contract):
-    seen = rig.run_fault(contract, lambda: rig.control.write_text("hang"), "FALLBACK", "fallback1",
-                         ("quarantine", "inference running"))
+    seen = rig.run_fault(
+        contract, lambda: rig.control.write_text("hang"), "FALLBACK", "fallback1", ("quarantine", "inference running")
+    )
     assert any(c.source == "hold:bridge" for c in seen)
     rig.wait_chunks("fallback1")
     rig.control.write_text("ok")  # unwedge the thread so the test can end cleanly
 
 
 def test_nan_output(rig, contract):
-    seen = rig.run_fault(contract, lambda: rig.control.write_text("nan"), "FALLBACK", "fallback1",
-                         ("quarantine", "nonfinite output"))
+    seen = rig.run_fault(
+        contract, lambda: rig.control.write_text("nan"), "FALLBACK", "fallback1", ("quarantine", "nonfinite output")
+    )
     assert any("nonfinite" in c.interventions or c.source.startswith("hold") for c in seen)
     rig.wait_chunks("fallback1")
     rig.control.write_text("ok")
@@ -149,15 +157,21 @@ def test_nan_output(rig, contract):
 
 
 def test_out_of_bounds_output(rig, contract):
-    seen = rig.run_fault(contract, lambda: rig.control.write_text("oob"), "FALLBACK", "fallback1",
-                         ("quarantine", "out of bounds"))
+    seen = rig.run_fault(
+        contract, lambda: rig.control.write_text("oob"), "FALLBACK", "fallback1", ("quarantine", "out of bounds")
+    )
     assert any("bounds" in c.interventions for c in seen)  # clamped, counted, never published raw
     rig.wait_chunks("fallback1")
 
 
 def test_temperature_over_threshold_then_cooled(rig, contract):
-    rig.run_fault(contract, lambda: rig.sensors.write_text(json.dumps({"temperature.board.injected": 99.0})),
-                  "FALLBACK", "fallback1", ("fault", "temperature.board.injected at 99.0"))
+    rig.run_fault(
+        contract,
+        lambda: rig.sensors.write_text(json.dumps({"temperature.board.injected": 99.0})),
+        "FALLBACK",
+        "fallback1",
+        ("fault", "temperature.board.injected at 99.0"),
+    )
     rig.wait_chunks("fallback1")
     rig.sensors.write_text("{}")
     rig.wait_state("ACTIVE", "release", timeout=5)  # not quarantined: back after the healthy window
@@ -165,8 +179,13 @@ def test_temperature_over_threshold_then_cooled(rig, contract):
 
 
 def test_memory_pressure_then_relieved(rig, contract):
-    rig.run_fault(contract, lambda: rig.sensors.write_text(json.dumps({"memory.injected.available_bytes": 1e6})),
-                  "FALLBACK", "fallback1", ("fault", "host memory available"))
+    rig.run_fault(
+        contract,
+        lambda: rig.sensors.write_text(json.dumps({"memory.injected.available_bytes": 1e6})),
+        "FALLBACK",
+        "fallback1",
+        ("fault", "host memory available"),
+    )
     rig.sensors.write_text("{}")
     rig.wait_state("ACTIVE", "release", timeout=5)
 

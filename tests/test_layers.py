@@ -113,7 +113,7 @@ def import_cycle(modules: dict[str, Path]) -> list[str] | None:
         stack.append(m)
         for d in sorted(graph.get(m, ())):
             if state.get(d) == 1:
-                return stack[stack.index(d):] + [d]
+                return stack[stack.index(d) :] + [d]
             if d not in state and (found := visit(d)):
                 return found
         stack.pop()
@@ -160,8 +160,11 @@ def test_plugins_use_only_the_plugin_facing_layers():
     found = []
     for path in sorted((ROOT / "plugins").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            )
             for name in names:
                 if name.startswith("vlad.") and layer_of(name) > highest:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
@@ -177,13 +180,16 @@ def _fake_package(root: Path, files: dict[str, str]) -> dict[str, Path]:
 
 def test_the_checks_see_violations(tmp_path):
     """Not vacuous: a lazy upward import, a relative one and a cycle are all caught."""
-    modules = _fake_package(tmp_path, {
-        "vlad/errors.py": "def f():\n    from vlad.daemon import supervisor\n",
-        "vlad/daemon/__init__.py": "",
-        "vlad/daemon/supervisor.py": "from ..cli import main\n",
-        "vlad/cli/__init__.py": "",
-        "vlad/cli/main.py": "from vlad.daemon.supervisor import x\n",
-    })
+    modules = _fake_package(
+        tmp_path,
+        {
+            "vlad/errors.py": "def f():\n    from vlad.daemon import supervisor\n",
+            "vlad/daemon/__init__.py": "",
+            "vlad/daemon/supervisor.py": "from ..cli import main\n",
+            "vlad/cli/__init__.py": "",
+            "vlad/cli/main.py": "from vlad.daemon.supervisor import x\n",
+        },
+    )
     assert imports(modules, "vlad.errors") == {"vlad.daemon.supervisor"}
     assert imports(modules, "vlad.daemon.supervisor") == {"vlad.cli.main"}
     assert upward_imports(modules) == [
@@ -201,8 +207,13 @@ PICKLERS = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "sh
 
 def _calls(tree: ast.AST, owner: str, attr: str):
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == owner):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == attr
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == owner
+        ):
             yield node
 
 
@@ -234,9 +245,11 @@ def unsafe_code(text: str) -> list[str]:
         if _keyword(call, "allow_pickle") not in (None, False):
             out.append(f"{call.lineno}: np.load with allow_pickle")
     for node in ast.walk(tree):
-        if (isinstance(node, ast.keyword) and node.arg == "trust_remote_code") or (
-                isinstance(node, ast.Name) and node.id == "trust_remote_code") or (
-                isinstance(node, ast.Constant) and isinstance(node.value, str) and "trust_remote_code" in node.value):
+        if (
+            (isinstance(node, ast.keyword) and node.arg == "trust_remote_code")
+            or (isinstance(node, ast.Name) and node.id == "trust_remote_code")
+            or (isinstance(node, ast.Constant) and isinstance(node.value, str) and "trust_remote_code" in node.value)
+        ):
             out.append(f"{getattr(node, 'lineno', '?')}: trust_remote_code (runs code shipped with a model)")
     return out
 
@@ -247,12 +260,15 @@ def test_no_pickle_and_no_remote_code(path):
     assert not problems, f"{path.relative_to(ROOT)}: " + "; ".join(problems)
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("import torch\nm = torch.load('x.pt')\n", "torch.load without weights_only=True"),
-    ("import torch\nm = torch.load('x.pt', weights_only=safe)\n", "torch.load without weights_only=True"),
-    ("from pickle import loads\n", "imports pickle"),
-    ("import numpy as np\nnp.load('a.npy', allow_pickle=True)\n", "allow_pickle"),
-    ("from_pretrained('m', trust_remote_code=True)\n", "trust_remote_code"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("import torch\nm = torch.load('x.pt')\n", "torch.load without weights_only=True"),
+        ("import torch\nm = torch.load('x.pt', weights_only=safe)\n", "torch.load without weights_only=True"),
+        ("from pickle import loads\n", "imports pickle"),
+        ("import numpy as np\nnp.load('a.npy', allow_pickle=True)\n", "allow_pickle"),
+        ("from_pretrained('m', trust_remote_code=True)\n", "trust_remote_code"),
+    ],
+)
 def test_the_safety_scan_catches(text, problem):
     assert any(problem in p for p in unsafe_code(text))

@@ -19,20 +19,39 @@ import pytest
 from vlad.cli import release as release_cli
 from vlad.release.authoring import new_manifest_data, write_manifest
 from vlad.release.manifest import (
-    ManifestError, RuntimeSpec, canonical_bytes, load_manifest, parse_manifest, read_manifest_document,
+    ManifestError,
+    RuntimeSpec,
+    canonical_bytes,
+    load_manifest,
+    parse_manifest,
+    read_manifest_document,
 )
 from vlad.release.signing import (
-    BadSignature, IntegrityError, KeyFileError, RuntimeMismatch, UnknownKey, UnsignedRelease,
-    ValidityError, check_runtime, generate_keypair, key_id, load_private_key, load_public_key,
-    load_trusted_keys, sign_release, verify_release,
+    BadSignature,
+    IntegrityError,
+    KeyFileError,
+    RuntimeMismatch,
+    UnknownKey,
+    UnsignedRelease,
+    ValidityError,
+    check_runtime,
+    generate_keypair,
+    key_id,
+    load_private_key,
+    load_public_key,
+    load_trusted_keys,
+    sign_release,
+    verify_release,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_CONTRACT = ROOT / "manifests" / "demo" / "contract.toml"
-T0 = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 NOW = T0 + dt.timedelta(days=10)
-TOKENIZER = {"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[PAD]": 0, "[UNK]": 1, "reach": 2},
-                                          "unk_token": "[UNK]"}}
+TOKENIZER = {
+    "version": "1.0",
+    "model": {"type": "WordLevel", "vocab": {"[PAD]": 0, "[UNK]": 1, "reach": 2}, "unk_token": "[UNK]"},
+}
 
 
 # ---- helpers shared with test_store.py --------------------------------------------------
@@ -47,23 +66,39 @@ def make_keys(base: Path, name: str = "test") -> tuple[Path, Path]:
     return private, trusted
 
 
-def make_release(folder: Path, private_key: Path | None, *, release_id: str = "r1", version_code: int = 1,
-                 payload: bytes = b"model bytes", gate_passed: bool = True, **overrides) -> Path:
+def make_release(
+    folder: Path,
+    private_key: Path | None,
+    *,
+    release_id: str = "r1",
+    version_code: int = 1,
+    payload: bytes = b"model bytes",
+    gate_passed: bool = True,
+    **overrides,
+) -> Path:
     """A tiny but real release: the demo contract (tokenizer hash patched), a small tokenizer,
     fake model/config/report files, a manifest and (with ``private_key``) its signature."""
     folder.mkdir(parents=True)
     tok = json.dumps(TOKENIZER).encode()
     (folder / "tokenizer.json").write_bytes(tok)
-    contract = re.sub(r'sha256 = "[0-9a-f]{64}"', f'sha256 = "{hashlib.sha256(tok).hexdigest()}"',
-                      DEMO_CONTRACT.read_text())
+    contract = re.sub(
+        r'sha256 = "[0-9a-f]{64}"', f'sha256 = "{hashlib.sha256(tok).hexdigest()}"', DEMO_CONTRACT.read_text()
+    )
     (folder / "contract.toml").write_text(contract)
     (folder / "policy.onnx").write_bytes(payload * 10)
     (folder / "model_config.json").write_text('{"width": 8}\n')
     (folder / "eval.json").write_text('{"results": []}\n')
-    args = dict(release_id=release_id, version=f"1.0.{version_code}", version_code=version_code,
-                backend="onnxruntime", artifact="policy.onnx", options={"intra_op_threads": 1},
-                not_before=T0, expires=T0 + dt.timedelta(days=365),
-                gates=[{"gate": "closed_loop", "report": "eval.json", "passed": gate_passed}])
+    args = dict(
+        release_id=release_id,
+        version=f"1.0.{version_code}",
+        version_code=version_code,
+        backend="onnxruntime",
+        artifact="policy.onnx",
+        options={"intra_op_threads": 1},
+        not_before=T0,
+        expires=T0 + dt.timedelta(days=365),
+        gates=[{"gate": "closed_loop", "report": "eval.json", "passed": gate_passed}],
+    )
     args.update(overrides)
     write_manifest(folder, new_manifest_data(folder, **args))
     if private_key is not None:
@@ -106,9 +141,14 @@ def test_every_problem_is_reported_at_once(release):
         parse_manifest(data, "m.toml")
     text = str(info.value)
     assert len(info.value.problems) >= 6
-    for needle in ("release.id: missing", "artifacts[0].role: unknown value 'weightz'",
-                   "entries after the first 'hold'", "lineage.parent", "'nope.onnx' is not listed",
-                   "colour: unknown key"):
+    for needle in (
+        "release.id: missing",
+        "artifacts[0].role: unknown value 'weightz'",
+        "entries after the first 'hold'",
+        "lineage.parent",
+        "'nope.onnx' is not listed",
+        "colour: unknown key",
+    ):
         assert needle in text
 
 
@@ -132,12 +172,15 @@ def test_signature_covers_the_raw_bytes(release, keys):
     verify_release(release, keys[1], NOW, installed=RuntimeSpec())
 
 
-@pytest.mark.parametrize("payload", [
-    b"format = nan\n",                                           # NaN where a string belongs
-    b"x = " + b"[" * 5000 + b"]" * 5000 + b"\n",                  # 5,000-deep nesting
-    b"\xff\xfe not utf-8",
-    b"[release]\nid = \"a\x00b\"\n",
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"format = nan\n",  # NaN where a string belongs
+        b"x = " + b"[" * 5000 + b"]" * 5000 + b"\n",  # 5,000-deep nesting
+        b"\xff\xfe not utf-8",
+        b'[release]\nid = "a\x00b"\n',
+    ],
+)
 def test_unsigned_hostile_manifest_is_refused_before_parsing(release, keys, payload):
     (release / "manifest.toml").write_bytes(payload)
     with pytest.raises(BadSignature, match="does not match manifest.toml"):
@@ -265,7 +308,8 @@ def test_runtime_major_mismatch_refuses_minor_warns(tmp_path, keys):
     with pytest.raises(RuntimeMismatch, match=r"onnxruntime 2.0.0 installed, release validated on 1.18.0"):
         verify_release(rel, keys[1], NOW, installed=RuntimeSpec(onnxruntime="2.0.0", torch="2.3.0"))
     assert check_runtime(RuntimeSpec(tensorrt="10.3"), RuntimeSpec()) == [
-        "tensorrt: validated on 10.3, not installed here"]
+        "tensorrt: validated on 10.3, not installed here"
+    ]
 
 
 # ---- keys -------------------------------------------------------------------------------------
@@ -311,8 +355,12 @@ def test_cli_keygen_sign_verify_round_trip(tmp_path, capsys):
     trusted = tmp_path / "trusted"
     trusted.mkdir()
     shutil.copy(tmp_path / "k" / "robot1.pub", trusted)
-    rel = make_release(tmp_path / "rel", None, not_before=dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc),
-                       expires=dt.datetime(2999, 1, 1, tzinfo=dt.timezone.utc))
+    rel = make_release(
+        tmp_path / "rel",
+        None,
+        not_before=dt.datetime(2020, 1, 1, tzinfo=dt.UTC),
+        expires=dt.datetime(2999, 1, 1, tzinfo=dt.UTC),
+    )
 
     assert release_cli.main(["verify", str(rel), "--keys", str(trusted)]) == 2
     err = capsys.readouterr().err
@@ -341,11 +389,22 @@ def test_cli_keygen_sign_verify_round_trip(tmp_path, capsys):
 def test_make_demo_manifest_script(tmp_path):
     rel = make_release(tmp_path / "demo", None)
     (rel / "manifest.toml").unlink()
-    (rel / "eval.json").write_text(json.dumps({"results": [
-        {"policy": "policy", "instruction": "reach", "success_rate": 0.9},
-        {"policy": "zero", "instruction": "reach", "success_rate": 0.0}]}))
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo_manifest.py"),
-                           "--release-dir", str(rel)], capture_output=True, text=True, timeout=120)
+    (rel / "eval.json").write_text(
+        json.dumps(
+            {
+                "results": [
+                    {"policy": "policy", "instruction": "reach", "success_rate": 0.9},
+                    {"policy": "zero", "instruction": "reach", "success_rate": 0.0},
+                ]
+            }
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_demo_manifest.py"), "--release-dir", str(rel)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     m = load_manifest(rel)
     assert m.release.id == "vlad-demo-reacher-1.0.0" and m.release.version_code == 1

@@ -20,7 +20,6 @@ from vlad.processing import (
     preprocess_proprio,
 )
 
-
 # -- golden fixtures: serving path and training path ---------------------------------------
 
 
@@ -43,10 +42,14 @@ def test_golden_training_path(contract, tokenizer, golden):
         raw = case["raw"]
         np.testing.assert_array_equal(preprocess_image(cam, raw.images[cam.name])[None], case["inputs"][cam.input])
         np.testing.assert_array_equal(tokenizer.encode(raw.instruction)[None], case["inputs"][contract.language.input])
-        np.testing.assert_array_equal(preprocess_proprio(contract, raw.proprio)[None], case["inputs"][contract.proprio.input])
+        np.testing.assert_array_equal(
+            preprocess_proprio(contract, raw.proprio)[None], case["inputs"][contract.proprio.input]
+        )
         np.testing.assert_array_equal(make_noise(contract, raw.sequence), case["inputs"][contract.noise.input])
         # the training target is the inverse of decoding
-        np.testing.assert_allclose(normalize_actions(contract, case["actions"])[None], case["outputs"]["actions"], atol=1e-5)
+        np.testing.assert_allclose(
+            normalize_actions(contract, case["actions"])[None], case["outputs"]["actions"], atol=1e-5
+        )
 
 
 # -- images ---------------------------------------------------------------------------------
@@ -60,7 +63,9 @@ def _camera(contract, **raw_model):
 
 
 def _identity_norm(cam):
-    return dataclasses.replace(cam, model=dataclasses.replace(cam.model, scale=1.0, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)))
+    return dataclasses.replace(
+        cam, model=dataclasses.replace(cam.model, scale=1.0, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+    )
 
 
 def test_bgr_raw_is_swapped_to_rgb(contract):
@@ -97,7 +102,9 @@ def test_resize_downscale_of_constant_image(contract, method):
 
 def test_bilinear_matches_half_pixel_convention(contract):
     """2x upscale of [0, 10]: half-pixel centres give 0, 2.5, 7.5, 10."""
-    cam = _identity_norm(_camera(contract, raw_height=1, raw_width=2, model_height=1, model_width=4, model_resize="bilinear"))
+    cam = _identity_norm(
+        _camera(contract, raw_height=1, raw_width=2, model_height=1, model_width=4, model_resize="bilinear")
+    )
     img = np.zeros((1, 2, 3), np.uint8)
     img[0, 1] = 10
     np.testing.assert_allclose(preprocess_image(cam, img)[0, 0], [0.0, 2.5, 7.5, 10.0])
@@ -136,7 +143,8 @@ def test_missing_camera(contract, tokenizer):
 
 
 @pytest.mark.parametrize(
-    "p", [np.zeros(3, np.float32), np.zeros(4, np.int64), np.array([0, np.nan, 0, 0], np.float32), None],
+    "p",
+    [np.zeros(3, np.float32), np.zeros(4, np.int64), np.array([0, np.nan, 0, 0], np.float32), None],
     ids=["dim", "dtype", "nan", "missing"],
 )
 def test_bad_proprio_is_refused(contract, p):

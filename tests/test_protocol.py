@@ -34,10 +34,26 @@ def test_big_endian_input_goes_out_little_endian():
         ([b"obs", msgpack.packb({"v": 9, "kind": "obs", "seq": 1})], "bad_version"),
         ([b"obs", msgpack.packb({"v": 1, "kind": "act", "seq": 1})], "malformed"),
         ([b"obs", msgpack.packb({"v": 1, "kind": "obs", "seq": -1})], "malformed"),
-        ([b"obs", msgpack.packb({"v": 1, "kind": "obs", "seq": 1, "tensors": [{"name": "x", "dtype": "object",
-                                                                             "shape": [1]}]}), b"\0"], "bad_dtype"),
-        ([b"obs", msgpack.packb({"v": 1, "kind": "obs", "seq": 1, "tensors": [{"name": "x", "dtype": "float32",
-                                                                             "shape": [2]}]}), b"\0" * 7], "bad_shape"),
+        (
+            [
+                b"obs",
+                msgpack.packb(
+                    {"v": 1, "kind": "obs", "seq": 1, "tensors": [{"name": "x", "dtype": "object", "shape": [1]}]}
+                ),
+                b"\0",
+            ],
+            "bad_dtype",
+        ),
+        (
+            [
+                b"obs",
+                msgpack.packb(
+                    {"v": 1, "kind": "obs", "seq": 1, "tensors": [{"name": "x", "dtype": "float32", "shape": [2]}]}
+                ),
+                b"\0" * 7,
+            ],
+            "bad_shape",
+        ),
         ([b"obs", msgpack.packb({"v": 1, "kind": "obs", "seq": 1, "tensors": []}), b"extra"], "malformed"),
     ],
     ids=["one-frame", "topic", "not-msgpack", "version", "kind", "seq", "dtype", "size", "extra-frame"],
@@ -46,5 +62,3 @@ def test_bad_messages_are_refused_with_a_reason(frames, reason):
     with pytest.raises(protocol.ProtocolError) as exc:
         protocol.decode(frames)
     assert exc.value.reason == reason
-
-

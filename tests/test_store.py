@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_manifest import NOW, make_keys, make_release
+
 from vlad.cli import release as release_cli
 from vlad.release.signing import IntegrityError, ValidityError, verify_release
 from vlad.release.store import DowngradeRefused, ReleaseStore, StoreError
@@ -23,9 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def env(tmp_path):
     """(store, {release id: source folder}) with r1 (vc 1), r2 (vc 2) and r0 (vc 0) signed."""
     private, trusted = make_keys(tmp_path)
-    sources = {rid: make_release(tmp_path / "src" / rid, private, release_id=rid, version_code=vc,
-                                 payload=rid.encode() * 7)
-               for rid, vc in (("r1", 1), ("r2", 2), ("r0", 0))}
+    sources = {
+        rid: make_release(tmp_path / "src" / rid, private, release_id=rid, version_code=vc, payload=rid.encode() * 7)
+        for rid, vc in (("r1", 1), ("r2", 2), ("r0", 0))
+    }
     return ReleaseStore(tmp_path / "store", trusted), sources
 
 
@@ -104,7 +105,11 @@ def test_one_step_rollback_and_its_reversal(env):
     store.rollback(who="bo", why="it was the camera, not the model", force=True)
     assert (store.active(), store.previous()) == ("r2", "r1") and store.bad_releases() == {"r1"}
     assert [(h.event, h.to_release) for h in store.history()] == [
-        ("activate", "r1"), ("activate", "r2"), ("rollback", "r1"), ("rollback", "r2")]
+        ("activate", "r1"),
+        ("activate", "r2"),
+        ("rollback", "r1"),
+        ("rollback", "r2"),
+    ]
 
 
 def test_rollback_restores_exact_artifacts_and_engine_cache(env):
@@ -152,8 +157,9 @@ print("not killed")
 
 
 def _run_child(store: ReleaseStore, point: str, action: str) -> subprocess.CompletedProcess:
-    code = _CHILD.format(root=str(ROOT), store=str(store.root), keys=str(store.keys_dir), point=point,
-                         now=NOW.isoformat(), action=action)
+    code = _CHILD.format(
+        root=str(ROOT), store=str(store.root), keys=str(store.keys_dir), point=point, now=NOW.isoformat(), action=action
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
@@ -170,10 +176,16 @@ def _assert_consistent(store: ReleaseStore, allowed: set[str]) -> str:
     return active
 
 
-@pytest.mark.parametrize("point,expected", [
-    ("intent_logged", "r1"), ("pointer_dir_written", "r1"), ("pointer_temp_written", "r1"),
-    ("after_rename", "r2"), ("done_logged", "r2"),
-])
+@pytest.mark.parametrize(
+    "point,expected",
+    [
+        ("intent_logged", "r1"),
+        ("pointer_dir_written", "r1"),
+        ("pointer_temp_written", "r1"),
+        ("after_rename", "r2"),
+        ("done_logged", "r2"),
+    ],
+)
 def test_sigkill_during_activation_leaves_old_or_new(env, point, expected):
     store, src = env
     for rid in ("r1", "r2"):
@@ -203,7 +215,7 @@ def test_sigkill_during_rollback(env):
 @pytest.mark.parametrize("point", ["stage_copied", "stage_renamed"])
 def test_sigkill_during_stage_never_shows_a_partial_release(env, point):
     store, src = env
-    proc = _run_child(store, point, f'store.stage({str(src["r2"])!r}, now=now)')
+    proc = _run_child(store, point, f"store.stage({str(src['r2'])!r}, now=now)")
     assert proc.returncode == -9, proc.stderr
     reopened = ReleaseStore(store.root, store.keys_dir)
     assert [p.name for p in reopened.releases_dir.iterdir()] == (["r2"] if point == "stage_renamed" else [])
@@ -229,10 +241,16 @@ def test_cli_stage_activate_rollback(env, capsys, monkeypatch):
     store, src = env
     # The CLI verifies against the real clock: give the sources a window around today.
     private = next((store.keys_dir.parent / "private").glob("*.key"))
-    today = dt.datetime.now(dt.timezone.utc)
+    today = dt.datetime.now(dt.UTC)
     for rid, vc in (("c1", 5), ("c2", 6), ("c0", 4)):
-        make_release(store.root.parent / "cli" / rid, private, release_id=rid, version_code=vc,
-                     not_before=today - dt.timedelta(days=1), expires=today + dt.timedelta(days=1))
+        make_release(
+            store.root.parent / "cli" / rid,
+            private,
+            release_id=rid,
+            version_code=vc,
+            not_before=today - dt.timedelta(days=1),
+            expires=today + dt.timedelta(days=1),
+        )
     base = ["--root", str(store.root), "--keys", str(store.keys_dir)]
     monkeypatch.setenv("VLAD_OPERATOR", "tech-7")
     for rid in ("c1", "c2", "c0"):
@@ -248,7 +266,10 @@ def test_cli_stage_activate_rollback(env, capsys, monkeypatch):
     assert release_cli.main(["release", "history", "--json", *base]) == 0
     history = json.loads(capsys.readouterr().out)
     assert [(h["event"], h["to_release"], h["who"]) for h in history] == [
-        ("activate", "c1", "tech-7"), ("activate", "c2", "tech-7"), ("rollback", "c1", "tech-7")]
+        ("activate", "c1", "tech-7"),
+        ("activate", "c2", "tech-7"),
+        ("rollback", "c1", "tech-7"),
+    ]
     assert release_cli.main(["release", "status", "--json", *base]) == 0
     status = json.loads(capsys.readouterr().out)
     assert (status["active"], status["previous"], status["bad"]) == ("c1", "c2", ["c2"])

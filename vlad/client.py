@@ -134,7 +134,9 @@ class Client:
 
     def heartbeat(self) -> None:
         self._obs.send_multipart(
-            protocol.encode(protocol.TOPIC_HEARTBEAT, {"seq": next(self._seq), "t_ns": time.monotonic_ns(), "client": self.name})
+            protocol.encode(
+                protocol.TOPIC_HEARTBEAT, {"seq": next(self._seq), "t_ns": time.monotonic_ns(), "client": self.name}
+            )
         )
 
     def send_raw(self, frames: list[bytes]) -> None:
@@ -238,8 +240,14 @@ def apply_curve(sock: zmq.Socket | None, endpoint: str, curve: tuple[bytes, byte
         sock.curve_secretkey, sock.curve_publickey, sock.curve_serverkey = curve
 
 
-def control_request(ctx: zmq.Context, endpoint: str | None, cmd: str, timeout_ms: int = 2000,
-                    curve: tuple[bytes, bytes, bytes] | None = None, **args: Any) -> Any:
+def control_request(
+    ctx: zmq.Context,
+    endpoint: str | None,
+    cmd: str,
+    timeout_ms: int = 2000,
+    curve: tuple[bytes, bytes, bytes] | None = None,
+    **args: Any,
+) -> Any:
     if not endpoint:
         raise ClientError("no control endpoint configured")
     sock = ctx.socket(zmq.REQ)
@@ -249,7 +257,9 @@ def control_request(ctx: zmq.Context, endpoint: str | None, cmd: str, timeout_ms
         sock.connect(endpoint)
         sock.send(protocol.encode_request(cmd, **args))
         if not sock.poll(timeout_ms):
-            raise DaemonUnreachable(f"vlad did not answer {cmd!r} on {endpoint} within {timeout_ms} ms (is it running?)")
+            raise DaemonUnreachable(
+                f"vlad did not answer {cmd!r} on {endpoint} within {timeout_ms} ms (is it running?)"
+            )
         rep = protocol.decode_reply(sock.recv())
     finally:
         sock.close(0)
@@ -314,9 +324,17 @@ class ChunkExecutor:
     takes an explicit ``now_ns``.
     """
 
-    def __init__(self, *, request_threshold: int = 2, overlap: int = 2, blend: str = "linear",
-                 blend_rate: float = 3.0, request_timeout_ns: int = 500_000_000, tolerance: float = 0.1,
-                 clock: Any = time.monotonic_ns) -> None:
+    def __init__(
+        self,
+        *,
+        request_threshold: int = 2,
+        overlap: int = 2,
+        blend: str = "linear",
+        blend_rate: float = 3.0,
+        request_timeout_ns: int = 500_000_000,
+        tolerance: float = 0.1,
+        clock: Any = time.monotonic_ns,
+    ) -> None:
         if request_threshold < 0 or overlap < 0:
             raise ValueError("request_threshold and overlap must be >= 0")
         if not 0 <= tolerance < 0.5:

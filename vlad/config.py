@@ -91,7 +91,9 @@ class ServeConfig:
     max_clock_skew_ns: int = field(default=0, init=False, metadata=_NS)
 
     def __post_init__(self) -> None:
-        _derived(self, hang_timeout_ns=int(self.hang_timeout_s * 1e9), max_clock_skew_ns=int(self.max_clock_skew_ms * 1e6))
+        _derived(
+            self, hang_timeout_ns=int(self.hang_timeout_s * 1e9), max_clock_skew_ns=int(self.max_clock_skew_ms * 1e6)
+        )
 
 
 @dataclass(frozen=True)
@@ -299,7 +301,7 @@ class Listen:
 def parse_listen(text: str) -> Listen:
     """Raises ValueError with a one-line reason."""
     if text.startswith("unix:"):
-        path = text[len("unix:"):]
+        path = text[len("unix:") :]
         if not path.startswith("/"):
             raise ValueError(f"{text!r}: a unix socket needs an absolute path (unix:/run/vlad/x.sock)")
         return Listen(path=path)
@@ -338,8 +340,10 @@ def listen_problem(text: str, *, remote_ok: bool) -> str | None:
 def _check_openpi(o: OpenPIConfig, path: str, problems: list[str]) -> None:
     problem = listen_problem(o.listen, remote_ok=bool(o.tls_cert and o.tls_key and o.token_file))
     if problem:
-        problems.append(f"{path}.listen: {problem}"
-                        + (" unless tls_cert, tls_key and token_file are set" if "loopback" in problem else ""))
+        problems.append(
+            f"{path}.listen: {problem}"
+            + (" unless tls_cert, tls_key and token_file are set" if "loopback" in problem else "")
+        )
     if bool(o.tls_cert) != bool(o.tls_key):
         problems.append(f"{path}: tls_cert and tls_key go together")
     for cam, key in o.cameras.items():
@@ -353,9 +357,13 @@ def _check_metrics(m: MetricsConfig, path: str, problems: list[str]) -> None:
         problems.append(f"{path}.listen: {problem}" + (" unless allow_remote = true" if "loopback" in problem else ""))
 
 
-CHECKS: dict[type, schema.Check] = {ChainEntry: _check_chain, MonitorsConfig: _check_monitors,
-                                    FallbackConfig: _check_fallback, OpenPIConfig: _check_openpi,
-                                    MetricsConfig: _check_metrics}
+CHECKS: dict[type, schema.Check] = {
+    ChainEntry: _check_chain,
+    MonitorsConfig: _check_monitors,
+    FallbackConfig: _check_fallback,
+    OpenPIConfig: _check_openpi,
+    MetricsConfig: _check_metrics,
+}
 
 
 def _parse_value(text: str) -> Any:
@@ -421,6 +429,10 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         fallback=replace(cfg.fallback, chain=chain),
         store=replace(cfg.store, root=resolve(cfg.store.root)),
         safety=replace(cfg.safety, estop_file=resolve(cfg.safety.estop_file)),
-        compat=replace(cfg.compat, openpi=replace(o, tls_cert=resolve(o.tls_cert), tls_key=resolve(o.tls_key),
-                                                  token_file=resolve(o.token_file))),
+        compat=replace(
+            cfg.compat,
+            openpi=replace(
+                o, tls_cert=resolve(o.tls_cert), tls_key=resolve(o.tls_key), token_file=resolve(o.token_file)
+            ),
+        ),
     )

@@ -52,7 +52,10 @@ def setup_logging(level: str = "info", journald: str = "auto") -> str:
             target = "journald"
         except ImportError:
             if journald == "on":
-                print("vlad: journald logging requested but systemd-python is not installed; logging to stderr", file=sys.stderr)
+                print(
+                    "vlad: journald logging requested but systemd-python is not installed; logging to stderr",
+                    file=sys.stderr,
+                )
     if handler is None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s vlad[%(VLAD_STATE)s] %(levelname)s %(message)s"))

@@ -80,7 +80,10 @@ def _unknown_hook_message(pm: pluggy.PluginManager, exc: pluggy.PluginValidation
     plugin = _plugin_label(pm, exc.plugin)
     # check_pending stops at the first unknown hook; name it from the manager's own table.
     unknown = sorted(
-        name for name in vars(pm.hook) if not name.startswith("_") and not getattr(pm.hook, name).has_spec()
+        name
+        for name in vars(pm.hook)
+        if not name.startswith("_")
+        and not getattr(pm.hook, name).has_spec()
         and any(impl.plugin is exc.plugin for impl in getattr(pm.hook, name).get_hookimpls())
     )
     name = unknown[0] if unknown else "?"
@@ -162,8 +165,10 @@ def _backends_by_plugin(pm: pluggy.PluginManager) -> dict[str, tuple[Any, str]]:
         offered = cast("list[Any]", impl.function() or [])
         for backend in offered:
             if backend.name in found:
-                raise VladError(f"two plugins provide a backend named {backend.name!r}: "
-                                f"{found[backend.name][1]!r} and {impl.plugin_name!r}")
+                raise VladError(
+                    f"two plugins provide a backend named {backend.name!r}: "
+                    f"{found[backend.name][1]!r} and {impl.plugin_name!r}"
+                )
             found[backend.name] = (backend, impl.plugin_name)
     return found
 

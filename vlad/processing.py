@@ -60,7 +60,7 @@ class Tokenizer:
     _cache: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_contract(cls, contract: Contract) -> "Tokenizer":
+    def from_contract(cls, contract: Contract) -> Tokenizer:
         spec = contract.language
         if spec is None:
             raise TokenizerError(f"contract {contract.model.id} declares no language input")
@@ -255,7 +255,9 @@ def decode_actions(contract: Contract, outputs: Mapping[str, np.ndarray]) -> np.
     if y is None:
         raise ObservationError(f"model produced no output {spec.output!r} (has: {sorted(outputs)})")
     if y.shape != (1, spec.chunk_length, spec.dim):
-        raise ObservationError(f"output {spec.output!r}: expected [1, {spec.chunk_length}, {spec.dim}], got {list(y.shape)}")
+        raise ObservationError(
+            f"output {spec.output!r}: expected [1, {spec.chunk_length}, {spec.dim}], got {list(y.shape)}"
+        )
     mean = np.asarray([j.mean for j in spec.joints], dtype=np.float32)
     std = np.asarray([j.std for j in spec.joints], dtype=np.float32)
     return ((y[0].astype(np.float32) * std + mean) * np.float32(spec.scale)).astype(np.float32)
@@ -416,8 +418,9 @@ class ActionDecoder:
         if y is None:
             raise ObservationError(f"model produced no output {spec.output!r} (has: {sorted(outputs)})")
         if y.shape != (1, spec.chunk_length, spec.dim):
-            raise ObservationError(f"output {spec.output!r}: expected [1, {spec.chunk_length}, {spec.dim}], "
-                                   f"got {list(y.shape)}")
+            raise ObservationError(
+                f"output {spec.output!r}: expected [1, {spec.chunk_length}, {spec.dim}], got {list(y.shape)}"
+            )
         out = self.out
         np.multiply(y[0].astype(np.float32, copy=False), self.std, out=out)
         out += self.mean

@@ -80,7 +80,9 @@ def encode(topic: bytes, header: Mapping[str, Any], tensors: Mapping[str, np.nda
         for name, arr in tensors.items():
             a = np.ascontiguousarray(arr)
             if a.dtype.name not in WIRE_DTYPES:
-                raise ProtocolError("bad_dtype", f"tensor {name!r} has dtype {a.dtype}, allowed: {', '.join(WIRE_DTYPES)}")
+                raise ProtocolError(
+                    "bad_dtype", f"tensor {name!r} has dtype {a.dtype}, allowed: {', '.join(WIRE_DTYPES)}"
+                )
             if a.dtype.byteorder == ">":
                 a = a.astype(a.dtype.newbyteorder("<"))
             descs.append({"name": name, "dtype": a.dtype.name, "shape": list(a.shape)})
@@ -97,8 +99,15 @@ def _unpack(raw: bytes | memoryview, what: str, max_bytes: int) -> Any:
         raise ProtocolError("too_large", f"{what} of {len(raw)} bytes exceeds {max_bytes}")
     try:
         return msgpack.unpackb(
-            raw, raw=False, strict_map_key=True, use_list=True, max_str_len=max_bytes, max_bin_len=max_bytes,
-            max_array_len=MAX_ITEMS, max_map_len=MAX_ITEMS, max_ext_len=0,
+            raw,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_str_len=max_bytes,
+            max_bin_len=max_bytes,
+            max_array_len=MAX_ITEMS,
+            max_map_len=MAX_ITEMS,
+            max_ext_len=0,
         )
     except Exception as exc:  # msgpack raises several types (and RecursionError on deep nesting)
         raise ProtocolError("malformed", f"{what} is not valid msgpack ({type(exc).__name__})") from None
@@ -138,7 +147,9 @@ def decode(frames: Sequence[Any], expect: tuple[bytes, ...] = TOPICS) -> Message
     if not is_version(version):
         raise ProtocolError("bad_version", f"protocol version {version!r:.32}, this daemon speaks {VERSION}")
     if header.get("kind") != topic.decode():
-        raise ProtocolError("malformed", f"header kind {header.get('kind')!r:.32} does not match topic {topic.decode()!r}")
+        raise ProtocolError(
+            "malformed", f"header kind {header.get('kind')!r:.32} does not match topic {topic.decode()!r}"
+        )
     seq = header.get("seq")
     if type(seq) is not int or not 0 <= seq < 2**64:
         raise ProtocolError("malformed", f"seq must be an integer in [0, 2**64), got {seq!r:.32}")
@@ -172,8 +183,10 @@ def _tensor(desc: Any, buf: Any) -> tuple[str, np.ndarray]:
         or not 1 <= len(shape) <= MAX_RANK
         or not all(type(n) is int and 1 <= n <= MAX_AXIS for n in shape)
     ):
-        raise ProtocolError("bad_shape", f"tensor {name!r}: shape {shape!r:.64} is not a list of 1 to {MAX_RANK} "
-                                         f"sizes in [1, {MAX_AXIS}]")
+        raise ProtocolError(
+            "bad_shape",
+            f"tensor {name!r}: shape {shape!r:.64} is not a list of 1 to {MAX_RANK} sizes in [1, {MAX_AXIS}]",
+        )
     dt = _le(dtype)
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes > MAX_TENSOR_BYTES:
@@ -207,7 +220,9 @@ def decode_request(frame: Any) -> tuple[str, dict[str, Any]]:
     if not isinstance(req, dict):
         raise ProtocolError("malformed", "control request is not a map")
     if not is_version(req.get("v")):
-        raise ProtocolError("bad_version", f"control request version {req.get('v')!r:.32}, this daemon speaks {VERSION}")
+        raise ProtocolError(
+            "bad_version", f"control request version {req.get('v')!r:.32}, this daemon speaks {VERSION}"
+        )
     unknown = set(req) - {"v", "cmd", "args"}
     if unknown:
         raise ProtocolError("malformed", f"control request has unknown key(s) {sorted(map(str, unknown))[:5]}")

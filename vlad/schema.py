@@ -41,8 +41,9 @@ _UnionType = type(int | None)
 MAX_DEPTH = 32
 
 
-def parse(cls: type[T], data: Any, source: str, error: type[ProblemsError],
-          checks: Mapping[type, Check] | None = None) -> T:
+def parse(
+    cls: type[T], data: Any, source: str, error: type[ProblemsError], checks: Mapping[type, Check] | None = None
+) -> T:
     """Validate ``data`` into ``cls`` or raise ``error(source, problems)`` listing every problem."""
     problems: list[str] = []
     if not isinstance(data, dict):
@@ -82,8 +83,9 @@ def kind(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def parse_fields(cls: type, raw: Mapping[str, Any], path: str, problems: list[str],
-                 checks: Mapping[type, Check], depth: int = 0) -> tuple[dict[str, Any], bool]:
+def parse_fields(
+    cls: type, raw: Mapping[str, Any], path: str, problems: list[str], checks: Mapping[type, Check], depth: int = 0
+) -> tuple[dict[str, Any], bool]:
     """Convert the keys of ``raw`` to ``cls``'s fields; returns (good values, all good)."""
     types = hints(cls)
     values: dict[str, Any] = {}
@@ -128,8 +130,15 @@ def optional_arg(tp: Any) -> Any:
     return None
 
 
-def convert(tp: Any, value: Any, path: str, problems: list[str], meta: Any = None,
-            checks: Mapping[type, Check] | None = None, depth: int = 0) -> Any:
+def convert(
+    tp: Any,
+    value: Any,
+    path: str,
+    problems: list[str],
+    meta: Any = None,
+    checks: Mapping[type, Check] | None = None,
+    depth: int = 0,
+) -> Any:
     """Check ``value`` against type ``tp``; returns the converted value or :data:`BROKEN`."""
     checks = checks or {}
     if depth > MAX_DEPTH:
@@ -153,8 +162,7 @@ def convert(tp: Any, value: Any, path: str, problems: list[str], meta: Any = Non
         if not isinstance(value, list):
             problems.append(f"{path}: expected an array, got {kind(value)}")
             return BROKEN
-        items = [convert(item_tp, v, f"{path}[{i}]", problems, None, checks, depth + 1)
-                 for i, v in enumerate(value)]
+        items = [convert(item_tp, v, f"{path}[{i}]", problems, None, checks, depth + 1) for i, v in enumerate(value)]
         return BROKEN if any(i is BROKEN for i in items) else tuple(items)
     if origin in (dict, collections.abc.Mapping) or tp in (dict, Mapping):
         if not isinstance(value, dict):
@@ -222,7 +230,7 @@ def convert(tp: Any, value: Any, path: str, problems: list[str], meta: Any = Non
         if value.tzinfo is None:
             problems.append(f"{path}: needs a UTC offset (e.g. 2025-01-01T00:00:00Z)")
             return BROKEN
-        return value.astimezone(dt.timezone.utc)
+        return value.astimezone(dt.UTC)
     if tp is Any:
         return value
     raise TypeError(f"schema uses an unsupported type {tp!r} at {path}")

@@ -20,11 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from vlad import plugins
-from vlad.contract import Contract, load_contract
-
 # The remote backend's variants need a real KServe v2 server (started once per session).
 from tests.kserve.remote_server import kserve_server  # noqa: F401
+from vlad import plugins
+from vlad.contract import Contract, load_contract
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "manifests" / "demo"
@@ -75,8 +74,12 @@ VARIANTS: dict[str, list[Variant]] = {
         Variant("onnxruntime", "onnxruntime", "cpu", dict(ORT_THREADS), "policy.onnx"),
         Variant("onnxruntime[cuda]", "onnxruntime", "cuda", {**ORT_THREADS, "providers": [CUDA_EP]}, "policy.onnx"),
         Variant(
-            "onnxruntime[tensorrt]", "onnxruntime", "cuda", {**ORT_THREADS, "providers": [TRT_EP, CUDA_EP]},
-            "policy.onnx", needs=("cache_dir", "precision"),
+            "onnxruntime[tensorrt]",
+            "onnxruntime",
+            "cuda",
+            {**ORT_THREADS, "providers": [TRT_EP, CUDA_EP]},
+            "policy.onnx",
+            needs=("cache_dir", "precision"),
         ),
     ],
     "tensorrt": [Variant("tensorrt", "tensorrt", "cuda", {"progress": False}, "policy.onnx", needs=("cache_dir",))],
@@ -137,8 +140,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if slow and v.id in SLOW_SOAK:
             marks.append(pytest.mark.slow)
         if slow and v.backend == "kserve" and not os.environ.get(REMOTE_SOAK_ENV):
-            marks.append(pytest.mark.skip(reason=f"10,000 loopback round trips take minutes; set {REMOTE_SOAK_ENV}=1 "
-                                                 "(tests/kserve soaks 400 gRPC calls)"))
+            marks.append(
+                pytest.mark.skip(
+                    reason=f"10,000 loopback round trips take minutes; set {REMOTE_SOAK_ENV}=1 "
+                    "(tests/kserve soaks 400 gRPC calls)"
+                )
+            )
         params.append(pytest.param(v, id=v.id, marks=marks))
     metafunc.parametrize("variant", params, scope="session")
 

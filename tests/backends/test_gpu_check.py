@@ -32,11 +32,18 @@ gpu_check = _load("gpu_check")
 def test_without_a_gpu_it_says_so_in_one_line_after_a_dry_run(tmp_path):
     """What CI sees: nvidia-smi present but no driver answering (or no nvidia-smi)."""
     fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'\nexit 9\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'\nexit 9\n"
+    )
     fake.chmod(0o755)
     for smi in (str(fake), str(tmp_path / "absent")):
-        proc = subprocess.run([str(SCRIPTS / "gpu-check"), "--nvidia-smi", smi, "--out", str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": sys.executable})
+        proc = subprocess.run(
+            [str(SCRIPTS / "gpu-check"), "--nvidia-smi", smi, "--out", str(tmp_path / "out")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHON": sys.executable},
+        )
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()
         assert len(lines) == 1, lines
@@ -48,13 +55,20 @@ def test_without_a_gpu_it_says_so_in_one_line_after_a_dry_run(tmp_path):
 def test_nvidia_smi_parsing():
     gpus = gpu_check.parse_nvidia_smi("NVIDIA H200, 580.95.05, 9.0, 143771\nbad line\nOrin, 540.4.0, 8.7, 61440\n")
     assert [(g.name, g.driver_major, g.compute_capability, g.memory_mib) for g in gpus] == [
-        ("NVIDIA H200", 580, (9, 0), 143771), ("Orin", 540, (8, 7), 61440)]
+        ("NVIDIA H200", 580, (9, 0), 143771),
+        ("Orin", 540, (8, 7), 61440),
+    ]
 
 
 @pytest.mark.parametrize(
     ("driver", "cc", "cuda"),
-    [("580.65.06", (9, 0), 13), ("590.1", (12, 0), 13), ("580.65.06", (7, 0), 12),
-     ("575.51.03", (9, 0), 12), ("525.60.13", (8, 6), 12)],
+    [
+        ("580.65.06", (9, 0), 13),
+        ("590.1", (12, 0), 13),
+        ("580.65.06", (7, 0), 12),
+        ("575.51.03", (9, 0), 12),
+        ("525.60.13", (8, 6), 12),
+    ],
 )
 def test_stack_follows_the_driver_and_the_gpu(driver, cc, cuda):
     stack = gpu_check.choose_stack(gpu_check.Gpu("gpu", driver, cc, 1))
@@ -82,9 +96,11 @@ def test_every_extra_is_coherent_and_cpu_gpu_exclusive():
     dev = {gpu_check.requirement_name(r) for r in gpu_check.resolve_extras(ROOT / "pyproject.toml", ("dev",))}
     assert "onnxruntime" in dev and "onnxruntime-gpu" not in dev and not any("tensorrt" in n for n in dev)
     assert gpu_check.exclusivity_problems(pyproject, ("dev", "gpu")) == [
-        "onnxruntime and onnxruntime-gpu in one environment (the cpu and gpu extras are exclusive)"]
+        "onnxruntime and onnxruntime-gpu in one environment (the cpu and gpu extras are exclusive)"
+    ]
     assert gpu_check.exclusivity_problems(pyproject, ("gpu-cu12", "tensorrt")) == [
-        "CUDA [12, 13] wheels in one environment"]
+        "CUDA [12, 13] wheels in one environment"
+    ]
 
 
 def test_gpu_sets_pin_tensorrt_10_and_matching_cuda_python():
@@ -128,8 +144,13 @@ def test_probe_runs_its_own_code_on_the_cpu(tmp_path):
     """The probe's checks on ONNX Runtime's CPU provider: error vs budget, timing split,
     outputs after close in a child, cold start (a few seconds)."""
     out = tmp_path / "probe.json"
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "gpu_probe.py"), "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "gpu_probe.py"), "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     status = {r["check"]: r["status"] for r in report["rows"]}
@@ -148,10 +169,19 @@ def test_probe_runs_its_own_code_on_the_cpu(tmp_path):
 def test_probe_plan_and_speedups():
     probe = _load("gpu_probe")
     names = [t.name for t in probe.plan_targets(Path("/tmp/cache"))]
-    for name in ("torch[cuda] fp32", "onnxruntime[cuda] fp32", "onnxruntime[tensorrt] tf32",
-                 "tensorrt fp32", "tensorrt fp16", "tensorrt bf16", "tensorrt tf32"):
+    for name in (
+        "torch[cuda] fp32",
+        "onnxruntime[cuda] fp32",
+        "onnxruntime[tensorrt] tf32",
+        "tensorrt fp32",
+        "tensorrt fp16",
+        "tensorrt bf16",
+        "tensorrt tf32",
+    ):
         assert name in names
     assert "onnxruntime[tensorrt] fp32" in [t.name for t in probe.plan_targets(Path("/c"), ampere=False)]
     assert probe.speedups({"torch[cuda] fp32": {"p50_ms": 150.0}, "tensorrt fp16": {"p50_ms": 50.0}}) == {
-        "torch[cuda] fp32": 1.0, "tensorrt fp16": 3.0}
+        "torch[cuda] fp32": 1.0,
+        "tensorrt fp16": 3.0,
+    }
     assert probe.MAX_ABS["fp32"] == 1e-4

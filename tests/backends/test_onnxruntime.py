@@ -92,7 +92,11 @@ def test_gpu_request_lets_ort_place_shape_nodes_and_turns_tf32_off(backend, cont
 def test_parse_providers_merges_options():
     names, opts = parse_providers(
         {
-            "providers": ["TensorrtExecutionProvider", ["CUDAExecutionProvider", {"device_id": 1}], "CPUExecutionProvider"],
+            "providers": [
+                "TensorrtExecutionProvider",
+                ["CUDAExecutionProvider", {"device_id": 1}],
+                "CPUExecutionProvider",
+            ],
             "provider_options": {"TensorrtExecutionProvider": {"trt_fp16_enable": False}},
         }
     )
@@ -197,10 +201,14 @@ def test_first_provider_that_runs_nothing_is_refused(demo_profile):
 
 
 def test_large_integer_outputs_are_compute_not_shapes():
-    ev = {"cat": "Node", "name": "big_kernel_time",
-          "args": {"op_name": "Range", "provider": CPU, "output_type_shape": [{"int64": [4096]}]}}
-    placement, refusal = judge_placement([ev, {**ev, "name": "gpu_kernel_time",
-                                               "args": {**ev["args"], "provider": CUDA}}], [CUDA])
+    ev = {
+        "cat": "Node",
+        "name": "big_kernel_time",
+        "args": {"op_name": "Range", "provider": CPU, "output_type_shape": [{"int64": [4096]}]},
+    }
+    placement, refusal = judge_placement(
+        [ev, {**ev, "name": "gpu_kernel_time", "args": {**ev["args"], "provider": CUDA}}], [CUDA]
+    )
     assert [n.name for n in placement.cpu_compute_nodes] == ["big"] and "Range 'big'" in refusal
 
 
@@ -218,12 +226,10 @@ TURING = gpu_paths.GpuIdentity("NVIDIA T4", (7, 5))
         ([CUDA], "fp32", None, "fp32", {CUDA: {"use_tf32": "0"}}),
         ([CUDA, CPU], "fp32", None, "fp32", {CUDA: {"use_tf32": "0"}}),
         ([CUDA], "tf32", AMPERE, "tf32", {CUDA: {"use_tf32": "1"}}),
-        ([TRT, CUDA], "tf32", AMPERE, "tf32",
-         {CUDA: {"use_tf32": "1"}, TRT: {"trt_fp16_enable": "0"}}),
+        ([TRT, CUDA], "tf32", AMPERE, "tf32", {CUDA: {"use_tf32": "1"}, TRT: {"trt_fp16_enable": "0"}}),
         ([TRT, CUDA], "fp16", TURING, "fp16", {CUDA: {"use_tf32": "1"}, TRT: {"trt_fp16_enable": "1"}}),
         ([TRT], "bf16", AMPERE, "bf16", {TRT: {"trt_fp16_enable": "0", "trt_bf16_enable": "1"}}),
-        ([TRT, CUDA], "fp32", TURING, "fp32",
-         {CUDA: {"use_tf32": "0"}, TRT: {"trt_fp16_enable": "0"}}),
+        ([TRT, CUDA], "fp32", TURING, "fp32", {CUDA: {"use_tf32": "0"}, TRT: {"trt_fp16_enable": "0"}}),
         ([CPU], "fp32", None, "fp32", {}),
     ],
 )
@@ -308,7 +314,9 @@ def test_tensorrt_provider_session_options_end_to_end(backend, contract, monkeyp
 
 
 def test_library_loading_problems_are_kept_for_the_error(monkeypatch):
-    monkeypatch.setattr(ort, "preload_dlls", lambda **kw: print("Failed to load libcudnn.so.9: not found"), raising=False)
+    monkeypatch.setattr(
+        ort, "preload_dlls", lambda **kw: print("Failed to load libcudnn.so.9: not found"), raising=False
+    )
     monkeypatch.setitem(__import__("sys").modules, "tensorrt", None)
     notes = gpu_paths.prepare_gpu_libraries(ort, [TRT, CUDA])
     assert "Failed to load libcudnn.so.9" in notes and "tensorrt does not import" in notes
@@ -338,7 +346,9 @@ def test_this_environment_has_one_runtime_wheel():
 
 def _require_provider(name: str) -> gpu_paths.GpuIdentity:
     if name not in ort.get_available_providers():
-        pytest.skip(f"onnxruntime {ort.__version__} offers no {name} (install vlad[gpu] on a machine with an NVIDIA GPU)")
+        pytest.skip(
+            f"onnxruntime {ort.__version__} offers no {name} (install vlad[gpu] on a machine with an NVIDIA GPU)"
+        )
     gpu = gpu_paths.gpu_identity(0)
     if gpu is None:
         pytest.skip("no NVIDIA GPU visible through NVML (nvidia-ml-py)")

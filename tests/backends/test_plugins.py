@@ -217,8 +217,14 @@ def test_a_hookimpl_with_wrong_arguments_is_one_line():
 
 
 def _vladctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vlad.cli", *args], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", **env}, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "vlad.cli", *args],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", **env},
+        timeout=120,
+        check=False,
+    )
 
 
 def test_vladctl_plugins_names_each_backends_distribution():
@@ -226,16 +232,21 @@ def test_vladctl_plugins_names_each_backends_distribution():
     assert out.returncode == 0, out.stderr
     rows = {r["backend"]: r for r in json.loads(out.stdout)["backends"]}
     assert {k: (r["plugin"], r["distribution"]) for k, r in rows.items()} == {
-        "torch": ("torch", "vlad-torch"), "torch-aoti": ("torch", "vlad-torch"),
-        "onnxruntime": ("onnxruntime", "vlad-onnxruntime")}
+        "torch": ("torch", "vlad-torch"),
+        "torch-aoti": ("torch", "vlad-torch"),
+        "onnxruntime": ("onnxruntime", "vlad-onnxruntime"),
+    }
 
 
 def test_vladctl_refuses_a_misspelt_plugin_in_one_line(tmp_path):
     (tmp_path / "typo_plugin_cli.py").write_text(
-        "from vlad.hookspecs import hookimpl\n\n\n@hookimpl\ndef vlad_sensor():\n    return []\n")
+        "from vlad.hookspecs import hookimpl\n\n\n@hookimpl\ndef vlad_sensor():\n    return []\n"
+    )
     path = os.pathsep.join([str(tmp_path), *sys.path])
     out = _vladctl("plugins", env={"VLAD_PLUGIN_MODULES": "typo_plugin_cli", "VLAD_PLUGINS": "", "PYTHONPATH": path})
     assert out.returncode == 2
-    expected = ("error: plugin 'typo_plugin_cli' implements unknown hook 'vlad_sensor' "
-                "(did you mean 'vlad_sensors'?): fix or remove its @hookimpl")
+    expected = (
+        "error: plugin 'typo_plugin_cli' implements unknown hook 'vlad_sensor' "
+        "(did you mean 'vlad_sensors'?): fix or remove its @hookimpl"
+    )
     assert out.stderr.strip().splitlines() == [expected]

@@ -64,6 +64,7 @@ def contract() -> Contract:
 
 def _with_batch_min(contract: Contract, new_min: int) -> Contract:
     """The demo contract with every batch axis starting at ``new_min``."""
+
     def fix(spec):
         dyn = tuple(dataclasses.replace(d, min=new_min, opt=max(d.opt, new_min)) for d in spec.dynamic)
         shape = list(spec.shape)
@@ -121,7 +122,7 @@ def test_profile_max_batch_narrows_the_batch_axes(contract):
 
 def test_profile_max_batch_clamps_opt_and_refuses_below_min(contract):
     c = _with_batch_min(contract, 2)
-    assert derive_profile(c, max_batch=2)["proprio"] .opt == (2, 4)
+    assert derive_profile(c, max_batch=2)["proprio"].opt == (2, 4)
     with pytest.raises(BackendError, match="below the contract's minimum batch 2"):
         derive_profile(c, max_batch=1)
     for bad in (0, -3, True, 2.0):
@@ -212,7 +213,9 @@ def test_fp8_refusal_names_the_requirement():
 
 
 def test_unknown_precision_and_bad_compute_capability_are_refused():
-    with pytest.raises(BackendError, match="unknown TensorRT precision 'int8'; candidates: fp32, tf32, fp16, bf16, fp8"):
+    with pytest.raises(
+        BackendError, match="unknown TensorRT precision 'int8'; candidates: fp32, tf32, fp16, bf16, fp8"
+    ):
         validate_precision("int8", "9.0")
     for bad in ("nine", "9", "9.x", (9,), ("9", "0")):
         with pytest.raises(BackendError, match="not a compute capability"):
@@ -544,8 +547,13 @@ def test_options_report_every_problem_at_once():
             {"precision": "int8", "cuda_graph": "yes", "profile_max_batch": 0, "device": True, "cache_dri": "/x"}
         )
     msg = str(info.value)
-    for part in ("unknown option 'cache_dri'", "precision: 'int8'", "cuda_graph must be bool",
-                 "profile_max_batch: must be >= 1", "device must be int"):
+    for part in (
+        "unknown option 'cache_dri'",
+        "precision: 'int8'",
+        "cuda_graph must be bool",
+        "profile_max_batch: must be >= 1",
+        "device must be int",
+    ):
         assert part in msg
 
 
@@ -646,8 +654,9 @@ def standin(contract, monkeypatch, tmp_path):
     cudart = FakeCudart()
     profile = derive_profile(contract)
     trt = fake_tensorrt(contract, profile, cudart)
-    device = trt_engine.DeviceInfo(0, "Stand-in GPU", (9, 0), trt.__version__, ((0, "Stand-in GPU", (9, 0)),),
-                                   frozenset({"TF32", "FP16", "BF16"}))
+    device = trt_engine.DeviceInfo(
+        0, "Stand-in GPU", (9, 0), trt.__version__, ((0, "Stand-in GPU", (9, 0)),), frozenset({"TF32", "FP16", "BF16"})
+    )
     monkeypatch.setattr(trt_engine, "import_tensorrt", lambda: trt)
     monkeypatch.setattr(trt_engine, "import_cudart", lambda: cudart)
     monkeypatch.setattr(trt_engine, "build_serialized_engine", lambda *a, **k: (b"fake-plan" + b"\0" * 1000, None))
@@ -808,8 +817,9 @@ def test_fp8_is_judged_by_the_quantize_layer_output_type():
         def to_type(self):
             return self._to
 
-    trt = SimpleNamespace(LayerType=SimpleNamespace(QUANTIZE="Q", MATMUL="MM"), DataType=DataType,
-                          IQuantizeLayer=IQuantizeLayer)
+    trt = SimpleNamespace(
+        LayerType=SimpleNamespace(QUANTIZE="Q", MATMUL="MM"), DataType=DataType, IQuantizeLayer=IQuantizeLayer
+    )
 
     def network(*layers):
         return SimpleNamespace(num_layers=len(layers), get_layer=lambda i: layers[i])
@@ -817,8 +827,9 @@ def test_fp8_is_judged_by_the_quantize_layer_output_type():
     assert quantize_output_type(trt, ILayer("Q", DataType.FLOAT, DataType.FP8)) == DataType.FP8
     _require_fp8_layers(trt, network(ILayer("MM", DataType.FLOAT), ILayer("Q", DataType.FLOAT, DataType.FP8)), "m")
     with pytest.raises(BackendError, match="2 Quantize layers and none quantizes to FP8"):
-        _require_fp8_layers(trt, network(ILayer("Q", DataType.FLOAT, DataType.INT8),
-                                         ILayer("Q", DataType.FP8, DataType.INT8)), "m")
+        _require_fp8_layers(
+            trt, network(ILayer("Q", DataType.FLOAT, DataType.INT8), ILayer("Q", DataType.FP8, DataType.INT8)), "m"
+        )
 
 
 def test_host_buffer_is_freed_by_its_last_view_not_before():
@@ -899,7 +910,9 @@ def test_gpu_engine_matches_onnxruntime(trt_backend, engine_dir, ort_session, co
     with trt_backend.load(DEMO_ONNX, contract, {"precision": precision, "cache_dir": str(engine_dir)}) as s:
         for batch in (1, 3, 8):
             inputs = example_inputs(contract, batch=batch)
-            inputs["tokens"] = np.random.default_rng(batch).integers(0, DEMO_VOCAB, inputs["tokens"].shape, dtype=np.int64)
+            inputs["tokens"] = np.random.default_rng(batch).integers(
+                0, DEMO_VOCAB, inputs["tokens"].shape, dtype=np.int64
+            )
             got = s.infer(inputs)["actions"].copy()
             want = _reference(ort_session, inputs)
             assert got.shape == want.shape == (batch, 8, 2)
@@ -966,8 +979,10 @@ def test_gpu_narrow_profile_rejects_before_enqueue(trt_backend, engine_dir, ort_
 @pytest.mark.gpu
 def test_gpu_cuda_graph_replay_equals_normal_execution(trt_backend, engine_dir, contract):
     opts = {"precision": "fp32", "cache_dir": str(engine_dir)}
-    with trt_backend.load(DEMO_ONNX, contract, opts) as plain, \
-            trt_backend.load(DEMO_ONNX, contract, {**opts, "cuda_graph": True}) as graphed:
+    with (
+        trt_backend.load(DEMO_ONNX, contract, opts) as plain,
+        trt_backend.load(DEMO_ONNX, contract, {**opts, "cuda_graph": True}) as graphed,
+    ):
         assert graphed.describe().extra["cuda_graph"] == {t.name: list(t.opt) for t in graphed.profile.tensors}
         opt_inputs = example_inputs(contract)
         want = plain.infer(opt_inputs)["actions"].copy()
@@ -975,9 +990,7 @@ def test_gpu_cuda_graph_replay_equals_normal_execution(trt_backend, engine_dir, 
             np.testing.assert_allclose(graphed.infer(opt_inputs)["actions"], want, atol=1e-6, rtol=0)
         assert graphed.graph_launches == 3 and graphed.plain_launches == 0
         other = example_inputs(contract, batch=4)  # not the captured shape: normal execution
-        np.testing.assert_allclose(
-            graphed.infer(other)["actions"], plain.infer(other)["actions"], atol=1e-6, rtol=0
-        )
+        np.testing.assert_allclose(graphed.infer(other)["actions"], plain.infer(other)["actions"], atol=1e-6, rtol=0)
         assert graphed.graph_launches == 3 and graphed.plain_launches == 1
         # Back at the captured shape, the graph is replayed again.
         np.testing.assert_allclose(graphed.infer(opt_inputs)["actions"], want, atol=1e-6, rtol=0)
@@ -1002,13 +1015,16 @@ def test_gpu_graph_replays_new_data_over_a_sequence_of_batch_sizes(trt_backend, 
     others: every graphed output equals the plain session's for the same inputs."""
     opts = {"precision": "fp32", "cache_dir": str(engine_dir)}
     batches = [1, 1, 3, 1, 8, 2, 1, 1, 5, 1]
-    with trt_backend.load(DEMO_ONNX, contract, opts) as plain, \
-            trt_backend.load(DEMO_ONNX, contract, {**opts, "cuda_graph": True}) as graphed:
+    with (
+        trt_backend.load(DEMO_ONNX, contract, opts) as plain,
+        trt_backend.load(DEMO_ONNX, contract, {**opts, "cuda_graph": True}) as graphed,
+    ):
         for i, batch in enumerate(batches):
             inputs = _fresh_inputs(contract, batch, seed=100 + i)
             want = plain.infer(inputs)["actions"].copy()
-            np.testing.assert_allclose(graphed.infer(inputs)["actions"], want, atol=1e-6, rtol=0,
-                                       err_msg=f"call {i}, batch {batch}")
+            np.testing.assert_allclose(
+                graphed.infer(inputs)["actions"], want, atol=1e-6, rtol=0, err_msg=f"call {i}, batch {batch}"
+            )
         assert graphed.graph_launches == batches.count(1)
         assert graphed.plain_launches == len(batches) - batches.count(1)
 
@@ -1050,8 +1066,17 @@ def test_gpu_outputs_read_after_close_in_a_child_process(trt_backend, engine_dir
     import subprocess
 
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD_READS_AFTER_CLOSE, str(DEMO_DIR / "contract.toml"), str(DEMO_ONNX), str(engine_dir)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-c",
+            _CHILD_READS_AFTER_CLOSE,
+            str(DEMO_DIR / "contract.toml"),
+            str(DEMO_ONNX),
+            str(engine_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-2000:]
 
@@ -1095,4 +1120,6 @@ def test_gpu_corrupted_cached_engine_is_refused_then_rebuilt(trt_backend, engine
     with trt_backend.load(DEMO_ONNX, contract, {**opts, "on_mismatch": "rebuild"}) as s:
         assert s.describe().extra["built"] is True
         inputs = _fresh_inputs(contract, 2, seed=5)
-        np.testing.assert_allclose(s.infer(inputs)["actions"], _reference(ort_session, inputs), atol=ATOL["fp32"], rtol=0)
+        np.testing.assert_allclose(
+            s.infer(inputs)["actions"], _reference(ort_session, inputs), atol=ATOL["fp32"], rtol=0
+        )

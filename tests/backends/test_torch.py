@@ -113,7 +113,10 @@ def test_cuda_toolkit_detection(tmp_path):
     assert cuda_toolkit_problem({}, lambda _: str(full / "bin" / "nvcc"), nowhere) is None
     assert cuda_toolkit_problem({}, lambda _: None, str(full)) is None
     why = cuda_toolkit_problem({"CUDA_PATH": str(bare)}, lambda _: None, nowhere)
-    assert why == f"the CUDA toolkit at {bare} (from $CUDA_PATH) has no include/cuda_runtime_api.h; point CUDA_HOME at a full toolkit"
+    assert (
+        why
+        == f"the CUDA toolkit at {bare} (from $CUDA_PATH) has no include/cuda_runtime_api.h; point CUDA_HOME at a full toolkit"
+    )
     assert cuda_toolkit_problem({}, lambda _: None, nowhere).startswith("no CUDA toolkit found")
 
 

@@ -40,18 +40,32 @@ def copy_demo(dest: Path, skip: tuple[str, ...] = ()) -> Path:
     return dest
 
 
-def write_manifest(dest: Path, release_id: str, backend: str = "onnxruntime", artifact: str = "policy.onnx",
-                   options: dict | None = None, change: str = "export_only") -> Path:
+def write_manifest(
+    dest: Path,
+    release_id: str,
+    backend: str = "onnxruntime",
+    artifact: str = "policy.onnx",
+    options: dict | None = None,
+    change: str = "export_only",
+) -> Path:
     """An unsigned manifest for the files now in ``dest``."""
     from vlad.release.authoring import new_manifest_data
     from vlad.release.authoring import write_manifest as write
 
-    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     lineage = {"change": change, "parent": "vlad-demo-reacher-1.0.0"} if change != "retrain" else {"change": change}
-    data = new_manifest_data(dest, release_id=release_id, version="1.0.1", version_code=2, backend=backend,
-                             artifact=artifact, options=options or {"intra_op_threads": 1},
-                             not_before=now - dt.timedelta(days=1), expires=now + dt.timedelta(days=30),
-                             lineage=lineage)
+    data = new_manifest_data(
+        dest,
+        release_id=release_id,
+        version="1.0.1",
+        version_code=2,
+        backend=backend,
+        artifact=artifact,
+        options=options or {"intra_op_threads": 1},
+        not_before=now - dt.timedelta(days=1),
+        expires=now + dt.timedelta(days=30),
+        lineage=lineage,
+    )
     write(dest, data)
     return dest
 
@@ -87,8 +101,16 @@ def _onnx_export(model, contract, path: Path) -> None:
     axes = {n: {ax.axis: ax.name for ax in s.dynamic} for s in [*contract.inputs, *contract.outputs] for n in [s.name]}
     with warnings.catch_warnings(), redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, example, str(path), dynamo=False, opset_version=18, input_names=names,
-                          output_names=outputs, dynamic_axes=axes)
+        torch.onnx.export(
+            model,
+            example,
+            str(path),
+            dynamo=False,
+            opset_version=18,
+            input_names=names,
+            output_names=outputs,
+            dynamic_axes=axes,
+        )
 
 
 def perturbed_weight(dest: Path, scale: float = 0.02, seed: int = 0) -> Path:
@@ -113,8 +135,12 @@ def perturbed_weight(dest: Path, scale: float = 0.02, seed: int = 0) -> Path:
 def slowed_backend(dest: Path, delay_ms: float = 100.0) -> Path:
     """The demo served by ``gate-slow``: real outputs, 100 ms per inference."""
     copy_demo(dest)
-    return write_manifest(dest, "vlad-demo-reacher-slow", backend="gate-slow",
-                          options={"inner": "onnxruntime", "delay_ms": delay_ms, "intra_op_threads": 1})
+    return write_manifest(
+        dest,
+        "vlad-demo-reacher-slow",
+        backend="gate-slow",
+        options={"inner": "onnxruntime", "delay_ms": delay_ms, "intra_op_threads": 1},
+    )
 
 
 def ignores_instruction(dest: Path, fixtures: Path) -> Path:

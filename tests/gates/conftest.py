@@ -21,8 +21,14 @@ SMALL = ["--perf-calls", "300", "--bursts", "20", "--episodes", "4", "--replay-l
 
 def gate_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
     """``vladctl gate ARGS``, as its own process (the real CLI path)."""
-    return subprocess.run([sys.executable, "-m", "vlad.gates.cli", "gate", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "MUJOCO_GL": "egl", **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "vlad.gates.cli", "gate", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "MUJOCO_GL": "egl", **(env or {})},
+        timeout=timeout,
+    )
 
 
 def small_plan(overrides: dict | None = None, plan_file: Path = DEMO_PLAN):
@@ -32,7 +38,8 @@ def small_plan(overrides: dict | None = None, plan_file: Path = DEMO_PLAN):
     plan = load_plan(ROOT, plan_file).with_overrides(
         equivalence={"replay_limit": 40, "rollout_episodes": 1},
         performance={"warm_calls": 300, "bursts": 20, "shape_switch_calls": 15},
-        closed_loop={"episodes": 3})
+        closed_loop={"episodes": 3},
+    )
     return plan.with_overrides(**(overrides or {}))
 
 

@@ -16,8 +16,11 @@ def test_commands_plug_into_a_parser_and_set_func():
     add_gate_commands(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["gate", "cand", "--baseline", "base", "--report", "out", "--all", "--episodes", "3"])
     assert args.func.__name__ == "cmd_gate" and args.all and args.episodes == 3
-    for argv, name in ((["record", "x.mcap"], "cmd_record"), (["replay", "x.mcap", "--release", "r"], "cmd_replay"),
-                       (["evidence", "r"], "cmd_evidence")):
+    for argv, name in (
+        (["record", "x.mcap"], "cmd_record"),
+        (["replay", "x.mcap", "--release", "r"], "cmd_replay"),
+        (["evidence", "r"], "cmd_evidence"),
+    ):
         assert parser.parse_args(argv).func.__name__ == name
 
 
@@ -28,9 +31,22 @@ def test_expected_failures_are_one_line(tmp_path, capsys):
     assert main(["replay", str(tmp_path / "none.mcap"), "--release", str(candidates.DEMO)]) == 2
     assert "no such recording" in capsys.readouterr().err
     plan = tmp_path / "bad.toml"
-    plan.write_text("[performance]\nwarm_calls = \"many\"\n")
-    assert main(["gate", str(candidates.DEMO), "--baseline", str(candidates.DEMO), "--report", str(tmp_path / "r"),
-                 "--plan", str(plan)]) == 2
+    plan.write_text('[performance]\nwarm_calls = "many"\n')
+    assert (
+        main(
+            [
+                "gate",
+                str(candidates.DEMO),
+                "--baseline",
+                str(candidates.DEMO),
+                "--report",
+                str(tmp_path / "r"),
+                "--plan",
+                str(plan),
+            ]
+        )
+        == 2
+    )
     assert "performance.warm_calls: expected int" in capsys.readouterr().err
 
 
@@ -65,8 +81,21 @@ def test_required_gates_come_from_the_manifest_plan(tmp_path):
 
 
 def test_replay_command_on_the_fixture(capsys):
-    assert main(["replay", str(RECORDING), "--release", str(candidates.DEMO), "--baseline", str(candidates.DEMO),
-                 "--limit", "20"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(RECORDING),
+                "--release",
+                str(candidates.DEMO),
+                "--baseline",
+                str(candidates.DEMO),
+                "--limit",
+                "20",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "replayed 20 observations" in out and "max abs per joint [0, 0]" in out
 

@@ -32,8 +32,17 @@ def demo_run(tmp_path_factory):
     """``vladctl gate`` on a copy of the demo release against the demo, with --record."""
     tmp = tmp_path_factory.mktemp("demo-gate")
     release = candidates.demo_copy(tmp / "release")
-    out = gate_cli(str(release), "--baseline", str(candidates.DEMO), "--plan", str(DEMO_PLAN),
-                   "--report", str(tmp / "report"), "--record", *SMALL)
+    out = gate_cli(
+        str(release),
+        "--baseline",
+        str(candidates.DEMO),
+        "--plan",
+        str(DEMO_PLAN),
+        "--report",
+        str(tmp / "report"),
+        "--record",
+        *SMALL,
+    )
     return release, tmp / "report", out
 
 
@@ -45,8 +54,14 @@ def test_demo_release_passes_every_gate(demo_run):
     assert [g["gate"] for g in report["gates"]] == ["contract", "equivalence", "performance", "closed_loop"]
     assert all(g["status"] == "passed" for g in report["gates"])
     # Progress for each gate and each long step, and the verdict table at the end.
-    for line in ("[1/4] contract gate", "[4/4] closed_loop gate", "warm steady state", "episode 4/4",
-                 "golden 4/4", "replay demo_recording.mcap 40/40"):
+    for line in (
+        "[1/4] contract gate",
+        "[4/4] closed_loop gate",
+        "warm steady state",
+        "episode 4/4",
+        "golden 4/4",
+        "replay demo_recording.mcap 40/40",
+    ):
         assert line in out.stdout, line
     assert re.search(r"^closed_loop\s+PASSED", out.stdout, re.M)
     # What the report must carry beside the verdicts.
@@ -57,8 +72,9 @@ def test_demo_release_passes_every_gate(demo_run):
     eq = _gate(report, "equivalence")["details"]
     assert "tensorrt" in eq["skipped"]  # skipped with the reason, not silently
     cl = _gate(report, "closed_loop")["details"]
-    assert all(0 <= r["wilson95"][0] <= r["rate"] <= r["wilson95"][1] <= 1
-               for r in cl["candidate"]["per_instruction"].values())
+    assert all(
+        0 <= r["wilson95"][0] <= r["rate"] <= r["wilson95"][1] <= 1 for r in cl["candidate"]["per_instruction"].values()
+    )
     for key in ("cpu", "governor", "loadavg_1_5_15", "versions", "gpu", "temperatures_c"):
         assert key in report["conditions"]
 
@@ -72,7 +88,8 @@ def test_recorded_evidence_is_signed_and_passes_the_deploy_check(demo_run):
     assert "sign it again" in out.stdout
     manifest = load_manifest(release)
     assert {g.gate: g.passed for g in manifest.gates} == dict.fromkeys(
-        ("contract", "equivalence", "performance", "closed_loop"), True)
+        ("contract", "equivalence", "performance", "closed_loop"), True
+    )
     assert {g.report for g in manifest.gates} == {"gate-report.json"}
     assert manifest.artifact("gate-report.html").role == "report"
     sign_release(release, DEMO_KEY)
@@ -106,10 +123,26 @@ def test_html_report_renders_in_headless_chromium(demo_run, tmp_path):
     html = demo_run[1] / "report.html"
     profile = tmp_path / "profile"
     profile.mkdir()
-    out = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                          f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom", html.as_uri()],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            html.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     status = re.search(r'id="render-status" data-rendered="(\d+)" data-total="(\d+)"', out.stdout)
     assert status, out.stdout[:2000]
@@ -125,8 +158,9 @@ def test_changed_normalization_fails_the_contract_gate(built):
     from vlad.gates.runner import run_gates
 
     release = candidates.changed_normalization(built / "normalization")
-    report = run_gates(release, candidates.DEMO, built / "normalization-report", plan=small_plan(),
-                       progress=lambda m: None, html=False)
+    report = run_gates(
+        release, candidates.DEMO, built / "normalization-report", plan=small_plan(), progress=lambda m: None, html=False
+    )
     contract = _gate(report, "contract")
     assert contract["status"] == "failed"
     assert contract["reasons"][0].startswith("cameras[overhead].model.std: [0.25, 0.25, 0.25] -> [0.25, 0.25, 0.26]")
@@ -138,14 +172,19 @@ def test_perturbed_weight_fails_the_equivalence_gate(built):
     from vlad.gates.runner import run_gates
 
     release = candidates.perturbed_weight(built / "perturbed")
-    report = run_gates(release, candidates.DEMO, built / "perturbed-report", plan=small_plan(),
-                       progress=lambda m: None, html=False)
+    report = run_gates(
+        release, candidates.DEMO, built / "perturbed-report", plan=small_plan(), progress=lambda m: None, html=False
+    )
     assert [g["status"] for g in report["gates"]] == ["passed", "failed", "skipped", "skipped"]
     eq = _gate(report, "equivalence")
     failed = [c for c in eq["checks"] if not c["passed"]]
     names = " | ".join(c["name"] for c in failed)
-    for what in ("golden: output actions max abs", "golden: joint0 action max abs", "replay demo_recording.mcap",
-                 "rollouts: joint trajectory divergence"):
+    for what in (
+        "golden: output actions max abs",
+        "golden: joint0 action max abs",
+        "replay demo_recording.mcap",
+        "rollouts: joint trajectory divergence",
+    ):
         assert what in names, names
     # The reference (the trained program) still reproduces the golden outputs: the ONNX is at fault.
     assert all(c["passed"] for c in eq["checks"] if c["name"].startswith("golden: "))
@@ -161,8 +200,9 @@ def test_unperturbed_reexport_is_within_the_fp32_budget(built, golden, contract)
     release = candidates.perturbed_weight(built / "unperturbed", scale=0.0)
     session = get_backend("onnxruntime").load(release / "policy.onnx", contract, {"intra_op_threads": 1})
     try:
-        worst = max(float(abs(session.infer(case["inputs"])["actions"] - case["outputs"]["actions"]).max())
-                    for case in golden)
+        worst = max(
+            float(abs(session.infer(case["inputs"])["actions"] - case["outputs"]["actions"]).max()) for case in golden
+        )
     finally:
         session.close()
     assert worst <= 1e-4  # the fp32 output budget
@@ -170,9 +210,25 @@ def test_unperturbed_reexport_is_within_the_fp32_budget(built, golden, contract)
 
 def test_slowed_backend_fails_the_performance_gate(built):
     release = candidates.slowed_backend(built / "slow")
-    out = gate_cli(str(release), "--baseline", str(candidates.DEMO), "--plan", str(DEMO_PLAN),
-                   "--report", str(built / "slow-report"), "--perf-calls", "100", "--bursts", "5",
-                   "--replay-limit", "10", "--rollout-episodes", "1", "--no-hog", env=candidates.SLOW_ENV)
+    out = gate_cli(
+        str(release),
+        "--baseline",
+        str(candidates.DEMO),
+        "--plan",
+        str(DEMO_PLAN),
+        "--report",
+        str(built / "slow-report"),
+        "--perf-calls",
+        "100",
+        "--bursts",
+        "5",
+        "--replay-limit",
+        "10",
+        "--rollout-episodes",
+        "1",
+        "--no-hog",
+        env=candidates.SLOW_ENV,
+    )
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((built / "slow-report" / "report.json").read_text())
     assert [g["status"] for g in report["gates"]] == ["passed", "passed", "failed", "skipped"]
@@ -188,8 +244,15 @@ def test_policy_ignoring_the_instruction_fails_the_closed_loop_gate(built, ignor
 
     release, plan_file = ignores_instruction
     # Its performance is the demo's (same graph on the same engine), measured in the demo test.
-    report = run_gates(release, candidates.DEMO, built / "no-language-report", plan=small_plan(plan_file=plan_file),
-                       gates=["contract", "equivalence", "closed_loop"], progress=lambda m: None, html=False)
+    report = run_gates(
+        release,
+        candidates.DEMO,
+        built / "no-language-report",
+        plan=small_plan(plan_file=plan_file),
+        gates=["contract", "equivalence", "closed_loop"],
+        progress=lambda m: None,
+        html=False,
+    )
     assert [g["status"] for g in report["gates"]] == ["passed", "passed", "failed"], report["gates"][1]["reasons"]
     cl = _gate(report, "closed_loop")
     assert any(r.startswith("success rate 'reach the point opposite the red target': 0") for r in cl["reasons"])

@@ -10,9 +10,16 @@ import pytest
 from vlad.gates.metrics import DecisionStats, ErrorStats, JointErrors, guard_decisions, percentiles, wilson_interval
 
 
-@pytest.mark.parametrize(("k", "n", "lo", "hi"), [
-    (0, 10, 0.0, 0.2775), (10, 10, 0.7225, 1.0), (5, 10, 0.2366, 0.7634), (44, 50, 0.7619, 0.9438), (1, 50, 0.0035, 0.1050),
-])
+@pytest.mark.parametrize(
+    ("k", "n", "lo", "hi"),
+    [
+        (0, 10, 0.0, 0.2775),
+        (10, 10, 0.7225, 1.0),
+        (5, 10, 0.2366, 0.7634),
+        (44, 50, 0.7619, 0.9438),
+        (1, 50, 0.0035, 0.1050),
+    ],
+)
 def test_wilson_interval_matches_published_values(k, n, lo, hi):
     got = wilson_interval(k, n)
     assert got == pytest.approx((lo, hi), abs=1e-4)

@@ -35,7 +35,7 @@ def test_plan_comes_from_the_file_then_the_manifest_then_the_release_folder(tmp_
     doc = {"gate_plan": {"closed_loop": {"episodes": 9}}}
     assert load_plan(tmp_path, manifest_document=doc).closed_loop.episodes == 9
     explicit = tmp_path / "other.toml"
-    explicit.write_text("required = [\"contract\"]\n")
+    explicit.write_text('required = ["contract"]\n')
     plan = load_plan(tmp_path, explicit, doc)
     assert plan.required == ("contract",) and plan.closed_loop.episodes == 50
     assert load_plan(tmp_path / "nothing-here").source == "defaults"
@@ -43,16 +43,26 @@ def test_plan_comes_from_the_file_then_the_manifest_then_the_release_folder(tmp_
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(PlanError) as exc:
-        parse_plan({
-            "required": ["contract", "vibes"],
-            "performance": {"memory_limit_mib": "lots", "warm_calls": -3},
-            "closed_loop": {"episdoes": 5},
-            "equivalence": {"budgets": {"fp12": {}, "fp16": {"output_max_abs": True}}},
-            "extra": 1,
-        }, "plan.toml")
+        parse_plan(
+            {
+                "required": ["contract", "vibes"],
+                "performance": {"memory_limit_mib": "lots", "warm_calls": -3},
+                "closed_loop": {"episdoes": 5},
+                "equivalence": {"budgets": {"fp12": {}, "fp16": {"output_max_abs": True}}},
+                "extra": 1,
+            },
+            "plan.toml",
+        )
     text = str(exc.value)
-    for part in ("required", "memory_limit_mib", "warm_calls: must be >= 0", "episdoes: unknown key",
-                 "fp12: unknown precision", "fp16.output_max_abs", "extra: unknown key"):
+    for part in (
+        "required",
+        "memory_limit_mib",
+        "warm_calls: must be >= 0",
+        "episdoes: unknown key",
+        "fp12: unknown precision",
+        "fp16.output_max_abs",
+        "extra: unknown key",
+    ):
         assert part in text, part
     assert len(exc.value.problems) == 7
 

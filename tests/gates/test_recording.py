@@ -10,22 +10,42 @@ import pytest
 from tests.gates.conftest import RECORDING
 from vlad import protocol
 from vlad.gates.recording import (
-    McapRecorder, iter_messages, pack_frames, read_recording, unpack_frames,
+    McapRecorder,
+    iter_messages,
+    pack_frames,
+    read_recording,
+    unpack_frames,
 )
 from vlad.gates.results import GateError
 
 
 def _obs(seq: int) -> list[bytes]:
     img = np.full((64, 64, 3), seq % 256, np.uint8)
-    return protocol.encode(protocol.TOPIC_OBS, {"seq": seq, "t_sensor_ns": 1000 + seq, "instruction": "reach"},
-                           {"image/overhead": img, "proprio": np.arange(4, dtype=np.float32)})
+    return protocol.encode(
+        protocol.TOPIC_OBS,
+        {"seq": seq, "t_sensor_ns": 1000 + seq, "instruction": "reach"},
+        {"image/overhead": img, "proprio": np.arange(4, dtype=np.float32)},
+    )
 
 
 def _act(seq: int, obs_seq: int) -> list[bytes]:
-    return protocol.encode(protocol.TOPIC_ACTIONS, {
-        "seq": seq, "obs_seq": obs_seq, "t_sensor_ns": 1000 + obs_seq, "t_issue_ns": 2000 + obs_seq,
-        "valid_until_ns": 9000, "period_ns": 20_000_000, "release": "r", "state": "ACTIVE", "source": "release",
-        "interventions": ["rate"], "timings_ms": {"infer": 1.5}}, {"actions": np.full((8, 2), obs_seq, np.float32)})
+    return protocol.encode(
+        protocol.TOPIC_ACTIONS,
+        {
+            "seq": seq,
+            "obs_seq": obs_seq,
+            "t_sensor_ns": 1000 + obs_seq,
+            "t_issue_ns": 2000 + obs_seq,
+            "valid_until_ns": 9000,
+            "period_ns": 20_000_000,
+            "release": "r",
+            "state": "ACTIVE",
+            "source": "release",
+            "interventions": ["rate"],
+            "timings_ms": {"infer": 1.5},
+        },
+        {"actions": np.full((8, 2), obs_seq, np.float32)},
+    )
 
 
 def test_frames_round_trip_and_corruption_is_one_clear_error():
@@ -51,8 +71,14 @@ def test_recorder_round_trip_with_memoryviews_from_several_threads(tmp_path):
         t.join()
     rec.state({"state": "ACTIVE", "counters": {"published": 100}}, 30_000)
     stats = rec.close()
-    assert stats == {"observations": 100, "actions": 100, "states": 1, "dropped": 0, "bytes": stats["bytes"],
-                     "stop_reason": None}
+    assert stats == {
+        "observations": 100,
+        "actions": 100,
+        "states": 1,
+        "dropped": 0,
+        "bytes": stats["bytes"],
+        "stop_reason": None,
+    }
     back = read_recording(path)
     assert back.metadata["vlad.recording"]["release"] == "test-release"
     assert back.metadata["vlad.recording.summary"]["observations"] == "100"
@@ -64,8 +90,13 @@ def test_recorder_round_trip_with_memoryviews_from_several_threads(tmp_path):
     assert c.interventions == ("rate",) and float(c.actions[0, 0]) == 301.0
     assert back.states[0][1]["counters"]["published"] == 100
     topics = {t for t, _, _ in iter_messages(path)}
-    assert topics == {"/vlad/observations", "/vlad/actions", "/vlad/state", "/vlad/observations/info",
-                      "/vlad/actions/info"}
+    assert topics == {
+        "/vlad/observations",
+        "/vlad/actions",
+        "/vlad/state",
+        "/vlad/observations/info",
+        "/vlad/actions/info",
+    }
 
 
 def test_size_and_time_limits_stop_the_recording_and_count_drops(tmp_path):
@@ -102,8 +133,10 @@ def test_shipped_fixture_is_small_and_replays_exactly_through_the_demo(contract,
     rec = read_recording(RECORDING)
     assert rec.metadata["vlad.recording"]["release"] == "vlad-demo-reacher-1.0.0"
     assert len(rec.observations) == 200 and len(rec.chunk_for()) >= 190
-    assert {o.instruction for o in rec.observations} == {"reach the red target",
-                                                         "reach the point opposite the red target"}
+    assert {o.instruction for o in rec.observations} == {
+        "reach the red target",
+        "reach the point opposite the red target",
+    }
     ort = get_backend("onnxruntime").load(demo_dir / "policy.onnx", contract, {"intra_op_threads": 1})
     try:
         d = replay(rec, ort, contract, tokenizer, baseline=ort).to_dict()

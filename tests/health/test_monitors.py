@@ -24,11 +24,24 @@ B = PolicyId("fallback1", "b@1")
 
 def view(**over) -> HealthView:
     base = {
-        "now_ns": T0, "period_ns": PERIOD, "deadline_ns": 20_000_000, "thresholds": MonitorsConfig(),
-        "intake": IntakeCounts(), "intake_window": IntakeCounts(), "publish": PublishCounts(),
-        "publish_window": PublishCounts(), "policies": {A: PolicyCounts()}, "policies_window": {A: PolicyCounts()},
-        "serving": A, "release": A, "latency": {}, "last_observation_ns": 0, "last_heartbeat_ns": 0,
-        "in_flight": None, "hang_timeout_ns": 1_000_000_000, "readings": {},
+        "now_ns": T0,
+        "period_ns": PERIOD,
+        "deadline_ns": 20_000_000,
+        "thresholds": MonitorsConfig(),
+        "intake": IntakeCounts(),
+        "intake_window": IntakeCounts(),
+        "publish": PublishCounts(),
+        "publish_window": PublishCounts(),
+        "policies": {A: PolicyCounts()},
+        "policies_window": {A: PolicyCounts()},
+        "serving": A,
+        "release": A,
+        "latency": {},
+        "last_observation_ns": 0,
+        "last_heartbeat_ns": 0,
+        "in_flight": None,
+        "hang_timeout_ns": 1_000_000_000,
+        "readings": {},
     }
     base.update(over)
     return HealthView(**base)
@@ -56,7 +69,8 @@ def test_thermal_thresholds_are_inclusive_and_separate_for_the_gpu():
 def test_thermal_thresholds_come_from_the_config():
     cool = MonitorsConfig(cpu_temp_warn_c=50.0, cpu_temp_fault_c=60.0)
     assert codes(m.ThermalMonitor().check(view(thresholds=cool, readings={"temperature.cpu.0": 61.0}))) == [
-        ("temperature_high", "fault")]
+        ("temperature_high", "fault")
+    ]
 
 
 def test_memory_uses_the_tightest_available_reading():
@@ -174,8 +188,13 @@ class Stream:
             self.intake.input_rejected += n
         if good or stale:
             self.last_obs = self.now
-        v = view(now_ns=self.now, thresholds=self.t, intake=self.intake.snapshot(),
-                 policies={A: self.policy.snapshot()}, last_observation_ns=self.last_obs)
+        v = view(
+            now_ns=self.now,
+            thresholds=self.t,
+            intake=self.intake.snapshot(),
+            policies={A: self.policy.snapshot()},
+            last_observation_ns=self.last_obs,
+        )
         return self.mon.check(v)
 
 

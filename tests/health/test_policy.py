@@ -65,7 +65,6 @@ def test_findings_are_recorded_once_per_episode(policy):
     assert kinds.count("fault") == 1 and kinds.count("cleared") == 1
 
 
-
 def test_a_remote_outage_falls_back_without_quarantine_and_returns(policy):
     """A system fault naming a policy (its server is unreachable) moves below it without
     quarantining it; after a healthy window the chain returns to it."""

@@ -9,7 +9,8 @@ from tests.kserve.remote_server import kserve_server  # noqa: F401  (one process
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "daemon_remote: the daemon with a remote policy against a real v2 server (fallback and return)")
+        "markers", "daemon_remote: the daemon with a remote policy against a real v2 server (fallback and return)"
+    )
 
 
 @pytest.fixture(params=["grpc", "http"])

@@ -48,8 +48,9 @@ def server_unavailable() -> str | None:
 class ServerProcess:
     """One ``vlad_kserve.server`` subprocess; ``kill`` and ``start`` keep the ports."""
 
-    def __init__(self, folder: Path, release: Path = DEMO, extra: list[str] | None = None,
-                 tls: dict[str, Path] | None = None) -> None:
+    def __init__(
+        self, folder: Path, release: Path = DEMO, extra: list[str] | None = None, tls: dict[str, Path] | None = None
+    ) -> None:
         """``tls``: ``{"cert", "key", "ca"[, "client_cert", "client_key"]}``: serve over TLS,
         requiring client certificates signed by ``ca`` when client files are given."""
         self.folder = folder
@@ -67,15 +68,30 @@ class ServerProcess:
 
     def endpoint(self, protocol: str = "grpc") -> str:
         s = "s" if self.tls else ""
-        return f"grpc{s}://127.0.0.1:{self.grpc_port}" if protocol == "grpc" else f"http{s}://127.0.0.1:{self.http_port}"
+        return (
+            f"grpc{s}://127.0.0.1:{self.grpc_port}" if protocol == "grpc" else f"http{s}://127.0.0.1:{self.http_port}"
+        )
 
     def start(self, timeout: float = 90.0) -> ServerProcess:
         """Start (or restart) the server and wait until the model is ready on both protocols."""
-        cmd = [sys.executable, "-m", "vlad_kserve.server", "--release", str(self.release), "--grpc-port",
-               str(self.grpc_port), "--http-port", str(self.http_port), "--fault-file", str(self.fault_file), *self.extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "vlad_kserve.server",
+            "--release",
+            str(self.release),
+            "--grpc-port",
+            str(self.grpc_port),
+            "--http-port",
+            str(self.http_port),
+            "--fault-file",
+            str(self.fault_file),
+            *self.extra,
+        ]
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

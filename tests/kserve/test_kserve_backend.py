@@ -27,16 +27,19 @@ def load(contract, endpoint: str, **options):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({}, "option endpoint is required"),
-    ({"endpoint": "ftp://h:1"}, "scheme must be grpc, grpcs, http or https"),
-    ({"endpoint": "grpc://h"}, "needs a host and a port"),
-    ({"endpoint": "grpc://h:1", "protocol": "http"}, "is grpc"),
-    ({"endpoint": "grpc://h:1", "token": "secret"}, "must not be inline"),
-    ({"endpoint": "grpc://h:1", "timout_ms": 5}, "unknown option"),
-    ({"endpoint": "grpc://h:1", "timeout_ms": -1}, "timeout_ms must be a number"),
-    ({"endpoint": "grpc://h:1", "tls_ca_file": "/nonexistent"}, "does not exist"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "option endpoint is required"),
+        ({"endpoint": "ftp://h:1"}, "scheme must be grpc, grpcs, http or https"),
+        ({"endpoint": "grpc://h"}, "needs a host and a port"),
+        ({"endpoint": "grpc://h:1", "protocol": "http"}, "is grpc"),
+        ({"endpoint": "grpc://h:1", "token": "secret"}, "must not be inline"),
+        ({"endpoint": "grpc://h:1", "timout_ms": 5}, "unknown option"),
+        ({"endpoint": "grpc://h:1", "timeout_ms": -1}, "timeout_ms must be a number"),
+        ({"endpoint": "grpc://h:1", "tls_ca_file": "/nonexistent"}, "does not exist"),
+    ],
+)
 def test_bad_options_are_refused_with_the_reason(contract, options, message):
     with pytest.raises(BackendError, match=message):
         parse_options(options, contract)
@@ -69,14 +72,20 @@ def _with_input(contract, which: str, **changes):
     return dataclasses.replace(contract, inputs=inputs)
 
 
-@pytest.mark.parametrize(("mutate", "field"), [
-    (lambda c: _with_input(c, "tokens", dtype="int32"), "inputs.tokens.datatype"),
-    (lambda c: _with_input(c, "image_overhead", shape=(1, 3, 64, 32)), "inputs.image_overhead.shape[3]"),
-    (lambda c: _with_input(c, "proprio", shape=(1, 4, 1)), "inputs.proprio.shape"),
-    (lambda c: _with_input(c, "noise", name="noise2"), "inputs.noise2: in the contract but not served"),
-    (lambda c: dataclasses.replace(c, outputs=c.outputs + (dataclasses.replace(c.outputs[0], name="value"),)),
-     "outputs.value: in the contract but not served"),
-], ids=["dtype", "static-dim", "rank", "missing-input", "missing-output"])
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda c: _with_input(c, "tokens", dtype="int32"), "inputs.tokens.datatype"),
+        (lambda c: _with_input(c, "image_overhead", shape=(1, 3, 64, 32)), "inputs.image_overhead.shape[3]"),
+        (lambda c: _with_input(c, "proprio", shape=(1, 4, 1)), "inputs.proprio.shape"),
+        (lambda c: _with_input(c, "noise", name="noise2"), "inputs.noise2: in the contract but not served"),
+        (
+            lambda c: dataclasses.replace(c, outputs=c.outputs + (dataclasses.replace(c.outputs[0], name="value"),)),
+            "outputs.value: in the contract but not served",
+        ),
+    ],
+    ids=["dtype", "static-dim", "rank", "missing-input", "missing-output"],
+)
 def test_metadata_mismatch_is_refused_with_the_field_named(kserve_server, contract, protocol, mutate, field):
     """The real server's metadata against a contract that differs in one field."""
     with pytest.raises(BackendError, match="does not match the contract") as info:
@@ -87,9 +96,13 @@ def test_metadata_mismatch_is_refused_with_the_field_named(kserve_server, contra
 
 def test_metadata_dynamic_axis_needs_minus_one(contract):
     """A server that fixes the batch axis cannot take the contract's batch range."""
-    md = {"inputs": [{"name": s.name, "datatype": "INT64" if s.dtype == "int64" else "FP32", "shape": list(s.shape)}
-                     for s in contract.inputs],
-          "outputs": [{"name": "actions", "datatype": "FP32", "shape": [-1, 8, 2]}]}
+    md = {
+        "inputs": [
+            {"name": s.name, "datatype": "INT64" if s.dtype == "int64" else "FP32", "shape": list(s.shape)}
+            for s in contract.inputs
+        ],
+        "outputs": [{"name": "actions", "datatype": "FP32", "shape": [-1, 8, 2]}],
+    }
     problems = metadata_problems(md, contract)
     assert len(problems) == 4 and all("shape[0]: server fixes it at 1" in p for p in problems)
     md["inputs"].append({"name": "extra", "datatype": "FP32", "shape": [-1]})

@@ -17,8 +17,13 @@ def test_bench_remote_ci_mode():
         import pytest
 
         pytest.skip(why)
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_remote.py"), "--ci"], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_remote.py"), "--ci"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith("| path")]
     names = [r.split("|")[1].strip() for r in rows]

@@ -32,6 +32,7 @@ from tests.test_faults import MAX_GAP_S
 
 pytestmark = pytest.mark.daemon_remote
 
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     why = server_unavailable()
@@ -94,8 +95,10 @@ class RemoteRig:
             if ok and st["serving"].startswith(serving_prefix):
                 return st
             time.sleep(0.05)
-        raise AssertionError(f"state {st.get('state')} serving {st.get('serving')}, wanted {state} {serving_prefix}; "
-                             f"quarantined {st.get('quarantined')}; findings {st.get('findings')}")
+        raise AssertionError(
+            f"state {st.get('state')} serving {st.get('serving')}, wanted {state} {serving_prefix}; "
+            f"quarantined {st.get('quarantined')}; findings {st.get('findings')}"
+        )
 
     def wait_chunks(self, source: str, n: int = 10, timeout: float = 10.0) -> None:
         t0 = time.monotonic()

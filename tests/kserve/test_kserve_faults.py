@@ -15,11 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.kserve.remote_server import ServerProcess, server_unavailable
 from vlad.backend import example_inputs
 from vlad.errors import BackendError, RemoteUnavailable
 from vlad_kserve import KServeBackend, RemoteLinkMonitor
-
-from tests.kserve.remote_server import ServerProcess, server_unavailable
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "policy.onnx"
 RECOVERY_S = 15.0  # generous: the prober checks every 50 ms here; the machine is shared
@@ -36,8 +35,9 @@ def wait_for(predicate, timeout: float = RECOVERY_S) -> None:
 
 @pytest.fixture()
 def session(kserve_server, contract, protocol):
-    s = KServeBackend().load(ARTIFACT, contract, {"endpoint": kserve_server.endpoint(protocol), "timeout_ms": 2000,
-                                                  "probe_interval_ms": 50})
+    s = KServeBackend().load(
+        ARTIFACT, contract, {"endpoint": kserve_server.endpoint(protocol), "timeout_ms": 2000, "probe_interval_ms": 50}
+    )
     s.warmup(2)
     yield s
     kserve_server.fault()
@@ -95,8 +95,9 @@ def test_killed_then_restarted_server(own_server, contract, protocol):
     without a new session, and the next request is answered."""
     if own_server.proc.poll() is not None:
         own_server.start()
-    s = KServeBackend().load(ARTIFACT, contract, {"endpoint": own_server.endpoint(protocol), "timeout_ms": 2000,
-                                                  "probe_interval_ms": 50})
+    s = KServeBackend().load(
+        ARTIFACT, contract, {"endpoint": own_server.endpoint(protocol), "timeout_ms": 2000, "probe_interval_ms": 50}
+    )
     try:
         s.warmup(2)
         own_server.kill()

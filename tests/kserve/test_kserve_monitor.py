@@ -12,9 +12,17 @@ LOCAL = PolicyId("fallback1", "vlad-demo-reacher@0.9.0")
 
 
 def stats(**over) -> dict:
-    base = {"kind": "remote", "state": "connected", "state_for_s": 3.0, "endpoint": "grpc://gpu:8001", "window": 200,
-            "error_rate": 0.0, "last_error": "", "network_ms": {"p50": 2.0, "p99": 4.0, "count": 200},
-            "round_trip_ms": {"p50": 6.0, "p99": 9.0, "count": 200}}
+    base = {
+        "kind": "remote",
+        "state": "connected",
+        "state_for_s": 3.0,
+        "endpoint": "grpc://gpu:8001",
+        "window": 200,
+        "error_rate": 0.0,
+        "last_error": "",
+        "network_ms": {"p50": 2.0, "p99": 4.0, "count": 200},
+        "round_trip_ms": {"p50": 6.0, "p99": 9.0, "count": 200},
+    }
     return {**base, **over}
 
 

@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.kserve.remote_server import ServerProcess, server_unavailable
 from vlad.backend import example_inputs
 from vlad.errors import RemoteUnavailable
 from vlad_kserve import KServeBackend
-
-from tests.kserve.remote_server import ServerProcess, server_unavailable
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "policy.onnx"
 
@@ -24,12 +23,17 @@ def _cert(subject: str, key, issuer_name, issuer_key, ca: bool = False, san=None
     from cryptography.hazmat.primitives import hashes
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
-    b = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-         .issuer_name(issuer_name or x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-         .public_key(key.public_key()).serial_number(x509.random_serial_number())
-         .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    now = datetime.datetime.now(datetime.UTC)
+    b = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(issuer_name or x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     if san:
         b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
     return b.sign(issuer_key or key, hashes.SHA256())
@@ -49,17 +53,30 @@ def make_pki(folder: Path) -> dict[str, Path]:
         if hasattr(obj, "public_bytes") and hasattr(obj, "subject"):
             path.write_bytes(obj.public_bytes(serialization.Encoding.PEM))
         else:
-            path.write_bytes(obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
+            path.write_bytes(
+                obj.private_bytes(
+                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+                )
+            )
         return path
 
     ca_key, srv_key, cli_key = key(), key(), key()
     ca = _cert("vlad test CA", ca_key, None, None, ca=True)
-    srv = _cert("127.0.0.1", srv_key, ca.subject, ca_key,
-                san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
+    srv = _cert(
+        "127.0.0.1",
+        srv_key,
+        ca.subject,
+        ca_key,
+        san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")],
+    )
     cli = _cert("robot-0001", cli_key, ca.subject, ca_key)
-    return {"ca": write("ca.pem", ca), "cert": write("server.pem", srv), "key": write("server.key", srv_key),
-            "client_cert": write("client.pem", cli), "client_key": write("client.key", cli_key)}
+    return {
+        "ca": write("ca.pem", ca),
+        "cert": write("server.pem", srv),
+        "key": write("server.key", srv_key),
+        "client_cert": write("client.pem", cli),
+        "client_key": write("client.key", cli_key),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +95,14 @@ def secure(tmp_path_factory):
 
 
 def options(server, pki, protocol, **over):
-    base = {"endpoint": server.endpoint(protocol), "tls_ca_file": str(pki["ca"]), "tls_cert_file": str(pki["client_cert"]),
-            "tls_key_file": str(pki["client_key"]), "timeout_ms": 2000, "probe_interval_ms": 0}
+    base = {
+        "endpoint": server.endpoint(protocol),
+        "tls_ca_file": str(pki["ca"]),
+        "tls_cert_file": str(pki["client_cert"]),
+        "tls_key_file": str(pki["client_key"]),
+        "timeout_ms": 2000,
+        "probe_interval_ms": 0,
+    }
     return {k: v for k, v in {**base, **over}.items() if v is not None}
 
 
@@ -107,13 +130,17 @@ def test_rotated_token_is_picked_up(secure, contract, tmp_path, protocol):
 def test_without_client_certificate_the_server_refuses(secure, contract, protocol):
     server, pki, _ = secure
     with pytest.raises(RemoteUnavailable, match="cannot reach"):
-        KServeBackend().load(ARTIFACT, contract, options(server, pki, protocol, tls_cert_file=None, tls_key_file=None,
-                                                         connect_timeout_ms=3000))
+        KServeBackend().load(
+            ARTIFACT,
+            contract,
+            options(server, pki, protocol, tls_cert_file=None, tls_key_file=None, connect_timeout_ms=3000),
+        )
 
 
 def test_untrusted_server_certificate_is_refused(secure, contract, tmp_path, protocol):
     server, pki, _ = secure
     other = make_pki(tmp_path)  # another CA: the server's certificate does not chain to it
     with pytest.raises(RemoteUnavailable, match="cannot reach"):
-        KServeBackend().load(ARTIFACT, contract, options(server, pki, protocol, tls_ca_file=str(other["ca"]),
-                                                         connect_timeout_ms=3000))
+        KServeBackend().load(
+            ARTIFACT, contract, options(server, pki, protocol, tls_ca_file=str(other["ca"]), connect_timeout_ms=3000)
+        )

@@ -15,8 +15,14 @@ from tests.conftest import ROOT
 def test_bench_async_ci_mode(tmp_path):
     out = tmp_path / "async.json"
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_async.py"), "--ci", "--json", str(out)],
-                          capture_output=True, text=True, timeout=180, cwd=ROOT, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_async.py"), "--ci", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     rows = {(r["backend"], r["mode"]): r for r in result["rows"]}

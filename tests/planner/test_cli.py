@@ -27,7 +27,9 @@ def test_table_for_all_hardware_and_a_detailed_one(capsys):
     assert main(["--model", "pi0"]) == 0
     table = capsys.readouterr().out
     assert "Jetson AGX Thor" in table and "B100" in table and "52.57" in table
-    assert main(["--model", "pi0", "--hardware", "b100", "--placement", "edge", "--network", "5g", "--mode", "async"]) == 0
+    assert (
+        main(["--model", "pi0", "--hardware", "b100", "--placement", "edge", "--network", "5g", "--mode", "async"]) == 0
+    )
     detail = capsys.readouterr().out
     assert "network up" in detail and "async (sync" in detail and "fits" in detail
 
@@ -35,16 +37,21 @@ def test_table_for_all_hardware_and_a_detailed_one(capsys):
 def test_contract_feasibility_exit_code(capsys):
     assert main(["--contract", str(DEMO), "--hardware", "jetson-thor"]) == 0
     assert "deadline 20 ms met" in capsys.readouterr().out
-    assert main(["--contract", str(DEMO), "--hardware", "b100", "--placement", "cloud", "--network", "4g,slow-cloud"]) == 1
+    assert (
+        main(["--contract", str(DEMO), "--hardware", "b100", "--placement", "cloud", "--network", "4g,slow-cloud"]) == 1
+    )
     assert "FLAGGED: predicted e2e" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--hardware", "tpu"], "error: unknown hardware 'tpu'"),
-    (["--model", str(ROOT / "nope.toml")], "nope.toml: no such file"),
-    (["--placement", "edge", "--hardware", "b100"], "needs a network"),
-    (["--plot", "steps"], "--plot needs --out"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--hardware", "tpu"], "error: unknown hardware 'tpu'"),
+        (["--model", str(ROOT / "nope.toml")], "nope.toml: no such file"),
+        (["--placement", "edge", "--hardware", "b100"], "needs a network"),
+        (["--plot", "steps"], "--plot needs --out"),
+    ],
+)
 def test_errors_are_one_line(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -64,9 +71,23 @@ def test_plots(tmp_path, capsys, kind, suffix):
 def test_measure_the_demo_release_on_this_machine():
     """Short mode: micro-benchmarks, the release through its backend, each component's
     sub-graph; figures are printed, not asserted (they depend on the machine)."""
-    proc = subprocess.run([sys.executable, "-m", "vlad.cli.plan", "--measure", str(DEMO), "--keys",
-                           str(ROOT / "etc" / "vlad" / "keys.d"), "--short", "--json"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vlad.cli.plan",
+            "--measure",
+            str(DEMO),
+            "--keys",
+            str(ROOT / "etc" / "vlad" / "keys.d"),
+            "--short",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["release"] == "vlad-demo-reacher-1.0.0" and report["precision"] == "fp32"

@@ -37,12 +37,19 @@ def test_unknown_names_and_missing_precision_are_one_line_errors():
 
 def test_a_broken_model_file_lists_every_problem(tmp_path):
     f = tmp_path / "bad.toml"
-    f.write_text('[model]\nname = "x"\nprecision = "fp7"\n[vision]\nkind = "vit"\ncameras = 0\n'
-                 '[backbone]\nlayers = 2\n[action]\nkind = "flow"\nbogus = 1\n')
+    f.write_text(
+        '[model]\nname = "x"\nprecision = "fp7"\n[vision]\nkind = "vit"\ncameras = 0\n'
+        '[backbone]\nlayers = 2\n[action]\nkind = "flow"\nbogus = 1\n'
+    )
     with pytest.raises(PlannerFileError) as exc:
         planner.load_model(f)
     msg = str(exc.value)
-    for part in ("model.precision", "vision.cameras: must be > 0", "backbone.hidden: missing", "action.bogus: unknown key"):
+    for part in (
+        "model.precision",
+        "vision.cameras: must be > 0",
+        "backbone.hidden: missing",
+        "action.bogus: unknown key",
+    ):
         assert part in msg
     assert "\n" not in msg
 
@@ -71,8 +78,10 @@ def test_host_copies_and_memory_fit():
 
 
 def test_autoregressive_head(tmp_path):
-    text = (planner.builtin_models()["pi0"].read_text().split("[action]")[0]
-            + '[action]\nkind = "autoregressive"\nchunk = 1\ndof = 7\nvocab = 256\n')
+    text = (
+        planner.builtin_models()["pi0"].read_text().split("[action]")[0]
+        + '[action]\nkind = "autoregressive"\nchunk = 1\ndof = 7\nvocab = 256\n'
+    )
     f = tmp_path / "ar.toml"
     f.write_text(text)
     p = planner.predict(planner.load_model(f), "rtx-4090")

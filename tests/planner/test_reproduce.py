@@ -18,9 +18,13 @@ PUBLISHED = [
 ]
 # Source A, compute- vs memory-bound table: vision and VLM compute-bound on the GPUs and
 # memory-bound on Jetson Thor; the action expert memory-bound everywhere.
-BOUNDS = {"jetson-thor": ("memory", "memory", "memory"), "rtx-4090": ("compute", "compute", "memory"),
-          "a100": ("compute", "compute", "memory"), "h100": ("compute", "compute", "memory"),
-          "b100": ("compute", "compute", "memory")}
+BOUNDS = {
+    "jetson-thor": ("memory", "memory", "memory"),
+    "rtx-4090": ("compute", "compute", "memory"),
+    "a100": ("compute", "compute", "memory"),
+    "h100": ("compute", "compute", "memory"),
+    "b100": ("compute", "compute", "memory"),
+}
 
 
 def close(got: float, want: float, tol: float = 0.05) -> bool:
@@ -76,6 +80,7 @@ def test_cloud_path_adds_both_hops():
     payload = Payload(image_bytes=int(384 * 384 * 3 * 0.1), action_bytes=32)
     p = planner.predict("pi0", "b100", placement="cloud", network="ethernet-10g,fast-cloud", payload=payload)
     assert close(p.e2e_ms, 23.4, 0.02)  # source A async table: "Wired + Fast Cloud" 23.4 ms
-    slow = planner.predict("pi0", "b100", placement="cloud", network=["4g", "slow-cloud"], mode="async",
-                           payload=payload)
+    slow = planner.predict(
+        "pi0", "b100", placement="cloud", network=["4g", "slow-cloud"], mode="async", payload=payload
+    )
     assert close(slow.hz, 50.5)  # limited by the 4G hop

@@ -106,21 +106,34 @@ class Rig:
         self.actions = self.ctx.socket(zmq.SUB)
         self.actions.connect(act_addr)
         self.actions.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ACTIONS)
-        connected(self.act_sock, self.actions, [protocol.TOPIC_ACTIONS, b"probe"],
-                   lambda: self.actions.poll(5) and self.actions.recv_multipart() is not None)
+        connected(
+            self.act_sock,
+            self.actions,
+            [protocol.TOPIC_ACTIONS, b"probe"],
+            lambda: self.actions.poll(5) and self.actions.recv_multipart() is not None,
+        )
         while self.actions.poll(20):  # a probe sent before the first one arrived
             self.actions.recv_multipart()
 
         self.trusted = TrustedState(contract)
         self.guard = ActionGuard(contract, self.trusted)
         self.intake = Intake(contract, IntakeCounts(), self.trusted, max_skew_ns=5_000_000)
-        self.publisher = Publisher(contract, self.act_sock, self.guard, LatencyStats(100), PublishCounts(),
-                                   lambda: "demo@1", lambda: "active", estop_output)
+        self.publisher = Publisher(
+            contract,
+            self.act_sock,
+            self.guard,
+            LatencyStats(100),
+            PublishCounts(),
+            lambda: "demo@1",
+            lambda: "active",
+            estop_output,
+        )
         self.publisher.validity_ns = GENEROUS_NS
         period_ns = int(contract.timing.control_period_ms * 1e6)
         # gc_freeze off: the test process is not a daemon that finished loading.
-        self.loop = ServingLoop(self.ctx, self.obs_sock, self.intake, self.publisher,
-                                RealtimeConfig(gc_freeze=False), period_ns)
+        self.loop = ServingLoop(
+            self.ctx, self.obs_sock, self.intake, self.publisher, RealtimeConfig(gc_freeze=False), period_ns
+        )
         self.session = FakeSession(contract)
         self.policy = self.served("release", "demo@1", self.session)
         self.loop.active = self.policy
@@ -130,8 +143,9 @@ class Rig:
         self._seq = itertools.count(1)
 
     def served(self, slot: str, release: str, session: Session | None = None) -> ServedPolicy:
-        policy = ServedPolicy(PolicyId(slot, release), self.contract, session or FakeSession(self.contract),
-                              self.tokenizer)
+        policy = ServedPolicy(
+            PolicyId(slot, release), self.contract, session or FakeSession(self.contract), self.tokenizer
+        )
         policy.max_age_ns = GENEROUS_NS
         return policy
 
@@ -139,7 +153,8 @@ class Rig:
         image = np.zeros((64, 64, 3), np.uint8)
         header = {"seq": seq, "t_sensor_ns": t_sensor_ns or time.monotonic_ns(), "instruction": INSTRUCTION}
         self.controller.send_multipart(
-            protocol.encode(protocol.TOPIC_OBS, header, {"image/overhead": image, "proprio": PROPRIO}))
+            protocol.encode(protocol.TOPIC_OBS, header, {"image/overhead": image, "proprio": PROPRIO})
+        )
 
     def recv(self, timeout: float = 5.0) -> protocol.Message | None:
         """The next action message, or None when none arrives within ``timeout``."""

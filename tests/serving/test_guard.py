@@ -168,9 +168,12 @@ def test_an_inconsistent_run_never_reanchors(contract):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.floats(-50, 50, allow_nan=False), st.floats(-50, 50, allow_nan=False)),
-                min_size=1, max_size=30),
-       st.lists(st.one_of(st.floats(-1e6, 1e6), st.sampled_from([np.nan, np.inf, -np.inf])), min_size=16, max_size=16))
+@given(
+    st.lists(
+        st.tuples(st.floats(-50, 50, allow_nan=False), st.floats(-50, 50, allow_nan=False)), min_size=1, max_size=30
+    ),
+    st.lists(st.one_of(st.floats(-1e6, 1e6), st.sampled_from([np.nan, np.inf, -np.inf])), min_size=16, max_size=16),
+)
 def test_no_observation_moves_a_command_beyond_the_contract(contract, observations, chunk_values):
     """Property: whatever observations arrive and whatever the policy outputs, every
     published command is within the bounds and within one rate limit per period of the

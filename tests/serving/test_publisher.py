@@ -31,8 +31,12 @@ class Bench:
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.connect("inproc://publisher-test")
         self.sub.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ACTIONS)
-        connected(self.pub, self.sub, [protocol.TOPIC_ACTIONS, b"probe"],
-                   lambda: self.sub.poll(5) and self.sub.recv_multipart() is not None)
+        connected(
+            self.pub,
+            self.sub,
+            [protocol.TOPIC_ACTIONS, b"probe"],
+            lambda: self.sub.poll(5) and self.sub.recv_multipart() is not None,
+        )
         while self.sub.poll(20):
             self.sub.recv_multipart()
         self.contract = contract
@@ -41,8 +45,16 @@ class Bench:
         assert self.trusted.judge(PROPRIO, self.now) is None  # a trusted joint state to start from
         self.guard = ActionGuard(contract, self.trusted)
         self.counts = PublishCounts()
-        self.publisher = Publisher(contract, self.pub, self.guard, LatencyStats(100), self.counts,
-                                   lambda: "demo@1", lambda: "active", estop_output)
+        self.publisher = Publisher(
+            contract,
+            self.pub,
+            self.guard,
+            LatencyStats(100),
+            self.counts,
+            lambda: "demo@1",
+            lambda: "active",
+            estop_output,
+        )
         self.policy = ServedPolicy(PolicyId("release", "demo@1"), contract, FakeSession(contract), tokenizer)
 
     def chunk(self) -> np.ndarray:
@@ -50,8 +62,14 @@ class Bench:
         a = self.contract.action
         return np.tile(PROPRIO[: a.dim], (a.chunk_length, 1)).astype(np.float32)
 
-    def publish(self, policy: ServedPolicy | None = None, generation: int = 0, age_ns: int = 0,
-                seq: int = 7, actions: np.ndarray | None = None) -> bool:
+    def publish(
+        self,
+        policy: ServedPolicy | None = None,
+        generation: int = 0,
+        age_ns: int = 0,
+        seq: int = 7,
+        actions: np.ndarray | None = None,
+    ) -> bool:
         t_sensor = time.monotonic_ns() - age_ns
         obs = RawObservation(images={}, proprio=PROPRIO, sequence=seq, sensor_time_ns=t_sensor)
         t = CycleTimes()
@@ -83,7 +101,13 @@ def test_a_chunk_leaves_with_its_header(bench):
     msg = bench.recv()
     h = msg.header
     assert (h["seq"], h["obs_seq"], h["source"], h["policy"], h["release"], h["state"]) == (
-        1, 7, "release", "release:demo@1", "demo@1", "active")
+        1,
+        7,
+        "release",
+        "release:demo@1",
+        "demo@1",
+        "active",
+    )
     assert h["valid_until_ns"] == h["t_sensor_ns"] + int(bench.contract.timing.action_validity_ms * 1e6)
     assert h["interventions"] == []
     np.testing.assert_array_equal(msg.tensors["actions"], bench.chunk())
@@ -163,7 +187,8 @@ def test_observers_see_the_release_chunk_before_the_guard(bench):
     assert "nonfinite" in bench.recv().header["interventions"]
     assert len(seen) == 1 and seen[0][0] == 3
     np.testing.assert_array_equal(seen[0][1], raw)  # ... the observer compares the policy's own
-    fallback = ServedPolicy(PolicyId("fallback1", "b@1"), bench.contract, FakeSession(bench.contract),
-                            bench.policy.tokenizer)
+    fallback = ServedPolicy(
+        PolicyId("fallback1", "b@1"), bench.contract, FakeSession(bench.contract), bench.policy.tokenizer
+    )
     assert bench.publish(fallback, seq=4)
     assert len(seen) == 1  # only the release's chunks are compared

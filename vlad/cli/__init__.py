@@ -58,8 +58,13 @@ def vlad_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("serve", help="run the daemon (foreground; systemd Type=notify)")
     p.add_argument("--config", default="/etc/vlad/vlad.toml", help="config file (default: %(default)s)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set serve.warmup=5 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set serve.warmup=5 (repeatable)",
+    )
     p.set_defaults(func=cmd_serve)
     return parser
 

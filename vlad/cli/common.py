@@ -84,5 +84,7 @@ def store(args: argparse.Namespace, create: bool = False) -> Any:
 
     cfg = load_config_or_defaults(getattr(args, "config", None))
     root = getattr(args, "root", None) or cfg.store.root
-    keys = getattr(args, "keys", None) or os.environ.get("VLAD_KEYS_DIR") or cfg.release.keys_dir or str(DEFAULT_KEYS_DIR)
+    keys = (
+        getattr(args, "keys", None) or os.environ.get("VLAD_KEYS_DIR") or cfg.release.keys_dir or str(DEFAULT_KEYS_DIR)
+    )
     return ReleaseStore(root, keys, create=create, lock_timeout_s=cfg.store.lock_timeout_s)

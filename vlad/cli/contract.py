@@ -37,9 +37,7 @@ def add_contract_commands(subparsers: Any) -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print canonical JSON instead")
     show.set_defaults(func=main_contract_show)
 
-    diff = sub.add_parser(
-        "diff", help="compare two contracts field by field (exit 1 if any change is breaking)"
-    )
+    diff = sub.add_parser("diff", help="compare two contracts field by field (exit 1 if any change is breaking)")
     diff.add_argument("old", help="the reference contract.toml")
     diff.add_argument("new", help="the candidate contract.toml")
     diff.add_argument("--json", action="store_true", help="print the differences as JSON")
@@ -64,8 +62,7 @@ def main_contract_check(args: argparse.Namespace) -> int:
                 print(f"  - {problem}", file=sys.stderr)
             return EXIT_ERROR
         return _fail(exc)
-    print(f"{args.path}: ok ({contract.model.id} {contract.model.version}, "
-          f"sha256 {contract.sha256})")
+    print(f"{args.path}: ok ({contract.model.id} {contract.model.version}, sha256 {contract.sha256})")
     return EXIT_OK
 
 
@@ -92,13 +89,18 @@ def main_contract_diff(args: argparse.Namespace) -> int:
     diffs = diff_contracts(old, new)
     n_breaking = sum(d.breaking for d in diffs)
     if getattr(args, "json", False):
-        print(json.dumps({
-            "old": str(args.old),
-            "new": str(args.new),
-            "differences": len(diffs),
-            "breaking": n_breaking,
-            "diffs": [d.to_dict() for d in diffs],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "old": str(args.old),
+                    "new": str(args.new),
+                    "differences": len(diffs),
+                    "breaking": n_breaking,
+                    "diffs": [d.to_dict() for d in diffs],
+                },
+                indent=2,
+            )
+        )
     else:
         print(format_diff(diffs, str(args.old), str(args.new)))
     return EXIT_BREAKING if n_breaking else EXIT_OK

@@ -37,7 +37,8 @@ def format_status(st: dict) -> str:
         f"state        {st['state']} (for {st['state_since_s']:.0f} s)   uptime {st['uptime_s']:.0f} s   pid {st['pid']}",
         f"release      {st['release']}",
         f"backend      {b['name']} ({b['runtime']}, {b['device']}, {b['precision']}"
-        + (f", providers {', '.join(b['providers'])}" if b["providers"] else "") + ")",
+        + (f", providers {', '.join(b['providers'])}" if b["providers"] else "")
+        + ")",
         f"rates        {st['rates']['observations_hz']:.1f} observations/s, {st['rates']['actions_hz']:.1f} actions/s"
         f" (control period {st['control_period_ms']:g} ms)",
         f"counters     published {c.get('published', 0)}, stale {c.get('stale', 0)}, superseded {c.get('superseded', 0)},"
@@ -49,19 +50,25 @@ def format_status(st: dict) -> str:
     if serving and not serving.startswith("release:"):
         lines.append(f"serving      {serving} (fallback chain: {' > '.join(st.get('chain', []))})")
     if st.get("quarantined"):
-        lines.append(f"quarantined  {', '.join(f'{k} ({v})' for k, v in st['quarantined'].items())}"
-                     " -- `vladctl resume --why ...` after fixing")
+        lines.append(
+            f"quarantined  {', '.join(f'{k} ({v})' for k, v in st['quarantined'].items())}"
+            " -- `vladctl resume --why ...` after fixing"
+        )
     if st.get("estop", {}).get("engaged"):
         lines.append(f"e-stop       ENGAGED ({st['estop']['source'] or 'safety system'}): no motion is published")
     for f in st.get("findings", []):
         lines.append(f"{f['severity']:<12} {f['message']}")
     if st.get("canary"):
         c = st["canary"]
-        lines.append(f"canary       {c['release']} for {c['elapsed_s']:.0f}/{c['window_s']:.0f} s (previous {c['previous']})")
+        lines.append(
+            f"canary       {c['release']} for {c['elapsed_s']:.0f}/{c['window_s']:.0f} s (previous {c['previous']})"
+        )
     if st.get("shadow"):
         sh = st["shadow"]
-        lines.append(f"shadow       {sh['release']} ({sh['purpose']}): {sh['divergence']['pairs']} chunks compared,"
-                     f" mean abs divergence {sh['divergence']['mean_abs']:.4g}")
+        lines.append(
+            f"shadow       {sh['release']} ({sh['purpose']}): {sh['divergence']['pairs']} chunks compared,"
+            f" mean abs divergence {sh['divergence']['mean_abs']:.4g}"
+        )
     temps = st.get("temperatures_c") or {}
     if temps:
         lines.append("temperature  " + ", ".join(f"{k} {v:.0f} °C" for k, v in sorted(temps.items())[:6]))
@@ -72,7 +79,9 @@ def format_status(st: dict) -> str:
     if lat:
         lines.append("latency ms   stage         p50      p95      p99      max    count")
         for stage, v in lat.items():
-            lines.append(f"             {stage:<10} {v['p50']:8.3f} {v['p95']:8.3f} {v['p99']:8.3f} {v['max']:8.3f} {v['count']:8d}")
+            lines.append(
+                f"             {stage:<10} {v['p50']:8.3f} {v['p95']:8.3f} {v['p99']:8.3f} {v['max']:8.3f} {v['count']:8d}"
+            )
     return "\n".join(lines)
 
 
@@ -98,8 +107,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     """verify -> stage -> warm -> hot-swap on the running daemon (or refuse with the reason)."""
-    r = request(args, "deploy", max(args.timeout_ms, 120_000), path=str(Path(args.release).resolve()), who=operator(args.who),
-                why=args.why, canary=args.canary, force=args.force)
+    r = request(
+        args,
+        "deploy",
+        max(args.timeout_ms, 120_000),
+        path=str(Path(args.release).resolve()),
+        who=operator(args.who),
+        why=args.why,
+        canary=args.canary,
+        force=args.force,
+    )
     extra = " as a canary (auto-rollback armed)" if r["canary"] else ""
     print(f"deployed {r['release']}{extra}; previous {r['previous']}")
     return 0
@@ -114,8 +131,10 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         request(args, "ping")
     except DaemonUnreachable:
         entry = store(args).rollback(operator(args.who), args.why)
-        print(f"vlad is not running: rolled the store back to {entry.to_release} (from {entry.from_release}); "
-              "it is served at the next start")
+        print(
+            f"vlad is not running: rolled the store back to {entry.to_release} (from {entry.from_release}); "
+            "it is served at the next start"
+        )
         return 0
     r = request(args, "rollback", max(args.timeout_ms, 120_000), who=operator(args.who), why=args.why)
     if "aborted" in r:
@@ -138,15 +157,22 @@ def cmd_history(args: argparse.Namespace) -> int:
     if not rows:
         print("no activations or rollbacks recorded")
     for e in rows:
-        print(f"{e['time']}  {e['event']:<9} {e['from_release'] or '-'} -> {e['to_release']}  by {e['who']}: {e['why']}"
-              + ("  (forced)" if e.get("forced") else ""))
+        print(
+            f"{e['time']}  {e['event']:<9} {e['from_release'] or '-'} -> {e['to_release']}  by {e['who']}: {e['why']}"
+            + ("  (forced)" if e.get("forced") else "")
+        )
     return 0
 
 
 def cmd_shadow(args: argparse.Namespace) -> int:
     if args.shadow_command == "start":
-        r = request(args, "shadow_start", max(args.timeout_ms, 120_000), path=str(Path(args.release).resolve()),
-                    tolerance=args.tolerance)
+        r = request(
+            args,
+            "shadow_start",
+            max(args.timeout_ms, 120_000),
+            path=str(Path(args.release).resolve()),
+            tolerance=args.tolerance,
+        )
         print(f"shadow run of {r['shadow']} started (tolerance {r['tolerance']:g}); its actions are never published")
         return 0
     r = request(args, "shadow_report" if args.shadow_command == "report" else "shadow_stop")
@@ -156,8 +182,10 @@ def cmd_shadow(args: argparse.Namespace) -> int:
     d = r["divergence"]
     lat = r["latency_ms"].get("e2e", {})
     print(f"shadow {r['release']} ({r['purpose']}), running {r['running_s']:.0f} s, {d['pairs']} chunks compared")
-    print(f"  divergence: max abs {d['max_abs']:.4g}, mean abs {d['mean_abs']:.4g}, per joint max {d['per_joint_max_abs']},"
-          f" beyond tolerance {100 * d['fraction_beyond_tolerance']:.2f} %")
+    print(
+        f"  divergence: max abs {d['max_abs']:.4g}, mean abs {d['mean_abs']:.4g}, per joint max {d['per_joint_max_abs']},"
+        f" beyond tolerance {100 * d['fraction_beyond_tolerance']:.2f} %"
+    )
     if lat:
         print(f"  latency: sensor -> actions p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms")
     print(f"  faults: {r['faults']}")
@@ -184,10 +212,16 @@ def add_daemon_commands(sub: Any) -> None:
     p.add_argument("release", help="release folder (signed manifest)")
     p.add_argument("--why", required=True, help="reason, recorded in the history")
     p.add_argument("--who", help="operator name (default: $VLAD_OPERATOR, $SUDO_USER, $USER)")
-    p.add_argument("--canary", action="store_true", help="watch it against the manifest's canary thresholds; "
-                   "crossing one rolls back automatically")
-    p.add_argument("--force", action="store_true", help="allow a deliberate downgrade, or a release without "
-                   "passing gate evidence (recorded with --why)")
+    p.add_argument(
+        "--canary",
+        action="store_true",
+        help="watch it against the manifest's canary thresholds; crossing one rolls back automatically",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="allow a deliberate downgrade, or a release without passing gate evidence (recorded with --why)",
+    )
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("rollback", help="back to the previous release (live, or in the store when vlad is down)")
@@ -207,7 +241,9 @@ def add_daemon_commands(sub: Any) -> None:
     q = shadow.add_parser("start", help=COMMANDS["shadow_start"].help)
     add_daemon_args(q)
     q.add_argument("release", help="release folder (signed manifest)")
-    q.add_argument("--tolerance", type=float, default=0.05, help="per-value abs error counted as beyond (contract units)")
+    q.add_argument(
+        "--tolerance", type=float, default=0.05, help="per-value abs error counted as beyond (contract units)"
+    )
     for name in ("report", "stop"):
         q = shadow.add_parser(name, help=COMMANDS[f"shadow_{name}"].help)
         add_daemon_args(q)

@@ -28,10 +28,17 @@ EXIT_FLAGGED = 1
 
 def add_plan_commands(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``plan`` to ``subparsers``; the parsed namespace's ``func`` runs it."""
-    p = subparsers.add_parser("plan", help="predict a VLA's latency per component (roofline); --measure a release",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="model file or built-in name (pi0, vlad-demo) or contract model.id "
-                                   "(default: the contract's model, else pi0)")
+    p = subparsers.add_parser(
+        "plan",
+        help="predict a VLA's latency per component (roofline); --measure a release",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model",
+        help="model file or built-in name (pi0, vlad-demo) or contract model.id "
+        "(default: the contract's model, else pi0)",
+    )
     p.add_argument("--hardware", help="hardware key(s), comma-separated, or 'all' (default: all)")
     p.add_argument("--placement", default="on-device", choices=("on-device", "edge", "cloud"))
     p.add_argument("--network", help="network key, or a path for cloud: ethernet-10g,fast-cloud")
@@ -43,8 +50,12 @@ def add_plan_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--contract", type=Path, help="contract.toml or release folder: check its period and deadline")
     p.add_argument("--plot", choices=("steps", "model-size", "network"), help="write a plot to --out")
     p.add_argument("--out", type=Path, help="plot file (.png or .svg)")
-    p.add_argument("--measure", metavar="RELEASE", type=Path,
-                   help="run RELEASE on this machine: measured vs roofline per component")
+    p.add_argument(
+        "--measure",
+        metavar="RELEASE",
+        type=Path,
+        help="run RELEASE on this machine: measured vs roofline per component",
+    )
     p.add_argument("--keys", help="trusted keys folder to verify RELEASE (default: $VLAD_KEYS_DIR or /etc/vlad/keys.d)")
     p.add_argument("--no-verify", action="store_true", help="measure an unsigned release folder as it is")
     p.add_argument("--short", action="store_true", help="--measure: small benchmarks and few calls (CI, seconds)")
@@ -96,8 +107,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from vlad.planner.plots import plot
 
         period = contract.timing.control_period_ms if contract else None
-        out = plot(args.plot, model, hardware, args.out, networks=args.network.split(",") if args.network else None,
-                   period_ms=period)
+        out = plot(
+            args.plot,
+            model,
+            hardware,
+            args.out,
+            networks=args.network.split(",") if args.network else None,
+            period_ms=period,
+        )
         print(f"wrote {out}")
         return 0
     kw = dict(placement=args.placement, mode=args.mode, network=args.network, s2_hz=args.s2_hz)
@@ -121,8 +138,9 @@ def _measure(args: argparse.Namespace) -> int:
     from vlad.planner.measure import measure_release
 
     keys = args.keys or os.environ.get("VLAD_KEYS_DIR")
-    m = measure_release(args.measure, model=args.model, keys_dir=keys, verify=not args.no_verify, short=args.short,
-                        threads=args.threads)
+    m = measure_release(
+        args.measure, model=args.model, keys_dir=keys, verify=not args.no_verify, short=args.short, threads=args.threads
+    )
     print(json.dumps(m.to_dict(), indent=2) if args.json else report.format_measurement(m))
     return 0
 
@@ -133,16 +151,27 @@ def _list(as_json: bool) -> int:
     hw, nets = planner.load_hardware_file(), planner.load_network_file()
     models = {name: planner.load_model(path) for name, path in planner.builtin_models().items()}
     if as_json:
-        print(json.dumps({"hardware": {k: h.to_dict() for k, h in hw.items()},
-                          "networks": {k: n.to_dict() for k, n in nets.items()},
-                          "models": {k: {"name": m.name, "ids": list(m.ids), "description": m.description,
-                                         "source": m.source} for k, m in models.items()}}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "hardware": {k: h.to_dict() for k, h in hw.items()},
+                    "networks": {k: n.to_dict() for k, n in nets.items()},
+                    "models": {
+                        k: {"name": m.name, "ids": list(m.ids), "description": m.description, "source": m.source}
+                        for k, m in models.items()
+                    },
+                },
+                indent=2,
+            )
+        )
         return 0
     print("hardware:")
     for k, h in hw.items():
         peaks = ", ".join(f"{p} {v / 1e12:g}" for p, v in h.peak_flops.items())
-        print(f"  {k:<22} {h.name:<22} TFLOP/s {peaks}; {h.memory_bytes / h.gb:g} GB, "
-              f"{h.memory_bandwidth / h.gb:g} GB/s  [{h.source}]")
+        print(
+            f"  {k:<22} {h.name:<22} TFLOP/s {peaks}; {h.memory_bytes / h.gb:g} GB, "
+            f"{h.memory_bandwidth / h.gb:g} GB/s  [{h.source}]"
+        )
     print("networks:")
     for k, n in nets.items():
         print(f"  {k:<22} {n.upload_mbps:g}/{n.download_mbps:g} Mbit/s up/down, {n.latency_ms:g} ms  [{n.source}]")

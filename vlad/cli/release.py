@@ -70,21 +70,26 @@ def add_release_commands(subparsers: Any) -> None:
         sp = rsub.add_parser(name, help=help)
         sp.add_argument("--root", default=None, help="store root (default: the config's store.root)")
         sp.add_argument("--config", default=DEFAULT_CONFIG, help="daemon config, for store.root and keys_dir")
-        sp.add_argument("--keys", default=None, help="trusted keys folder (default: $VLAD_KEYS_DIR or /etc/vlad/keys.d)")
+        sp.add_argument(
+            "--keys", default=None, help="trusted keys folder (default: $VLAD_KEYS_DIR or /etc/vlad/keys.d)"
+        )
         return sp
 
     p = store_parser("stage", "verify a release folder and copy it into the store")
     p.add_argument("source", help="release folder")
     p.set_defaults(func=cmd_release_stage)
-    for name, help in (("activate", "make a staged release active (previous := active)"),
-                       ("rollback", "return to the previous release (marks the current one bad)")):
+    for name, help in (
+        ("activate", "make a staged release active (previous := active)"),
+        ("rollback", "return to the previous release (marks the current one bad)"),
+    ):
         p = store_parser(name, help)
         if name == "activate":
             p.add_argument("release_id")
         p.add_argument("--why", required=True, help="reason, kept in the history")
         p.add_argument("--who", default=None, help="operator (default: $VLAD_OPERATOR, $SUDO_USER or login)")
-        p.add_argument("--force", action="store_true",
-                       help="allow a downgrade or a release marked bad (operator decision)")
+        p.add_argument(
+            "--force", action="store_true", help="allow a downgrade or a release marked bad (operator decision)"
+        )
         p.set_defaults(func=cmd_release_activate if name == "activate" else cmd_release_rollback)
     p = store_parser("status", "active, previous and staged releases")
     p.add_argument("--json", action="store_true")
@@ -115,8 +120,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
     from vlad.release.signing import sign_release
 
     sig = sign_release(args.release, args.key)
-    print(f"signed {Path(args.release) / 'manifest.sig'} with key {sig.key_id} "
-          f"(manifest sha256 {sig.manifest_sha256})")
+    print(f"signed {Path(args.release) / 'manifest.sig'} with key {sig.key_id} (manifest sha256 {sig.manifest_sha256})")
     return EXIT_OK
 
 
@@ -130,19 +134,33 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for w in v.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if args.json:
-        print(json.dumps({
-            "release": m.release.id, "version": m.release.version, "version_code": m.release.version_code,
-            "path": str(v.path), "key_id": v.key_id, "key_file": str(v.key_path),
-            "manifest_sha256": m.sha256, "contract_sha256": m.contract.sha256,
-            "artifacts": len(m.artifacts), "warnings": list(v.warnings),
-            "not_before": rfc3339(m.release.not_before), "expires": rfc3339(m.release.expires),
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "release": m.release.id,
+                    "version": m.release.version,
+                    "version_code": m.release.version_code,
+                    "path": str(v.path),
+                    "key_id": v.key_id,
+                    "key_file": str(v.key_path),
+                    "manifest_sha256": m.sha256,
+                    "contract_sha256": m.contract.sha256,
+                    "artifacts": len(m.artifacts),
+                    "warnings": list(v.warnings),
+                    "not_before": rfc3339(m.release.not_before),
+                    "expires": rfc3339(m.release.expires),
+                },
+                indent=2,
+            )
+        )
         return EXIT_OK
     size = sum(a.size for a in m.artifacts)
     print(f"{v.path}: OK {m.release.id} {m.release.version} (version_code {m.release.version_code})")
     print(f"  signed by {v.key_id} ({v.key_path}); {len(m.artifacts)} artifacts, {size} bytes, all hashes match")
-    print(f"  contract {m.contract.path} sha256 {m.contract.sha256[:16]}… matches; "
-          f"valid {rfc3339(m.release.not_before)} .. {rfc3339(m.release.expires)}")
+    print(
+        f"  contract {m.contract.path} sha256 {m.contract.sha256[:16]}… matches; "
+        f"valid {rfc3339(m.release.not_before)} .. {rfc3339(m.release.expires)}"
+    )
     return EXIT_OK
 
 
@@ -161,7 +179,8 @@ def cmd_manifest_show(args: argparse.Namespace) -> int:
         f"contract  {m.contract.path} sha256 {m.contract.sha256}",
         f"backend   {b.name} on {b.artifact} options {json.dumps(dict(b.options))}",
         "runtime   " + (", ".join(f"{k} {v}" for k, v in vars_of(m.runtime).items() if v) or "(not recorded)"),
-        f"lineage   {lin.change}" + (f" from {lin.parent}" if lin.parent else "")
+        f"lineage   {lin.change}"
+        + (f" from {lin.parent}" if lin.parent else "")
         + (f", adapter {lin.adapter}" if lin.adapter else "")
         + (f", calibration {lin.calibration}" if lin.calibration else ""),
         "fallback  " + " -> ".join(f.kind + (f" {f.release}" if f.release else "") for f in m.fallback),
@@ -187,8 +206,10 @@ def cmd_manifest_update_hashes(args: argparse.Namespace) -> int:
     from vlad.release.authoring import update_hashes
 
     m = update_hashes(args.release)
-    print(f"{m.path}: {len(m.artifacts)} artifact hashes and the contract hash updated; "
-          f"sign it again (vladctl sign {args.release} --key ...)")
+    print(
+        f"{m.path}: {len(m.artifacts)} artifact hashes and the contract hash updated; "
+        f"sign it again (vladctl sign {args.release} --key ...)"
+    )
     return EXIT_OK
 
 
@@ -211,24 +232,33 @@ def cmd_release_stage(args: argparse.Namespace) -> int:
 def cmd_release_activate(args: argparse.Namespace) -> int:
     """``release activate ID --why WHY [--who] [--force]``."""
     e = _store(args).activate(args.release_id, who=operator(args.who), why=args.why, force=args.force)
-    print(f"active {e.to_release} (previous {e.from_release or 'none'}); restart vlad (systemctl restart vlad) to serve it")
+    print(
+        f"active {e.to_release} (previous {e.from_release or 'none'}); restart vlad (systemctl restart vlad) to serve it"
+    )
     return EXIT_OK
 
 
 def cmd_release_rollback(args: argparse.Namespace) -> int:
     """``release rollback --why WHY [--who] [--force]``."""
     e = _store(args).rollback(who=operator(args.who), why=args.why, force=args.force)
-    print(f"rolled back {e.from_release} -> {e.to_release} ({e.from_release} is marked bad); "
-          f"restart vlad (systemctl restart vlad) to serve it")
+    print(
+        f"rolled back {e.from_release} -> {e.to_release} ({e.from_release} is marked bad); "
+        f"restart vlad (systemctl restart vlad) to serve it"
+    )
     return EXIT_OK
 
 
 def cmd_release_status(args: argparse.Namespace) -> int:
     """``release status``: active, previous, staged, bad."""
     store = _store(args)
-    info = {"root": str(store.root), "active": store.active(), "previous": store.previous(),
-            "staged": store.list_releases(), "bad": sorted(store.bad_releases()),
-            "activated_version_codes": sorted(store.activated_versions())}
+    info = {
+        "root": str(store.root),
+        "active": store.active(),
+        "previous": store.previous(),
+        "staged": store.list_releases(),
+        "bad": sorted(store.bad_releases()),
+        "activated_version_codes": sorted(store.activated_versions()),
+    }
     if args.json:
         print(json.dumps(info, indent=2))
     else:

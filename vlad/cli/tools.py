@@ -72,6 +72,8 @@ def add_tool_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_plugins)
 
     p = sub.add_parser("export", help="export the demo policy to .pt2 and ONNX and check them against PyTorch")
-    p.add_argument("--release", default="manifests/demo", help="release folder with policy_weights.pt (default: %(default)s)")
+    p.add_argument(
+        "--release", default="manifests/demo", help="release folder with policy_weights.pt (default: %(default)s)"
+    )
     p.add_argument("--fixtures", default="tests/fixtures/golden.npz", help="golden fixtures to (re)write")
     p.set_defaults(func=cmd_export)

@@ -23,6 +23,7 @@ from vlad.contract.model import (
     TimingSpec,
 )
 
+
 def _positive(problems: list[str], path: str, value: float) -> None:
     if value <= 0:
         problems.append(f"{path}: must be > 0, got {value}")
@@ -153,9 +154,7 @@ def _check_tensor(s: TensorSpec, path: str, problems: list[str]) -> None:
     for i, n in enumerate(s.shape):
         _positive(problems, f"{path}.shape[{i}]", n)
     if len(s.layout) != rank:
-        problems.append(
-            f"{path}.layout: {s.layout!r} has {len(s.layout)} letters but shape has rank {rank}"
-        )
+        problems.append(f"{path}.layout: {s.layout!r} has {len(s.layout)} letters but shape has rank {rank}")
     _check_unique(problems, f"{path}.dynamic", [d.name for d in s.dynamic], "dynamic axis name")
     seen: set[int] = set()
     for k, d in enumerate(s.dynamic):
@@ -166,15 +165,11 @@ def _check_tensor(s: TensorSpec, path: str, problems: list[str]) -> None:
         if not 0 <= d.axis < rank:
             problems.append(f"{dpath}.axis: {d.axis} is outside the shape's rank {rank}")
         elif d.opt != s.shape[d.axis]:
-            problems.append(
-                f"{dpath}.opt: {d.opt} differs from shape[{d.axis}] = {s.shape[d.axis]}"
-            )
+            problems.append(f"{dpath}.opt: {d.opt} differs from shape[{d.axis}] = {s.shape[d.axis]}")
         if d.min < 1:
             problems.append(f"{dpath}.min: must be >= 1, got {d.min}")
         if not d.min <= d.opt <= d.max:
-            problems.append(
-                f"{dpath}: needs min <= opt <= max, got min {d.min}, opt {d.opt}, max {d.max}"
-            )
+            problems.append(f"{dpath}: needs min <= opt <= max, got min {d.min}, opt {d.opt}, max {d.max}")
 
 
 CHECKS: dict[type, Any] = {
@@ -227,14 +222,10 @@ def check_cross(values: dict[str, Any], problems: list[str]) -> None:
         for cpath, name, section in consumers:
             if name not in index:
                 known = ", ".join(t.name for t in inputs) or "none"
-                problems.append(
-                    f"{cpath}.input: {name!r} is not declared in [[inputs]] (declared: {known})"
-                )
+                problems.append(f"{cpath}.input: {name!r} is not declared in [[inputs]] (declared: {known})")
                 continue
             if name in first_user:
-                problems.append(
-                    f"{cpath}.input: {name!r} is already consumed by {first_user[name]}"
-                )
+                problems.append(f"{cpath}.input: {name!r} is already consumed by {first_user[name]}")
                 continue
             first_user[name] = f"{cpath}.input"
             j = index[name]
@@ -252,28 +243,25 @@ def check_cross(values: dict[str, Any], problems: list[str]) -> None:
         oindex = {t.name: j for j, t in enumerate(outputs)}
         if action.output not in oindex:
             known = ", ".join(t.name for t in outputs) or "none"
-            problems.append(
-                f"action.output: {action.output!r} is not declared in [[outputs]] (declared: {known})"
-            )
+            problems.append(f"action.output: {action.output!r} is not declared in [[outputs]] (declared: {known})")
         else:
             j = oindex[action.output]
             t = outputs[j]
             _check_wired(
-                t, f"outputs[{j}]", (action.chunk_length, action.dim),
-                "action (chunk_length, dim)", problems,
+                t,
+                f"outputs[{j}]",
+                (action.chunk_length, action.dim),
+                "action (chunk_length, dim)",
+                problems,
             )
             if t.dtype not in _FLOAT_DTYPES:
-                problems.append(
-                    f"outputs[{j}].dtype: {t.dtype!r} is not a float dtype (action output)"
-                )
+                problems.append(f"outputs[{j}].dtype: {t.dtype!r} is not a float dtype (action output)")
 
     if inputs is not None and outputs is not None:
         _check_batch(inputs, outputs, problems)
 
 
-def _check_consumed(
-    section: Any, cpath: str, t: TensorSpec, tpath: str, problems: list[str]
-) -> None:
+def _check_consumed(section: Any, cpath: str, t: TensorSpec, tpath: str, problems: list[str]) -> None:
     """Check input tensor ``t`` against the section that feeds it."""
     if isinstance(section, CameraSpec):
         m = section.model
@@ -290,9 +278,7 @@ def _check_consumed(
     elif isinstance(section, LanguageSpec):
         _check_wired(t, tpath, (section.max_tokens,), "language.max_tokens", problems)
         if t.dtype not in _INT_DTYPES:
-            problems.append(
-                f"{tpath}.dtype: {t.dtype!r} but token ids need one of {', '.join(_INT_DTYPES)}"
-            )
+            problems.append(f"{tpath}.dtype: {t.dtype!r} but token ids need one of {', '.join(_INT_DTYPES)}")
     elif isinstance(section, ProprioSpec):
         _check_wired(t, tpath, (section.dim,), "proprio.dim", problems)
         if t.dtype not in _FLOAT_DTYPES:
@@ -303,20 +289,15 @@ def _check_consumed(
             problems.append(f"{tpath}.dtype: {t.dtype!r} differs from noise.dtype {section.dtype!r}")
 
 
-def _check_wired(
-    t: TensorSpec, tpath: str, tail: tuple[int, ...], what: str, problems: list[str]
-) -> None:
+def _check_wired(t: TensorSpec, tpath: str, tail: tuple[int, ...], what: str, problems: list[str]) -> None:
     """``t`` must be ``[N, *tail]``, with only the batch axis N dynamic."""
     expected = "[N, " + ", ".join(str(n) for n in tail) + "]"
     if len(t.shape) != len(tail) + 1 or tuple(t.shape[1:]) != tuple(tail):
-        problems.append(
-            f"{tpath}.shape: {list(t.shape)} does not match {what}: expected {expected}"
-        )
+        problems.append(f"{tpath}.shape: {list(t.shape)} does not match {what}: expected {expected}")
     for k, d in enumerate(t.dynamic):
         if d.axis != 0:
             problems.append(
-                f"{tpath}.dynamic[{k}].axis: axis {d.axis} is fixed by {what}; "
-                "only the batch axis 0 may be dynamic"
+                f"{tpath}.dynamic[{k}].axis: axis {d.axis} is fixed by {what}; only the batch axis 0 may be dynamic"
             )
 
 
@@ -328,9 +309,7 @@ def _batch_range(t: TensorSpec) -> tuple[int, int, int]:
     return (n, n, n)
 
 
-def _check_batch(
-    inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...], problems: list[str]
-) -> None:
+def _check_batch(inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...], problems: list[str]) -> None:
     """Every tensor shares one batch axis, so all must agree on its range."""
     tensors = [(f"inputs[{j}]", t) for j, t in enumerate(inputs)]
     tensors += [(f"outputs[{j}]", t) for j, t in enumerate(outputs)]
@@ -341,9 +320,4 @@ def _check_batch(
     for tpath, t in tensors[1:]:
         r = _batch_range(t)
         if r != ref_range:
-            problems.append(
-                f"{tpath}: batch axis (min, opt, max) {r} differs from {ref_path} ({ref.name}) "
-                f"{ref_range}"
-            )
-
-
+            problems.append(f"{tpath}: batch axis (min, opt, max) {r} differs from {ref_path} ({ref.name}) {ref_range}")

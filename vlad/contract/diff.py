@@ -31,6 +31,7 @@ CATEGORY_REASONS: dict[str, tuple[bool, str]] = {
     "info": (False, "informational"),
 }
 
+
 def _leaves(category: str, *names: str) -> dict[str, str]:
     return dict.fromkeys(names, category)
 
@@ -40,10 +41,8 @@ _LEAF_CATEGORY = {
     **_leaves("format", "format"),
     **_leaves("wiring", "input", "output"),
     **_leaves("dtype", "dtype"),
-    **_leaves("shape", "shape", "height", "width", "chunk_length", "dim", "max_tokens",
-              "axis", "min", "opt", "max"),
-    **_leaves("normalization", "mean", "std", "scale", "sha256", "pad_id", "padding_side",
-              "truncation"),
+    **_leaves("shape", "shape", "height", "width", "chunk_length", "dim", "max_tokens", "axis", "min", "opt", "max"),
+    **_leaves("normalization", "mean", "std", "scale", "sha256", "pad_id", "padding_side", "truncation"),
     **_leaves("tokenizer", "tokenizer", "library", "library_version"),
     **_leaves("preprocessing", "resize", "crop"),
     **_leaves("unit", "unit", "units"),
@@ -53,8 +52,7 @@ _LEAF_CATEGORY = {
     **_leaves("layout", "layout"),
     **_leaves("semantics", "semantics"),
     **_leaves("noise", "seeding"),
-    **_leaves("safety", "lower", "upper", "rate_limit", "on_nonfinite", "on_bound_violation",
-              "hold_posture"),
+    **_leaves("safety", "lower", "upper", "rate_limit", "on_nonfinite", "on_bound_violation", "hold_posture"),
 }
 
 
@@ -129,8 +127,7 @@ def _walk(a: Any, b: Any, path: str, parts: tuple[str, ...], out: list[FieldDiff
     if is_dataclass(a) and type(a) is type(b):
         for f in fields(a):
             if f.compare:
-                _walk(getattr(a, f.name), getattr(b, f.name), _join(path, f.name),
-                      parts + (f.name,), out)
+                _walk(getattr(a, f.name), getattr(b, f.name), _join(path, f.name), parts + (f.name,), out)
         return
     if isinstance(a, tuple) and isinstance(b, tuple) and any(is_dataclass(x) for x in a + b):
         _walk_tables(a, b, path, parts, out)
@@ -171,5 +168,3 @@ def _walk_tables(
         out.append(FieldDiff(path, ka, kb, category, CATEGORY_REASONS[category][0]))
     for k in common_a:
         _walk(ma[k], mb[k], f"{path}[{k}]", parts, out)
-
-

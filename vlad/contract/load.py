@@ -12,7 +12,6 @@ from vlad.errors import ContractError
 from vlad.files import FileRefused, load_toml
 
 
-
 def load_contract(path: str | Path) -> Contract:
     """Read, parse and validate the contract file at ``path``.
 
@@ -31,9 +30,7 @@ def load_contract(path: str | Path) -> Contract:
     return parse_contract(data, source, path=path.resolve())
 
 
-def parse_contract(
-    data: dict[str, Any], source: str = "<contract>", *, path: Path | None = None
-) -> Contract:
+def parse_contract(data: dict[str, Any], source: str = "<contract>", *, path: Path | None = None) -> Contract:
     """Validate TOML-shaped ``data`` and build a :class:`Contract`.
 
     ``source`` names the data in error messages. ``path`` (the contract file) sets
@@ -46,9 +43,7 @@ def parse_contract(
     values, complete = schema.parse_fields(Contract, data, "", problems, CHECKS)
     fmt = values.get("format")
     if fmt is not None and fmt not in SUPPORTED_FORMATS:
-        problems.append(
-            f"format: unsupported format {fmt!r} (this vlad reads: {', '.join(SUPPORTED_FORMATS)})"
-        )
+        problems.append(f"format: unsupported format {fmt!r} (this vlad reads: {', '.join(SUPPORTED_FORMATS)})")
     check_cross(values, problems)
     if problems or not complete:
         raise ContractError(source, problems)

@@ -20,10 +20,19 @@ SUPPORTED_FORMATS = (CONTRACT_FORMAT,)
 # A closed set on purpose: a unit the daemon does not know cannot be converted or
 # bounded, and a typo ("rads") must not silently pass as a new unit.
 KNOWN_UNITS = (
-    "rad", "deg", "m", "mm",
-    "rad/s", "deg/s", "m/s", "mm/s",
-    "rad/s^2", "deg/s^2", "m/s^2",
-    "N", "N*m",
+    "rad",
+    "deg",
+    "m",
+    "mm",
+    "rad/s",
+    "deg/s",
+    "m/s",
+    "mm/s",
+    "rad/s^2",
+    "deg/s^2",
+    "m/s^2",
+    "N",
+    "N*m",
     "1",  # dimensionless (gripper opening fraction, normalized values)
 )
 
@@ -38,13 +47,10 @@ UNITS_BY_SEMANTICS: dict[str, tuple[str, ...]] = {
 
 ColorOrder = Literal["RGB", "BGR"]
 ImageLayout = Literal["HWC", "CHW"]
-TensorDtype = Literal[
-    "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"
-]
+TensorDtype = Literal["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 _INT_DTYPES = ("int32", "int64")
 _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,9 +254,7 @@ class Contract:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     path: Path | None = field(default=None, compare=False, repr=False, metadata={"internal": True})
-    base_dir: Path | None = field(
-        default=None, compare=False, repr=False, metadata={"internal": True}
-    )
+    base_dir: Path | None = field(default=None, compare=False, repr=False, metadata={"internal": True})
 
     def input(self, name: str) -> TensorSpec:
         """The ``[[inputs]]`` entry called ``name`` (KeyError if there is none)."""
@@ -277,9 +281,7 @@ class Contract:
 
     def canonical_bytes(self) -> bytes:
         """Canonical JSON of :meth:`to_dict`: same contract, same bytes, whatever the TOML layout."""
-        return json.dumps(
-            self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        ).encode("utf-8")
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
     @property
     def sha256(self) -> str:
@@ -298,9 +300,7 @@ def _by_name(items: tuple[Any, ...], name: str, what: str) -> Any:
 def _plain(value: Any) -> Any:
     """Dataclasses to dicts and tuples to lists (TOML / JSON shaped)."""
     if is_dataclass(value):
-        return {
-            f.name: _plain(getattr(value, f.name)) for f in fields(value) if f.compare
-        }
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if f.compare}
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     return value

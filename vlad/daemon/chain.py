@@ -36,8 +36,9 @@ class ChainPolicy:
 class PolicyChain:
     """Owns the chain's policies, the health policy over them and the serving pointer."""
 
-    def __init__(self, policies: list[ChainPolicy], health_window_ns: int, state: StateMachine,
-                 loop: ServingLoop) -> None:
+    def __init__(
+        self, policies: list[ChainPolicy], health_window_ns: int, state: StateMachine, loop: ServingLoop
+    ) -> None:
         self.policies = policies  # without the hold posture
         self.state = state
         self.loop = loop
@@ -72,8 +73,11 @@ class PolicyChain:
         """Route to chain position ``target`` (a pointer change; every policy is warm)."""
         before = self.health.active
         self.health.active = target
-        self.point(target, f"{self.health.chain[before]} -> {self.health.chain[target]}",
-                   from_policy=str(self.health.chain[before]))
+        self.point(
+            target,
+            f"{self.health.chain[before]} -> {self.health.chain[target]}",
+            from_policy=str(self.health.chain[before]),
+        )
 
     def point(self, target: int, why: str, **details: object) -> None:
         """Point the serving thread at chain position ``target`` and wake it."""
@@ -82,8 +86,13 @@ class PolicyChain:
         self.loop.publisher.expect_swap(new.id.slot if new else "hold", t0)
         self.loop.active = new.served if new else None
         self.loop.wake()
-        self.state.record("swap", why, to_policy=str(self.health.chain[target]),
-                          switch_us=round((time.monotonic_ns() - t0) / 1e3, 1), **details)
+        self.state.record(
+            "swap",
+            why,
+            to_policy=str(self.health.chain[target]),
+            switch_us=round((time.monotonic_ns() - t0) / 1e3, 1),
+            **details,
+        )
 
     def install(self, policy: ChainPolicy, reason: str) -> ChainPolicy:
         """Make ``policy`` the release being served; returns the one it replaces."""
@@ -93,6 +102,10 @@ class PolicyChain:
         log_context.release = policy.id.release
         if self.health.active == 0:
             self.point(0, f"{old.id} -> {policy.id}: {reason}")
-        self.state.record("release", f"{old.id.release} -> {policy.id.release}: {reason}",
-                          from_release=old.id.release, to_release=policy.id.release)
+        self.state.record(
+            "release",
+            f"{old.id.release} -> {policy.id.release}: {reason}",
+            from_release=old.id.release,
+            to_release=policy.id.release,
+        )
         return old

@@ -116,19 +116,23 @@ async def _shadow_stop(d: Daemon, a: NoArgs) -> Any:
     return await d.releases.shadow_stop()
 
 
-COMMANDS: dict[str, Command] = {c.name: c for c in (
-    Command("ping", NoArgs, _ping, "is the daemon there (pid, version)"),
-    Command("status", NoArgs, _status, "state, release, backend, rates, latency, counters"),
-    Command("events", EventsArgs, _events, "the last `limit` state transitions and events"),
-    Command("resume", OperatorArgs, _resume, "clear every quarantine (operator decision, recorded)"),
-    Command("deploy", DeployArgs, _deploy, "verify, stage, warm and hot-swap a release", release_op=True),
-    Command("rollback", OperatorArgs, _rollback, "back to the previous release", release_op=True),
-    Command("history", NoArgs, _history, "activations and rollbacks from the release store"),
-    Command("shadow_start", ShadowStartArgs, _shadow_start, "run a candidate beside the serving policy",
-            release_op=True),
-    Command("shadow_report", NoArgs, _shadow_report, "divergence, latency and faults of the shadow run"),
-    Command("shadow_stop", NoArgs, _shadow_stop, "stop the shadow run and report", release_op=True),
-)}
+COMMANDS: dict[str, Command] = {
+    c.name: c
+    for c in (
+        Command("ping", NoArgs, _ping, "is the daemon there (pid, version)"),
+        Command("status", NoArgs, _status, "state, release, backend, rates, latency, counters"),
+        Command("events", EventsArgs, _events, "the last `limit` state transitions and events"),
+        Command("resume", OperatorArgs, _resume, "clear every quarantine (operator decision, recorded)"),
+        Command("deploy", DeployArgs, _deploy, "verify, stage, warm and hot-swap a release", release_op=True),
+        Command("rollback", OperatorArgs, _rollback, "back to the previous release", release_op=True),
+        Command("history", NoArgs, _history, "activations and rollbacks from the release store"),
+        Command(
+            "shadow_start", ShadowStartArgs, _shadow_start, "run a candidate beside the serving policy", release_op=True
+        ),
+        Command("shadow_report", NoArgs, _shadow_report, "divergence, latency and faults of the shadow run"),
+        Command("shadow_stop", NoArgs, _shadow_stop, "stop the shadow run and report", release_op=True),
+    )
+}
 
 
 def parse_request(frame: Any) -> tuple[Command, Any]:
@@ -137,8 +141,9 @@ def parse_request(frame: Any) -> tuple[Command, Any]:
     name, raw_args = protocol.decode_request(frame)
     cmd = COMMANDS.get(name)
     if cmd is None:
-        raise protocol.ProtocolError("unknown_command", f"unknown control command {name[:64]!r} "
-                                                        f"(known: {', '.join(COMMANDS)})")
+        raise protocol.ProtocolError(
+            "unknown_command", f"unknown control command {name[:64]!r} (known: {', '.join(COMMANDS)})"
+        )
     args: Any = schema.parse(cmd.args, raw_args, f"{name}", BadArguments)
     return cmd, args
 

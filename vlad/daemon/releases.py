@@ -79,17 +79,27 @@ class Canary:
         return None
 
     def report(self, now_ns: int) -> dict[str, Any]:
-        return {"release": self.policy.id.release, "previous": self.previous.id.release,
-                "elapsed_s": round(self.elapsed_s(now_ns), 3), "window_s": self.thresholds.window_s,
-                "heartbeat_faults": self.heartbeat_faults}
+        return {
+            "release": self.policy.id.release,
+            "previous": self.previous.id.release,
+            "elapsed_s": round(self.elapsed_s(now_ns), 3),
+            "window_s": self.thresholds.window_s,
+            "heartbeat_faults": self.heartbeat_faults,
+        }
 
 
 class ReleaseManager:
     """Deploy, rollback, shadow and canary on top of the :class:`PolicyChain`."""
 
-    def __init__(self, cfg: Config, chain: PolicyChain, publisher: Publisher, state: StateMachine,
-                 served: Callable[[LoadedPolicy, str], ServedPolicy],
-                 check_evidence: Callable[[LoadedPolicy], list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        chain: PolicyChain,
+        publisher: Publisher,
+        state: StateMachine,
+        served: Callable[[LoadedPolicy, str], ServedPolicy],
+        check_evidence: Callable[[LoadedPolicy], list[str]] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.chain = chain
         self.publisher = publisher
@@ -122,14 +132,21 @@ class ReleaseManager:
         """Verify, load and warm a release beside the serving one (off the event loop)."""
         r = self.cfg.release
         keys_dir = r.keys_dir if r.verify else None
-        source = PolicySource(folder, keys_dir, *(("", "", {}) if keys_dir else (r.backend, r.artifact, r.options)),
-                              site_options=r.site_options, check_time=check_time)
+        source = PolicySource(
+            folder,
+            keys_dir,
+            *(("", "", {}) if keys_dir else (r.backend, r.artifact, r.options)),
+            site_options=r.site_options,
+            check_time=check_time,
+        )
         policy = await self._in_thread(lambda: load_policy(source, self.cfg.serve.warmup))
         breaking = compatible(self.chain.release.loaded.contract, policy.contract)
         if breaking:
             policy.session.close()
-            raise VladError(f"{policy.release_id} changes the contract ({', '.join(breaking[:5])}): "
-                            "controllers would break; deploy it with a restart instead")
+            raise VladError(
+                f"{policy.release_id} changes the contract ({', '.join(breaking[:5])}): "
+                "controllers would break; deploy it with a restart instead"
+            )
         for note in policy.notes:
             self.state.record("release_note", note, release=policy.release_id)
         return policy
@@ -165,11 +182,18 @@ class ReleaseManager:
         try:
             missing = self.check_evidence(loaded) if self.check_evidence else []
             if missing and not force:
-                raise VladError(f"{release_id} lacks passing gate evidence ({'; '.join(missing[:4])}); run "
-                                "`vladctl gate` and sign the evidence in, or deploy with --force --why")
+                raise VladError(
+                    f"{release_id} lacks passing gate evidence ({'; '.join(missing[:4])}); run "
+                    "`vladctl gate` and sign the evidence in, or deploy with --force --why"
+                )
             if missing:
-                self.state.record("operator", f"deploy of {release_id} without gate evidence forced by {who}: {why}",
-                                  who=who, why=why, missing=missing)
+                self.state.record(
+                    "operator",
+                    f"deploy of {release_id} without gate evidence forced by {who}: {why}",
+                    who=who,
+                    why=why,
+                    missing=missing,
+                )
             if canary and loaded.manifest is None:
                 raise VladError("a canary needs a signed release (its manifest holds the canary thresholds)")
             await self._in_thread(lambda: store.activate(release_id, who, why, force))
@@ -181,8 +205,9 @@ class ReleaseManager:
         if canary:
             assert loaded.manifest is not None
             c = loaded.manifest.canary
-            thresholds = CanaryThresholds(c.window_s, c.max_deadline_miss_rate, c.max_interventions,
-                                          c.max_divergence, c.max_heartbeat_faults)
+            thresholds = CanaryThresholds(
+                c.window_s, c.max_deadline_miss_rate, c.max_interventions, c.max_divergence, c.max_heartbeat_faults
+            )
             # The previous release keeps running as a shadow: the divergence reference,
             # and the warm policy an abort swaps back to.
             self._start_shadow(old.served, old.loaded, "canary-reference", thresholds.max_divergence)
@@ -228,8 +253,9 @@ class ReleaseManager:
 
     async def shadow_start(self, path: str, tolerance: float) -> dict[str, Any]:
         if self.shadow is not None:
-            raise VladError(f"a shadow of {self.shadow.policy.id.release} is running ({self.shadow.purpose}); "
-                            "stop it first")
+            raise VladError(
+                f"a shadow of {self.shadow.policy.id.release} is running ({self.shadow.purpose}); stop it first"
+            )
         loaded = await self._load(Path(path))
         self._start_shadow(self.served(loaded, "shadow"), loaded, "shadow", tolerance)
         self.state.record("shadow", f"shadow run of {loaded.release_id} started")
@@ -270,8 +296,9 @@ class ReleaseManager:
         elif canary.elapsed_s(time.monotonic_ns()) >= canary.thresholds.window_s:
             self.canary = None
             run = self._stop_shadow()
-            self.state.record("canary", f"canary of {canary.policy.id.release} passed after "
-                                        f"{canary.thresholds.window_s:g} s")
+            self.state.record(
+                "canary", f"canary of {canary.policy.id.release} passed after {canary.thresholds.window_s:g} s"
+            )
             await self._retire(run)
 
     async def abort_canary(self, reason: str, who: str) -> dict[str, Any]:
@@ -288,8 +315,9 @@ class ReleaseManager:
         # previous release serves at once (the next monitor tick re-judges everything else).
         if self.chain.active != 0:
             self.chain.serve(0)
-        self.state.record("canary_abort", f"canary of {canary.policy.id.release} aborted: {reason}",
-                          release=canary.policy.id.release)
+        self.state.record(
+            "canary_abort", f"canary of {canary.policy.id.release} aborted: {reason}", release=canary.policy.id.release
+        )
         try:
             store = await self._in_thread(self.store)
             await self._in_thread(lambda: store.rollback(who, f"canary aborted: {reason}"))
@@ -297,4 +325,3 @@ class ReleaseManager:
             log.error("canary aborted but the store could not roll back: %s", exc)
         await self._retire(bad)
         return {"release": previous.id.release, "aborted": canary.policy.id.release, "reason": reason}
-

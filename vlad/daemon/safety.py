@@ -38,8 +38,14 @@ BATCH = 32
 class EStop:
     """The e-stop reader thread (see module docstring)."""
 
-    def __init__(self, cfg: SafetyConfig, sock: zmq.Socket | None, publisher: Publisher, period_ns: int,
-                 on_change: Callable[[bool, str], None]) -> None:
+    def __init__(
+        self,
+        cfg: SafetyConfig,
+        sock: zmq.Socket | None,
+        publisher: Publisher,
+        period_ns: int,
+        on_change: Callable[[bool, str], None],
+    ) -> None:
         self.cfg = cfg
         self.sock = sock
         self.publisher = publisher

@@ -44,7 +44,7 @@ def prepare_ipc(endpoint: str, group: str) -> None:
     """
     if not endpoint.startswith("ipc://"):
         return
-    path = Path(endpoint[len("ipc://"):])
+    path = Path(endpoint[len("ipc://") :])
     folder = path.parent
     if not folder.exists():
         try:
@@ -57,7 +57,9 @@ def prepare_ipc(endpoint: str, group: str) -> None:
             pass  # no such group on this machine, or not ours to give: keep the owner's
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise StartupError(f"endpoint {endpoint}: {path} exists and is not a socket; remove it or choose another path")
+            raise StartupError(
+                f"endpoint {endpoint}: {path} exists and is not a socket; remove it or choose another path"
+            )
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.settimeout(0.5)
@@ -72,8 +74,15 @@ def prepare_ipc(endpoint: str, group: str) -> None:
             probe.close()
 
 
-def bind(sock: zmq.Socket, endpoint: str, *, role: str, max_message: int, rcvhwm: int | None = None,
-         curve: tuple[bytes, bytes] | None = None) -> None:
+def bind(
+    sock: zmq.Socket,
+    endpoint: str,
+    *,
+    role: str,
+    max_message: int,
+    rcvhwm: int | None = None,
+    curve: tuple[bytes, bytes] | None = None,
+) -> None:
     """Bind with the limits and the ZAP domain of ``role`` (see module docstring)."""
     sock.setsockopt(zmq.MAXMSGSIZE, max_message)
     if rcvhwm is not None:
@@ -91,7 +100,7 @@ def bind(sock: zmq.Socket, endpoint: str, *, role: str, max_message: int, rcvhwm
             raise StartupError(f"endpoint {endpoint} is already in use") from None
         raise StartupError(f"cannot bind {endpoint}: {exc.strerror}") from None
     if endpoint.startswith("ipc://"):
-        os.chmod(endpoint[len("ipc://"):], stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IWGRP)
+        os.chmod(endpoint[len("ipc://") :], stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IWGRP)
 
 
 class Principal:
@@ -178,7 +187,11 @@ class Gatekeeper:
         """(status code, text, user id) for one ZAP request (RFC 27)."""
         if len(request) < 6 or request[0] != b"1.0":
             return b"400", b"malformed ZAP request", b""
-        domain, address, mechanism = request[2].decode("ascii", "replace"), request[3].decode("ascii", "replace"), request[5]
+        domain, address, mechanism = (
+            request[2].decode("ascii", "replace"),
+            request[3].decode("ascii", "replace"),
+            request[5],
+        )
         principals = self.allow.get(domain)
         user = b""
         if mechanism == b"CURVE":

@@ -29,8 +29,10 @@ class Rates:
         t_prev, obs_prev, act_prev = self._prev
         dt = (now - t_prev) / 1e9
         if dt >= 0.5:
-            self.value = {"observations_hz": round((observations - obs_prev) / dt, 2),
-                          "actions_hz": round((actions - act_prev) / dt, 2)}
+            self.value = {
+                "observations_hz": round((observations - obs_prev) / dt, 2),
+                "actions_hz": round((actions - act_prev) / dt, 2),
+            }
             self._prev = (now, observations, actions)
         return self.value
 
@@ -90,8 +92,12 @@ def build(d: Daemon) -> dict[str, Any]:
         "serving_backend": serving.served.session.describe().backend if serving else "hold",
         "chain": [str(p) for p in health.chain],
         "quarantined": {str(health.chain[i]): code for i, code in health.quarantined.items()},
-        "estop": {"engaged": d.estop.engaged, "source": d.estop.source, "reason": d.estop.reason,
-                  "counts": dict(d.estop.counts)},
+        "estop": {
+            "engaged": d.estop.engaged,
+            "source": d.estop.source,
+            "reason": d.estop.reason,
+            "counts": dict(d.estop.counts),
+        },
         "findings": [f.to_dict() for f in d.findings],
         "swaps_ms": list(d.publisher.swap_ms),
         "shadow": d.releases.shadow.report() if d.releases.shadow else None,
@@ -112,8 +118,11 @@ def build(d: Daemon) -> dict[str, Any]:
         "heartbeat_age_s": round((now - d.intake.last_heartbeat_ns) / 1e9, 3) if d.intake.last_heartbeat_ns else None,
         "latency_ms": latency,
         "engine_ms": latency.get("engine"),
-        "temperatures_c": {k[len("temperature."):]: v for k, v in d.readings.items() if k.startswith("temperature.")},
-        "memory": {"host_rss_bytes": int(d.readings.get("memory.rss_bytes", 0)) or release.served.session.memory().host_rss_bytes},
+        "temperatures_c": {k[len("temperature.") :]: v for k, v in d.readings.items() if k.startswith("temperature.")},
+        "memory": {
+            "host_rss_bytes": int(d.readings.get("memory.rss_bytes", 0))
+            or release.served.session.memory().host_rss_bytes
+        },
         "realtime": d.realtime_report,
         "openpi": d.openpi.report() if d.openpi is not None else None,
     }

@@ -65,11 +65,27 @@ SMALL_MESSAGE = 4096  # largest frame a peer may send on the action, status and 
 class Daemon:
     """The running supervisor. Built by :func:`assemble`; every part is given, none optional."""
 
-    def __init__(self, cfg: Config, *, notifier: Notifier, state: StateMachine, ctx: zmq.Context,
-                 chain: PolicyChain, loop: ServingLoop, publisher: Publisher, intake: Intake, guard: ActionGuard,
-                 stats: LatencyStats, cadence: HoldKeeper, estop: EStop, gatekeeper: Gatekeeper,
-                 control_sock: zmq.asyncio.Socket, status_sock: zmq.asyncio.Socket,
-                 served: Callable[[LoadedPolicy, str], ServedPolicy], realtime_report: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        notifier: Notifier,
+        state: StateMachine,
+        ctx: zmq.Context,
+        chain: PolicyChain,
+        loop: ServingLoop,
+        publisher: Publisher,
+        intake: Intake,
+        guard: ActionGuard,
+        stats: LatencyStats,
+        cadence: HoldKeeper,
+        estop: EStop,
+        gatekeeper: Gatekeeper,
+        control_sock: zmq.asyncio.Socket,
+        status_sock: zmq.asyncio.Socket,
+        served: Callable[[LoadedPolicy, str], ServedPolicy],
+        realtime_report: dict[str, Any],
+    ) -> None:
         self.cfg = cfg
         self.notifier = notifier
         self.state = state
@@ -107,12 +123,17 @@ class Daemon:
     async def main_loop(self) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            for name, fn in (("signals", self._signals_task), ("control", self._control_task),
-                             ("status", self._status_task), ("health", self._health_task),
-                             ("watchdog", self._watchdog_task)):
+            for name, fn in (
+                ("signals", self._signals_task),
+                ("control", self._control_task),
+                ("status", self._status_task),
+                ("health", self._health_task),
+                ("watchdog", self._watchdog_task),
+            ):
                 await tg.start(fn, name=name)
-            self.notifier.ready(f"serving {self.chain.release.id.release} on "
-                                f"{self.chain.release.served.session.describe().backend}")
+            self.notifier.ready(
+                f"serving {self.chain.release.id.release} on {self.chain.release.served.session.describe().backend}"
+            )
 
     async def shutdown(self) -> None:
         """Stop intake, finish or abandon the in-flight inference, final status."""
@@ -164,17 +185,22 @@ class Daemon:
                 if not delimiter:
                     self.control_rejected["malformed"] += 1  # not a REQ envelope: nothing to answer
                     continue
-                envelope, body, peer = frames[:delimiter + 1], frames[delimiter + 1:], frames[0]
+                envelope, body, peer = frames[: delimiter + 1], frames[delimiter + 1 :], frames[0]
                 if len(body) != 1:  # a REQ peer that sent a multipart request: answer, never leave it waiting
                     self.control_rejected["malformed"] += 1
-                    await self._reply(envelope, protocol.encode_reply(
-                        False, error=f"malformed: a control request is one frame, got {len(body)}"))
+                    await self._reply(
+                        envelope,
+                        protocol.encode_reply(
+                            False, error=f"malformed: a control request is one frame, got {len(body)}"
+                        ),
+                    )
                     continue
                 frame = body[0]
                 if in_flight[peer] >= s.control_in_flight_per_peer or sum(in_flight.values()) >= s.control_in_flight:
                     self.control_rejected["busy"] += 1
-                    await self._reply(envelope, protocol.encode_reply(False, error="busy: too many requests in "
-                                                                                   "flight; try again"))
+                    await self._reply(
+                        envelope, protocol.encode_reply(False, error="busy: too many requests in flight; try again")
+                    )
                     continue
                 in_flight[peer] += 1
                 tg.start_soon(self._answer, envelope, frame, peer, in_flight)
@@ -240,9 +266,9 @@ class Daemon:
         self.last_status = st
         self.status_seq += 1
         try:
-            await self.status_sock.send_multipart(protocol.encode(protocol.TOPIC_STATUS,
-                                                                  {"seq": self.status_seq, "status": st}),
-                                                  flags=zmq.NOBLOCK)
+            await self.status_sock.send_multipart(
+                protocol.encode(protocol.TOPIC_STATUS, {"seq": self.status_seq, "status": st}), flags=zmq.NOBLOCK
+            )
         except zmq.Again:
             pass
         e2e = st["latency_ms"].get("e2e")
@@ -283,16 +309,27 @@ class Daemon:
             policies[shadow.policy.id] = shadow.policy.counts.snapshot()
         before = prev.get("policies", {})
         view = HealthView(
-            now_ns=now, period_ns=self.period_ns, deadline_ns=int(self.contract.timing.e2e_deadline_ms * 1e6),
-            thresholds=self.cfg.monitors, intake=intake, intake_window=intake.minus(prev.get("intake")),
-            publish=publish, publish_window=publish.minus(prev.get("publish")), policies=policies,
+            now_ns=now,
+            period_ns=self.period_ns,
+            deadline_ns=int(self.contract.timing.e2e_deadline_ms * 1e6),
+            thresholds=self.cfg.monitors,
+            intake=intake,
+            intake_window=intake.minus(prev.get("intake")),
+            publish=publish,
+            publish_window=publish.minus(prev.get("publish")),
+            policies=policies,
             policies_window={k: v.minus(before.get(k)) for k, v in policies.items()},
-            serving=self.chain.serving.id if self.chain.serving else None, release=self.chain.release.id,
-            latency=self.stats.summary(), last_observation_ns=self.intake.last_observation_ns,
-            last_heartbeat_ns=self.intake.last_heartbeat_ns, in_flight=_in_flight(self.loop),
-            hang_timeout_ns=self.cfg.serve.hang_timeout_ns, readings=self.readings,
+            serving=self.chain.serving.id if self.chain.serving else None,
+            release=self.chain.release.id,
+            latency=self.stats.summary(),
+            last_observation_ns=self.intake.last_observation_ns,
+            last_heartbeat_ns=self.intake.last_heartbeat_ns,
+            in_flight=_in_flight(self.loop),
+            hang_timeout_ns=self.cfg.serve.hang_timeout_ns,
+            readings=self.readings,
             backend_stats={p.id: p.served.session.stats() for p in self.chain.policies},
-            release_dir=self.chain.release.loaded.folder, artifacts=self.chain.release.loaded.artifacts,
+            release_dir=self.chain.release.loaded.folder,
+            artifacts=self.chain.release.loaded.artifacts,
         )
         prev.update(intake=intake, publish=publish, policies=policies)
         return view
@@ -308,9 +345,12 @@ class Daemon:
         self._unstick()
         await self.releases.check_canary(findings)
         if health.active != decision.target:  # a canary abort swapped back meanwhile
-            decision = dataclasses.replace(decision, target=health.active,
-                                           state=State.ACTIVE if health.active == 0 else State.FALLBACK,
-                                           reason="canary aborted: previous release restored")
+            decision = dataclasses.replace(
+                decision,
+                target=health.active,
+                state=State.ACTIVE if health.active == 0 else State.FALLBACK,
+                reason="canary aborted: previous release restored",
+            )
         if self.estop.engaged:
             self.state_before_estop = decision.state
         elif decision.state != self.state.state:
@@ -374,8 +414,9 @@ def _in_flight(loop: ServingLoop) -> InFlight | None:
     return InFlight(running.policy.id, running.since_ns) if running is not None else None
 
 
-def _check(view: HealthView, sensor_list: list[Sensor], monitor_list: list[Monitor]
-           ) -> tuple[dict[str, float], list[Finding]]:
+def _check(
+    view: HealthView, sensor_list: list[Sensor], monitor_list: list[Monitor]
+) -> tuple[dict[str, float], list[Finding]]:
     readings: dict[str, float] = {}
     for s in sensor_list:
         try:
@@ -420,8 +461,10 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     curve, curve_keys = None, set[bytes]()
     if any(e.startswith("tcp://") for e in roles.values()):
         if not (s.curve_secret_key and s.curve_clients_dir):
-            raise StartupError("tcp:// endpoints need CurveZMQ keys: set sockets.curve_secret_key and "
-                               "sockets.curve_clients_dir (or use ipc:// endpoints)")
+            raise StartupError(
+                "tcp:// endpoints need CurveZMQ keys: set sockets.curve_secret_key and "
+                "sockets.curve_clients_dir (or use ipc:// endpoints)"
+            )
         curve, curve_keys = load_curve(s.curve_secret_key, s.curve_clients_dir)
     allow = {}
     if s.observation_producers:
@@ -439,8 +482,12 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     sources = [("release", PolicySource(Path(r.path), keys_dir, r.backend, r.artifact, r.options, r.site_options))]
     releases = [e for e in cfg.fallback.chain if e.kind == "release"]
     for i, e in enumerate(releases):
-        sources.append((f"fallback{i + 1}", PolicySource(Path(e.path or ""), keys_dir, e.backend, e.artifact,
-                                                         e.options, r.site_options)))
+        sources.append(
+            (
+                f"fallback{i + 1}",
+                PolicySource(Path(e.path or ""), keys_dir, e.backend, e.artifact, e.options, r.site_options),
+            )
+        )
     loaded: list[tuple[str, LoadedPolicy]] = []
     for name, source in sources:
         notifier.status(f"loading and warming {name} ({source.folder})")
@@ -450,11 +497,18 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         if loaded:
             breaking = compatible(loaded[0][1].contract, policy.contract)
             if breaking:
-                raise StartupError(f"fallback {source.folder} has a contract incompatible with the release: "
-                                   f"{', '.join(breaking)}")
+                raise StartupError(
+                    f"fallback {source.folder} has a contract incompatible with the release: {', '.join(breaking)}"
+                )
         loaded.append((name, policy))
-        log.info("loaded %s %s on %s, %d warm-up inferences in %.2f s", name, policy.release_id,
-                 policy.session.describe().backend, cfg.serve.warmup, time.monotonic() - t0)
+        log.info(
+            "loaded %s %s on %s, %d warm-up inferences in %.2f s",
+            name,
+            policy.release_id,
+            policy.session.describe().backend,
+            cfg.serve.warmup,
+            time.monotonic() - t0,
+        )
     contract = loaded[0][1].contract
     period_ns = int(contract.timing.control_period_ms * 1e6)
     log_context.release = loaded[0][1].release_id
@@ -473,7 +527,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         stack.callback(sock.close, s.linger_ms)
         bind(sock, endpoint, role=role, max_message=max_message, rcvhwm=rcvhwm, curve=curve)
         if endpoint.startswith("ipc://"):
-            stack.callback(Path(endpoint[len("ipc://"):]).unlink, missing_ok=True)
+            stack.callback(Path(endpoint[len("ipc://") :]).unlink, missing_ok=True)
         return sock
 
     obs_sock = make(ctx, zmq.SUB, "observations", _largest_frame(contract), cfg.serve.observation_hwm)
@@ -500,26 +554,55 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         serving = chain_ref[0].serving if chain_ref else None
         return serving.id.release if serving else "hold"
 
-    publisher = Publisher(contract, actions_sock, guard, stats, PublishCounts(), release_name,
-                          lambda: state.state.value, cfg.safety.estop_output)
+    publisher = Publisher(
+        contract,
+        actions_sock,
+        guard,
+        stats,
+        PublishCounts(),
+        release_name,
+        lambda: state.state.value,
+        cfg.safety.estop_output,
+    )
     loop = ServingLoop(ctx, obs_sock, intake, publisher, cfg.realtime, period_ns)
     stack.callback(loop.close)
 
     def served(policy: LoadedPolicy, slot: str) -> ServedPolicy:
         return ServedPolicy(PolicyId(slot, policy.release_id), policy.contract, policy.session, policy.tokenizer)
 
-    chain = PolicyChain([ChainPolicy(p, served(p, name)) for name, p in loaded], cfg.fallback.healthy_window_ns,
-                        state, loop)
+    chain = PolicyChain(
+        [ChainPolicy(p, served(p, name)) for name, p in loaded], cfg.fallback.healthy_window_ns, state, loop
+    )
     chain_ref.append(chain)
     loop.active = chain.release.served
     daemon_ref: list[Daemon] = []
-    estop = EStop(cfg.safety, estop_sock, publisher, period_ns,
-                  lambda engaged, reason: daemon_ref[0].estop_changed(engaged, reason) if daemon_ref else None)
+    estop = EStop(
+        cfg.safety,
+        estop_sock,
+        publisher,
+        period_ns,
+        lambda engaged, reason: daemon_ref[0].estop_changed(engaged, reason) if daemon_ref else None,
+    )
     cadence = HoldKeeper(loop, period_ns)
-    daemon = Daemon(cfg, notifier=notifier, state=state, ctx=ctx, chain=chain, loop=loop, publisher=publisher,
-                    intake=intake, guard=guard, stats=stats, cadence=cadence, estop=estop, gatekeeper=gatekeeper,
-                    control_sock=control_sock, status_sock=status_sock, served=served,
-                    realtime_report=_realtime_report(cfg))
+    daemon = Daemon(
+        cfg,
+        notifier=notifier,
+        state=state,
+        ctx=ctx,
+        chain=chain,
+        loop=loop,
+        publisher=publisher,
+        intake=intake,
+        guard=guard,
+        stats=stats,
+        cadence=cadence,
+        estop=estop,
+        gatekeeper=gatekeeper,
+        control_sock=control_sock,
+        status_sock=status_sock,
+        served=served,
+        realtime_report=_realtime_report(cfg),
+    )
     daemon_ref.append(daemon)
     compat.attach(daemon, obs_sock, actions_sock, stack)  # openpi endpoint, metrics: before serving starts
     # The e-stop is read once before serving starts: a robot booted with it engaged never
@@ -529,8 +612,12 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     cadence.start()
     stack.push_async_callback(daemon.shutdown)
     if not estop.engaged:
-        state.transition(State.ACTIVE, "release loaded and warmed up", release=chain.release.id.release,
-                         chain=[str(i) for i in chain.ids()])
+        state.transition(
+            State.ACTIVE,
+            "release loaded and warmed up",
+            release=chain.release.id.release,
+            chain=[str(i) for i in chain.ids()],
+        )
     return daemon
 
 
@@ -549,8 +636,13 @@ def _largest_frame(contract: Contract) -> int:
 
 def _realtime_report(cfg: Config) -> dict[str, Any]:
     rt = cfg.realtime
-    return {"cpu_affinity": list(rt.cpu_affinity), "fifo_priority": rt.fifo_priority, "mlockall": rt.mlockall,
-            "gc_freeze": rt.gc_freeze, "busy_poll_us": rt.busy_poll_us}
+    return {
+        "cpu_affinity": list(rt.cpu_affinity),
+        "fifo_priority": rt.fifo_priority,
+        "mlockall": rt.mlockall,
+        "gc_freeze": rt.gc_freeze,
+        "busy_poll_us": rt.busy_poll_us,
+    }
 
 
 def serve(cfg: Config) -> int:

@@ -53,8 +53,15 @@ class SuccessRate:
         )
 
 
-def evaluate(task, make_policy: Callable[[], Callable], name: str, instruction: str, seeds, exec_steps: int = 4,
-             progress: Callable[[str], None] | None = None) -> SuccessRate:
+def evaluate(
+    task,
+    make_policy: Callable[[], Callable],
+    name: str,
+    instruction: str,
+    seeds,
+    exec_steps: int = 4,
+    progress: Callable[[str], None] | None = None,
+) -> SuccessRate:
     """Run one seeded episode per seed; a fresh policy per episode (new noise sequence)."""
     from vlad.demo.sim import run_episode
 

@@ -181,8 +181,9 @@ class TinyPi0(nn.Module):
         n_img = (self.cfg.image_size // 8) ** 2
         return self.lang_cond(prefix[:, n_img : n_img + self.cfg.max_tokens].mean(dim=1))
 
-    def velocity(self, kv: list[tuple[torch.Tensor, torch.Tensor]], cond: torch.Tensor, x: torch.Tensor,
-                 t: torch.Tensor) -> torch.Tensor:
+    def velocity(
+        self, kv: list[tuple[torch.Tensor, torch.Tensor]], cond: torch.Tensor, x: torch.Tensor, t: torch.Tensor
+    ) -> torch.Tensor:
         h = self.act_in(x) + self.act_pos + (self.time_mlp(time_embedding(t, self.cfg.d_model)) + cond)[:, None]
         for block, (k, v) in zip(self.expert, kv, strict=True):
             h = block(h, k, v)

@@ -65,7 +65,6 @@ def write_contract(
     path.write_text(text)
 
 
-
 # ---------------------------------------------------------------------------------------
 # Export, golden fixtures and closed-loop evaluation of a trained demo policy
 # ---------------------------------------------------------------------------------------
@@ -103,7 +102,9 @@ def golden_observations() -> list:
                 obs = task.step(sim.expert_chunk(q, task.goal)[0], render=True)
             assert obs.image is not None  # rendered (render=True)
             obs_list.append(
-                RawObservation(images={"overhead": obs.image}, proprio=obs.proprio, instruction=obs.instruction, sequence=1000 + i)
+                RawObservation(
+                    images={"overhead": obs.image}, proprio=obs.proprio, instruction=obs.instruction, sequence=1000 + i
+                )
             )
     finally:
         task.close()
@@ -186,14 +187,25 @@ def evaluate_release(out: Path, episodes: int, log=print) -> dict:
                 r = evaluate(task, make, name, instruction, fixed_seeds(episodes), progress=log)
                 log("eval: " + r.line())
                 rows.append(
-                    {"policy": name, "instruction": instruction, "episodes": r.episodes, "successes": r.successes,
-                     "success_rate": r.rate, "mean_final_distance_m": r.mean_final_distance}
+                    {
+                        "policy": name,
+                        "instruction": instruction,
+                        "episodes": r.episodes,
+                        "successes": r.successes,
+                        "success_rate": r.rate,
+                        "mean_final_distance_m": r.mean_final_distance,
+                    }
                 )
     finally:
         task.close()
-    return {"seeds": f"{fixed_seeds(episodes).start}..{fixed_seeds(episodes).stop - 1}",
-            "success_radius_m": sim.SUCCESS_RADIUS, "episode_steps": sim.EPISODE_STEPS,
-            "exec_steps": 4, "results": rows}
+    return {
+        "seeds": f"{fixed_seeds(episodes).start}..{fixed_seeds(episodes).stop - 1}",
+        "success_radius_m": sim.SUCCESS_RADIUS,
+        "episode_steps": sim.EPISODE_STEPS,
+        "exec_steps": 4,
+        "results": rows,
+    }
+
 
 _TEMPLATE = Template(
     """# vlad release contract: the frozen input/output contract of one model release.

@@ -59,8 +59,9 @@ def wait_ready(client: Client, proc: subprocess.Popen, timeout: float = 90.0) ->
     raise SystemExit("demo: vlad did not become ready in time")
 
 
-def run_episode(client: Client, task: sim.ReacherTask, seed: int, instruction: str, period_ns: int,
-                exec_steps: int = 4) -> dict:
+def run_episode(
+    client: Client, task: sim.ReacherTask, seed: int, instruction: str, period_ns: int, exec_steps: int = 4
+) -> dict:
     """One real-time episode. vlad answers every observation, but like the policy was
     trained (and like pi0 executes its chunks), the controller commits to a chunk for
     ``exec_steps`` periods before taking the newest one: replanning every period lets a
@@ -73,15 +74,18 @@ def run_episode(client: Client, task: sim.ReacherTask, seed: int, instruction: s
     for _ in range(sim.EPISODE_STEPS):
         t_sensor = time.monotonic_ns()
         assert obs.image is not None  # the demo's task renders every step
-        seq = client.publish_observation({"overhead": obs.image}, proprio=obs.proprio, instruction=instruction,
-                                         t_sensor_ns=t_sensor)
+        seq = client.publish_observation(
+            {"overhead": obs.image}, proprio=obs.proprio, instruction=instruction, t_sensor_ns=t_sensor
+        )
         first_seq = seq if first_seq is None else first_seq
         client.heartbeat()
         # Wait for this observation's chunk until shortly before the period ends; keep
         # executing the previous one if it does not come in time.
         newest = client.recv_actions(timeout_ms=max(1, int((next_tick + period_ns * 0.8 - time.monotonic_ns()) / 1e6)))
         while newest is not None and newest.obs_seq < seq:
-            more = client.recv_actions(timeout_ms=max(0, int((next_tick + period_ns * 0.8 - time.monotonic_ns()) / 1e6)))
+            more = client.recv_actions(
+                timeout_ms=max(0, int((next_tick + period_ns * 0.8 - time.monotonic_ns()) / 1e6))
+            )
             if more is None:
                 break
             newest = more
@@ -112,11 +116,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=20_000)
     ap.add_argument("--exec-steps", type=int, default=4, help="periods to follow one chunk before the next")
     ap.add_argument("--no-daemon-log", action="store_true", help="hide the daemon's log lines")
-    ap.add_argument("--remote", action="store_true",
-                    help="serve the policy from a KServe v2 server on 127.0.0.1 (gRPC), local ONNX Runtime as fallback")
-    ap.add_argument("--openpi", action="store_true",
-                    help="drive the arm with openpi's client (WebsocketClientPolicy + ActionChunkBroker) through "
-                         "vlad's openpi-compatible endpoint on 127.0.0.1:8000")
+    ap.add_argument(
+        "--remote",
+        action="store_true",
+        help="serve the policy from a KServe v2 server on 127.0.0.1 (gRPC), local ONNX Runtime as fallback",
+    )
+    ap.add_argument(
+        "--openpi",
+        action="store_true",
+        help="drive the arm with openpi's client (WebsocketClientPolicy + ActionChunkBroker) through "
+        "vlad's openpi-compatible endpoint on 127.0.0.1:8000",
+    )
     args = ap.parse_args(argv)
 
     server = None
@@ -149,13 +159,19 @@ def run_demo(args: argparse.Namespace) -> int:
         st = wait_ready(client, proc)
         period_ns = int(st["control_period_ms"] * 1e6)
         print(f"demo: vlad is {st['state']}: {st['release']} on {st['backend']['name']} ({st['backend']['runtime']})")
-        print(f"demo: simulated Reacher arm at {1e3 / st['control_period_ms']:.0f} Hz, {sim.EPISODE_STEPS} periods per episode,"
-              f" success = fingertip within {sim.SUCCESS_RADIUS * 1000:.0f} mm of the goal at the end\n", flush=True)
+        print(
+            f"demo: simulated Reacher arm at {1e3 / st['control_period_ms']:.0f} Hz, {sim.EPISODE_STEPS} periods per episode,"
+            f" success = fingertip within {sim.SUCCESS_RADIUS * 1000:.0f} mm of the goal at the end\n",
+            flush=True,
+        )
         policy = None
         if openpi:
             policy = demo_openpi.connect("127.0.0.1", OPENPI_PORT, action_horizon=args.exec_steps)
-            print(f"demo: openpi's WebsocketClientPolicy + ActionChunkBroker(action_horizon={args.exec_steps}) on "
-                  f"ws://127.0.0.1:{OPENPI_PORT}\n", flush=True)
+            print(
+                f"demo: openpi's WebsocketClientPolicy + ActionChunkBroker(action_horizon={args.exec_steps}) on "
+                f"ws://127.0.0.1:{OPENPI_PORT}\n",
+                flush=True,
+            )
         with sim.ReacherTask(render=True) as task:
             for i in range(args.episodes):
                 instruction = sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]
@@ -165,14 +181,19 @@ def run_demo(args: argparse.Namespace) -> int:
                     r = run_episode(client, task, args.seed + i, instruction, period_ns, args.exec_steps)
                 results.append(r)
                 lat = np.asarray(r["latencies"]) if r["latencies"] else np.asarray([np.nan])
-                print(f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r['success'] else 'miss   '}"
-                      f"  final distance {r['distance'] * 1000:6.1f} mm   sensor->action p50 {np.median(lat):5.2f} ms"
-                      f"  max {lat.max():5.2f} ms   held {r['held']}", flush=True)
+                print(
+                    f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r['success'] else 'miss   '}"
+                    f"  final distance {r['distance'] * 1000:6.1f} mm   sensor->action p50 {np.median(lat):5.2f} ms"
+                    f"  max {lat.max():5.2f} ms   held {r['held']}",
+                    flush=True,
+                )
         all_lat = np.concatenate([np.asarray(r["latencies"]) for r in results if r["latencies"]] or [np.zeros(1)])
         ok = sum(r["success"] for r in results)
-        print(f"\ndemo: {ok}/{len(results)} episodes succeeded; latency seen by the controller (sensor -> action received):"
-              f" p50 {np.percentile(all_lat, 50):.2f} ms, p95 {np.percentile(all_lat, 95):.2f} ms,"
-              f" p99 {np.percentile(all_lat, 99):.2f} ms over {len(all_lat)} chunks\n")
+        print(
+            f"\ndemo: {ok}/{len(results)} episodes succeeded; latency seen by the controller (sensor -> action received):"
+            f" p50 {np.percentile(all_lat, 50):.2f} ms, p95 {np.percentile(all_lat, 95):.2f} ms,"
+            f" p99 {np.percentile(all_lat, 99):.2f} ms over {len(all_lat)} chunks\n"
+        )
         print("vladctl status:")
         print(format_status(client.status()))
     finally:

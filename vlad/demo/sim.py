@@ -156,14 +156,10 @@ L1 = 0.11
 def forward_kinematics(q: np.ndarray, l0: float = L0, l1: float = L1) -> np.ndarray:
     """Fingertip xy (m, in the arm base frame) for joint angles ``q = [q0, q1]``."""
     q0, q1 = float(q[0]), float(q[1])
-    return np.array(
-        [l0 * np.cos(q0) + l1 * np.cos(q0 + q1), l0 * np.sin(q0) + l1 * np.sin(q0 + q1)]
-    )
+    return np.array([l0 * np.cos(q0) + l1 * np.cos(q0 + q1), l0 * np.sin(q0) + l1 * np.sin(q0 + q1)])
 
 
-def inverse_kinematics(
-    goal: np.ndarray, q_current: np.ndarray, l0: float = L0, l1: float = L1
-) -> np.ndarray:
+def inverse_kinematics(goal: np.ndarray, q_current: np.ndarray, l0: float = L0, l1: float = L1) -> np.ndarray:
     """Joint configuration that puts the fingertip on ``goal``, closest to ``q_current``.
 
     Of the two elbow branches, picks the one with the smaller joint-space move; joint0 is

@@ -26,6 +26,17 @@ from vlad.gates.results import GATE_ORDER, REPORT_FORMAT, Check, GateError, Gate
 from vlad.gates.runner import run_gates
 
 __all__ = [
-    "GATE_ORDER", "REPORT_FORMAT", "Check", "EvidenceMissing", "GateError", "GatePlan", "GateResult", "PlanError",
-    "check_evidence", "enforce_evidence", "load_plan", "record_evidence", "run_gates",
+    "GATE_ORDER",
+    "REPORT_FORMAT",
+    "Check",
+    "EvidenceMissing",
+    "GateError",
+    "GatePlan",
+    "GateResult",
+    "PlanError",
+    "check_evidence",
+    "enforce_evidence",
+    "load_plan",
+    "record_evidence",
+    "run_gates",
 ]

@@ -26,21 +26,34 @@ EXIT_FAILED = 1
 
 def add_gate_commands(subparsers: Any) -> None:
     """Add ``gate``, ``record``, ``replay`` and ``evidence`` to ``subparsers``."""
-    p = subparsers.add_parser("gate", help="run the release gates (contract, equivalence, performance, closed loop)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "gate",
+        help="run the release gates (contract, equivalence, performance, closed loop)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("candidate", help="release folder to judge")
     p.add_argument("--baseline", required=True, help="release folder it replaces (may be the candidate itself)")
     p.add_argument("--report", required=True, help="folder for report.json and report.html")
-    p.add_argument("--plan", help="gate plan TOML (default: the manifest's [gate_plan], else CANDIDATE/gates.toml, "
-                                  "else built-in defaults)")
+    p.add_argument(
+        "--plan",
+        help="gate plan TOML (default: the manifest's [gate_plan], else CANDIDATE/gates.toml, else built-in defaults)",
+    )
     p.add_argument("--gates", help="comma-separated subset (default: every gate the plan requires)")
     p.add_argument("--all", action="store_true", help="run every gate even after one failed")
-    p.add_argument("--record", action="store_true", help="add the report and verdicts to CANDIDATE's manifest "
-                                                         "(then re-sign it with vladctl sign)")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="add the report and verdicts to CANDIDATE's manifest (then re-sign it with vladctl sign)",
+    )
     p.add_argument("--keys", help="trusted keys: serve the releases verified (default: unsigned, as gated)")
     p.add_argument("--golden", help="golden fixtures .npz (overrides equivalence.golden)")
-    p.add_argument("--replay", action="append", metavar="MCAP", help="recording to replay (repeatable; overrides "
-                                                                    "equivalence.recordings)")
+    p.add_argument(
+        "--replay",
+        action="append",
+        metavar="MCAP",
+        help="recording to replay (repeatable; overrides equivalence.recordings)",
+    )
     p.add_argument("--replay-limit", type=int, help="observations per recording (0 = all)")
     p.add_argument("--rollout-episodes", type=int, help="simulator rollouts per instruction")
     p.add_argument("--aoti", action="store_true", help="compile torch-aoti (about a minute, cached) to compare it too")
@@ -55,8 +68,9 @@ def add_gate_commands(subparsers: Any) -> None:
 
     p = subparsers.add_parser("record", help="record observations, action chunks and state to MCAP")
     p.add_argument("out", help="MCAP file to write")
-    p.add_argument("--release", default="manifests/demo", help="release served for the demo episodes "
-                                                               "(default: %(default)s)")
+    p.add_argument(
+        "--release", default="manifests/demo", help="release served for the demo episodes (default: %(default)s)"
+    )
     p.add_argument("--episodes", type=int, default=4, help="demo episodes, alternating the instructions")
     p.add_argument("--seed", type=int, default=20_000)
     p.add_argument("--max-mb", type=float, default=100.0, help="stop at this much message data (MiB)")
@@ -77,10 +91,13 @@ def add_gate_commands(subparsers: Any) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    eq = {"golden": str(Path(args.golden).resolve()) if args.golden else None,
-          "recordings": tuple(str(Path(r).resolve()) for r in args.replay) if args.replay else None,
-          "replay_limit": args.replay_limit, "rollout_episodes": args.rollout_episodes,
-          "compile_aoti": True if args.aoti else None}
+    eq = {
+        "golden": str(Path(args.golden).resolve()) if args.golden else None,
+        "recordings": tuple(str(Path(r).resolve()) for r in args.replay) if args.replay else None,
+        "replay_limit": args.replay_limit,
+        "rollout_episodes": args.rollout_episodes,
+        "compile_aoti": True if args.aoti else None,
+    }
     perf = {"warm_calls": args.perf_calls, "bursts": args.bursts, "cpu_hog": False if args.no_hog else None}
     if args.perf_calls is not None:
         perf["shape_switch_calls"] = max(3, min(20, args.perf_calls // 20))
@@ -97,11 +114,27 @@ def cmd_gate(args: argparse.Namespace) -> int:
     cand = open_subject(args.candidate)
     plan = load_plan(cand.path, args.plan, cand.document).with_overrides(**_overrides(args))
     gates = [g.strip() for g in args.gates.split(",")] if args.gates else None
-    report = run_gates(cand.path, args.baseline, args.report, plan=plan, gates=gates, run_all=args.all,
-                       keys_dir=args.keys, progress=progress, html=not args.no_html)
+    report = run_gates(
+        cand.path,
+        args.baseline,
+        args.report,
+        plan=plan,
+        gates=gates,
+        run_all=args.all,
+        keys_dir=args.keys,
+        progress=progress,
+        html=not args.no_html,
+    )
     if args.json:
-        print(json.dumps({"passed": report["passed"], "gates": [
-            {k: g[k] for k in ("gate", "status", "reasons")} for g in report["gates"]]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "passed": report["passed"],
+                    "gates": [{k: g[k] for k in ("gate", "status", "reasons")} for g in report["gates"]],
+                },
+                indent=2,
+            )
+        )
     else:
         for g in report["gates"]:
             print(f"{g['gate']:<12} {g['status'].upper():<8} {g['reasons'][0] if g['reasons'] else ''}")
@@ -109,8 +142,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
         from vlad.gates.evidence import record_evidence
 
         entries = record_evidence(cand.path, args.report)
-        print(f"recorded {len(entries)} gate verdict(s) in {cand.path / 'manifest.toml'}; "
-              f"sign it again: vladctl sign {cand.path} --key KEY")
+        print(
+            f"recorded {len(entries)} gate verdict(s) in {cand.path / 'manifest.toml'}; "
+            f"sign it again: vladctl sign {cand.path} --key KEY"
+        )
     return 0 if report["passed"] else EXIT_FAILED
 
 
@@ -120,12 +155,21 @@ def cmd_record(args: argparse.Namespace) -> int:
     from vlad.gates.runner import console_progress
     from vlad.gates.subject import open_subject
 
-    stats = record_demo(open_subject(args.release), Path(args.out), args.episodes, max_bytes=int(args.max_mb * 2**20),
-                        max_seconds=args.max_s, seed=args.seed, progress=console_progress())
+    stats = record_demo(
+        open_subject(args.release),
+        Path(args.out),
+        args.episodes,
+        max_bytes=int(args.max_mb * 2**20),
+        max_seconds=args.max_s,
+        seed=args.seed,
+        progress=console_progress(),
+    )
     size = Path(args.out).stat().st_size
-    print(f"wrote {args.out}: {stats['observations']} observations, {stats['actions']} action chunks, "
-          f"{stats['states']} states, {stats['dropped']} dropped, {size / 1024:.0f} KiB"
-          + (f"; stopped: {stats['stop_reason']}" if stats["stop_reason"] else ""))
+    print(
+        f"wrote {args.out}: {stats['observations']} observations, {stats['actions']} action chunks, "
+        f"{stats['states']} states, {stats['dropped']} dropped, {size / 1024:.0f} KiB"
+        + (f"; stopped: {stats['stop_reason']}" if stats["stop_reason"] else "")
+    )
     return 0
 
 
@@ -153,10 +197,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d, indent=2))
         return 0
-    print(f"replayed {d['observations']} observations of {args.recording} through {cand.id} "
-          f"({cand.serving.backend}); {d['chunks_compared']} chunks compared with the recording")
-    print(f"  guarded actions vs recorded: max abs per joint {_fmt(d['vs_recorded_max_abs_per_joint'])}; "
-          f"interventions differing: {d['intervention_flips_vs_recorded']}")
+    print(
+        f"replayed {d['observations']} observations of {args.recording} through {cand.id} "
+        f"({cand.serving.backend}); {d['chunks_compared']} chunks compared with the recording"
+    )
+    print(
+        f"  guarded actions vs recorded: max abs per joint {_fmt(d['vs_recorded_max_abs_per_joint'])}; "
+        f"interventions differing: {d['intervention_flips_vs_recorded']}"
+    )
     for example in d["flip_examples"]:
         print(f"    {example}")
     if "vs_baseline_max_abs_per_joint" in d:

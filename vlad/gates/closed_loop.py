@@ -49,8 +49,9 @@ def seeds(plan: ClosedLoopPlan) -> range:
     return range(plan.seed, plan.seed + plan.episodes)
 
 
-def run_episodes(subject: Subject, plan: GatePlan, label: str, progress=print, keys_dir: str | None = None,
-                 recorder: Any = None) -> dict[str, Any]:
+def run_episodes(
+    subject: Subject, plan: GatePlan, label: str, progress=print, keys_dir: str | None = None, recorder: Any = None
+) -> dict[str, Any]:
     """Serve ``subject`` and run ``plan.closed_loop.episodes`` per instruction through it."""
     cl = plan.closed_loop
     task, instructions = make_task(cl.task)
@@ -67,8 +68,9 @@ def run_episodes(subject: Subject, plan: GatePlan, label: str, progress=print, k
                         log = run_episode(ctl, task, seed, instruction, period_ns, cl.exec_steps)
                         logs.append(log)
                         ok += log.success
-                        progress(f"  closed loop {label}: {instruction!r} episode {i + 1}/{cl.episodes}, "
-                                 f"{ok} successes")
+                        progress(
+                            f"  closed loop {label}: {instruction!r} episode {i + 1}/{cl.episodes}, {ok} successes"
+                        )
                 after = ctl.status()
     finally:
         task.close()
@@ -82,9 +84,13 @@ def summarize(logs: list[EpisodeLog], instructions, before: dict, after: dict) -
         mine = [e for e in logs if e.instruction == instruction]
         ok = sum(e.success for e in mine)
         lo, hi = wilson_interval(ok, len(mine))
-        per[instruction] = {"episodes": len(mine), "successes": ok, "rate": ok / len(mine) if mine else 0.0,
-                            "wilson95": [lo, hi],
-                            "mean_final_distance_m": sum(e.final_distance for e in mine) / max(1, len(mine))}
+        per[instruction] = {
+            "episodes": len(mine),
+            "successes": ok,
+            "rate": ok / len(mine) if mine else 0.0,
+            "wilson95": [lo, hi],
+            "mean_final_distance_m": sum(e.final_distance for e in mine) / max(1, len(mine)),
+        }
     c0, c1 = before.get("counters", {}), after.get("counters", {})
 
     def delta(key: str) -> int:
@@ -107,8 +113,12 @@ def summarize(logs: list[EpisodeLog], instructions, before: dict, after: dict) -
         "final_state": after.get("state"),
     }
     latencies = [x for e in logs for x in e.latencies_ms]
-    return {"per_instruction": per, "safety": safety, "episodes": [e.to_dict() for e in logs],
-            "latency_ms": percentiles(latencies)}
+    return {
+        "per_instruction": per,
+        "safety": safety,
+        "episodes": [e.to_dict() for e in logs],
+        "latency_ms": percentiles(latencies),
+    }
 
 
 def no_motion(plan: ClosedLoopPlan) -> dict[str, Any]:
@@ -119,23 +129,32 @@ def no_motion(plan: ClosedLoopPlan) -> dict[str, Any]:
     per = {}
     try:
         for instruction in instructions:
-            results = [sim.run_episode(task, sim.zero_policy(task), s, instruction, plan.exec_steps) for s in seeds(plan)]
+            results = [
+                sim.run_episode(task, sim.zero_policy(task), s, instruction, plan.exec_steps) for s in seeds(plan)
+            ]
             ok = sum(r.success for r in results)
-            per[instruction] = {"episodes": len(results), "successes": ok, "rate": ok / len(results),
-                                "wilson95": list(wilson_interval(ok, len(results))),
-                                "mean_final_distance_m": sum(r.final_distance for r in results) / len(results)}
+            per[instruction] = {
+                "episodes": len(results),
+                "successes": ok,
+                "rate": ok / len(results),
+                "wilson95": list(wilson_interval(ok, len(results))),
+                "mean_final_distance_m": sum(r.final_distance for r in results) / len(results),
+            }
     finally:
         task.close()
     return {"per_instruction": per}
 
 
-def run_closed_loop_gate(candidate: Subject, baseline: Subject, plan: GatePlan, progress=print,
-                         keys_dir: str | None = None) -> GateResult:
+def run_closed_loop_gate(
+    candidate: Subject, baseline: Subject, plan: GatePlan, progress=print, keys_dir: str | None = None
+) -> GateResult:
     """Candidate vs baseline vs no motion, judged by the plan's thresholds."""
     cl = plan.closed_loop
     result = GateResult("closed_loop")
-    progress(f"  closed loop: {cl.episodes} episodes per instruction, seeds {cl.seed}..{cl.seed + cl.episodes - 1}, "
-             f"real time through vlad serve")
+    progress(
+        f"  closed loop: {cl.episodes} episodes per instruction, seeds {cl.seed}..{cl.seed + cl.episodes - 1}, "
+        f"real time through vlad serve"
+    )
     cand = run_episodes(candidate, plan, "candidate", progress, keys_dir)
     if Path(baseline.path) == Path(candidate.path):
         base, same = cand, True  # the same release: its episodes are the baseline's
@@ -148,22 +167,57 @@ def run_closed_loop_gate(candidate: Subject, baseline: Subject, plan: GatePlan, 
         lo, hi = c["wilson95"]
         ci = f"{c['successes']}/{c['episodes']}, 95 % CI {lo:.2f}-{hi:.2f}"
         result.add(check(f"success rate {instruction!r}", c["rate"], cl.min_success_rate, ">=", note=ci))
-        result.add(check(f"margin over no motion {instruction!r}", round(c["rate"] - z, 6),
-                         cl.min_margin_over_no_motion, ">=", note=f"no motion {z:.2f}"))
-        result.add(check(f"regression vs baseline {instruction!r}", round(b - c["rate"], 6),
-                         cl.max_regression_vs_baseline, "<=", note=f"baseline {b:.2f}"))
+        result.add(
+            check(
+                f"margin over no motion {instruction!r}",
+                round(c["rate"] - z, 6),
+                cl.min_margin_over_no_motion,
+                ">=",
+                note=f"no motion {z:.2f}",
+            )
+        )
+        result.add(
+            check(
+                f"regression vs baseline {instruction!r}",
+                round(b - c["rate"], 6),
+                cl.max_regression_vs_baseline,
+                "<=",
+                note=f"baseline {b:.2f}",
+            )
+        )
     s = cand["safety"]
     result.add(check("out-of-bounds chunks", s["out_of_bounds"], cl.max_out_of_bounds))
     result.add(check("fallbacks", s["fallbacks"], cl.max_fallbacks))
-    result.add(check("deadline miss rate", round(s["deadline_miss_rate"], 6), cl.max_deadline_miss_rate,
-                     note=f"{s['deadline_misses']} of {s['published']} chunks"))
-    result.details = {"candidate": cand, "baseline": base, "baseline_is_candidate": same, "no_motion": zero,
-                      "seeds": [cl.seed, cl.seed + cl.episodes - 1], "exec_steps": cl.exec_steps, "task": cl.task}
+    result.add(
+        check(
+            "deadline miss rate",
+            round(s["deadline_miss_rate"], 6),
+            cl.max_deadline_miss_rate,
+            note=f"{s['deadline_misses']} of {s['published']} chunks",
+        )
+    )
+    result.details = {
+        "candidate": cand,
+        "baseline": base,
+        "baseline_is_candidate": same,
+        "no_motion": zero,
+        "seeds": [cl.seed, cl.seed + cl.episodes - 1],
+        "exec_steps": cl.exec_steps,
+        "task": cl.task,
+    }
     return result
 
 
-def record_demo(subject: Subject, out: Path, episodes: int, *, max_bytes: int, max_seconds: float,
-                seed: int = 20_000, progress=print) -> dict[str, Any]:
+def record_demo(
+    subject: Subject,
+    out: Path,
+    episodes: int,
+    *,
+    max_bytes: int,
+    max_seconds: float,
+    seed: int = 20_000,
+    progress=print,
+) -> dict[str, Any]:
     """Record ``episodes`` real-time demo episodes (alternating instructions) served by
     ``subject``, through a controller-side tap: the frames it sends and receives."""
     from vlad.gates.recording import McapRecorder
@@ -180,8 +234,10 @@ def record_demo(subject: Subject, out: Path, episodes: int, *, max_bytes: int, m
                 for i in range(episodes):
                     instruction = instructions[i % len(instructions)]
                     log = run_episode(ctl, task, seed + i, instruction, period_ns, plan.closed_loop.exec_steps)
-                    progress(f"  record: episode {i + 1}/{episodes} {instruction!r}: "
-                             f"{'success' if log.success else 'miss'}, {recorder.stats()['observations']} observations")
+                    progress(
+                        f"  record: episode {i + 1}/{episodes} {instruction!r}: "
+                        f"{'success' if log.success else 'miss'}, {recorder.stats()['observations']} observations"
+                    )
                     if recorder.stop_reason:
                         progress(f"  record: stopped: {recorder.stop_reason}")
                         break

@@ -50,14 +50,17 @@ def gpus() -> list[dict[str, Any]] | str:
         return "no NVIDIA GPU (nvidia-smi not found)"
     query = "name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw,memory.used,memory.total,pstate"
     try:
-        out = subprocess.run([smi, f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            [smi, f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"nvidia-smi failed: {exc}"
     if out.returncode != 0:
         return f"nvidia-smi failed: {out.stderr.strip() or out.returncode}"
     keys = query.split(",")
-    return [dict(zip(keys, (v.strip() for v in line.split(",")), strict=False)) for line in out.stdout.strip().splitlines()]
+    return [
+        dict(zip(keys, (v.strip() for v in line.split(",")), strict=False)) for line in out.stdout.strip().splitlines()
+    ]
 
 
 def busy_processes(sample_s: float = 0.3, threshold: float = 5.0) -> list[str]:
@@ -88,8 +91,10 @@ def temperatures() -> dict[str, list[float]] | str:
     import psutil
 
     try:
-        found = {chip: [round(e.current, 1) for e in entries]
-                 for chip, entries in (psutil.sensors_temperatures() or {}).items()}
+        found = {
+            chip: [round(e.current, 1) for e in entries]
+            for chip, entries in (psutil.sensors_temperatures() or {}).items()
+        }
     except (AttributeError, OSError):
         found = {}
     return found or "no sensors readable"
@@ -127,9 +132,13 @@ def capture_after() -> dict[str, Any]:
 
     A neighbour that started mid-run shows up here, not in :func:`capture`.
     """
-    return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
-            "other_busy_processes": busy_processes(), "temperatures_c": temperatures(), "gpu": gpus()}
+    return {
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "other_busy_processes": busy_processes(),
+        "temperatures_c": temperatures(),
+        "gpu": gpus(),
+    }
 
 
 class NeighbourWatch:
@@ -181,6 +190,9 @@ class NeighbourWatch:
 
     def summary(self) -> dict[str, Any]:
         """Share of samples with a busy neighbour, and each neighbour's peak CPU %."""
-        return {"sampled_every_s": self.every_s, "samples": self.samples,
-                "share_with_busy_neighbour": round(self.busy_samples / self.samples, 3) if self.samples else 0.0,
-                "peak_cpu_percent": dict(sorted(self.peaks.items(), key=lambda kv: -kv[1])[:8])}
+        return {
+            "sampled_every_s": self.every_s,
+            "samples": self.samples,
+            "share_with_busy_neighbour": round(self.busy_samples / self.samples, 3) if self.samples else 0.0,
+            "peak_cpu_percent": dict(sorted(self.peaks.items(), key=lambda kv: -kv[1])[:8]),
+        }

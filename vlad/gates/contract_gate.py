@@ -20,8 +20,9 @@ def run_contract_gate(candidate: Subject, baseline: Subject, progress=print) -> 
     breaking = [d for d in diffs if d.breaking]
     for d in breaking:
         result.fail(f"{d.path}: {d.old!r} -> {d.new!r} ({d.category}: {d.reason})")
-    result.checks.append(check("breaking contract differences", len(breaking), 0, "<=",
-                               note=", ".join(d.path for d in breaking[:5])))
+    result.checks.append(
+        check("breaking contract differences", len(breaking), 0, "<=", note=", ".join(d.path for d in breaking[:5]))
+    )
     result.details = {
         "baseline_contract_sha256": baseline.contract.sha256,
         "candidate_contract_sha256": candidate.contract.sha256,

@@ -74,12 +74,20 @@ class Controller:
         self._act.connect(self.endpoints["actions"])
         self._seq = 0
 
-    def publish(self, images: Mapping[str, np.ndarray], proprio: np.ndarray | None, instruction: str | None,
-                t_sensor_ns: int | None = None) -> int:
+    def publish(
+        self,
+        images: Mapping[str, np.ndarray],
+        proprio: np.ndarray | None,
+        instruction: str | None,
+        t_sensor_ns: int | None = None,
+    ) -> int:
         """Send one observation (sensor time: now unless given); returns its sequence number."""
         self._seq += 1
-        header: dict[str, Any] = {"seq": self._seq, "t_sensor_ns": t_sensor_ns or time.monotonic_ns(),
-                                  "client": self.name}
+        header: dict[str, Any] = {
+            "seq": self._seq,
+            "t_sensor_ns": t_sensor_ns or time.monotonic_ns(),
+            "client": self.name,
+        }
         if instruction is not None:
             header["instruction"] = instruction
         tensors = {f"image/{k}": v for k, v in images.items()}
@@ -94,8 +102,11 @@ class Controller:
     def heartbeat(self) -> None:
         """Tell the daemon this controller is alive (it falls back to holding otherwise)."""
         self._seq += 1
-        self._obs.send_multipart(protocol.encode(protocol.TOPIC_HEARTBEAT, {
-            "seq": self._seq, "t_ns": time.monotonic_ns(), "client": self.name}))
+        self._obs.send_multipart(
+            protocol.encode(
+                protocol.TOPIC_HEARTBEAT, {"seq": self._seq, "t_ns": time.monotonic_ns(), "client": self.name}
+            )
+        )
 
     def recv(self, timeout_ms: float) -> Chunk | None:
         """The next chunk within ``timeout_ms`` (not skipping any), or None."""
@@ -107,10 +118,18 @@ class Controller:
             self.recorder.actions(frames, t)
         msg = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,))
         h = msg.header
-        return Chunk(seq=h["seq"], obs_seq=h["obs_seq"], t_sensor_ns=h["t_sensor_ns"],
-                     valid_until_ns=h["valid_until_ns"], period_ns=h["period_ns"], source=h.get("source", ""),
-                     interventions=tuple(h.get("interventions", ())), timings_ms=h.get("timings_ms", {}),
-                     actions=msg.tensors["actions"], t_receive_ns=t)
+        return Chunk(
+            seq=h["seq"],
+            obs_seq=h["obs_seq"],
+            t_sensor_ns=h["t_sensor_ns"],
+            valid_until_ns=h["valid_until_ns"],
+            period_ns=h["period_ns"],
+            source=h.get("source", ""),
+            interventions=tuple(h.get("interventions", ())),
+            timings_ms=h.get("timings_ms", {}),
+            actions=msg.tensors["actions"],
+            t_receive_ns=t,
+        )
 
     def recv_until(self, deadline_ns: int) -> list[Chunk]:
         """Every chunk arriving before ``deadline_ns`` (monotonic), in order."""
@@ -161,13 +180,28 @@ class EpisodeLog:
     trajectory: list[list[float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "instruction": self.instruction, "success": self.success,
-                "final_distance_m": self.final_distance, "held_periods": self.held_periods, "chunks": self.chunks,
-                "holds": self.holds, "interventions": self.interventions}
+        return {
+            "seed": self.seed,
+            "instruction": self.instruction,
+            "success": self.success,
+            "final_distance_m": self.final_distance,
+            "held_periods": self.held_periods,
+            "chunks": self.chunks,
+            "holds": self.holds,
+            "interventions": self.interventions,
+        }
 
 
-def run_episode(ctl: Controller, task: Any, seed: int, instruction: str, period_ns: int, exec_steps: int = 4,
-                steps: int | None = None, camera: str = "overhead") -> EpisodeLog:
+def run_episode(
+    ctl: Controller,
+    task: Any,
+    seed: int,
+    instruction: str,
+    period_ns: int,
+    exec_steps: int = 4,
+    steps: int | None = None,
+    camera: str = "overhead",
+) -> EpisodeLog:
     """One real-time episode of ``task`` (a :class:`vlad.demo.sim.ReacherTask`) through the daemon.
 
     Every period: publish the frame and joint state, send a heartbeat, wait for this
@@ -201,8 +235,9 @@ def run_episode(ctl: Controller, task: Any, seed: int, instruction: str, period_
             if c.obs_seq >= first_seq:
                 newest = c
         now = time.monotonic_ns()
-        if newest is not None and (chunk is None or now > chunk.valid_until_ns
-                                   or (now - chunk.t_sensor_ns) // period_ns >= exec_steps):
+        if newest is not None and (
+            chunk is None or now > chunk.valid_until_ns or (now - chunk.t_sensor_ns) // period_ns >= exec_steps
+        ):
             chunk = newest
         command = chunk.action_at(now) if chunk is not None else None
         if command is None:  # nothing valid to execute: hold where the arm is

@@ -73,7 +73,9 @@ def aoti_package(program: Path, device: str = "cpu", compile_now: bool = False, 
         return None
     from vlad_torch import compile_aoti
 
-    progress(f"  equivalence: compiling {program.name} with AOTInductor for {device} (about a minute, cached in {out.parent})")
+    progress(
+        f"  equivalence: compiling {program.name} with AOTInductor for {device} (about a minute, cached in {out.parent})"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     compile_aoti(program, out, device=device)
     return out
@@ -108,8 +110,10 @@ def reference_engine(subject: Subject, plan: GatePlan) -> Engine:
     if not spec.artifact:
         programs = subject.artifacts((".pt2",))
         if not programs:
-            raise GateError(f"equivalence: {subject.path} has no torch.export program (.pt2 model artifact) to serve "
-                            "as the PyTorch fp32 reference; add one or name it in equivalence.reference")
+            raise GateError(
+                f"equivalence: {subject.path} has no torch.export program (.pt2 model artifact) to serve "
+                "as the PyTorch fp32 reference; add one or name it in equivalence.reference"
+            )
         spec = EngineSpec(spec.backend, programs[0], spec.options, "fp32")
     return Engine(_label(spec), spec, precision="fp32", required=True)
 
@@ -153,8 +157,12 @@ def _device(spec: EngineSpec) -> str:
 
 def _key(spec: EngineSpec) -> tuple[str, str, str, str]:
     """What makes two engine specs the same computation (threads do not)."""
-    return (spec.backend, spec.artifact, _device(spec).split(":")[0],
-            spec.precision or str(spec.options.get("precision", "fp32")))
+    return (
+        spec.backend,
+        spec.artifact,
+        _device(spec).split(":")[0],
+        spec.precision or str(spec.options.get("precision", "fp32")),
+    )
 
 
 def _label(spec: EngineSpec) -> str:
@@ -177,8 +185,10 @@ def _variants(name: str, artifact: str, avail: Any) -> list[EngineSpec]:
         return out
     if name == "tensorrt":
         cache = str(Path(tempfile.gettempdir()) / "vlad-gate-engines")
-        return [EngineSpec(name, artifact, {"precision": p, "cache_dir": cache, "progress": False}, p)
-                for p in ("fp32", "fp16")]
+        return [
+            EngineSpec(name, artifact, {"precision": p, "cache_dir": cache, "progress": False}, p)
+            for p in ("fp32", "fp16")
+        ]
     return [EngineSpec(name, artifact)]
 
 
@@ -193,8 +203,13 @@ def _aoti_candidates(subject: Subject, plan: GatePlan, avail: Any, progress) -> 
     except VladError as exc:
         return [Engine("torch-aoti", EngineSpec("torch-aoti", programs[0]), skipped=str(exc))]
     if package is None:
-        return [Engine("torch-aoti", EngineSpec("torch-aoti", programs[0]),
-                       skipped="not compiled yet (AOTInductor takes about a minute): pass --aoti "
-                               "or set equivalence.compile_aoti = true")]
+        return [
+            Engine(
+                "torch-aoti",
+                EngineSpec("torch-aoti", programs[0]),
+                skipped="not compiled yet (AOTInductor takes about a minute): pass --aoti "
+                "or set equivalence.compile_aoti = true",
+            )
+        ]
     spec = EngineSpec("torch-aoti", str(package), {"threads": 1}, "fp32")
     return [Engine(f"torch-aoti[cpu] fp32 ({programs[0]} compiled)", spec)]

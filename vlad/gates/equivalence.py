@@ -55,13 +55,19 @@ def load_golden(path: Path) -> list[dict[str, Any]]:
     out = []
     for i in range(len({k.split("/")[0] for k in z.files})):
         p = f"{i}/"
-        images = {k[len(p + "raw/image/"):]: z[k] for k in z.files if k.startswith(p + "raw/image/")}
-        out.append({
-            "raw": RawObservation(images=images, proprio=z[p + "raw/proprio"], instruction=str(z[p + "raw/instruction"]),
-                                  sequence=int(z[p + "raw/sequence"])),
-            "inputs": {k[len(p + "inputs/"):]: z[k] for k in z.files if k.startswith(p + "inputs/")},
-            "outputs": {k[len(p + "outputs/"):]: z[k] for k in z.files if k.startswith(p + "outputs/")},
-        })
+        images = {k[len(p + "raw/image/") :]: z[k] for k in z.files if k.startswith(p + "raw/image/")}
+        out.append(
+            {
+                "raw": RawObservation(
+                    images=images,
+                    proprio=z[p + "raw/proprio"],
+                    instruction=str(z[p + "raw/instruction"]),
+                    sequence=int(z[p + "raw/sequence"]),
+                ),
+                "inputs": {k[len(p + "inputs/") :]: z[k] for k in z.files if k.startswith(p + "inputs/")},
+                "outputs": {k[len(p + "outputs/") :]: z[k] for k in z.files if k.startswith(p + "outputs/")},
+            }
+        )
     return out
 
 
@@ -89,18 +95,32 @@ class _Comparison:
     def judge(self, result: GateResult, prefix: str, budget) -> dict[str, Any]:
         joints = self.subject.contract.action.joints
         for name, e in self.outputs.items():
-            result.add(check(f"{prefix}: output {name} max abs", e.max_abs, budget.output_max_abs,
-                             note=f"max rel {e.max_rel:.3g}, {e.samples} samples"))
+            result.add(
+                check(
+                    f"{prefix}: output {name} max abs",
+                    e.max_abs,
+                    budget.output_max_abs,
+                    note=f"max rel {e.max_rel:.3g}, {e.samples} samples",
+                )
+            )
             result.add(check(f"{prefix}: output {name} mean abs", e.mean_abs, budget.output_mean_abs))
             result.add(check(f"{prefix}: output {name} min cosine", e.min_cosine, budget.min_cosine, ">="))
         for joint, err in zip(joints, self.actions.max_per_joint(), strict=True):
             result.add(check(f"{prefix}: {joint.name} action max abs", err, budget.action_max_abs, unit=joint.unit))
-        result.add(check(f"{prefix}: guard decision flips", self.decisions.flips, budget.max_decision_flips,
-                         note="; ".join(self.decisions.examples[:2])))
-        return {"outputs": {k: v.to_dict() for k, v in self.outputs.items()},
-                "action_max_abs_per_joint": self.actions.max_per_joint(),
-                "action_errors": self.actions.per_joint().tolist(),
-                "decisions": self.decisions.to_dict()}
+        result.add(
+            check(
+                f"{prefix}: guard decision flips",
+                self.decisions.flips,
+                budget.max_decision_flips,
+                note="; ".join(self.decisions.examples[:2]),
+            )
+        )
+        return {
+            "outputs": {k: v.to_dict() for k, v in self.outputs.items()},
+            "action_max_abs_per_joint": self.actions.max_per_joint(),
+            "action_errors": self.actions.per_joint().tolist(),
+            "decisions": self.decisions.to_dict(),
+        }
 
 
 def golden_samples(subject: Subject, plan: GatePlan, reference: Engine, result: GateResult) -> list[Sample]:
@@ -121,13 +141,26 @@ def golden_samples(subject: Subject, plan: GatePlan, reference: Engine, result: 
         for name, stored in fx["outputs"].items():
             ref_err.add(stored, out[name])
         samples.append(Sample(f"golden[{i}]", fx["raw"], inputs, out))
-    result.add(check("golden: preprocessing reproduces the recorded model inputs", pre.max_abs, 1e-6,
-                     note="a different normalization, resize or tokenizer changes them"))
+    result.add(
+        check(
+            "golden: preprocessing reproduces the recorded model inputs",
+            pre.max_abs,
+            1e-6,
+            note="a different normalization, resize or tokenizer changes them",
+        )
+    )
     if plan.equivalence.check_golden_outputs:
-        result.add(check("golden: reference reproduces the recorded PyTorch fp32 outputs", ref_err.max_abs,
-                         budget.output_max_abs))
-    result.details["golden"] = {"path": str(path), "fixtures": len(fixtures), "preprocessing_max_abs": pre.max_abs,
-                                "reference_vs_recorded_outputs_max_abs": ref_err.max_abs}
+        result.add(
+            check(
+                "golden: reference reproduces the recorded PyTorch fp32 outputs", ref_err.max_abs, budget.output_max_abs
+            )
+        )
+    result.details["golden"] = {
+        "path": str(path),
+        "fixtures": len(fixtures),
+        "preprocessing_max_abs": pre.max_abs,
+        "reference_vs_recorded_outputs_max_abs": ref_err.max_abs,
+    }
     return samples
 
 
@@ -193,44 +226,57 @@ def run_equivalence_gate(candidate: Subject, baseline: Subject, plan: GatePlan, 
             if not e.skipped:
                 load_engine(candidate, e, progress)
         live = [e for e in engines if e.session is not None]
-        progress(f"  equivalence: reference {reference.id}; candidates: " + ", ".join(e.id for e in live)
-                 + (f"; skipped: {', '.join(e.id for e in engines if e.skipped)}" if len(live) < len(engines) else ""))
+        progress(
+            f"  equivalence: reference {reference.id}; candidates: "
+            + ", ".join(e.id for e in live)
+            + (f"; skipped: {', '.join(e.id for e in engines if e.skipped)}" if len(live) < len(engines) else "")
+        )
         golden = golden_samples(candidate, plan, reference, result)
         replays = replay_samples(candidate, plan, reference, progress)
         if replays:
-            baseline_engine = load_engine(baseline, Engine(f"baseline {baseline.serving.backend}", baseline.serving,
-                                                           required=True), progress)
+            baseline_engine = load_engine(
+                baseline, Engine(f"baseline {baseline.serving.backend}", baseline.serving, required=True), progress
+            )
         ref_rollouts = rollouts(candidate, reference, plan) if eq.rollout_episodes else []
         per_candidate: dict[str, Any] = {}
         for e in live:
             budget = plan.budget(e.precision)
             near = 10 * budget.action_max_abs
-            d: dict[str, Any] = {"precision": e.precision, "spec": {"backend": e.spec.backend,
-                                 "artifact": e.spec.artifact, "options": dict(e.spec.options)},
-                                 "description": _describe(e)}
+            d: dict[str, Any] = {
+                "precision": e.precision,
+                "spec": {"backend": e.spec.backend, "artifact": e.spec.artifact, "options": dict(e.spec.options)},
+                "description": _describe(e),
+            }
             if golden:
                 comp = _Comparison(candidate, near)
                 for s in golden:
                     comp.add(s, _run(e, s.inputs))
                 d["golden"] = comp.judge(result, f"{e.id} golden", budget)
-                progress(f"  equivalence: {e.id}: golden {len(golden)}/{len(golden)}, "
-                         f"max action error {max(d['golden']['action_max_abs_per_joint']):.3g}")
+                progress(
+                    f"  equivalence: {e.id}: golden {len(golden)}/{len(golden)}, "
+                    f"max action error {max(d['golden']['action_max_abs_per_joint']):.3g}"
+                )
             for rec, samples in replays:
-                d.setdefault("replay", {})[rec.path.name] = _replay(candidate, e, baseline_engine, rec, samples,
-                                                                    result, budget, near, progress)
+                d.setdefault("replay", {})[rec.path.name] = _replay(
+                    candidate, e, baseline_engine, rec, samples, result, budget, near, progress
+                )
             if ref_rollouts:
                 d["rollouts"] = _rollouts(candidate, e, plan, ref_rollouts, result, budget)
-                progress(f"  equivalence: {e.id}: {len(ref_rollouts)} rollouts, max divergence "
-                         f"{d['rollouts']['max_divergence']:.3g}")
+                progress(
+                    f"  equivalence: {e.id}: {len(ref_rollouts)} rollouts, max divergence "
+                    f"{d['rollouts']['max_divergence']:.3g}"
+                )
             per_candidate[e.id] = d
-        result.details.update({
-            "reference": {"id": reference.id, "description": _describe(reference)},
-            "candidates": per_candidate,
-            "skipped": {e.id: e.skipped for e in engines if e.skipped},
-            "budgets": {p: vars(b) for p, b in eq.budgets.items()},
-            "joints": [j.name for j in candidate.contract.action.joints],
-            "units": [j.unit for j in candidate.contract.action.joints],
-        })
+        result.details.update(
+            {
+                "reference": {"id": reference.id, "description": _describe(reference)},
+                "candidates": per_candidate,
+                "skipped": {e.id: e.skipped for e in engines if e.skipped},
+                "budgets": {p: vars(b) for p, b in eq.budgets.items()},
+                "joints": [j.name for j in candidate.contract.action.joints],
+                "units": [j.unit for j in candidate.contract.action.joints],
+            }
+        )
         if not live:
             result.fail("no candidate engine could be loaded")
     finally:
@@ -244,8 +290,13 @@ def _describe(e: Engine) -> dict[str, Any]:
     if e.session is None:
         return {}
     d = e.session.describe()
-    return {"backend": d.backend, "runtime": f"{d.runtime} {d.runtime_version}", "device": d.device,
-            "precision": d.precision, "providers": list(d.providers)}
+    return {
+        "backend": d.backend,
+        "runtime": f"{d.runtime} {d.runtime_version}",
+        "device": d.device,
+        "precision": d.precision,
+        "providers": list(d.providers),
+    }
 
 
 def _replay(subject, e: Engine, baseline: Engine | None, rec, samples, result, budget, near, progress) -> dict:
@@ -264,18 +315,34 @@ def _replay(subject, e: Engine, baseline: Engine | None, rec, samples, result, b
     d = comp.judge(result, f"{e.id} replay {name}", budget)
     g = replay_guard(contract, rec, actions, {o.seq: o for o in rec.observations})
     worst = max(g.errors.max_per_joint(), default=0.0)
-    checks = [check(f"{e.id} replay {name}: guarded actions vs recorded max abs", worst, budget.replay_max_abs,
-                    note=f"{g.compared} chunks"),
-              check(f"{e.id} replay {name}: interventions differing from recorded", g.flips,
-                    budget.max_decision_flips, note="; ".join(g.examples[:2]))]
+    checks = [
+        check(
+            f"{e.id} replay {name}: guarded actions vs recorded max abs",
+            worst,
+            budget.replay_max_abs,
+            note=f"{g.compared} chunks",
+        ),
+        check(
+            f"{e.id} replay {name}: interventions differing from recorded",
+            g.flips,
+            budget.max_decision_flips,
+            note="; ".join(g.examples[:2]),
+        ),
+    ]
     if _same_model(subject, rec):
         for c in checks:
             result.add(c)
     else:  # another model made the recording (a retrain): what it did is context, not a budget
         d["informational"] = [c.line() for c in checks]
-    d.update({"observations": len(samples), "chunks_compared": g.compared,
-              "vs_recorded_max_abs_per_joint": g.errors.max_per_joint(), "intervention_flips_vs_recorded": g.flips,
-              "vs_baseline_max_abs_per_joint": vs_base.max_per_joint() if baseline is not None else None})
+    d.update(
+        {
+            "observations": len(samples),
+            "chunks_compared": g.compared,
+            "vs_recorded_max_abs_per_joint": g.errors.max_per_joint(),
+            "intervention_flips_vs_recorded": g.flips,
+            "vs_baseline_max_abs_per_joint": vs_base.max_per_joint() if baseline is not None else None,
+        }
+    )
     progress(f"  equivalence: {e.id}: replay {name} {len(samples)}/{len(samples)}, guarded vs recorded max {worst:.3g}")
     return d
 
@@ -292,7 +359,17 @@ def _rollouts(subject, e: Engine, plan: GatePlan, ref: list[np.ndarray], result,
     div = [np.abs(g - r).max(axis=1) for g, r in zip(got, ref, strict=True)]  # [steps + 1] per episode
     worst = float(max(d.max() for d in div)) if div else 0.0
     unit = subject.contract.action.joints[0].unit
-    result.add(check(f"{e.id} rollouts: joint trajectory divergence", worst, budget.rollout_max_divergence, unit=unit,
-                     note=f"{len(div)} episodes of {len(div[0]) - 1} periods" if div else ""))
-    return {"max_divergence": worst, "divergence": [d.tolist() for d in div],
-            "period_ms": subject.contract.timing.control_period_ms}
+    result.add(
+        check(
+            f"{e.id} rollouts: joint trajectory divergence",
+            worst,
+            budget.rollout_max_divergence,
+            unit=unit,
+            note=f"{len(div)} episodes of {len(div[0]) - 1} periods" if div else "",
+        )
+    )
+    return {
+        "max_divergence": worst,
+        "divergence": [d.tolist() for d in div],
+        "period_ms": subject.contract.timing.control_period_ms,
+    }

@@ -94,8 +94,9 @@ def check_evidence(manifest_like: Any, release_dir: str | Path) -> list[str]:
                 continue
             digest = _sha256(path)
             if g.get("sha256") != digest:
-                problems.append(f"{where}: report hash mismatch (file {digest[:12]}, [[gates]] says "
-                                f"{str(g.get('sha256'))[:12]})")
+                problems.append(
+                    f"{where}: report hash mismatch (file {digest[:12]}, [[gates]] says {str(g.get('sha256'))[:12]})"
+                )
                 continue
             listed = artifacts.get(report)
             if listed is None or listed.get("sha256") != digest:
@@ -131,8 +132,9 @@ def _report_problems(where: str, gate: str, report: Any, artifacts: Mapping[Any,
     return []
 
 
-def enforce_evidence(manifest_like: Any, release_dir: str | Path, *, force: bool = False,
-                     why: str | None = None) -> dict[str, Any]:
+def enforce_evidence(
+    manifest_like: Any, release_dir: str | Path, *, force: bool = False, why: str | None = None
+) -> dict[str, Any]:
     """What ``vladctl deploy`` records: raises :class:`EvidenceMissing` when evidence is
     missing and the deploy is not forced with a reason; returns the decision otherwise
     (``{"forced": bool, "why": str | None, "problems": [...]}``) for the history."""
@@ -142,11 +144,15 @@ def enforce_evidence(manifest_like: Any, release_dir: str | Path, *, force: bool
     if force and why and why.strip():
         return {"forced": True, "why": why, "problems": problems}
     if force:
-        raise EvidenceMissing("--force needs --why: say why this release may run without passing gate evidence "
-                              "(it is recorded in the history)")
-    raise EvidenceMissing(f"release {Path(release_dir).name} lacks passing gate evidence: {'; '.join(problems)}. "
-                          f"Run `vladctl gate {release_dir} --baseline CURRENT --report DIR --record` and re-sign, "
-                          "or deploy with --force --why '...' (recorded)")
+        raise EvidenceMissing(
+            "--force needs --why: say why this release may run without passing gate evidence "
+            "(it is recorded in the history)"
+        )
+    raise EvidenceMissing(
+        f"release {Path(release_dir).name} lacks passing gate evidence: {'; '.join(problems)}. "
+        f"Run `vladctl gate {release_dir} --baseline CURRENT --report DIR --record` and re-sign, "
+        "or deploy with --force --why '...' (recorded)"
+    )
 
 
 def record_evidence(release_dir: str | Path, report_dir: str | Path) -> list[dict[str, Any]]:
@@ -185,8 +191,10 @@ def record_evidence(release_dir: str | Path, report_dir: str | Path) -> list[dic
     artifacts += [{"path": n, "role": "report", "size": 0, "sha256": ""} for n in names]
     ran = {g["gate"]: g for g in report["gates"] if g["status"] != "skipped"}
     gates = [g for g in doc.get("gates", []) if g.get("gate") not in ran]
-    gates += [{"gate": name, "report": REPORT_JSON, "passed": g["status"] == "passed", "sha256": ""}
-              for name, g in ran.items()]
+    gates += [
+        {"gate": name, "report": REPORT_JSON, "passed": g["status"] == "passed", "sha256": ""}
+        for name, g in ran.items()
+    ]
     data = refresh_hashes({**doc, "artifacts": artifacts, "gates": gates}, root)
     write_manifest(root, data)
     return [g for g in data["gates"] if g["gate"] in ran]

@@ -43,8 +43,9 @@ def _toml(value: Any) -> str:
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
-def daemon_config(subject: Subject, folder: Path, *, warmup: int, log_level: str = "info",
-                  keys_dir: str | None = None) -> tuple[str, dict[str, str]]:
+def daemon_config(
+    subject: Subject, folder: Path, *, warmup: int, log_level: str = "info", keys_dir: str | None = None
+) -> tuple[str, dict[str, str]]:
     """The config text and the endpoints for serving ``subject`` from ``folder``."""
     endpoints = {name: f"ipc://{folder}/{name}" for name in SOCKETS}
     lines = ["[release]", f"path = {_toml(str(subject.path))}"]
@@ -52,11 +53,25 @@ def daemon_config(subject: Subject, folder: Path, *, warmup: int, log_level: str
         lines += ["verify = true", f"keys_dir = {_toml(str(keys_dir))}"]
     else:
         s = subject.serving
-        lines += ["verify = false", f"backend = {_toml(s.backend)}", f"artifact = {_toml(s.artifact)}",
-                  f"options = {_toml(dict(s.options))}"]
-    lines += ["", "[sockets]", *(f"{k} = {_toml(v)}" for k, v in endpoints.items()),
-              "", "[serve]", f"warmup = {int(warmup)}",
-              "", "[logging]", f"level = {_toml(log_level)}", 'journald = "off"', ""]
+        lines += [
+            "verify = false",
+            f"backend = {_toml(s.backend)}",
+            f"artifact = {_toml(s.artifact)}",
+            f"options = {_toml(dict(s.options))}",
+        ]
+    lines += [
+        "",
+        "[sockets]",
+        *(f"{k} = {_toml(v)}" for k, v in endpoints.items()),
+        "",
+        "[serve]",
+        f"warmup = {int(warmup)}",
+        "",
+        "[logging]",
+        f"level = {_toml(log_level)}",
+        'journald = "off"',
+        "",
+    ]
     return "\n".join(lines), endpoints
 
 
@@ -96,8 +111,15 @@ class _Notify:
 class RunningDaemon:
     """A ``vlad serve`` subprocess on one release; stop it with :meth:`stop` (or ``with``)."""
 
-    def __init__(self, subject: Subject, *, warmup: int = 10, log_level: str = "info", keys_dir: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        subject: Subject,
+        *,
+        warmup: int = 10,
+        log_level: str = "info",
+        keys_dir: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.subject = subject
         self._tmp = Path(tempfile.mkdtemp(prefix="vlad-gate-"))
         text, self.endpoints = daemon_config(subject, self._tmp, warmup=warmup, log_level=log_level, keys_dir=keys_dir)
@@ -108,8 +130,12 @@ class RunningDaemon:
         full_env = {**os.environ, "NOTIFY_SOCKET": str(self.notify.path), "PYTHONUNBUFFERED": "1", **(env or {})}
         self.t_start_ns = time.monotonic_ns()
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(_vlad_command() + ["serve", "--config", str(self.config)], env=full_env,
-                                     stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            _vlad_command() + ["serve", "--config", str(self.config)],
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
 
     @property
     def pid(self) -> int:
@@ -124,8 +150,10 @@ class RunningDaemon:
             if t is not None:
                 return (t - self.t_start_ns) / 1e9
             if self.proc.poll() is not None:
-                raise GateError(f"vlad serve exited with status {self.proc.returncode} while loading "
-                                f"{self.subject.path}: {self.log_tail()}")
+                raise GateError(
+                    f"vlad serve exited with status {self.proc.returncode} while loading "
+                    f"{self.subject.path}: {self.log_tail()}"
+                )
             time.sleep(0.02)
         raise GateError(f"vlad serve did not become ready within {timeout:.0f} s: {self.log_tail()}")
 
@@ -153,12 +181,19 @@ class RunningDaemon:
         if smi is None:
             return None
         try:
-            out = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=10).stdout
+            out = subprocess.run(
+                [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
         except (OSError, subprocess.TimeoutExpired):
             return None
-        used = [int(float(m)) for p, m in (line.split(",") for line in out.strip().splitlines() if "," in line)
-                if p.strip() == str(self.proc.pid)]
+        used = [
+            int(float(m))
+            for p, m in (line.split(",") for line in out.strip().splitlines() if "," in line)
+            if p.strip() == str(self.proc.pid)
+        ]
         return sum(used) * 2**20 if used else 0
 
     def stop(self, timeout: float = 10.0) -> int | None:

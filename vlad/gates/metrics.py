@@ -53,8 +53,13 @@ class ErrorStats:
         return self.sum_abs / self.count if self.count else 0.0
 
     def to_dict(self) -> dict[str, float]:
-        return {"max_abs": self.max_abs, "mean_abs": self.mean_abs, "max_rel": self.max_rel,
-                "min_cosine": self.min_cosine, "samples": self.samples}
+        return {
+            "max_abs": self.max_abs,
+            "mean_abs": self.mean_abs,
+            "max_rel": self.max_rel,
+            "min_cosine": self.min_cosine,
+            "samples": self.samples,
+        }
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -162,12 +167,19 @@ class DecisionStats:
             k, j, kind = (int(x) for x in np.argwhere(diff)[0])
             what = ("below lower bound", "above upper bound", "rate limit")[kind]
             joint = contract.action.joints[j].name
-            self.examples.append(f"{label}: waypoint {k} {joint} {what}: reference {bool(dr[k, j, kind])}, "
-                                 f"candidate {bool(dg[k, j, kind])}")
+            self.examples.append(
+                f"{label}: waypoint {k} {joint} {what}: reference {bool(dr[k, j, kind])}, "
+                f"candidate {bool(dg[k, j, kind])}"
+            )
 
     def to_dict(self) -> dict:
-        return {"flips": self.flips, "decisions": self.decisions, "near_boundary": self.near_boundary,
-                "near_threshold": self.near, "examples": self.examples}
+        return {
+            "flips": self.flips,
+            "decisions": self.decisions,
+            "near_boundary": self.near_boundary,
+            "near_threshold": self.near,
+            "examples": self.examples,
+        }
 
 
 # ---- distributions ----------------------------------------------------------------------
@@ -180,8 +192,14 @@ def percentiles(values: Iterable[float | None]) -> dict[str, float]:
     if a.size == 0:
         return {"count": 0, "p50": math.nan, "p95": math.nan, "p99": math.nan, "max": math.nan, "mean": math.nan}
     p50, p95, p99 = np.percentile(a, (50, 95, 99))
-    return {"count": int(a.size), "p50": round(float(p50), 4), "p95": round(float(p95), 4),
-            "p99": round(float(p99), 4), "max": round(float(a.max()), 4), "mean": round(float(a.mean()), 4)}
+    return {
+        "count": int(a.size),
+        "p50": round(float(p50), 4),
+        "p95": round(float(p95), 4),
+        "p99": round(float(p99), 4),
+        "max": round(float(a.max()), 4),
+        "mean": round(float(a.mean()), 4),
+    }
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:

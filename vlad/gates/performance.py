@@ -64,8 +64,14 @@ def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str 
 
         return [(fx["raw"].images, fx["raw"].proprio, fx["raw"].instruction) for fx in load_golden(golden)]
     c = subject.contract
-    images = {cam.name: np.full((cam.raw.height, cam.raw.width, 3) if cam.raw.layout == "HWC"
-                                else (3, cam.raw.height, cam.raw.width), 128, dtype=cam.raw.dtype) for cam in c.cameras}
+    images = {
+        cam.name: np.full(
+            (cam.raw.height, cam.raw.width, 3) if cam.raw.layout == "HWC" else (3, cam.raw.height, cam.raw.width),
+            128,
+            dtype=cam.raw.dtype,
+        )
+        for cam in c.cameras
+    }
     proprio = np.zeros(c.proprio.dim, np.float32) if c.proprio else None
     from vlad.gates.closed_loop import task_instructions
 
@@ -88,17 +94,35 @@ def _stats(sent: dict[int, int], chunks: list[Chunk], deadline_ms: float, refuse
     refused = min(max(0, refused), len(sent) - len(first))
     unanswered = len(sent) - len(first) - refused
     return {
-        "observations": len(sent), "answered": len(first), "refused": refused, "unanswered": unanswered,
+        "observations": len(sent),
+        "answered": len(first),
+        "refused": refused,
+        "unanswered": unanswered,
         "hold_chunks": holds,
-        "e2e_ms": percentiles(e2e), "stages_ms": stages, "engine_ms": stages["engine"],
-        "deadline_misses": late + unanswered, "deadline_miss_rate": (late + unanswered) / max(1, len(sent)),
-        "samples": {"e2e": [round(x, 4) for x in e2e],
-                    **{s: [c.timings_ms.get(s) for c in first.values()] for s in STAGES}},
+        "e2e_ms": percentiles(e2e),
+        "stages_ms": stages,
+        "engine_ms": stages["engine"],
+        "deadline_misses": late + unanswered,
+        "deadline_miss_rate": (late + unanswered) / max(1, len(sent)),
+        "samples": {
+            "e2e": [round(x, 4) for x in e2e],
+            **{s: [c.timings_ms.get(s) for c in first.values()] for s in STAGES},
+        },
     }
 
 
-def stream(ctl: Controller, obs: list, n: int, period_ns: int, deadline_ms: float, progress, label: str,
-           burst_every: int = 0, burst_size: int = 1, settle: int = 0) -> dict:
+def stream(
+    ctl: Controller,
+    obs: list,
+    n: int,
+    period_ns: int,
+    deadline_ms: float,
+    progress,
+    label: str,
+    burst_every: int = 0,
+    burst_size: int = 1,
+    settle: int = 0,
+) -> dict:
     """Observations every control period, like a robot: ``settle`` unmeasured ones first,
     then ``n`` measured periods, then unmeasured ones while late answers still arrive (a
     controller that falls silent is a fault the daemon answers with its hold posture).
@@ -141,8 +165,9 @@ def cold_start(daemon: RunningDaemon, ctl: Controller, obs: list, period_ns: int
     i = 0
     while time.monotonic() < deadline:
         if daemon.proc.poll() is not None:
-            raise GateError(f"vlad serve exited with status {daemon.proc.returncode} during cold start: "
-                            f"{daemon.log_tail()}")
+            raise GateError(
+                f"vlad serve exited with status {daemon.proc.returncode} during cold start: {daemon.log_tail()}"
+            )
         images, proprio, instruction = obs[i % len(obs)]
         i += 1
         ctl.publish(images, proprio, instruction)
@@ -150,7 +175,10 @@ def cold_start(daemon: RunningDaemon, ctl: Controller, obs: list, period_ns: int
         for c in ctl.recv_until(time.monotonic_ns() + period_ns):
             if not c.is_hold:
                 ready = daemon.wait_ready(1.0)
-                return {"ready_s": round(ready, 3), "first_chunk_s": round((c.t_receive_ns - daemon.t_start_ns) / 1e9, 3)}
+                return {
+                    "ready_s": round(ready, 3),
+                    "first_chunk_s": round((c.t_receive_ns - daemon.t_start_ns) / 1e9, 3),
+                }
     return {"ready_s": None, "first_chunk_s": float("inf")}
 
 
@@ -182,10 +210,18 @@ def shape_switches(subject: Subject, plan: GatePlan, progress) -> dict[str, Any]
                     first_after_switch.append({"batch": b, "ms": round(ms, 4)})
     finally:
         session.close()
-    progress(f"  performance: shape switches {' -> '.join(map(str, order))} ({ax.name}), "
-             f"{plan.performance.shape_switch_calls} engine calls each")
-    return {"axis": ax.name, "shapes": shapes, "opt": ax.opt, "order": order, "first_call_after_switch": first_after_switch,
-            "per_shape_ms": {str(b): percentiles(v) for b, v in per_shape.items()}}
+    progress(
+        f"  performance: shape switches {' -> '.join(map(str, order))} ({ax.name}), "
+        f"{plan.performance.shape_switch_calls} engine calls each"
+    )
+    return {
+        "axis": ax.name,
+        "shapes": shapes,
+        "opt": ax.opt,
+        "order": order,
+        "first_call_after_switch": first_after_switch,
+        "per_shape_ms": {str(b): percentiles(v) for b, v in per_shape.items()},
+    }
 
 
 def _serve(subject: Subject, plan: GatePlan, obs: list, progress, keys_dir, log_level: str, scenarios) -> dict:
@@ -195,12 +231,18 @@ def _serve(subject: Subject, plan: GatePlan, obs: list, progress, keys_dir, log_
         with Controller(daemon.endpoints, name="gate-performance") as ctl:
             period_ns = int(subject.contract.timing.control_period_ms * 1e6)
             cold = cold_start(daemon, ctl, obs, period_ns, max(60.0, 2 * pp.max_cold_start_s))
-            progress(f"  performance: cold start ({log_level} logging): READY after {cold['ready_s']} s, "
-                     f"first action chunk after {cold['first_chunk_s']} s")
+            progress(
+                f"  performance: cold start ({log_level} logging): READY after {cold['ready_s']} s, "
+                f"first action chunk after {cold['first_chunk_s']} s"
+            )
             out = {"cold_start": cold, **scenarios(ctl, period_ns)}
             status = ctl.status()
-        out["status"] = {"counters": status.get("counters"), "latency_ms": status.get("latency_ms"),
-                         "backend": status.get("backend"), "memory": status.get("memory")}
+        out["status"] = {
+            "counters": status.get("counters"),
+            "latency_ms": status.get("latency_ms"),
+            "backend": status.get("backend"),
+            "memory": status.get("memory"),
+        }
         out["peak_rss_bytes"] = daemon.peak_rss_bytes()
         out["gpu_memory_bytes"] = daemon.gpu_memory_bytes()
     return out
@@ -214,25 +256,43 @@ def run_performance_gate(candidate: Subject, plan: GatePlan, progress=print, key
     result = GateResult("performance")
     obs = observations(candidate, plan)
     n_side = max(50, pp.warm_calls // 3)
-    progress(f"  performance: vlad serve on {candidate.serving.backend} ({candidate.serving.artifact}), control period "
-             f"{t.control_period_ms:g} ms, deadline {t.e2e_deadline_ms:g} ms; {pp.warm_calls} warm observations")
+    progress(
+        f"  performance: vlad serve on {candidate.serving.backend} ({candidate.serving.artifact}), control period "
+        f"{t.control_period_ms:g} ms, deadline {t.e2e_deadline_ms:g} ms; {pp.warm_calls} warm observations"
+    )
 
     def main_scenarios(ctl: Controller, period_ns: int) -> dict:
         deadline_ms = t.e2e_deadline_ms
-        out = {"warm": stream(ctl, obs, pp.warm_calls, period_ns, deadline_ms, progress, "warm steady state",
-                              settle=SETTLE)}
+        out = {
+            "warm": stream(
+                ctl, obs, pp.warm_calls, period_ns, deadline_ms, progress, "warm steady state", settle=SETTLE
+            )
+        }
         # The daemon never preempts an inference: a burst's newest observation may wait for
         # the one in flight. Its deadline is the contract's plus one (warm p99) inference;
         # more than that means a backlog.
         burst_ms = deadline_ms + out["warm"]["engine_ms"]["p99"]
-        out["burst"] = {**stream(ctl, obs, pp.bursts * BURST_EVERY, period_ns, burst_ms, progress,
-                                 f"bursts of {pp.burst_size}", BURST_EVERY, pp.burst_size),
-                        "burst_size": pp.burst_size, "deadline_ms": round(burst_ms, 3)}
+        out["burst"] = {
+            **stream(
+                ctl,
+                obs,
+                pp.bursts * BURST_EVERY,
+                period_ns,
+                burst_ms,
+                progress,
+                f"bursts of {pp.burst_size}",
+                BURST_EVERY,
+                pp.burst_size,
+            ),
+            "burst_size": pp.burst_size,
+            "deadline_ms": round(burst_ms, 3),
+        }
         if pp.cpu_hog:
             hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
             try:
-                out["cpu_hog"] = stream(ctl, obs, n_side, period_ns, deadline_ms, progress, "with a CPU hog",
-                                        settle=SETTLE)
+                out["cpu_hog"] = stream(
+                    ctl, obs, n_side, period_ns, deadline_ms, progress, "with a CPU hog", settle=SETTLE
+                )
             finally:
                 hog.kill()
                 hog.wait()
@@ -240,9 +300,19 @@ def run_performance_gate(candidate: Subject, plan: GatePlan, progress=print, key
 
     runs = {"info": _serve(candidate, plan, obs, progress, keys_dir, "info", main_scenarios)}
     if pp.debug_logging:
-        runs["debug"] = _serve(candidate, plan, obs, progress, keys_dir, "debug", lambda ctl, p: {
-            "debug_logging": stream(ctl, obs, n_side, p, t.e2e_deadline_ms, progress, "with debug logging",
-                                    settle=SETTLE)})
+        runs["debug"] = _serve(
+            candidate,
+            plan,
+            obs,
+            progress,
+            keys_dir,
+            "debug",
+            lambda ctl, p: {
+                "debug_logging": stream(
+                    ctl, obs, n_side, p, t.e2e_deadline_ms, progress, "with debug logging", settle=SETTLE
+                )
+            },
+        )
     switches = shape_switches(candidate, plan, progress) if pp.shape_switch_calls else None
 
     scenarios = {name: runs["info"][name] for name in ("warm", "burst", "cpu_hog") if name in runs["info"]}
@@ -254,24 +324,58 @@ def run_performance_gate(candidate: Subject, plan: GatePlan, progress=print, key
         e2e = f"p50 {sc['e2e_ms']['p50']} ms, p99 {sc['e2e_ms']['p99']} ms, max {sc['e2e_ms']['max']} ms"
         answered = f"{sc['deadline_misses']} of {sc['observations']} late or unanswered"
         if name == "warm":
-            result.add(check("warm: end-to-end p99", sc["e2e_ms"]["p99"] if sc["answered"] else float("inf"),
-                             deadline, unit="ms", note=f"{e2e}, {sc['answered']}/{sc['observations']} answered"))
-            result.add(check("warm: deadline miss rate", round(sc["deadline_miss_rate"], 6),
-                             pp.max_deadline_miss_rate, note=answered))
+            result.add(
+                check(
+                    "warm: end-to-end p99",
+                    sc["e2e_ms"]["p99"] if sc["answered"] else float("inf"),
+                    deadline,
+                    unit="ms",
+                    note=f"{e2e}, {sc['answered']}/{sc['observations']} answered",
+                )
+            )
+            result.add(
+                check(
+                    "warm: deadline miss rate",
+                    round(sc["deadline_miss_rate"], 6),
+                    pp.max_deadline_miss_rate,
+                    note=answered,
+                )
+            )
         else:  # stress: a bounded share of late chunks, judged on the rate (p99 of a few is noise)
-            late = f"later than {sc['deadline_ms']} ms (deadline + one inference in flight)" if "deadline_ms" in sc \
+            late = (
+                f"later than {sc['deadline_ms']} ms (deadline + one inference in flight)"
+                if "deadline_ms" in sc
                 else "late or unanswered"
-            result.add(check(f"{name}: deadline miss rate", round(sc["deadline_miss_rate"], 6),
-                             pp.max_stress_miss_rate,
-                             note=f"{sc['deadline_misses']} of {sc['observations']} {late}; {e2e}"))
+            )
+            result.add(
+                check(
+                    f"{name}: deadline miss rate",
+                    round(sc["deadline_miss_rate"], 6),
+                    pp.max_stress_miss_rate,
+                    note=f"{sc['deadline_misses']} of {sc['observations']} {late}; {e2e}",
+                )
+            )
     warm = scenarios["warm"]
-    result.add(check("warm: engine-only p99", warm["engine_ms"]["p99"], engine_limit, unit="ms",
-                     note="must fit one control period"))
+    result.add(
+        check(
+            "warm: engine-only p99",
+            warm["engine_ms"]["p99"],
+            engine_limit,
+            unit="ms",
+            note="must fit one control period",
+        )
+    )
     if switches is not None:
         back = [x["ms"] for x in switches["first_call_after_switch"] if x["batch"] == switches["opt"]]
-        result.add(check("shape switch: slowest first call back at the serving shape (engine only)",
-                         max(back, default=0.0), t.e2e_deadline_ms, unit="ms",
-                         note=f"batch sizes {switches['shapes']}, serving {switches['opt']}"))
+        result.add(
+            check(
+                "shape switch: slowest first call back at the serving shape (engine only)",
+                max(back, default=0.0),
+                t.e2e_deadline_ms,
+                unit="ms",
+                note=f"batch sizes {switches['shapes']}, serving {switches['opt']}",
+            )
+        )
     peak = max((r["peak_rss_bytes"] or 0) for r in runs.values())
     result.add(check("peak resident memory of the daemon", round(peak / 2**20, 1), pp.memory_limit_mib, unit="MiB"))
     gpu = [r["gpu_memory_bytes"] for r in runs.values() if r["gpu_memory_bytes"] is not None]
@@ -279,14 +383,27 @@ def run_performance_gate(candidate: Subject, plan: GatePlan, progress=print, key
         result.add(check("GPU memory of the daemon", round(max(gpu) / 2**20, 1), pp.gpu_memory_limit_mib, unit="MiB"))
     planner = _planner(candidate, plan, warm["e2e_ms"]["p50"], result)
     result.details = {
-        "deadline_ms": t.e2e_deadline_ms, "control_period_ms": t.control_period_ms, "p99_budget_ms": deadline,
-        "scenarios": scenarios, "cold_start": {k: r["cold_start"] for k, r in runs.items()},
+        "deadline_ms": t.e2e_deadline_ms,
+        "control_period_ms": t.control_period_ms,
+        "p99_budget_ms": deadline,
+        "scenarios": scenarios,
+        "cold_start": {k: r["cold_start"] for k, r in runs.items()},
         "daemon_status": {k: r["status"] for k, r in runs.items()},
-        "peak_rss_mib": round(peak / 2**20, 1), "gpu_memory_mib": round(max(gpu) / 2**20, 1) if gpu else None,
-        "shape_switches": switches, "planner": planner,
-        "setup": {"warmup": pp.warmup, "batch": 1, "warm_observations": pp.warm_calls, "side_observations": n_side,
-                  "settle_observations": SETTLE, "bursts": pp.bursts, "burst_size": pp.burst_size,
-                  "burst_every_periods": BURST_EVERY, "serving": candidate.identity()["serving"]},
+        "peak_rss_mib": round(peak / 2**20, 1),
+        "gpu_memory_mib": round(max(gpu) / 2**20, 1) if gpu else None,
+        "shape_switches": switches,
+        "planner": planner,
+        "setup": {
+            "warmup": pp.warmup,
+            "batch": 1,
+            "warm_observations": pp.warm_calls,
+            "side_observations": n_side,
+            "settle_observations": SETTLE,
+            "bursts": pp.bursts,
+            "burst_size": pp.burst_size,
+            "burst_every_periods": BURST_EVERY,
+            "serving": candidate.identity()["serving"],
+        },
     }
     return result
 
@@ -298,13 +415,28 @@ def _planner(subject: Subject, plan: GatePlan, measured_p50: float, result: Gate
     pp, out = plan.performance, []
     for hw in pp.target_hardware:
         try:
-            f = planner.feasibility(subject.contract, None, hw, placement=pp.placement, mode=pp.mode,
-                                    measured_e2e_ms=measured_p50)
+            f = planner.feasibility(
+                subject.contract, None, hw, placement=pp.placement, mode=pp.mode, measured_e2e_ms=measured_p50
+            )
         except planner.PlannerError as exc:
             result.fail(f"planner on {hw}: {exc}")
             continue
-        out.append({"hardware": hw, "flagged": f["flagged"], "reasons": f["reasons"], "e2e_ms": f["e2e_ms"],
-                    "hz": f["hz"], "fits": f["fits"]})
-        result.add(check(f"planner on {hw}: feasibility flags", len(f["reasons"]), 0,
-                         note="; ".join(f["reasons"]) or f"predicted e2e {f['e2e_ms']:.3g} ms"))
+        out.append(
+            {
+                "hardware": hw,
+                "flagged": f["flagged"],
+                "reasons": f["reasons"],
+                "e2e_ms": f["e2e_ms"],
+                "hz": f["hz"],
+                "fits": f["fits"],
+            }
+        )
+        result.add(
+            check(
+                f"planner on {hw}: feasibility flags",
+                len(f["reasons"]),
+                0,
+                note="; ".join(f["reasons"]) or f"predicted e2e {f['e2e_ms']:.3g} ms",
+            )
+        )
     return out

@@ -168,8 +168,10 @@ class GatePlan:
         try:
             return self.equivalence.budgets[precision]
         except KeyError:
-            raise PlanError(self.source, [f"equivalence.budgets.{precision}: no budget for precision {precision!r}; "
-                                          "add one to the plan"]) from None
+            raise PlanError(
+                self.source,
+                [f"equivalence.budgets.{precision}: no budget for precision {precision!r}; add one to the plan"],
+            ) from None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (for the report)."""
@@ -181,16 +183,18 @@ class GatePlan:
 # ---- reading --------------------------------------------------------------------------
 
 
-def load_plan(candidate_dir: Path, plan_file: str | Path | None = None,
-              manifest_document: Mapping[str, Any] | None = None) -> GatePlan:
+def load_plan(
+    candidate_dir: Path, plan_file: str | Path | None = None, manifest_document: Mapping[str, Any] | None = None
+) -> GatePlan:
     """The plan for a candidate release folder: ``plan_file``, else the manifest's
     ``[gate_plan]``, else ``gates.toml`` beside the manifest, else the defaults."""
     if plan_file is not None:
         path = Path(plan_file)
         return parse_plan(_read_toml(path), str(path), path.resolve().parent)
     if manifest_document and isinstance(manifest_document.get("gate_plan"), Mapping):
-        return parse_plan(manifest_document["gate_plan"], f"{candidate_dir}/manifest.toml [gate_plan]",
-                          Path(candidate_dir).resolve())
+        return parse_plan(
+            manifest_document["gate_plan"], f"{candidate_dir}/manifest.toml [gate_plan]", Path(candidate_dir).resolve()
+        )
     local = Path(candidate_dir) / "gates.toml"
     if local.is_file():
         return parse_plan(_read_toml(local), str(local), local.resolve().parent)
@@ -230,11 +234,17 @@ def parse_plan(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
         equivalence = replace(equivalence, reference=_engine(reference, "equivalence.reference", problems))
     if candidates != "auto":
         if not isinstance(candidates, list):
-            problems.append("equivalence.candidates: expected \"auto\" or a list of { backend, artifact, options }")
+            problems.append('equivalence.candidates: expected "auto" or a list of { backend, artifact, options }')
         else:
-            equivalence = replace(equivalence, candidates=tuple(
-                _engine(c, f"equivalence.candidates[{i}]", problems) for i, c in enumerate(candidates)))
-    performance = _struct(PerformancePlan, data.pop("performance", {}) or {}, "performance", problems, PerformancePlan())
+            equivalence = replace(
+                equivalence,
+                candidates=tuple(
+                    _engine(c, f"equivalence.candidates[{i}]", problems) for i, c in enumerate(candidates)
+                ),
+            )
+    performance = _struct(
+        PerformancePlan, data.pop("performance", {}) or {}, "performance", problems, PerformancePlan()
+    )
     closed_loop = _struct(ClosedLoopPlan, data.pop("closed_loop", {}) or {}, "closed_loop", problems, ClosedLoopPlan())
     for key in data:
         problems.append(f"{key}: unknown key (known: required, equivalence, performance, closed_loop)")
@@ -245,7 +255,7 @@ def parse_plan(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
 
 def _engine(raw: Any, where: str, problems: list[str]) -> EngineSpec:
     if not isinstance(raw, Mapping) or not isinstance(raw.get("backend"), str):
-        problems.append(f"{where}: expected {{ backend = \"...\", artifact = \"...\", options = {{...}} }}")
+        problems.append(f'{where}: expected {{ backend = "...", artifact = "...", options = {{...}} }}')
         return EngineSpec("?")
     return _struct(EngineSpec, raw, where, problems, EngineSpec(raw["backend"]))
 

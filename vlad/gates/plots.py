@@ -77,8 +77,13 @@ def action_errors(eq: dict[str, Any], budgets: dict[str, Any], joints: list[str]
         stages = [("golden", cand.get("golden"))] + [(f"replay {k}", v) for k, v in (cand.get("replay") or {}).items()]
         for stage, data in stages:
             if data and data.get("action_errors"):
-                series.append((f"{cid} / {stage}", np.asarray(data["action_errors"], dtype=np.float64),
-                               budgets.get(cand["precision"], {}).get("action_max_abs")))
+                series.append(
+                    (
+                        f"{cid} / {stage}",
+                        np.asarray(data["action_errors"], dtype=np.float64),
+                        budgets.get(cand["precision"], {}).get("action_max_abs"),
+                    )
+                )
     if not series:
         return None
     plt = _pyplot()
@@ -111,8 +116,13 @@ def rollout_divergence(eq: dict[str, Any], budgets: dict[str, Any], unit: str) -
         t = None
         for i, div in enumerate(r["divergence"]):
             t = np.arange(len(div)) * r["period_ms"]
-            ax.plot(t, np.maximum(np.asarray(div, dtype=np.float64), 1e-12), color=f"C{k}", alpha=0.7,
-                    label=cid if i == 0 else None)
+            ax.plot(
+                t,
+                np.maximum(np.asarray(div, dtype=np.float64), 1e-12),
+                color=f"C{k}",
+                alpha=0.7,
+                label=cid if i == 0 else None,
+            )
         b = budgets.get(c["precision"], {}).get("rollout_max_divergence")
         if b:
             ax.axhline(b, color="red", linestyle="--", label=f"budget {b:g} {unit}")
@@ -127,8 +137,11 @@ def rollout_divergence(eq: dict[str, Any], budgets: dict[str, Any], unit: str) -
 
 def success_rates(cl: dict[str, Any], threshold: float | None) -> bytes | None:
     """Success rate per instruction with 95 % Wilson intervals: candidate, baseline, no motion."""
-    rows: list[tuple[str, Any]] = [("candidate", cl.get("candidate")), ("baseline", cl.get("baseline")),
-                                   ("no motion", cl.get("no_motion"))]
+    rows: list[tuple[str, Any]] = [
+        ("candidate", cl.get("candidate")),
+        ("baseline", cl.get("baseline")),
+        ("no motion", cl.get("no_motion")),
+    ]
     rows = [(name, r["per_instruction"]) for name, r in rows if r]
     if not rows:
         return None

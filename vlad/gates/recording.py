@@ -66,7 +66,7 @@ def unpack_frames(data: bytes) -> list[bytes]:
             pos += 4
             if pos + size > len(data):
                 raise struct.error("frame runs past the end")
-            out.append(data[pos:pos + size])
+            out.append(data[pos : pos + size])
             pos += size
     except struct.error as exc:
         raise GateError(f"corrupt {FRAMES_ENCODING} message: {exc}") from None
@@ -89,8 +89,16 @@ class McapRecorder:
     ``stop_reason`` and :meth:`stats` say what happened.
     """
 
-    def __init__(self, path: str | Path, *, max_bytes: int = 100 * 2**20, max_seconds: float = 600.0,
-                 tap: str = "daemon", metadata: dict[str, Any] | None = None, queue_size: int = 1024) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        max_bytes: int = 100 * 2**20,
+        max_seconds: float = 600.0,
+        tap: str = "daemon",
+        metadata: dict[str, Any] | None = None,
+        queue_size: int = 1024,
+    ) -> None:
         from mcap.writer import CompressionType, Writer
 
         self.path = Path(path)
@@ -101,9 +109,14 @@ class McapRecorder:
         self._offset_ns = time.time_ns() - time.monotonic_ns()
         self._t0: int | None = None
         self._channels = self._register()
-        info = {"format": RECORDING_FORMAT, "tap": tap, "clock_offset_ns": str(self._offset_ns),
-                "max_bytes": str(self.max_bytes), "max_seconds": str(max_seconds),
-                **{k: str(v) for k, v in (metadata or {}).items()}}
+        info = {
+            "format": RECORDING_FORMAT,
+            "tap": tap,
+            "clock_offset_ns": str(self._offset_ns),
+            "max_bytes": str(self.max_bytes),
+            "max_seconds": str(max_seconds),
+            **{k: str(v) for k, v in (metadata or {}).items()},
+        }
         self._writer.add_metadata("vlad.recording", info)
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -120,8 +133,10 @@ class McapRecorder:
         obs_schema = w.register_schema("vlad.protocol.obs", "", b"")
         act_schema = w.register_schema("vlad.protocol.act", "", b"")
         obj = json.dumps({"type": "object"}).encode()
-        json_schemas = {name: w.register_schema(name, "jsonschema", obj)
-                        for name in ("vlad.status", "vlad.observation_info", "vlad.action_info")}
+        json_schemas = {
+            name: w.register_schema(name, "jsonschema", obj)
+            for name in ("vlad.status", "vlad.observation_info", "vlad.action_info")
+        }
         return {
             TOPIC_OBS: w.register_channel(TOPIC_OBS, FRAMES_ENCODING, obs_schema),
             TOPIC_ACT: w.register_channel(TOPIC_ACT, FRAMES_ENCODING, act_schema),
@@ -238,12 +253,21 @@ def _info(kind: str, frames: list[bytes]) -> dict[str, Any] | None:
     h = msg.header
     if kind == "observations":
         proprio = msg.tensors.get("proprio")
-        return {"seq": h.get("seq"), "t_sensor_ns": h.get("t_sensor_ns"), "instruction": h.get("instruction"),
-                "proprio": proprio.tolist() if proprio is not None else None}
+        return {
+            "seq": h.get("seq"),
+            "t_sensor_ns": h.get("t_sensor_ns"),
+            "instruction": h.get("instruction"),
+            "proprio": proprio.tolist() if proprio is not None else None,
+        }
     actions = msg.tensors.get("actions")
-    return {"seq": h.get("seq"), "obs_seq": h.get("obs_seq"), "source": h.get("source"),
-            "interventions": h.get("interventions"), "timings_ms": h.get("timings_ms"),
-            "actions": actions.tolist() if actions is not None else None}
+    return {
+        "seq": h.get("seq"),
+        "obs_seq": h.get("obs_seq"),
+        "source": h.get("source"),
+        "interventions": h.get("interventions"),
+        "timings_ms": h.get("timings_ms"),
+        "actions": actions.tolist() if actions is not None else None,
+    }
 
 
 # ---- reading ---------------------------------------------------------------------------
@@ -321,8 +345,9 @@ def read_recording(path: str | Path, limit: int = 0) -> Recording:
             meta = {m.name: dict(m.metadata) for m in make_reader(f).iter_metadata()}
         info = meta.get("vlad.recording", {})
         if info.get("format") != RECORDING_FORMAT:
-            raise GateError(f"{path}: not a vlad recording (no {RECORDING_FORMAT} metadata); record one with "
-                            "`vladctl record`")
+            raise GateError(
+                f"{path}: not a vlad recording (no {RECORDING_FORMAT} metadata); record one with `vladctl record`"
+            )
         offset = int(info.get("clock_offset_ns", "0"))
         rec = Recording(path, meta)
         for topic, log_time, data in iter_messages(path):
@@ -347,15 +372,24 @@ def _observation(frames: list[bytes], t_ns: int) -> RecordedObservation | None:
     if msg.topic != protocol.TOPIC_OBS:
         return None  # heartbeats share the observation socket
     h = msg.header
-    images = {k[len("image/"):]: v for k, v in msg.tensors.items() if k.startswith("image/")}
-    return RecordedObservation(int(h["seq"]), int(h["t_sensor_ns"]), t_ns, h.get("instruction"), images,
-                               msg.tensors.get("proprio"))
+    images = {k[len("image/") :]: v for k, v in msg.tensors.items() if k.startswith("image/")}
+    return RecordedObservation(
+        int(h["seq"]), int(h["t_sensor_ns"]), t_ns, h.get("instruction"), images, msg.tensors.get("proprio")
+    )
 
 
 def _chunk(frames: list[bytes]) -> RecordedChunk:
     msg = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,))
     h = msg.header
-    return RecordedChunk(int(h["seq"]), int(h["obs_seq"]), int(h["t_sensor_ns"]), int(h["t_issue_ns"]),
-                         int(h["valid_until_ns"]), int(h["period_ns"]), str(h.get("source", "")),
-                         tuple(h.get("interventions", ())), dict(h.get("timings_ms", {})),
-                         np.array(msg.tensors["actions"]))
+    return RecordedChunk(
+        int(h["seq"]),
+        int(h["obs_seq"]),
+        int(h["t_sensor_ns"]),
+        int(h["t_issue_ns"]),
+        int(h["valid_until_ns"]),
+        int(h["period_ns"]),
+        str(h.get("source", "")),
+        tuple(h.get("interventions", ())),
+        dict(h.get("timings_ms", {})),
+        np.array(msg.tensors["actions"]),
+    )

@@ -34,8 +34,13 @@ Infer = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 
 def raw_observation(obs: RecordedObservation) -> RawObservation:
     """The processing module's view of a recorded observation (same seq: same noise)."""
-    return RawObservation(images=obs.images, proprio=obs.proprio, instruction=obs.instruction,
-                          sequence=obs.seq, sensor_time_ns=obs.t_sensor_ns)
+    return RawObservation(
+        images=obs.images,
+        proprio=obs.proprio,
+        instruction=obs.instruction,
+        sequence=obs.seq,
+        sensor_time_ns=obs.t_sensor_ns,
+    )
 
 
 @dataclass
@@ -49,8 +54,12 @@ class GuardReplay:
     examples: list[str] = field(default_factory=list)
 
 
-def replay_guard(contract: Contract, recording: Recording, actions: Mapping[int, np.ndarray],
-                 observations: Mapping[int, RecordedObservation]) -> GuardReplay:
+def replay_guard(
+    contract: Contract,
+    recording: Recording,
+    actions: Mapping[int, np.ndarray],
+    observations: Mapping[int, RecordedObservation],
+) -> GuardReplay:
     """Run the final guard over ``actions`` (decoded candidate chunks by observation seq) in
     the recorded publish order, and compare with the published chunks."""
     from vlad.serving.guard import ActionGuard, TrustedState
@@ -82,7 +91,9 @@ def replay_guard(contract: Contract, recording: Recording, actions: Mapping[int,
         if recorded != replayed:
             out.flips += 1
             if len(out.examples) < 5:
-                out.examples.append(f"observation {chunk.obs_seq}: recorded {sorted(recorded)}, replayed {sorted(replayed)}")
+                out.examples.append(
+                    f"observation {chunk.obs_seq}: recorded {sorted(recorded)}, replayed {sorted(replayed)}"
+                )
     return out
 
 
@@ -108,16 +119,27 @@ class ReplayResult:
     vs_baseline: JointErrors | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"observations": self.observations, "chunks_compared": self.guard.compared,
-             "vs_recorded_max_abs_per_joint": self.guard.errors.max_per_joint(),
-             "intervention_flips_vs_recorded": self.guard.flips, "flip_examples": self.guard.examples}
+        d = {
+            "observations": self.observations,
+            "chunks_compared": self.guard.compared,
+            "vs_recorded_max_abs_per_joint": self.guard.errors.max_per_joint(),
+            "intervention_flips_vs_recorded": self.guard.flips,
+            "flip_examples": self.guard.examples,
+        }
         if self.vs_baseline is not None:
             d["vs_baseline_max_abs_per_joint"] = self.vs_baseline.max_per_joint()
         return d
 
 
-def replay(recording: Recording, candidate: Any, contract: Contract, tokenizer: Any, *, baseline: Any = None,
-           progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+def replay(
+    recording: Recording,
+    candidate: Any,
+    contract: Contract,
+    tokenizer: Any,
+    *,
+    baseline: Any = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ReplayResult:
     """Feed every observation of ``recording`` through ``candidate`` (a backend session or an
     ``infer`` callable); compare with the recording and, given one, a ``baseline`` session."""
     infer = candidate.infer if hasattr(candidate, "infer") else candidate

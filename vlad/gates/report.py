@@ -65,8 +65,10 @@ def _img(png: bytes | str | None, caption: str) -> str:
     if isinstance(png, str):
         return f"<p class=failed>{_e(caption)}: {_e(png)}</p>"
     data = base64.b64encode(png).decode("ascii")
-    return (f'<figure><img class="plot" alt="{_e(caption)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{_e(caption)}</figcaption></figure>")
+    return (
+        f'<figure><img class="plot" alt="{_e(caption)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{_e(caption)}</figcaption></figure>"
+    )
 
 
 def _gate(report: dict, name: str) -> dict | None:
@@ -88,9 +90,10 @@ def _checks_table(g: dict) -> str:
         f"<tr><td>{_e(c['name'])}</td><td class=num>{_e(_fmt(c['value']))} {_e(c['unit'])}</td>"
         f"<td class=num>{_e(c['op'])} {_e(_fmt(c['limit']))} {_e(c['unit'])}</td>"
         f"<td class={'passed' if c['passed'] else 'failed'}>{'ok' if c['passed'] else 'FAILED'}</td>"
-        f"<td>{_e(c['note'])}</td></tr>" for c in g["checks"])
-    return ("<table><tr><th>check</th><th>value</th><th>budget</th><th>verdict</th><th>note</th></tr>"
-            f"{rows}</table>")
+        f"<td>{_e(c['note'])}</td></tr>"
+        for c in g["checks"]
+    )
+    return f"<table><tr><th>check</th><th>value</th><th>budget</th><th>verdict</th><th>note</th></tr>{rows}</table>"
 
 
 def _kv_table(d: dict, prefix: str = "") -> str:
@@ -101,7 +104,9 @@ def _kv_table(d: dict, prefix: str = "") -> str:
             for k, v in x.items():
                 walk(v, f"{key}.{k}" if key else str(k))
         else:
-            rows.append(f"<tr><th>{_e(key)}</th><td>{_e(x if not isinstance(x, list) else ', '.join(map(str, x)))}</td></tr>")
+            rows.append(
+                f"<tr><th>{_e(key)}</th><td>{_e(x if not isinstance(x, list) else ', '.join(map(str, x)))}</td></tr>"
+            )
 
     walk(d, prefix)
     return "<table>" + "".join(rows) + "</table>"
@@ -115,9 +120,11 @@ def _stage_table(perf: dict) -> str:
         stages = {"e2e (controller)": sc["e2e_ms"], **sc["stages_ms"]}
         for stage, p in stages.items():
             if p.get("count"):
-                rows.append(f"<tr><td>{_e(name)}</td><td>{_e(stage)}</td><td class=num>{p['count']}</td>"
-                            + "".join(f"<td class=num>{_e(_fmt(p[k]))}</td>" for k in ("p50", "p95", "p99", "max"))
-                            + "</tr>")
+                rows.append(
+                    f"<tr><td>{_e(name)}</td><td>{_e(stage)}</td><td class=num>{p['count']}</td>"
+                    + "".join(f"<td class=num>{_e(_fmt(p[k]))}</td>" for k in ("p50", "p95", "p99", "max"))
+                    + "</tr>"
+                )
     return f"<table>{head}{''.join(rows)}</table>" if rows else ""
 
 
@@ -127,10 +134,12 @@ def _success_table(cl: dict) -> str:
     for name in ("candidate", "baseline", "no_motion"):
         for instr, r in ((cl.get(name) or {}).get("per_instruction") or {}).items():
             lo, hi = r["wilson95"]
-            rows.append(f"<tr><td>{_e(name.replace('_', ' '))}</td><td>{_e(instr)}</td>"
-                        f"<td class=num>{r['successes']}/{r['episodes']}</td><td class=num>{r['rate']:.0%}</td>"
-                        f"<td class=num>{lo:.0%} - {hi:.0%}</td>"
-                        f"<td class=num>{1000 * r['mean_final_distance_m']:.1f} mm</td></tr>")
+            rows.append(
+                f"<tr><td>{_e(name.replace('_', ' '))}</td><td>{_e(instr)}</td>"
+                f"<td class=num>{r['successes']}/{r['episodes']}</td><td class=num>{r['rate']:.0%}</td>"
+                f"<td class=num>{lo:.0%} - {hi:.0%}</td>"
+                f"<td class=num>{1000 * r['mean_final_distance_m']:.1f} mm</td></tr>"
+            )
     return f"<table>{head}{''.join(rows)}</table>"
 
 
@@ -138,28 +147,40 @@ def render_html(report: dict[str, Any]) -> str:
     """The report as one self-contained HTML page."""
     cand, base = report["candidate"], report["baseline"]
     verdict = "passed" if report["passed"] else "failed"
-    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>vlad gates: {_e(cand['release_id'])}</title>",
-             f"<style>{_CSS}</style></head><body>",
-             f"<h1>Release gates: {_e(cand['release_id'])}</h1>",
-             "<p id=render-status>plots not checked (scripts disabled)</p>",
-             f"<div class='banner {verdict}'>{verdict.upper()}"
-             + (f" (stopped after the {_e(report['stopped_after'])} gate)" if report.get("stopped_after") else "")
-             + f" &mdash; {report['duration_s']:.0f} s, {_e(report['started_at'])}</div>",
-             "<table><tr><th></th><th>candidate</th><th>baseline</th></tr>"
-             + "".join(f"<tr><th>{k}</th><td>{_e(cand[k])}</td><td>{_e(base[k])}</td></tr>"
-                       for k in ("release_id", "path", "model", "contract_sha256"))
-             + f"<tr><th>serving</th><td>{_e(json.dumps(cand['serving']))}</td><td>{_e(json.dumps(base['serving']))}</td></tr>"
-             + "</table>",
-             "<h2>Verdicts</h2><table><tr><th>gate</th><th>verdict</th><th>time</th><th>reason</th></tr>"]
+    parts = [
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><title>vlad gates: {_e(cand['release_id'])}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>Release gates: {_e(cand['release_id'])}</h1>",
+        "<p id=render-status>plots not checked (scripts disabled)</p>",
+        f"<div class='banner {verdict}'>{verdict.upper()}"
+        + (f" (stopped after the {_e(report['stopped_after'])} gate)" if report.get("stopped_after") else "")
+        + f" &mdash; {report['duration_s']:.0f} s, {_e(report['started_at'])}</div>",
+        "<table><tr><th></th><th>candidate</th><th>baseline</th></tr>"
+        + "".join(
+            f"<tr><th>{k}</th><td>{_e(cand[k])}</td><td>{_e(base[k])}</td></tr>"
+            for k in ("release_id", "path", "model", "contract_sha256")
+        )
+        + f"<tr><th>serving</th><td>{_e(json.dumps(cand['serving']))}</td><td>{_e(json.dumps(base['serving']))}</td></tr>"
+        + "</table>",
+        "<h2>Verdicts</h2><table><tr><th>gate</th><th>verdict</th><th>time</th><th>reason</th></tr>",
+    ]
     for g in report["gates"]:
-        parts.append(f"<tr><td>{_e(g['gate'])}</td><td class={_e(g['status'])}>{_e(g['status'])}</td>"
-                     f"<td class=num>{g['duration_s']:.1f} s</td><td>{_e('; '.join(g['reasons'][:3]))}</td></tr>")
+        parts.append(
+            f"<tr><td>{_e(g['gate'])}</td><td class={_e(g['status'])}>{_e(g['status'])}</td>"
+            f"<td class=num>{g['duration_s']:.1f} s</td><td>{_e('; '.join(g['reasons'][:3]))}</td></tr>"
+        )
     parts.append("</table>")
     parts += _sections(report)
-    parts.append("<h2>Conditions</h2>" + _kv_table(report["conditions"])
-                 + "<h3>At the end of the run</h3>" + _kv_table(report.get("conditions_after") or {}))
-    parts.append("<h2>Plan</h2><details><summary>budgets and thresholds "
-                 f"({_e(report['plan'].get('source'))})</summary><pre>{_e(json.dumps(report['plan'], indent=1))}</pre></details>")
+    parts.append(
+        "<h2>Conditions</h2>"
+        + _kv_table(report["conditions"])
+        + "<h3>At the end of the run</h3>"
+        + _kv_table(report.get("conditions_after") or {})
+    )
+    parts.append(
+        "<h2>Plan</h2><details><summary>budgets and thresholds "
+        f"({_e(report['plan'].get('source'))})</summary><pre>{_e(json.dumps(report['plan'], indent=1))}</pre></details>"
+    )
     parts.append(f"<script>{_SCRIPT}</script></body></html>")
     return "\n".join(parts)
 
@@ -170,47 +191,74 @@ def _sections(report: dict) -> list[str]:
     g = _gate(report, "contract")
     if g:
         diffs = g["details"].get("differences", [])
-        rows = "".join(f"<tr><td>{_e(d['path'])}</td><td>{_e(d['old'])}</td><td>{_e(d['new'])}</td>"
-                       f"<td>{_e(d['category'])}</td><td class={'failed' if d['breaking'] else 'passed'}>"
-                       f"{'breaking' if d['breaking'] else 'compatible'}</td></tr>" for d in diffs)
-        out.append(f"<h2>Contract gate</h2>{_checks_table(g)}"
-                   + (f"<table><tr><th>field</th><th>baseline</th><th>candidate</th><th>category</th><th></th></tr>{rows}</table>"
-                      if diffs else "<p>The contracts are identical.</p>"))
+        rows = "".join(
+            f"<tr><td>{_e(d['path'])}</td><td>{_e(d['old'])}</td><td>{_e(d['new'])}</td>"
+            f"<td>{_e(d['category'])}</td><td class={'failed' if d['breaking'] else 'passed'}>"
+            f"{'breaking' if d['breaking'] else 'compatible'}</td></tr>"
+            for d in diffs
+        )
+        out.append(
+            f"<h2>Contract gate</h2>{_checks_table(g)}"
+            + (
+                f"<table><tr><th>field</th><th>baseline</th><th>candidate</th><th>category</th><th></th></tr>{rows}</table>"
+                if diffs
+                else "<p>The contracts are identical.</p>"
+            )
+        )
     g = _gate(report, "equivalence")
     if g and g["details"].get("candidates"):
         d = g["details"]
         budgets = plan["equivalence"]["budgets"]
         joints, units = _joint_names(d)
         skipped = "".join(f"<li>{_e(k)}: {_e(v)}</li>" for k, v in d.get("skipped", {}).items())
-        out.append(f"<h2>Equivalence gate</h2><p>Reference: {_e(d['reference']['id'])}. "
-                   f"Candidates: {_e(', '.join(d['candidates']))}.</p>"
-                   + (f"<p>Skipped here:</p><ul>{skipped}</ul>" if skipped else "")
-                   + _checks_table(g)
-                   + _img(_plot(plots.action_errors, d, budgets, joints, units),
-                          "Per-joint action error against the PyTorch fp32 reference (golden fixtures and replays)")
-                   + _img(_plot(plots.rollout_divergence, d, budgets, units[0] if units else ""),
-                          "Rollout divergence over time in the simulator, same seed and noise"))
+        out.append(
+            f"<h2>Equivalence gate</h2><p>Reference: {_e(d['reference']['id'])}. "
+            f"Candidates: {_e(', '.join(d['candidates']))}.</p>"
+            + (f"<p>Skipped here:</p><ul>{skipped}</ul>" if skipped else "")
+            + _checks_table(g)
+            + _img(
+                _plot(plots.action_errors, d, budgets, joints, units),
+                "Per-joint action error against the PyTorch fp32 reference (golden fixtures and replays)",
+            )
+            + _img(
+                _plot(plots.rollout_divergence, d, budgets, units[0] if units else ""),
+                "Rollout divergence over time in the simulator, same seed and noise",
+            )
+        )
     elif g:
         out.append(f"<h2>Equivalence gate</h2>{_checks_table(g)}")
     g = _gate(report, "performance")
     if g and g["details"].get("scenarios"):
         d = g["details"]
-        out.append(f"<h2>Performance gate</h2>{_checks_table(g)}"
-                   + _img(_plot(plots.latency_cdf, d), "Latency CDF per stage (warm steady state) and end to end per scenario")
-                   + _stage_table(d)
-                   + "<h3>Setup</h3>" + _kv_table({"setup": d["setup"], "cold_start": d["cold_start"],
-                                                    "shape_switches": d.get("shape_switches") or "not measured",
-                                                    "planner": d.get("planner") or "no target hardware in the plan"}))
+        out.append(
+            f"<h2>Performance gate</h2>{_checks_table(g)}"
+            + _img(_plot(plots.latency_cdf, d), "Latency CDF per stage (warm steady state) and end to end per scenario")
+            + _stage_table(d)
+            + "<h3>Setup</h3>"
+            + _kv_table(
+                {
+                    "setup": d["setup"],
+                    "cold_start": d["cold_start"],
+                    "shape_switches": d.get("shape_switches") or "not measured",
+                    "planner": d.get("planner") or "no target hardware in the plan",
+                }
+            )
+        )
     elif g:
         out.append(f"<h2>Performance gate</h2>{_checks_table(g)}")
     g = _gate(report, "closed_loop")
     if g and g["details"].get("candidate"):
         d = g["details"]
-        out.append(f"<h2>Closed-loop gate</h2>{_checks_table(g)}"
-                   + _img(_plot(plots.success_rates, d, plan["closed_loop"]["min_success_rate"]),
-                          "Success rate per instruction with 95 % Wilson intervals")
-                   + _success_table(d)
-                   + "<h3>Safety events (candidate)</h3>" + _kv_table(d["candidate"]["safety"]))
+        out.append(
+            f"<h2>Closed-loop gate</h2>{_checks_table(g)}"
+            + _img(
+                _plot(plots.success_rates, d, plan["closed_loop"]["min_success_rate"]),
+                "Success rate per instruction with 95 % Wilson intervals",
+            )
+            + _success_table(d)
+            + "<h3>Safety events (candidate)</h3>"
+            + _kv_table(d["candidate"]["safety"])
+        )
     elif g:
         out.append(f"<h2>Closed-loop gate</h2>{_checks_table(g)}")
     return out

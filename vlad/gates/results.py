@@ -51,8 +51,15 @@ class Check:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {"name": self.name, "value": _json_number(self.value), "limit": _json_number(self.limit),
-                "op": self.op, "unit": self.unit, "passed": self.passed, "note": self.note}
+        return {
+            "name": self.name,
+            "value": _json_number(self.value),
+            "limit": _json_number(self.limit),
+            "op": self.op,
+            "unit": self.unit,
+            "passed": self.passed,
+            "note": self.note,
+        }
 
 
 def check(name: str, value: Any, limit: Any, op: str = "<=", unit: str = "", note: str = "") -> Check:
@@ -103,9 +110,15 @@ class GateResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {"gate": self.gate, "status": self.status, "passed": self.passed, "reasons": self.reasons,
-                "checks": [c.to_dict() for c in self.checks], "details": self.details,
-                "duration_s": round(self.duration_s, 3)}
+        return {
+            "gate": self.gate,
+            "status": self.status,
+            "passed": self.passed,
+            "reasons": self.reasons,
+            "checks": [c.to_dict() for c in self.checks],
+            "details": self.details,
+            "duration_s": round(self.duration_s, 3),
+        }
 
 
 class Timer:

@@ -43,8 +43,9 @@ def console_progress(quiet: bool = False, stream: Any = None) -> Progress:
     return progress
 
 
-def _run_one(gate: str, candidate: Subject, baseline: Subject, plan: GatePlan, progress: Progress,
-             keys_dir: str | None) -> GateResult:
+def _run_one(
+    gate: str, candidate: Subject, baseline: Subject, plan: GatePlan, progress: Progress, keys_dir: str | None
+) -> GateResult:
     if gate == "contract":
         from vlad.gates.contract_gate import run_contract_gate
 
@@ -62,10 +63,19 @@ def _run_one(gate: str, candidate: Subject, baseline: Subject, plan: GatePlan, p
     return run_closed_loop_gate(candidate, baseline, plan, progress, keys_dir)
 
 
-def run_gates(candidate: str | Path, baseline: str | Path, report_dir: str | Path, *,
-              plan: GatePlan | None = None, plan_file: str | Path | None = None,
-              gates: Sequence[str] | None = None, run_all: bool = False, keys_dir: str | None = None,
-              progress: Progress | None = None, html: bool = True) -> dict[str, Any]:
+def run_gates(
+    candidate: str | Path,
+    baseline: str | Path,
+    report_dir: str | Path,
+    *,
+    plan: GatePlan | None = None,
+    plan_file: str | Path | None = None,
+    gates: Sequence[str] | None = None,
+    run_all: bool = False,
+    keys_dir: str | None = None,
+    progress: Progress | None = None,
+    html: bool = True,
+) -> dict[str, Any]:
     """Run ``gates`` (default: every gate the plan requires) on ``candidate`` against
     ``baseline``; write ``report.json`` and ``report.html`` into ``report_dir``."""
     progress = progress or console_progress()
@@ -76,18 +86,23 @@ def run_gates(candidate: str | Path, baseline: str | Path, report_dir: str | Pat
     if unknown:
         raise GateError(f"unknown gate(s) {', '.join(unknown)}; the gates are {', '.join(GATE_ORDER)}")
     order = [g for g in GATE_ORDER if g in selected]
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     progress(f"gates for {cand.id} ({cand.path}) against {base.id} ({base.path}); plan: {plan.source}")
     cond = conditions.capture()
-    progress(f"conditions: {cond['cpu']}, {cond['usable_cores']} cores, governor {cond['governor']}, "
-             f"load {cond['loadavg_1_5_15']}")
+    progress(
+        f"conditions: {cond['cpu']}, {cond['usable_cores']} cores, governor {cond['governor']}, "
+        f"load {cond['loadavg_1_5_15']}"
+    )
     results: list[GateResult] = []
     stopped: str | None = None
     with conditions.NeighbourWatch() as watch:
         for i, gate in enumerate(order, 1):
             if stopped is not None:
-                results.append(GateResult(gate, "skipped", reasons=[f"not run: the {stopped} gate failed first "
-                                                                    "(--all runs every gate)"]))
+                results.append(
+                    GateResult(
+                        gate, "skipped", reasons=[f"not run: the {stopped} gate failed first (--all runs every gate)"]
+                    )
+                )
                 continue
             progress(f"[{i}/{len(order)}] {gate} gate")
             with Timer() as timer:
@@ -96,8 +111,12 @@ def run_gates(candidate: str | Path, baseline: str | Path, report_dir: str | Pat
                 except VladError as exc:
                     result = GateResult(gate, "error", reasons=[str(exc)])
                 except Exception as exc:  # a bug in a gate must still leave a report behind
-                    result = GateResult(gate, "error", reasons=[f"{type(exc).__name__}: {exc}"],
-                                        details={"traceback": traceback.format_exc()})
+                    result = GateResult(
+                        gate,
+                        "error",
+                        reasons=[f"{type(exc).__name__}: {exc}"],
+                        details={"traceback": traceback.format_exc()},
+                    )
             result.duration_s = timer.s
             results.append(result)
             progress(f"[{i}/{len(order)}] {result.summary()} ({timer.s:.1f} s)")
@@ -106,9 +125,11 @@ def run_gates(candidate: str | Path, baseline: str | Path, report_dir: str | Pat
     after = {**conditions.capture_after(), "neighbours_during_run": watch.summary()}
     if watch.busy_samples:
         share = 100 * after["neighbours_during_run"]["share_with_busy_neighbour"]
-        progress(f"conditions: other processes were busy during {share:.0f} % of the run "
-                 f"({', '.join(list(watch.peaks)[:3])}): latency figures are not this release's alone")
-    finished = dt.datetime.now(dt.timezone.utc)
+        progress(
+            f"conditions: other processes were busy during {share:.0f} % of the run "
+            f"({', '.join(list(watch.peaks)[:3])}): latency figures are not this release's alone"
+        )
+    finished = dt.datetime.now(dt.UTC)
     report = {
         "format": REPORT_FORMAT,
         "candidate": cand.identity(),
@@ -126,8 +147,10 @@ def run_gates(candidate: str | Path, baseline: str | Path, report_dir: str | Pat
     }
     write_report(report, Path(report_dir), html=html)
     verdicts = ", ".join(f"{r.gate} {r.status}" for r in results)
-    progress(f"{'PASSED' if report['passed'] else 'FAILED'}: {verdicts}; report in {report_dir} "
-             f"({report['duration_s']:.0f} s)")
+    progress(
+        f"{'PASSED' if report['passed'] else 'FAILED'}: {verdicts}; report in {report_dir} "
+        f"({report['duration_s']:.0f} s)"
+    )
     return report
 
 

@@ -47,8 +47,11 @@ class Subject:
 
     def artifacts(self, suffixes: tuple[str, ...] = ()) -> list[str]:
         """Relative paths of the model artifacts (role ``model``), optionally by suffix."""
-        return [a.path for a in self.manifest.artifacts
-                if a.role in ("model", "engine") and (not suffixes or a.path.endswith(suffixes))]
+        return [
+            a.path
+            for a in self.manifest.artifacts
+            if a.role in ("model", "engine") and (not suffixes or a.path.endswith(suffixes))
+        ]
 
     def identity(self) -> dict[str, Any]:
         """What the evidence is about: the release id, its contract and its artifacts' hashes."""
@@ -57,8 +60,11 @@ class Subject:
             "release_id": self.id,
             "contract_sha256": self.contract.sha256,
             "model": f"{self.contract.model.id}@{self.contract.model.version}",
-            "serving": {"backend": self.serving.backend, "artifact": self.serving.artifact,
-                        "options": dict(self.serving.options)},
+            "serving": {
+                "backend": self.serving.backend,
+                "artifact": self.serving.artifact,
+                "options": dict(self.serving.options),
+            },
             "artifacts": {a.path: a.sha256 for a in self.manifest.artifacts if a.role != "report"},
         }
 

@@ -27,11 +27,13 @@ class ThermalMonitor(Monitor):
             gpu = key.startswith("temperature.gpu")
             warn, fault = (t.gpu_temp_warn_c, t.gpu_temp_fault_c) if gpu else (t.cpu_temp_warn_c, t.cpu_temp_fault_c)
             if value >= fault:
-                out.append(Finding(self.name, "temperature_high", "fault", "system", f"{key} at {value:.1f} °C",
-                                   value, fault))
+                out.append(
+                    Finding(self.name, "temperature_high", "fault", "system", f"{key} at {value:.1f} °C", value, fault)
+                )
             elif value >= warn:
-                out.append(Finding(self.name, "temperature_warm", "warn", "system", f"{key} at {value:.1f} °C",
-                                   value, warn))
+                out.append(
+                    Finding(self.name, "temperature_warm", "warn", "system", f"{key} at {value:.1f} °C", value, warn)
+                )
         return out
 
 
@@ -43,16 +45,35 @@ class MemoryMonitor(Monitor):
         out = []
         # Any sensor may report available memory (host, a cgroup limit, a board's shared
         # CPU/GPU pool): the tightest one counts.
-        avail = min((x for k, x in v.readings.items() if k.startswith("memory.") and k.endswith("available_bytes")),
-                    default=None)
+        avail = min(
+            (x for k, x in v.readings.items() if k.startswith("memory.") and k.endswith("available_bytes")),
+            default=None,
+        )
         if avail is not None and avail < t.min_available_memory_mb * 2**20:
-            out.append(Finding(self.name, "memory_pressure", "fault", "system",
-                               f"only {avail / 2**20:.0f} MiB host memory available", avail / 2**20,
-                               t.min_available_memory_mb))
+            out.append(
+                Finding(
+                    self.name,
+                    "memory_pressure",
+                    "fault",
+                    "system",
+                    f"only {avail / 2**20:.0f} MiB host memory available",
+                    avail / 2**20,
+                    t.min_available_memory_mb,
+                )
+            )
         rss = v.readings.get("memory.rss_bytes")
         if rss is not None and rss > t.max_rss_mb * 2**20:
-            out.append(Finding(self.name, "rss_high", "warn", "system", f"vlad uses {rss / 2**20:.0f} MiB",
-                               rss / 2**20, t.max_rss_mb))
+            out.append(
+                Finding(
+                    self.name,
+                    "rss_high",
+                    "warn",
+                    "system",
+                    f"vlad uses {rss / 2**20:.0f} MiB",
+                    rss / 2**20,
+                    t.max_rss_mb,
+                )
+            )
         return out
 
 
@@ -67,8 +88,17 @@ class HeartbeatMonitor(Monitor):
         limit = v.thresholds.heartbeat_missing_periods * v.period_ns
         age = v.now_ns - v.last_heartbeat_ns
         if age > limit:
-            return [Finding(self.name, "heartbeat_lost", "fault", "controller",
-                            f"no controller heartbeat for {age / 1e6:.0f} ms", age / 1e6, limit / 1e6)]
+            return [
+                Finding(
+                    self.name,
+                    "heartbeat_lost",
+                    "fault",
+                    "controller",
+                    f"no controller heartbeat for {age / 1e6:.0f} ms",
+                    age / 1e6,
+                    limit / 1e6,
+                )
+            ]
         return []
 
 
@@ -93,8 +123,17 @@ class SensorStreamMonitor(Monitor):
             limit = t.sensor_stall_periods * v.period_ns
             age = v.now_ns - v.last_observation_ns
             if age > limit:
-                out.append(Finding(self.name, "sensor_stall", "fault", "input",
-                                   f"no observation for {age / 1e6:.0f} ms", age / 1e6, limit / 1e6))
+                out.append(
+                    Finding(
+                        self.name,
+                        "sensor_stall",
+                        "fault",
+                        "input",
+                        f"no observation for {age / 1e6:.0f} ms",
+                        age / 1e6,
+                        limit / 1e6,
+                    )
+                )
         stale_total = sum(c.stale for c in v.policies.values())
         self._history.append((v.now_ns, v.intake.snapshot(), stale_total))
         window_ns = int(t.input_window_s * 1e9)
@@ -106,17 +145,33 @@ class SensorStreamMonitor(Monitor):
         if seen >= t.min_input_events:
             stale = stale_total - stale_first
             if stale / seen > t.stale_fraction_fault:
-                out.append(Finding(self.name, "stale_observations", "fault", "input",
-                                   f"{stale} of {seen} observations stale in the last {t.input_window_s:g} s",
-                                   stale / seen, t.stale_fraction_fault))
+                out.append(
+                    Finding(
+                        self.name,
+                        "stale_observations",
+                        "fault",
+                        "input",
+                        f"{stale} of {seen} observations stale in the last {t.input_window_s:g} s",
+                        stale / seen,
+                        t.stale_fraction_fault,
+                    )
+                )
             # A warning, not a fault: while valid observations keep arriving the policy
             # serves them (junk next to them changes nothing); when they stop, the stall
             # check above moves to the hold posture.
             if d.input_rejected / seen > t.rejected_fraction_warn:
-                out.append(Finding(self.name, "input_out_of_contract", "warn", "input",
-                                   f"{d.input_rejected} of {seen} observations refused in the last "
-                                   f"{t.input_window_s:g} s ({_top(d.rejected)})",
-                                   d.input_rejected / seen, t.rejected_fraction_warn))
+                out.append(
+                    Finding(
+                        self.name,
+                        "input_out_of_contract",
+                        "warn",
+                        "input",
+                        f"{d.input_rejected} of {seen} observations refused in the last "
+                        f"{t.input_window_s:g} s ({_top(d.rejected)})",
+                        d.input_rejected / seen,
+                        t.rejected_fraction_warn,
+                    )
+                )
         return out
 
 
@@ -134,8 +189,11 @@ class PolicyOutputMonitor(Monitor):
     """
 
     name = "policy"
-    FAULTS = (("nonfinite_outputs", "nonfinite_output"), ("out_of_bounds", "out_of_bounds_output"),
-              ("backend_errors", "backend_exception"))
+    FAULTS = (
+        ("nonfinite_outputs", "nonfinite_output"),
+        ("out_of_bounds", "out_of_bounds_output"),
+        ("backend_errors", "backend_exception"),
+    )
 
     def check(self, v: HealthView) -> list[Finding]:
         out = []
@@ -143,18 +201,44 @@ class PolicyOutputMonitor(Monitor):
             for attr, code in self.FAULTS:
                 n = getattr(counts, attr)
                 if n > 0:
-                    out.append(Finding(self.name, code, "fault", "policy",
-                                       f"{policy}: {n} × {code.replace('_', ' ')}", n, policy=policy))
+                    out.append(
+                        Finding(
+                            self.name,
+                            code,
+                            "fault",
+                            "policy",
+                            f"{policy}: {n} × {code.replace('_', ' ')}",
+                            n,
+                            policy=policy,
+                        )
+                    )
             if counts.remote_errors > 0 and policy == v.serving:
-                out.append(Finding(self.name, "remote_unavailable", "fault", "system",
-                                   f"{policy}: {counts.remote_errors} request(s) to its server failed or were late",
-                                   counts.remote_errors, policy=policy))
+                out.append(
+                    Finding(
+                        self.name,
+                        "remote_unavailable",
+                        "fault",
+                        "system",
+                        f"{policy}: {counts.remote_errors} request(s) to its server failed or were late",
+                        counts.remote_errors,
+                        policy=policy,
+                    )
+                )
         f = v.in_flight
         if f is not None and v.now_ns - f.since_ns > v.hang_timeout_ns:
             age = (v.now_ns - f.since_ns) / 1e6
-            out.append(Finding(self.name, "backend_hang", "fault", "policy",
-                               f"{f.policy}: inference running for {age:.0f} ms", age, v.hang_timeout_ns / 1e6,
-                               policy=f.policy))
+            out.append(
+                Finding(
+                    self.name,
+                    "backend_hang",
+                    "fault",
+                    "policy",
+                    f"{f.policy}: inference running for {age:.0f} ms",
+                    age,
+                    v.hang_timeout_ns / 1e6,
+                    policy=f.policy,
+                )
+            )
         return out
 
 
@@ -181,16 +265,32 @@ class DeadlineMonitor(Monitor):
         d = v.publish.minus(self._history[0][1])
         published, misses = d.policy_chunks, d.deadline_misses
         if published >= self.MIN_CYCLES and misses / published > t.deadline_miss_fraction_warn:
-            out.append(Finding(self.name, "deadline_misses", "warn", "system",
-                               f"{misses} of {published} cycles missed the {v.deadline_ns / 1e6:g} ms deadline "
-                               f"in the last {t.input_window_s:g} s",
-                               misses / published, t.deadline_miss_fraction_warn))
+            out.append(
+                Finding(
+                    self.name,
+                    "deadline_misses",
+                    "warn",
+                    "system",
+                    f"{misses} of {published} cycles missed the {v.deadline_ns / 1e6:g} ms deadline "
+                    f"in the last {t.input_window_s:g} s",
+                    misses / published,
+                    t.deadline_miss_fraction_warn,
+                )
+            )
         e2e = v.latency.get("e2e")
         budget = v.deadline_ns / 1e6 * t.p99_budget_fraction
         if e2e and e2e["count"] >= 50 and e2e["p99"] > budget:
-            out.append(Finding(self.name, "p99_over_budget", "warn", "system",
-                               f"rolling e2e p99 {e2e['p99']:.2f} ms over the {budget:.2f} ms budget", e2e["p99"],
-                               budget))
+            out.append(
+                Finding(
+                    self.name,
+                    "p99_over_budget",
+                    "warn",
+                    "system",
+                    f"rolling e2e p99 {e2e['p99']:.2f} ms over the {budget:.2f} ms budget",
+                    e2e["p99"],
+                    budget,
+                )
+            )
         return out
 
 
@@ -210,8 +310,17 @@ class ArtifactMonitor(Monitor):
         if v.now_ns - self._last_ns >= v.thresholds.artifact_check_interval_s * 1e9:
             self._last_ns = v.now_ns
             self._bad = [rel for rel, digest in v.artifacts.items() if _sha256(v.release_dir / rel) != digest]
-        return [Finding(self.name, "artifact_modified", "fault", "policy", f"release artifact {rel} changed on disk",
-                        policy=v.release) for rel in self._bad]
+        return [
+            Finding(
+                self.name,
+                "artifact_modified",
+                "fault",
+                "policy",
+                f"release artifact {rel} changed on disk",
+                policy=v.release,
+            )
+            for rel in self._bad
+        ]
 
 
 def _sha256(path) -> str:
@@ -221,8 +330,15 @@ def _sha256(path) -> str:
         return "unreadable"
 
 
-BUILTIN: tuple[type[Monitor], ...] = (ThermalMonitor, MemoryMonitor, HeartbeatMonitor, SensorStreamMonitor,
-                                      PolicyOutputMonitor, DeadlineMonitor, ArtifactMonitor)
+BUILTIN: tuple[type[Monitor], ...] = (
+    ThermalMonitor,
+    MemoryMonitor,
+    HeartbeatMonitor,
+    SensorStreamMonitor,
+    PolicyOutputMonitor,
+    DeadlineMonitor,
+    ArtifactMonitor,
+)
 
 
 @hookimpl

@@ -88,8 +88,12 @@ class HealthPolicy:
                 culprit = self.index_of(f.policy) if f.policy else self.active
                 if culprit is not None and culprit != self.hold and culprit not in self.quarantined:
                     self.quarantined[culprit] = f.code
-                    self.events.record("quarantine", f"{self.chain[culprit]} quarantined: {f.message}",
-                                       policy=str(self.chain[culprit]), code=f.code)
+                    self.events.record(
+                        "quarantine",
+                        f"{self.chain[culprit]} quarantined: {f.message}",
+                        policy=str(self.chain[culprit]),
+                        code=f.code,
+                    )
             elif f.scope == "system":
                 named = self.index_of(f.policy) if f.policy else None
                 below = named if named is not None else 0

@@ -78,8 +78,13 @@ class StateMachine:
             self.since_ns = ev.monotonic_ns
             self.events.append(ev)
             log_context.state = to.value
-        log.info("state %s -> %s: %s", ev.state_from, ev.state_to, reason,
-                 extra={"VLAD_EVENT": "transition", "VLAD_REASON": reason})
+        log.info(
+            "state %s -> %s: %s",
+            ev.state_from,
+            ev.state_to,
+            reason,
+            extra={"VLAD_EVENT": "transition", "VLAD_REASON": reason},
+        )
         return True
 
     def record(self, kind: str, reason: str, **details: Any) -> Event:

@@ -48,15 +48,24 @@ class Peaks:
             import psutil
 
             memory_bytes = float(psutil.virtual_memory().total)
-        return Hardware(key="this-machine", name=f"this machine ({self.threads} thread{'s' * (self.threads > 1)})",
-                        peak_flops={"fp32": self.peak_flops}, memory_bandwidth=self.bandwidth,
-                        memory_bytes=memory_bytes, kind="measured", source="micro-benchmarks (vlad.planner.calibrate)")
+        return Hardware(
+            key="this-machine",
+            name=f"this machine ({self.threads} thread{'s' * (self.threads > 1)})",
+            peak_flops={"fp32": self.peak_flops},
+            memory_bandwidth=self.bandwidth,
+            memory_bytes=memory_bytes,
+            kind="measured",
+            source="micro-benchmarks (vlad.planner.calibrate)",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary in GFLOP/s and GB/s (10^9)."""
-        return {"matmul_gflops": {k: round(v / 1e9, 3) for k, v in self.matmul_flops.items()},
-                "bandwidth_gb_s": round(self.bandwidth / 1e9, 3), "threads": self.threads,
-                "conditions": self.conditions}
+        return {
+            "matmul_gflops": {k: round(v / 1e9, 3) for k, v in self.matmul_flops.items()},
+            "bandwidth_gb_s": round(self.bandwidth / 1e9, 3),
+            "threads": self.threads,
+            "conditions": self.conditions,
+        }
 
 
 def _best(fn, reps: int) -> float:

@@ -58,8 +58,9 @@ def horizon_ticks(period_ms: float, chunk: int, validity_ms: float | None) -> in
     return max(0, min(chunk, valid))
 
 
-def async_threshold(latency_ms: float, period_ms: float, chunk: int, execute: int,
-                    validity_ms: float | None = None) -> int:
+def async_threshold(
+    latency_ms: float, period_ms: float, chunk: int, execute: int, validity_ms: float | None = None
+) -> int:
     """Request threshold that replans every ``execute`` waypoints when the latency allows
     it without idling, else as early as one request in flight permits."""
     a, h = ticks_to_arrive(latency_ms, period_ms), horizon_ticks(period_ms, chunk, validity_ms)
@@ -67,9 +68,17 @@ def async_threshold(latency_ms: float, period_ms: float, chunk: int, execute: in
     return max(0, min(chunk - 1, h - 1 - cycle))
 
 
-def chunk_rate(latency_ms: float, period_ms: float, chunk: int, *, mode: str, execute: int = 4,
-               threshold: int | None = None, validity_ms: float | None = None,
-               wait_fraction: float = 0.8) -> ChunkRate:
+def chunk_rate(
+    latency_ms: float,
+    period_ms: float,
+    chunk: int,
+    *,
+    mode: str,
+    execute: int = 4,
+    threshold: int | None = None,
+    validity_ms: float | None = None,
+    wait_fraction: float = 0.8,
+) -> ChunkRate:
     """Predicted control rate of ``sync`` or ``async`` chunk execution (see the module)."""
     if period_ms <= 0 or chunk < 1 or latency_ms < 0:
         raise PlannerError("chunk_rate needs period > 0, chunk >= 1 and latency >= 0")

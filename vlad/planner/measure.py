@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,12 +66,23 @@ class Measurement:
             predicted = self.prediction.compute_ms if name == "e2e" else self.prediction.components[name].ms
             measured = self.e2e["p50_ms"] if name == "e2e" else self.components.get(name)
             eff = self.efficiency(name)
-            rows[name] = {"predicted_ms": round(predicted, 6), "measured_ms": None if measured is None else round(measured, 6),
-                          "efficiency": None if eff is None else round(eff, 4),
-                          "bound": self.prediction.components[name].bound if name != "e2e" else None}
-        return {"release": self.release, "backend": self.backend, "model": self.model.name,
-                "precision": self.prediction.precision, "peaks": self.peaks.to_dict(), "rows": rows,
-                "e2e": {k: round(v, 6) for k, v in self.e2e.items()}, "profile": self.profile, "notes": self.notes}
+            rows[name] = {
+                "predicted_ms": round(predicted, 6),
+                "measured_ms": None if measured is None else round(measured, 6),
+                "efficiency": None if eff is None else round(eff, 4),
+                "bound": self.prediction.components[name].bound if name != "e2e" else None,
+            }
+        return {
+            "release": self.release,
+            "backend": self.backend,
+            "model": self.model.name,
+            "precision": self.prediction.precision,
+            "peaks": self.peaks.to_dict(),
+            "rows": rows,
+            "e2e": {k: round(v, 6) for k, v in self.e2e.items()},
+            "profile": self.profile,
+            "notes": self.notes,
+        }
 
 
 def _load_release(release: Path, keys_dir: str | Path | None, verify: bool):
@@ -100,8 +110,9 @@ def time_backend(release: Path, manifest: Any, contract: Any, calls: int, warmup
     from vlad.backend import example_inputs
     from vlad.plugins import get_backend
 
-    session = get_backend(manifest.backend.name).load(release / manifest.backend.artifact, contract,
-                                                      dict(manifest.backend.options))
+    session = get_backend(manifest.backend.name).load(
+        release / manifest.backend.artifact, contract, dict(manifest.backend.options)
+    )
     try:
         inputs = example_inputs(contract)
         session.warmup(warmup)
@@ -114,8 +125,13 @@ def time_backend(release: Path, manifest: Any, contract: Any, calls: int, warmup
     finally:
         session.close()
     q = np.percentile(wall, [50, 95])
-    return {"p50_ms": float(q[0]), "p95_ms": float(q[1]), "mean_ms": statistics.fmean(wall),
-            "engine_p50_ms": float(np.median(engine)), "calls": float(calls)}
+    return {
+        "p50_ms": float(q[0]),
+        "p95_ms": float(q[1]),
+        "mean_ms": statistics.fmean(wall),
+        "engine_p50_ms": float(np.median(engine)),
+        "calls": float(calls),
+    }
 
 
 def assign_components(graph: Any, scopes: dict[str, tuple[str, ...]]) -> list[str]:
@@ -160,8 +176,9 @@ def component_graphs(model: Any, owners: list[str]) -> dict[str, tuple[list[str]
     return io
 
 
-def time_components(onnx_path: Path, contract: Any, scopes: dict[str, tuple[str, ...]], threads: int,
-                    calls: int, warmup: int) -> tuple[dict[str, float], dict[str, Any]]:
+def time_components(
+    onnx_path: Path, contract: Any, scopes: dict[str, tuple[str, ...]], threads: int, calls: int, warmup: int
+) -> tuple[dict[str, float], dict[str, Any]]:
     """Per-component time: each component's sub-graph cut out of the ONNX artifact at its
     boundary tensors, run alone in ONNX Runtime (same threads) on the boundary values of
     a full run, p50 of ``calls`` runs."""
@@ -178,7 +195,9 @@ def time_components(onnx_path: Path, contract: Any, scopes: dict[str, tuple[str,
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     feeds = {k: v for k, v in example_inputs(contract).items() if k in {i.name for i in model.graph.input}}
     # One full run that also returns every boundary tensor: the sub-graphs' inputs.
-    boundary = sorted({t for ins, outs in io.values() for t in ins + outs} - set(feeds) - {o.name for o in model.graph.output})
+    boundary = sorted(
+        {t for ins, outs in io.values() for t in ins + outs} - set(feeds) - {o.name for o in model.graph.output}
+    )
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     known = {v.name: v for v in probe.graph.value_info}
@@ -193,7 +212,10 @@ def time_components(onnx_path: Path, contract: Any, scopes: dict[str, tuple[str,
     out: dict[str, float] = {}
     info: dict[str, Any] = {
         "method": "sub-graph per component at its boundary tensors, onnxruntime CPUExecutionProvider",
-        "threads": threads, "calls": calls, "boundaries": {}}
+        "threads": threads,
+        "calls": calls,
+        "boundaries": {},
+    }
     for comp in COMPONENTS:
         if comp not in io:
             continue
@@ -213,9 +235,16 @@ def time_components(onnx_path: Path, contract: Any, scopes: dict[str, tuple[str,
     return out, info
 
 
-def measure_release(release: str | Path, *, model: str | Path | VLAModel | None = None,
-                    keys_dir: str | Path | None = None, verify: bool = True, short: bool = False,
-                    threads: int | None = None, use_torch: bool | None = None) -> Measurement:
+def measure_release(
+    release: str | Path,
+    *,
+    model: str | Path | VLAModel | None = None,
+    keys_dir: str | Path | None = None,
+    verify: bool = True,
+    short: bool = False,
+    threads: int | None = None,
+    use_torch: bool | None = None,
+) -> Measurement:
     """Measure ``release`` on this machine against the planner's roofline (see module)."""
     release = Path(release)
     if not release.is_dir():
@@ -232,8 +261,15 @@ def measure_release(release: str | Path, *, model: str | Path | VLAModel | None 
     prediction = predict(vla, peaks.hardware(), precision=precision)
     calls, warmup = (50, 10) if short else (300, 50)
     e2e = time_backend(release, manifest, contract, calls, warmup)
-    m = Measurement(release=manifest.id, backend=manifest.backend.name, model=vla, peaks=peaks, prediction=prediction,
-                    e2e=e2e, notes=notes)
+    m = Measurement(
+        release=manifest.id,
+        backend=manifest.backend.name,
+        model=vla,
+        peaks=peaks,
+        prediction=prediction,
+        e2e=e2e,
+        notes=notes,
+    )
     onnx_artifacts = [a.path for a in manifest.artifacts if a.path.endswith(".onnx")]
     if not any(vla.measure_scopes.values()):
         notes.append(f"model {vla.name} has no [measure] scopes: components not measured")
@@ -241,8 +277,13 @@ def measure_release(release: str | Path, *, model: str | Path | VLAModel | None 
         notes.append("the release has no ONNX artifact: components not measured")
     else:
         try:
-            m.components, m.profile = time_components(release / onnx_artifacts[0], contract, dict(vla.measure_scopes),
-                                                      threads, *((50, 10) if short else (300, 50)))
+            m.components, m.profile = time_components(
+                release / onnx_artifacts[0],
+                contract,
+                dict(vla.measure_scopes),
+                threads,
+                *((50, 10) if short else (300, 50)),
+            )
             m.profile["artifact"] = onnx_artifacts[0]
         except ImportError as exc:
             notes.append(f"components not measured: {exc.name} is not installed")

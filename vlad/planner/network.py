@@ -32,9 +32,16 @@ class Payload:
         return {"image_bytes": self.image_bytes, "images": self.images, "action_bytes": self.action_bytes}
 
 
-def payload_for(model: VLAModel, network: Network | None = None, *, image_size: tuple[int, int] | None = None,
-                images: int | None = None, jpeg_ratio: float | None = None, dof: int | None = None,
-                chunk: int | None = None) -> Payload:
+def payload_for(
+    model: VLAModel,
+    network: Network | None = None,
+    *,
+    image_size: tuple[int, int] | None = None,
+    images: int | None = None,
+    jpeg_ratio: float | None = None,
+    dof: int | None = None,
+    chunk: int | None = None,
+) -> Payload:
     """The payload of one inference of ``model``; every argument overrides the model's."""
     net = network or Network("default", "default", 1, 1, 0)
     h, w = image_size or (model.vision.image_height, model.vision.image_width)

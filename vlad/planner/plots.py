@@ -36,9 +36,17 @@ def _save(fig, out: Path) -> Path:
     return out
 
 
-def plot(kind: str, model: VLAModel | str, hardware: Sequence[Hardware | str], out: str | Path, *,
-         steps: Sequence[int] = (1, 2, 5, 10, 20, 50), scales: Sequence[float] = (0.5, 1, 1.5, 2, 3),
-         networks: Sequence[str] | None = None, period_ms: float | None = None) -> Path:
+def plot(
+    kind: str,
+    model: VLAModel | str,
+    hardware: Sequence[Hardware | str],
+    out: str | Path,
+    *,
+    steps: Sequence[int] = (1, 2, 5, 10, 20, 50),
+    scales: Sequence[float] = (0.5, 1, 1.5, 2, 3),
+    networks: Sequence[str] | None = None,
+    period_ms: float | None = None,
+) -> Path:
     """Write a ``kind`` plot for ``model`` on each of ``hardware`` to ``out``.
 
     ``steps``: e2e latency vs denoising steps, one line per hardware; ``model-size``: e2e vs parameters as the backbone and action
@@ -64,8 +72,12 @@ def plot(kind: str, model: VLAModel | str, hardware: Sequence[Hardware | str], o
         elif kind == "model-size":
             for hw in hws:
                 preds = [predict(model.scaled(s), hw) for s in scales]
-                ax.plot([sum(parameter_counts(p.model).values()) / 1e9 for p in preds], [p.e2e_ms for p in preds],
-                        marker="o", label=hw.name)
+                ax.plot(
+                    [sum(parameter_counts(p.model).values()) / 1e9 for p in preds],
+                    [p.e2e_ms for p in preds],
+                    marker="o",
+                    label=hw.name,
+                )
             ax.set_xlabel(f"parameters (billions; backbone and action expert x{', x'.join(f'{s:g}' for s in scales)})")
             ax.set_ylabel("latency (ms)")
             ax.set_title(f"{model.name}: latency vs model size")
@@ -81,7 +93,9 @@ def plot(kind: str, model: VLAModel | str, hardware: Sequence[Hardware | str], o
             ax.set_ylabel("achievable rate (Hz)")
             ax.set_title(f"{model.name} on {hw.name} as edge server: rate vs network")
             if period_ms:
-                ax.axhline(1000.0 / period_ms, color="red", linestyle="--", label=f"control rate {1000 / period_ms:g} Hz")
+                ax.axhline(
+                    1000.0 / period_ms, color="red", linestyle="--", label=f"control rate {1000 / period_ms:g} Hz"
+                )
                 period_ms = None
         if period_ms:
             ax.axhline(period_ms, color="red", linestyle="--", label=f"control period {period_ms:g} ms")

@@ -120,9 +120,17 @@ class Prediction:
         }  # fmt: skip
 
 
-def predict(model: VLAModel | str, hardware: Hardware | str, *, placement: str = "on-device", mode: str = "sync",
-            network: str | Network | Sequence[str | Network] | None = None, s2_hz: float = 10.0,
-            payload: Payload | None = None, **overrides: Any) -> Prediction:
+def predict(
+    model: VLAModel | str,
+    hardware: Hardware | str,
+    *,
+    placement: str = "on-device",
+    mode: str = "sync",
+    network: str | Network | Sequence[str | Network] | None = None,
+    s2_hz: float = 10.0,
+    payload: Payload | None = None,
+    **overrides: Any,
+) -> Prediction:
     """Predict ``model`` on ``hardware``.
 
     ``network``: a network key, a comma-separated path (``"ethernet-10g,fast-cloud"``) or
@@ -145,12 +153,23 @@ def predict(model: VLAModel | str, hardware: Hardware | str, *, placement: str =
     if s2_hz <= 0:
         raise PlannerError("the System 2 rate must be > 0 Hz")
     payload = payload or payload_for(model, path[0] if path else None)
-    components = {name: component_time(name, ops, hardware, model.precision)
-                  for name, ops in component_ops(model).items()}
-    return Prediction(model=model, hardware=hardware, placement=placement, mode=mode, path=path, payload=payload,
-                      components=components, host=host_transfer_ms(model, hardware),
-                      net=network_times(path, payload), memory=memory_footprint(model), s2_hz=s2_hz,
-                      params=parameter_counts(model))
+    components = {
+        name: component_time(name, ops, hardware, model.precision) for name, ops in component_ops(model).items()
+    }
+    return Prediction(
+        model=model,
+        hardware=hardware,
+        placement=placement,
+        mode=mode,
+        path=path,
+        payload=payload,
+        components=components,
+        host=host_transfer_ms(model, hardware),
+        net=network_times(path, payload),
+        memory=memory_footprint(model),
+        s2_hz=s2_hz,
+        params=parameter_counts(model),
+    )
 
 
 def align_to_contract(model: VLAModel, contract: Any) -> VLAModel:
@@ -158,14 +177,27 @@ def align_to_contract(model: VLAModel, contract: Any) -> VLAModel:
     tokens and denoising steps (the contract is what the release really runs)."""
     steps = contract.noise.denoising_steps if getattr(contract, "noise", None) else None
     tokens = contract.language.max_tokens if getattr(contract, "language", None) else None
-    return model.with_overrides(chunk=contract.action.chunk_length, dof=contract.action.dim,
-                                cameras=len(contract.cameras) or None, language_tokens=tokens,
-                                steps=steps if model.action.kind == "flow" else None)
+    return model.with_overrides(
+        chunk=contract.action.chunk_length,
+        dof=contract.action.dim,
+        cameras=len(contract.cameras) or None,
+        language_tokens=tokens,
+        steps=steps if model.action.kind == "flow" else None,
+    )
 
 
-def feasibility(contract: Any, model: VLAModel | str | None, hardware: Hardware | str, *, placement: str = "on-device",
-                mode: str = "sync", network: str | Sequence[str] | None = None, s2_hz: float = 10.0,
-                measured_e2e_ms: float | None = None, align: bool = True) -> dict[str, Any]:
+def feasibility(
+    contract: Any,
+    model: VLAModel | str | None,
+    hardware: Hardware | str,
+    *,
+    placement: str = "on-device",
+    mode: str = "sync",
+    network: str | Sequence[str] | None = None,
+    s2_hz: float = 10.0,
+    measured_e2e_ms: float | None = None,
+    align: bool = True,
+) -> dict[str, Any]:
     """Can ``contract`` be met by ``model`` on ``hardware``? A JSON-able dict for gates.
 
     Keys: everything of :meth:`Prediction.to_dict`, plus the contract's period, deadline
@@ -207,6 +239,8 @@ def feasibility(contract: Any, model: VLAModel | str | None, hardware: Hardware 
         reasons.append(f"measured e2e {measured_e2e_ms:.2f} ms exceeds the {t.e2e_deadline_ms:g} ms deadline")
     if not p.fits:
         gb = p.hardware.gb
-        reasons.append(f"needs {p.memory['total'] / gb:.1f} GB, {p.hardware.name} has {p.hardware.memory_bytes / gb:.1f} GB")
+        reasons.append(
+            f"needs {p.memory['total'] / gb:.1f} GB, {p.hardware.name} has {p.hardware.memory_bytes / gb:.1f} GB"
+        )
     out["flagged"], out["reasons"] = bool(reasons), reasons
     return out

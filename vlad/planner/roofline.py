@@ -97,7 +97,7 @@ class ComponentTime:
 
     @property
     def bound(self) -> str:
-        """"compute" or "memory": which total is larger (as source A classifies components)."""
+        """ "compute" or "memory": which total is larger (as source A classifies components)."""
         return "compute" if self.compute_ms > self.memory_ms else "memory"
 
     @property
@@ -111,9 +111,15 @@ class ComponentTime:
     def to_dict(self, precision: str) -> dict:
         """JSON-able summary."""
         b = self.bytes(precision)
-        return {"ms": round(self.ms, 6), "bound": self.bound, "compute_ms": round(self.compute_ms, 6),
-                "memory_ms": round(self.memory_ms, 6), "gflop": round(self.flops / 1e9, 6),
-                "mbytes": round(b / 1e6, 6), "intensity": round(self.flops / b, 3) if b else 0.0}
+        return {
+            "ms": round(self.ms, 6),
+            "bound": self.bound,
+            "compute_ms": round(self.compute_ms, 6),
+            "memory_ms": round(self.memory_ms, 6),
+            "gflop": round(self.flops / 1e9, 6),
+            "mbytes": round(b / 1e6, 6),
+            "intensity": round(self.flops / b, 3) if b else 0.0,
+        }
 
 
 def component_time(name: str, ops: Iterable[Op], hw: Hardware, precision: str) -> ComponentTime:
@@ -129,8 +135,17 @@ def gemm(name: str, batch: int, rows: int, out: int, inner: int, on_chip: str = 
     return Op(name, batch * rows * out * inner, batch * rows * inner, out * inner, batch * rows * out, on_chip, repeat)
 
 
-def attention(prefix: str, batch: int, heads: int, kv_heads: int, head_dim: int, queries: int, keys: int,
-              repeat: int, activations_on_chip: bool = False) -> list[Op]:
+def attention(
+    prefix: str,
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    queries: int,
+    keys: int,
+    repeat: int,
+    activations_on_chip: bool = False,
+) -> list[Op]:
     """Scores ``Q K^T`` and ``softmax(...) V`` of a fused attention: the score matrix
     stays on chip, K and V (``w``) come from memory; Q and the result too unless
     ``activations_on_chip``."""
@@ -139,23 +154,29 @@ def attention(prefix: str, batch: int, heads: int, kv_heads: int, head_dim: int,
     kv = batch * kv_heads * keys * head_dim
     macs = scores * head_dim
     act = "ao" if activations_on_chip else ""
-    return [Op(f"{prefix} scores", macs, q, kv, scores, act or "o", repeat, weights=False),
-            Op(f"{prefix} values", macs, scores, kv, q, act or "a", repeat, weights=False)]
+    return [
+        Op(f"{prefix} scores", macs, q, kv, scores, act or "o", repeat, weights=False),
+        Op(f"{prefix} values", macs, scores, kv, q, act or "a", repeat, weights=False),
+    ]
 
 
 def ffn(prefix: str, t: Transformer, batch: int, tokens: int, repeat: int, on_chip: str = "") -> list[Op]:
     up = t.ffn * (2 if t.gated_ffn else 1)
-    return [gemm(f"{prefix} ffn up", batch, tokens, up, t.hidden, on_chip, repeat),
-            gemm(f"{prefix} ffn down", batch, tokens, t.hidden, t.ffn, on_chip, repeat)]
+    return [
+        gemm(f"{prefix} ffn up", batch, tokens, up, t.hidden, on_chip, repeat),
+        gemm(f"{prefix} ffn down", batch, tokens, t.hidden, t.ffn, on_chip, repeat),
+    ]
 
 
 def prefill_ops(prefix: str, t: Transformer, batch: int, tokens: int) -> list[Op]:
     """One prefill pass of a transformer stack over ``tokens`` (fused attention)."""
     q, kv, n = t.heads * t.head_dim, t.kv_heads * t.head_dim, t.layers
-    return [gemm(f"{prefix} qkv", batch, tokens, q + 2 * kv, t.hidden, repeat=n),
-            *attention(f"{prefix} attention", batch, t.heads, t.kv_heads, t.head_dim, tokens, tokens, n),
-            gemm(f"{prefix} out", batch, tokens, t.hidden, q, repeat=n),
-            *ffn(prefix, t, batch, tokens, n)]
+    return [
+        gemm(f"{prefix} qkv", batch, tokens, q + 2 * kv, t.hidden, repeat=n),
+        *attention(f"{prefix} attention", batch, t.heads, t.kv_heads, t.head_dim, tokens, tokens, n),
+        gemm(f"{prefix} out", batch, tokens, t.hidden, q, repeat=n),
+        *ffn(prefix, t, batch, tokens, n),
+    ]
 
 
 def conv_ops(model: VLAModel) -> list[Op]:
@@ -167,8 +188,15 @@ def conv_ops(model: VLAModel) -> list[Op]:
         wo = (w + 2 * layer.padding - layer.kernel) // layer.stride + 1
         k = layer.out_channels
         n = v.cameras * model.batch
-        ops.append(Op(f"vision conv{i}", n * k * c * layer.kernel**2 * ho * wo, n * c * h * w,
-                      k * c * layer.kernel**2, n * k * ho * wo))
+        ops.append(
+            Op(
+                f"vision conv{i}",
+                n * k * c * layer.kernel**2 * ho * wo,
+                n * c * h * w,
+                k * c * layer.kernel**2,
+                n * k * ho * wo,
+            )
+        )
         c, h, w = k, ho, wo
     return ops
 
@@ -204,8 +232,7 @@ def flow_ops(model: VLAModel) -> list[Op]:
         ops.append(gemm("action qkv", b, tokens, q + 2 * kv, t.hidden, "ao", reps))
     ops += attention("action context attention", b, t.heads, t.kv_heads, t.head_dim, tokens, ctx, reps, True)
     if tokens > 1:
-        ops += [gemm("action qkv (self)", b, tokens, q + 2 * kv, t.hidden, "ao", reps)
-                for _ in range(a.qkv_passes - 1)]
+        ops += [gemm("action qkv (self)", b, tokens, q + 2 * kv, t.hidden, "ao", reps) for _ in range(a.qkv_passes - 1)]
         ops += attention("action self attention", b, t.heads, t.kv_heads, t.head_dim, tokens, tokens, reps, True)
     outs = 2 if a.context == "cross_attention" else 1
     ops += [gemm("action out", b, tokens, t.hidden, q, "ao", reps) for _ in range(outs)]

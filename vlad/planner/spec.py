@@ -21,8 +21,16 @@ from vlad.errors import ProblemsError, VladError
 DATA = Path(__file__).resolve().parent / "data"
 
 # Bytes per element (source A: bf16 2, fp8 1, fp4 0.5).
-BYTES_PER_ELEMENT = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5,
-                     "int4": 0.5}
+BYTES_PER_ELEMENT = {
+    "fp32": 4.0,
+    "tf32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "fp4": 0.5,
+    "int4": 0.5,
+}
 # A precision missing from a hardware table may use another of the same width and kind.
 _ALIASES = {"bf16": ("fp16",), "fp16": ("bf16",), "tf32": ("fp32",), "fp32": ("tf32",)}
 
@@ -92,8 +100,14 @@ class Network:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary."""
-        return {"key": self.key, "name": self.name, "upload_mbps": self.upload_mbps,
-                "download_mbps": self.download_mbps, "latency_ms": self.latency_ms, "source": self.source}
+        return {
+            "key": self.key,
+            "name": self.name,
+            "upload_mbps": self.upload_mbps,
+            "download_mbps": self.download_mbps,
+            "latency_ms": self.latency_ms,
+            "source": self.source,
+        }
 
 
 # ---- architectures --------------------------------------------------------------------
@@ -204,9 +218,13 @@ class VLAModel:
         """A copy with ``steps``, ``chunk``, ``dof``, ``cameras``, ``language_tokens``,
         ``precision`` or ``batch`` replaced (None values are ignored)."""
         changes = {k: v for k, v in changes.items() if v is not None}
-        action = dataclasses.replace(self.action, **{k: changes.pop(k) for k in ("steps", "chunk", "dof") if k in changes})
+        action = dataclasses.replace(
+            self.action, **{k: changes.pop(k) for k in ("steps", "chunk", "dof") if k in changes}
+        )
         vision = dataclasses.replace(self.vision, **{k: changes.pop(k) for k in ("cameras",) if k in changes})
-        backbone = dataclasses.replace(self.backbone, **{k: changes.pop(k) for k in ("language_tokens",) if k in changes})
+        backbone = dataclasses.replace(
+            self.backbone, **{k: changes.pop(k) for k in ("language_tokens",) if k in changes}
+        )
         unknown = set(changes) - {"precision", "batch", "name"}
         if unknown:
             raise PlannerError(f"cannot override {', '.join(sorted(unknown))} of a model")
@@ -225,8 +243,9 @@ class VLAModel:
             kv = max(1, min(heads, round(t.kv_heads * factor)))
             while heads % kv:
                 kv -= 1
-            return dataclasses.replace(t, hidden=max(1, round(t.hidden * factor)), ffn=max(1, round(t.ffn * factor)),
-                                       heads=heads, kv_heads=kv)
+            return dataclasses.replace(
+                t, hidden=max(1, round(t.hidden * factor)), ffn=max(1, round(t.ffn * factor)), heads=heads, kv_heads=kv
+            )
 
         backbone_t = scale(self.backbone.transformer)
         assert backbone_t is not None  # Backbone.transformer is required, and scale keeps it
@@ -334,18 +353,26 @@ def load_network_file(path: str | Path = DATA / "networks.toml") -> dict[str, Ne
     doc = _read_toml(path)
     problems: list[str] = []
     conv = _Fields(doc.get("conventions", {}), "conventions", problems)
-    defaults = {"protocol_overhead": conv.get("protocol_overhead", (int, float), 1.05, positive=True),
-                "jpeg_ratio": conv.get("jpeg_ratio", (int, float), 0.1, positive=True),
-                "action_bytes_per_value": conv.get("action_bytes_per_value", int, 4, positive=True)}
+    defaults = {
+        "protocol_overhead": conv.get("protocol_overhead", (int, float), 1.05, positive=True),
+        "jpeg_ratio": conv.get("jpeg_ratio", (int, float), 0.1, positive=True),
+        "action_bytes_per_value": conv.get("action_bytes_per_value", int, 4, positive=True),
+    }
     conv.check_unused()
     out = {}
     for key, table in doc.items():
         if key == "conventions":
             continue
         f = _Fields(table, key, problems)
-        out[key] = Network(key=key, name=f.get("name", str, key), upload_mbps=f.get("upload_mbps", (int, float), positive=True),
-                           download_mbps=f.get("download_mbps", (int, float), positive=True),
-                           latency_ms=f.get("latency_ms", (int, float)), source=f.get("source", str, ""), **defaults)
+        out[key] = Network(
+            key=key,
+            name=f.get("name", str, key),
+            upload_mbps=f.get("upload_mbps", (int, float), positive=True),
+            download_mbps=f.get("download_mbps", (int, float), positive=True),
+            latency_ms=f.get("latency_ms", (int, float)),
+            source=f.get("source", str, ""),
+            **defaults,
+        )
         f.check_unused()
     if problems:
         raise PlannerFileError(str(path), problems)
@@ -376,15 +403,24 @@ def parse_model(doc: Mapping[str, Any], source: str, path: Path | None = None) -
 
     v = _Fields(doc.get("vision", {}), "vision", problems)
     kind = v.choice("kind", ("vit", "conv"))
-    common = dict(cameras=v.get("cameras", int, positive=True), image_height=v.get("image_height", int, positive=True),
-                  image_width=v.get("image_width", int, positive=True),
-                  tokens_per_image=v.get("tokens_per_image", int, positive=True))
+    common = dict(
+        cameras=v.get("cameras", int, positive=True),
+        image_height=v.get("image_height", int, positive=True),
+        image_width=v.get("image_width", int, positive=True),
+        tokens_per_image=v.get("tokens_per_image", int, positive=True),
+    )
     if kind == "conv":
         layers = []
         for i, t in enumerate(v.get("conv", list, [])):
             c = _Fields(t, f"vision.conv[{i}]", problems)
-            layers.append(ConvLayer(c.get("out_channels", int, positive=True), c.get("kernel", int, positive=True),
-                                    c.get("stride", int, 1, positive=True), c.get("padding", int, 0)))
+            layers.append(
+                ConvLayer(
+                    c.get("out_channels", int, positive=True),
+                    c.get("kernel", int, positive=True),
+                    c.get("stride", int, 1, positive=True),
+                    c.get("padding", int, 0),
+                )
+            )
             c.check_unused()
         if not layers:
             problems.append("vision.conv: a conv encoder needs at least one [[vision.conv]] layer")
@@ -394,17 +430,23 @@ def parse_model(doc: Mapping[str, Any], source: str, path: Path | None = None) -
     v.check_unused()
 
     b = _Fields(doc.get("backbone", {}), "backbone", problems)
-    backbone = Backbone(_transformer(b), b.get("language_tokens", int, 0), b.get("state_tokens", int, 0),
-                        b.get("vocab", int, 0))
+    backbone = Backbone(
+        _transformer(b), b.get("language_tokens", int, 0), b.get("state_tokens", int, 0), b.get("vocab", int, 0)
+    )
     b.check_unused()
 
     a = _Fields(doc.get("action", {}), "action", problems)
     akind = a.choice("kind", ("flow", "autoregressive"))
     head = dict(chunk=a.get("chunk", int, positive=True), dof=a.get("dof", int, positive=True))
     if akind == "flow":
-        action = ActionHead(akind, **head, steps=a.get("steps", int, positive=True), transformer=_transformer(a),
-                            context=a.choice("context", ("kv_cache", "cross_attention"), "kv_cache"),
-                            qkv_passes=a.get("qkv_passes", int, 1, positive=True))
+        action = ActionHead(
+            akind,
+            **head,
+            steps=a.get("steps", int, positive=True),
+            transformer=_transformer(a),
+            context=a.choice("context", ("kv_cache", "cross_attention"), "kv_cache"),
+            qkv_passes=a.get("qkv_passes", int, 1, positive=True),
+        )
     else:
         action = ActionHead(akind, **head, tokens=a.get("tokens", int, 0), vocab=a.get("vocab", int, 0))
     a.check_unused()
@@ -419,8 +461,19 @@ def parse_model(doc: Mapping[str, Any], source: str, path: Path | None = None) -
             problems.append(f"{key}: unknown table")
     if problems:
         raise PlannerFileError(source, problems)
-    return VLAModel(name=name, vision=vision, backbone=backbone, action=action, precision=precision, batch=batch,
-                    ids=ids, description=description, source=src, measure_scopes=scopes, path=path)
+    return VLAModel(
+        name=name,
+        vision=vision,
+        backbone=backbone,
+        action=action,
+        precision=precision,
+        batch=batch,
+        ids=ids,
+        description=description,
+        source=src,
+        measure_scopes=scopes,
+        path=path,
+    )
 
 
 def builtin_models() -> dict[str, Path]:

@@ -35,8 +35,16 @@ from vlad.release.manifest import (
     rfc3339,
 )
 
-__all__ = ["format_manifest", "guess_role", "hash_file", "new_manifest_data", "refresh_hashes", "scan_artifacts",
-           "update_hashes", "write_manifest"]
+__all__ = [
+    "format_manifest",
+    "guess_role",
+    "hash_file",
+    "new_manifest_data",
+    "refresh_hashes",
+    "scan_artifacts",
+    "update_hashes",
+    "write_manifest",
+]
 
 
 def hash_file(path: str | Path) -> tuple[int, str]:
@@ -110,12 +118,24 @@ def _contract_sha256(release_dir: Path, contract_path: str) -> str:
 
 
 def new_manifest_data(
-    release_dir: str | Path, *, release_id: str, version: str, version_code: int,
-    backend: str, artifact: str, not_before: dt.datetime, expires: dt.datetime,
-    options: Mapping[str, Any] | None = None, roles: Mapping[str, str] | None = None,
-    runtime: Mapping[str, str | None] | None = None, fallback: Iterable[Mapping[str, Any]] = ({"kind": "hold"},),
-    lineage: Mapping[str, Any] | None = None, gates: Iterable[Mapping[str, Any]] = (),
-    canary: Mapping[str, Any] | None = None, contract: str = "contract.toml", description: str = "",
+    release_dir: str | Path,
+    *,
+    release_id: str,
+    version: str,
+    version_code: int,
+    backend: str,
+    artifact: str,
+    not_before: dt.datetime,
+    expires: dt.datetime,
+    options: Mapping[str, Any] | None = None,
+    roles: Mapping[str, str] | None = None,
+    runtime: Mapping[str, str | None] | None = None,
+    fallback: Iterable[Mapping[str, Any]] = ({"kind": "hold"},),
+    lineage: Mapping[str, Any] | None = None,
+    gates: Iterable[Mapping[str, Any]] = (),
+    canary: Mapping[str, Any] | None = None,
+    contract: str = "contract.toml",
+    description: str = "",
 ) -> dict[str, Any]:
     """Manifest data for the files now in ``release_dir``: artifacts scanned and hashed.
 
@@ -125,9 +145,16 @@ def new_manifest_data(
     root = Path(release_dir)
     data: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
-        "release": _drop_none({"id": release_id, "version": version, "version_code": version_code,
-                               "not_before": not_before, "expires": expires,
-                               "description": description or None}),
+        "release": _drop_none(
+            {
+                "id": release_id,
+                "version": version,
+                "version_code": version_code,
+                "not_before": not_before,
+                "expires": expires,
+                "description": description or None,
+            }
+        ),
         "contract": {"path": contract, "sha256": ""},
         "backend": {"name": backend, "artifact": artifact, "options": dict(options or {})},
         "runtime": _drop_none(dict(runtime or {})),
@@ -190,9 +217,11 @@ _ARRAY_ORDER = ("artifacts", "fallback", "gates")
 def format_manifest(data: Mapping[str, Any]) -> str:
     """TOML text for manifest ``data`` (tables first, then arrays of tables)."""
     data = dict(data)
-    lines = ["# vlad release manifest (docs/releases.md). Signed: edit, then run",
-             "# `vladctl manifest update-hashes` and `vladctl sign`.",
-             f"format = {_toml_value(data.pop('format', MANIFEST_FORMAT))}"]
+    lines = [
+        "# vlad release manifest (docs/releases.md). Signed: edit, then run",
+        "# `vladctl manifest update-hashes` and `vladctl sign`.",
+        f"format = {_toml_value(data.pop('format', MANIFEST_FORMAT))}",
+    ]
 
     def table(header: str, body: Mapping[str, Any]) -> None:
         lines.extend(["", header])

@@ -49,7 +49,9 @@ def compare(name: str, ref: np.ndarray, got: np.ndarray) -> Comparison:
         raise ExportError(f"{name}: shape {list(got.shape)} differs from the reference {list(ref.shape)}")
     err = np.abs(got.astype(np.float64) - ref.astype(np.float64))
     rel = err / np.maximum(np.abs(ref.astype(np.float64)), 1e-6)
-    return Comparison(name, float(err.max(initial=0.0)), float(err.mean()) if err.size else 0.0, float(rel.max(initial=0.0)))
+    return Comparison(
+        name, float(err.max(initial=0.0)), float(err.mean()) if err.size else 0.0, float(rel.max(initial=0.0))
+    )
 
 
 def _input_names(contract: Contract) -> list[str]:
@@ -212,7 +214,10 @@ def export_onnx(
     log("export: ONNX with the contract's dynamic axes ...")
     _onnx_export(model, _to_torch(batch2, names), path, names, out_names, _dynamic_shapes(contract, True))
     proto = onnx.load(str(path))
-    for key, value in {**_torch_versions(), "vlad.contract_model": f"{contract.model.id}@{contract.model.version}"}.items():
+    for key, value in {
+        **_torch_versions(),
+        "vlad.contract_model": f"{contract.model.id}@{contract.model.version}",
+    }.items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
     onnx.save(proto, str(path))
@@ -238,7 +243,9 @@ def _check_dynamic_axes(proto, contract: Contract) -> None:
         dims = vi.type.tensor_type.shape.dim
         symbolic = {i for i, d in enumerate(dims) if not d.HasField("dim_value")}
         if vi.name in declared and symbolic != declared[vi.name]:
-            problems.append(f"{vi.name}: symbolic axes {sorted(symbolic)}, contract declares {sorted(declared[vi.name])}")
+            problems.append(
+                f"{vi.name}: symbolic axes {sorted(symbolic)}, contract declares {sorted(declared[vi.name])}"
+            )
     if problems:
         raise ExportError("exported ONNX dynamic axes differ from the contract: " + "; ".join(problems))
 

@@ -70,17 +70,22 @@ def load_policy(source: PolicySource, warmup: int) -> LoadedPolicy:
         for warning in verified.warnings:
             log.warning("release %s: %s", verified.id, warning)
         m = manifest = verified.manifest
-        if not source.check_time and dt.datetime.now(dt.timezone.utc) >= m.release.expires:
-            notes.append(f"release {m.release.id} expired at {m.release.expires:%Y-%m-%dT%H:%M:%SZ}; "
-                         "used anyway for a rollback")
+        if not source.check_time and dt.datetime.now(dt.UTC) >= m.release.expires:
+            notes.append(
+                f"release {m.release.id} expired at {m.release.expires:%Y-%m-%dT%H:%M:%SZ}; used anyway for a rollback"
+            )
         folder = verified.path
         signed_options = dict(m.backend.options)
-        for key, configured, signed in (("backend", backend_name, m.backend.name),
-                                        ("artifact", artifact, m.backend.artifact),
-                                        ("options", options, signed_options)):
+        for key, configured, signed in (
+            ("backend", backend_name, m.backend.name),
+            ("artifact", artifact, m.backend.artifact),
+            ("options", options, signed_options),
+        ):
             if configured and configured != signed:
-                raise StartupError(f"release.{key} = {configured!r} in the config differs from the signed manifest's "
-                                   f"{signed!r}; remove it from the config (the manifest decides)")
+                raise StartupError(
+                    f"release.{key} = {configured!r} in the config differs from the signed manifest's "
+                    f"{signed!r}; remove it from the config (the manifest decides)"
+                )
         clash = sorted(set(source.site_options) & set(signed_options))
         if clash:
             raise StartupError(f"release.site_options {clash} are set by the signed manifest; the manifest decides")
@@ -89,8 +94,10 @@ def load_policy(source: PolicySource, warmup: int) -> LoadedPolicy:
         artifacts = {a.path: a.sha256 for a in m.artifacts}
         log.info("release %s verified: signed by key %s", verified.id, verified.key_id)
     elif not (backend_name and artifact):
-        raise StartupError(f"release {folder} is used unsigned (release.verify = false): set release.backend and "
-                           "release.artifact in the config")
+        raise StartupError(
+            f"release {folder} is used unsigned (release.verify = false): set release.backend and "
+            "release.artifact in the config"
+        )
     else:
         options = {**options, **source.site_options}
     contract_path = folder / "contract.toml"

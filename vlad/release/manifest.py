@@ -40,11 +40,32 @@ from vlad.errors import ProblemsError, VladError
 from vlad.files import FileRefused, parse_toml, read_bytes
 
 __all__ = [
-    "CHANGE_KINDS", "FALLBACK_KINDS", "GATES", "MANIFEST_FILE", "MANIFEST_FORMAT", "ROLES",
-    "SIGNATURE_FILE", "Artifact", "BackendSpec", "CanaryPolicy", "ContractRef",
-    "FallbackEntry", "GateEvidence", "Lineage", "Manifest", "ManifestError", "ReleaseInfo",
-    "RuntimeSpec", "MAX_MANIFEST_BYTES", "canonical_bytes", "load_manifest", "parse_document",
-    "parse_manifest", "read_manifest_bytes", "read_manifest_document", "rfc3339",
+    "CHANGE_KINDS",
+    "FALLBACK_KINDS",
+    "GATES",
+    "MANIFEST_FILE",
+    "MANIFEST_FORMAT",
+    "ROLES",
+    "SIGNATURE_FILE",
+    "Artifact",
+    "BackendSpec",
+    "CanaryPolicy",
+    "ContractRef",
+    "FallbackEntry",
+    "GateEvidence",
+    "Lineage",
+    "Manifest",
+    "ManifestError",
+    "ReleaseInfo",
+    "RuntimeSpec",
+    "MAX_MANIFEST_BYTES",
+    "canonical_bytes",
+    "load_manifest",
+    "parse_document",
+    "parse_manifest",
+    "read_manifest_bytes",
+    "read_manifest_document",
+    "rfc3339",
 ]
 
 MANIFEST_FORMAT = "vlad.manifest/1"
@@ -54,8 +75,18 @@ SIGNATURE_FILE = "manifest.sig"
 # and the detached signature is written after the manifest.
 RESERVED_FILES = (MANIFEST_FILE, SIGNATURE_FILE)
 
-ROLES = ("model", "tokenizer", "contract", "engine", "timing_cache", "calibration",
-         "config", "weights", "adapter", "report")
+ROLES = (
+    "model",
+    "tokenizer",
+    "contract",
+    "engine",
+    "timing_cache",
+    "calibration",
+    "config",
+    "weights",
+    "adapter",
+    "report",
+)
 FALLBACK_KINDS = ("previous_release", "policy", "hold")
 CHANGE_KINDS = ("retrain", "quantization", "distillation", "lora_adapter", "export_only")
 GATES = ("contract", "equivalence", "performance", "closed_loop")
@@ -221,24 +252,35 @@ class Manifest:
         r = self.release
         out: dict[str, Any] = {
             "format": self.format,
-            "release": _drop_none({
-                "id": r.id, "version": r.version, "version_code": r.version_code,
-                "not_before": r.not_before, "expires": r.expires,
-                "description": r.description or None,
-            }),
+            "release": _drop_none(
+                {
+                    "id": r.id,
+                    "version": r.version,
+                    "version_code": r.version_code,
+                    "not_before": r.not_before,
+                    "expires": r.expires,
+                    "description": r.description or None,
+                }
+            ),
             "contract": {"path": self.contract.path, "sha256": self.contract.sha256},
-            "backend": {"name": self.backend.name, "artifact": self.backend.artifact,
-                        "options": dict(self.backend.options)},
+            "backend": {
+                "name": self.backend.name,
+                "artifact": self.backend.artifact,
+                "options": dict(self.backend.options),
+            },
             "runtime": _drop_none({k: getattr(self.runtime, k) for k in RUNTIME_KEYS}),
-            "lineage": _drop_none({"change": self.lineage.change, "parent": self.lineage.parent,
-                                   "adapter": self.lineage.adapter,
-                                   "calibration": self.lineage.calibration}),
+            "lineage": _drop_none(
+                {
+                    "change": self.lineage.change,
+                    "parent": self.lineage.parent,
+                    "adapter": self.lineage.adapter,
+                    "calibration": self.lineage.calibration,
+                }
+            ),
             "canary": {k: getattr(self.canary, k) for k in CANARY_DEFAULTS},
-            "artifacts": [{"path": a.path, "role": a.role, "size": a.size, "sha256": a.sha256}
-                          for a in self.artifacts],
+            "artifacts": [{"path": a.path, "role": a.role, "size": a.size, "sha256": a.sha256} for a in self.artifacts],
             "fallback": [_drop_none({"kind": f.kind, "release": f.release}) for f in self.fallback],
-            "gates": [{"gate": g.gate, "report": g.report, "sha256": g.sha256, "passed": g.passed}
-                      for g in self.gates],
+            "gates": [{"gate": g.gate, "report": g.report, "sha256": g.sha256, "passed": g.passed} for g in self.gates],
         }
         if self.gate_plan is not None:
             out["gate_plan"] = dict(self.gate_plan)
@@ -254,7 +296,7 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
 
 def rfc3339(t: dt.datetime) -> str:
     """``t`` in UTC as RFC 3339 with a ``Z`` (microseconds only when non-zero)."""
-    t = t.astimezone(dt.timezone.utc)
+    t = t.astimezone(dt.UTC)
     spec = "microseconds" if t.microsecond else "seconds"
     return t.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
 
@@ -278,8 +320,9 @@ def canonical_bytes(document: Mapping[str, Any]) -> bytes:
     out. Being computed from the parsed TOML, not the file, comments and layout may change
     without breaking the signature; any change of a value does.
     """
-    return json.dumps(_jsonable(dict(document)), sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return json.dumps(
+        _jsonable(dict(document)), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
 
 
 # ---- loading and validation -----------------------------------------------------------
@@ -297,8 +340,9 @@ def read_manifest_bytes(path: str | Path) -> bytes:
     try:
         return read_bytes(path, MAX_MANIFEST_BYTES)
     except FileNotFoundError as exc:
-        raise ManifestError(str(path), ["no manifest (run scripts/make_demo_manifest.py "
-                                        "or write manifest.toml)"]) from exc
+        raise ManifestError(
+            str(path), ["no manifest (run scripts/make_demo_manifest.py or write manifest.toml)"]
+        ) from exc
     except FileRefused as exc:
         raise ManifestError(str(path), [str(exc)]) from exc
     except OSError as exc:
@@ -400,7 +444,7 @@ class _Table:
         if isinstance(value, dt.datetime) and value.tzinfo is None:
             self.problems.append(f"{self._key(key)}: needs a UTC offset (e.g. 2025-01-01T00:00:00Z)")
             return None
-        return value.astimezone(dt.timezone.utc) if value is not None else None
+        return value.astimezone(dt.UTC) if value is not None else None
 
     def relpath(self, key: str, required: bool = True) -> Any:
         value = self.get(key, str, required)
@@ -447,13 +491,18 @@ def parse_manifest(data: Any, source: str = "<manifest>", *, path: Path | None =
 
     t = _Table(top.get("release", dict), "release", problems)
     release = ReleaseInfo(
-        id=t.get("id", str), version=t.get("version", str), version_code=t.get("version_code", int),
-        not_before=t.time("not_before"), expires=t.time("expires"),
-        description=t.get("description", str, required=False) or "")
+        id=t.get("id", str),
+        version=t.get("version", str),
+        version_code=t.get("version_code", int),
+        not_before=t.time("not_before"),
+        expires=t.time("expires"),
+        description=t.get("description", str, required=False) or "",
+    )
     t.finish()
     if release.id is not None and (not RELEASE_ID_RE.fullmatch(release.id) or release.id in RESERVED_IDS):
-        problems.append(f"release.id: {release.id!r} must match {RELEASE_ID_RE.pattern} "
-                        f"and not be one of {', '.join(RESERVED_IDS)}")
+        problems.append(
+            f"release.id: {release.id!r} must match {RELEASE_ID_RE.pattern} and not be one of {', '.join(RESERVED_IDS)}"
+        )
     if release.version_code is not None and release.version_code < 0:
         problems.append(f"release.version_code: must be >= 0, got {release.version_code}")
     if release.not_before and release.expires and release.expires <= release.not_before:
@@ -466,8 +515,9 @@ def parse_manifest(data: Any, source: str = "<manifest>", *, path: Path | None =
     artifacts: list[Artifact] = []
     for i, raw in enumerate(top.array("artifacts")):
         t = _Table(raw, f"artifacts[{i}]", problems)
-        a = Artifact(path=t.relpath("path"), role=t.choice("role", ROLES),
-                     size=t.get("size", int), sha256=t.sha256("sha256"))
+        a = Artifact(
+            path=t.relpath("path"), role=t.choice("role", ROLES), size=t.get("size", int), sha256=t.sha256("sha256")
+        )
         t.finish()
         if a.size is not None and a.size < 0:
             problems.append(f"artifacts[{i}].size: must be >= 0")
@@ -486,8 +536,7 @@ def parse_manifest(data: Any, source: str = "<manifest>", *, path: Path | None =
         if ref not in by_path:
             problems.append(f"{where}: {ref!r} is not listed in [[artifacts]]")
         elif role and by_path[ref].role not in role:
-            problems.append(f"{where}: artifact {ref!r} has role {by_path[ref].role!r}, "
-                            f"expected {' or '.join(role)}")
+            problems.append(f"{where}: artifact {ref!r} has role {by_path[ref].role!r}, expected {' or '.join(role)}")
 
     listed(contract.path, "contract.path", ("contract",))
 
@@ -515,14 +564,17 @@ def parse_manifest(data: Any, source: str = "<manifest>", *, path: Path | None =
     # nowhere else to go, and entries after "hold" could never be reached.
     kinds = [f.kind for f in fallback]
     if not fallback or kinds[-1] != "hold":
-        problems.append("fallback: the chain must end with {kind = \"hold\"}")
+        problems.append('fallback: the chain must end with {kind = "hold"}')
     if "hold" in kinds[:-1]:
         problems.append("fallback: entries after the first 'hold' can never be reached")
 
     t = _Table(top.get("lineage", dict), "lineage", problems)
-    lineage = Lineage(change=t.choice("change", CHANGE_KINDS), parent=t.get("parent", str, required=False),
-                      adapter=t.relpath("adapter", required=False),
-                      calibration=t.relpath("calibration", required=False))
+    lineage = Lineage(
+        change=t.choice("change", CHANGE_KINDS),
+        parent=t.get("parent", str, required=False),
+        adapter=t.relpath("adapter", required=False),
+        calibration=t.relpath("calibration", required=False),
+    )
     t.finish()
     if lineage.change not in (None, "retrain") and lineage.parent is None:
         problems.append(f"lineage.parent: a {lineage.change!r} release derives from a parent; name it")
@@ -534,8 +586,12 @@ def parse_manifest(data: Any, source: str = "<manifest>", *, path: Path | None =
     gates: list[GateEvidence] = []
     for i, raw in enumerate(top.array("gates")):
         t = _Table(raw, f"gates[{i}]", problems)
-        g = GateEvidence(gate=t.choice("gate", GATES), report=t.relpath("report"),
-                         sha256=t.sha256("sha256"), passed=t.get("passed", bool))
+        g = GateEvidence(
+            gate=t.choice("gate", GATES),
+            report=t.relpath("report"),
+            sha256=t.sha256("sha256"),
+            passed=t.get("passed", bool),
+        )
         t.finish()
         listed(g.report, f"gates[{i}].report", ("report",))
         if g.report in by_path and g.sha256 and by_path[g.report].sha256 != g.sha256:
@@ -562,10 +618,21 @@ def parse_manifest(data: Any, source: str = "<manifest>", *, path: Path | None =
     top.finish()
     if problems:
         raise ManifestError(source, problems)
-    return Manifest(format=fmt, release=release, contract=contract, artifacts=tuple(artifacts),
-                    backend=backend, runtime=runtime, fallback=tuple(fallback), lineage=lineage,
-                    gates=tuple(gates), canary=CanaryPolicy(**canary_values), gate_plan=gate_plan, document=data,
-                    path=path)
+    return Manifest(
+        format=fmt,
+        release=release,
+        contract=contract,
+        artifacts=tuple(artifacts),
+        backend=backend,
+        runtime=runtime,
+        fallback=tuple(fallback),
+        lineage=lineage,
+        gates=tuple(gates),
+        canary=CanaryPolicy(**canary_values),
+        gate_plan=gate_plan,
+        document=data,
+        path=path,
+    )
 
 
 def _check_options(options: Mapping[str, Any], problems: list[str]) -> None:

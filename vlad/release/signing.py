@@ -40,18 +40,45 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from vlad.errors import ContractError, ProblemsError, VladError
-from vlad.release.manifest import (
-    MANIFEST_FILE, RESERVED_FILES, SIGNATURE_FILE, Manifest, ManifestError, RuntimeSpec, parse_document,
-    parse_manifest, read_manifest_bytes, rfc3339,
-)
 from vlad.files import FileRefused, read_bytes, sha256_file
+from vlad.release.manifest import (
+    MANIFEST_FILE,
+    RESERVED_FILES,
+    SIGNATURE_FILE,
+    Manifest,
+    ManifestError,
+    RuntimeSpec,
+    parse_document,
+    parse_manifest,
+    read_manifest_bytes,
+    rfc3339,
+)
 
 __all__ = [
-    "ALGORITHM", "DEFAULT_KEYS_DIR", "SIGNATURE_FORMAT", "BadSignature", "IntegrityError",
-    "KeyFileError", "RuntimeMismatch", "Signature", "SignatureError", "TrustedKey",
-    "UnknownKey", "UnsignedRelease", "ValidityError", "VerifiedRelease", "check_runtime",
-    "generate_keypair", "installed_runtime", "key_id", "load_private_key", "load_public_key",
-    "load_trusted_keys", "read_signature", "sign_release", "verify_release",
+    "ALGORITHM",
+    "DEFAULT_KEYS_DIR",
+    "SIGNATURE_FORMAT",
+    "BadSignature",
+    "IntegrityError",
+    "KeyFileError",
+    "RuntimeMismatch",
+    "Signature",
+    "SignatureError",
+    "TrustedKey",
+    "UnknownKey",
+    "UnsignedRelease",
+    "ValidityError",
+    "VerifiedRelease",
+    "check_runtime",
+    "generate_keypair",
+    "installed_runtime",
+    "key_id",
+    "load_private_key",
+    "load_public_key",
+    "load_trusted_keys",
+    "read_signature",
+    "sign_release",
+    "verify_release",
 ]
 
 ALGORITHM = "ed25519"
@@ -163,14 +190,16 @@ def generate_keypair(out_dir: str | Path, name: str | None = None) -> tuple[str,
     for p in (priv_path, pub_path):
         if p.exists():
             raise KeyFileError(f"{p}: already exists; choose another --name or folder")
-    pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     # Created 0600 from the start (O_EXCL), so the secret is never readable by others.
     fd = os.open(priv_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
-    pub_pem = private.public_key().public_bytes(serialization.Encoding.PEM,
-                                                serialization.PublicFormat.SubjectPublicKeyInfo)
+    pub_pem = private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     pub_path.write_bytes(pub_pem)
     return kid, priv_path, pub_path
 
@@ -223,15 +252,25 @@ class Signature:
 
     def to_json(self) -> str:
         """The ``manifest.sig`` file text."""
-        return json.dumps({
-            "format": SIGNATURE_FORMAT, "key_id": self.key_id, "algorithm": self.algorithm,
-            "signature": base64.b64encode(self.signature).decode("ascii"),
-            "signed_at": self.signed_at, "manifest_sha256": self.manifest_sha256,
-        }, indent=2) + "\n"
+        return (
+            json.dumps(
+                {
+                    "format": SIGNATURE_FORMAT,
+                    "key_id": self.key_id,
+                    "algorithm": self.algorithm,
+                    "signature": base64.b64encode(self.signature).decode("ascii"),
+                    "signed_at": self.signed_at,
+                    "manifest_sha256": self.manifest_sha256,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
-def sign_release(release_dir: str | Path, private_key: str | Path | Ed25519PrivateKey,
-                 now: dt.datetime | None = None) -> Signature:
+def sign_release(
+    release_dir: str | Path, private_key: str | Path | Ed25519PrivateKey, now: dt.datetime | None = None
+) -> Signature:
     """Sign ``release_dir/manifest.toml`` and write ``manifest.sig`` (atomic replace).
 
     Only signs: the manifest is validated first (an invalid manifest is never signed),
@@ -241,9 +280,13 @@ def sign_release(release_dir: str | Path, private_key: str | Path | Ed25519Priva
     key = private_key if isinstance(private_key, Ed25519PrivateKey) else load_private_key(private_key)
     payload = read_manifest_bytes(root)
     parse_manifest(parse_document(payload, str(root / MANIFEST_FILE)), str(root / MANIFEST_FILE))
-    sig = Signature(key_id=key_id(key), algorithm=ALGORITHM, signature=key.sign(payload),
-                    signed_at=rfc3339((now or dt.datetime.now(dt.timezone.utc)).replace(microsecond=0)),
-                    manifest_sha256=hashlib.sha256(payload).hexdigest())
+    sig = Signature(
+        key_id=key_id(key),
+        algorithm=ALGORITHM,
+        signature=key.sign(payload),
+        signed_at=rfc3339((now or dt.datetime.now(dt.UTC)).replace(microsecond=0)),
+        manifest_sha256=hashlib.sha256(payload).hexdigest(),
+    )
     tmp = root / f".{SIGNATURE_FILE}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(sig.to_json())
@@ -275,11 +318,17 @@ def read_signature(path: str | Path) -> Signature:
             raise TypeError("not a JSON object")
         fmt = data.get("format")
         if fmt != SIGNATURE_FORMAT:
-            raise BadSignature(f"{path}: signature format {fmt!r} is not {SIGNATURE_FORMAT!r} "
-                               "(re-sign the release with `vladctl sign`)")
-        sig = Signature(key_id=str(data["key_id"]), algorithm=str(data["algorithm"]),
-                        signature=base64.b64decode(data["signature"], validate=True),
-                        signed_at=data.get("signed_at"), manifest_sha256=data.get("manifest_sha256"))
+            raise BadSignature(
+                f"{path}: signature format {fmt!r} is not {SIGNATURE_FORMAT!r} "
+                "(re-sign the release with `vladctl sign`)"
+            )
+        sig = Signature(
+            key_id=str(data["key_id"]),
+            algorithm=str(data["algorithm"]),
+            signature=base64.b64decode(data["signature"], validate=True),
+            signed_at=data.get("signed_at"),
+            manifest_sha256=data.get("manifest_sha256"),
+        )
     except (ValueError, KeyError, TypeError, binascii.Error) as exc:
         raise BadSignature(f"{path}: malformed signature file ({type(exc).__name__}: {exc})") from exc
     if sig.algorithm != ALGORITHM:
@@ -366,9 +415,14 @@ class VerifiedRelease:
         return self.manifest.release.id
 
 
-def verify_release(path: str | Path, keys_dir: str | Path = DEFAULT_KEYS_DIR,
-                   now: dt.datetime | None = None, *, check_time: bool = True,
-                   installed: RuntimeSpec | None = None) -> VerifiedRelease:
+def verify_release(
+    path: str | Path,
+    keys_dir: str | Path = DEFAULT_KEYS_DIR,
+    now: dt.datetime | None = None,
+    *,
+    check_time: bool = True,
+    installed: RuntimeSpec | None = None,
+) -> VerifiedRelease:
     """Verify the release folder ``path`` completely, or raise naming what failed.
 
     In order: the signature over the manifest's raw bytes by a trusted key
@@ -382,7 +436,7 @@ def verify_release(path: str | Path, keys_dir: str | Path = DEFAULT_KEYS_DIR,
     """
     folder = Path(path).resolve()
     source = f"release {folder}"
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
 
@@ -395,21 +449,23 @@ def verify_release(path: str | Path, keys_dir: str | Path = DEFAULT_KEYS_DIR,
     trusted = keys.get(signature.key_id)
     if trusted is None:
         known = ", ".join(f"{k} ({t.path.name})" for k, t in keys.items()) or "none"
-        raise UnknownKey(f"{source}: signed by unknown key {signature.key_id} "
-                         f"(trusted keys in {keys_dir}: {known})")
+        raise UnknownKey(f"{source}: signed by unknown key {signature.key_id} (trusted keys in {keys_dir}: {known})")
     try:
         trusted.key.verify(signature.signature, raw)
     except InvalidSignature as exc:
-        raise BadSignature(f"{source}: signature by key {signature.key_id} does not match "
-                           f"{MANIFEST_FILE} (edited after signing, or {SIGNATURE_FILE} corrupt)") from exc
+        raise BadSignature(
+            f"{source}: signature by key {signature.key_id} does not match "
+            f"{MANIFEST_FILE} (edited after signing, or {SIGNATURE_FILE} corrupt)"
+        ) from exc
     document = parse_document(raw, str(folder / MANIFEST_FILE))
     manifest = parse_manifest(document, str(folder / MANIFEST_FILE), path=folder / MANIFEST_FILE)
     rel = manifest.release
 
     if check_time:
         if now < rel.not_before:
-            raise ValidityError(f"{source}: {rel.id} not valid before {rfc3339(rel.not_before)} "
-                                f"(now {rfc3339(now)}; check the clock)")
+            raise ValidityError(
+                f"{source}: {rel.id} not valid before {rfc3339(rel.not_before)} (now {rfc3339(now)}; check the clock)"
+            )
         if now >= rel.expires:
             raise ValidityError(f"{source}: {rel.id} expired at {rfc3339(rel.expires)} (now {rfc3339(now)})")
 
@@ -426,9 +482,16 @@ def verify_release(path: str | Path, keys_dir: str | Path = DEFAULT_KEYS_DIR,
         warnings = check_runtime(manifest.runtime, installed or installed_runtime())
     except RuntimeMismatch as exc:
         raise RuntimeMismatch(f"{source}: {exc}") from exc
-    return VerifiedRelease(path=folder, manifest=manifest, contract=contract, key_id=trusted.key_id,
-                           key_path=trusted.path, signature=signature, warnings=tuple(warnings),
-                           verified_at=now)
+    return VerifiedRelease(
+        path=folder,
+        manifest=manifest,
+        contract=contract,
+        key_id=trusted.key_id,
+        key_path=trusted.path,
+        signature=signature,
+        warnings=tuple(warnings),
+        verified_at=now,
+    )
 
 
 def _check_files(folder: Path, manifest: Manifest) -> list[str]:
@@ -471,8 +534,10 @@ def _check_contract(folder: Path, manifest: Manifest) -> tuple[object, list[str]
         return None, [f"contract: {exc}"]
     problems = []
     if contract.sha256 != manifest.contract.sha256:
-        problems.append(f"contract {manifest.contract.path}: canonical sha256 {contract.sha256[:16]}… "
-                        f"differs from manifest {manifest.contract.sha256[:16]}…")
+        problems.append(
+            f"contract {manifest.contract.path}: canonical sha256 {contract.sha256[:16]}… "
+            f"differs from manifest {manifest.contract.sha256[:16]}…"
+        )
     lang = contract.language
     if lang is not None:
         # language.file is relative to the contract file, artifacts to the release folder.

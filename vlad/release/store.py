@@ -32,8 +32,8 @@ import os
 import re
 import secrets
 import shutil
-import time
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +43,7 @@ from vlad.errors import VladError
 from vlad.release.manifest import MANIFEST_FILE, RELEASE_ID_RE, SIGNATURE_FILE, rfc3339
 from vlad.release.signing import DEFAULT_KEYS_DIR, ValidityError, VerifiedRelease, verify_release
 
-__all__ = ["DEFAULT_ROOT", "DowngradeRefused", "HistoryEntry", "ReleaseStore", "StoreError",
-           "default_operator"]
+__all__ = ["DEFAULT_ROOT", "DowngradeRefused", "HistoryEntry", "ReleaseStore", "StoreError", "default_operator"]
 
 DEFAULT_ROOT = Path("/var/lib/vlad")
 _PTR_RE = re.compile(r"\.ptr-(\d+)")
@@ -131,8 +130,15 @@ class ReleaseStore:
     (temp copies, pointer temps, unfinished journal records); see :meth:`recover`.
     """
 
-    def __init__(self, root: str | Path = DEFAULT_ROOT, keys_dir: str | Path = DEFAULT_KEYS_DIR,
-                 *, create: bool = True, recover: bool = True, lock_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        root: str | Path = DEFAULT_ROOT,
+        keys_dir: str | Path = DEFAULT_KEYS_DIR,
+        *,
+        create: bool = True,
+        recover: bool = True,
+        lock_timeout_s: float = 5.0,
+    ) -> None:
         self.root = Path(root)
         self.keys_dir = Path(keys_dir)
         self.lock_timeout_s = lock_timeout_s
@@ -155,14 +161,19 @@ class ReleaseStore:
             raise StoreError(f"{release_id!r} is not a release id")
         path = self.releases_dir / release_id
         if path.is_symlink() or not path.is_dir():
-            raise StoreError(f"release {release_id} is not staged in {self.releases_dir} "
-                             f"(staged: {', '.join(self.list_releases()) or 'none'})")
+            raise StoreError(
+                f"release {release_id} is not staged in {self.releases_dir} "
+                f"(staged: {', '.join(self.list_releases()) or 'none'})"
+            )
         return path
 
     def list_releases(self) -> list[str]:
         """Ids of the staged releases (temp copies and the pointer links are not releases)."""
-        return sorted(p.name for p in self.releases_dir.iterdir()
-                      if not p.name.startswith(".") and not p.is_symlink() and p.is_dir())
+        return sorted(
+            p.name
+            for p in self.releases_dir.iterdir()
+            if not p.name.startswith(".") and not p.is_symlink() and p.is_dir()
+        )
 
     def _pointer(self, name: str) -> str | None:
         try:
@@ -208,8 +219,11 @@ class ReleaseStore:
     def history(self) -> list[HistoryEntry]:
         """Completed activations and rollbacks, oldest first."""
         names = {f.name for f in dataclasses.fields(HistoryEntry)}
-        return [HistoryEntry(**{k: v for k, v in r.items() if k in names})
-                for r in self.journal() if r.get("phase") == "done"]
+        return [
+            HistoryEntry(**{k: v for k, v in r.items() if k in names})
+            for r in self.journal()
+            if r.get("phase") == "done"
+        ]
 
     def activated_versions(self) -> set[int]:
         """``version_code`` of every release ever activated here (and of the current pair)."""
@@ -243,8 +257,7 @@ class ReleaseStore:
 
     # ---- staging ---------------------------------------------------------------------
 
-    def stage(self, src_dir: str | Path, keys_dir: str | Path | None = None,
-              now: dt.datetime | None = None) -> str:
+    def stage(self, src_dir: str | Path, keys_dir: str | Path | None = None, now: dt.datetime | None = None) -> str:
         """Verify the release folder ``src_dir`` and copy it into the store; returns its id.
 
         The copy goes to a temp folder inside ``releases/`` (each file fsynced), is verified
@@ -253,17 +266,17 @@ class ReleaseStore:
         A release whose not_before lies ahead may be staged; an expired one may not.
         """
         keys = Path(keys_dir) if keys_dir is not None else self.keys_dir
-        now = now or dt.datetime.now(dt.timezone.utc)
+        now = now or dt.datetime.now(dt.UTC)
         src = verify_release(src_dir, keys, now, check_time=False)
         if now >= src.manifest.release.expires:
-            raise ValidityError(f"release {src.path}: {src.id} expired at "
-                                f"{rfc3339(src.manifest.release.expires)}; not staging it")
+            raise ValidityError(
+                f"release {src.path}: {src.id} expired at {rfc3339(src.manifest.release.expires)}; not staging it"
+            )
         dest = self.releases_dir / src.id
         if dest.exists():
             return self._already_staged(src, dest, keys, now)
         if not os.access(self.releases_dir, os.W_OK):
-            raise StoreError(f"{self.releases_dir}: no permission to stage releases "
-                             f"(run as root or the vlad user)")
+            raise StoreError(f"{self.releases_dir}: no permission to stage releases (run as root or the vlad user)")
         tmp = self.releases_dir / f".stage-{os.getpid()}-{secrets.token_hex(4)}"
         tmp.mkdir()
         try:
@@ -288,14 +301,22 @@ class ReleaseStore:
     def _already_staged(self, src: VerifiedRelease, dest: Path, keys: Path, now: dt.datetime) -> str:
         staged = verify_release(dest, keys, now, check_time=False)
         if staged.manifest.canonical_bytes() != src.manifest.canonical_bytes():
-            raise StoreError(f"release {src.id} is already staged with a different manifest; "
-                             f"a changed release needs a new release id")
+            raise StoreError(
+                f"release {src.id} is already staged with a different manifest; "
+                f"a changed release needs a new release id"
+            )
         return src.id
 
     # ---- switching -------------------------------------------------------------------
 
-    def activate(self, release_id: str, who: str | None = None, why: str = "",
-                 force: bool = False, now: dt.datetime | None = None) -> HistoryEntry:
+    def activate(
+        self,
+        release_id: str,
+        who: str | None = None,
+        why: str = "",
+        force: bool = False,
+        now: dt.datetime | None = None,
+    ) -> HistoryEntry:
         """Make a staged release active; the active one becomes ``previous``.
 
         The release is verified again (signature, validity window, every file). Refused
@@ -320,10 +341,12 @@ class ReleaseStore:
                     raise DowngradeRefused(
                         f"release {release_id} (version_code {code}) is not newer than releases already "
                         f"activated here (highest version_code {max(seen)}) and was never active here; "
-                        f"use --force to downgrade deliberately")
+                        f"use --force to downgrade deliberately"
+                    )
                 if release_id in self.bad_releases():
-                    raise DowngradeRefused(f"release {release_id} was rolled back from; "
-                                           f"use --force to activate it again")
+                    raise DowngradeRefused(
+                        f"release {release_id} was rolled back from; use --force to activate it again"
+                    )
             return self._switch("activate", release_id, current, who, why, force, code)
 
     def rollback(self, who: str | None = None, why: str = "", force: bool = False) -> HistoryEntry:
@@ -339,21 +362,26 @@ class ReleaseStore:
             if target is None or target == current:
                 raise StoreError("nothing to roll back to (no previous release)")
             if target in self.bad_releases() and not force:
-                raise DowngradeRefused(f"previous release {target} was rolled back from; "
-                                       f"use --force to return to it")
+                raise DowngradeRefused(f"previous release {target} was rolled back from; use --force to return to it")
             verified = verify_release(self.release_path(target), self.keys_dir, check_time=False)
-            return self._switch("rollback", target, current, who, why, force,
-                                verified.manifest.release.version_code)
+            return self._switch("rollback", target, current, who, why, force, verified.manifest.release.version_code)
 
-    def _switch(self, event: str, to: str, from_: str | None, who: str | None, why: str,
-                forced: bool, to_code: int) -> HistoryEntry:
+    def _switch(
+        self, event: str, to: str, from_: str | None, who: str | None, why: str, forced: bool, to_code: int
+    ) -> HistoryEntry:
         records = self.journal()
         record: dict[str, Any] = {
             "seq": max((r.get("seq", 0) for r in records), default=0) + 1,
-            "time": rfc3339(dt.datetime.now(dt.timezone.utc)), "event": event, "phase": "intent",
-            "who": who or default_operator(), "why": why, "from_release": from_, "to_release": to,
+            "time": rfc3339(dt.datetime.now(dt.UTC)),
+            "event": event,
+            "phase": "intent",
+            "who": who or default_operator(),
+            "why": why,
+            "from_release": from_,
+            "to_release": to,
             "from_version_code": self._version_code(from_) if from_ else None,
-            "to_version_code": to_code, "forced": forced,
+            "to_version_code": to_code,
+            "forced": forced,
         }
         self._append(record)
         _crash_point("intent_logged")
@@ -379,7 +407,7 @@ class ReleaseStore:
         _fsync_dir(self.root)
         _crash_point("after_rename")
 
-        done = {**record, "phase": "done", "time": rfc3339(dt.datetime.now(dt.timezone.utc))}
+        done = {**record, "phase": "done", "time": rfc3339(dt.datetime.now(dt.UTC))}
         self._append(done)
         _crash_point("done_logged")
         if old_gen is not None:
@@ -419,8 +447,9 @@ class ReleaseStore:
         try:
             fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         except PermissionError as exc:
-            raise StoreError(f"{self.root}: no permission to change the release store "
-                             f"(run as root or the vlad user)") from exc
+            raise StoreError(
+                f"{self.root}: no permission to change the release store (run as root or the vlad user)"
+            ) from exc
         try:
             # Bounded: a stuck or slow other writer must not freeze the caller (the daemon
             # answers its control requests from a thread pool, vladctl a human).
@@ -431,8 +460,10 @@ class ReleaseStore:
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        raise StoreError(f"{self.root}: the release store is locked by another process "
-                                         f"(waited {self.lock_timeout_s:g} s); try again") from None
+                        raise StoreError(
+                            f"{self.root}: the release store is locked by another process "
+                            f"(waited {self.lock_timeout_s:g} s); try again"
+                        ) from None
                     time.sleep(0.05)
             yield
         finally:
@@ -486,8 +517,7 @@ class ReleaseStore:
         intent = records[-1]
         committed = self.active() == intent["to_release"] and self.previous() == intent["from_release"]
         phase = "done" if committed else "aborted"
-        self._append({**intent, "phase": phase, "recovered": True,
-                      "time": rfc3339(dt.datetime.now(dt.timezone.utc))})
+        self._append({**intent, "phase": phase, "recovered": True, "time": rfc3339(dt.datetime.now(dt.UTC))})
         out.append(f"journal: interrupted {intent['event']} to {intent['to_release']} marked {phase}")
         return out
 

@@ -25,8 +25,10 @@ from typing import Any
 import numpy as np
 
 ENV = "VLAD_ALLOC_TRACE"
-_FILTER = (tracemalloc.Filter(True, "*/vlad/serving/loop.py", all_frames=True),
-           tracemalloc.Filter(False, tracemalloc.__file__))
+_FILTER = (
+    tracemalloc.Filter(True, "*/vlad/serving/loop.py", all_frames=True),
+    tracemalloc.Filter(False, tracemalloc.__file__),
+)
 
 
 class AllocTrace:
@@ -63,18 +65,28 @@ class AllocTrace:
     def _report(self, traced: int) -> None:
         r, t = self._retained, self._transient
         line: dict[str, Any] = {
-            "t_monotonic_s": round(time.monotonic(), 3), "cycles": self.cycles, "traced_bytes": traced,
-            "per_cycle": {"retained_mean": round(float(r.mean()), 1), "retained_max": int(r.max()),
-                          "retained_min": int(r.min()), "transient_p50": float(np.percentile(t, 50)),
-                          "transient_p99": float(np.percentile(t, 99)), "transient_max": int(t.max())},
+            "t_monotonic_s": round(time.monotonic(), 3),
+            "cycles": self.cycles,
+            "traced_bytes": traced,
+            "per_cycle": {
+                "retained_mean": round(float(r.mean()), 1),
+                "retained_max": int(r.max()),
+                "retained_min": int(r.min()),
+                "transient_p50": float(np.percentile(t, 50)),
+                "transient_p99": float(np.percentile(t, 99)),
+                "transient_max": int(t.max()),
+            },
         }
         if self._baseline is not None:
             snap = tracemalloc.take_snapshot().filter_traces(_FILTER)
             stats = snap.compare_to(self._baseline, "lineno")
             line["traced_growth_since_baseline"] = traced - self._baseline_traced
             line["serving_growth_since_baseline"] = sum(s.size_diff for s in stats)
-            line["top_growth"] = [{"where": str(s.traceback[0]), "size_diff": s.size_diff, "count_diff": s.count_diff}
-                                  for s in stats[:8] if s.size_diff]
+            line["top_growth"] = [
+                {"where": str(s.traceback[0]), "size_diff": s.size_diff, "count_diff": s.count_diff}
+                for s in stats[:8]
+                if s.size_diff
+            ]
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -96,15 +96,19 @@ class TrustedState:
             return None
         if t_sensor_ns < self.t_ns:
             # Older than the trusted state (a late frame): judged against it, never replacing it.
-            return None if (np.abs(q[m] - self.positions[m]) <= self._allowed(self.t_ns - t_sensor_ns)[m]).all() \
+            return (
+                None
+                if (np.abs(q[m] - self.positions[m]) <= self._allowed(self.t_ns - t_sensor_ns)[m]).all()
                 else "implausible_proprio"
+            )
         if (np.abs(q[m] - self.positions[m]) <= self._allowed(t_sensor_ns - self.t_ns)[m]).all():
             self._accept(q, t_sensor_ns)
             return None
         # A jump: believe it only once a run of observations agrees with it.
-        if self._candidate is not None and (
-            np.abs(q[m] - self._candidate[m]) <= self._allowed(t_sensor_ns - self._candidate_t)[m]
-        ).all():
+        if (
+            self._candidate is not None
+            and (np.abs(q[m] - self._candidate[m]) <= self._allowed(t_sensor_ns - self._candidate_t)[m]).all()
+        ):
             self._run += 1
         else:
             self._run = 1
@@ -116,8 +120,12 @@ class TrustedState:
         self._accept(q, t_sensor_ns)
         self.generation += 1
         self.reanchors += 1
-        log.warning("joint state re-anchored after %d consistent observations: %s -> %s", self.confirm,
-                    np.round(before[m], 3).tolist(), np.round(q[m], 3).tolist())
+        log.warning(
+            "joint state re-anchored after %d consistent observations: %s -> %s",
+            self.confirm,
+            np.round(before[m], 3).tolist(),
+            np.round(q[m], 3).tolist(),
+        )
         return None
 
     def _accept(self, q: np.ndarray, t_ns: int) -> None:
@@ -136,8 +144,7 @@ class GuardResult:
 class ActionGuard:
     """Stateful guard: remembers the last published command for rate limiting."""
 
-    def __init__(self, contract: Contract, trusted: TrustedState | None = None,
-                 cfg: GuardConfig | None = None) -> None:
+    def __init__(self, contract: Contract, trusted: TrustedState | None = None, cfg: GuardConfig | None = None) -> None:
         spec = contract.action
         cfg = cfg or GuardConfig()
         self.contract = contract

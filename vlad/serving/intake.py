@@ -102,8 +102,11 @@ class Intake:
         if type(t_sensor) is not int or not 0 < t_sensor < 2**63:
             raise Rejected("malformed", f"obs {seq}: t_sensor_ns must be a positive integer")
         if t_sensor > time.monotonic_ns() + self.max_skew_ns:
-            raise Rejected("future_timestamp", f"obs {seq}: t_sensor_ns is {(t_sensor - receive_ns) / 1e6:.1f} ms "
-                                               "in the future (clocks not on the daemon's CLOCK_MONOTONIC?)")
+            raise Rejected(
+                "future_timestamp",
+                f"obs {seq}: t_sensor_ns is {(t_sensor - receive_ns) / 1e6:.1f} ms "
+                "in the future (clocks not on the daemon's CLOCK_MONOTONIC?)",
+            )
         instruction = h.get("instruction")
         if self._language:
             if instruction is None:
@@ -135,7 +138,9 @@ class Intake:
             if proprio is None:
                 raise Rejected("missing_tensor", f"obs {seq}: no tensor 'proprio'")
             if proprio.shape != (self._proprio_dim,):
-                raise Rejected("bad_shape", f"obs {seq}: proprio is {list(proprio.shape)}, expected [{self._proprio_dim}]")
+                raise Rejected(
+                    "bad_shape", f"obs {seq}: proprio is {list(proprio.shape)}, expected [{self._proprio_dim}]"
+                )
             if proprio.dtype not in (np.float32, np.float64):
                 raise Rejected("bad_dtype", f"obs {seq}: proprio is {proprio.dtype}, expected float32")
             if not np.isfinite(proprio).all():
@@ -143,9 +148,13 @@ class Intake:
         if proprio is not None:
             verdict = self.trusted.judge(proprio, t_sensor)
             if verdict is not None:
-                raise Rejected(verdict, f"obs {seq}: joint state {np.round(proprio.astype(np.float64), 3).tolist()} "
-                                        "is not plausible "
-                                        "(beyond the joint limits, or moved faster than the joints can)")
+                raise Rejected(
+                    verdict,
+                    f"obs {seq}: joint state {np.round(proprio.astype(np.float64), 3).tolist()} "
+                    "is not plausible "
+                    "(beyond the joint limits, or moved faster than the joints can)",
+                )
             self.counts.reanchors = self.trusted.reanchors
-        return RawObservation(images=images, proprio=proprio, instruction=instruction, sequence=seq,
-                              sensor_time_ns=t_sensor)
+        return RawObservation(
+            images=images, proprio=proprio, instruction=instruction, sequence=seq, sensor_time_ns=t_sensor
+        )

@@ -57,8 +57,15 @@ class Inference:
 class ServingLoop:
     """The serving thread and the state the rest of vlad reads from it."""
 
-    def __init__(self, ctx: zmq.Context, sock: zmq.Socket, intake: Intake, publisher: Publisher,
-                 realtime: RealtimeConfig, period_ns: int) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        sock: zmq.Socket,
+        intake: Intake,
+        publisher: Publisher,
+        realtime: RealtimeConfig,
+        period_ns: int,
+    ) -> None:
         self.sock = sock
         self.intake = intake
         self.publisher = publisher
@@ -273,15 +280,21 @@ class ServingLoop:
                 return
             except VladError as exc:
                 counts.backend_errors += 1
-                self._hold_instead(gen, obs, "backend_error", f"{policy.id}: inference failed on observation "
-                                                              f"{obs.sequence}: {exc}")
+                self._hold_instead(
+                    gen, obs, "backend_error", f"{policy.id}: inference failed on observation {obs.sequence}: {exc}"
+                )
                 return
         finally:
             if gen == self.generation:
                 self.in_flight = None
         t.infer_end = time.monotonic_ns()
         timing = policy.session.last_timing
-        t.h2d_ms, t.d2h_ms, t.network_ms, t.server_ms = timing.h2d_ms, timing.d2h_ms, timing.network_ms, timing.server_ms
+        t.h2d_ms, t.d2h_ms, t.network_ms, t.server_ms = (
+            timing.h2d_ms,
+            timing.d2h_ms,
+            timing.network_ms,
+            timing.server_ms,
+        )
 
         try:
             actions = policy.decoder.decode(outputs)

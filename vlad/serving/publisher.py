@@ -32,9 +32,17 @@ Observer = Callable[[int, np.ndarray], None]
 class Publisher:
     """Guards and sends action chunks; gates them on the e-stop (see module docstring)."""
 
-    def __init__(self, contract: Contract, sock: zmq.Socket, guard: ActionGuard, stats: LatencyStats,
-                 counts: PublishCounts, release_name: Callable[[], str], state_name: Callable[[], str],
-                 estop_output: str = "hold") -> None:
+    def __init__(
+        self,
+        contract: Contract,
+        sock: zmq.Socket,
+        guard: ActionGuard,
+        stats: LatencyStats,
+        counts: PublishCounts,
+        release_name: Callable[[], str],
+        state_name: Callable[[], str],
+        estop_output: str = "hold",
+    ) -> None:
         self.contract = contract
         self.sock = sock
         self.guard = guard
@@ -77,8 +85,9 @@ class Publisher:
     def expect_swap(self, source: str, t0_ns: int) -> None:
         self._swap_pending = (source, t0_ns)
 
-    def publish(self, actions: np.ndarray, obs: RawObservation, t: CycleTimes, policy: ServedPolicy,
-                generation: int) -> bool:
+    def publish(
+        self, actions: np.ndarray, obs: RawObservation, t: CycleTimes, policy: ServedPolicy, generation: int
+    ) -> bool:
         """Guard ``actions`` (computed from ``obs`` by ``policy``) and send them.
 
         False when nothing was sent: a replaced serving thread, the e-stop engaged, or the
@@ -98,8 +107,16 @@ class Publisher:
             if verdict.actions is None:
                 counts.expired += 1
                 return False
-            self._send(verdict.actions, verdict.interventions, obs.sequence, obs.sensor_time_ns, valid_until,
-                       policy.id.slot, str(policy.id), t.header_ms(self._timings))
+            self._send(
+                verdict.actions,
+                verdict.interventions,
+                obs.sequence,
+                obs.sensor_time_ns,
+                valid_until,
+                policy.id.slot,
+                str(policy.id),
+                t.header_ms(self._timings),
+            )
             t.publish = self.last_publish_ns
             self._swap_done(policy.id.slot)
             self.counts.policy_chunks += 1
@@ -132,21 +149,41 @@ class Publisher:
             chunk = self.guard.hold_posture()
             now = time.monotonic_ns()
             self.guard.record_hold(chunk, now)
-            self._send(chunk, ("hold",), obs_seq, t_sensor_ns or now, now + self.validity_ns, f"hold:{reason}",
-                       str(HOLD), {})
+            self._send(
+                chunk, ("hold",), obs_seq, t_sensor_ns or now, now + self.validity_ns, f"hold:{reason}", str(HOLD), {}
+            )
             self._swap_done(f"hold:{reason}")
             self.counts.holds[reason] += 1
         return True
 
-    def _send(self, actions: np.ndarray, interventions: tuple[str, ...], obs_seq: int, t_sensor_ns: int,
-              valid_until_ns: int, source: str, policy: str, timings: dict[str, float]) -> None:
+    def _send(
+        self,
+        actions: np.ndarray,
+        interventions: tuple[str, ...],
+        obs_seq: int,
+        t_sensor_ns: int,
+        valid_until_ns: int,
+        source: str,
+        policy: str,
+        timings: dict[str, float],
+    ) -> None:
         self.seq += 1
         h = self._header
         h.clear()
-        h.update(seq=self.seq, obs_seq=obs_seq, t_sensor_ns=t_sensor_ns, t_issue_ns=time.monotonic_ns(),
-                 valid_until_ns=valid_until_ns, period_ns=self.period_ns, release=self.release_name(),
-                 state=self.state_name(), source=source, policy=policy, interventions=list(interventions),
-                 timings_ms=timings)
+        h.update(
+            seq=self.seq,
+            obs_seq=obs_seq,
+            t_sensor_ns=t_sensor_ns,
+            t_issue_ns=time.monotonic_ns(),
+            valid_until_ns=valid_until_ns,
+            period_ns=self.period_ns,
+            release=self.release_name(),
+            state=self.state_name(),
+            source=source,
+            policy=policy,
+            interventions=list(interventions),
+            timings_ms=timings,
+        )
         self.sock.send_multipart(protocol.encode(protocol.TOPIC_ACTIONS, h, {"actions": actions}))
         self.last_publish_ns = time.monotonic_ns()
         self.counts.chunks += 1
@@ -154,5 +191,7 @@ class Publisher:
     def _swap_done(self, source: str) -> None:
         pending = self._swap_pending
         if pending is not None and (source == pending[0] or (pending[0] == "hold" and source.startswith("hold"))):
-            self.swap_ms.append({"to": pending[0], "first_command_ms": round((self.last_publish_ns - pending[1]) / 1e6, 3)})
+            self.swap_ms.append(
+                {"to": pending[0], "first_command_ms": round((self.last_publish_ns - pending[1]) / 1e6, 3)}
+            )
             self._swap_pending = None

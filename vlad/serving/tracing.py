@@ -28,8 +28,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-STAGES = ("transport", "queue", "preprocess", "h2d", "engine", "d2h", "network", "server", "decode", "guard",
-          "publish", "e2e")
+STAGES = (
+    "transport",
+    "queue",
+    "preprocess",
+    "h2d",
+    "engine",
+    "d2h",
+    "network",
+    "server",
+    "decode",
+    "guard",
+    "publish",
+    "e2e",
+)
 HEADER_STAGES = STAGES[:-2]
 
 
@@ -65,8 +77,12 @@ class CycleTimes:
         out["queue"] = round((self.pre_start - self.receive) * ms, 4)
         out["preprocess"] = round((self.pre_end - self.pre_start) * ms, 4)
         out["engine"] = round(self.engine_ms(), 4)
-        for name, value in (("h2d", self.h2d_ms), ("d2h", self.d2h_ms), ("network", self.network_ms),
-                            ("server", self.server_ms)):
+        for name, value in (
+            ("h2d", self.h2d_ms),
+            ("d2h", self.d2h_ms),
+            ("network", self.network_ms),
+            ("server", self.server_ms),
+        ):
             if value is not None:
                 out[name] = round(value, 4)
         out["decode"] = round((self.decode_end - self.infer_end) * ms, 4)

@@ -12,7 +12,6 @@ this package imports no client library; the backend imports tritonclient when it
 from __future__ import annotations
 
 from vlad.hookspecs import hookimpl
-
 from vlad_kserve.backend import KServeBackend, KServeSession
 from vlad_kserve.monitor import RemoteLinkMonitor
 from vlad_kserve.options import RemoteOptions, parse_options

@@ -38,7 +38,6 @@ import numpy as np
 from vlad.backend import Availability, Backend, Session, SessionDescription, Timing, example_inputs
 from vlad.contract import Contract, TensorSpec
 from vlad.errors import BackendError, BackendUnavailable, RemoteUnavailable
-
 from vlad_kserve.options import RemoteOptions, parse_options
 from vlad_kserve.stats import LinkStats
 from vlad_kserve.transport import SYSTEM_KINDS, TokenSource, TransportError, make_transport, v2_datatype
@@ -73,15 +72,19 @@ def _tensor_problems(field: str, t: Mapping[str, Any], spec: TensorSpec) -> list
         out.append(f"{field}.datatype: server {t.get('datatype')}, contract {want_dt} ({spec.dtype})")
     shape = list(t.get("shape", []))
     if len(shape) != len(spec.shape):
-        return out + [f"{field}.shape: server {shape} (rank {len(shape)}), contract {list(spec.shape)} (rank {len(spec.shape)})"]
+        return out + [
+            f"{field}.shape: server {shape} (rank {len(shape)}), contract {list(spec.shape)} (rank {len(spec.shape)})"
+        ]
     dynamic = {ax.axis: ax for ax in spec.dynamic}
     for axis, (got, want) in enumerate(zip(shape, spec.shape, strict=True)):
         if got == -1:
             continue  # the server takes any size on this axis
         ax = dynamic.get(axis)
         if ax is not None and not ax.min == ax.max == got:
-            out.append(f"{field}.shape[{axis}]: server fixes it at {got}, the contract's {ax.name} ranges "
-                       f"[{ax.min}, {ax.max}] (the server must declare -1)")
+            out.append(
+                f"{field}.shape[{axis}]: server fixes it at {got}, the contract's {ax.name} ranges "
+                f"[{ax.min}, {ax.max}] (the server must declare -1)"
+            )
         elif ax is None and got != want:
             out.append(f"{field}.shape[{axis}]: server {got}, contract {want} (shape {list(spec.shape)})")
     return out
@@ -95,14 +98,22 @@ class KServeBackend(Backend):
     def availability(self) -> Availability:
         """Usable when the gRPC client (tritonclient[grpc]) is installed; HTTP needs nothing more."""
         if importlib.util.find_spec("tritonclient") is None or importlib.util.find_spec("grpc") is None:
-            return Availability(False, "kserve-v2", reason="tritonclient[grpc] is not installed (pip install vlad-kserve)")
+            return Availability(
+                False, "kserve-v2", reason="tritonclient[grpc] is not installed (pip install vlad-kserve)"
+            )
         try:
-            import tritonclient.grpc  # noqa: F401
             from importlib.metadata import version
+
+            import tritonclient.grpc  # noqa: F401
         except Exception as exc:
             return Availability(False, "kserve-v2", reason=f"tritonclient.grpc does not import: {exc}")
-        return Availability(True, "kserve-v2", version=f"tritonclient {version('tritonclient')}", devices=("remote",),
-                            providers=("grpc", "http"))
+        return Availability(
+            True,
+            "kserve-v2",
+            version=f"tritonclient {version('tritonclient')}",
+            devices=("remote",),
+            providers=("grpc", "http"),
+        )
 
     def artifact_suffixes(self) -> tuple[str, ...]:
         """Any file: the artifact is the release's record of the model the server serves."""
@@ -149,17 +160,23 @@ class KServeSession(Session):
             md = transport.metadata(timeout)
         except TransportError as exc:
             if exc.kind == "not_found":
-                raise RemoteUnavailable(f"kserve: {self.opts.endpoint} serves no model {self.opts.model_name!r}"
-                                        f"{' version ' + self.opts.model_version if self.opts.model_version else ''}: "
-                                        f"{exc}; check model_name / model_version") from None
+                raise RemoteUnavailable(
+                    f"kserve: {self.opts.endpoint} serves no model {self.opts.model_name!r}"
+                    f"{' version ' + self.opts.model_version if self.opts.model_version else ''}: "
+                    f"{exc}; check model_name / model_version"
+                ) from None
             if exc.kind in SYSTEM_KINDS:
-                raise RemoteUnavailable(f"kserve: cannot reach {self.opts.endpoint} ({exc}); is the server up, "
-                                        "and the endpoint / TLS / token right?") from None
+                raise RemoteUnavailable(
+                    f"kserve: cannot reach {self.opts.endpoint} ({exc}); is the server up, "
+                    "and the endpoint / TLS / token right?"
+                ) from None
             raise _fail(f"model metadata from {self.opts.endpoint}: {exc}") from None
         problems = metadata_problems(md, self.contract)
         if problems:
-            raise _fail(f"model {self.opts.model_name!r} on {self.opts.endpoint} does not match the contract: "
-                        + "; ".join(problems))
+            raise _fail(
+                f"model {self.opts.model_name!r} on {self.opts.endpoint} does not match the contract: "
+                + "; ".join(problems)
+            )
         return md
 
     # -- the hot path ----------------------------------------------------------------------
@@ -214,18 +231,25 @@ class KServeSession(Session):
         """The answer must be exactly the contract's outputs, batch as sent: the server and
         the contract disagree otherwise (a policy fault, not the link's)."""
         if set(outputs) != set(self._outputs):
-            raise TransportError("bad_response", f"outputs {sorted(outputs)}, the contract declares {sorted(self._outputs)}")
+            raise TransportError(
+                "bad_response", f"outputs {sorted(outputs)}, the contract declares {sorted(self._outputs)}"
+            )
         sizes = {ax.name: inputs[s.name].shape[ax.axis] for s in self.contract.inputs for ax in s.dynamic}
         for name, spec in self._outputs.items():
             x = outputs[name]
             if x.dtype != np.dtype(spec.dtype):
-                raise TransportError("bad_response", f"output {name!r} is {x.dtype}, the contract requires {spec.dtype}")
+                raise TransportError(
+                    "bad_response", f"output {name!r} is {x.dtype}, the contract requires {spec.dtype}"
+                )
             # A dynamic axis named like an input's (batch) must come back at the size sent.
             dynamic = {ax.axis: sizes.get(ax.name) for ax in spec.dynamic}
             want = [dynamic[axis] if axis in dynamic else d for axis, d in enumerate(spec.shape)]
             if x.ndim != len(want) or any(w is not None and w != g for w, g in zip(want, x.shape, strict=True)):
-                raise TransportError("bad_response", f"output {name!r} has shape {list(x.shape)}, the contract expects "
-                                     f"{['*' if w is None else w for w in want]}")
+                raise TransportError(
+                    "bad_response",
+                    f"output {name!r} has shape {list(x.shape)}, the contract expects "
+                    f"{['*' if w is None else w for w in want]}",
+                )
 
     # -- recovery ----------------------------------------------------------------------------
 

@@ -37,14 +37,30 @@ def start_remote_demo(config: Path, workdir: Path, timeout_s: float = 90.0) -> t
         shutil.copy(demo / name, release / name)
     grpc_port, http_port = _free_port(), _free_port()
     log = open(workdir / "server.log", "wb")
-    server = subprocess.Popen([sys.executable, "-m", "vlad_kserve.server", "--release", str(release), "--artifact",
-                               "policy.onnx", "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
-                              stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vlad_kserve.server",
+            "--release",
+            str(release),
+            "--artifact",
+            "policy.onnx",
+            "--grpc-port",
+            str(grpc_port),
+            "--http-port",
+            str(http_port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{http_port}/v2/health/ready"
     deadline = time.monotonic() + timeout_s
     while True:
         if server.poll() is not None:
-            raise SystemExit(f"demo: the v2 server exited with status {server.returncode}; see {workdir / 'server.log'}")
+            raise SystemExit(
+                f"demo: the v2 server exited with status {server.returncode}; see {workdir / 'server.log'}"
+            )
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
@@ -53,7 +69,9 @@ def start_remote_demo(config: Path, workdir: Path, timeout_s: float = 90.0) -> t
             pass
         if time.monotonic() > deadline:
             server.kill()
-            raise SystemExit(f"demo: the v2 server was not ready within {timeout_s:.0f} s; see {workdir / 'server.log'}")
+            raise SystemExit(
+                f"demo: the v2 server was not ready within {timeout_s:.0f} s; see {workdir / 'server.log'}"
+            )
         time.sleep(0.2)
     s = cfg.sockets
     from vlad.contract import load_contract
@@ -91,6 +109,9 @@ options = {{ intra_op_threads = 1 }}
 [[fallback.chain]]
 kind = "hold"
 """)
-    print(f"demo: KServe v2 server (vlad_kserve.server, ONNX Runtime) on grpc://127.0.0.1:{grpc_port} "
-          f"and http://127.0.0.1:{http_port}; config {out}", flush=True)
+    print(
+        f"demo: KServe v2 server (vlad_kserve.server, ONNX Runtime) on grpc://127.0.0.1:{grpc_port} "
+        f"and http://127.0.0.1:{http_port}; config {out}",
+        flush=True,
+    )
     return out, server

@@ -42,18 +42,46 @@ class RemoteLinkMonitor(Monitor):
             who = pid
             where = s.get("endpoint", "the server")
             if s.get("state") == "lost":
-                out.append(Finding(self.name, "remote_unreachable", "fault", "system",
-                                   f"{who}: {where} unreachable for {s.get('state_for_s', 0):.1f} s ({s.get('last_error', '')})",
-                                   s.get("state_for_s"), None, policy=who))
+                out.append(
+                    Finding(
+                        self.name,
+                        "remote_unreachable",
+                        "fault",
+                        "system",
+                        f"{who}: {where} unreachable for {s.get('state_for_s', 0):.1f} s ({s.get('last_error', '')})",
+                        s.get("state_for_s"),
+                        None,
+                        policy=who,
+                    )
+                )
                 continue
             net = s.get("network_ms") or s.get("round_trip_ms")
             if net and net.get("count", 0) >= self.min_samples and net["p99"] > budget_ms:
-                out.append(Finding(self.name, "remote_slow", "warn", "system",
-                                   f"{who}: network p99 {net['p99']:.1f} ms to {where}, over {self.slow_fraction:.0%} of the "
-                                   f"{view.deadline_ns / 1e6:g} ms deadline", net["p99"], budget_ms, policy=who))
+                out.append(
+                    Finding(
+                        self.name,
+                        "remote_slow",
+                        "warn",
+                        "system",
+                        f"{who}: network p99 {net['p99']:.1f} ms to {where}, over {self.slow_fraction:.0%} of the "
+                        f"{view.deadline_ns / 1e6:g} ms deadline",
+                        net["p99"],
+                        budget_ms,
+                        policy=who,
+                    )
+                )
             rate = s.get("error_rate", 0.0)
             if s.get("window", 0) >= self.min_samples and rate > self.error_rate_warn:
-                out.append(Finding(self.name, "remote_errors", "warn", "system",
-                                   f"{who}: {rate:.0%} of the last {s['window']} requests to {where} failed",
-                                   rate, self.error_rate_warn, policy=who))
+                out.append(
+                    Finding(
+                        self.name,
+                        "remote_errors",
+                        "warn",
+                        "system",
+                        f"{who}: {rate:.0%} of the last {s['window']} requests to {where} failed",
+                        rate,
+                        self.error_rate_warn,
+                        policy=who,
+                    )
+                )
         return out

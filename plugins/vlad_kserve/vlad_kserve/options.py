@@ -116,14 +116,18 @@ def parse_options(options: Mapping[str, Any], contract: Contract) -> RemoteOptio
     contract's model id, the request timeout to the contract's end-to-end deadline."""
     options = dict(options)
     if "token" in options:
-        raise _fail("a bearer token must not be inline in the options (it would be copied with the release); "
-                    "put it in a file readable only by vlad and set token_file")
+        raise _fail(
+            "a bearer token must not be inline in the options (it would be copied with the release); "
+            "put it in a file readable only by vlad and set token_file"
+        )
     unknown = sorted(set(options) - KNOWN_OPTIONS)
     if unknown:
         raise _fail(f"unknown option(s) {unknown}; known: {sorted(KNOWN_OPTIONS)}")
     endpoint = options.get("endpoint")
     if not isinstance(endpoint, str) or not endpoint:
-        raise _fail("option endpoint is required, e.g. endpoint = \"grpc://gpu-server:8001\" or \"https://gpu-server:8000\"")
+        raise _fail(
+            'option endpoint is required, e.g. endpoint = "grpc://gpu-server:8001" or "https://gpu-server:8000"'
+        )
     parts = urlsplit(endpoint if "://" in endpoint else f"grpc://{endpoint}")
     scheme = parts.scheme
     schemes = {"grpc": ("grpc", False), "grpcs": ("grpc", True), "http": ("http", False), "https": ("http", True)}
@@ -158,8 +162,16 @@ def parse_options(options: Mapping[str, Any], contract: Contract) -> RemoteOptio
     if not isinstance(precision, str):
         raise _fail(f"option precision must be a string, got {precision!r}")
     opts = RemoteOptions(
-        endpoint=endpoint, protocol=protocol, host=parts.hostname, port=port, tls=tls, model_name=name,
-        model_version=version, tls_ca_file=ca, tls_cert_file=cert, tls_key_file=key,
+        endpoint=endpoint,
+        protocol=protocol,
+        host=parts.hostname,
+        port=port,
+        tls=tls,
+        model_name=name,
+        model_version=version,
+        tls_ca_file=ca,
+        tls_cert_file=cert,
+        tls_key_file=key,
         token_file=_file(options, "token_file"),
         timeout_ms=_number(options, "timeout_ms", deadline, 0.1),
         min_timeout_ms=_number(options, "min_timeout_ms", 1.0),
@@ -167,11 +179,14 @@ def parse_options(options: Mapping[str, Any], contract: Contract) -> RemoteOptio
         connect_timeout_ms=_number(options, "connect_timeout_ms", 5000.0, 1.0),
         reconnect_backoff_ms=_number(options, "reconnect_backoff_ms", 250.0, 10.0),
         probe_interval_ms=_number(options, "probe_interval_ms", 200.0),
-        stats_window=window, precision=precision,
+        stats_window=window,
+        precision=precision,
     )
     if opts.token_file and not opts.tls and not opts.loopback:
-        raise _fail(f"token_file is set but {endpoint!r} is plaintext to another host: the token would cross the "
-                    "network in clear; use grpcs:// or https://")
+        raise _fail(
+            f"token_file is set but {endpoint!r} is plaintext to another host: the token would cross the "
+            "network in clear; use grpcs:// or https://"
+        )
     if opts.min_timeout_ms > opts.max_timeout_ms:
         raise _fail(f"min_timeout_ms {opts.min_timeout_ms:g} is above max_timeout_ms {opts.max_timeout_ms:g}")
     return opts

@@ -77,7 +77,9 @@ def release_model(release: Path, artifact: str | None) -> tuple[str, Path]:
         else:
             found = sorted(release.glob("*.onnx"))
             if len(found) != 1:
-                raise SystemExit(f"vlad_kserve.server: {release} has {len(found)} .onnx files; name one with --artifact")
+                raise SystemExit(
+                    f"vlad_kserve.server: {release} has {len(found)} .onnx files; name one with --artifact"
+                )
             artifact = found[0].name
     path = release / artifact
     if not path.is_file():
@@ -95,12 +97,26 @@ def build_model(name: str, onnx_path: Path, threads: int, faults: FaultFile, tok
 
     from vlad_kserve.transport import NUMPY_DTYPES, SERVER_TIME_PARAMETER
 
-    ort_types = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16)": "FP16", "tensor(int64)": "INT64",
-                 "tensor(int32)": "INT32", "tensor(int8)": "INT8", "tensor(uint8)": "UINT8", "tensor(bool)": "BOOL"}
+    ort_types = {
+        "tensor(float)": "FP32",
+        "tensor(double)": "FP64",
+        "tensor(float16)": "FP16",
+        "tensor(int64)": "INT64",
+        "tensor(int32)": "INT32",
+        "tensor(int8)": "INT8",
+        "tensor(uint8)": "UINT8",
+        "tensor(bool)": "BOOL",
+    }
 
     def signature(args) -> list[dict[str, Any]]:
-        return [{"name": a.name, "datatype": ort_types.get(a.type, a.type),
-                 "shape": [d if isinstance(d, int) else -1 for d in a.shape]} for a in args]
+        return [
+            {
+                "name": a.name,
+                "datatype": ort_types.get(a.type, a.type),
+                "shape": [d if isinstance(d, int) else -1 for d in a.shape],
+            }
+            for a in args
+        ]
 
     class OnnxModel(Model):
         def load(self) -> bool:
@@ -147,9 +163,13 @@ def build_model(name: str, onnx_path: Path, threads: int, faults: FaultFile, tok
                 o = InferOutput(name=out_name, shape=list(value.shape), datatype=dt)
                 o.set_data_from_numpy(np.ascontiguousarray(value), binary_data=True)
                 outputs.append(o)
-            return InferResponse(response_id=payload.id or "", model_name=self.name, infer_outputs=outputs,
-                                 use_binary_outputs=True,
-                                 parameters={SERVER_TIME_PARAMETER: time.perf_counter_ns() - t0})
+            return InferResponse(
+                response_id=payload.id or "",
+                model_name=self.name,
+                infer_outputs=outputs,
+                use_binary_outputs=True,
+                parameters={SERVER_TIME_PARAMETER: time.perf_counter_ns() - t0},
+            )
 
     model = OnnxModel(name)
     model.load()
@@ -180,11 +200,13 @@ def build_server(host: str, http_port: int, grpc_port: int, tls: dict[str, str |
             self.dataplane, self.repository, self._server = dataplane, repository, None
 
         async def start(self) -> None:
-            self._server = aio.server(interceptors=(ExceptionToStatusInterceptor(),),
-                                      options=[("grpc.max_send_message_length", 2**31 - 1),
-                                               ("grpc.max_receive_message_length", 2**31 - 1)])
+            self._server = aio.server(
+                interceptors=(ExceptionToStatusInterceptor(),),
+                options=[("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1)],
+            )
             grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-                InferenceServicer(self.dataplane, self.repository), self._server)
+                InferenceServicer(self.dataplane, self.repository), self._server
+            )
             address = f"{host}:{grpc_port}"
             cert, key, client_ca = tls.get("cert"), tls.get("key"), tls.get("client_ca")
             if cert:
@@ -192,7 +214,8 @@ def build_server(host: str, http_port: int, grpc_port: int, tls: dict[str, str |
                 creds = grpc.ssl_server_credentials(
                     [(Path(key).read_bytes(), Path(cert).read_bytes())],
                     root_certificates=Path(client_ca).read_bytes() if client_ca else None,
-                    require_client_auth=bool(client_ca))
+                    require_client_auth=bool(client_ca),
+                )
                 self._server.add_secure_port(address, creds)
             else:
                 self._server.add_insecure_port(address)
@@ -206,10 +229,18 @@ def build_server(host: str, http_port: int, grpc_port: int, tls: dict[str, str |
     class BoundModelServer(ModelServer):
         def start(self, models: list) -> None:
             self._register_and_check_atleast_one_model_is_ready(models)
-            self._rest_server = RESTServer(FASTAPI_APP_IMPORT_STRING, self.dataplane, self.model_repository_extension,
-                                           self.http_port, workers=1, grace_period=1, event_loop=self.event_loop,
-                                           timeout_keep_alive=self.timeout_keep_alive,
-                                           ssl_certfile=tls.get("cert"), ssl_keyfile=tls.get("key"))
+            self._rest_server = RESTServer(
+                FASTAPI_APP_IMPORT_STRING,
+                self.dataplane,
+                self.model_repository_extension,
+                self.http_port,
+                workers=1,
+                grace_period=1,
+                event_loop=self.event_loop,
+                timeout_keep_alive=self.timeout_keep_alive,
+                ssl_certfile=tls.get("cert"),
+                ssl_keyfile=tls.get("key"),
+            )
             self._rest_server.config.host = host  # uvicorn reads it when it binds
             if tls.get("client_ca"):
                 self._rest_server.config.ssl_ca_certs = tls["client_ca"]
@@ -230,13 +261,21 @@ def build_server(host: str, http_port: int, grpc_port: int, tls: dict[str, str |
 
     app.add_exception_handler(Unauthenticated, unauthenticated)
     kserve_args.enable_grpc = False  # the gRPC listener is ours (bound to host)
-    return BoundModelServer(http_port=http_port, grpc_port=grpc_port, workers=1, enable_grpc=False,
-                            enable_latency_logging=False, enable_docs_url=False, grace_period=1)
+    return BoundModelServer(
+        http_port=http_port,
+        grpc_port=grpc_port,
+        workers=1,
+        enable_grpc=False,
+        enable_latency_logging=False,
+        enable_docs_url=False,
+        grace_period=1,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vlad_kserve.server", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m vlad_kserve.server", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--release", type=Path, required=True, help="release folder (contract.toml + the ONNX artifact)")
     ap.add_argument("--artifact", help="ONNX file in the release (default: the manifest's, or the only .onnx)")
     ap.add_argument("--model-name", help="name served under (default: the contract's model id)")
@@ -258,14 +297,20 @@ def main(argv: list[str] | None = None) -> int:
     name, onnx_path = release_model(args.release, args.artifact)
     token = Path(args.token_file).read_text().strip() if args.token_file else None
     model = build_model(args.model_name or name, onnx_path, args.threads, FaultFile(args.fault_file), token)
-    server = build_server(args.host, args.http_port, args.grpc_port,
-                          {"cert": args.tls_cert, "key": args.tls_key, "client_ca": args.tls_client_ca})
+    server = build_server(
+        args.host,
+        args.http_port,
+        args.grpc_port,
+        {"cert": args.tls_cert, "key": args.tls_key, "client_ca": args.tls_client_ca},
+    )
     level = getattr(logging, args.log_level.upper(), logging.WARNING)
     for logger in ("kserve", "kserve.trace", "uvicorn", "uvicorn.access", "uvicorn.error"):
         logging.getLogger(logger).setLevel(level)
-    print(f"vlad_kserve.server: serving {model.name} ({onnx_path}) on grpc{'s' if args.tls_cert else ''}://"
-          f"{args.host}:{args.grpc_port} and http{'s' if args.tls_cert else ''}://{args.host}:{args.http_port}",
-          flush=True)
+    print(
+        f"vlad_kserve.server: serving {model.name} ({onnx_path}) on grpc{'s' if args.tls_cert else ''}://"
+        f"{args.host}:{args.grpc_port} and http{'s' if args.tls_cert else ''}://{args.host}:{args.http_port}",
+        flush=True,
+    )
     server.start([model])
     return 0
 

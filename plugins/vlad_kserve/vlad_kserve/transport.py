@@ -128,8 +128,12 @@ class GrpcTransport:
             ("grpc.enable_retries", 0),  # a retry would spend the deadline behind our back
         ]
         self.client = grpcclient.InferenceServerClient(
-            opts.url, ssl=opts.tls, root_certificates=opts.tls_ca_file, private_key=opts.tls_key_file,
-            certificate_chain=opts.tls_cert_file, channel_args=args,
+            opts.url,
+            ssl=opts.tls,
+            root_certificates=opts.tls_ca_file,
+            private_key=opts.tls_key_file,
+            certificate_chain=opts.tls_cert_file,
+            channel_args=args,
         )
 
     def _headers(self) -> dict[str, str] | None:
@@ -145,24 +149,37 @@ class GrpcTransport:
     def metadata(self, timeout_s: float) -> dict[str, Any]:
         """The model's v2 metadata as a dict (name, versions, platform, inputs, outputs)."""
         try:
-            md = self.client.get_model_metadata(self.opts.model_name, self.opts.model_version, headers=self._headers(),
-                                                as_json=True, client_timeout=timeout_s)
+            md = self.client.get_model_metadata(
+                self.opts.model_name,
+                self.opts.model_version,
+                headers=self._headers(),
+                as_json=True,
+                client_timeout=timeout_s,
+            )
         except self._g.InferenceServerException as exc:
             raise self._error(exc) from None
-        return {"name": md.get("name"), "versions": md.get("versions") or [], "platform": md.get("platform", ""),
-                "inputs": [_tensor_md(t) for t in md.get("inputs", [])],
-                "outputs": [_tensor_md(t) for t in md.get("outputs", [])]}
+        return {
+            "name": md.get("name"),
+            "versions": md.get("versions") or [],
+            "platform": md.get("platform", ""),
+            "inputs": [_tensor_md(t) for t in md.get("inputs", [])],
+            "outputs": [_tensor_md(t) for t in md.get("outputs", [])],
+        }
 
     def ready(self, timeout_s: float) -> bool:
         """Whether the server says the model is ready."""
         try:
-            return bool(self.client.is_model_ready(self.opts.model_name, self.opts.model_version,
-                                                   headers=self._headers(), client_timeout=timeout_s))
+            return bool(
+                self.client.is_model_ready(
+                    self.opts.model_name, self.opts.model_version, headers=self._headers(), client_timeout=timeout_s
+                )
+            )
         except self._g.InferenceServerException as exc:
             raise self._error(exc) from None
 
-    def infer(self, inputs: Mapping[str, np.ndarray], output_names: list[str],
-              timeout_s: float) -> tuple[dict[str, np.ndarray], int | None]:
+    def infer(
+        self, inputs: Mapping[str, np.ndarray], output_names: list[str], timeout_s: float
+    ) -> tuple[dict[str, np.ndarray], int | None]:
         """Outputs by name and the server's own time in ns (None when it does not say)."""
         g = self._g
         reqs = []
@@ -171,9 +188,14 @@ class GrpcTransport:
             x.set_data_from_numpy(arr)
             reqs.append(x)
         try:
-            result = self.client.infer(self.opts.model_name, reqs, model_version=self.opts.model_version,
-                                       outputs=[g.InferRequestedOutput(n) for n in output_names],
-                                       client_timeout=timeout_s, headers=self._headers())
+            result = self.client.infer(
+                self.opts.model_name,
+                reqs,
+                model_version=self.opts.model_version,
+                outputs=[g.InferRequestedOutput(n) for n in output_names],
+                client_timeout=timeout_s,
+                headers=self._headers(),
+            )
         except g.InferenceServerException as exc:
             raise self._error(exc) from None
         response = result.get_response()
@@ -239,8 +261,9 @@ class HttpTransport:
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
 
-    def _request(self, method: str, what: str, timeout_s: float, body: bytes | None = None,
-                 headers: dict[str, str] | None = None) -> tuple[int, http.client.HTTPResponse, bytes]:
+    def _request(
+        self, method: str, what: str, timeout_s: float, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, http.client.HTTPResponse, bytes]:
         headers = dict(headers or {})
         auth = self.token.header()
         if auth:
@@ -261,9 +284,11 @@ class HttpTransport:
                 resp = self._conn.getresponse()
                 data = resp.read()
                 return resp.status, resp, data
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 self.close()
-                raise TransportError("timeout", f"no answer from {self.opts.endpoint} within {timeout_s * 1e3:.1f} ms") from None
+                raise TransportError(
+                    "timeout", f"no answer from {self.opts.endpoint} within {timeout_s * 1e3:.1f} ms"
+                ) from None
             except (ConnectionError, http.client.HTTPException, OSError) as exc:
                 self.close()
                 if reused and attempt == 0 and isinstance(exc, (ConnectionError, http.client.RemoteDisconnected)):
@@ -284,9 +309,13 @@ class HttpTransport:
         """The model's v2 metadata as a dict (name, versions, platform, inputs, outputs)."""
         status, _, data = self._request("GET", "metadata", timeout_s)
         md = self._json(status, data)
-        return {"name": md.get("name"), "versions": md.get("versions") or [], "platform": md.get("platform", ""),
-                "inputs": [_tensor_md(t) for t in md.get("inputs", [])],
-                "outputs": [_tensor_md(t) for t in md.get("outputs", [])]}
+        return {
+            "name": md.get("name"),
+            "versions": md.get("versions") or [],
+            "platform": md.get("platform", ""),
+            "inputs": [_tensor_md(t) for t in md.get("inputs", [])],
+            "outputs": [_tensor_md(t) for t in md.get("outputs", [])],
+        }
 
     def ready(self, timeout_s: float) -> bool:
         """Whether the server says the model is ready (200 on the ready path)."""
@@ -295,20 +324,35 @@ class HttpTransport:
             raise TransportError("auth", f"HTTP {status} on the readiness check")
         return status == 200
 
-    def infer(self, inputs: Mapping[str, np.ndarray], output_names: list[str],
-              timeout_s: float) -> tuple[dict[str, np.ndarray], int | None]:
+    def infer(
+        self, inputs: Mapping[str, np.ndarray], output_names: list[str], timeout_s: float
+    ) -> tuple[dict[str, np.ndarray], int | None]:
         """Outputs by name and the server's own time in ns (None when it does not say)."""
         arrays = [np.ascontiguousarray(a) for a in inputs.values()]
         header = {
-            "inputs": [{"name": n, "shape": list(a.shape), "datatype": v2_datatype(a.dtype),
-                        "parameters": {"binary_data_size": a.nbytes}} for n, a in zip(inputs, arrays, strict=True)],
+            "inputs": [
+                {
+                    "name": n,
+                    "shape": list(a.shape),
+                    "datatype": v2_datatype(a.dtype),
+                    "parameters": {"binary_data_size": a.nbytes},
+                }
+                for n, a in zip(inputs, arrays, strict=True)
+            ],
             "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in output_names],
         }
         head = json.dumps(header, separators=(",", ":")).encode()
         body = b"".join([head, *(a.tobytes() for a in arrays)])
-        status, resp, data = self._request("POST", "infer", timeout_s, body, {
-            "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head)),
-        })
+        status, resp, data = self._request(
+            "POST",
+            "infer",
+            timeout_s,
+            body,
+            {
+                "Content-Type": "application/octet-stream",
+                "Inference-Header-Content-Length": str(len(head)),
+            },
+        )
         if status != 200:
             self._json(status, data)
         size = resp.getheader("Inference-Header-Content-Length")

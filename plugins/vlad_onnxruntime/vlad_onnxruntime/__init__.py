@@ -7,7 +7,6 @@ this package does not import onnxruntime; the backend imports it when asked to.
 from __future__ import annotations
 
 from vlad.hookspecs import hookimpl
-
 from vlad_onnxruntime.backend import OnnxRuntimeBackend, OnnxRuntimeSession, parse_providers
 
 __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeSession", "parse_providers", "vlad_backends"]

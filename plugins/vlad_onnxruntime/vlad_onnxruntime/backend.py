@@ -72,7 +72,6 @@ import numpy as np
 from vlad.backend import Availability, Backend, Session, SessionDescription, Timing, example_inputs
 from vlad.contract import Contract
 from vlad.errors import BackendError, BackendUnavailable
-
 from vlad_onnxruntime import gpu as gpu_paths
 from vlad_onnxruntime.placement import Placement, judge_placement
 
@@ -123,7 +122,12 @@ def parse_providers(options: Mapping[str, Any]) -> tuple[list[str], list[dict[st
     for item in raw:
         if isinstance(item, str):
             name, inline = item, {}
-        elif isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
+        elif (
+            isinstance(item, (list, tuple))
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], Mapping)
+        ):
             name, inline = item[0], dict(item[1])
         else:
             raise _fail(f"providers entry {item!r} is neither a name nor [name, {{options}}]")
@@ -146,7 +150,9 @@ class OnnxRuntimeBackend(Backend):
     def availability(self) -> Availability:
         """onnxruntime importable; its available providers; devices cpu (+ cuda with a GPU provider)."""
         if importlib.util.find_spec("onnxruntime") is None:
-            return Availability(False, "onnxruntime", reason="onnxruntime is not installed (pip install 'vlad[cpu]' or 'vlad[gpu]')")
+            return Availability(
+                False, "onnxruntime", reason="onnxruntime is not installed (pip install 'vlad[cpu]' or 'vlad[gpu]')"
+            )
         both = gpu_paths.installed_runtime_distributions()
         if len(both) > 1:
             return Availability(
@@ -203,7 +209,9 @@ class OnnxRuntimeSession(Session):
         available = ort.get_available_providers()
         for name in names:
             if name not in all_known:
-                raise _fail(f"unknown execution provider {name!r} (known to onnxruntime {ort.__version__}: {', '.join(sorted(all_known))})")
+                raise _fail(
+                    f"unknown execution provider {name!r} (known to onnxruntime {ort.__version__}: {', '.join(sorted(all_known))})"
+                )
             if name not in available:
                 raise _fail(
                     f"requested {name} but this onnxruntime {ort.__version__} build only offers {available}; refusing to fall back"
@@ -222,10 +230,14 @@ class OnnxRuntimeSession(Session):
         self.placement = Placement({}, (), ())
         try:
             try:
-                self._sess = ort.InferenceSession(str(self.artifact), so, providers=names, provider_options=provider_opts)
+                self._sess = ort.InferenceSession(
+                    str(self.artifact), so, providers=names, provider_options=provider_opts
+                )
             except Exception as exc:
                 hint = f" ({library_notes})" if library_notes else ""
-                raise _fail(f"cannot create a session for {self.artifact} on {names}: {_first_line(exc)}{hint}") from exc
+                raise _fail(
+                    f"cannot create a session for {self.artifact} on {names}: {_first_line(exc)}{hint}"
+                ) from exc
             in_use = self._sess.get_providers()
             missing = [p for p in names if p not in in_use]
             if missing:
@@ -254,7 +266,9 @@ class OnnxRuntimeSession(Session):
 
     # -- load-time checks --------------------------------------------------------------------
 
-    def _plan_providers(self, names: list[str], provider_opts: list[dict[str, str]]) -> tuple[str, str | None, str | None]:
+    def _plan_providers(
+        self, names: list[str], provider_opts: list[dict[str, str]]
+    ) -> tuple[str, str | None, str | None]:
         """Fill in the provider options that make the precision label true, and for the
         TensorRT provider its profile and keyed engine cache. Returns (label, cache key,
         cache folder)."""
@@ -271,10 +285,16 @@ class OnnxRuntimeSession(Session):
             if not isinstance(cache_dir, (str, Path)):
                 raise _fail(f"option cache_dir must be a path, got {cache_dir!r}")
             if gpu is None:
-                raise _fail("cannot identify the GPU for the TensorRT engine cache key; install nvidia-ml-py (pip install 'vlad[gpu]')")
+                raise _fail(
+                    "cannot identify the GPU for the TensorRT engine cache key; install nvidia-ml-py (pip install 'vlad[gpu]')"
+                )
             key = gpu_paths.trt_cache_key(
-                hashlib.sha256(self.artifact.read_bytes()).hexdigest(), self._ort.__version__,
-                gpu_paths.tensorrt_version(), gpu, label, profile,
+                hashlib.sha256(self.artifact.read_bytes()).hexdigest(),
+                self._ort.__version__,
+                gpu_paths.tensorrt_version(),
+                gpu,
+                label,
+                profile,
             )
             cache = gpu_paths.trt_cache_options(Path(cache_dir), key)
             folder = cache["trt_engine_cache_path"]
@@ -388,13 +408,17 @@ class OnnxRuntimeSession(Session):
         dtypes = {spec.name: np.dtype(spec.dtype) for spec in self.contract.outputs}
         if self._gpu:
             dev_in = {
-                name: ort.OrtValue.ortvalue_from_shape_and_type(inputs[name].shape, inputs[name].dtype, "cuda", self._device_id)
+                name: ort.OrtValue.ortvalue_from_shape_and_type(
+                    inputs[name].shape, inputs[name].dtype, "cuda", self._device_id
+                )
                 for name in self._input_names
             }
             for name, ov in dev_in.items():
                 binding.bind_ortvalue_input(name, ov)
             if shapes is None:
-                raise _fail("on a GPU provider every output axis must be sized by the contract (IOBinding needs fixed outputs)")
+                raise _fail(
+                    "on a GPU provider every output axis must be sized by the contract (IOBinding needs fixed outputs)"
+                )
             outputs = {
                 name: ort.OrtValue.ortvalue_from_shape_and_type(shapes[name], dtypes[name], "cuda", self._device_id)
                 for name in self._output_names

@@ -77,9 +77,7 @@ class GpuIdentity:
         return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
 
 
-def precision_plan(
-    names: list[str], precision: str, gpu: GpuIdentity | None
-) -> tuple[str, dict[str, dict[str, str]]]:
+def precision_plan(names: list[str], precision: str, gpu: GpuIdentity | None) -> tuple[str, dict[str, dict[str, str]]]:
     """The precision label this session will truly compute in, and the provider options
     that make it so (``{provider: {option: value}}``, merged over the release's).
 
@@ -121,7 +119,7 @@ def precision_plan(
             if ampere:
                 raise _fail(
                     f"precision fp32 cannot be guaranteed on {TENSORRT}: it has no option to turn TensorRT's TF32 "
-                    f"off, and this GPU (cc {gpu.cc}) has TF32; set precision = \"tf32\", or use the tensorrt "
+                    f'off, and this GPU (cc {gpu.cc}) has TF32; set precision = "tf32", or use the tensorrt '
                     f"backend or {CUDA} for fp32"
                 )
         elif precision == "tf32":
@@ -174,7 +172,12 @@ def trt_profile_options(contract: Contract) -> dict[str, str]:
 
 
 def trt_cache_key(
-    onnx_sha256: str, ort_version: str, tensorrt_version: str, gpu: GpuIdentity, precision: str, profile: Mapping[str, str]
+    onnx_sha256: str,
+    ort_version: str,
+    tensorrt_version: str,
+    gpu: GpuIdentity,
+    precision: str,
+    profile: Mapping[str, str],
 ) -> str:
     """sha256 over everything a TensorRT-provider engine depends on.
 

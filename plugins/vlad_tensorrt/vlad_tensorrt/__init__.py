@@ -8,7 +8,6 @@ See docs/tensorrt.md.
 from __future__ import annotations
 
 from vlad.hookspecs import hookimpl
-
 from vlad_tensorrt.backend import TensorRTBackend, TensorRTOptions
 
 __all__ = ["TensorRTBackend", "TensorRTOptions", "vlad_backends"]

@@ -13,7 +13,6 @@ import sys
 
 from vlad.contract import load_contract
 from vlad.errors import VladError
-
 from vlad_tensorrt.backend import TensorRTBackend
 from vlad_tensorrt.cache import DEFAULT_CACHE_DIR
 from vlad_tensorrt.precision import PRECISIONS, format_cc, precision_problem, supported_precisions
@@ -41,16 +40,23 @@ def main(argv: list[str] | None = None) -> int:
                 raise VladError(avail.reason)
             device = backend._probe(0)  # noqa: SLF001 (same package)
             cc, flags = device.compute_capability, device.builder_flags
-            print(json.dumps({
-                "tensorrt": device.tensorrt_version,
-                "gpu": device.name,
-                "compute_capability": format_cc(cc),
-                "precisions": list(supported_precisions(cc, flags)),
-                "not_offered": {
-                    p: why for p in PRECISIONS if (why := precision_problem(p, cc, flags, device.tensorrt_version))
-                },
-                "note": "fp8 additionally needs an ONNX with FP8 Q/DQ nodes",
-            }, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "tensorrt": device.tensorrt_version,
+                        "gpu": device.name,
+                        "compute_capability": format_cc(cc),
+                        "precisions": list(supported_precisions(cc, flags)),
+                        "not_offered": {
+                            p: why
+                            for p in PRECISIONS
+                            if (why := precision_problem(p, cc, flags, device.tensorrt_version))
+                        },
+                        "note": "fp8 additionally needs an ONNX with FP8 Q/DQ nodes",
+                    },
+                    indent=2,
+                )
+            )
             return 0
         options = {
             "precision": args.precision,

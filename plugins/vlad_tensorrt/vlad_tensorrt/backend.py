@@ -34,7 +34,6 @@ from typing import Any
 from vlad.backend import Availability, Backend, Session
 from vlad.contract import Contract
 from vlad.errors import BackendError, BackendUnavailable
-
 from vlad_tensorrt.cache import (
     DEFAULT_CACHE_DIR,
     ON_MISMATCH,
@@ -155,8 +154,12 @@ class TensorRTBackend(Backend):
         )
         progress = _print_progress if opts.progress else None
         build = functools.partial(
-            trt_engine.build_serialized_engine, artifact, profile, opts.precision,
-            device=opts.device, progress=progress,
+            trt_engine.build_serialized_engine,
+            artifact,
+            profile,
+            opts.precision,
+            device=opts.device,
+            progress=progress,
         )
         prepared = prepare_engine(
             EngineCache(opts.cache_dir),
@@ -167,8 +170,14 @@ class TensorRTBackend(Backend):
             allow_build=opts.allow_build,
         )
         return trt_engine.TensorRTSession(
-            contract, artifact, dict(options or {}),
-            opts=opts, prepared=prepared, device=device, profile=profile, ingredients=ingredients,
+            contract,
+            artifact,
+            dict(options or {}),
+            opts=opts,
+            prepared=prepared,
+            device=device,
+            profile=profile,
+            ingredients=ingredients,
         )
 
     # A seam for tests: the real probe imports tensorrt / cuda-python and asks the driver.

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Literal
 
 from vlad.errors import BackendError
-
 from vlad_tensorrt.profiles import canonical_json
 
 KEY_FORMAT = "vlad.tensorrt-key/1"
@@ -70,8 +69,10 @@ class CacheIngredients:
     def from_dict(cls, data: object) -> CacheIngredients:
         """Rebuild from a sidecar's ``ingredients`` table; a malformed table is an error."""
         names = [f.name for f in fields(cls)]
-        if not isinstance(data, dict) or sorted(data) != sorted(names) or not all(
-            isinstance(data[n], str) for n in names
+        if (
+            not isinstance(data, dict)
+            or sorted(data) != sorted(names)
+            or not all(isinstance(data[n], str) for n in names)
         ):
             raise BackendError(f"malformed ingredients in engine sidecar: {data!r}")
         return cls(**{n: data[n] for n in names})

@@ -39,7 +39,6 @@ import numpy as np
 from vlad.backend import MemoryStats, Session, SessionDescription, Timing, host_rss_bytes
 from vlad.contract import Contract
 from vlad.errors import BackendError, BackendUnavailable
-
 from vlad_tensorrt.buffers import DeviceResources, HostBuffer
 from vlad_tensorrt.cache import CacheIngredients, PreparedEngine
 from vlad_tensorrt.precision import BUILDER_FLAG, format_cc
@@ -313,9 +312,7 @@ def _check_network_inputs(network, profile: Profile, source: str) -> None:
         tensor = network.get_input(i)
         t = profile[tensor.name]
         dims = tuple(tensor.shape)
-        fits = len(dims) == len(t.min) and all(
-            d == -1 or t.min[a] == t.max[a] == d for a, d in enumerate(dims)
-        )
+        fits = len(dims) == len(t.min) and all(d == -1 or t.min[a] == t.max[a] == d for a, d in enumerate(dims))
         if not fits:
             raise BackendError(
                 f"{source}: input {tensor.name!r} has shape {list(dims)} in the ONNX, which does not "

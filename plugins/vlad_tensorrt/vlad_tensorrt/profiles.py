@@ -56,10 +56,7 @@ class Profile:
     def to_dict(self) -> dict[str, dict[str, list[int]]]:
         """Plain form used for the cache key and the sidecar (``narrowed`` is derivable
         from the shapes and the contract, so it is not part of the identity)."""
-        return {
-            t.name: {"min": list(t.min), "opt": list(t.opt), "max": list(t.max)}
-            for t in self.tensors
-        }
+        return {t.name: {"min": list(t.min), "opt": list(t.opt), "max": list(t.max)} for t in self.tensors}
 
     def canonical_json(self) -> str:
         """Canonical JSON (sorted keys, no whitespace): equal profiles give equal bytes."""

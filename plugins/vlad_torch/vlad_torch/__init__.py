@@ -8,7 +8,6 @@ this package does not import torch; the backends import it when asked to do some
 from __future__ import annotations
 
 from vlad.hookspecs import hookimpl
-
 from vlad_torch.aoti import TorchAOTIBackend, compile_aoti
 from vlad_torch.backend import TorchBackend
 

@@ -29,7 +29,6 @@ from vlad.backend import Availability, Backend
 from vlad.contract import Contract
 from vlad.errors import BackendError
 from vlad.files import sha256_file
-
 from vlad_torch.backend import _first_line, require, torch_availability
 from vlad_torch.session import (
     COMMON_OPTIONS,
@@ -110,7 +109,9 @@ def compile_aoti(program_path: str | Path, out_path: str | Path, device: str = "
 
     cxx = find_cxx()
     if cxx is None:
-        raise BackendError("torch-aoti: no C++ compiler found (set $CXX or install g++); AOTInductor needs one to compile")
+        raise BackendError(
+            "torch-aoti: no C++ compiler found (set $CXX or install g++); AOTInductor needs one to compile"
+        )
     program_path, out_path = Path(program_path), Path(out_path)
     if out_path.suffix != ".pt2":
         raise BackendError(f"torch-aoti: the package path must end in .pt2, got {out_path}")
@@ -173,7 +174,10 @@ class TorchAOTIBackend(Backend):
             )
         if any(d.startswith("cuda") for d in base.devices) and (problem := cuda_toolkit_problem()):
             return Availability(
-                True, base.runtime, version=base.version, devices=base.devices,
+                True,
+                base.runtime,
+                version=base.version,
+                devices=base.devices,
                 reason=f"cuda packages load, but compiling for cuda fails: {problem}",
             )
         return base
@@ -204,7 +208,9 @@ class TorchAOTIBackend(Backend):
         except Exception as exc:
             raise BackendError(f"{self.name}: {artifact} is not an AOTInductor package: {_first_line(exc)}") from exc
         if META_INPUTS not in meta:
-            raise BackendError(f"{self.name}: {artifact} was not made by vlad_torch.compile_aoti (no {META_INPUTS} metadata)")
+            raise BackendError(
+                f"{self.name}: {artifact} was not made by vlad_torch.compile_aoti (no {META_INPUTS} metadata)"
+            )
         # The package is a shared library built against one torch ABI and one device type.
         if meta.get(META_TORCH) != torch.__version__:
             raise BackendError(
@@ -240,6 +246,11 @@ class TorchAOTIBackend(Backend):
             extra=extra,
             # What makes two packages interchangeable: same source program, torch, device, ISA.
             cache_key="-".join(
-                (meta[META_SOURCE_SHA256][:16], f"torch{meta[META_TORCH]}", device.type, meta.get("AOTI_CPU_ISA", "").replace(" ", "+"))
+                (
+                    meta[META_SOURCE_SHA256][:16],
+                    f"torch{meta[META_TORCH]}",
+                    device.type,
+                    meta.get("AOTI_CPU_ISA", "").replace(" ", "+"),
+                )
             ).rstrip("-"),
         )

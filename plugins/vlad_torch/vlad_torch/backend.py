@@ -19,7 +19,6 @@ from typing import Any
 from vlad.backend import Availability, Backend
 from vlad.contract import Contract
 from vlad.errors import BackendError, BackendUnavailable
-
 from vlad_torch.session import (
     COMMON_OPTIONS,
     TorchSession,

@@ -59,7 +59,11 @@ def tf32_state(torch: Any) -> dict[str, str]:
     matmul = torch.backends.cuda.matmul
     cudnn = torch.backends.cudnn
     if hasattr(matmul, "fp32_precision") and hasattr(cudnn, "conv"):
-        return {"matmul": matmul.fp32_precision, "cudnn_conv": cudnn.conv.fp32_precision, "cudnn_rnn": cudnn.rnn.fp32_precision}
+        return {
+            "matmul": matmul.fp32_precision,
+            "cudnn_conv": cudnn.conv.fp32_precision,
+            "cudnn_rnn": cudnn.rnn.fp32_precision,
+        }
     return {"matmul": "tf32" if matmul.allow_tf32 else "ieee", "cudnn": "tf32" if cudnn.allow_tf32 else "ieee"}
 
 
@@ -74,7 +78,9 @@ def resolve_precision(backend: str, precision: Any, device: Any, *, autocast: bo
     if precision == "fp32":
         return precision
     if device.type != "cuda":
-        raise BackendError(f"{backend}: precision {precision} needs device 'cuda'; on {device.type} sessions compute in fp32")
+        raise BackendError(
+            f"{backend}: precision {precision} needs device 'cuda'; on {device.type} sessions compute in fp32"
+        )
     if precision in _AUTOCAST and not autocast:
         raise BackendError(
             f"{backend}: precision {precision} is compiled in, not switched at load; export and compile a {precision} program"
@@ -84,7 +90,9 @@ def resolve_precision(backend: str, precision: Any, device: Any, *, autocast: bo
 
         cc = torch.cuda.get_device_capability(device)
         if cc < (8, 0):
-            raise BackendError(f"{backend}: precision {precision} needs compute capability >= 8.0 (Ampere); {device} has {cc[0]}.{cc[1]}")
+            raise BackendError(
+                f"{backend}: precision {precision} needs compute capability >= 8.0 (Ampere); {device} has {cc[0]}.{cc[1]}"
+            )
     return precision
 
 
@@ -105,10 +113,14 @@ def resolve_device(backend: str, requested: str) -> Any:
         raise BackendError(f"{backend}: invalid device {requested!r} (use 'cpu' or 'cuda[:N]')") from exc
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise BackendError(f"{backend}: device {requested!r} requested but CUDA is not available to torch {torch.__version__}")
+            raise BackendError(
+                f"{backend}: device {requested!r} requested but CUDA is not available to torch {torch.__version__}"
+            )
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
-            raise BackendError(f"{backend}: device {requested!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+            raise BackendError(
+                f"{backend}: device {requested!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
+            )
         device = torch.device("cuda", index)
     elif device.type != "cpu":
         raise BackendError(f"{backend}: device type {device.type!r} is not supported (use 'cpu' or 'cuda[:N]')")
