@@ -284,3 +284,16 @@ class ControllerSim:
 def max_gap(chunks: list[Received]) -> float:
     ts = [c.t for c in chunks]
     return max(np.diff(ts)) if len(ts) > 1 else float("inf")
+
+
+# For tests that send observations and heartbeats now and then, not as steady streams:
+# switch off the monitors that would (rightly) call that a stalled sensor or a lost
+# controller; tests/test_faults.py covers them.
+QUIET_MONITORS = [
+    "--set",
+    "monitors.sensor_stall_periods=1000000",
+    "--set",
+    "monitors.stale_fraction_fault=1.0",
+    "--set",
+    "monitors.heartbeat_missing_periods=1000000",
+]

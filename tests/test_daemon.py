@@ -12,22 +12,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from tests.daemon_harness import ROOT, VLAD, daemon_command, endpoints_in, start_daemon
+from tests.daemon_harness import QUIET_MONITORS, ROOT, VLAD, daemon_command, endpoints_in, start_daemon
 
 VLADCTL = VLAD.parent / "vladctl"
-
-
-# These tests send observations and heartbeats now and then, not as steady streams: switch
-# off the monitors that would (rightly) call that a stalled sensor or a lost controller;
-# tests/test_faults.py covers them.
-QUIET_MONITORS = [
-    "--set",
-    "monitors.sensor_stall_periods=1000000",
-    "--set",
-    "monitors.stale_fraction_fault=1.0",
-    "--set",
-    "monitors.heartbeat_missing_periods=1000000",
-]
 
 
 @pytest.fixture(scope="module")

@@ -20,17 +20,8 @@ import pytest
 import zmq
 
 from tests.conftest import load_golden
-from tests.daemon_harness import PERIOD_S, start_daemon
+from tests.daemon_harness import PERIOD_S, QUIET_MONITORS, start_daemon
 from vlad.daemon.control import COMMANDS
-
-QUIET_MONITORS = [
-    "--set",
-    "monitors.sensor_stall_periods=1000000",
-    "--set",
-    "monitors.stale_fraction_fault=1.0",
-    "--set",
-    "monitors.heartbeat_missing_periods=1000000",
-]
 
 
 @pytest.fixture(scope="module")

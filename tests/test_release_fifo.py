@@ -56,8 +56,17 @@ def test_vladctl_rollback_with_a_fifo_signature_answers_with_an_error(store, tmp
 
     copy = ReleaseStore(root, KEYS)
     _fifo_in_place_of(copy.release_path("vlad-demo-reacher-1.0.0") / "manifest.sig")
+    out = _offline_rollback(root, tmp_path)
+    assert out.returncode != 0, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert "FIFO" in text and "Traceback" not in text, text
+    assert copy.active() == "vlad-demo-reacher-1.1.0"  # nothing changed
+
+
+def _offline_rollback(root, tmp_path) -> subprocess.CompletedProcess:
+    """``vladctl rollback`` on the store at ``root`` with no daemon listening."""
     env = {**os.environ, "VLAD_KEYS_DIR": str(KEYS)}
-    out = subprocess.run(
+    return subprocess.run(
         [
             str(VLADCTL),
             "rollback",
@@ -75,10 +84,6 @@ def test_vladctl_rollback_with_a_fifo_signature_answers_with_an_error(store, tmp
         timeout=60,
         env=env,
     )
-    assert out.returncode != 0, out.stdout + out.stderr
-    text = out.stdout + out.stderr
-    assert "FIFO" in text and "Traceback" not in text, text
-    assert copy.active() == "vlad-demo-reacher-1.1.0"  # nothing changed
 
 
 def test_vladctl_rollback_with_vlad_down_goes_to_the_store_at_once(store, tmp_path):
@@ -88,25 +93,7 @@ def test_vladctl_rollback_with_vlad_down_goes_to_the_store_at_once(store, tmp_pa
     st, _ = store
     root = tmp_path / "store"
     shutil.copytree(st.root, root, symlinks=True)
-    env = {**os.environ, "VLAD_KEYS_DIR": str(KEYS)}
-    out = subprocess.run(
-        [
-            str(VLADCTL),
-            "rollback",
-            "--root",
-            str(root),
-            "--why",
-            "test",
-            "--endpoint",
-            f"ipc://{tmp_path}/nobody-here",
-            "--timeout-ms",
-            "300",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    out = _offline_rollback(root, tmp_path)
     assert out.returncode == 0 and "vlad is not running" in out.stdout, out.stdout + out.stderr
 
 
