@@ -52,21 +52,20 @@ def test_expected_failures_are_one_line(tmp_path, capsys):
 
 def test_evidence_command_and_deploy_enforcement_on_the_demo(capsys):
     from vlad.gates.evidence import EvidenceMissing, enforce_evidence
-    from vlad.release.manifest import load_manifest
+    from vlad.release.manifest import read_manifest_document
 
-    # The demo ships closed-loop evidence only (eval.json): deploy must refuse it as it is.
-    assert main(["evidence", str(candidates.DEMO)]) == 1
-    out = capsys.readouterr().out
-    for gate in ("contract", "equivalence", "performance"):
-        assert f"gate {gate}: no evidence in the manifest" in out
-    assert "closed_loop" not in out
-    manifest = load_manifest(candidates.DEMO)
+    # The demo ships its own signed evidence for all four gates.
+    assert main(["evidence", str(candidates.DEMO)]) == 0
+    capsys.readouterr()
+    # The same release with only its closed-loop verdict: deploy must refuse it as it is.
+    doc = dict(read_manifest_document(candidates.DEMO))
+    doc["gates"] = [g for g in doc["gates"] if g["gate"] == "closed_loop"]
     with pytest.raises(EvidenceMissing, match="lacks passing gate evidence: gate contract: no evidence") as exc:
-        enforce_evidence(manifest, candidates.DEMO)
+        enforce_evidence(doc, candidates.DEMO)
     assert "--force --why" in str(exc.value) and "\n" not in str(exc.value)
     with pytest.raises(EvidenceMissing, match="--force needs --why"):
-        enforce_evidence(manifest, candidates.DEMO, force=True, why="  ")
-    decision = enforce_evidence(manifest, candidates.DEMO, force=True, why="bench test, arm unpowered")
+        enforce_evidence(doc, candidates.DEMO, force=True, why="  ")
+    decision = enforce_evidence(doc, candidates.DEMO, force=True, why="bench test, arm unpowered")
     assert decision["forced"] and decision["why"] == "bench test, arm unpowered" and len(decision["problems"]) == 3
 
 
@@ -77,7 +76,7 @@ def test_required_gates_come_from_the_manifest_plan(tmp_path):
     doc = dict(read_manifest_document(candidates.DEMO))
     assert required_gates(doc) == ["contract", "equivalence", "performance", "closed_loop"]
     doc["gate_plan"] = {"required": ["closed_loop"]}
-    assert check_evidence(doc, candidates.DEMO) == []  # eval.json, listed with its hash, passed
+    assert check_evidence(doc, candidates.DEMO) == []  # the gate report, listed with its hash, passed
 
 
 def test_replay_command_on_the_fixture(capsys):

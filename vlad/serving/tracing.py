@@ -139,10 +139,10 @@ class LatencyStats:
         idx = np.arange(n - take, n) % self.window
         return self._buf[stage][idx], n, new - take
 
-    def summary(self) -> dict[str, dict[str, float]]:
-        """``{stage: {count, p50, p95, p99, max}}`` over the window, for stages with samples."""
+    def summary(self, stages: tuple[str, ...] = STAGES) -> dict[str, dict[str, float]]:
+        """``{stage: {count, p50, p95, p99, max}}`` over the window, for ``stages`` with samples."""
         out = {}
-        for stage in STAGES:
+        for stage in stages:
             n = self._n[stage]
             if n == 0:
                 continue
