@@ -95,6 +95,16 @@ def drive(d, payload, seconds: float, on_sample=None, sample_s: float = 5.0) -> 
             else:
                 next_t = time.monotonic()
         status = client.status()
+        # What the daemon decided during the run (fallbacks, faults): a soak that ends in
+        # FALLBACK must say why.
+        try:
+            events = [
+                {k: e.get(k) for k in ("kind", "state_from", "state_to", "reason")}
+                for e in client.control("events", limit=50)
+                if e.get("kind") != "operator"
+            ]
+        except Exception as exc:  # a report without events beats no report
+            events = [{"kind": "error", "reason": f"events unavailable: {exc}"}]
     finally:
         client.close()
     a = np.asarray(lat) if lat else np.asarray([np.nan])
@@ -112,6 +122,7 @@ def drive(d, payload, seconds: float, on_sample=None, sample_s: float = 5.0) -> 
             "state": status.get("state"),
             "counters": status.get("counters"),
             "e2e_ms": status.get("latency_ms", {}).get("e2e"),
+            "events": events,
         },
     }
 
@@ -231,6 +242,8 @@ def print_rss(r: dict) -> None:
         f"slope {r.get('slope_mib_per_hour')} MiB/h, range after warm-up {r.get('rss_mib_range_after_warmup')}"
     )
     print(f"  daemon: state {r['daemon']['state']}, e2e {r['daemon']['e2e_ms']}", flush=True)
+    for e in r["daemon"].get("events", []):
+        print(f"  event {e['kind']}: {e.get('state_from')} -> {e.get('state_to')}: {e['reason']}", flush=True)
 
 
 def print_trace(a: dict) -> None:
