@@ -14,7 +14,6 @@ state against what the robot can do (:class:`~vlad.serving.guard.TrustedState`).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -101,19 +100,17 @@ class Intake:
         t_sensor = h.get("t_sensor_ns")
         if type(t_sensor) is not int or not 0 < t_sensor < 2**63:
             raise Rejected("malformed", f"obs {seq}: t_sensor_ns must be a positive integer")
-        if t_sensor > time.monotonic_ns() + self.max_skew_ns:
+        if t_sensor > receive_ns + self.max_skew_ns:
             raise Rejected(
                 "future_timestamp",
                 f"obs {seq}: t_sensor_ns is {(t_sensor - receive_ns) / 1e6:.1f} ms "
                 "in the future (clocks not on the daemon's CLOCK_MONOTONIC?)",
             )
         instruction = h.get("instruction")
-        if self._language:
-            if instruction is None:
-                raise Rejected("malformed", f"obs {seq}: header needs an 'instruction' string")
+        if instruction is not None:
             protocol.check_text(instruction, "instruction")
-        elif instruction is not None:
-            protocol.check_text(instruction, "instruction")
+        elif self._language:
+            raise Rejected("malformed", f"obs {seq}: header needs an 'instruction' string")
         client = h.get("client")
         if client is not None:
             protocol.check_text(client, "client", 128)

@@ -25,8 +25,10 @@ class ServedPolicy:
     decoder: ActionDecoder = field(init=False)
     max_age_ns: int = field(init=False)
     deadline_ns: int = field(init=False)
+    name: str = field(init=False)  # str(id), formatted once: every chunk header carries it
 
     def __post_init__(self) -> None:
+        self.name = str(self.id)
         self.pre = Preprocessor(self.contract, self.tokenizer)
         self.decoder = ActionDecoder(self.contract)
         t = self.contract.timing

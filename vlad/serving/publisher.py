@@ -29,6 +29,9 @@ from vlad.serving.tracing import CycleTimes, LatencyStats
 Observer = Callable[[int, np.ndarray], None]
 
 
+_HOLD_NAME = str(HOLD)
+
+
 class Publisher:
     """Guards and sends action chunks; gates them on the e-stop (see module docstring)."""
 
@@ -114,7 +117,7 @@ class Publisher:
                 obs.sensor_time_ns,
                 valid_until,
                 policy.id.slot,
-                str(policy.id),
+                policy.name,
                 t.header_ms(self._timings),
             )
             t.publish = self.last_publish_ns
@@ -150,7 +153,7 @@ class Publisher:
             now = time.monotonic_ns()
             self.guard.record_hold(chunk, now)
             self._send(
-                chunk, ("hold",), obs_seq, t_sensor_ns or now, now + self.validity_ns, f"hold:{reason}", str(HOLD), {}
+                chunk, ("hold",), obs_seq, t_sensor_ns or now, now + self.validity_ns, f"hold:{reason}", _HOLD_NAME, {}
             )
             self._swap_done(f"hold:{reason}")
             self.counts.holds[reason] += 1
