@@ -153,6 +153,71 @@ def target_intake(frames: list[bytes]) -> None:
         raise FuzzFailure(f"rejection reasons outside the documented list: {unknown}")
 
 
+@functools.cache
+def _intake_pair():
+    """The demo intake, and one whose Layout never matches: every message takes the full checks."""
+    from vlad import protocol
+
+    fast, full = make_intake(), make_intake()
+    full._layout = protocol.Layout([("never", "uint8", [1])])
+    return fast, full
+
+
+def target_layout(frames: list[bytes]) -> None:
+    """The Layout fast path (protocol.decode with a layout; Intake) gives the verdict the
+    full checks give: the same error reason, or the same header, tensors and observation."""
+    from vlad import protocol
+
+    fast, full = _intake_pair()
+    verdicts = []
+    for layout in (fast._layout, None):
+        try:
+            msg = protocol.decode(frames, expect=(protocol.TOPIC_OBS, protocol.TOPIC_HEARTBEAT), layout=layout)
+            verdicts.append(
+                (msg.topic, msg.header, [(k, a.dtype.str, a.shape, a.tobytes()) for k, a in msg.tensors.items()])
+            )
+        except protocol.ProtocolError as exc:
+            verdicts.append(exc.reason)
+    if verdicts[0] != verdicts[1]:
+        raise FuzzFailure(f"layout fast path says {verdicts[0]!r:.200}, the full checks {verdicts[1]!r:.200}")
+    now = time.monotonic_ns()
+    got = [intake.accept(frames, now) for intake in (fast, full)]
+    if (got[0] is None) != (got[1] is None) or dict(fast.counts.rejected) != dict(full.counts.rejected):
+        raise FuzzFailure(f"intake verdicts differ: {dict(fast.counts.rejected)} vs {dict(full.counts.rejected)}")
+
+
+def gen_layout_frames(rng: random.Random) -> list[bytes]:
+    """A valid observation whose tensor descriptions or frames are subtly off."""
+    frames = list(valid_obs_frames())
+    head = msgpack.unpackb(frames[1])
+    head["t_sensor_ns"] = time.monotonic_ns()
+    descs = head["tensors"]
+    k = rng.randrange(len(descs))
+    d = descs[k]
+    choice = rng.randrange(9)
+    if choice == 0:
+        d["shape"] = [float(n) for n in d["shape"]]
+    elif choice == 1:
+        d["shape"] = [True if n == 1 else n for n in d["shape"]] + [True]
+    elif choice == 2:
+        descs.reverse()
+        frames[2:] = frames[:1:-1]
+    elif choice == 3:
+        d[rng.choice(["extra", "name2"])] = 1
+    elif choice == 4:
+        d["dtype"] = rng.choice(["float64", "uint16", "float32", "uint8", ">f4", "int8"])
+    elif choice == 5:
+        frames.append(bytes(rng.randrange(4)))
+    elif choice == 6:
+        frames[2 + k] = frames[2 + k][: rng.randrange(len(frames[2 + k]) + 1)]
+    elif choice == 7:
+        d["shape"] = [n + rng.choice([-1, 1]) for n in d["shape"]]
+    else:
+        d["name"] = rng.choice(["proprio", "image/overhead", "image/wrist", ""])
+    frames[1] = msgpack.packb(head, use_bin_type=True)
+    return frames
+
+
 def target_manifest(raw: bytes) -> None:
     from vlad.release.manifest import ManifestError, parse_document, parse_manifest
 

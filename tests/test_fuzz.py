@@ -108,6 +108,23 @@ def test_intake_on_valid_looking_observations(rng):
     ft.target_intake(frames)
 
 
+@FUZZ
+@given(st.one_of(any_frames, st.randoms(use_true_random=False).map(ft.gen_layout_frames)))
+def test_layout_fast_path_agrees_with_the_full_checks(frames):
+    ft.target_layout(frames)
+
+
+def test_the_layout_fast_path_is_taken_for_a_conforming_controller():
+    """Not vacuous: vlad.client's observation matches the intake's Layout exactly."""
+    from vlad import protocol
+
+    fast, _ = ft._intake_pair()
+    msg = protocol.decode(list(ft.valid_obs_frames()), layout=fast._layout)
+    assert msg.layout is fast._layout
+    for _ in range(200):
+        ft.target_layout(ft.gen_layout_frames(__import__("random").Random(_)))
+
+
 control_requests = st.one_of(
     st.binary(max_size=200),
     structures.map(lambda s: msgpack.packb(s, use_bin_type=True)),

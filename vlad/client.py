@@ -28,6 +28,7 @@ import zmq
 
 from vlad import protocol
 from vlad.errors import ClientError, DaemonUnreachable
+from vlad.protocol import ProtocolError
 
 __all__ = ["ActionChunk", "ChunkExecutor", "Client", "ClientError", "DaemonUnreachable", "control_request"]
 
@@ -98,6 +99,10 @@ class Client:
         self._status: zmq.Socket | None = None
         self._seq = itertools.count(1)
         self.dropped_stale = 0
+        # The tensors of this controller's observations and of the daemon's chunks, learned
+        # from the first of each: later ones skip the per-tensor work (protocol.Layout).
+        self._obs_layout: protocol.Layout | None = None
+        self._act_layout: protocol.Layout | None = None
 
     @classmethod
     def from_config(cls, config: str | Path | Any, name: str = "controller") -> Client:
@@ -124,10 +129,22 @@ class Client:
         header: dict[str, Any] = {"seq": seq, "t_sensor_ns": t_sensor_ns or time.monotonic_ns(), "client": self.name}
         if instruction is not None:
             header["instruction"] = instruction
-        tensors = {f"image/{name}": img for name, img in images.items()}
+        names = [f"image/{name}" for name in images]
+        arrays = list(images.values())
         if proprio is not None:
-            tensors["proprio"] = np.asarray(proprio, dtype=np.float32)
-        frames = protocol.encode(protocol.TOPIC_OBS, header, tensors)
+            names.append("proprio")
+            arrays.append(np.asarray(proprio, dtype=np.float32))
+        layout = self._obs_layout
+        if layout is None or list(layout.names) != names:
+            frames = protocol.encode(protocol.TOPIC_OBS, header, dict(zip(names, arrays, strict=True)))
+            try:
+                self._obs_layout = protocol.Layout(
+                    [(n, a.dtype.name, a.shape) for n, a in zip(names, arrays, strict=True)]
+                )
+            except ProtocolError:  # sent as it is; the daemon says what it thinks of it
+                self._obs_layout = None
+        else:
+            frames = layout.encode(protocol.TOPIC_OBS, header, arrays)  # generic when shapes changed
         # pyzmq's zero-copy sends cost more than a copy below ~64 KiB (per its docs).
         self._obs.send_multipart(frames, copy=sum(len(f) for f in frames) < 65536)
         return seq
@@ -159,16 +176,19 @@ class Client:
                 if newest is not None or time.monotonic() >= deadline:
                     return newest
                 continue
-            chunk = self._decode_actions(self._act.recv_multipart())
+            chunk = self._decode_actions(self._act.recv_multipart(), self)
             if drop_stale and chunk.is_stale():
                 self.dropped_stale += 1
                 continue
             newest = chunk
 
     @staticmethod
-    def _decode_actions(frames: list[bytes]) -> ActionChunk:
+    def _decode_actions(frames: list[bytes], learn: Client | None = None) -> ActionChunk:
         t = time.monotonic_ns()
-        msg = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,))
+        layout = learn._act_layout if learn is not None else None
+        msg = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,), layout=layout)
+        if learn is not None and msg.layout is None and msg.tensors:
+            learn._act_layout = protocol.Layout.of(msg)
         h = msg.header
         return ActionChunk(
             seq=h["seq"], obs_seq=h["obs_seq"], t_sensor_ns=h["t_sensor_ns"], t_issue_ns=h["t_issue_ns"],

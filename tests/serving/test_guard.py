@@ -201,3 +201,74 @@ def test_hold_posture_without_any_trusted_state_is_inside_the_bounds(contract):
     g = ActionGuard(contract)
     mid = [(j.lower + j.upper) / 2 for j in contract.action.joints]
     np.testing.assert_allclose(g.hold_posture(), np.tile(mid, (contract.action.chunk_length, 1)))
+
+
+class _NumpyJudge:
+    """The trusted-state judgement as it was written in numpy before it moved to plain
+    floats (for speed on cold caches): the reference the new one must agree with."""
+
+    def __init__(self, ts: TrustedState) -> None:
+        self.ts = ts  # configuration only (limits, steps, mapping); state is kept here
+        self.positions = None
+        self.t_ns = 0
+        self.candidate, self.candidate_t, self.candidate_t0, self.run = None, 0, 0, 0
+
+    def _allowed(self, dt_ns):
+        ts = self.ts
+        return ts.step * (max(1.0, dt_ns / ts.period_ns) if ts.period_ns else 1.0) + 1e-6
+
+    def judge(self, proprio, t):
+        ts, m = self.ts, self.ts.mapped
+        q = np.where(m, proprio[ts._take].astype(np.float64), np.nan)
+        if ((q[m] < ts.lo[m]) | (q[m] > ts.hi[m])).any():
+            return "proprio_out_of_limits"
+        if self.positions is None:
+            self.positions, self.t_ns, self.candidate, self.run = q.astype(np.float32), t, None, 0
+            return None
+        if t < self.t_ns:
+            ok = (np.abs(q[m] - self.positions[m]) <= self._allowed(self.t_ns - t)[m]).all()
+            return None if ok else "implausible_proprio"
+        if (np.abs(q[m] - self.positions[m]) <= self._allowed(t - self.t_ns)[m]).all():
+            self.positions, self.t_ns, self.candidate, self.run = q.astype(np.float32), t, None, 0
+            return None
+        c = self.candidate
+        if c is not None and (np.abs(q[m] - c[m]) <= self._allowed(t - self.candidate_t)[m]).all():
+            self.run += 1
+        else:
+            self.run, self.candidate_t0 = 1, t
+        self.candidate, self.candidate_t = q, t
+        if self.run < ts.confirm or t - self.candidate_t0 < ts.min_span_ns:
+            return "implausible_proprio"
+        self.positions, self.t_ns, self.candidate, self.run = q.astype(np.float32), t, None, 0
+        return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.floats(-4.0, 4.0, width=32),
+            st.floats(-4.0, 4.0, width=32),
+            st.integers(-2 * PERIOD, 4 * PERIOD),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_the_plain_float_judgement_agrees_with_the_numpy_reference(contract, steps):
+    """Same verdicts and the same trusted positions, observation by observation: jumps,
+    runs toward a re-anchor, late frames, values beyond the limits."""
+    ts = TrustedState(contract)
+    ref = _NumpyJudge(ts)
+    t = NOW
+    for a, b, dt, small in steps:
+        if small and ts.positions is not None:  # a plausible move from the trusted state
+            a, b = float(ts.positions[0]) + a / 100, float(ts.positions[1]) + b / 100
+        t += dt
+        q = _q(a, b)
+        assert ts.judge(q, t) == ref.judge(q, t)
+        if ref.positions is None:
+            assert ts.positions is None
+        else:
+            np.testing.assert_array_equal(ts.positions, ref.positions)

@@ -4,7 +4,8 @@ vlad never clears or overrides an e-stop; it only reads the state the safety PLC
 publishes (or a file / GPIO value file) and gates the :class:`~vlad.serving.publisher.Publisher`
 directly: once :meth:`Publisher.set_estop` returned, no policy chunk leaves, whatever
 floods the observation or control sockets and whatever the event loop is doing. The
-thread wakes at least four times per control period.
+thread wakes on every e-stop message, every quarter period when an e-stop file is
+configured, and when the bridge's silence timeout would expire.
 
 Reading is fail-safe: only a well-formed ``estop`` message whose ``engaged`` is the
 boolean ``false`` releases. Anything garbled, of another type, or (with
@@ -33,6 +34,8 @@ log = logging.getLogger("vlad.safety")
 
 # Messages handled per wake-up: a flood on the e-stop endpoint cannot hold the thread.
 BATCH = 32
+# The longest a poll blocks when no timer is due (how soon stop() is noticed).
+IDLE_WAIT_MS = 100
 
 
 class EStop:
@@ -77,14 +80,31 @@ class EStop:
         return self._thread.is_alive()
 
     def _run(self) -> None:
-        timeout_ms = max(1, self.period_ns // 4_000_000)
+        quarter_ms = max(1, self.period_ns // 4_000_000)
         while not self._stop.is_set():
+            timeout_ms = quarter_ms
             try:
+                timeout_ms = self._wait_ms(quarter_ms)
                 self.poll_once(timeout_ms)
             except Exception:  # a bug here must not end the stop path: treat as engaged
                 log.exception("e-stop reading failed: treated as engaged")
                 self._set(True, "e-stop reader failed: treated as engaged")
                 time.sleep(timeout_ms / 1000)
+
+    def _wait_ms(self, quarter_ms: int) -> int:
+        """How long the next poll may block. A message wakes it at once; only an e-stop file
+        (read every quarter period) and the bridge's silence timeout need a timer. Waking
+        200 times a second for nothing would take the GIL from the serving thread as often."""
+        if self._file is not None:
+            return quarter_ms
+        if self.cfg.require_bridge and self.last_bridge_ns:
+            left_ns = self.last_bridge_ns + self.cfg.bridge_timeout_ns - time.monotonic_ns()
+            if left_ns <= 0:
+                return quarter_ms  # already silent (engaged): keep looking, but not in a spin
+            return int(min(IDLE_WAIT_MS, left_ns // 1_000_000 + 1))
+        if self.cfg.require_bridge:
+            return quarter_ms  # engaged until the bridge first speaks; keep looking
+        return IDLE_WAIT_MS
 
     def poll_once(self, timeout_ms: int) -> None:
         if self.sock is not None:

@@ -255,11 +255,34 @@ class Daemon:
         period = 1.0 / self.cfg.serve.status_hz
         task_status.started()
         while True:
+            await self._between_cycles()
             try:
                 await self._publish_status()
             except Exception:  # a bug in status must not stop serving
                 log.exception("status failed")
             await anyio.sleep(period)
+
+    async def _between_cycles(self) -> None:
+        """Wait, at most one control period, for the serving thread's idle gap.
+
+        The health tick and the status build are ~1 ms of Python each (more on cold
+        caches). Run while a serving cycle is under way, they hold the GIL the serving
+        thread needs between its engine call and its publish, which showed as the
+        overhead's tail (docs/benchmarks.md). Just after a chunk went out, the thread has
+        most of a period with nothing to do; with no controller there is nothing to avoid.
+        """
+        period = self.period_ns
+        deadline = time.monotonic_ns() + period
+        while True:
+            now = time.monotonic_ns()
+            since = now - self.publisher.last_publish_ns
+            if now >= deadline or now - self.intake.last_seen_ns > 2 * period:
+                return
+            if since < period // 4 and self.loop.in_flight is None:
+                return  # just published: the next observation is most of a period away
+            # The next chunk is due about one period after the last; look just after it.
+            wake = self.publisher.last_publish_ns + period + 300_000 if since < period else now + 1_000_000
+            await anyio.sleep(max(300_000, min(wake, deadline) - now) / 1e9)
 
     async def _publish_status(self) -> None:
         st = self.status()
@@ -291,6 +314,7 @@ class Daemon:
         task_status.started()
         while True:
             await anyio.sleep(period)
+            await self._between_cycles()
             try:
                 view = self._view(prev)
                 # Sensors and monitors (file hashing, psutil, NVML) run off the event loop.

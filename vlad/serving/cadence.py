@@ -1,7 +1,8 @@
 """Keeps a command going out every control period when no policy produces one.
 
 Its own small thread, independent of the serving thread (which may be stuck in a hung
-engine) and of the event loop (which may be busy): every quarter period it looks at when
+engine) and of the event loop (which may be busy): it wakes when a hold could first be due
+(a period after the last chunk, at least a quarter period apart) and looks at when
 the last chunk left and publishes the hold posture when
 
 * the e-stop is engaged and ``safety.estop_output = "hold"``: one hold per period;
@@ -42,12 +43,21 @@ class HoldKeeper:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        tick = self.period_ns / 4 / 1e9
-        while not self._stop.wait(tick):
+        quarter = self.period_ns // 4
+        wait_ns = quarter
+        while not self._stop.wait(wait_ns / 1e9):
             try:
-                self.tick(time.monotonic_ns())
+                now = time.monotonic_ns()
+                self.tick(now)
+                # No hold can be due before a period after the last chunk: while a policy
+                # answers every period, wake once per period, not four times (each wake-up
+                # takes the GIL the serving thread may need). Never later than 1.25 periods
+                # after the last chunk, never sooner than a quarter period from now.
+                due = self.loop.publisher.last_publish_ns + self.period_ns
+                wait_ns = min(max(due - now, quarter), self.period_ns + quarter)
             except Exception:  # never let the cadence die silently
                 log.exception("cadence tick failed")
+                wait_ns = quarter
 
     def tick(self, now: int) -> None:
         loop, pub, period = self.loop, self.loop.publisher, self.period_ns

@@ -29,6 +29,8 @@ it keeps commands sane, it is not a safety function (that is the PLC and the e-s
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +66,15 @@ class TrustedState:
         margin = (upper - lower) * cfg.proprio_limit_margin
         self.lo, self.hi = lower - margin, upper + margin
         self.step = np.asarray([j.rate_limit for j in spec.joints], np.float64) * cfg.proprio_rate_factor
+        # The mapped joints as plain floats, for judge_values.
+        self._mapped_k = [k for k, i in enumerate(self.index) if i >= 0]
+        self._mapped_i = [i for i in self.index if i >= 0]
+        self._lo_m = [float(self.lo[k]) for k in self._mapped_k]
+        self._hi_m = [float(self.hi[k]) for k in self._mapped_k]
+        self._step_m = [float(self.step[k]) for k in self._mapped_k]
+        self._positions_m: list[float] = []
+        # Every action joint has a measured position: a trusted state is then all finite.
+        self.complete = bool(self._mapped_k) and len(self._mapped_k) == len(self.index)
         self.confirm = cfg.reanchor_observations
         # A real move is consistent over time, not only in count: the confirming run must
         # span (confirm - 1) control periods of sensor time (less a quarter period of
@@ -72,43 +83,47 @@ class TrustedState:
         self.positions: np.ndarray | None = None  # float32, action-joint order (unmapped: NaN)
         self.t_ns = 0
         self.generation = 0  # bumped on every re-anchor after a confirmed jump
-        self._candidate: np.ndarray | None = None
+        self._candidate: list[float] | None = None
         self._candidate_t = 0
         self._candidate_t0 = 0  # sensor time of the run's first observation
         self._run = 0
         self.reanchors = 0
 
-    def _allowed(self, dt_ns: int) -> np.ndarray:
+    def _allowed(self, dt_ns: int) -> list[float]:
+        """How far each mapped joint may have moved in ``dt_ns`` of sensor time."""
         periods = max(1.0, dt_ns / self.period_ns) if self.period_ns else 1.0
-        return self.step * periods + 1e-6
+        return [step * periods + 1e-6 for step in self._step_m]
+
+    def _within(self, q: list[float], ref: list[float], dt_ns: int) -> bool:
+        return all(abs(a - b) <= lim for a, b, lim in zip(q, ref, self._allowed(dt_ns), strict=True))
 
     def judge(self, proprio: np.ndarray | None, t_sensor_ns: int) -> str | None:
-        """None when ``proprio`` is trusted (and becomes the trusted state), else the
-        rejection reason (a counter key: ``proprio_out_of_limits``, ``implausible_proprio``)."""
-        if proprio is None or not self.mapped.any():
+        """:meth:`judge_values` for a proprio array (None: nothing to judge)."""
+        if proprio is None:
             return None
-        q = np.where(self.mapped, proprio[self._take].astype(np.float64), np.nan)
-        m = self.mapped
-        if ((q[m] < self.lo[m]) | (q[m] > self.hi[m])).any():
+        return self.judge_values(np.asarray(proprio, np.float64).tolist(), t_sensor_ns)
+
+    def judge_values(self, proprio: Sequence[float], t_sensor_ns: int) -> str | None:
+        """None when ``proprio`` (finite floats, contract order) is trusted (and becomes the
+        trusted state), else the rejection reason (a counter key: ``proprio_out_of_limits``,
+        ``implausible_proprio``). Plain floats, not numpy: a handful of joints judged at
+        every observation costs less in Python than in numpy's per-call dispatch."""
+        if not self._mapped_k:
+            return None
+        q = [proprio[i] for i in self._mapped_i]
+        if any(not lo <= v <= hi for v, lo, hi in zip(q, self._lo_m, self._hi_m, strict=True)):
             return "proprio_out_of_limits"
         if self.positions is None:
             self._accept(q, t_sensor_ns)
             return None
         if t_sensor_ns < self.t_ns:
             # Older than the trusted state (a late frame): judged against it, never replacing it.
-            return (
-                None
-                if (np.abs(q[m] - self.positions[m]) <= self._allowed(self.t_ns - t_sensor_ns)[m]).all()
-                else "implausible_proprio"
-            )
-        if (np.abs(q[m] - self.positions[m]) <= self._allowed(t_sensor_ns - self.t_ns)[m]).all():
+            return None if self._within(q, self._positions_m, self.t_ns - t_sensor_ns) else "implausible_proprio"
+        if self._within(q, self._positions_m, t_sensor_ns - self.t_ns):
             self._accept(q, t_sensor_ns)
             return None
         # A jump: believe it only once a run of observations agrees with it.
-        if (
-            self._candidate is not None
-            and (np.abs(q[m] - self._candidate[m]) <= self._allowed(t_sensor_ns - self._candidate_t)[m]).all()
-        ):
+        if self._candidate is not None and self._within(q, self._candidate, t_sensor_ns - self._candidate_t):
             self._run += 1
         else:
             self._run = 1
@@ -116,20 +131,26 @@ class TrustedState:
         self._candidate, self._candidate_t = q, t_sensor_ns
         if self._run < self.confirm or t_sensor_ns - self._candidate_t0 < self.min_span_ns:
             return "implausible_proprio"
-        before = self.positions
+        before = self._positions_m
         self._accept(q, t_sensor_ns)
         self.generation += 1
         self.reanchors += 1
         log.warning(
             "joint state re-anchored after %d consistent observations: %s -> %s",
             self.confirm,
-            np.round(before[m], 3).tolist(),
-            np.round(q[m], 3).tolist(),
+            [round(v, 3) for v in before],
+            [round(v, 3) for v in q],
         )
         return None
 
-    def _accept(self, q: np.ndarray, t_ns: int) -> None:
-        self.positions = q.astype(np.float32)
+    def _accept(self, q: list[float], t_ns: int) -> None:
+        full = [math.nan] * len(self.index)
+        for k, v in zip(self._mapped_k, q, strict=True):
+            full[k] = v
+        # A new array each time, never written in place: other threads read the reference.
+        positions = np.array(full, np.float32)
+        self._positions_m = [positions.item(k) for k in self._mapped_k]  # as float32 stores them
+        self.positions = positions
         self.t_ns = t_ns
         self._candidate, self._run = None, 0
 
@@ -152,6 +173,8 @@ class ActionGuard:
         self.lower = np.asarray([j.lower for j in spec.joints], dtype=np.float32)
         self.upper = np.asarray([j.upper for j in spec.joints], dtype=np.float32)
         self.rate = np.asarray([j.rate_limit for j in spec.joints], dtype=np.float32)
+        self._rate_tol = self.rate + np.float32(1e-6)  # what _rate_limit compares steps with
+        self._steps = np.empty((max(spec.chunk_length - 1, 0), spec.dim), np.float32)
         self.period_ns = int(contract.timing.control_period_ms * 1e6)
         self.confirm = cfg.reanchor_observations
         self.last_command: np.ndarray | None = None
@@ -196,7 +219,11 @@ class ActionGuard:
             self.counts["expired"] += 1
             return GuardResult(None, ("expired",), False)
         out = actions
-        if not np.isfinite(out).all():
+        # The common case in one pass: every value finite and inside its bounds (a NaN fails
+        # both comparisons). Only a chunk that is not gets the checks that say which.
+        if ((out >= self.lower) & (out <= self.upper)).all():
+            pass
+        elif not np.isfinite(out).all():
             hit.append("nonfinite")
             out, replaced = self.hold_posture(), True
         if not replaced and ((out < self.lower) | (out > self.upper)).any():
@@ -225,16 +252,18 @@ class ActionGuard:
         """What the first waypoint is rate-limited against (see module doc)."""
         trusted = self.trusted
         q = trusted.positions
+        if not trusted.complete:  # an action joint without a measured position: no finite q
+            q = None
         if trusted.generation != self._seen_generation:  # a confirmed external move
             self._seen_generation = trusted.generation
             self._drift_run = 0
-            if q is not None and np.isfinite(q).all():
+            if q is not None:
                 self.last_command = q.copy()
             return self.last_command
         prev = self.last_command
         if prev is None:
-            return q.copy() if q is not None and np.isfinite(q).all() else None
-        if q is None or not np.isfinite(q).all():
+            return q.copy() if q is not None else None
+        if q is None:
             return prev
         # The robot drifted from the last command (hand-guiding, a slow external push):
         # follow the measurement only once consecutive trusted states agree on it.
@@ -258,7 +287,11 @@ class ActionGuard:
             first_allow = self.rate * np.float32(max(1.0, (now_ns - self.last_command_ns) / self.period_ns))
         prev = self._reference(first_allow, now_ns)
         ok_first = prev is None or bool((np.abs(chunk[0] - prev) <= first_allow + 1e-6).all())
-        if ok_first and bool((np.abs(np.diff(chunk, axis=0)) <= self.rate + 1e-6).all()):
+        if ok_first and len(chunk) > 1:
+            steps = self._steps if self._steps.shape[0] == len(chunk) - 1 else np.empty_like(chunk[1:])
+            np.subtract(chunk[1:], chunk[:-1], out=steps)
+            ok_first = bool((np.abs(steps, out=steps) <= self._rate_tol).all())
+        if ok_first:
             return False
         if prev is not None:
             chunk[0] = prev + np.clip(chunk[0] - prev, -first_allow, first_allow)

@@ -14,6 +14,7 @@ state against what the robot can do (:class:`~vlad.serving.guard.TrustedState`).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,12 +62,19 @@ class Intake:
         self._proprio_dim = contract.proprio.dim if contract.proprio else None
         self._language = contract.language is not None
         self._allowed = {name for _, name, _, _ in cams} | ({"proprio"} if self._proprio_dim else set())
+        # What a conforming controller sends (vlad.client's order): decoded without
+        # re-checking each tensor. Any other layout gets every check below.
+        wire: list[tuple[str, str, tuple[int, ...]]] = [(name, dtype.name, shape) for _, name, dtype, shape in cams]
+        if self._proprio_dim is not None:
+            wire.append(("proprio", "float32", (self._proprio_dim,)))
+        self._layout = protocol.Layout(wire)
+        self._float_images = any(dtype.kind == "f" for _, _, dtype, _ in cams)
 
     def accept(self, frames: Sequence[Any], receive_ns: int) -> RawObservation | None:
         """One message -> an observation, or None (a heartbeat, or a counted rejection)."""
         self.counts.messages += 1
         try:
-            msg = protocol.decode(frames, expect=_EXPECT)
+            msg = protocol.decode(frames, expect=_EXPECT, layout=self._layout)
             if msg.topic == protocol.TOPIC_HEARTBEAT:
                 self.last_heartbeat_ns = self.last_seen_ns = receive_ns
                 self.counts.heartbeats += 1
@@ -115,6 +123,41 @@ class Intake:
         if client is not None:
             protocol.check_text(client, "client", 128)
         tensors = msg.tensors
+        if msg.layout is self._layout and not self._float_images:
+            # Names, dtypes and shapes are the contract's (Layout); uint8 pixels are finite.
+            images = {cam: tensors[name] for cam, name, _, _ in self._cameras}
+        else:
+            images = self._images(seq, tensors)
+        proprio = tensors.get("proprio")
+        if self._proprio_dim is not None and msg.layout is not self._layout:
+            if proprio is None:
+                raise Rejected("missing_tensor", f"obs {seq}: no tensor 'proprio'")
+            if proprio.shape != (self._proprio_dim,):
+                raise Rejected(
+                    "bad_shape", f"obs {seq}: proprio is {list(proprio.shape)}, expected [{self._proprio_dim}]"
+                )
+            if proprio.dtype not in (np.float32, np.float64):
+                raise Rejected("bad_dtype", f"obs {seq}: proprio is {proprio.dtype}, expected float32")
+        if proprio is not None:
+            # A short vector: plain floats are cheaper than numpy calls on cold caches.
+            values = proprio.tolist()
+            if not all(map(math.isfinite, values)):
+                raise Rejected("nonfinite", f"obs {seq}: proprio holds NaN or Inf")
+            verdict = self.trusted.judge_values(values, t_sensor)
+            if verdict is not None:
+                raise Rejected(
+                    verdict,
+                    f"obs {seq}: joint state {np.round(proprio.astype(np.float64), 3).tolist()} "
+                    "is not plausible "
+                    "(beyond the joint limits, or moved faster than the joints can)",
+                )
+            self.counts.reanchors = self.trusted.reanchors
+        return RawObservation(
+            images=images, proprio=proprio, instruction=instruction, sequence=seq, sensor_time_ns=t_sensor
+        )
+
+    def _images(self, seq: int, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every camera tensor checked against the contract (any layout but the expected one)."""
         extra = set(tensors) - self._allowed
         if extra:
             raise Rejected("unknown_tensor", f"obs {seq}: tensor(s) {sorted(extra)[:4]} not in the contract")
@@ -130,28 +173,4 @@ class Intake:
             if dtype.kind == "f" and not np.isfinite(img).all():
                 raise Rejected("nonfinite", f"obs {seq}: {name} holds NaN or Inf")
             images[cam] = img
-        proprio = tensors.get("proprio")
-        if self._proprio_dim is not None:
-            if proprio is None:
-                raise Rejected("missing_tensor", f"obs {seq}: no tensor 'proprio'")
-            if proprio.shape != (self._proprio_dim,):
-                raise Rejected(
-                    "bad_shape", f"obs {seq}: proprio is {list(proprio.shape)}, expected [{self._proprio_dim}]"
-                )
-            if proprio.dtype not in (np.float32, np.float64):
-                raise Rejected("bad_dtype", f"obs {seq}: proprio is {proprio.dtype}, expected float32")
-            if not np.isfinite(proprio).all():
-                raise Rejected("nonfinite", f"obs {seq}: proprio holds NaN or Inf")
-        if proprio is not None:
-            verdict = self.trusted.judge(proprio, t_sensor)
-            if verdict is not None:
-                raise Rejected(
-                    verdict,
-                    f"obs {seq}: joint state {np.round(proprio.astype(np.float64), 3).tolist()} "
-                    "is not plausible "
-                    "(beyond the joint limits, or moved faster than the joints can)",
-                )
-            self.counts.reanchors = self.trusted.reanchors
-        return RawObservation(
-            images=images, proprio=proprio, instruction=instruction, sequence=seq, sensor_time_ns=t_sensor
-        )
+        return images

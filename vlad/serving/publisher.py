@@ -71,6 +71,8 @@ class Publisher:
         self._swap_pending: tuple[str, int] | None = None
         self._header: dict[str, Any] = {}
         self._timings: dict[str, float] = {}
+        spec = contract.action
+        self._layout = protocol.Layout([("actions", "float32", (spec.chunk_length, spec.dim))])
 
     # -- the e-stop gate -------------------------------------------------------------------
 
@@ -187,7 +189,7 @@ class Publisher:
             interventions=list(interventions),
             timings_ms=timings,
         )
-        self.sock.send_multipart(protocol.encode(protocol.TOPIC_ACTIONS, h, {"actions": actions}))
+        self.sock.send_multipart(self._layout.encode(protocol.TOPIC_ACTIONS, h, (actions,)))
         self.last_publish_ns = time.monotonic_ns()
         self.counts.chunks += 1
 
