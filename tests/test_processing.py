@@ -210,3 +210,21 @@ def test_decode_unnormalizes_per_joint(contract):
 def test_decode_refuses_wrong_shape(contract):
     with pytest.raises(ObservationError, match="expected"):
         decode_actions(contract, {"actions": np.zeros((1, 4, 2), np.float32)})
+
+
+def test_preallocated_preprocessing_matches_the_reference_as_instructions_change(contract, tokenizer, golden):
+    """Preprocessor.fill (the serving thread's) equals preprocess() case after case, also
+    when the instruction changes and comes back (the token buffer is written only on a
+    change)."""
+    from vlad.processing import Preprocessor
+
+    pre = Preprocessor(contract, tokenizer)
+    cases = [*golden, *reversed(golden), *golden]
+    raws = [c["raw"] for c in cases]
+    raws += [dataclasses.replace(r, instruction=i) for r in raws[:2] for i in ("go left", "reach the red target")]
+    assert len({r.instruction for r in raws}) > 1
+    for raw in raws:
+        got = pre.fill(raw)
+        want = preprocess(contract, tokenizer, raw)
+        for name, expected in want.items():
+            np.testing.assert_array_equal(got[name], expected, err_msg=name)

@@ -30,6 +30,8 @@ from vlad import protocol
 from vlad.errors import ClientError, DaemonUnreachable
 from vlad.protocol import ProtocolError
 
+_F32 = np.dtype(np.float32)
+
 __all__ = ["ActionChunk", "ChunkExecutor", "Client", "ClientError", "DaemonUnreachable", "control_request"]
 
 
@@ -96,6 +98,7 @@ class Client:
         self._act.setsockopt(zmq.LINGER, 0)
         self._act.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ACTIONS)
         self._connect(self._act, actions)
+        self._act_poll = [(self._act, zmq.POLLIN)]
         self._status: zmq.Socket | None = None
         self._seq = itertools.count(1)
         self.dropped_stale = 0
@@ -133,7 +136,9 @@ class Client:
         arrays = list(images.values())
         if proprio is not None:
             names.append("proprio")
-            arrays.append(np.asarray(proprio, dtype=np.float32))
+            arrays.append(
+                proprio if type(proprio) is np.ndarray and proprio.dtype is _F32 else np.asarray(proprio, _F32)
+            )
         layout = self._obs_layout
         if layout is None or list(layout.names) != names:
             frames = protocol.encode(protocol.TOPIC_OBS, header, dict(zip(names, arrays, strict=True)))
@@ -170,13 +175,18 @@ class Client:
         """
         deadline = time.monotonic() + timeout_ms / 1000
         newest: ActionChunk | None = None
+        sock = self._act
         while True:
-            wait = 0 if newest is not None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._act.poll(wait):
-                if newest is not None or time.monotonic() >= deadline:
+            if newest is not None:
+                # Another one queued? (asking the socket: cheaper than a poll, which pyzmq
+                # builds a Poller for on every call)
+                if not int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
                     return newest
+            elif not zmq.zmq_poll(self._act_poll, max(0, int((deadline - time.monotonic()) * 1000))):
+                if time.monotonic() >= deadline:
+                    return None
                 continue
-            chunk = self._decode_actions(self._act.recv_multipart(), self)
+            chunk = self._decode_actions(sock.recv_multipart(), self)
             if drop_stale and chunk.is_stale():
                 self.dropped_stale += 1
                 continue

@@ -298,6 +298,7 @@ class Preprocessor:
             buf = np.zeros(shape, dtype=np.dtype(m.dtype))
             self.inputs[cam.input] = buf
             self._cameras.append((cam, buf, _channel_lut(cam)))
+        self._instruction: str | None = None  # what the token buffer holds now
         if contract.language is not None:
             self.inputs[contract.language.input] = np.zeros((1, contract.language.max_tokens), np.int64)
         if contract.proprio is not None:
@@ -329,7 +330,9 @@ class Preprocessor:
             if obs.instruction is None:
                 raise ObservationError("observation has no instruction; the contract has a language input")
             assert self.tokenizer is not None  # a contract with a language input comes with its tokenizer
-            self.inputs[c.language.input][0] = self.tokenizer.encode(obs.instruction)  # cached per instruction
+            if obs.instruction != self._instruction:  # a controller repeats its instruction: written once
+                self.inputs[c.language.input][0] = self.tokenizer.encode(obs.instruction)  # cached per instruction
+                self._instruction = obs.instruction
         if c.proprio is not None:
             spec = c.proprio
             p = obs.proprio

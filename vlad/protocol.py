@@ -118,6 +118,8 @@ class Layout:
             _tensor(desc, b"\0" * (math.prod(dims) * np.dtype(dtype).itemsize))  # valid on the wire
             descs.append(desc)
             dt = _le(dtype)
+            if dt.isnative:
+                dt = np.dtype(dtype)  # the builtin instance: arrays made here carry this very object
             parts.append((dt, tuple(dims), math.prod(dims) * dt.itemsize))
         self.descs = descs
         self.names: tuple[str, ...] = tuple(name for name, _, _ in tensors)
@@ -151,10 +153,12 @@ class Layout:
 
     def matches(self, arrays: Sequence[np.ndarray]) -> bool:
         """The arrays are this layout's (dtype, shape, C order): :meth:`encode` can take them."""
-        return len(arrays) == len(self._parts) and all(
-            a.dtype == dt and a.shape == shape and a.flags.c_contiguous
-            for a, (dt, shape, _) in zip(arrays, self._parts, strict=True)
-        )
+        if len(arrays) != len(self._parts):
+            return False
+        for a, (dt, shape, _) in zip(arrays, self._parts, strict=True):
+            if not ((a.dtype is dt or a.dtype == dt) and a.shape == shape and a.flags.c_contiguous):
+                return False
+        return True
 
     def encode(self, topic: bytes, header: Mapping[str, Any], arrays: Sequence[np.ndarray]) -> list[Any]:
         """The frames of one message with these tensors, in this layout's order. Arrays

@@ -263,7 +263,7 @@ class Daemon:
             await anyio.sleep(period)
 
     async def _between_cycles(self) -> None:
-        """Wait, at most one control period, for the serving thread's idle gap.
+        """Wait, at most one control period and four looks, for the serving thread's idle gap.
 
         The health tick and the status build are ~1 ms of Python each (more on cold
         caches). Run while a serving cycle is under way, they hold the GIL the serving
@@ -272,16 +272,20 @@ class Daemon:
         most of a period with nothing to do; with no controller there is nothing to avoid.
         """
         period = self.period_ns
+        # Not at once after the chunk either: its bytes are still on their way out (the
+        # ZeroMQ I/O thread) and the controller is being woken, on the same 2 cores.
+        settle = min(2_000_000, period // 8)
         deadline = time.monotonic_ns() + period
-        while True:
+        for _ in range(4):  # a controller in lock-step leaves no gap: then go ahead anyway
             now = time.monotonic_ns()
-            since = now - self.publisher.last_publish_ns
+            last = self.publisher.last_publish_ns
+            since = now - last
             if now >= deadline or now - self.intake.last_seen_ns > 2 * period:
                 return
-            if since < period // 4 and self.loop.in_flight is None:
-                return  # just published: the next observation is most of a period away
-            # The next chunk is due about one period after the last; look just after it.
-            wake = self.publisher.last_publish_ns + period + 300_000 if since < period else now + 1_000_000
+            if settle <= since < period // 2 and self.loop.in_flight is None:
+                return  # the next observation is still about half a period away
+            # Just after the last chunk, or else just after the next one (about a period later).
+            wake = last + settle if since < settle else last + period + settle if since < period else now + 1_000_000
             await anyio.sleep(max(300_000, min(wake, deadline) - now) / 1e9)
 
     async def _publish_status(self) -> None:

@@ -2,7 +2,7 @@
 
 Its own small thread, independent of the serving thread (which may be stuck in a hung
 engine) and of the event loop (which may be busy): it wakes when a hold could first be due
-(a period after the last chunk, at least a quarter period apart) and looks at when
+(:meth:`HoldKeeper._next_due`; at least a quarter period apart, at most two) and looks at when
 the last chunk left and publishes the hold posture when
 
 * the e-stop is engaged and ``safety.estop_output = "hold"``: one hold per period;
@@ -49,15 +49,21 @@ class HoldKeeper:
             try:
                 now = time.monotonic_ns()
                 self.tick(now)
-                # No hold can be due before a period after the last chunk: while a policy
-                # answers every period, wake once per period, not four times (each wake-up
-                # takes the GIL the serving thread may need). Never later than 1.25 periods
-                # after the last chunk, never sooner than a quarter period from now.
-                due = self.loop.publisher.last_publish_ns + self.period_ns
-                wait_ns = min(max(due - now, quarter), self.period_ns + quarter)
+                wait_ns = min(max(self._next_due(now) - now, quarter), 2 * self.period_ns)
             except Exception:  # never let the cadence die silently
                 log.exception("cadence tick failed")
                 wait_ns = quarter
+
+    def _next_due(self, now: int) -> int:
+        """When the next hold could first be due (the thread sleeps until then, at least a
+        quarter period): a period after the last chunk for e-stop and fallback holds, just
+        past 1.5 periods for a bridge. While a policy answers every period that wake-up
+        falls in the gap after the next chunk, not in the middle of its cycle, where taking
+        the GIL would delay it."""
+        pub = self.loop.publisher
+        if pub.estop_engaged or self.loop.active is None:
+            return pub.last_publish_ns + self.period_ns
+        return pub.last_publish_ns + self.period_ns * 3 // 2 + 100_000
 
     def tick(self, now: int) -> None:
         loop, pub, period = self.loop, self.loop.publisher, self.period_ns
