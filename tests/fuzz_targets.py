@@ -173,8 +173,10 @@ def target_layout(frames: list[bytes]) -> None:
     for layout in (fast._layout, None):
         try:
             msg = protocol.decode(frames, expect=(protocol.TOPIC_OBS, protocol.TOPIC_HEARTBEAT), layout=layout)
+            # the header as bytes: a NaN in it never equals itself as a dict value
+            header = msgpack.packb(msg.header, use_bin_type=True)
             verdicts.append(
-                (msg.topic, msg.header, [(k, a.dtype.str, a.shape, a.tobytes()) for k, a in msg.tensors.items()])
+                (msg.topic, header, [(k, a.dtype.str, a.shape, a.tobytes()) for k, a in msg.tensors.items()])
             )
         except protocol.ProtocolError as exc:
             verdicts.append(exc.reason)
@@ -511,6 +513,7 @@ TARGETS = {
     "protocol": (target_protocol, gen_frames),
     "estop": (target_estop, gen_frames),
     "intake": (target_intake, gen_frames),
+    "layout": (target_layout, gen_layout_frames),
     "control": (target_control, gen_control),
     "manifest": (target_manifest, gen_manifest),
 }
