@@ -115,12 +115,13 @@ class Layout:
         for name, dtype, shape in tensors:
             dims = [int(n) for n in shape]
             desc = {"name": name, "dtype": dtype, "shape": dims}
-            _tensor(desc, b"\0" * (math.prod(dims) * np.dtype(dtype).itemsize))  # valid on the wire
-            descs.append(desc)
             dt = _le(dtype)
+            nbytes = math.prod(dims) * dt.itemsize
+            _tensor(desc, b"\0" * nbytes)  # a valid description on the wire, or ProtocolError
+            descs.append(desc)
             if dt.isnative:
                 dt = np.dtype(dtype)  # the builtin instance: arrays made here carry this very object
-            parts.append((dt, tuple(dims), math.prod(dims) * dt.itemsize))
+            parts.append((dt, tuple(dims), nbytes))
         self.descs = descs
         self.names: tuple[str, ...] = tuple(name for name, _, _ in tensors)
         self._parts = tuple(parts)
@@ -130,10 +131,11 @@ class Layout:
         """The layout of a message that passed :func:`decode` (a receiver learns it once)."""
         return cls([(name, a.dtype.name, a.shape) for name, a in msg.tensors.items()])
 
-    def exact(self, descs: list[Any]) -> bool:
-        """``descs == self.descs`` holds; also every axis an ``int`` (``1.0`` and ``true``
-        compare equal to ``1`` but are not valid sizes, as the full checks would say)."""
-        return all(type(n) is int for d in descs for n in d["shape"])
+    def describes(self, descs: Any) -> bool:
+        """``descs`` (a header's ``tensors``) are exactly this layout's: equal, and every axis
+        an ``int`` (``1.0`` and ``true`` compare equal to ``1`` but are not valid sizes, as
+        the full checks would say)."""
+        return descs == self.descs and all(type(n) is int for d in descs for n in d["shape"])
 
     def arrays(self, frames: Sequence[Any]) -> dict[str, np.ndarray]:
         if len(frames) != 2 + len(self._parts):
@@ -235,7 +237,7 @@ def decode(frames: Sequence[Any], expect: tuple[bytes, ...] = TOPICS, layout: La
     if type(seq) is not int or not 0 <= seq < 2**64:
         raise ProtocolError("malformed", f"seq must be an integer in [0, 2**64), got {seq!r:.32}")
     descs = header.get("tensors", [])
-    if layout is not None and descs == layout.descs and layout.exact(descs):
+    if layout is not None and layout.describes(descs):
         return Message(topic, header, layout.arrays(frames), layout)
     if not isinstance(descs, list) or len(descs) > MAX_TENSORS:
         raise ProtocolError("malformed", f"tensors must be a list of at most {MAX_TENSORS} entries")

@@ -218,8 +218,9 @@ class _NumpyJudge:
         return ts.step * (max(1.0, dt_ns / ts.period_ns) if ts.period_ns else 1.0) + 1e-6
 
     def judge(self, proprio, t):
-        ts, m = self.ts, self.ts.mapped
-        q = np.where(m, proprio[ts._take].astype(np.float64), np.nan)
+        ts = self.ts
+        m = np.asarray([i >= 0 for i in ts.index])
+        q = np.where(m, proprio[np.asarray([max(i, 0) for i in ts.index])].astype(np.float64), np.nan)
         if ((q[m] < ts.lo[m]) | (q[m] > ts.hi[m])).any():
             return "proprio_out_of_limits"
         if self.positions is None:

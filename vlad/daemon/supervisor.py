@@ -284,8 +284,12 @@ class Daemon:
                 return
             if settle <= since < period // 2 and self.loop.in_flight is None:
                 return  # the next observation is still about half a period away
-            # Just after the last chunk, or else just after the next one (about a period later).
-            wake = last + settle if since < settle else last + period + settle if since < period else now + 1_000_000
+            if since < settle:
+                wake = last + settle  # just after the last chunk
+            elif since < period:
+                wake = last + period + settle  # just after the next one, about a period later
+            else:
+                wake = now + 1_000_000  # the next one is late: look again soon
             await anyio.sleep(max(300_000, min(wake, deadline) - now) / 1e9)
 
     async def _publish_status(self) -> None:

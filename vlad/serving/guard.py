@@ -59,8 +59,6 @@ class TrustedState:
             key = f"{j.name}.position"
             idx = names.index(key) if key in names else -1
             self.index.append(idx if idx >= 0 and units[idx] == j.unit and j.semantics == "position" else -1)
-        self.mapped = np.asarray([i >= 0 for i in self.index])
-        self._take = np.asarray([max(i, 0) for i in self.index])
         lower = np.asarray([j.lower for j in spec.joints], np.float64)
         upper = np.asarray([j.upper for j in spec.joints], np.float64)
         margin = (upper - lower) * cfg.proprio_limit_margin
@@ -221,22 +219,21 @@ class ActionGuard:
         out = actions
         # The common case in one pass: every value finite and inside its bounds (a NaN fails
         # both comparisons). Only a chunk that is not gets the checks that say which.
-        if ((out >= self.lower) & (out <= self.upper)).all():
-            pass
-        elif not np.isfinite(out).all():
-            hit.append("nonfinite")
-            out, replaced = self.hold_posture(), True
-        if not replaced and ((out < self.lower) | (out > self.upper)).any():
-            hit.append("bounds")
-            # Beyond a bound by more than one period's rate limit is not an edge case of a
-            # sane policy but a broken one: the health monitors quarantine it.
-            excess = np.maximum(self.lower - out, out - self.upper)
-            if (excess > self.rate).any():
-                hit.append("out_of_bounds")
-            if spec.on_bound_violation == "hold":
+        if not ((out >= self.lower) & (out <= self.upper)).all():
+            if not np.isfinite(out).all():
+                hit.append("nonfinite")
                 out, replaced = self.hold_posture(), True
-            else:
-                np.clip(out, self.lower, self.upper, out=out)
+            else:  # finite, so some value is beyond a bound
+                hit.append("bounds")
+                # Beyond a bound by more than one period's rate limit is not an edge case of
+                # a sane policy but a broken one: the health monitors quarantine it.
+                excess = np.maximum(self.lower - out, out - self.upper)
+                if (excess > self.rate).any():
+                    hit.append("out_of_bounds")
+                if spec.on_bound_violation == "hold":
+                    out, replaced = self.hold_posture(), True
+                else:
+                    np.clip(out, self.lower, self.upper, out=out)
         if self._rate_limit(out, now_ns):
             hit.append("rate")
         for kind in hit:
@@ -286,12 +283,12 @@ class ActionGuard:
         if self.last_command is not None and self.period_ns:
             first_allow = self.rate * np.float32(max(1.0, (now_ns - self.last_command_ns) / self.period_ns))
         prev = self._reference(first_allow, now_ns)
-        ok_first = prev is None or bool((np.abs(chunk[0] - prev) <= first_allow + 1e-6).all())
-        if ok_first and len(chunk) > 1:
+        within = prev is None or bool((np.abs(chunk[0] - prev) <= first_allow + 1e-6).all())
+        if within and len(chunk) > 1:  # then the steps between waypoints
             steps = self._steps if self._steps.shape[0] == len(chunk) - 1 else np.empty_like(chunk[1:])
             np.subtract(chunk[1:], chunk[:-1], out=steps)
-            ok_first = bool((np.abs(steps, out=steps) <= self._rate_tol).all())
-        if ok_first:
+            within = bool((np.abs(steps, out=steps) <= self._rate_tol).all())
+        if within:
             return False
         if prev is not None:
             chunk[0] = prev + np.clip(chunk[0] - prev, -first_allow, first_allow)
