@@ -4,7 +4,9 @@
 ``[compat.openpi]``; ``openpi_client.action_chunk_broker.ActionChunkBroker`` hands out one
 waypoint per control step and asks for a new chunk every ``action_horizon`` steps, the way
 openpi's robot runtimes do. The native demo controller (:func:`vlad.demo.run.run_episode`)
-commits to a chunk for the same number of periods, so both execute the policy alike.
+commits to a chunk for the same number of periods but asks every period, so vlad sees the
+arm every period; docs/operations.md ("Cadence and the guard") says what that changes, and
+``tests/test_openpi.py`` compares the two clients at the same cadence.
 
 A request vlad answers with an error (a refused observation after the arm was reset, a
 hold, an e-stop) raises ``RuntimeError`` in the client; the arm then holds where it is for

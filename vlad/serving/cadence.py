@@ -9,11 +9,20 @@ the last chunk left and publishes the hold posture when
 * the hold posture is the policy serving (the end of the fallback chain) once any
   observation arrived: one per period, also while the controller is silent (the serving
   thread also answers each observation);
-* a policy serves but no command went out for 1.5 periods while the controller is there
-  (observations or heartbeats keep coming): a late or hung inference, stale, rejected or
-  missing observations. These *bridging* holds last until the policy answers again or the
-  monitors move down the chain. 1.5 periods, not 1: scheduling jitter must not interleave
-  holds with a healthy policy's chunks.
+* a policy serves but no command went out for 1.5 periods while a streaming controller
+  waits for one (observations, accepted or refused, about one per period, the last within
+  a period): a late or hung inference, stale or rejected observations. These *bridging*
+  holds last until the policy answers again or the monitors move down the chain. 1.5
+  periods, not 1: scheduling jitter must not interleave holds with a healthy policy's
+  chunks.
+
+  Heartbeats alone do not ask, and neither does a controller that executes each chunk for
+  several periods and asks again only when it runs out (openpi's action chunk broker, any
+  ``action_horizon`` of 3 or more): it waits for nothing in between. A hold then would go
+  unused and, worse, become the guard's rate-limit reference (the hold posture, where the
+  arm was when it last asked), dragging the next chunk back towards it. Observations that
+  stop while heartbeats go on are the sensor-stall monitor's case (the hold posture after
+  ``monitors.sensor_stall_periods``).
 """
 
 from __future__ import annotations
@@ -59,29 +68,38 @@ class HoldKeeper:
         quarter period): a period after the last chunk for e-stop and fallback holds, just
         past 1.5 periods for a bridge. While a policy answers every period that wake-up
         falls in the gap after the next chunk, not in the middle of its cycle, where taking
-        the GIL would delay it."""
+        the GIL would delay it. A controller that is not waiting (between the requests of a
+        chunk-executing client) may ask at any moment: look again in half a period."""
         pub = self.loop.publisher
         if pub.estop_engaged or self.loop.active is None:
             return pub.last_publish_ns + self.period_ns
-        return pub.last_publish_ns + self.period_ns * 3 // 2 + 100_000
+        due = pub.last_publish_ns + self.period_ns * 3 // 2 + 100_000
+        if due <= now and not self._waiting(now):
+            return now + self.period_ns // 2
+        return due
+
+    def _waiting(self, now: int) -> bool:
+        """A streaming controller (it asked at most two periods after its previous ask)
+        asked for a command within the last period; while the serving thread is stuck in
+        an engine nothing is received, so then: whether it asked as that inference started."""
+        intake, period = self.loop.intake, self.period_ns
+        if intake.ask_interval_ns > 2 * period:
+            return False
+        asked = intake.last_asked_ns
+        running = self.loop.in_flight
+        return now - asked < period or (running is not None and running.since_ns - asked < period)
 
     def tick(self, now: int) -> None:
         loop, pub, period = self.loop, self.loop.publisher, self.period_ns
         since = now - pub.last_publish_ns
         intake = loop.intake
-        # The controller is there when a message came within a period; while the serving
-        # thread is stuck in an engine nothing is received, so then: when it was there
-        # as that inference started.
-        running = loop.in_flight
-        seen = intake.last_seen_ns
-        controller_alive = now - seen < period or (running is not None and running.since_ns - seen < period)
         if pub.estop_engaged:
             if pub.estop_output == "hold" and since >= period:
                 pub.publish_hold("estop")
         elif loop.active is None:
             if since >= period and intake.last_observation_ns:
                 pub.publish_hold("fallback")
-        elif pub.last_publish_ns and since > 1.5 * period and controller_alive:
+        elif pub.last_publish_ns and since > 1.5 * period and self._waiting(now):
             self.bridged += 1
             obs = loop.last_obs
             pub.publish_hold("bridge", obs.sequence if obs else 0, obs.sensor_time_ns if obs else 0)

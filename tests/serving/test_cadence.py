@@ -1,0 +1,105 @@
+"""Bridging holds (vlad.serving.cadence): a streaming controller whose command is late gets
+one; a controller that executes each chunk for several periods and asks again only when it
+runs out (openpi's action chunk broker) gets none between its requests, heartbeats or not.
+
+The hold keeper's ``tick`` is called directly at chosen moments (its thread is not started),
+on the in-process rig: real intake, guard and publisher, real inproc sockets.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from tests.serving.rig import INSTRUCTION, wait_until
+from vlad import protocol
+from vlad.serving.cadence import HoldKeeper
+
+
+def _period(rig) -> int:
+    return int(rig.contract.timing.control_period_ms * 1e6)
+
+
+def _heartbeat(rig) -> None:
+    rig.controller.send_multipart(protocol.encode(protocol.TOPIC_HEARTBEAT, {"seq": 0, "t_ns": time.monotonic_ns()}))
+
+
+def _sleep_until(t_ns: int) -> None:
+    time.sleep(max(0.0, (t_ns - time.monotonic_ns()) / 1e9))
+
+
+def _answered(rig, seq: int) -> int:
+    """Receive the chunk for observation ``seq``; the moment the publisher sent it."""
+    msg = rig.recv()
+    assert msg is not None and msg.header["obs_seq"] == seq, msg
+    wait_until(lambda: rig.publisher.last_publish_ns > 0, what="the publish time")
+    return rig.publisher.last_publish_ns
+
+
+def test_a_chunk_executing_controller_gets_no_bridge_between_its_requests(rig):
+    period = _period(rig)
+    keeper = HoldKeeper(rig.loop, period)
+    rig.send_obs(1)
+    published = _answered(rig, 1)
+    # It executes that chunk for four periods and says it is alive every period, as the
+    # openpi bridge does for its client; the hold keeper looks every half period.
+    for k in range(1, 8):
+        _sleep_until(published + k * period // 2)
+        _heartbeat(rig)
+        wait_until(lambda n=k: rig.intake.counts.heartbeats >= n + 1, what="the heartbeat")
+        keeper.tick(time.monotonic_ns())
+    assert rig.publisher.counts.holds["bridge"] == 0 and keeper.bridged == 0
+    assert rig.recv(0.05) is None  # nothing went out between the requests
+    # Its next request, four periods later: answered by the policy, from the guard's
+    # reference on its last chunk, not on a hold posture sent meanwhile.
+    _sleep_until(published + 4 * period)
+    rig.send_obs(2)
+    _answered(rig, 2)
+    assert rig.intake.ask_interval_ns >= 4 * period
+
+
+def test_a_streaming_controller_is_bridged_while_its_inference_is_late(rig):
+    period = _period(rig)
+    keeper = HoldKeeper(rig.loop, period)
+    rig.send_obs(1)
+    published = _answered(rig, 1)
+    rig.session.gate = threading.Event()  # the next inference hangs
+    rig.send_obs(2)  # the next period's observation (sent early: the interval is what counts)
+    assert rig.session.entered.wait(5)
+    keeper.tick(published + period)  # a period without a command is not late yet
+    assert keeper.bridged == 0
+    _sleep_until(published + 16 * period // 10)
+    keeper.tick(time.monotonic_ns())
+    assert keeper.bridged == 1 and rig.publisher.counts.holds["bridge"] == 1
+    hold = rig.recv()
+    assert hold is not None and hold.header["source"] == "hold:bridge", hold.header
+    assert hold.header["obs_seq"] == 2
+    rig.session.gate.set()
+    late = rig.recv()  # the late chunk still goes out, after the hold
+    assert late is not None and late.header["obs_seq"] == 2 and late.header["source"] == "release"
+
+
+def test_a_streaming_controller_is_bridged_while_its_observations_are_refused(rig):
+    period = _period(rig)
+    keeper = HoldKeeper(rig.loop, period)
+    rig.send_obs(1)
+    published = _answered(rig, 1)
+    # Joint positions far beyond the arm's limits: refused, counted, never answered; yet the
+    # controller asked, every half period.
+    bad = np.array([9.0, 9.0, 0.0, 0.0], np.float32)
+    image = np.zeros((64, 64, 3), np.uint8)
+    for k, seq in enumerate(range(2, 6), start=1):
+        _sleep_until(published + k * period // 2)
+        header = {"seq": seq, "t_sensor_ns": time.monotonic_ns(), "instruction": INSTRUCTION}
+        rig.controller.send_multipart(
+            protocol.encode(protocol.TOPIC_OBS, header, {"image/overhead": image, "proprio": bad})
+        )
+        wait_until(lambda n=k: rig.intake.counts.input_rejected >= n, what="the refusal")
+        keeper.tick(time.monotonic_ns())
+    assert keeper.bridged >= 1 and rig.publisher.counts.holds["bridge"] == keeper.bridged
+    hold = rig.recv()
+    assert hold is not None and hold.header["source"] == "hold:bridge"
+    # The hold posture is the last trusted joint state, never the refused one.
+    assert np.allclose(hold.tensors["actions"], rig.trusted.positions, atol=1e-6)
