@@ -185,10 +185,10 @@ def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path):
     # three); only the noise differs.
     assert ok_openpi >= ok_native - 3, (ok_native, ok_openpi)
     assert mean_openpi < 0.15, mean_openpi
-    # Bridging holds only where a client repeats a refused request every period (the reset);
-    # between its requests a chunk-executing client waits for nothing (vlad.serving.cadence).
+    # A chunk-executing client waits for nothing between its requests: no bridging holds
+    # (vlad.serving.cadence; about 25 per episode before, 0-2 in all now, each a late chunk).
     holds = st["counters"]["holds"]
-    assert holds.get("bridge", 0) <= 4 * 2 * EPISODES, holds
+    assert holds.get("bridge", 0) <= 2 * EPISODES, holds
     assert st["openpi"]["replies"] >= EPISODES * sim.EPISODE_STEPS // 4 - 3 * EPISODES
     # After a reset vlad refuses the arm's jump until a few observations confirm it: those
     # requests are answered with an error, never with a chunk computed from another pose.

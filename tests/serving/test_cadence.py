@@ -1,6 +1,7 @@
 """Bridging holds (vlad.serving.cadence): a streaming controller whose command is late gets
-one; a controller that executes each chunk for several periods and asks again only when it
-runs out (openpi's action chunk broker) gets none between its requests, heartbeats or not.
+one (a hung engine, refused observations, a camera that stopped while heartbeats go on); a
+controller that executes each chunk for several periods and asks again only when it runs
+out (openpi's action chunk broker) gets none between its requests, heartbeats or not.
 
 The hold keeper's ``tick`` is called directly at chosen moments (its thread is not started),
 on the in-process rig: real intake, guard and publisher, real inproc sockets.
@@ -41,23 +42,20 @@ def _answered(rig, seq: int) -> int:
 def test_a_chunk_executing_controller_gets_no_bridge_between_its_requests(rig):
     period = _period(rig)
     keeper = HoldKeeper(rig.loop, period)
-    rig.send_obs(1)
-    published = _answered(rig, 1)
-    # It executes that chunk for four periods and says it is alive every period, as the
-    # openpi bridge does for its client; the hold keeper looks every half period.
-    for k in range(1, 8):
-        _sleep_until(published + k * period // 2)
-        _heartbeat(rig)
-        wait_until(lambda n=k: rig.intake.counts.heartbeats >= n + 1, what="the heartbeat")
-        keeper.tick(time.monotonic_ns())
+    for seq in (1, 2, 3):
+        t_ask = time.monotonic_ns()
+        rig.send_obs(seq)
+        published = _answered(rig, seq)
+        # It executes that chunk for four periods and says it is alive every period, as
+        # the openpi bridge does for its client; the hold keeper looks every half period.
+        for k in range(1, 8):
+            _sleep_until(published + k * period // 2)
+            _heartbeat(rig)
+            keeper.tick(time.monotonic_ns())
+        assert rig.recv(0.0) is None  # nothing went out between the requests
+        _sleep_until(t_ask + 4 * period)
     assert rig.publisher.counts.holds["bridge"] == 0 and keeper.bridged == 0
-    assert rig.recv(0.05) is None  # nothing went out between the requests
-    # Its next request, four periods later: answered by the policy, from the guard's
-    # reference on its last chunk, not on a hold posture sent meanwhile.
-    _sleep_until(published + 4 * period)
-    rig.send_obs(2)
-    _answered(rig, 2)
-    assert rig.intake.ask_interval_ns >= 4 * period
+    assert rig.intake.observation_interval_ns >= 4 * period
 
 
 def test_a_streaming_controller_is_bridged_while_its_inference_is_late(rig):
@@ -81,16 +79,36 @@ def test_a_streaming_controller_is_bridged_while_its_inference_is_late(rig):
     assert late is not None and late.header["obs_seq"] == 2 and late.header["source"] == "release"
 
 
+def test_a_streaming_controller_is_bridged_when_its_camera_stops(rig):
+    """Observations stop, heartbeats go on: holds every 1.5 periods until the sensor-stall
+    monitor moves to the hold posture (the daemon's part, tests/test_faults.py)."""
+    period = _period(rig)
+    keeper = HoldKeeper(rig.loop, period)
+    rig.send_obs(1)
+    _answered(rig, 1)
+    rig.send_obs(2)
+    published = _answered(rig, 2)
+    for k in range(1, 7):
+        _sleep_until(published + k * period // 2)
+        _heartbeat(rig)
+        keeper.tick(time.monotonic_ns())
+    assert keeper.bridged >= 1 and rig.publisher.counts.holds["bridge"] == keeper.bridged
+    hold = rig.recv()
+    assert hold is not None and hold.header["source"] == "hold:bridge" and hold.header["obs_seq"] == 2
+
+
 def test_a_streaming_controller_is_bridged_while_its_observations_are_refused(rig):
     period = _period(rig)
     keeper = HoldKeeper(rig.loop, period)
     rig.send_obs(1)
-    published = _answered(rig, 1)
+    _answered(rig, 1)
+    rig.send_obs(2)
+    published = _answered(rig, 2)
     # Joint positions far beyond the arm's limits: refused, counted, never answered; yet the
     # controller asked, every half period.
     bad = np.array([9.0, 9.0, 0.0, 0.0], np.float32)
     image = np.zeros((64, 64, 3), np.uint8)
-    for k, seq in enumerate(range(2, 6), start=1):
+    for k, seq in enumerate(range(3, 7), start=1):
         _sleep_until(published + k * period // 2)
         header = {"seq": seq, "t_sensor_ns": time.monotonic_ns(), "instruction": INSTRUCTION}
         rig.controller.send_multipart(

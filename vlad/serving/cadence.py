@@ -9,20 +9,19 @@ the last chunk left and publishes the hold posture when
 * the hold posture is the policy serving (the end of the fallback chain) once any
   observation arrived: one per period, also while the controller is silent (the serving
   thread also answers each observation);
-* a policy serves but no command went out for 1.5 periods while a streaming controller
-  waits for one (observations, accepted or refused, about one per period, the last within
-  a period): a late or hung inference, stale or rejected observations. These *bridging*
-  holds last until the policy answers again or the monitors move down the chain. 1.5
-  periods, not 1: scheduling jitter must not interleave holds with a healthy policy's
-  chunks.
+* a policy serves but no command went out for 1.5 periods while a streaming controller is
+  there (its last two accepted observations at most two periods apart; observations or
+  heartbeats within the last period): a late or hung inference, stale, rejected or missing
+  observations. These *bridging* holds last until the policy answers again or the
+  monitors move down the chain. 1.5 periods, not 1: scheduling jitter must not interleave
+  holds with a healthy policy's chunks.
 
-  Heartbeats alone do not ask, and neither does a controller that executes each chunk for
-  several periods and asks again only when it runs out (openpi's action chunk broker, any
-  ``action_horizon`` of 3 or more): it waits for nothing in between. A hold then would go
-  unused and, worse, become the guard's rate-limit reference (the hold posture, where the
-  arm was when it last asked), dragging the next chunk back towards it. Observations that
-  stop while heartbeats go on are the sensor-stall monitor's case (the hold posture after
-  ``monitors.sensor_stall_periods``).
+  A controller that executes each chunk for several periods and asks again only when it
+  runs out (openpi's action chunk broker, any ``action_horizon`` of 3 or more) is not
+  bridged, although it (or the openpi bridge for it) heartbeats every period: it waits for
+  nothing in between. A hold then would go unused and, worse, become the guard's
+  rate-limit reference (the hold posture, where the arm was when it last asked), dragging
+  the next chunk back towards it.
 """
 
 from __future__ import annotations
@@ -79,15 +78,16 @@ class HoldKeeper:
         return due
 
     def _waiting(self, now: int) -> bool:
-        """A streaming controller (it asked at most two periods after its previous ask)
-        asked for a command within the last period; while the serving thread is stuck in
-        an engine nothing is received, so then: whether it asked as that inference started."""
+        """A streaming controller (its last two accepted observations at most two periods
+        apart) is there: a message within the last period. While the serving thread is stuck
+        in an engine nothing is received, so then: whether it was there as that inference
+        started."""
         intake, period = self.loop.intake, self.period_ns
-        if intake.ask_interval_ns > 2 * period:
+        if intake.observation_interval_ns > 2 * period:
             return False
-        asked = intake.last_asked_ns
+        seen = intake.last_seen_ns
         running = self.loop.in_flight
-        return now - asked < period or (running is not None and running.since_ns - asked < period)
+        return now - seen < period or (running is not None and running.since_ns - seen < period)
 
     def tick(self, now: int) -> None:
         loop, pub, period = self.loop, self.loop.publisher, self.period_ns

@@ -50,12 +50,10 @@ class Intake:
         self.last_observation_ns = 0  # receive time of the last accepted observation
         self.last_heartbeat_ns = 0
         self.last_seen_ns = 0  # any well-formed message: the controller is there
-        # Observation messages, accepted or refused, are the controller asking for a command
-        # (a heartbeat only says it is alive): when it asked last, and how long before that
-        # it had asked (about a period for a streaming controller; action_horizon periods
-        # for a chunk-executing one). vlad.serving.cadence bridges only the former.
-        self.last_asked_ns = 0
-        self.ask_interval_ns = 0
+        # Between the last two accepted observations: about a period for a controller that
+        # streams them, action_horizon periods for one that executes each chunk for that
+        # long and asks again when it runs out. vlad.serving.cadence bridges only the former.
+        self.observation_interval_ns = 0
         # Called (serving thread) with (header, reason) for an observation refused on its
         # content; set once before serving starts (vlad.compat.openpi), else None.
         self.rejection_listener: Callable[[dict[str, Any], str], None] | None = None
@@ -85,8 +83,7 @@ class Intake:
                 self.last_heartbeat_ns = self.last_seen_ns = receive_ns
                 self.counts.heartbeats += 1
                 return None
-            self.ask_interval_ns = receive_ns - self.last_asked_ns
-            self.last_seen_ns = self.last_asked_ns = receive_ns
+            self.last_seen_ns = receive_ns
             obs = self._observation(msg, receive_ns)
         except protocol.ProtocolError as exc:
             self.reject(exc.reason, str(exc).removeprefix(f"{exc.reason}: "))  # logged as "reason: detail" once
@@ -97,6 +94,7 @@ class Intake:
                 self.rejection_listener(msg.header, exc.reason)
             return None
         self.counts.observations += 1
+        self.observation_interval_ns = receive_ns - self.last_observation_ns
         self.last_observation_ns = receive_ns
         return obs
 
