@@ -39,6 +39,16 @@ def _answered(rig, seq: int) -> int:
     return rig.publisher.last_publish_ns
 
 
+def _streaming(rig, period: int) -> tuple[HoldKeeper, int]:
+    """A controller streaming observations: two answered back to back (their interval is what
+    makes it one). The hold keeper, and when the second answer went out."""
+    keeper = HoldKeeper(rig.loop, period)
+    rig.send_obs(1)
+    _answered(rig, 1)
+    rig.send_obs(2)
+    return keeper, _answered(rig, 2)
+
+
 def test_a_chunk_executing_controller_gets_no_bridge_between_its_requests(rig):
     period = _period(rig)
     keeper = HoldKeeper(rig.loop, period)
@@ -83,11 +93,7 @@ def test_a_streaming_controller_is_bridged_when_its_camera_stops(rig):
     """Observations stop, heartbeats go on: holds every 1.5 periods until the sensor-stall
     monitor moves to the hold posture (the daemon's part, tests/test_faults.py)."""
     period = _period(rig)
-    keeper = HoldKeeper(rig.loop, period)
-    rig.send_obs(1)
-    _answered(rig, 1)
-    rig.send_obs(2)
-    published = _answered(rig, 2)
+    keeper, published = _streaming(rig, period)
     for k in range(1, 7):
         _sleep_until(published + k * period // 2)
         _heartbeat(rig)
@@ -99,11 +105,7 @@ def test_a_streaming_controller_is_bridged_when_its_camera_stops(rig):
 
 def test_a_streaming_controller_is_bridged_while_its_observations_are_refused(rig):
     period = _period(rig)
-    keeper = HoldKeeper(rig.loop, period)
-    rig.send_obs(1)
-    _answered(rig, 1)
-    rig.send_obs(2)
-    published = _answered(rig, 2)
+    keeper, published = _streaming(rig, period)
     # Joint positions far beyond the arm's limits: refused, counted, never answered; yet the
     # controller asked, every half period.
     bad = np.array([9.0, 9.0, 0.0, 0.0], np.float32)
