@@ -27,6 +27,15 @@ def _gate(report: dict, name: str) -> dict:
     return next(g for g in report["gates"] if g["gate"] == name)
 
 
+def _why(report: dict) -> str:
+    """Each gate's status and reasons (and a gate error's traceback): what a failed assert shows."""
+    return "\n".join(
+        f"{g['gate']}: {g['status']}: {'; '.join(g['reasons'])}"
+        + f"\n{g['details'].get('traceback', '')}" * (g["status"] == "error")
+        for g in report["gates"]
+    )
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     """``vladctl gate`` on a copy of the demo release against the demo, with --record."""
@@ -50,7 +59,7 @@ def test_demo_release_passes_every_gate(demo_run):
     release, report_dir, out = demo_run
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((report_dir / "report.json").read_text())
-    assert report["passed"], [g["reasons"] for g in report["gates"]]
+    assert report["passed"], _why(report)
     assert [g["gate"] for g in report["gates"]] == ["contract", "equivalence", "performance", "closed_loop"]
     assert all(g["status"] == "passed" for g in report["gates"])
     # Progress for each gate and each long step, and the verdict table at the end.
@@ -175,7 +184,7 @@ def test_perturbed_weight_fails_the_equivalence_gate(built):
     report = run_gates(
         release, candidates.DEMO, built / "perturbed-report", plan=small_plan(), progress=lambda m: None, html=False
     )
-    assert [g["status"] for g in report["gates"]] == ["passed", "failed", "skipped", "skipped"]
+    assert [g["status"] for g in report["gates"]] == ["passed", "failed", "skipped", "skipped"], _why(report)
     eq = _gate(report, "equivalence")
     failed = [c for c in eq["checks"] if not c["passed"]]
     names = " | ".join(c["name"] for c in failed)
@@ -231,7 +240,8 @@ def test_slowed_backend_fails_the_performance_gate(built):
     )
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((built / "slow-report" / "report.json").read_text())
-    assert [g["status"] for g in report["gates"]] == ["passed", "passed", "failed", "skipped"]
+    statuses = [g["status"] for g in report["gates"]]
+    assert statuses == ["passed", "passed", "failed", "skipped"], _why(report)
     perf = _gate(report, "performance")
     assert perf["reasons"][0].startswith("warm: end-to-end p99")
     warm = next(c for c in perf["checks"] if c["name"] == "warm: end-to-end p99")
@@ -253,7 +263,7 @@ def test_policy_ignoring_the_instruction_fails_the_closed_loop_gate(built, ignor
         progress=lambda m: None,
         html=False,
     )
-    assert [g["status"] for g in report["gates"]] == ["passed", "passed", "failed"], report["gates"][1]["reasons"]
+    assert [g["status"] for g in report["gates"]] == ["passed", "passed", "failed"], _why(report)
     cl = _gate(report, "closed_loop")
     assert any(r.startswith("success rate 'reach the point opposite the red target': 0") for r in cl["reasons"])
     per = cl["details"]["candidate"]["per_instruction"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -65,3 +66,32 @@ def test_joint_errors_and_percentiles():
     p = percentiles([1.0, 2.0, float("nan"), None, 3.0])
     assert p["count"] == 3 and p["p50"] == 2.0 and p["max"] == 3.0
     assert percentiles([])["count"] == 0
+
+
+def test_a_warm_scenario_with_no_answers_gives_a_finite_burst_deadline():
+    """A slow release on a loaded machine can have every warm observation go to a fallback
+    hold; the burst scenario after it must still run, so the gate fails instead of erroring."""
+    from vlad.gates.controller import Chunk
+    from vlad.gates.performance import _stats, burst_deadline_ms
+
+    sent = {seq: seq * 20_000_000 for seq in range(1, 101)}
+    hold = Chunk(
+        seq=1,
+        obs_seq=0,
+        t_sensor_ns=0,
+        valid_until_ns=1,
+        period_ns=20_000_000,
+        source="hold:fallback",
+        interventions=("hold",),
+        timings_ms={},
+        actions=np.zeros((8, 2), np.float32),
+        t_receive_ns=1,
+    )
+    nothing = _stats(sent, [hold], deadline_ms=20.0)
+    assert nothing["answered"] == 0 and nothing["deadline_misses"] == 100
+    assert burst_deadline_ms(20.0, nothing) == 20.0
+
+    policy = dataclasses.replace(hold, obs_seq=5, source="release", interventions=(), timings_ms={"engine": 4.0})
+    answered = _stats(sent, [hold, policy], 20.0)
+    assert answered["answered"] == 1
+    assert burst_deadline_ms(20.0, answered) == 24.0

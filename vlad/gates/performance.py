@@ -25,6 +25,7 @@ deadline miss.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -153,6 +154,19 @@ def stream(
     return _stats(sent, chunks, deadline_ms, refused=_refused(ctl) - refused_before)
 
 
+def burst_deadline_ms(deadline_ms: float, warm: dict[str, Any]) -> float:
+    """The deadline of a burst's newest observation, given the warm scenario's figures.
+
+    The daemon never preempts an inference: that observation may wait for the one in
+    flight, so its deadline is the contract's plus one (warm p99) inference; more than that
+    means a backlog. A release that answered nothing warm (every observation went to a
+    fallback hold, as a slow one's do on a loaded machine) has no inference time to allow:
+    its NaN p99 would end the gate in an error instead of the failure it is.
+    """
+    engine_p99 = warm["engine_ms"]["p99"]
+    return deadline_ms + (engine_p99 if math.isfinite(engine_p99) else 0.0)
+
+
 def _refused(ctl: Controller) -> int:
     """Observations the daemon refused for their content (counted, never answered: e.g. a
     joint state that jumped where a recording wraps to its next episode)."""
@@ -268,10 +282,7 @@ def run_performance_gate(candidate: Subject, plan: GatePlan, progress=print, key
                 ctl, obs, pp.warm_calls, period_ns, deadline_ms, progress, "warm steady state", settle=SETTLE
             )
         }
-        # The daemon never preempts an inference: a burst's newest observation may wait for
-        # the one in flight. Its deadline is the contract's plus one (warm p99) inference;
-        # more than that means a backlog.
-        burst_ms = deadline_ms + out["warm"]["engine_ms"]["p99"]
+        burst_ms = burst_deadline_ms(deadline_ms, out["warm"])
         out["burst"] = {
             **stream(
                 ctl,
@@ -381,7 +392,8 @@ def run_performance_gate(candidate: Subject, plan: GatePlan, progress=print, key
     gpu = [r["gpu_memory_bytes"] for r in runs.values() if r["gpu_memory_bytes"] is not None]
     if gpu and pp.gpu_memory_limit_mib:
         result.add(check("GPU memory of the daemon", round(max(gpu) / 2**20, 1), pp.gpu_memory_limit_mib, unit="MiB"))
-    planner = _planner(candidate, plan, warm["e2e_ms"]["p50"], result)
+    measured_p50 = warm["e2e_ms"]["p50"]
+    planner = _planner(candidate, plan, measured_p50 if math.isfinite(measured_p50) else None, result)
     result.details = {
         "deadline_ms": t.e2e_deadline_ms,
         "control_period_ms": t.control_period_ms,
@@ -408,7 +420,7 @@ def run_performance_gate(candidate: Subject, plan: GatePlan, progress=print, key
     return result
 
 
-def _planner(subject: Subject, plan: GatePlan, measured_p50: float, result: GateResult) -> list[dict]:
+def _planner(subject: Subject, plan: GatePlan, measured_p50: float | None, result: GateResult) -> list[dict]:
     """The latency planner's verdict on each target hardware, with the measured e2e."""
     from vlad import planner
 
