@@ -108,7 +108,6 @@ def settle_openpi(policy, task, timeout: float = 10.0) -> None:
     raise AssertionError("the daemon never served the release to the openpi client")
 
 
-@pytest.mark.slow
 def native_episode_like_openpi(client, task, seed: int, instruction: str, period_ns: int) -> dict:
     """The native client driving the arm the way openpi's ``ActionChunkBroker`` does: one
     observation when the chunk runs out, its waypoints one per period, and holding where
@@ -145,6 +144,7 @@ def native_episode_like_openpi(client, task, seed: int, instruction: str, period
     return {"success": d < sim.SUCCESS_RADIUS, "distance": d, "held": held, "latencies": latencies}
 
 
+@pytest.mark.slow
 def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path):
     port = free_port()
     d = start_daemon(tmp_path, settings(port, f"sockets.observation_producers=['uid:{os.getuid()}']"))
