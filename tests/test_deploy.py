@@ -240,10 +240,12 @@ def test_canary_auto_abort_rolls_back(live):
     events = client.control("events", limit=100)
     abort = [e for e in events if e["kind"] == "canary_abort"]
     assert abort and "interventions" in abort[-1]["reason"], [(e["kind"], e["reason"]) for e in events]
-    deadline = time.monotonic() + 10  # the swap comes first; the store follows
-    while store.active() != "vlad-demo-reacher-1.0.0" and time.monotonic() < deadline:
+    # The swap comes first; the store follows. Its pointer moves (the commit point) before
+    # the journal's "done" record is written, so wait for the record, not the pointer.
+    deadline = time.monotonic() + 10
+    while store.history()[-1].event != "rollback" and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert store.active() == "vlad-demo-reacher-1.0.0"
     assert store.history()[-1].event == "rollback" and "canary aborted" in store.history()[-1].why
+    assert store.active() == "vlad-demo-reacher-1.0.0"
     time.sleep(0.3)
     assert max_gap(ctl.since(t0)) <= MAX_GAP_S
