@@ -74,7 +74,8 @@ def test_status_watch_in_tmux(tmp_path):
         # Ctrl-C: clean exit, code 0.
         tmux("send-keys", "-t", session, "C-c")
         deadline = time.monotonic() + 10
-        while not status_file.exists() and time.monotonic() < deadline:
+        # The shell creates the file before it writes the code: wait for the code.
+        while not (status_file.exists() and status_file.read_text().strip()) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert status_file.read_text().strip() == "0"
         assert "Traceback" not in "\n".join(screen(session))
