@@ -245,7 +245,10 @@ def test_slowed_backend_fails_the_performance_gate(built):
     perf = _gate(report, "performance")
     assert perf["reasons"][0].startswith("warm: end-to-end p99")
     warm = next(c for c in perf["checks"] if c["name"] == "warm: end-to-end p99")
-    assert warm["limit"] == 20.0 and warm["value"] >= 100.0  # the sleep is a lower bound: 5x the deadline
+    # The sleep is a lower bound: 5x the deadline. When the deadline monitor moved every warm
+    # observation to the fallback hold (a loaded machine), nothing was answered and the
+    # report holds "inf" (JSON has no infinity).
+    assert warm["limit"] == 20.0 and float(warm["value"]) >= 100.0, warm
     assert re.search(r"^performance\s+FAILED\s+warm: end-to-end p99", out.stdout, re.M)
 
 
