@@ -149,11 +149,16 @@ class Rig:
         policy.max_age_ns = GENEROUS_NS
         return policy
 
-    def send_obs(self, seq: int, t_sensor_ns: int | None = None) -> None:
+    def send_obs(self, seq: int, t_sensor_ns: int | None = None, proprio: np.ndarray = PROPRIO) -> None:
         image = np.zeros((64, 64, 3), np.uint8)
         header = {"seq": seq, "t_sensor_ns": t_sensor_ns or time.monotonic_ns(), "instruction": INSTRUCTION}
         self.controller.send_multipart(
-            protocol.encode(protocol.TOPIC_OBS, header, {"image/overhead": image, "proprio": PROPRIO})
+            protocol.encode(protocol.TOPIC_OBS, header, {"image/overhead": image, "proprio": proprio})
+        )
+
+    def send_heartbeat(self) -> None:
+        self.controller.send_multipart(
+            protocol.encode(protocol.TOPIC_HEARTBEAT, {"seq": 0, "t_ns": time.monotonic_ns()})
         )
 
     def recv(self, timeout: float = 5.0) -> protocol.Message | None:

@@ -14,17 +14,8 @@ import time
 
 import numpy as np
 
-from tests.serving.rig import INSTRUCTION, wait_until
-from vlad import protocol
+from tests.serving.rig import wait_until
 from vlad.serving.cadence import HoldKeeper
-
-
-def _period(rig) -> int:
-    return int(rig.contract.timing.control_period_ms * 1e6)
-
-
-def _heartbeat(rig) -> None:
-    rig.controller.send_multipart(protocol.encode(protocol.TOPIC_HEARTBEAT, {"seq": 0, "t_ns": time.monotonic_ns()}))
 
 
 def _sleep_until(t_ns: int) -> None:
@@ -50,7 +41,7 @@ def _streaming(rig, period: int) -> tuple[HoldKeeper, int]:
 
 
 def test_a_chunk_executing_controller_gets_no_bridge_between_its_requests(rig):
-    period = _period(rig)
+    period = rig.loop.period_ns
     keeper = HoldKeeper(rig.loop, period)
     for seq in (1, 2, 3):
         t_ask = time.monotonic_ns()
@@ -60,7 +51,7 @@ def test_a_chunk_executing_controller_gets_no_bridge_between_its_requests(rig):
         # the openpi bridge does for its client; the hold keeper looks every half period.
         for k in range(1, 8):
             _sleep_until(published + k * period // 2)
-            _heartbeat(rig)
+            rig.send_heartbeat()
             keeper.tick(time.monotonic_ns())
         assert rig.recv(0.0) is None  # nothing went out between the requests
         _sleep_until(t_ask + 4 * period)
@@ -69,7 +60,7 @@ def test_a_chunk_executing_controller_gets_no_bridge_between_its_requests(rig):
 
 
 def test_a_streaming_controller_is_bridged_while_its_inference_is_late(rig):
-    period = _period(rig)
+    period = rig.loop.period_ns
     keeper = HoldKeeper(rig.loop, period)
     rig.send_obs(1)
     published = _answered(rig, 1)
@@ -92,11 +83,11 @@ def test_a_streaming_controller_is_bridged_while_its_inference_is_late(rig):
 def test_a_streaming_controller_is_bridged_when_its_camera_stops(rig):
     """Observations stop, heartbeats go on: holds every 1.5 periods until the sensor-stall
     monitor moves to the hold posture (the daemon's part, tests/test_faults.py)."""
-    period = _period(rig)
+    period = rig.loop.period_ns
     keeper, published = _streaming(rig, period)
     for k in range(1, 7):
         _sleep_until(published + k * period // 2)
-        _heartbeat(rig)
+        rig.send_heartbeat()
         keeper.tick(time.monotonic_ns())
     assert keeper.bridged >= 1 and rig.publisher.counts.holds["bridge"] == keeper.bridged
     hold = rig.recv()
@@ -104,18 +95,14 @@ def test_a_streaming_controller_is_bridged_when_its_camera_stops(rig):
 
 
 def test_a_streaming_controller_is_bridged_while_its_observations_are_refused(rig):
-    period = _period(rig)
+    period = rig.loop.period_ns
     keeper, published = _streaming(rig, period)
     # Joint positions far beyond the arm's limits: refused, counted, never answered; yet the
     # controller asked, every half period.
     bad = np.array([9.0, 9.0, 0.0, 0.0], np.float32)
-    image = np.zeros((64, 64, 3), np.uint8)
     for k, seq in enumerate(range(3, 7), start=1):
         _sleep_until(published + k * period // 2)
-        header = {"seq": seq, "t_sensor_ns": time.monotonic_ns(), "instruction": INSTRUCTION}
-        rig.controller.send_multipart(
-            protocol.encode(protocol.TOPIC_OBS, header, {"image/overhead": image, "proprio": bad})
-        )
+        rig.send_obs(seq, proprio=bad)
         wait_until(lambda n=k: rig.intake.counts.input_rejected >= n, what="the refusal")
         keeper.tick(time.monotonic_ns())
     assert keeper.bridged >= 1 and rig.publisher.counts.holds["bridge"] == keeper.bridged
