@@ -25,7 +25,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("vlad.files", "vlad.schema", "vlad.logs"),
     ("vlad.config", "vlad.contract"),
     ("vlad.processing", "vlad.backend", "vlad.protocol", "vlad.hookspecs", "vlad.plugins"),
-    ("vlad.serving", "vlad.health", "vlad.client", "vlad.demo.sim", "vlad.demo.model", "vlad.demo.evaluate"),
+    (
+        "vlad.serving",
+        "vlad.health",
+        "vlad.client",
+        "vlad.episodes",
+        "vlad.demo.sim",
+        "vlad.demo.model",
+        "vlad.demo.evaluate",
+    ),
     ("vlad.release",),
     # The planner reads signed manifests (planner.measure -> release), so it sits above
     # release with the other tools that consume releases, not beside serving.

@@ -163,6 +163,10 @@ class GuardConfig:
     proprio_rate_factor: float = field(default=3.0, metadata=bounded(1.0, 1000.0))
     # Consistent observations needed before the trusted state re-anchors after a jump.
     reanchor_observations: int = field(default=3, metadata=bounded(1, 1000))
+    # An observation flagged `reanchor` (the controller's announcement of an intended jump:
+    # an episode reset, homing) is trusted at once, at most once per this interval; more
+    # often it is judged like any other (docs/protocol.md).
+    reanchor_min_interval_ms: float = field(default=100.0, metadata=bounded(0.0, 60_000.0))
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,8 @@ def test_a_streaming_controller_is_bridged_while_its_inference_is_late(rig):
 
 def test_a_streaming_controller_is_bridged_when_its_camera_stops(rig):
     """Observations stop, heartbeats go on: holds every 1.5 periods until the sensor-stall
-    monitor moves to the hold posture (the daemon's part, tests/test_faults.py)."""
+    monitor moves to the hold posture (the daemon's part, tests/test_faults.py). The last
+    observation was answered, so the holds are about none (``obs_seq`` 0)."""
     period = rig.loop.period_ns
     keeper, published = _streaming(rig, period)
     for k in range(1, 7):
@@ -91,22 +92,25 @@ def test_a_streaming_controller_is_bridged_when_its_camera_stops(rig):
         keeper.tick(time.monotonic_ns())
     assert keeper.bridged >= 1 and rig.publisher.counts.holds["bridge"] == keeper.bridged
     hold = rig.recv()
-    assert hold is not None and hold.header["source"] == "hold:bridge" and hold.header["obs_seq"] == 2
+    assert hold is not None and hold.header["source"] == "hold:bridge" and hold.header["obs_seq"] == 0
+    assert hold.header["advisory"] is True
 
 
-def test_a_streaming_controller_is_bridged_while_its_observations_are_refused(rig):
+def test_a_refused_observation_is_answered_at_once_with_an_advisory_hold(rig):
     period = rig.loop.period_ns
     keeper, published = _streaming(rig, period)
-    # Joint positions far beyond the arm's limits: refused, counted, never answered; yet the
-    # controller asked, every half period.
+    # Joint positions far beyond the arm's limits: refused, counted, and answered by the
+    # serving thread with a hold saying why; the cadence has nothing to bridge.
     bad = np.array([9.0, 9.0, 0.0, 0.0], np.float32)
     for k, seq in enumerate(range(3, 7), start=1):
         _sleep_until(published + k * period // 2)
         rig.send_obs(seq, proprio=bad)
         wait_until(lambda n=k: rig.intake.counts.input_rejected >= n, what="the refusal")
+        hold = rig.recv()
+        assert hold is not None and hold.header["source"] == "hold:rejected", hold.header
+        assert hold.header["obs_seq"] == seq and hold.header["advisory"] is True
+        assert hold.header["reason"] == "proprio_out_of_limits"
+        # The hold posture is the last trusted joint state, never the refused one.
+        assert np.allclose(hold.tensors["actions"], rig.trusted.positions, atol=1e-6)
         keeper.tick(time.monotonic_ns())
-    assert keeper.bridged >= 1 and rig.publisher.counts.holds["bridge"] == keeper.bridged
-    hold = rig.recv()
-    assert hold is not None and hold.header["source"] == "hold:bridge"
-    # The hold posture is the last trusted joint state, never the refused one.
-    assert np.allclose(hold.tensors["actions"], rig.trusted.positions, atol=1e-6)
+    assert keeper.bridged == 0 and rig.publisher.counts.holds["rejected"] == 4

@@ -13,6 +13,7 @@ from vlad.serving.guard import ActionGuard, TrustedState
 
 NOW = 10_000_000_000
 PERIOD = 20_000_000
+VALID = 8 * PERIOD  # the demo contract's action validity
 
 
 def _chunk(contract, value=0.0):
@@ -53,11 +54,11 @@ def test_guard_clamps_bounds_and_rate(contract):
     lo = np.array([j.lower for j in contract.action.joints])
     c = _chunk(contract, 0.0)
     c[:, 0] = lo[0] - 5.0  # far below the bound, and a jump bigger than the rate limit
-    r = g.check(c, NOW, NOW + 1)
+    r = g.check(c, NOW, NOW + VALID)
     assert "bounds" in r.interventions and "out_of_bounds" in r.interventions  # 5 rad beyond: gross
     assert (r.actions[:, 0] >= lo[0] - 1e-6).all()
     first = r.actions[0].copy()
-    r2 = g.check(_chunk(contract, 0.0), NOW + PERIOD, NOW + PERIOD + 1)
+    r2 = g.check(_chunk(contract, 0.0), NOW + PERIOD, NOW + PERIOD + VALID)
     rate = np.array([j.rate_limit for j in contract.action.joints])
     assert "rate" in r2.interventions
     steps = np.abs(np.diff(np.vstack([first, r2.actions]), axis=0))
@@ -188,7 +189,7 @@ def test_no_observation_moves_a_command_beyond_the_contract(contract, observatio
     for k, q in enumerate(observations):
         t = NOW + k * PERIOD
         ts.judge(_q(*q), t)
-        r = g.check(chunk.copy(), t, t + 1)
+        r = g.check(chunk.copy(), t, t + VALID)
         out = r.actions
         assert (out >= lo - 1e-5).all() and (out <= hi + 1e-5).all()
         assert (np.abs(np.diff(out, axis=0)) <= rate + 1e-4).all()

@@ -581,7 +581,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     trusted = TrustedState(contract, cfg.guard)
     guard = ActionGuard(contract, trusted, cfg.guard)
     stats = LatencyStats(cfg.serve.latency_window)
-    intake = Intake(contract, IntakeCounts(), trusted, cfg.serve.max_clock_skew_ns)
+    intake = Intake(contract, IntakeCounts(), trusted, cfg.serve.max_clock_skew_ns, loaded[0][1].tokenizer)
     chain_ref: list[PolicyChain] = []
 
     def release_name() -> str:

@@ -65,3 +65,29 @@ def run_episode(policy: Any, task: sim.ReacherTask, seed: int, instruction: str,
         time.sleep(max(0.0, (next_tick - time.monotonic_ns()) / 1e9))
     d = task.distance()
     return {"success": d < sim.SUCCESS_RADIUS, "distance": d, "latencies": latencies, "held": held, "errors": errors}
+
+
+def run_episodes(args: Any, period_ns: int, port: int) -> int:
+    """``args.episodes`` episodes (alternating instructions) through openpi's client; prints each."""
+    policy = connect("127.0.0.1", port, action_horizon=args.exec_steps)
+    print(
+        f"demo: openpi's WebsocketClientPolicy + ActionChunkBroker(action_horizon={args.exec_steps}) on "
+        f"ws://127.0.0.1:{port}\n",
+        flush=True,
+    )
+    results = []
+    with sim.ReacherTask(render=True) as task:
+        for i in range(args.episodes):
+            instruction = sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]
+            r = run_episode(policy, task, args.seed + i, instruction, period_ns)
+            results.append(r)
+            lat = np.asarray(r["latencies"]) if r["latencies"] else np.asarray([np.nan])
+            print(
+                f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r['success'] else 'miss   '}"
+                f"  final distance {r['distance'] * 1000:6.1f} mm   request p50 {np.median(lat):5.2f} ms"
+                f"  held {r['held']}",
+                flush=True,
+            )
+    ok = sum(r["success"] for r in results)
+    print(f"\ndemo: {ok}/{len(results)} episodes succeeded through vlad's openpi endpoint")
+    return 0 if results else 1

@@ -1,10 +1,13 @@
 """The demo: ``vlad serve`` on the embedded demo release, a simulated robot as controller.
 
-The MuJoCo arm runs in real time at the contract's control period. Every period it
-captures a frame and its joint state, publishes them through :mod:`vlad.client`, sends a
-heartbeat, takes the newest fresh action chunk and executes the waypoint for the current
-time (holding position when it has none). Between episodes it prints what happened; at
-the end the success rate, the latency the controller saw, and ``vladctl status``.
+The MuJoCo arm runs in real time at the contract's control period, driven by the episode
+runner (:mod:`vlad.episodes`): every period it publishes its camera frame, joint state and
+instruction through :mod:`vlad.client` and sends a heartbeat, executes a chunk for
+``--exec-steps`` periods before switching to the answer to its newest observation, and
+holds position when it has nothing valid. After the episodes through vlad it runs the same
+seeds with the same release in its own process and prints both success rates (the
+fidelity check: with the same seeds and noise, an episode differs only where serving
+changed something), the latency the controller saw, and ``vladctl status``.
 
     ./scripts/demo [--episodes 10] [--config etc/vlad/demo.toml] [--no-daemon-log] [--remote] [--openpi]
 
@@ -16,6 +19,7 @@ with openpi's own client through vlad's openpi-compatible endpoint (:mod:`vlad.d
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import subprocess
@@ -30,8 +34,10 @@ import numpy as np
 
 from vlad.cli.daemon import format_status
 from vlad.client import Client, ClientError
-from vlad.config import load_config
+from vlad.config import Config, load_config
 from vlad.demo import sim
+from vlad.episodes import DaemonLink, EpisodeLog, InProcessLink, compare, contract_infer, run_episode
+from vlad.release.loading import LoadedPolicy, PolicySource, load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENPI_PORT = 8000  # openpi's default
@@ -57,56 +63,6 @@ def wait_ready(client: Client, proc: subprocess.Popen, timeout: float = 90.0) ->
             pass
         time.sleep(0.2)
     raise SystemExit("demo: vlad did not become ready in time")
-
-
-def run_episode(
-    client: Client, task: sim.ReacherTask, seed: int, instruction: str, period_ns: int, exec_steps: int = 4
-) -> dict:
-    """One real-time episode. vlad answers every observation, but like the policy was
-    trained (and like pi0 executes its chunks), the controller commits to a chunk for
-    ``exec_steps`` periods before taking the newest one: replanning every period lets a
-    flow-matching policy switch between modes (here: the two goals) on fresh noise."""
-    obs = task.reset(seed, instruction)
-    chunk = None
-    latencies, held = [], 0
-    first_seq = None
-    next_tick = time.monotonic_ns()
-    for _ in range(sim.EPISODE_STEPS):
-        t_sensor = time.monotonic_ns()
-        assert obs.image is not None  # the demo's task renders every step
-        seq = client.publish_observation(
-            {"overhead": obs.image}, proprio=obs.proprio, instruction=instruction, t_sensor_ns=t_sensor
-        )
-        first_seq = seq if first_seq is None else first_seq
-        client.heartbeat()
-        # Wait for this observation's chunk until shortly before the period ends; keep
-        # executing the previous one if it does not come in time.
-        newest = client.recv_actions(timeout_ms=max(1, int((next_tick + period_ns * 0.8 - time.monotonic_ns()) / 1e6)))
-        while newest is not None and newest.obs_seq < seq:
-            more = client.recv_actions(
-                timeout_ms=max(0, int((next_tick + period_ns * 0.8 - time.monotonic_ns()) / 1e6))
-            )
-            if more is None:
-                break
-            newest = more
-        now = time.monotonic_ns()
-        if newest is not None and newest.obs_seq < first_seq:
-            # Computed before the reset (e.g. a hold of the old pose): never executed. vlad
-            # refuses the jump of the reset arm until a few observations confirm it.
-            newest = None
-        if newest is not None:
-            if newest.obs_seq == seq:
-                latencies.append((newest.t_receive_ns - newest.t_sensor_ns) / 1e6)
-            if chunk is None or chunk.is_stale(now) or (now - chunk.t_sensor_ns) // period_ns >= exec_steps:
-                chunk = newest
-        command = chunk.action_at(now) if chunk is not None else None
-        if command is None:  # nothing fresh to execute: hold where we are
-            command, held = obs.proprio[:2], held + 1
-        obs = task.step(np.asarray(command, dtype=np.float64))
-        next_tick += period_ns
-        time.sleep(max(0.0, (next_tick - time.monotonic_ns()) / 1e9))
-    d = task.distance()
-    return {"success": d < sim.SUCCESS_RADIUS, "distance": d, "latencies": latencies, "held": held}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,8 +98,16 @@ def main(argv: list[str] | None = None) -> int:
             server.wait(10)
 
 
+def load_in_process(cfg: Config) -> LoadedPolicy:
+    """The release the daemon serves, loaded in this process too (verified the same way)."""
+    r = cfg.release
+    keys = r.keys_dir if r.verify else None
+    return load_policy(PolicySource(Path(r.path), keys, r.backend, r.artifact, r.options, r.site_options), warmup=2)
+
+
 def run_demo(args: argparse.Namespace) -> int:
-    """Start the daemon on ``args.config``, run the episodes, print what happened."""
+    """Start the daemon on ``args.config``, run the episodes through it and the same seeds in
+    process, print what happened."""
     cfg = load_config(args.config)
     print(f"demo: starting vlad serve --config {args.config}", flush=True)
     openpi = getattr(args, "openpi", False)
@@ -154,7 +118,7 @@ def run_demo(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, settings)
     proc = start_daemon(args.config, args.no_daemon_log, settings if openpi else None)
     client = Client.from_config(cfg, name="mujoco-reacher")
-    results = []
+    served: list[EpisodeLog] = []
     try:
         st = wait_ready(client, proc)
         period_ns = int(st["control_period_ms"] * 1e6)
@@ -164,38 +128,49 @@ def run_demo(args: argparse.Namespace) -> int:
             f" success = fingertip within {sim.SUCCESS_RADIUS * 1000:.0f} mm of the goal at the end\n",
             flush=True,
         )
-        policy = None
         if openpi:
-            policy = demo_openpi.connect("127.0.0.1", OPENPI_PORT, action_horizon=args.exec_steps)
-            print(
-                f"demo: openpi's WebsocketClientPolicy + ActionChunkBroker(action_horizon={args.exec_steps}) on "
-                f"ws://127.0.0.1:{OPENPI_PORT}\n",
-                flush=True,
-            )
-        with sim.ReacherTask(render=True) as task:
-            for i in range(args.episodes):
-                instruction = sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]
-                if policy is not None:
-                    r = demo_openpi.run_episode(policy, task, args.seed + i, instruction, period_ns)
-                else:
-                    r = run_episode(client, task, args.seed + i, instruction, period_ns, args.exec_steps)
-                results.append(r)
-                lat = np.asarray(r["latencies"]) if r["latencies"] else np.asarray([np.nan])
+            return demo_openpi.run_episodes(args, period_ns, OPENPI_PORT)
+        local = load_in_process(cfg)
+        contract = local.contract
+        run = functools.partial(
+            run_episode, period_ns=period_ns, exec_steps=args.exec_steps, chunk_length=contract.action.chunk_length
+        )
+        plan = [(args.seed + i, sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]) for i in range(args.episodes)]
+        with sim.ReacherTask(render=False) as task:
+            link = DaemonLink(client)
+            for i, (seed, instruction) in enumerate(plan):
+                r = run(task, link, seed, instruction, label="through vlad")
+                served.append(r)
+                lat = np.asarray(r.latencies_ms) if r.latencies_ms else np.asarray([np.nan])
+                holds = sum(r.holds_adopted.values())
                 print(
-                    f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r['success'] else 'miss   '}"
-                    f"  final distance {r['distance'] * 1000:6.1f} mm   sensor->action p50 {np.median(lat):5.2f} ms"
-                    f"  max {lat.max():5.2f} ms   held {r['held']}",
+                    f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r.success else 'miss   '}"
+                    f"  final distance {r.final_distance * 1000:6.1f} mm   sensor->action p50 {np.median(lat):5.2f} ms"
+                    f"  max {lat.max():5.2f} ms   late {len(r.late)}  holds {holds}",
                     flush=True,
                 )
-        all_lat = np.concatenate([np.asarray(r["latencies"]) for r in results if r["latencies"]] or [np.zeros(1)])
-        ok = sum(r["success"] for r in results)
+            status = format_status(client.status())
+            print("\ndemo: the same seeds with the same release in this process (no daemon) ...", flush=True)
+            inproc = InProcessLink.for_contract(contract, contract_infer(contract, local.tokenizer, local.session))
+            reference = [run(task, inproc, seed, instruction, label="in process") for seed, instruction in plan]
+        local.session.close()
+        all_lat = np.concatenate([np.asarray(r.latencies_ms) for r in served if r.latencies_ms] or [np.zeros(1)])
+        ok, ref_ok = sum(r.success for r in served), sum(r.success for r in reference)
+        pairs = [compare(a, b) for a, b in zip(reference, served, strict=True)]
+        same = sum(p["first_divergence"] is None for p in pairs)
+        flips = [f"{p['seed']} {'lost' if p['reference'] else 'gained'} ({p['why']})" for p in pairs if p["flipped"]]
         print(
-            f"\ndemo: {ok}/{len(results)} episodes succeeded; latency seen by the controller (sensor -> action received):"
+            f"\ndemo: through vlad {ok}/{len(served)} episodes succeeded, in process {ref_ok}/{len(reference)} "
+            f"(same seeds, same noise); {same} of {len(pairs)} episodes identical tick for tick"
+            + (f"; flipped: {', '.join(flips)}" if flips else "")
+        )
+        print(
+            "demo: latency seen by the controller (sensor -> action received):"
             f" p50 {np.percentile(all_lat, 50):.2f} ms, p95 {np.percentile(all_lat, 95):.2f} ms,"
             f" p99 {np.percentile(all_lat, 99):.2f} ms over {len(all_lat)} chunks\n"
         )
-        print("vladctl status:")
-        print(format_status(client.status()))
+        print("vladctl status (after the episodes through vlad):")
+        print(status)
     finally:
         client.close()
         if proc.poll() is None:
@@ -204,7 +179,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    return 0 if results else 1
+    return 0 if served else 1
 
 
 if __name__ == "__main__":

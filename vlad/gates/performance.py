@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from vlad.gates.controller import Chunk, Controller
+from vlad.client import ActionChunk
+from vlad.gates.controller import Controller
 from vlad.gates.launcher import RunningDaemon
 from vlad.gates.metrics import percentiles
 from vlad.gates.plan import GatePlan
@@ -79,10 +80,10 @@ def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str 
     return [(images, proprio, task_instructions(plan.closed_loop.task)[0] if c.language else None)]
 
 
-def _stats(sent: dict[int, int], chunks: list[Chunk], deadline_ms: float, refused: int = 0) -> dict[str, Any]:
+def _stats(sent: dict[int, int], chunks: list[ActionChunk], deadline_ms: float, refused: int = 0) -> dict[str, Any]:
     """Latency per stage over the policy chunks answering ``sent`` observations; observations
     the daemon refused (``refused``, from its counters) are not late, they are reported apart."""
-    first: dict[int, Chunk] = {}
+    first: dict[int, ActionChunk] = {}
     holds = 0
     for c in chunks:
         if c.is_hold:
@@ -133,7 +134,7 @@ def stream(
     burst is measured (the daemon answers the newest and supersedes the rest).
     """
     sent: dict[int, int] = {}
-    chunks: list[Chunk] = []
+    chunks: list[ActionChunk] = []
     refused_before = _refused(ctl)
     tail = int(max(5 * deadline_ms, 200) * 1e6 // period_ns) + 1
     next_tick = time.monotonic_ns()

@@ -134,6 +134,11 @@ class ClosedLoopPlan:
     max_out_of_bounds: int = 0
     max_fallbacks: int = 0
     max_deadline_miss_rate: float = 0.02
+    # Through vlad vs the same artifact in process, paired on the same seeds: at most this
+    # much lower success rate per instruction (0.03: 3 points), on a quiet machine and, with
+    # fidelity_under_hog, again beside a process spinning one core.
+    max_fidelity_drop: float = 0.03
+    fidelity_under_hog: bool = True
 
 
 @dataclass(frozen=True)

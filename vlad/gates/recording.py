@@ -299,6 +299,7 @@ class RecordedChunk:
     interventions: tuple[str, ...]
     timings_ms: dict[str, float]
     actions: np.ndarray
+    advisory: bool = False  # an advisory hold (docs/protocol.md): controllers keep a valid chunk
 
     @property
     def is_hold(self) -> bool:
@@ -392,4 +393,5 @@ def _chunk(frames: list[bytes]) -> RecordedChunk:
         tuple(h.get("interventions", ())),
         dict(h.get("timings_ms", {})),
         np.array(msg.tensors["actions"]),
+        h.get("advisory") is True,
     )

@@ -69,19 +69,21 @@ def replay_guard(
     out = GuardReplay(JointErrors(tuple(j.name for j in contract.action.joints)))
     for chunk in sorted(recording.chunks, key=lambda c: c.seq):
         if chunk.is_hold or chunk.obs_seq not in actions:
-            # A hold (or an unreplayed observation) still moved the guard's last command.
-            guard.record_hold(np.asarray(chunk.actions, np.float32), chunk.t_issue_ns)
+            # A hold (or an unreplayed observation) still moved the guard's reference,
+            # unless it was advisory.
+            if not chunk.advisory:
+                _sent(guard, chunk)
             continue
         obs = observations[chunk.obs_seq]
         now = _guard_time(chunk)
-        if obs.proprio is not None and trusted.judge(np.asarray(obs.proprio), obs.t_sensor_ns) is not None:
-            # This daemon refuses that joint state (a jump, e.g. where the recording starts
-            # its next episode) and would not answer it; the recorded chunk still moved the
-            # recording daemon's last command.
-            guard.record_hold(np.asarray(chunk.actions, np.float32), chunk.t_issue_ns)
+        verdict_in = trusted.judge(np.asarray(obs.proprio), obs.t_sensor_ns) if obs.proprio is not None else None
+        if verdict_in is not None:
+            # This daemon refuses that joint state and would not answer it; the recorded
+            # chunk still moved the recording daemon's reference.
+            _sent(guard, chunk)
             out.refused += 1
             continue
-        verdict = guard.check(np.array(actions[chunk.obs_seq], np.float32), now, now + 1)
+        verdict = guard.check(np.array(actions[chunk.obs_seq], np.float32), now, now + 1, chunk.t_sensor_ns)
         if verdict.actions is None:
             continue
         out.errors.add(chunk.actions, verdict.actions)
@@ -95,6 +97,11 @@ def replay_guard(
                     f"observation {chunk.obs_seq}: recorded {sorted(recorded)}, replayed {sorted(replayed)}"
                 )
     return out
+
+
+def _sent(guard, chunk) -> None:
+    """``chunk`` (recorded) as the last chunk the guard sent."""
+    guard.record_hold(np.asarray(chunk.actions, np.float32), chunk.t_sensor_ns, chunk.valid_until_ns)
 
 
 def _guard_time(chunk) -> int:
