@@ -60,7 +60,14 @@ def add_gate_commands(subparsers: Any) -> None:
     p.add_argument("--perf-calls", type=int, help="warm steady-state observations (stress scenarios get a third)")
     p.add_argument("--bursts", type=int, help="observation bursts")
     p.add_argument("--episodes", type=int, help="closed-loop episodes per instruction and policy")
-    p.add_argument("--no-hog", action="store_true", help="skip the CPU-hog scenario")
+    p.add_argument(
+        "--max-fidelity-drop",
+        type=float,
+        help="closed loop: success rate through vlad at most this much below in process (0.03 = 3 points)",
+    )
+    p.add_argument(
+        "--no-hog", action="store_true", help="skip the CPU-hog scenarios (performance, closed-loop fidelity)"
+    )
     p.add_argument("--no-html", action="store_true", help="write report.json only")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--json", action="store_true", help="print the report's verdicts as JSON")
@@ -101,7 +108,12 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     perf = {"warm_calls": args.perf_calls, "bursts": args.bursts, "cpu_hog": False if args.no_hog else None}
     if args.perf_calls is not None:
         perf["shape_switch_calls"] = max(3, min(20, args.perf_calls // 20))
-    return {"equivalence": eq, "performance": perf, "closed_loop": {"episodes": args.episodes}}
+    closed = {
+        "episodes": args.episodes,
+        "max_fidelity_drop": args.max_fidelity_drop,
+        "fidelity_under_hog": False if args.no_hog else None,
+    }
+    return {"equivalence": eq, "performance": perf, "closed_loop": closed}
 
 
 def cmd_gate(args: argparse.Namespace) -> int:

@@ -96,7 +96,7 @@ def episodes(
             logs.append(log)
             ok += log.success
             if (i + 1) % 10 == 0 or i + 1 == plan.episodes:
-                progress(f"  closed loop {label}: {instruction!r} {i + 1}/{plan.episodes} episodes, {ok} successes")
+                progress(f"  closed loop {label}: {instruction!r} episode {i + 1}/{plan.episodes}, {ok} successes")
     return logs
 
 

@@ -283,6 +283,7 @@ class RecordedObservation:
     instruction: str | None
     images: dict[str, np.ndarray]
     proprio: np.ndarray | None
+    reanchor: bool = False  # the controller announced a joint-state jump (docs/protocol.md)
 
 
 @dataclass(frozen=True)
@@ -375,7 +376,13 @@ def _observation(frames: list[bytes], t_ns: int) -> RecordedObservation | None:
     h = msg.header
     images = {k[len("image/") :]: v for k, v in msg.tensors.items() if k.startswith("image/")}
     return RecordedObservation(
-        int(h["seq"]), int(h["t_sensor_ns"]), t_ns, h.get("instruction"), images, msg.tensors.get("proprio")
+        int(h["seq"]),
+        int(h["t_sensor_ns"]),
+        t_ns,
+        h.get("instruction"),
+        images,
+        msg.tensors.get("proprio"),
+        h.get("reanchor") is True,
     )
 
 

@@ -193,6 +193,7 @@ class PolicyOutputMonitor(Monitor):
         ("nonfinite_outputs", "nonfinite_output"),
         ("out_of_bounds", "out_of_bounds_output"),
         ("backend_errors", "backend_exception"),
+        ("cycle_errors", "cycle_error"),  # vlad's own code failed on this policy's cycle
     )
 
     def check(self, v: HealthView) -> list[Finding]:
