@@ -114,3 +114,15 @@ def test_a_refused_observation_is_answered_at_once_with_an_advisory_hold(rig):
         assert np.allclose(hold.tensors["actions"], rig.trusted.positions, atol=1e-6)
         keeper.tick(time.monotonic_ns())
     assert keeper.bridged == 0 and rig.publisher.counts.holds["rejected"] == 4
+
+
+def test_a_bridge_decided_before_an_answer_went_out_is_not_sent(rig):
+    """The cadence thread decides outside the publisher's lock; the serving thread may answer
+    meanwhile. The bridge is then dropped, so no hold ever follows the policy chunk for the
+    same observation."""
+    period = rig.loop.period_ns
+    keeper, published = _streaming(rig, period)
+    looked = rig.publisher.last_publish_ns - 1  # what a tick saw just before that chunk went out
+    assert not rig.publisher.publish_hold("bridge", 2, 0, advisory=True, unless_sent_after=looked)
+    assert rig.recv(0.1) is None and rig.publisher.counts.holds["bridge"] == 0
+    assert rig.publisher.answered_seq == 2

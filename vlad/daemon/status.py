@@ -48,6 +48,7 @@ def counters(d: Daemon) -> dict[str, Any]:
         "superseded": intake.superseded,
         "input_rejected": intake.input_rejected,
         "reanchors": intake.reanchors + d.guard.reanchors,
+        "reanchors_announced": d.intake.trusted.announced,
         "published": pub.policy_chunks,
         "published_hold": sum(pub.holds.values()),
         "holds": dict(pub.holds),

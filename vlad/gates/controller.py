@@ -50,8 +50,11 @@ class Controller:
         proprio: np.ndarray | None,
         instruction: str | None,
         t_sensor_ns: int | None = None,
+        *,
+        reanchor: bool = False,
     ) -> int:
-        """Send one observation (sensor time: now unless given); returns its sequence number."""
+        """Send one observation (sensor time: now unless given); returns its sequence number.
+        ``reanchor``: announce a joint-state jump (a recording's next episode)."""
         self._seq += 1
         header: dict[str, Any] = {
             "seq": self._seq,
@@ -60,6 +63,8 @@ class Controller:
         }
         if instruction is not None:
             header["instruction"] = instruction
+        if reanchor:
+            header["reanchor"] = True
         tensors = {f"image/{k}": v for k, v in images.items()}
         if proprio is not None:
             tensors["proprio"] = np.asarray(proprio, dtype=np.float32)

@@ -48,9 +48,10 @@ BURST_EVERY = 5  # periods between bursts, so each one is answered before the ne
 STAGES = ("transport", "queue", "preprocess", "engine", "decode", "guard")  # vlad.serving.tracing names
 
 
-def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str | None]]:
+def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str | None, bool]]:
     """What the controller publishes: recorded observations, else the golden fixtures, else
-    contract-shaped synthetic ones (mid-grey image, zero joint state)."""
+    contract-shaped synthetic ones (mid-grey image, zero joint state); with each, whether it
+    announces a joint-state jump (a recording's episode start)."""
     for rel in plan.equivalence.recordings:
         from vlad.gates.recording import read_recording
 
@@ -59,12 +60,12 @@ def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str 
             raise GateError("equivalence.recordings: an entry is an empty path")
         rec = read_recording(path, limit=200)
         if rec.observations:
-            return [(o.images, o.proprio, o.instruction) for o in rec.observations]
+            return [(o.images, o.proprio, o.instruction, o.reanchor) for o in rec.observations]
     golden = plan.path(plan.equivalence.golden)
     if golden is not None and golden.is_file():
         from vlad.gates.equivalence import load_golden
 
-        return [(fx["raw"].images, fx["raw"].proprio, fx["raw"].instruction) for fx in load_golden(golden)]
+        return [(fx["raw"].images, fx["raw"].proprio, fx["raw"].instruction, False) for fx in load_golden(golden)]
     c = subject.contract
     images = {
         cam.name: np.full(
@@ -77,7 +78,7 @@ def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str 
     proprio = np.zeros(c.proprio.dim, np.float32) if c.proprio else None
     from vlad.gates.closed_loop import task_instructions
 
-    return [(images, proprio, task_instructions(plan.closed_loop.task)[0] if c.language else None)]
+    return [(images, proprio, task_instructions(plan.closed_loop.task)[0] if c.language else None, False)]
 
 
 def _stats(sent: dict[int, int], chunks: list[ActionChunk], deadline_ms: float, refused: int = 0) -> dict[str, Any]:
@@ -143,8 +144,8 @@ def stream(
         is_burst = measured and burst_every and (k - settle) % burst_every == 0
         t = time.monotonic_ns()
         for j in range(burst_size if is_burst else 1):
-            images, proprio, instruction = obs[(k + j) % len(obs)]
-            seq = ctl.publish(images, proprio, instruction, t)
+            images, proprio, instruction, reanchor = obs[(k + j) % len(obs)]
+            seq = ctl.publish(images, proprio, instruction, t, reanchor=reanchor)
         if measured and (is_burst or not burst_every):
             sent[seq] = t
         ctl.heartbeat()
@@ -169,8 +170,8 @@ def burst_deadline_ms(deadline_ms: float, warm: dict[str, Any]) -> float:
 
 
 def _refused(ctl: Controller) -> int:
-    """Observations the daemon refused for their content (counted, never answered: e.g. a
-    joint state that jumped where a recording wraps to its next episode)."""
+    """Observations the daemon refused for their content (counted, answered with an advisory
+    hold: e.g. a golden fixture's joint state far from the previous one)."""
     return int(ctl.status()["counters"].get("input_rejected", 0))
 
 
@@ -183,9 +184,9 @@ def cold_start(daemon: RunningDaemon, ctl: Controller, obs: list, period_ns: int
             raise GateError(
                 f"vlad serve exited with status {daemon.proc.returncode} during cold start: {daemon.log_tail()}"
             )
-        images, proprio, instruction = obs[i % len(obs)]
+        images, proprio, instruction, reanchor = obs[i % len(obs)]
         i += 1
-        ctl.publish(images, proprio, instruction)
+        ctl.publish(images, proprio, instruction, reanchor=reanchor)
         ctl.heartbeat()
         for c in ctl.recv_until(time.monotonic_ns() + period_ns):
             if not c.is_hold:
