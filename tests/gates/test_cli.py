@@ -60,7 +60,7 @@ def test_evidence_command_and_deploy_enforcement_on_the_demo(capsys):
     # The same release with only its closed-loop verdict: deploy must refuse it as it is.
     doc = dict(read_manifest_document(candidates.DEMO))
     doc["gates"] = [g for g in doc["gates"] if g["gate"] == "closed_loop"]
-    with pytest.raises(EvidenceMissing, match="lacks passing gate evidence: gate contract: no evidence") as exc:
+    with pytest.raises(EvidenceMissing, match=r"lacks passing gate evidence \(gate contract: no evidence") as exc:
         enforce_evidence(doc, candidates.DEMO)
     assert "--force --why" in str(exc.value) and "\n" not in str(exc.value)
     with pytest.raises(EvidenceMissing, match="--force needs --why"):

@@ -104,7 +104,7 @@ class Daemon:
         self.realtime_report = realtime_report
         self.contract: Contract = chain.release.loaded.contract
         self.period_ns = int(self.contract.timing.control_period_ms * 1e6)
-        self.releases = ReleaseManager(cfg, chain, publisher, state, served, check_evidence=_gate_evidence)
+        self.releases = ReleaseManager(cfg, chain, publisher, state, served)
         self.started_ns = time.monotonic_ns()
         self.rates = status.Rates()
         self.findings: list[Finding] = []
@@ -467,17 +467,6 @@ def _check(
     return readings, findings
 
 
-def _gate_evidence(policy: LoadedPolicy) -> list[str]:
-    """Missing or failed release gates the manifest requires (filled in by vlad.gates)."""
-    try:
-        from vlad.gates.evidence import check_evidence
-    except ImportError:
-        return []
-    if policy.manifest is None:
-        return []
-    return check_evidence(policy.manifest, policy.folder)
-
-
 # ---------------------------------------------------------------------------------------
 # Start-up: everything loaded, bound and started, or one clear line why not
 # ---------------------------------------------------------------------------------------
@@ -526,7 +515,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     for name, source in sources:
         notifier.status(f"loading and warming {name} ({source.folder})")
         t0 = time.monotonic()
-        policy = await anyio.to_thread.run_sync(load_policy, source, cfg.serve.warmup)
+        policy = await anyio.to_thread.run_sync(load_policy, source, cfg.serve.warmup, _progress(notifier, name))
         stack.callback(policy.session.close)
         if loaded:
             breaking = compatible(loaded[0][1].contract, policy.contract)
@@ -653,6 +642,17 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
             chain=[str(i) for i in chain.ids()],
         )
     return daemon
+
+
+def _progress(notifier: Notifier, name: str) -> Callable[[str], None]:
+    """Start-up progress of loading ``name``: the log and systemd's STATUS= line."""
+
+    def say(line: str) -> None:
+        if line:
+            log.info("%s: %s", name, line)
+            notifier.status(f"loading {name}: {line}")
+
+    return say
 
 
 def _largest_frame(contract: Contract) -> int:
