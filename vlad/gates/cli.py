@@ -193,7 +193,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from vlad.gates.subject import open_subject
 
     cand = open_subject(args.release)
-    rec = read_recording(args.recording, limit=args.limit)
+    rec = read_recording(args.recording, limit=args.limit).usable()
     engine = load_engine(cand, Engine("candidate", cand.serving, required=True))
     base = None
     if args.baseline:
@@ -206,6 +206,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if base is not None:
             base.close()
     d = result.to_dict()
+    d["refused"] = rec.refused
     if args.json:
         print(json.dumps(d, indent=2))
         return 0
@@ -213,6 +214,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         f"replayed {d['observations']} observations of {args.recording} through {cand.id} "
         f"({cand.serving.backend}); {d['chunks_compared']} chunks compared with the recording"
     )
+    if rec.refused:
+        print(f"  skipped {rec.refused} observations the daemon refused (e.g. {rec.refusals[0]})")
     print(
         f"  guarded actions vs recorded: max abs per joint {_fmt(d['vs_recorded_max_abs_per_joint'])}; "
         f"interventions differing: {d['intervention_flips_vs_recorded']}"
