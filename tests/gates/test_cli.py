@@ -17,7 +17,7 @@ def test_commands_plug_into_a_parser_and_set_func():
     args = parser.parse_args(["gate", "cand", "--baseline", "base", "--report", "out", "--all", "--episodes", "3"])
     assert args.func.__name__ == "cmd_gate" and args.all and args.episodes == 3
     for argv, name in (
-        (["record", "x.mcap"], "cmd_record"),
+        (["record", "--out", "x.mcap"], "cmd_record"),
         (["replay", "x.mcap", "--release", "r"], "cmd_replay"),
         (["evidence", "r"], "cmd_evidence"),
     ):
@@ -103,7 +103,8 @@ def test_record_command_stops_at_its_time_limit(tmp_path, capsys):
     from vlad.gates.recording import read_recording
 
     out = tmp_path / "short.mcap"
-    assert main(["record", str(out), "--release", str(candidates.DEMO), "--episodes", "3", "--max-s", "0.5"]) == 0
+    argv = ["record", "--out", str(out), "--demo", str(candidates.DEMO), "--episodes", "3", "--seconds", "0.5"]
+    assert main(argv) == 0
     text = capsys.readouterr().out
     assert "stopped: time limit (0.5 s) reached" in text
     rec = read_recording(out)

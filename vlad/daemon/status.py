@@ -127,5 +127,6 @@ def build(d: Daemon) -> dict[str, Any]:
             or release.served.session.memory().host_rss_bytes
         },
         "realtime": d.realtime_report,
+        "tap": d.tap.stats() if d.tap is not None else None,
         "openpi": d.openpi.report() if d.openpi is not None else None,
     }

@@ -203,8 +203,9 @@ class McapRecorder:
         with self._lock:
             return {**self._counts, "bytes": self._accepted_bytes, "stop_reason": self.stop_reason}
 
-    def close(self) -> dict[str, Any]:
-        """Write what is queued, the summary metadata and the MCAP footer; idempotent."""
+    def close(self, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write what is queued, the summary metadata (with ``summary``'s entries) and the
+        MCAP footer; idempotent."""
         with self._lock:
             already, self._closed = self._closed, True
         if already:
@@ -212,7 +213,8 @@ class McapRecorder:
         self._queue.put(_STOP)
         self._thread.join()
         stats = self.stats()
-        self._writer.add_metadata("vlad.recording.summary", {k: str(v) for k, v in stats.items()})
+        extra = {k: str(v) for k, v in (summary or {}).items()}
+        self._writer.add_metadata("vlad.recording.summary", {**{k: str(v) for k, v in stats.items()}, **extra})
         self._writer.finish()
         self._file.close()
         if self._error is not None:

@@ -81,7 +81,8 @@ def load_policy(source: PolicySource, warmup: int, progress: Callable[[str], Non
 
         known = source.verified.files if source.verified and source.verified.path == folder.resolve() else None
         verified = verify_release(folder, source.keys_dir, check_time=source.check_time, known=known, progress=say)
-        say(verified.hashing)
+        if verified.hash_seconds >= 1.0:  # progress is for the steps a human waits for
+            say(verified.hashing)
         for warning in verified.warnings:
             log.warning("release %s: %s", verified.id, warning)
         m = manifest = verified.manifest
@@ -130,14 +131,16 @@ def load_policy(source: PolicySource, warmup: int, progress: Callable[[str], Non
     t0 = time.monotonic()
     say(f"loading {artifact} on {backend_name}")
     session = backend.load(artifact_path, contract, options)
-    say(f"loaded {artifact} on {backend_name} in {time.monotonic() - t0:.1f} s; {warmup} warm-up inference(s)")
+    if time.monotonic() - t0 >= 1.0:
+        say(f"loaded {artifact} on {backend_name} in {time.monotonic() - t0:.1f} s; {warmup} warm-up inference(s)")
     t0 = time.monotonic()
     try:
         session.warmup(warmup)
     except BaseException:
         session.close()
         raise
-    say(f"warmed up in {time.monotonic() - t0:.1f} s")
+    if time.monotonic() - t0 >= 1.0:
+        say(f"warmed up in {time.monotonic() - t0:.1f} s")
     if artifacts is None:  # unsigned (development): watch what was loaded
         files = [contract_path, artifact_path] + ([contract.tokenizer_path] if contract.tokenizer_path else [])
         artifacts = {str(p.relative_to(folder)): sha256_file(p) for p in files}

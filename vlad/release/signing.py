@@ -423,6 +423,7 @@ class VerifiedRelease:
     files: Mapping[str, FileCheck] = field(default_factory=dict)
     hashing: str = ""  # "verifying ID: 9 file(s), 8.4 MB in 0.01 s (0.84 GB/s)"
     hashed_bytes: int = 0  # bytes this verification read and hashed (0: every identity known)
+    hash_seconds: float = 0.0
 
     @property
     def id(self) -> str:
@@ -496,7 +497,7 @@ def verify_release(
             raise ValidityError(f"{source}: {rel.id} expired at {rfc3339(rel.expires)} (now {rfc3339(now)})")
 
     files: Mapping[str, FileCheck] = {}
-    hashing, hashed_bytes = "", 0
+    hashing, hashed_bytes, hash_seconds = "", 0, 0.0
     contract = None
     if check_files:
         result = hash_artifacts(
@@ -506,7 +507,7 @@ def verify_release(
             progress=progress,
             what=f"verifying {rel.id}",
         )
-        files, hashing, hashed_bytes = result.checks, result.summary, result.hashed_bytes
+        files, hashing, hashed_bytes, hash_seconds = result.checks, result.summary, result.hashed_bytes, result.seconds
         problems = result.problems + extra_files(folder, manifest)
         if not problems:
             contract, contract_problems = _check_contract(folder, manifest)
@@ -530,6 +531,7 @@ def verify_release(
         files=files,
         hashing=hashing,
         hashed_bytes=hashed_bytes,
+        hash_seconds=hash_seconds,
     )
 
 
