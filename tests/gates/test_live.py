@@ -52,6 +52,11 @@ def test_record_a_live_daemon_and_replay_it_through_a_candidate(served, tmp_path
     assert f"wrote {out}:" in proc.stdout and "recording vlad-demo-reacher@1.0.0 from ipc://" in proc.stderr
     st = client.status()
     assert st["tap"]["endpoint"] == f"ipc://{tmp_path}/run/tap" and st["tap"]["sent"] > 0
+    # The recorder gone, the daemon stops offering anything to the tap.
+    deadline = time.monotonic() + 10
+    while client.status()["tap"]["subscribed"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not client.status()["tap"]["subscribed"]
 
     rec = read_recording(out)
     info = rec.metadata["vlad.recording"]
