@@ -157,8 +157,9 @@ def _read_report(root: Path, report: str, sha256: str, known: FileCheck | None) 
             return f"report of {st.st_size} bytes, more than the {MAX_REPORT_BYTES} a gate report may have"
         data = f.read(MAX_REPORT_BYTES + 1)
     trusted = known is not None and known.sha256 == sha256 and known.same_file(st)
-    if not trusted and hashlib.sha256(data).hexdigest() != sha256:
-        return "report hash differs from the manifest's"
+    digest = sha256 if trusted else hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        return f"report hash mismatch (file {digest[:12]}, the manifest says {sha256[:12]})"
     try:
         return json.loads(data)
     except (UnicodeDecodeError, ValueError, RecursionError):
