@@ -386,3 +386,27 @@ def test_staging_hashes_once_and_hands_the_result_on(env):
     target.write_text('{"width": 9}\n')
     with pytest.raises(IntegrityError, match="model_config.json: s"):
         store.activate("r2", who="ana", why="second", now=NOW, verified=staged2)
+
+
+def test_the_deploy_pipeline_hashes_each_artifact_once(tmp_path):
+    """What the daemon's deploy does, step by step, on the demo release: stage (copy and
+    hash), evidence, load (the staging's result handed on), activate: one pass in all."""
+    from vlad.release.evidence import judge_evidence
+    from vlad.release.loading import PolicySource, load_policy
+
+    keys = ROOT / "etc" / "vlad" / "keys.d"
+    store = ReleaseStore(tmp_path / "store", keys)
+    staged = store.stage_release(ROOT / "manifests" / "demo")
+    assert staged.hashed_bytes == sum(a.size for a in staged.manifest.artifacts)
+    assert judge_evidence(staged.manifest, staged.path, staged.files).ok
+    policy = load_policy(PolicySource(staged.path, str(keys), verified=staged), warmup=1)
+    try:
+        assert policy.verified is not None and policy.verified.hashed_bytes == 0 and policy.evidence.ok
+        e = store.activate(staged.id, who="t", why="deploy", verified=policy.verified)
+        assert e.evidence == "passed"
+        # A load without the handed-on result (a daemon start) hashes: a new operation.
+        fresh = load_policy(PolicySource(staged.path, str(keys)), warmup=1)
+        assert fresh.verified.hashed_bytes == staged.hashed_bytes
+        fresh.session.close()
+    finally:
+        policy.session.close()
