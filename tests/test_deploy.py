@@ -227,7 +227,7 @@ def test_deploy_enforces_gate_evidence_unless_forced_with_a_reason(live):
         client.control("deploy", timeout_ms=120_000, path=str(failed), who="tech", why="try")
     r = client.control("deploy", timeout_ms=120_000, path=str(failed), who="tech", why="A/B on the bench", force=True)
     assert r["evidence"]["status"] == "forced" and r["evidence"]["gate_evidence"] == "failed"
-    wait_release(client, "vlad-demo-reacher@1.4.0")
+    assert store.active() == "vlad-demo-reacher-1.4.0"
     out = subprocess.run(
         [str(VLADCTL), "history", "--endpoint", d.endpoints["control"]], capture_output=True, text=True, timeout=30
     )
