@@ -58,6 +58,9 @@ class SocketsConfig:
     actions: str = "ipc:///run/vlad/actions"  # PUB: action chunks
     status: str = "ipc:///run/vlad/status"  # PUB: status at status_hz
     control: str = "ipc:///run/vlad/control"  # ROUTER (answers like REP): vladctl
+    # XPUB: the recording tap (vladctl record). Empty: "tap" beside an ipc:// control
+    # endpoint (ipc:///run/vlad/tap); "off": none.
+    tap: str = field(default="", metadata={"allow_empty": True})
     ipc_group: str = "vlad"  # group owning the ipc directory (mode 0770); absent group: left as is
     linger_ms: int = field(default=200, metadata=bounded(0, 10_000))
     # tcp:// endpoints are served only with CurveZMQ: this server's secret key file

@@ -13,7 +13,7 @@ from tests.gates import candidates
 
 ROOT = candidates.ROOT
 DEMO_PLAN = ROOT / "etc" / "vlad" / "demo-gates.toml"
-RECORDING = ROOT / "tests" / "fixtures" / "demo_recording.mcap"
+RECORDING = ROOT / "manifests" / "demo" / "demo_recording.mcap"
 # Small runs: every gate's machinery with a few episodes and calls (docs/gates.md has the
 # default, long run). Enough samples that a stress verdict is not decided by one chunk; a
 # fidelity budget that four paired episodes can judge (one flipped seed is 25 points).
@@ -68,7 +68,7 @@ def ignores_instruction(built) -> tuple[Path, Path]:
     golden = built / "no-language-golden.npz"
     release = candidates.ignores_instruction(built / "no-language", golden)
     plan = built / "no-language-gates.toml"
-    text = DEMO_PLAN.read_text().replace('"../../tests/fixtures/', f'"{ROOT}/tests/fixtures/')
-    plan.write_text(text.replace(f'golden = "{ROOT}/tests/fixtures/golden.npz"', f'golden = "{golden}"'))
+    text = DEMO_PLAN.read_text().replace('"../../manifests/demo/', f'"{ROOT}/manifests/demo/')
+    plan.write_text(text.replace(f'golden = "{ROOT}/manifests/demo/golden.npz"', f'golden = "{golden}"'))
     assert str(golden) in plan.read_text()
     return release, plan

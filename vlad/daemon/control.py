@@ -49,6 +49,13 @@ class OperatorArgs:
 
 
 @dataclass(frozen=True)
+class RollbackArgs:
+    why: str = field(metadata=_TEXT)
+    who: str = field(default="operator", metadata=_TEXT)
+    force: bool = False  # a target without passing gate evidence, or marked bad (recorded)
+
+
+@dataclass(frozen=True)
 class DeployArgs:
     path: str = field(metadata=_PATH)
     why: str = field(metadata=_TEXT)
@@ -96,8 +103,8 @@ async def _deploy(d: Daemon, a: DeployArgs) -> Any:
     return await d.releases.deploy(a.path, a.who, a.why, a.canary, a.force)
 
 
-async def _rollback(d: Daemon, a: OperatorArgs) -> Any:
-    return await d.releases.rollback(a.who, a.why)
+async def _rollback(d: Daemon, a: RollbackArgs) -> Any:
+    return await d.releases.rollback(a.who, a.why, a.force)
 
 
 async def _history(d: Daemon, a: NoArgs) -> Any:
@@ -124,7 +131,7 @@ COMMANDS: dict[str, Command] = {
         Command("events", EventsArgs, _events, "the last `limit` state transitions and events"),
         Command("resume", OperatorArgs, _resume, "clear every quarantine (operator decision, recorded)"),
         Command("deploy", DeployArgs, _deploy, "verify, stage, warm and hot-swap a release", release_op=True),
-        Command("rollback", OperatorArgs, _rollback, "back to the previous release", release_op=True),
+        Command("rollback", RollbackArgs, _rollback, "back to the previous release", release_op=True),
         Command("history", NoArgs, _history, "activations and rollbacks from the release store"),
         Command(
             "shadow_start", ShadowStartArgs, _shadow_start, "run a candidate beside the serving policy", release_op=True

@@ -89,6 +89,8 @@ def build(d: Daemon) -> dict[str, Any]:
         "state_since_s": round((now - d.state.since_ns) / 1e9, 3),
         "uptime_s": round((now - d.started_ns) / 1e9, 3),
         "release": release.id.release,
+        "evidence": d.releases.evidence_status(),
+        "operation": d.releases.operation_status(now),
         "serving": str(health.chain[health.active]),
         "serving_backend": serving.served.session.describe().backend if serving else "hold",
         "chain": [str(p) for p in health.chain],
@@ -125,5 +127,6 @@ def build(d: Daemon) -> dict[str, Any]:
             or release.served.session.memory().host_rss_bytes
         },
         "realtime": d.realtime_report,
+        "tap": d.tap.stats() if d.tap is not None else None,
         "openpi": d.openpi.report() if d.openpi is not None else None,
     }

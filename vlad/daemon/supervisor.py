@@ -42,6 +42,7 @@ from vlad.daemon.releases import ReleaseManager
 from vlad.daemon.safety import EStop
 from vlad.daemon.sockets import Gatekeeper, Principal, bind, load_curve, prepare_ipc
 from vlad.daemon.systemd import Notifier
+from vlad.daemon.tap import Tap, tap_endpoint
 from vlad.errors import StartupError, VladError
 from vlad.health.base import Finding, HealthView, InFlight, Monitor, Sensor
 from vlad.health.state import State, StateMachine
@@ -104,7 +105,7 @@ class Daemon:
         self.realtime_report = realtime_report
         self.contract: Contract = chain.release.loaded.contract
         self.period_ns = int(self.contract.timing.control_period_ms * 1e6)
-        self.releases = ReleaseManager(cfg, chain, publisher, state, served, check_evidence=_gate_evidence)
+        self.releases = ReleaseManager(cfg, chain, publisher, state, served)
         self.started_ns = time.monotonic_ns()
         self.rates = status.Rates()
         self.findings: list[Finding] = []
@@ -112,6 +113,7 @@ class Daemon:
         self.control_rejected: Counter[str] = Counter()
         self.status_seq = 0
         self.last_status: dict[str, Any] | None = None  # the newest status built (read by vlad.compat.metrics)
+        self.tap: Tap | None = None  # the recording tap (vlad.daemon.tap), when it has an endpoint
         self.openpi: Any = None  # vlad.compat: set by attach() when enabled
         self.metrics: Any = None
         self.state_before_estop = State.ACTIVE
@@ -295,6 +297,8 @@ class Daemon:
     async def _publish_status(self) -> None:
         st = self.status()
         self.last_status = st
+        if self.tap is not None and self.tap.subscribed:
+            self.tap.tick(st, self.state.recent(100))
         self.status_seq += 1
         try:
             await self.status_sock.send_multipart(
@@ -467,17 +471,6 @@ def _check(
     return readings, findings
 
 
-def _gate_evidence(policy: LoadedPolicy) -> list[str]:
-    """Missing or failed release gates the manifest requires (filled in by vlad.gates)."""
-    try:
-        from vlad.gates.evidence import check_evidence
-    except ImportError:
-        return []
-    if policy.manifest is None:
-        return []
-    return check_evidence(policy.manifest, policy.folder)
-
-
 # ---------------------------------------------------------------------------------------
 # Start-up: everything loaded, bound and started, or one clear line why not
 # ---------------------------------------------------------------------------------------
@@ -488,6 +481,9 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     roles = {"observations": s.observations, "actions": s.actions, "status": s.status, "control": s.control}
     if cfg.safety.estop_endpoint:
         roles["estop"] = cfg.safety.estop_endpoint
+    tap_ep = tap_endpoint(s.tap, s.control)
+    if tap_ep:
+        roles["tap"] = tap_ep
     # Refuse an endpoint another process serves, tcp without keys or an unknown principal
     # before spending seconds on loading.
     for endpoint in roles.values():
@@ -526,7 +522,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     for name, source in sources:
         notifier.status(f"loading and warming {name} ({source.folder})")
         t0 = time.monotonic()
-        policy = await anyio.to_thread.run_sync(load_policy, source, cfg.serve.warmup)
+        policy = await anyio.to_thread.run_sync(load_policy, source, cfg.serve.warmup, _progress(notifier, name))
         stack.callback(policy.session.close)
         if loaded:
             breaking = compatible(loaded[0][1].contract, policy.contract)
@@ -573,6 +569,8 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     status_sock.setsockopt(zmq.SNDHWM, 8)
     control_sock = make(actx, zmq.ROUTER, "control", protocol.MAX_REQUEST_BYTES, 64)
     control_sock.setsockopt(zmq.SNDHWM, 64)
+    obs_bytes = _largest_frame(contract) * max(1, len(contract.cameras))
+    tap = Tap(make(ctx, zmq.XPUB, "tap", SMALL_MESSAGE), roles["tap"], obs_bytes) if tap_ep else None
     estop_sock = None
     if cfg.safety.estop_endpoint:
         estop_sock = make(ctx, zmq.SUB, "estop", SMALL_MESSAGE, 16)
@@ -638,6 +636,10 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         realtime_report=_realtime_report(cfg),
     )
     daemon_ref.append(daemon)
+    if tap is not None:  # the recording tap: fed from what the serving path already holds
+        daemon.tap, loop.tap, publisher.tap = tap, tap.observation, tap.actions
+        tap.start()
+        stack.callback(tap.stop)
     compat.attach(daemon, obs_sock, actions_sock, stack)  # openpi endpoint, metrics: before serving starts
     # The e-stop is read once before serving starts: a robot booted with it engaged never
     # sees a single policy chunk.
@@ -653,6 +655,17 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
             chain=[str(i) for i in chain.ids()],
         )
     return daemon
+
+
+def _progress(notifier: Notifier, name: str) -> Callable[[str], None]:
+    """Start-up progress of loading ``name``: the log and systemd's STATUS= line."""
+
+    def say(line: str) -> None:
+        if line:
+            log.info("%s: %s", name, line)
+            notifier.status(f"loading {name}: {line}")
+
+    return say
 
 
 def _largest_frame(contract: Contract) -> int:

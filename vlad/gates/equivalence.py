@@ -174,13 +174,14 @@ def replay_samples(subject: Subject, plan: GatePlan, reference: Engine, progress
         path = plan.path(rel)
         if path is None:
             raise GateError("equivalence.recordings: an entry is an empty path")
-        rec = read_recording(path, limit=plan.equivalence.replay_limit)
+        rec = read_recording(path, limit=plan.equivalence.replay_limit).usable()
         samples = []
         for obs in rec.observations:
             raw = raw_observation(obs)
             inputs = preprocess(subject.contract, subject.tokenizer(), raw)
             samples.append(Sample(f"{rec.path.name}[{obs.seq}]", raw, inputs, _run(reference, inputs)))
-        progress(f"  equivalence: replay {rec.path.name}: {len(samples)} observations run by the reference")
+        refused = f" ({rec.refused} the daemon refused, skipped)" if rec.refused else ""
+        progress(f"  equivalence: replay {rec.path.name}: {len(samples)} observations run by the reference{refused}")
         out.append((rec, samples))
     return out
 

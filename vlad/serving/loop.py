@@ -78,6 +78,7 @@ class ServingLoop:
         self.last_obs: RawObservation | None = None  # the newest accepted (trusted) observation
         self.last_obs_receive_ns = 0
         self.last_progress_ns = time.monotonic_ns()
+        self.tap: Callable[..., None] | None = None  # vlad.daemon.tap: never blocks
         self.cycle_errors = 0
         self.generation = 0
         self._served_by: ServedPolicy | None = None  # the policy the last cycle ran
@@ -240,6 +241,8 @@ class ServingLoop:
             except zmq.Again:
                 break
             receive_ns = time.monotonic_ns()
+            if self.tap is not None:
+                self.tap(frames, receive_ns)
             obs = intake.accept(frames, receive_ns)
             if obs is not None:
                 if newest is not None:

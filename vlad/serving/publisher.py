@@ -61,6 +61,7 @@ class Publisher:
         self.seq = 0
         self.last_publish_ns = 0
         self.answered_seq = 0  # the newest observation answered (a policy chunk or a hold about it)
+        self.tap: Callable[..., None] | None = None  # vlad.daemon.tap: never blocks
         self.validity_ns = int(contract.timing.action_validity_ms * 1e6)
         self.deadline_ns = int(contract.timing.e2e_deadline_ms * 1e6)
         self.period_ns = int(contract.timing.control_period_ms * 1e6)
@@ -220,8 +221,11 @@ class Publisher:
             advisory=advisory,
             reason=reason,
         )
-        self.sock.send_multipart(self._layout.encode(protocol.TOPIC_ACTIONS, h, (actions,)))
+        msg = self._layout.encode(protocol.TOPIC_ACTIONS, h, (actions,))
+        self.sock.send_multipart(msg)
         self.last_publish_ns = time.monotonic_ns()
+        if self.tap is not None:
+            self.tap(msg, self.last_publish_ns)
         self.counts.chunks += 1
 
     def _swap_done(self, source: str) -> None:
