@@ -48,7 +48,7 @@ def record_daemon(
 
     from vlad.client import apply_curve, control_request
 
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     status = control_request(ctx, control, "status", timeout_ms, curve=curve)
     tap = (status.get("tap") or {}).get("endpoint")
     if not tap:
