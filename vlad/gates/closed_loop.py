@@ -37,7 +37,7 @@ from vlad.episodes import (
     contract_infer,
     run_episode,
 )
-from vlad.gates.launcher import RunningDaemon
+from vlad.gates.launcher import serve
 from vlad.gates.metrics import percentiles, wilson_interval
 from vlad.gates.plan import ClosedLoopPlan, GatePlan
 from vlad.gates.results import GateError, GateResult, check
@@ -117,7 +117,7 @@ def run_daemon_episodes(
     task, instructions = make_task(cl.task)
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if hog else None
     try:
-        with RunningDaemon(subject, warmup=plan.performance.warmup, keys_dir=keys_dir) as daemon:
+        with serve(subject, warmup=plan.performance.warmup, keys_dir=keys_dir) as daemon:
             daemon.wait_ready()
             e = daemon.endpoints
             with Client(
@@ -383,7 +383,7 @@ def record_demo(
     meta = {"release": subject.id, "contract_sha256": subject.contract.sha256, "task": plan.closed_loop.task}
     recorder = McapRecorder(out, max_bytes=max_bytes, max_seconds=max_seconds, tap="controller", metadata=meta)
     try:
-        with RunningDaemon(subject, warmup=plan.performance.warmup) as daemon:
+        with serve(subject, warmup=plan.performance.warmup) as daemon:
             daemon.wait_ready()
             e = daemon.endpoints
             with Client(

@@ -35,11 +35,12 @@ import numpy as np
 
 from vlad.client import ActionChunk
 from vlad.gates.controller import Controller
-from vlad.gates.launcher import RunningDaemon
+from vlad.gates.launcher import serve
 from vlad.gates.metrics import percentiles
 from vlad.gates.plan import GatePlan
 from vlad.gates.results import GateError, GateResult, check
 from vlad.gates.subject import Subject
+from vlad.testing import DaemonProcess
 
 # Observations after a cold start (or a new neighbour) that are not measured: the first
 # calls after warm-up still run on cold caches and freshly faulted-in pages.
@@ -175,7 +176,7 @@ def _refused(ctl: Controller) -> int:
     return int(ctl.status()["counters"].get("input_rejected", 0))
 
 
-def cold_start(daemon: RunningDaemon, ctl: Controller, obs: list, period_ns: int, timeout_s: float) -> dict:
+def cold_start(daemon: DaemonProcess, ctl: Controller, obs: list, period_ns: int, timeout_s: float) -> dict:
     """Seconds from process start to READY=1 and to the first policy chunk received."""
     deadline = time.monotonic() + timeout_s
     i = 0
@@ -243,7 +244,7 @@ def shape_switches(subject: Subject, plan: GatePlan, progress) -> dict[str, Any]
 def _serve(subject: Subject, plan: GatePlan, obs: list, progress, keys_dir, log_level: str, scenarios) -> dict:
     """Start a daemon, measure its cold start, run ``scenarios(ctl, period_ns)``, read its memory."""
     pp = plan.performance
-    with RunningDaemon(subject, warmup=pp.warmup, log_level=log_level, keys_dir=keys_dir) as daemon:
+    with serve(subject, warmup=pp.warmup, log_level=log_level, keys_dir=keys_dir) as daemon:
         with Controller(daemon.endpoints, name="gate-performance") as ctl:
             period_ns = int(subject.contract.timing.control_period_ms * 1e6)
             cold = cold_start(daemon, ctl, obs, period_ns, max(60.0, 2 * pp.max_cold_start_s))
