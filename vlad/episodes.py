@@ -153,20 +153,32 @@ def run_episode(
     chunk_length: int = 8,
     budget: float = 0.8,
     label: str = "",
+    executor: Callable[[], ChunkExecutor] | None = None,
+    wait: bool = True,
 ) -> EpisodeLog:
-    """One episode of ``task`` on ``seed`` through ``link`` (see module doc)."""
+    """One episode of ``task`` on ``seed`` through ``link`` (see module doc).
+
+    ``executor`` makes the episode's :class:`~vlad.client.ChunkExecutor` when the default
+    rule (switch hard every ``exec_steps``) is not the one to measure (asynchronous execution
+    with an earlier request threshold and blending); with ``wait=False`` the controller never
+    waits for an answer inside a tick: it takes what has arrived (asynchronous execution).
+    """
     if not 1 <= exec_steps <= chunk_length:
         raise ValueError(f"exec_steps must be within 1..{chunk_length}")
     log = EpisodeLog(seed, instruction, label or type(link).__name__)
-    # Ask again when exec_steps waypoints have run: chunk_length - exec_steps - 1 left after the current one.
-    # An unanswered request is asked again at the next tick (its answer still counts if it comes).
-    executor = ChunkExecutor(
-        request_threshold=chunk_length - exec_steps - 1,
-        overlap=0,
-        blend="none",
-        tolerance=0.0,
-        request_timeout_ns=period_ns,
-    )
+    if executor is not None:
+        ex = executor()
+    else:
+        # Ask again when exec_steps waypoints have run: chunk_length - exec_steps - 1 left after
+        # the current one. An unanswered request is asked again at the next tick (its answer
+        # still counts if it comes).
+        ex = ChunkExecutor(
+            request_threshold=chunk_length - exec_steps - 1,
+            overlap=0,
+            blend="none",
+            tolerance=0.0,
+            request_timeout_ns=period_ns,
+        )
     task.reset(seed, instruction)
     log.trajectory.append([float(x) for x in task.hold()])
     base = seq_base(seed, task.steps)
@@ -178,24 +190,26 @@ def run_episode(
         now_sim = sim_t0 + tick * period_ns
         if link.realtime:
             wall0 = _pace(wall0, tick, period_ns)
-        wanted = executor.should_request(now_sim)
-        frame = None
+        wanted = ex.should_request(now_sim)
         seq = base + tick
+        deadline = time.monotonic_ns()  # not waiting: what has arrived
         if wanted or link.streams:
             frame = task.observe(render=True)
             t_sensor = time.monotonic_ns()
             ticks[seq] = tick
             link.send(frame, seq, t_sensor, reanchor=tick == 0, wanted=wanted)
             if wanted:
-                executor.request_sent(seq, now_sim)
+                ex.request_sent(seq, now_sim)
                 requested.add(seq)
                 log.requests += 1
-            for chunk in link.receive(seq if wanted else -1, t_sensor + int(budget * period_ns)):
-                _offer(executor, log, chunk, seq if wanted else -1, requested, ticks, now_sim, sim_t0, period_ns)
-        if wanted and (executor.current is None or executor.current.obs_seq != seq):
+                if wait:
+                    deadline = t_sensor + int(budget * period_ns)
+        for chunk in link.receive(seq if wanted and wait else -1, deadline):
+            _offer(ex, log, chunk, seq if wanted else -1, requested, ticks, now_sim, sim_t0, period_ns)
+        if wanted and wait and (ex.current is None or ex.current.obs_seq != seq):
             log.late.append(tick)
-        command = executor.step(now_sim)
-        current = executor.current
+        command = ex.step(now_sim)
+        current = ex.current
         if command is None:
             command = task.hold()
             log.held += 1
