@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from tests.daemon_harness import ROOT
+from tests.conftest import ROOT
 from vlad.config import ChainEntry, Config, FallbackConfig, ReleaseConfig, load_config, parse_config
 from vlad.testing import DaemonProcess, config_toml, dumps, launch
 from vlad.testing.daemon import DaemonFailed

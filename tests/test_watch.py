@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import ROOT, start_daemon
+from tests.conftest import ROOT
+from vlad.testing import start_daemon
 
 TMUX = shutil.which("tmux")
 pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed (scripts/bootstrap installs it as root)")
