@@ -87,9 +87,15 @@ def main(argv: list[str] | None = None) -> int:
 
     server = None
     if args.remote:
+        from vlad.testing import config_toml
         from vlad_kserve.demo import start_remote_demo
 
-        args.config, server = start_remote_demo(args.config, Path(tempfile.mkdtemp(prefix="vlad-demo-remote-")))
+        workdir = Path(tempfile.mkdtemp(prefix="vlad-demo-remote-"))
+        remote, server = start_remote_demo(args.config, workdir)
+        args.config = workdir / "vlad-remote.toml"
+        args.config.write_text(
+            "# Written by ./scripts/demo --remote: the demo policy on a local KServe v2 server.\n" + config_toml(remote)
+        )
     try:
         return run_demo(args)
     finally:
