@@ -230,6 +230,10 @@ class Daemon:
             except VladError as exc:
                 self.control_rejected[control.error_reason(exc)] += 1
                 reply = protocol.encode_reply(False, error=str(exc))
+            except OSError as exc:  # the file system said no (a path, permissions): a refusal, not a bug
+                self.control_rejected["refused"] += 1
+                where = f" ({exc.filename})" if exc.filename else ""
+                reply = protocol.encode_reply(False, error=f"refused: {exc.strerror or exc}{where}")
             except Exception:  # a bug: answered and logged, never the end of the daemon
                 self.control_rejected["internal_error"] += 1
                 log.exception("control request failed")
