@@ -53,6 +53,7 @@ def _code_reasons() -> tuple[set[str], set[str]]:
     observations |= set(re.findall(r'Rejected\(\s*"(\w+)"', intake))
     observations |= set(re.findall(r'\.reject\(\s*"(\w+)"', intake))
     observations |= set(re.findall(r'return "(\w+)"', judge))
+    observations |= set(re.findall(r'ProtocolError\(\s*"(\w+)"', (vlad / "health" / "liveness.py").read_text()))
     supervisor = (vlad / "daemon" / "supervisor.py").read_text()
     control_src = (vlad / "daemon" / "control.py").read_text()
     request_path = (

@@ -99,8 +99,14 @@ async def _events(d: Daemon, a: EventsArgs) -> Any:
 
 
 async def _resume(d: Daemon, a: OperatorArgs) -> Any:
+    limit = d.cfg.monitors.heartbeat_missing_periods * d.period_ns
+    now = time.monotonic_ns()
+    silent = [n for n, b in d.intake.controllers.snapshot().items() if now - b.last_ns > limit]
+    forgotten = d.intake.controllers.forget(silent)  # gone without a goodbye: the operator says so
     d.chain.health.resume(a.who, a.why)
-    return {"quarantined": [], "state": d.state.state.value}
+    if forgotten:
+        d.state.record("operator", f"controllers forgotten by {a.who}: {', '.join(forgotten)}", forgotten=forgotten)
+    return {"quarantined": [], "forgotten_controllers": forgotten, "state": d.state.state.value}
 
 
 async def _deploy(d: Daemon, a: DeployArgs) -> Any:
@@ -133,7 +139,12 @@ COMMANDS: dict[str, Command] = {
         Command("ping", NoArgs, _ping, "is the daemon there (pid, version)"),
         Command("status", NoArgs, _status, "state, release, backend, rates, latency, counters"),
         Command("events", EventsArgs, _events, "the last `limit` state transitions and events"),
-        Command("resume", OperatorArgs, _resume, "clear every quarantine (operator decision, recorded)"),
+        Command(
+            "resume",
+            OperatorArgs,
+            _resume,
+            "clear every quarantine and forget silent controllers (operator decision, recorded)",
+        ),
         Command("deploy", DeployArgs, _deploy, "verify, stage, warm and hot-swap a release", release_op=True),
         Command("rollback", OperatorArgs, _rollback, "back to the previous release", release_op=True),
         Command("history", NoArgs, _history, "activations and rollbacks from the release store"),

@@ -116,6 +116,14 @@ def build(d: Daemon) -> dict[str, Any]:
         "counters": c,
         "policies": policies,
         "heartbeat_age_s": round((now - d.intake.last_heartbeat_ns) / 1e9, 3) if d.intake.last_heartbeat_ns else None,
+        "controllers": {
+            name: {
+                "heartbeat_age_s": round((now - beat.last_ns) / 1e9, 3),
+                "alive": now - beat.last_ns <= d.cfg.monitors.heartbeat_missing_periods * d.period_ns,
+                "cadence": beat.cadence,
+            }
+            for name, beat in sorted(d.intake.controllers.snapshot().items())
+        },
         "latency_ms": latency,
         "engine_ms": latency.get("engine"),
         "temperatures_c": {k[len("temperature.") :]: v for k, v in d.readings.items() if k.startswith("temperature.")},

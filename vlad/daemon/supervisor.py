@@ -362,6 +362,7 @@ class Daemon:
             latency=self.stats.summary(("e2e",)),
             last_observation_ns=self.intake.last_observation_ns,
             last_heartbeat_ns=self.intake.last_heartbeat_ns,
+            controllers=self.intake.controllers.snapshot(),
             in_flight=_in_flight(self.loop),
             hang_timeout_ns=self.cfg.serve.hang_timeout_ns,
             readings=self.readings,
