@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("vlad.release",),
     # The planner reads signed manifests (planner.measure -> release), so it sits above
     # release with the other tools that consume releases, not beside serving.
-    # compat: the openpi endpoint and the metrics run inside the daemon and read it.
+    # compat: the endpoint processes the daemon starts (vlad.daemon.endpoints reads their spec type).
     ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat"),
     ("vlad.cli", "vlad.demo"),
 ]

@@ -33,10 +33,10 @@ import zmq
 import zmq.asyncio
 from anyio.abc import TaskStatus
 
-from vlad import compat, protocol
+from vlad import protocol
 from vlad.config import Config
 from vlad.contract import Contract
-from vlad.daemon import control, status
+from vlad.daemon import control, endpoints, status
 from vlad.daemon.chain import ChainPolicy, PolicyChain
 from vlad.daemon.releases import ReleaseManager
 from vlad.daemon.safety import EStop
@@ -111,9 +111,8 @@ class Daemon:
         self.readings: dict[str, float] = {}
         self.control_rejected: Counter[str] = Counter()
         self.status_seq = 0
-        self.last_status: dict[str, Any] | None = None  # the newest status built (read by vlad.compat.metrics)
-        self.openpi: Any = None  # vlad.compat: set by attach() when enabled
-        self.metrics: Any = None
+        self.tallies = status.Tallies(self.started_ns)  # cumulative figures the status carries
+        self.endpoints = endpoints.Endpoints({})  # the endpoint processes (set by assemble)
         self.state_before_estop = State.ACTIVE
         self._release_lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -129,6 +128,7 @@ class Daemon:
                 ("status", self._status_task),
                 ("health", self._health_task),
                 ("watchdog", self._watchdog_task),
+                ("endpoints", self.endpoints.run),
             ):
                 await tg.start(fn, name=name)
             self.notifier.ready(
@@ -297,8 +297,8 @@ class Daemon:
             await anyio.sleep(max(300_000, min(wake, deadline) - now) / 1e9)
 
     async def _publish_status(self) -> None:
+        self.tallies.fold(self)
         st = self.status()
-        self.last_status = st
         self.status_seq += 1
         try:
             await self.status_sock.send_multipart(
@@ -505,6 +505,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
                 "sockets.curve_clients_dir (or use ipc:// endpoints)"
             )
         curve, curve_keys = load_curve(s.curve_secret_key, s.curve_clients_dir)
+    endpoints.check_fd_limit(cfg)
     allow = {}
     if s.observation_producers:
         allow["observations"] = [Principal(p) for p in s.observation_producers]
@@ -643,7 +644,13 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         realtime_report=_realtime_report(cfg),
     )
     daemon_ref.append(daemon)
-    compat.attach(daemon, obs_sock, actions_sock, stack)  # openpi endpoint, metrics: before serving starts
+    # The openpi and metrics endpoints: child processes on the daemon's own sockets.
+    daemon.endpoints = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve)
+    if "openpi" in daemon.endpoints.processes:
+        intake.rejection_listener = daemon.endpoints.rejected
+    stack.push_async_callback(daemon.endpoints.stop)
+    notifier.status("starting the endpoint processes")
+    await daemon.endpoints.start()
     # The e-stop is read once before serving starts: a robot booted with it engaged never
     # sees a single policy chunk.
     estop.start()
