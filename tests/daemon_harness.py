@@ -297,3 +297,42 @@ QUIET_MONITORS = [
     "--set",
     "monitors.heartbeat_missing_periods=1000000",
 ]
+
+
+# An attack beside the serving core must leave two things as they are: a native controller's
+# cadence (tests/test_faults.py's bound: a chunk at least every 3 periods + 10 ms) and the
+# systemd watchdog. Run the daemon with WATCHDOG_ENV (a 1 s watchdog: pinged every 0.5 s)
+# and check both over the attack's time with assert_core_unaffected.
+WATCHDOG_ENV = {"WATCHDOG_USEC": "1000000"}
+WATCHDOG_LIMIT_S = 1.0
+CADENCE_GAP_S = 3 * PERIOD_S + 0.01
+
+
+def watchdog_gap(notify: NotifyListener, t0: float, t1: float) -> float:
+    """The longest time without a WATCHDOG=1 between t0 and t1 (time.monotonic())."""
+    ts = [t0] + [t for t, m in list(notify.messages) if m.get("WATCHDOG") == "1" and t0 <= t <= t1] + [t1]
+    return float(max(np.diff(ts)))
+
+
+def assert_core_unaffected(d: RunningDaemon, ctl: ControllerSim, t0: float, t1: float | None = None) -> str:
+    """The native controller kept its cadence and the watchdog kept pinging from t0 to t1;
+    a one-line summary for the test's output."""
+    t1 = time.monotonic() if t1 is None else t1
+    seen = [c for c in ctl.since(t0) if c.t <= t1]
+    gap = max_gap([Received(t0, "", "", np.zeros(0), ()), *seen, Received(t1, "", "", np.zeros(0), ())])
+    dog = watchdog_gap(d.notify, t0, t1)
+    assert d.proc.poll() is None, d.log()[-3000:]
+    assert gap <= CADENCE_GAP_S, f"{gap * 1e3:.1f} ms without a chunk for the native controller"
+    assert dog <= WATCHDOG_LIMIT_S, f"{dog * 1e3:.0f} ms without a watchdog ping"
+    return f"{len(seen)} chunks in {t1 - t0:.1f} s, longest gap {gap * 1e3:.1f} ms, watchdog gap {dog * 1e3:.0f} ms"
+
+
+def goodbye(client) -> None:
+    """The controller leaves on purpose (docs/protocol.md, heartbeat ``bye``): vlad forgets it."""
+    from vlad import protocol
+
+    client.send_raw(
+        protocol.encode(
+            protocol.TOPIC_HEARTBEAT, {"seq": 1, "t_ns": time.monotonic_ns(), "client": client.name, "bye": True}
+        )
+    )

@@ -114,6 +114,8 @@ class Daemon:
         self.tallies = status.Tallies(self.started_ns)  # cumulative figures the status carries
         self.endpoints = endpoints.Endpoints({})  # the endpoint processes (set by assemble)
         self.state_before_estop = State.ACTIVE
+        self._health: tuple[list[Sensor], list[Monitor]] | None = None
+        self._health_prev: dict[str, Any] = {}  # the previous tick's counters (windows)
         self._release_lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -312,17 +314,33 @@ class Daemon:
 
     # -- health ----------------------------------------------------------------------------
 
+    def _health_parts(self) -> tuple[list[Sensor], list[Monitor]]:
+        """The sensors and monitors, made once (monitors keep windows between ticks)."""
+        if self._health is None:
+            from dataclasses import asdict
+
+            from vlad.plugins import monitors, sensors
+
+            monitor_list: list[Monitor] = monitors(asdict(self.cfg.monitors))
+            if self.cfg.monitors.enabled:
+                monitor_list = [m for m in monitor_list if m.name in self.cfg.monitors.enabled]
+            self._health = (sensors(), monitor_list)
+        return self._health
+
+    async def first_decision(self) -> None:
+        """One health check before serving starts: when something already faults (a remote
+        release whose server does not answer, heat), the fallback serves from the first
+        observation on and the state says why."""
+        sensor_list, monitor_list = self._health_parts()
+        view = self._view(self._health_prev)
+        readings, findings = await anyio.to_thread.run_sync(_check, view, sensor_list, monitor_list)
+        if any(f.severity == "fault" for f in findings):
+            await self._decide(findings, readings)
+
     async def _health_task(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        from dataclasses import asdict
-
-        from vlad.plugins import monitors, sensors
-
-        monitor_list: list[Monitor] = monitors(asdict(self.cfg.monitors))
-        if self.cfg.monitors.enabled:
-            monitor_list = [m for m in monitor_list if m.name in self.cfg.monitors.enabled]
-        sensor_list: list[Sensor] = sensors()
+        sensor_list, monitor_list = self._health_parts()
         period = 1.0 / self.cfg.fallback.monitor_hz
-        prev: dict[str, Any] = {}
+        prev = self._health_prev
         task_status.started()
         while True:
             await anyio.sleep(period)
@@ -651,13 +669,14 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     stack.push_async_callback(daemon.endpoints.stop)
     notifier.status("starting the endpoint processes")
     await daemon.endpoints.start()
+    await daemon.first_decision()  # e.g. a remote release unreachable at start: FALLBACK from the start
     # The e-stop is read once before serving starts: a robot booted with it engaged never
     # sees a single policy chunk.
     estop.start()
     loop.start()
     cadence.start()
     stack.push_async_callback(daemon.shutdown)
-    if not estop.engaged:
+    if not estop.engaged and state.state == State.STARTING:
         state.transition(
             State.ACTIVE,
             "release loaded and warmed up",
