@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ pytest.importorskip("openpi_client.action_chunk_broker")
 
 from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa: E402
 
-from tests.daemon_harness import start_daemon  # noqa: E402
+from tests.daemon_harness import goodbye, start_daemon  # noqa: E402
 from vlad.demo import openpi as demo_openpi  # noqa: E402
 from vlad.demo import sim  # noqa: E402
 
@@ -167,11 +168,17 @@ def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path):
             settle_native(client, task)
             for i, seed in enumerate(SEEDS):
                 native.append(native_episode_like_openpi(client, task, seed, sim.INSTRUCTIONS[i % 2], period_ns))
+            goodbye(client)  # the native controller is done: without this, its silence would be its death (hold)
             policy = demo_openpi.connect("127.0.0.1", port, action_horizon=HORIZON)
             settle_openpi(policy, task)
             for i, seed in enumerate(SEEDS):
                 openpi.append(demo_openpi.run_episode(policy, task, seed, sim.INSTRUCTIONS[i % 2], period_ns))
         st = client.status()
+        fallbacks = Counter(
+            e["reason"].split(" for ")[0]
+            for e in client.control("events", limit=500)
+            if e["kind"] == "transition" and e["state_to"] == "FALLBACK"
+        )
     finally:
         client.close()
         d.stop()
@@ -183,7 +190,7 @@ def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path):
         f"native {ok_native}/{EPISODES}, openpi {ok_openpi}/{EPISODES}; openpi request->chunk p50 "
         f"{np.median(lat):.2f} ms p99 {np.percentile(lat, 99):.2f} ms over {len(lat)}; native sensor->chunk p50 "
         f"{np.median(nat):.2f} ms; openpi held {[r['held'] for r in openpi]}, errors "
-        f"{sorted({e for r in openpi for e in r['errors']})}; bridge {st['openpi']}"
+        f"{sorted({e for r in openpi for e in r['errors']})}; bridge {st['openpi']}; fallbacks {dict(fallbacks)}"
     )
     mean_native = np.mean([r["distance"] for r in native])
     mean_openpi = np.mean([r["distance"] for r in openpi])
@@ -433,3 +440,70 @@ def test_busy_port_refuses_the_start_with_one_line(tmp_path):
             d.stop()
     errors = [line for line in d.log().splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "cannot listen on 127.0.0.1" in errors[0], d.log()
+
+
+def test_openpi_client_recovers_within_a_period_after_estop_and_pause(tmp_path):
+    """Issue 21 item 5: after an e-stop release, and after a pause between requests (an
+    episode reset), openpi's own client gets a policy chunk for its first request, not ~2 s
+    of errors. The endpoint forwards requests during the e-stop (the daemon answers the
+    newest one at release) and heartbeats with cadence "request" (silence between requests
+    is no sensor stall); input and controller holds end with their cause."""
+    port = free_port()
+    estop = tmp_path / "estop"
+    estop.write_text("0")
+    # the default stall limit (5 periods): shorter than every pause below
+    d = start_daemon(tmp_path, settings(port, f"safety.estop_file='{estop}'", "monitors.sensor_stall_periods=5"))
+    try:
+        policy = WebsocketClientPolicy("127.0.0.1", port)
+        obs = {
+            demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
+            demo_openpi.STATE_KEY: np.zeros(4, np.float32),
+            "prompt": sim.INSTRUCTIONS[0],
+        }
+        period = 0.02
+
+        def ask() -> tuple[float, float, str]:
+            """(sent, answered, error or "") for one request."""
+            t0 = time.monotonic()
+            try:
+                policy.infer(obs)
+                return t0, time.monotonic(), ""
+            except RuntimeError as exc:
+                return t0, time.monotonic(), str(exc)
+
+        def every_period(n: int) -> list[tuple[float, float, str]]:
+            out, next_t = [], time.monotonic()
+            for _ in range(n):
+                out.append(ask())
+                next_t += period
+                time.sleep(max(0.0, next_t - time.monotonic()))
+            return out
+
+        assert not any(e for *_, e in every_period(10)[3:]), "not serving before the test"
+        estop.write_text("engaged")
+        deadline = time.monotonic() + 5
+        while "estop" not in ask()[2]:
+            assert time.monotonic() < deadline, "the e-stop never reached the openpi client"
+        during = every_period(25)  # half a second of requests, each answered "estop"
+        assert all("estop" in e for *_, e in during[2:]), {e for *_, e in during}
+        estop.write_text("0")
+        t_release = time.monotonic()
+        after = every_period(25)
+        first_ok = next(t1 for t0, t1, e in after if not e)
+        # Requests sent more than one period after the release (the e-stop file is read
+        # every quarter period) are all served by the policy.
+        late_errors = [e for t0, _, e in after if t0 > t_release + period and e]
+        assert not late_errors, late_errors[:3]
+        time.sleep(1.5)  # a pause (an episode reset): 75 periods without a request
+        t0, t1, err = ask()
+        assert not err, err
+        pause_ms = (t1 - t0) * 1e3
+        st = d.client().status()
+        print(
+            f"first chunk {1e3 * (first_ok - t_release):.1f} ms after the e-stop release; "
+            f"first request after a 1.5 s pause answered in {pause_ms:.1f} ms; "
+            f"transitions {st['transition_counts']}"
+        )
+        assert "FALLBACK" not in st["transition_counts"], st["transition_counts"]  # never a hold for input
+    finally:
+        d.stop()

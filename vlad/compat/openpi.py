@@ -99,7 +99,6 @@ class OpenPIEndpoint(Endpoint):
         self.errors: Counter[str] = Counter()  # error replies and refusals, by reason
         self.infer_ms: deque[float] = deque(maxlen=1000)  # request -> chunk (status p50/p99)
         self.slots: list[Any] = [None] * cfg["max_clients"]  # the connection in each slot
-        self.last_estop_ns = 0  # the newest hold:estop chunk seen: the e-stop is engaged
         self.status: dict[str, Any] = {}  # the daemon's newest status
         self._seq = itertools.count(1)
         self._waiters: dict[tuple[int, int], asyncio.Future] = {}
@@ -353,11 +352,10 @@ class OpenPIEndpoint(Endpoint):
         self._waiters[key] = future
         before = dict(self.status.get("counters", {}))
         try:
-            # Sent also while the e-stop is engaged: the daemon sees the client is there, and
-            # answers the newest observation the moment the e-stop is released.
+            # Sent also while the e-stop is engaged: the daemon answers the newest observation
+            # the moment the e-stop is released. While it is engaged, the next hold:estop
+            # (one every control period) answers this request (_read_actions).
             await self._pub.send_multipart(protocol.encode(protocol.TOPIC_OBS, header, tensors))
-            if self._estop_engaged(t_receive):
-                return self._error("estop", "e-stop engaged: vlad sends no policy actions until it is released")
             chunk = await asyncio.wait_for(future, self.timeout_s)
         except TimeoutError:
             return self._error(*self._why_not(before))
@@ -459,11 +457,6 @@ class OpenPIEndpoint(Endpoint):
 
     # -- the daemon's side ----------------------------------------------------------------
 
-    def _estop_engaged(self, now_ns: int) -> bool:
-        """Holds for the e-stop go out every control period while it is engaged (with
-        ``safety.estop_output = "hold"``): one within the last 1.5 periods says so."""
-        return now_ns - self.last_estop_ns < self.period_ns * 3 // 2
-
     def _beat(self, slot: int, bye: bool = False) -> None:
         header: dict[str, Any] = {
             "seq": next(self._seq),
@@ -498,9 +491,8 @@ class OpenPIEndpoint(Endpoint):
                 source = h.get("source", "")
             except (protocol.ProtocolError, KeyError, TypeError):
                 continue
-            if source == "hold:estop":
-                self.last_estop_ns = time.monotonic_ns()
-                for k in list(self._waiters):  # no policy chunk will come: say so now
+            if source == "hold:estop":  # engaged: no policy chunk will come, say so now
+                for k in list(self._waiters):
                     self._resolve(k, "estop")
                 continue
             if not self._waiters or source == "hold:bridge":
