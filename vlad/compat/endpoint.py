@@ -40,6 +40,7 @@ import zmq.asyncio
 
 log = logging.getLogger("vlad.endpoint")
 
+ACCEPT_BACKLOG = 64  # the listen backlog: also how many connections asyncio accepts in one go
 MAX_SPEC_BYTES = 1 << 20
 MAX_LINE = 4096  # a report line: atomic on a pipe (PIPE_BUF)
 REPORT_S = 1.0
@@ -197,6 +198,7 @@ async def serve(endpoint: Endpoint, pending: bytes) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.set_exception_handler(_loop_exception)
     try:
         where = await endpoint.start()
     except EndpointStartError as exc:
@@ -241,6 +243,22 @@ async def serve(endpoint: Endpoint, pending: bytes) -> int:
     except (TimeoutError, Exception):
         log.exception("endpoint did not close cleanly")
     return 0
+
+
+_resource_errors: Counter[str] = Counter()
+
+
+def _loop_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio's errors: running out of a resource (file descriptors at accept, when a flood
+    outruns the caps) is a sampled one-line warning, anything else asyncio's own report."""
+    exc = context.get("exception")
+    if isinstance(exc, OSError) and exc.errno is not None:
+        _resource_errors[exc.strerror or str(exc.errno)] += 1
+        n = _resource_errors[exc.strerror or str(exc.errno)]
+        if n <= 3 or n % 1000 == 0:
+            log.warning("%s (%d so far): %s", context.get("message", "I/O error"), n, exc.strerror)
+        return
+    loop.default_exception_handler(context)
 
 
 def main(kind: str, make: Callable[[Spec], Endpoint]) -> int:

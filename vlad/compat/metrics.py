@@ -32,7 +32,7 @@ import zmq
 import zmq.asyncio
 
 from vlad import protocol
-from vlad.compat.endpoint import Admission, Endpoint, EndpointStartError, Spec, connect, peer_of
+from vlad.compat.endpoint import ACCEPT_BACKLOG, Admission, Endpoint, EndpointStartError, Spec, connect, peer_of
 from vlad.config import parse_listen
 
 log = logging.getLogger("vlad.metrics")
@@ -290,9 +290,13 @@ class MetricsEndpoint(Endpoint):
         try:
             if self.listen.unix:
                 Path(self.listen.path).unlink(missing_ok=True)
-                self._server = await loop.create_unix_server(lambda: _HTTP(self), self.listen.path)
+                self._server = await loop.create_unix_server(
+                    lambda: _HTTP(self), self.listen.path, backlog=ACCEPT_BACKLOG
+                )
             else:
-                self._server = await loop.create_server(lambda: _HTTP(self), self.listen.host, self.listen.port)
+                self._server = await loop.create_server(
+                    lambda: _HTTP(self), self.listen.host, self.listen.port, backlog=ACCEPT_BACKLOG
+                )
         except OSError as exc:
             self._st.close(0)
             raise EndpointStartError(f"metrics: cannot listen on {self.listen}: {exc.strerror or exc}") from None

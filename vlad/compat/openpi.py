@@ -54,7 +54,7 @@ import zmq.asyncio
 import zmq.utils.monitor
 
 from vlad import __version__, protocol
-from vlad.compat.endpoint import Admission, Endpoint, EndpointStartError, Spec, connect, peer_of
+from vlad.compat.endpoint import ACCEPT_BACKLOG, Admission, Endpoint, EndpointStartError, Spec, connect, peer_of
 from vlad.compat.msgpack_numpy import BadRequest, pack, unpack
 from vlad.config import parse_listen
 
@@ -144,6 +144,7 @@ class OpenPIEndpoint(Endpoint):
 
             vlad_peer: str | None = None
             vlad_slot: int | None = None
+            vlad_preempted = False  # its slot went to a new client
             vlad_last_ns = 0
 
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -176,6 +177,7 @@ class OpenPIEndpoint(Endpoint):
             open_timeout=self.cfg["handshake_timeout_s"],
             logger=_ws_logger,
             create_connection=Connection,
+            backlog=ACCEPT_BACKLOG,
         )
         try:
             if self.listen.unix:
@@ -277,7 +279,7 @@ class OpenPIEndpoint(Endpoint):
             (now - oldest.vlad_last_ns) / 1e9,
         )
         self.counts["idle_closed"] += 1
-        oldest.vlad_slot = None
+        oldest.vlad_slot, oldest.vlad_preempted = None, True
         asyncio.get_running_loop().create_task(oldest.close(1001, "idle: slot given to a new client"))
         self.slots[i] = connection
         connection.vlad_slot = i
@@ -325,10 +327,9 @@ class OpenPIEndpoint(Endpoint):
         except ConnectionClosed:
             pass
         finally:
-            if slot is not None and ws.vlad_slot == slot:
-                self._free_slot(ws)
-                if goodbye:  # left on purpose; a lost connection is a controller that died
-                    self._beat(slot, bye=True)
+            self._free_slot(ws)  # (connection_lost may have done it already)
+            if goodbye and slot is not None and not ws.vlad_preempted:
+                self._beat(slot, bye=True)  # left on purpose; a lost connection is a controller that died
             log.info("openpi client %s disconnected%s", ws.remote_address, "" if goodbye else " (no close frame)")
 
     async def _answer(self, message: Any, prev_total_ms: float | None, slot: int | None) -> bytes | str:

@@ -39,7 +39,7 @@ import anyio
 import zmq
 from anyio.abc import TaskStatus
 
-from vlad.compat.endpoint import CHILD_ENV, MAX_LINE, Spec
+from vlad.compat.endpoint import ACCEPT_BACKLOG, CHILD_ENV, MAX_LINE, Spec
 from vlad.config import Config
 from vlad.errors import StartupError
 
@@ -52,8 +52,10 @@ log = logging.getLogger("vlad.endpoints")
 # File descriptors the daemon itself may use: libraries and model files, ZeroMQ's own, and
 # the connections of controllers and vladctl on its ipc/tcp sockets.
 DAEMON_FDS = 1024
-# An endpoint process's own descriptors beside its connections (Python, ZeroMQ, pipes).
-CHILD_BASE_FDS = 64
+# An endpoint process's own descriptors beside its connections (Python, ZeroMQ, pipes), and
+# room for one batch of accepts: asyncio accepts up to the listen backlog in one go, before
+# the ones over the caps are closed.
+CHILD_BASE_FDS = 64 + 2 * ACCEPT_BACKLOG
 START_TIMEOUT_S = 20.0
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 10.0)
 STABLE_S = 30.0  # a child that ran this long restarts from the first backoff again

@@ -203,7 +203,7 @@ def build(d: Daemon) -> dict[str, Any]:
         "heartbeat_age_s": round((now - d.intake.last_heartbeat_ns) / 1e9, 3) if d.intake.last_heartbeat_ns else None,
         "controllers": {
             name: {
-                "heartbeat_age_s": round((now - beat.last_ns) / 1e9, 3),
+                "heartbeat_age_s": round(max(0, now - beat.last_ns) / 1e9, 3),
                 "alive": now - beat.last_ns <= d.cfg.monitors.heartbeat_missing_periods * d.period_ns,
                 "cadence": beat.cadence,
             }
