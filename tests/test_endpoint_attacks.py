@@ -408,20 +408,34 @@ def test_an_openpi_client_never_hides_a_dead_native_controller(daemon, native):
 
 
 def test_malformed_heartbeats_keep_nobody_alive(daemon, native):
+    """Issue 22 item 10: heartbeats without t_ns or with a string t_ns counted as liveness.
+    A controller ("ghost") that sent observations and a good heartbeat, then only malformed
+    ones, is dead: the hold posture, until it says goodbye."""
     from vlad import protocol
 
-    client = daemon.client("ghost")
+    raw = load_golden()[0]["raw"]
+    ghost = daemon.client("ghost")
     try:
         before = status(daemon)["counters"]["rejected"].get("malformed", 0)
-        for t_ns in (None, "12345", 1.5, -1):
-            header = {"seq": 1, "client": "ghost"} | ({} if t_ns is None else {"t_ns": t_ns})
-            for _ in range(5):  # past the slow joiner
-                client.send_raw(protocol.encode(protocol.TOPIC_HEARTBEAT, header))
-                time.sleep(0.01)
-        st = wait_status(daemon, lambda st: st["counters"]["rejected"].get("malformed", 0) >= before + 4)
-        assert "ghost" not in st["controllers"], st["controllers"]
+        for _ in range(5):  # past the slow joiner: observations and good heartbeats
+            ghost.publish_observation(dict(raw.images), proprio=raw.proprio, instruction=raw.instruction)
+            ghost.heartbeat()
+            time.sleep(0.02)
+        wait_status(daemon, lambda st: st["controllers"].get("ghost", {}).get("alive"))
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            for bad in ({}, {"t_ns": "12345"}, {"t_ns": 1.5}, {"t_ns": -1}):
+                ghost.send_raw(protocol.encode(protocol.TOPIC_HEARTBEAT, {"seq": 1, "client": "ghost", **bad}))
+            time.sleep(0.02)
+        st = wait_status(daemon, lambda st: st["state"] == "FALLBACK")
+        assert not st["controllers"]["ghost"]["alive"], st["controllers"]
+        assert any("'ghost'" in f["message"] for f in st["findings"]), st["findings"]
+        assert st["counters"]["rejected"]["malformed"] >= before + 4 * 20
+        goodbye(ghost)
+        st = wait_status(daemon, lambda st: st["state"] in ("ACTIVE", "DEGRADED"))
+        assert "ghost" not in st["controllers"]
     finally:
-        client.close()
+        ghost.close()
 
 
 def test_the_endpoint_processes_are_restarted_and_stopped(daemon, native, tmp_path):

@@ -334,6 +334,10 @@ def test_a_heartbeat_counts_only_when_well_formed():
     assert c.snapshot() == {}
     c.heartbeat({"t_ns": 5, "client": "arm"}, T0)
     c.heartbeat({"t_ns": 5, "client": "openpi/1", "cadence": "request"}, T0 + 1)
+    c.heartbeat({"t_ns": 5, "client": "x"}, T0 + 1)  # heartbeats alone: junk, or a name used once
+    assert c.snapshot() == {}  # nobody judged before an accepted observation of theirs
+    for name in ("arm", "openpi/1", "camera-only"):
+        c.observed(name)
     assert c.snapshot() == {"arm": Beat(T0, "stream"), "openpi/1": Beat(T0 + 1, "request")}
     c.heartbeat({"t_ns": 6, "client": "arm", "bye": True}, T0 + 2)
     assert set(c.snapshot()) == {"openpi/1"}
@@ -345,6 +349,7 @@ def test_the_table_is_bounded_and_never_evicts_a_known_controller():
     c = Controllers(limit=3)
     for name in ("a", "b", "c"):
         c.heartbeat({"t_ns": 1, "client": name}, T0)
+        c.observed(name)
     try:
         c.heartbeat({"t_ns": 1, "client": "flood-1"}, T0)
     except ProtocolError as exc:

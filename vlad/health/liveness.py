@@ -1,12 +1,14 @@
 """Per-controller liveness: every controller's own heartbeat state.
 
-A controller is known by the ``client`` name in its heartbeats (``""`` for one that sends
-none); the openpi endpoint heartbeats for each of its websocket clients by slot
-(``openpi/1`` ...). A controller is alive while its heartbeats keep coming; one whose
-heartbeats stop is dead, whatever the others do, and the heartbeat monitor
+A controller is known by the ``client`` name of its heartbeats and observations (``""`` for
+one that names itself in neither); the openpi endpoint heartbeats and sends observations
+for each of its websocket clients by slot (``openpi/1`` ...). A name is judged once it has
+had both a heartbeat and an accepted observation: then it is alive while its heartbeats
+keep coming, and dead, whatever the others do, when they stop; the heartbeat monitor
 (:class:`vlad.health.monitors.HeartbeatMonitor`) moves to the hold posture until it is back
 or has said goodbye. So a live openpi client (or any second controller) never hides the
-death of a native controller's loop.
+death of a native controller's loop, and heartbeats alone (junk from a flood, a name used
+once) never make a controller whose silence would hold the robot.
 
 A heartbeat counts only when it is well formed: ``t_ns`` a positive integer (the sender's
 monotonic time), ``client`` a printable name of at most 128 characters, ``cadence`` (when
@@ -21,9 +23,9 @@ sends an observation every control period, so silence is a stalled sensor stream
 ``request`` sends one only when it needs a new chunk (openpi's action chunk broker), so
 silence between requests is not a stall.
 
-Written by the serving thread (one call from :class:`vlad.serving.intake.Intake` per
-heartbeat), read by the health task through :meth:`Controllers.snapshot` (a dict copy,
-atomic under the GIL).
+Written by the serving thread (:class:`vlad.serving.intake.Intake` calls it for every
+heartbeat and every accepted observation), read by the health task through
+:meth:`Controllers.snapshot` (dict and set copies, atomic under the GIL).
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ class Controllers:
     def __init__(self, limit: int = MAX_CONTROLLERS) -> None:
         self.limit = limit
         self._table: dict[str, Beat] = {}
+        self._observing: set[str] = set()  # names with an accepted observation (at most limit)
+
+    def observed(self, client: object) -> None:
+        """An observation from ``client`` passed every check (its name is already checked)."""
+        name = client if isinstance(client, str) else ""
+        if name not in self._observing and len(self._observing) < self.limit:
+            self._observing.add(name)
 
     def heartbeat(self, header: Mapping[str, Any], receive_ns: int) -> None:
         """Record one heartbeat; :class:`vlad.protocol.ProtocolError` when it is refused."""
@@ -67,6 +76,7 @@ class Controllers:
             raise protocol.ProtocolError("malformed", "heartbeat: bye must be true or false")
         if bye:
             self._table.pop(client, None)
+            self._observing.discard(client)
             return
         if client not in self._table and len(self._table) >= self.limit:
             raise protocol.ProtocolError(
@@ -79,7 +89,10 @@ class Controllers:
         gone = list(self._table) if names is None else [n for n in names if n in self._table]
         for name in gone:
             self._table.pop(name, None)
+            self._observing.discard(name)
         return gone
 
     def snapshot(self) -> dict[str, Beat]:
-        return dict(self._table)
+        """The controllers judged: names with heartbeats and an accepted observation."""
+        beats, observing = dict(self._table), set(self._observing)
+        return {name: beat for name, beat in beats.items() if name in observing}

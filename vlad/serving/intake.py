@@ -98,6 +98,7 @@ class Intake:
                 self.rejection_listener(msg.header, exc.reason)
             return None
         self.counts.observations += 1
+        self.controllers.observed(msg.header.get("client", ""))  # with its heartbeats: a controller judged
         self.observation_interval_ns = receive_ns - self.last_observation_ns
         self.last_observation_ns = receive_ns
         return obs
