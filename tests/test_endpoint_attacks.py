@@ -482,3 +482,45 @@ def test_a_file_descriptor_limit_below_the_caps_refuses_the_start(tmp_path):
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1, out.stderr
     assert "file descriptor limit 256 is below the 1024" in lines[0] and "LimitNOFILE" in lines[0], lines
+
+
+def test_metrics_http_refuses_slow_huge_and_odd_requests(daemon, native):
+    """A request head trickled a byte at a time is closed after idle_timeout_s (2 s here),
+    one over 8 KiB is answered 431, a body or another method is refused; /healthz answers."""
+    t0 = time.monotonic()
+    slow = socket.create_connection(("127.0.0.1", daemon.metrics_port))
+    slow.settimeout(0.05)
+    closed_after = None
+    for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200:
+        try:
+            slow.send(bytes((b,)))
+            if slow.recv(1) == b"":
+                closed_after = time.monotonic() - t0
+                break
+        except TimeoutError:
+            pass
+        except OSError:
+            closed_after = time.monotonic() - t0
+            break
+    slow.close()
+    assert closed_after is not None and closed_after < 6, closed_after
+
+    def ask(raw: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", daemon.metrics_port)) as s:
+            s.settimeout(5)
+            s.sendall(raw)
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+            return out
+
+    assert ask(b"GET / HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n").startswith(b"HTTP/1.1 431")
+    assert ask(b"POST /metrics HTTP/1.1\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello").startswith(
+        b"HTTP/1.1 400"
+    )
+    assert ask(b"DELETE /metrics HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 405")
+    assert ask(b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert ask(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n").endswith(b"OK\n")
+    assert ask(b"GET /nope HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 404")
+    summary = assert_core_unaffected(daemon, native, t0)
+    print(f"slow head closed after {closed_after:.1f} s; {summary}")

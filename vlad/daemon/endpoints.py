@@ -104,7 +104,10 @@ class EndpointProcess:
         self.spec = spec
         self.gatekeeper = gatekeeper
         self.proc: asyncio.subprocess.Process | None = None
-        self.report: dict[str, Any] = {}
+        # Its newest report; until the first, the keys readers expect (vladctl status --watch).
+        self.report: dict[str, Any] = {"listen": spec.config.get("listen", ""), "refused_connections": {}}
+        if kind == "openpi":
+            self.report.update(clients=0, requests=0, replies=0, errors={})
         self.restarts = 0
         self.started_at = 0.0
         self._stdin: int | None = None  # our end of its stdin (non-blocking)
