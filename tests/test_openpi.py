@@ -507,3 +507,57 @@ def test_openpi_client_recovers_within_a_period_after_estop_and_pause(tmp_path):
         assert "FALLBACK" not in st["transition_counts"], st["transition_counts"]  # never a hold for input
     finally:
         d.stop()
+
+
+def test_endpoints_on_tcp_curve_sockets(tmp_path):
+    """With tcp:// endpoints (CurveZMQ) the endpoint processes connect with a key pair the
+    daemon made for them at start: admitted (the openpi one to the observation socket too,
+    whatever observation_producers says), and nobody else's key is."""
+    import urllib.request
+
+    import zmq.auth
+
+    from tests.test_daemon import _free_ports
+
+    keys, clients = tmp_path / "keys", tmp_path / "clients"
+    keys.mkdir()
+    clients.mkdir()
+    _, server_secret = zmq.auth.create_certificates(keys, "server")
+    client_pub, _ = zmq.auth.create_certificates(keys, "client")
+    (clients / "client.key").write_bytes(open(client_pub, "rb").read())
+    client_key = zmq.auth.load_certificate(client_pub)[0].decode()
+    eps = {
+        k: f"tcp://127.0.0.1:{port}"
+        for k, port in zip(("observations", "actions", "status", "control"), _free_ports(4), strict=True)
+    }
+    port, metrics_port = free_port(), free_port()
+    d = start_daemon(
+        tmp_path,
+        settings(
+            port,
+            f"sockets.curve_secret_key='{server_secret}'",
+            f"sockets.curve_clients_dir='{clients}'",
+            f"sockets.observation_producers=['key:{client_key}']",
+            "metrics.enabled=true",
+            f"metrics.listen='127.0.0.1:{metrics_port}'",
+            "serve.status_hz=10",
+        ),
+        endpoints=eps,
+    )
+    try:
+        policy = WebsocketClientPolicy("127.0.0.1", port)
+        obs = {
+            demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
+            demo_openpi.STATE_KEY: np.zeros(4, np.float32),
+            "prompt": sim.INSTRUCTIONS[0],
+        }
+        assert policy.infer(obs)["actions"].shape == (8, 2)
+        policy._ws.close()
+        deadline = time.monotonic() + 5
+        while "vlad_published_total" not in (
+            text := urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        ):
+            assert time.monotonic() < deadline, text[:500]
+            time.sleep(0.1)
+    finally:
+        d.stop()
