@@ -268,7 +268,11 @@ def main(kind: str, make: Callable[[Spec], Endpoint]) -> int:
     spec, pending = read_spec()
     if spec.kind != kind:
         raise SystemExit(f"vlad endpoint: spec for {spec.kind!r}, this is {kind!r}")
-    apply_limits(spec.limits)
+    try:
+        apply_limits(spec.limits)
+    except (OSError, ValueError) as exc:  # e.g. a system call filter that refuses setrlimit
+        _emit({"error": f"{kind} endpoint: cannot apply its resource limits ({exc}); it does not run without them"})
+        return 2
     from vlad.logs import context
 
     setup_logging(spec.logging.get("level", "info"), spec.logging.get("journald", "auto"))

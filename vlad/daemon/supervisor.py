@@ -331,11 +331,14 @@ class Daemon:
         """One health check before serving starts: when something already faults (a remote
         release whose server does not answer, heat), the fallback serves from the first
         observation on and the state says why."""
-        sensor_list, monitor_list = self._health_parts()
-        view = self._view(self._health_prev)
-        readings, findings = await anyio.to_thread.run_sync(_check, view, sensor_list, monitor_list)
-        if any(f.severity == "fault" for f in findings):
-            await self._decide(findings, readings)
+        try:
+            sensor_list, monitor_list = self._health_parts()
+            view = self._view(self._health_prev)
+            readings, findings = await anyio.to_thread.run_sync(_check, view, sensor_list, monitor_list)
+            if any(f.severity == "fault" for f in findings):
+                await self._decide(findings, readings)
+        except Exception:  # a bug here must not stop the start: the health task decides from its first tick
+            log.exception("first health check failed")
 
     async def _health_task(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         sensor_list, monitor_list = self._health_parts()
