@@ -4,7 +4,8 @@ the demo release's ONNX model, answering the way a broken or malicious server do
 ``mode`` (set any time, atomically):
 
 * ``proxy``: answers properly (ONNX Runtime here: ~2 ms, well inside the demo's 20 ms
-  deadline, where kserve's own HTTP path takes ~14 ms);
+  deadline, where kserve's own HTTP path takes ~14 ms); with ``late_every = N`` every Nth
+  inference is trickled instead (a server late now and then);
 * ``trickle``: the proper answer, one byte every ``trickle_s`` (8 ms);
 * ``huge``: ``200`` announcing a 1 GiB body and streaming it (from one reused 1 MiB buffer,
   never allocated whole) until the client hangs up;
@@ -62,6 +63,8 @@ class HostileServer:
             }
         ).encode()
         self.trickle_s = trickle_s
+        self.late_every = 0  # proxy mode: every Nth inference answered late (trickled); 0: none
+        self._infers = itertools.count(1)
         self.mode = "proxy"
         self.requests: dict[str, int] = {}
         self.bytes_sent = 0
@@ -156,6 +159,8 @@ class HostileServer:
 
     def _answer(self, conn: socket.socket, mode: str, method: str, path: str, headers: dict, body: bytes) -> bool:
         """Send one answer; False when the connection must end."""
+        if mode == "proxy" and self.late_every and method == "POST" and next(self._infers) % self.late_every == 0:
+            mode = "trickle"
         if mode == "proxy":
             conn.sendall(self._proper(method, path, headers, body))
             return True
