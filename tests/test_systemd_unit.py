@@ -90,7 +90,7 @@ def test_limit_nofile_holds_what_the_caps_need():
     processes at the largest caps the config allows (vlad.daemon.endpoints.fd_budget)."""
     from dataclasses import replace
 
-    from vlad.config import Config, CompatConfig, MetricsConfig, OpenPIConfig
+    from vlad.config import CompatConfig, Config, MetricsConfig, OpenPIConfig
     from vlad.daemon.endpoints import fd_budget
 
     unit = (ROOT / "systemd" / "vlad.service").read_text()
