@@ -181,9 +181,6 @@ class Endpoint:
         """Listen and connect; what it listens on. :class:`EndpointStartError` when it cannot."""
         raise NotImplementedError
 
-    def notice(self, line: bytes) -> None:
-        """One line from the daemon after the spec (openpi: a refused observation)."""
-
     def report(self) -> dict[str, Any]:
         """Counters for ``vladctl status`` and the metrics."""
         return {}
@@ -192,7 +189,7 @@ class Endpoint:
         """Stop listening and close connections."""
 
 
-async def serve(endpoint: Endpoint, pending: bytes) -> int:
+async def serve(endpoint: Endpoint) -> int:
     """Run ``endpoint`` until stdin ends or SIGTERM; the exit code."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -209,22 +206,16 @@ async def serve(endpoint: Endpoint, pending: bytes) -> int:
     reader = asyncio.StreamReader(limit=MAX_LINE)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", buffering=0))
 
-    async def notices() -> None:
-        buf = pending
+    async def daemon_gone() -> None:
+        """After the spec the daemon writes nothing; its end of the pipe closing means it is gone."""
         while True:
-            while b"\n" in buf:
-                line, _, buf = buf.partition(b"\n")
-                endpoint.notice(line)
             try:
                 chunk = await reader.read(65536)
             except (ConnectionError, OSError):
                 chunk = b""
             if not chunk:
-                stop.set()  # the daemon is gone
+                stop.set()
                 return
-            buf += chunk
-            if len(buf) > 1 << 20:  # a line this long is not from the daemon: drop it
-                buf = b""
 
     async def reports() -> None:
         while True:
@@ -234,7 +225,7 @@ async def serve(endpoint: Endpoint, pending: bytes) -> int:
             except Exception:  # a bug in a report must not end the endpoint
                 log.exception("endpoint report failed")
 
-    tasks = [asyncio.create_task(notices(), name="notices"), asyncio.create_task(reports(), name="reports")]
+    tasks = [asyncio.create_task(daemon_gone(), name="daemon"), asyncio.create_task(reports(), name="reports")]
     await stop.wait()
     for t in tasks:
         t.cancel()
@@ -265,7 +256,7 @@ def main(kind: str, make: Callable[[Spec], Endpoint]) -> int:
     """The process: spec, limits, logging, then :func:`serve`."""
     from vlad.logs import setup_logging
 
-    spec, pending = read_spec()
+    spec, _ = read_spec()
     if spec.kind != kind:
         raise SystemExit(f"vlad endpoint: spec for {spec.kind!r}, this is {kind!r}")
     try:
@@ -284,6 +275,6 @@ def main(kind: str, make: Callable[[Spec], Endpoint]) -> int:
     except EndpointStartError as exc:
         _emit({"error": str(exc)})
         return 2
-    code = asyncio.run(serve(endpoint, pending))
+    code = asyncio.run(serve(endpoint))
     log.debug("%s endpoint ran %.1f s", kind, time.monotonic() - started)
     return code

@@ -24,9 +24,10 @@ is no sensor stall). A client that closes its connection (a close frame) says go
 whose connection is lost is dead for the daemon until a client is back in its slot.
 
 **No stale chunk, ever.** A request answered by a hold posture (fallback, e-stop, backend
-error), refused by the daemon's intake (the daemon tells this process at once, on its
-stdin), or answered by nothing within ``request_timeout_ms`` gets an error reply naming the
-reason; so does a chunk already past its ``valid_until``. The connection stays open.
+error), refused or found stale by the daemon (its advisory ``hold:rejected`` / ``hold:stale``
+answer says why, at once), or answered by nothing within ``request_timeout_ms`` gets an
+error reply naming the reason; so does a chunk already past its ``valid_until``. The
+connection stays open.
 
 **Bounds.** ``max_connections`` TCP connections in all and ``max_connections_per_peer``
 per address (beyond: closed at accept, before any byte is read), the websocket handshake
@@ -64,7 +65,7 @@ CLIENT_PREFIX = "openpi/"
 # The websockets library logs every connection at INFO; this endpoint logs its own one line.
 _ws_logger = logging.getLogger("vlad.openpi.websockets")
 _ws_logger.setLevel(logging.WARNING)
-# Reasons a daemon refusal names (vlad.daemon.endpoints writes them): word characters only.
+# Reasons a daemon's advisory hold names (its header's "reason"): word characters only.
 _REASON_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz_0123456789")
 
 
@@ -498,6 +499,10 @@ class OpenPIEndpoint(Endpoint):
                 continue
             if not self._waiters or source == "hold:bridge":
                 continue  # chunks for other controllers; a bridge covers a late inference: the answer follows
+            if h.get("advisory") is True:  # refused or stale: no policy answer will come, say why now
+                reason = h.get("reason")
+                self._resolve(key, reason if isinstance(reason, str) and set(reason) <= _REASON_CHARS else "refused")
+                continue
             self._resolve(key, msg)
 
     async def _read_status(self) -> None:
@@ -510,16 +515,6 @@ class OpenPIEndpoint(Endpoint):
             if isinstance(st, dict):
                 self.status = st
                 self.metadata["release"] = st.get("release", self.metadata["release"])
-
-    def notice(self, line: bytes) -> None:
-        """The daemon refused one of our observations: ``obs_seq t_sensor_ns reason``."""
-        try:
-            seq, t, reason = line.decode("ascii").split(" ")
-            key = (int(seq), int(t))
-        except ValueError:
-            return
-        if set(reason) <= _REASON_CHARS:
-            self._resolve(key, reason)
 
     def _resolve(self, key: tuple[Any, Any], result: Any) -> None:
         future = self._waiters.get(key)

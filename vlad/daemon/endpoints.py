@@ -9,10 +9,9 @@ daemon only through the daemon's sockets, like a controller. Whatever a peer sen
 the serving thread, the event loop and the watchdog never wait for it, and the daemon's
 file descriptors and memory are not its to spend.
 
-Between the daemon and each child there are two private pipes: its stdin (the spec, then,
-for openpi, one line per refused observation of its own, written without blocking by the
-serving thread, so the websocket client gets the refusal at once) and its stdout (ready,
-then a report a second, shown under ``openpi`` / ``metrics`` in the status). The daemon's
+Between the daemon and each child there are two private pipes: its stdin (the spec; its
+closing tells the child the daemon is gone) and its stdout (ready, then a report a second,
+shown under ``openpi`` / ``metrics`` in the status). The daemon's
 ZAP handler admits the openpi child to the observation socket by its pid (ipc) or by a key
 pair made for it (tcp), whatever ``sockets.observation_producers`` says.
 
@@ -253,16 +252,6 @@ class EndpointProcess:
                 break
         self._forget()
 
-    def notice(self, line: bytes) -> None:
-        """Any thread: one line to its stdin, dropped when the pipe is full."""
-        with self._lock:
-            if self._stdin is None:
-                return
-            try:
-                os.write(self._stdin, line)
-            except (BlockingIOError, BrokenPipeError):
-                pass
-
     def status(self) -> dict[str, Any]:
         running = self.proc is not None and self.proc.returncode is None
         return {**self.report, "pid": self.pid if running else None, "running": running, "restarts": self.restarts}
@@ -288,16 +277,6 @@ class Endpoints:
             for name, p in self.processes.items():
                 tg.start_soon(p.run, name=f"endpoint-{name}")
             task_status.started()
-
-    def rejected(self, header: dict[str, Any], reason: str) -> None:
-        """The serving thread refused an observation: tell the openpi process when it is its own."""
-        client = header.get("client")
-        p = self.processes.get("openpi")
-        if p is None or not isinstance(client, str) or not client.startswith(OPENPI_PREFIX):
-            return
-        seq, t = header.get("seq"), header.get("t_sensor_ns")
-        if type(seq) is int and type(t) is int:
-            p.notice(b"%d %d %s\n" % (seq, t, reason.encode("ascii", "replace")))
 
     def status(self) -> dict[str, Any]:
         return {name: (p.status() if (p := self.processes.get(name)) else None) for name in ("openpi", "metrics")}

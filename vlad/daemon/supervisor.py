@@ -669,8 +669,6 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         stack.callback(tap.stop)
     # The openpi and metrics endpoints: child processes on the daemon's own sockets.
     daemon.endpoints = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve)
-    if "openpi" in daemon.endpoints.processes:
-        intake.rejection_listener = daemon.endpoints.rejected
     stack.push_async_callback(daemon.endpoints.stop)
     notifier.status("starting the endpoint processes")
     await daemon.endpoints.start()

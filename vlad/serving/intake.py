@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -68,10 +68,6 @@ class Intake:
         # streams them, action_horizon periods for one that executes each chunk for that
         # long and asks again when it runs out. vlad.serving.cadence bridges only the former.
         self.observation_interval_ns = 0
-        # Called (serving thread) with (header, reason) for an observation refused on its
-        # content; set once before serving starts (vlad.daemon.endpoints, for the openpi
-        # endpoint process), else None.
-        self.rejection_listener: Callable[[dict[str, Any], str], None] | None = None
         cams = []
         for cam in contract.cameras:
             raw = cam.raw
@@ -130,8 +126,6 @@ class Intake:
         h = msg.header
         t_sensor = h.get("t_sensor_ns")
         self.refused = (msg.seq, t_sensor if type(t_sensor) is int and 0 < t_sensor < 2**63 else 0, reason)
-        if self.rejection_listener is not None:  # the openpi bridge answers its client at once
-            self.rejection_listener(h, reason)
 
     def reject(self, reason: str, detail: str) -> None:
         c = self.counts
