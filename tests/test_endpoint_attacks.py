@@ -449,7 +449,14 @@ def test_the_endpoint_processes_are_restarted_and_stopped(daemon, native, tmp_pa
     assert st["openpi"]["pid"] != old
     summary = assert_core_unaffected(daemon, native, t0)
     policy = WebsocketClientPolicy("127.0.0.1", daemon.openpi_port)
-    assert policy.infer(OBS)["actions"].shape == (8, 2)
+    # Beside the native controller streaming at 50 Hz, latest wins across controllers: one
+    # request may be superseded by its observation (an error reply saying so); the next is served.
+    for attempt in range(3):
+        try:
+            assert policy.infer(OBS)["actions"].shape == (8, 2)
+            break
+        except RuntimeError as exc:
+            assert "superseded" in str(exc) and attempt < 2, exc
     policy._ws.close()
     print(f"openpi endpoint restarted as pid {st['openpi']['pid']}; {summary}")
 
