@@ -1,15 +1,16 @@
 """openpi compatibility: the unmodified openpi client drives the demo arm through vlad.
 
 One real daemon subprocess serves both the native ZeroMQ controller and openpi's
-``WebsocketClientPolicy`` + ``ActionChunkBroker`` (real websocket, real MuJoCo); asking at
-the same cadence, the same seeded episodes must succeed about as often either way, and
-vlad sends no bridging holds between the requests. A second daemon allows only a
+``WebsocketClientPolicy`` (real websocket, real MuJoCo), both as transports of the one
+episode runner; asking at the same cadence, the same seeded episodes must succeed about as
+often either way, and vlad sends no bridging holds between the requests. A second daemon allows only a
 foreign uid on its observation socket: the in-process bridge still serves, the native
 client is refused, and bad websocket input is answered and counted.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -23,15 +24,13 @@ pytest.importorskip("openpi_client.action_chunk_broker")
 
 from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa: E402
 
-from tests.daemon_harness import goodbye, start_daemon  # noqa: E402
+from tests.daemon_harness import start_daemon  # noqa: E402
 from vlad.demo import openpi as demo_openpi  # noqa: E402
 from vlad.demo import sim  # noqa: E402
+from vlad.episodes import DaemonLink, run_episode  # noqa: E402
 
 # 12 real-time episodes per client (~30 s in all). The flow-matching noise is seeded by the
-# observation sequence, which differs between the two clients, so outcomes differ per
-# episode. The native client asks the way openpi's broker does (below): a controller that
-# asks every period instead is judged differently by the guard after the arm's reset (see
-# native_episode_like_openpi), and succeeds more often with these seeds (30 vs 24 of 40).
+# observation sequence, which the endpoint numbers itself, so outcomes differ per episode.
 EPISODES = 12
 SEEDS = range(20_000, 20_000 + EPISODES)
 HORIZON = 4  # openpi's action_horizon: periods per chunk before asking again
@@ -89,128 +88,60 @@ def reconnect(port: int, timeout: float = 5.0) -> WebsocketClientPolicy:
             time.sleep(0.05)
 
 
-def settle_native(client, task, timeout: float = 10.0) -> None:
-    """Until the release serves (a chunk from it, not a fallback's or a hold): the switch between clients leaves
-    a gap the stall monitor answers with the hold posture for its healthy window."""
-    obs = task.reset(SEEDS[0], sim.INSTRUCTIONS[0])
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        client.publish_observation({"overhead": obs.image}, proprio=obs.proprio, instruction=sim.INSTRUCTIONS[0])
-        client.heartbeat()
-        chunk = client.recv_actions(timeout_ms=20)
-        if chunk is not None and chunk.source == "release":  # ACTIVE or DEGRADED (a loaded machine)
-            return
-    raise AssertionError("the daemon never served the release to the native client")
-
-
-def settle_openpi(policy, task, timeout: float = 10.0) -> None:
-    obs = task.reset(SEEDS[0], sim.INSTRUCTIONS[0])
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            out = policy.infer(
-                {demo_openpi.IMAGE_KEY: obs.image, demo_openpi.STATE_KEY: obs.proprio, "prompt": sim.INSTRUCTIONS[0]}
-            )
-            policy.reset()
-            if out["vlad"]["policy"].startswith("release"):
-                return
-        except RuntimeError:
-            pass
-        time.sleep(0.02)
-    raise AssertionError("the daemon never served the release to the openpi client")
-
-
-def native_episode_like_openpi(client, task, seed: int, instruction: str, period_ns: int) -> dict:
-    """The native client driving the arm the way openpi's ``ActionChunkBroker`` does: one
-    observation when the chunk runs out, its waypoints one per period, and holding where
-    the arm is for a period when vlad does not answer (a refused observation after the
-    reset). Heartbeats every period, as the bridge sends them for an openpi client.
-
-    Only this cadence is a fair reference for the bridge. A controller that asks every
-    period shows the reset as an implausible jump that vlad refuses and then re-anchors
-    on; one asking every fourth period shows a move the joints could have made in that
-    time, which the guard follows only after three observations agree (12 periods), so
-    its first chunks are rate-limited towards the previous episode's last command."""
-    obs = task.reset(seed, instruction)
-    chunk, k, held, latencies = None, HORIZON, 0, []
-    next_tick = time.monotonic_ns()
-    for _ in range(sim.EPISODE_STEPS):
-        client.heartbeat()
-        if chunk is None or k >= HORIZON:
-            chunk = None
-            seq = client.publish_observation({"overhead": obs.image}, proprio=obs.proprio, instruction=instruction)
-            deadline = next_tick + period_ns * 4 // 5
-            while chunk is None and (left := deadline - time.monotonic_ns()) > 0:
-                got = client.recv_actions(timeout_ms=max(1, left // 1_000_000))
-                if got is not None and got.obs_seq == seq and not got.is_hold:
-                    chunk, k = got, 0
-                    latencies.append((got.t_receive_ns - got.t_sensor_ns) / 1e6)
-        if chunk is not None:
-            command, k = chunk.actions[k], k + 1
-        else:
-            command, held = obs.proprio[:2], held + 1
-        obs = task.step(np.asarray(command, dtype=np.float64))
-        next_tick += period_ns
-        time.sleep(max(0.0, (next_tick - time.monotonic_ns()) / 1e9))
-    d = task.distance()
-    return {"success": d < sim.SUCCESS_RADIUS, "distance": d, "held": held, "latencies": latencies}
-
-
 @pytest.mark.slow
-def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path):
+def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path, contract):
+    """The one episode runner with two transports at the same cadence (a request every
+    HORIZON periods, the rest of the time only heartbeats): the native client and openpi's
+    own client through the endpoint process. The noise differs (the endpoint numbers its own
+    observations), so outcomes are compared in sum, not seed by seed."""
     port = free_port()
     d = start_daemon(tmp_path, settings(port, f"sockets.observation_producers=['uid:{os.getuid()}']"))
     client = d.client("mujoco-reacher")
+    period = int(contract.timing.control_period_ms * 1e6)
+    validity = int(contract.timing.action_validity_ms * 1e6)
+    run = functools.partial(
+        run_episode, period_ns=period, exec_steps=HORIZON, chunk_length=contract.action.chunk_length
+    )
+    plan = [(seed, sim.INSTRUCTIONS[i % 2]) for i, seed in enumerate(SEEDS)]
     try:
-        period_ns = int(client.status()["control_period_ms"] * 1e6)
-        native, openpi = [], []
-        with sim.ReacherTask(render=True) as task:
-            settle_native(client, task)
-            for i, seed in enumerate(SEEDS):
-                native.append(native_episode_like_openpi(client, task, seed, sim.INSTRUCTIONS[i % 2], period_ns))
-            goodbye(client)  # the native controller is done: without this, its silence would be its death (hold)
-            policy = demo_openpi.connect("127.0.0.1", port, action_horizon=HORIZON)
-            settle_openpi(policy, task)
-            for i, seed in enumerate(SEEDS):
-                openpi.append(demo_openpi.run_episode(policy, task, seed, sim.INSTRUCTIONS[i % 2], period_ns))
-        st = client.status()
+        with sim.ReacherTask(render=False) as task:
+            native = [run(task, DaemonLink(client, streams=False), seed, instruction) for seed, instruction in plan]
+            client.close()  # says goodbye: its silence from now on is no fault
+            link = demo_openpi.OpenPILink(demo_openpi.connect("127.0.0.1", port), period, validity)
+            openpi = [run(task, link, seed, instruction) for seed, instruction in plan]
+        watcher = d.client("status")
+        st = watcher.status()
         fallbacks = Counter(
             e["reason"].split(" for ")[0]
-            for e in client.control("events", limit=500)
+            for e in watcher.control("events", limit=500)
             if e["kind"] == "transition" and e["state_to"] == "FALLBACK"
         )
+        watcher.close()
     finally:
-        client.close()
         d.stop()
-    ok_native = sum(r["success"] for r in native)
-    ok_openpi = sum(r["success"] for r in openpi)
-    lat = np.concatenate([r["latencies"] for r in openpi])
-    nat = np.concatenate([r["latencies"] for r in native])
+    ok_native = sum(r.success for r in native)
+    ok_openpi = sum(r.success for r in openpi)
+    lat = np.concatenate([r.latencies_ms for r in openpi])
+    nat = np.concatenate([r.latencies_ms for r in native])
     print(
         f"native {ok_native}/{EPISODES}, openpi {ok_openpi}/{EPISODES}; openpi request->chunk p50 "
         f"{np.median(lat):.2f} ms p99 {np.percentile(lat, 99):.2f} ms over {len(lat)}; native sensor->chunk p50 "
-        f"{np.median(nat):.2f} ms; openpi held {[r['held'] for r in openpi]}, errors "
-        f"{sorted({e for r in openpi for e in r['errors']})}; bridge {st['openpi']}; fallbacks {dict(fallbacks)}"
+        f"{np.median(nat):.2f} ms; openpi held {[r.held for r in openpi]}, errors {dict(link.errors)}; "
+        f"endpoint {st['openpi']}; fallbacks {dict(fallbacks)}"
     )
-    mean_native = np.mean([r["distance"] for r in native])
-    mean_openpi = np.mean([r["distance"] for r in openpi])
-    print(
-        f"mean final distance: native {mean_native * 1e3:.1f} mm, openpi {mean_openpi * 1e3:.1f} mm; per episode (mm) "
-        f"native {[round(r['distance'] * 1e3) for r in native]}, openpi {[round(r['distance'] * 1e3) for r in openpi]}"
-    )
+    mean_native = np.mean([r.final_distance for r in native])
+    mean_openpi = np.mean([r.final_distance for r in openpi])
     assert ok_openpi >= 3
-    # Same seeds, same cadence: the outcomes pair up seed by seed (both fail the same two or
-    # three); only the noise differs.
     assert ok_openpi >= ok_native - 3, (ok_native, ok_openpi)
-    assert mean_openpi < 0.15, mean_openpi
+    assert mean_openpi < 0.15, (mean_native, mean_openpi)
     # A chunk-executing client waits for nothing between its requests: no bridging holds
-    # (vlad.serving.cadence; about 25 per episode before, 0-2 in all now, each a late chunk).
+    # (vlad.serving.cadence; a few, each a late chunk).
     holds = st["counters"]["holds"]
-    assert holds.get("bridge", 0) <= 2 * EPISODES, holds
-    assert st["openpi"]["replies"] >= EPISODES * sim.EPISODE_STEPS // 4 - 3 * EPISODES
-    # After a reset vlad refuses the arm's jump until a few observations confirm it: those
-    # requests are answered with an error, never with a chunk computed from another pose.
-    assert all(r["held"] <= 10 for r in openpi), [r["held"] for r in openpi]
+    assert holds.get("bridge", 0) <= 2 * EPISODES, (holds, dict(fallbacks))
+    assert st["openpi"]["replies"] >= EPISODES * sim.EPISODE_STEPS // HORIZON - 3 * EPISODES
+    # Each episode's first request announces the reset: nothing is refused, nothing held long.
+    assert not link.errors.get("rejected_implausible_proprio"), dict(link.errors)
+    assert all(r.held <= 4 for r in openpi), [r.held for r in openpi]
 
 
 def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):

@@ -227,6 +227,10 @@ class OpenPIConfig:
     # openpi keys whose arrays, concatenated in this order, are the contract's proprio.
     proprio: tuple[str, ...] = ()
     prompt: str = "prompt"  # key of the language instruction
+    # Key of an optional boolean: true on the first request after an intended jump of the
+    # joint state (an episode reset): vlad's `reanchor` (docs/protocol.md). openpi's own
+    # runtimes do not send it; a robot program adds it to its observation dict.
+    reanchor: str = "reanchor"
     default_prompt: str = field(default="", metadata={"allow_empty": True})  # when a request has none
     # A request whose policy chunk has not come back within this is answered with an error.
     request_timeout_ms: float = field(default=500.0, metadata=bounded(1.0, 60_000.0))

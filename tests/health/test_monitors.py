@@ -116,6 +116,12 @@ def test_silence_is_a_stall_unless_every_live_controller_asks_on_request():
     # a streaming controller that died does not count: the request-driven one alone is live
     gone = {**on_request, "arm": Beat(T0 - 10 * stall, "stream")}
     assert mon.check(view(last_observation_ns=quiet, controllers=gone)) == []
+    # every controller said goodbye after its last observation: it left, nothing stalled
+    assert mon.check(view(last_observation_ns=quiet, controllers_left_ns=quiet + 1)) == []
+    # a goodbye before the last observation does not excuse a stream that stopped since
+    assert codes(mon.check(view(last_observation_ns=quiet, controllers_left_ns=quiet - 1))) == [
+        ("sensor_stall", "fault")
+    ]
 
 
 def test_policy_faults_are_blamed_on_the_policy_that_produced_them():

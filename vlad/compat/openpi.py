@@ -452,6 +452,8 @@ class OpenPIEndpoint(Endpoint):
             )
         if prompt is not None:
             header["instruction"] = prompt
+        if _find(obs, cfg["reanchor"]) is True:
+            header["reanchor"] = True
         for name, arr in tensors.items():
             if arr.dtype.name not in protocol.WIRE_DTYPES:
                 raise BadRequest("bad_observation", f"{name} has dtype {arr.dtype}; expected {self.expect.get(name)}")

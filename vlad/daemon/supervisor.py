@@ -388,6 +388,7 @@ class Daemon:
             last_observation_ns=self.intake.last_observation_ns,
             last_heartbeat_ns=self.intake.last_heartbeat_ns,
             controllers=self.intake.controllers.snapshot(),
+            controllers_left_ns=self.intake.controllers.left_ns,
             in_flight=_in_flight(self.loop),
             hang_timeout_ns=self.cfg.serve.hang_timeout_ns,
             readings=self.readings,

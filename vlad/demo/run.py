@@ -129,7 +129,9 @@ def run_demo(args: argparse.Namespace) -> int:
             flush=True,
         )
         if openpi:
-            return demo_openpi.run_episodes(args, period_ns, OPENPI_PORT)
+            from vlad.contract import load_contract
+
+            return demo_openpi.run_episodes(args, load_contract(Path(cfg.release.path) / "contract.toml"), OPENPI_PORT)
         local = load_in_process(cfg)
         contract = local.contract
         run = functools.partial(

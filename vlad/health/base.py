@@ -92,8 +92,10 @@ class HealthView:
     backend_stats: Mapping[PolicyId, Mapping[str, Any]] = field(default_factory=dict)  # Session.stats()
     release_dir: Path | None = None
     artifacts: Mapping[str, str] = field(default_factory=dict)  # relative path -> sha256
-    # Each controller's newest heartbeat, by client name (vlad.health.liveness).
+    # Each controller's newest heartbeat, by client name (vlad.health.liveness), and when
+    # the last one said goodbye (0: none did).
     controllers: Mapping[str, Beat] = field(default_factory=dict)
+    controllers_left_ns: int = 0
 
     @property
     def heartbeat_seen(self) -> bool:

@@ -53,6 +53,7 @@ class Controllers:
         self.limit = limit
         self._table: dict[str, Beat] = {}
         self._observing: set[str] = set()  # names with an accepted observation (at most limit)
+        self.left_ns = 0  # when the last goodbye arrived (daemon clock)
 
     def observed(self, client: object) -> None:
         """An observation from ``client`` passed every check (its name is already checked)."""
@@ -77,12 +78,20 @@ class Controllers:
         if bye:
             self._table.pop(client, None)
             self._observing.discard(client)
+            self.left_ns = receive_ns
             return
         if client not in self._table and len(self._table) >= self.limit:
             raise protocol.ProtocolError(
                 "too_many_controllers", f"heartbeat from {client!r:.40}: already {self.limit} controllers known"
             )
         self._table[client] = Beat(receive_ns, cadence)
+
+    @property
+    def only_requests(self) -> bool:
+        """Every controller known declared ``cadence = "request"`` (and there is one): none
+        waits for a command between its requests (vlad.serving.cadence sends no bridges)."""
+        table = self._table
+        return bool(table) and all(b.cadence == "request" for b in table.values())
 
     def forget(self, names: list[str] | None = None) -> list[str]:
         """Drop the given controllers (every one when None); the names dropped."""

@@ -181,10 +181,13 @@ class SensorStreamMonitor(Monitor):
     @staticmethod
     def _streaming(v: HealthView) -> bool:
         """Whether silence on the observation socket is a stall: unless every live controller
-        said it asks only when it needs a chunk (``cadence = "request"``), it is."""
+        said it asks only when it needs a chunk (``cadence = "request"``), it is; with none
+        live, unless the last one said goodbye after the last observation (it left)."""
         limit = v.thresholds.heartbeat_missing_periods * v.period_ns
         live = [b.cadence for b in v.controllers.values() if v.now_ns - b.last_ns <= limit]
-        return not live or any(c != "request" for c in live)
+        if not live:
+            return v.last_observation_ns > v.controllers_left_ns
+        return any(c != "request" for c in live)
 
 
 def _top(reasons: dict[str, int], n: int = 3) -> str:
