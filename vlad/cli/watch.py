@@ -181,7 +181,7 @@ def frame_text(frame: list[str], height: int) -> str:
     return text
 
 
-class _Signalled(Exception):
+class _Signalled(BaseException):  # like KeyboardInterrupt: no `except Exception` swallows it
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
