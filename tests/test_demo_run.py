@@ -29,14 +29,14 @@ from tests.kserve.remote_server import server_unavailable
 DEMO = ROOT / "manifests" / "demo"
 
 
-def demo_config(tmp_path: Path) -> Path:
+def demo_config(tmp_path: Path, release: Path = DEMO) -> Path:
     """etc/vlad/demo.toml with absolute paths and this test's own sockets."""
     run = tmp_path / "run"
     run.mkdir()
     config = tmp_path / "demo.toml"
     config.write_text(f"""
 [release]
-path = "{DEMO}"
+path = "{release}"
 keys_dir = "{ROOT / "etc" / "vlad" / "keys.d"}"
 
 [sockets]
@@ -54,12 +54,13 @@ warmup = 2
 class Demo:
     """``python -m vlad.demo.run ...`` with its output collected line by line."""
 
-    def __init__(self, tmp_path: Path, *args: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, release: Path = DEMO) -> None:
         self.tmpdir = tmp_path / "tmpdir"
         self.tmpdir.mkdir()
         env = {**os.environ, "TMPDIR": str(self.tmpdir), "MUJOCO_GL": "egl", "PYTHONUNBUFFERED": "1"}
+        config = demo_config(tmp_path, release)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vlad.demo.run", "--config", str(demo_config(tmp_path)), "--no-daemon-log", *args],
+            [sys.executable, "-m", "vlad.demo.run", "--config", str(config), "--no-daemon-log", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -174,6 +175,26 @@ def test_remote_demo_run_to_the_end_leaves_nothing_behind(tmp_path):
         assert demo.finish(timeout=180) == 0, (demo.out[-10:], demo.err[-10:])
         assert any("through vlad 1/1" in line or "through vlad 0/1" in line for line in demo.out), demo.out[-10:]
         assert not gone(started)
+        assert left_behind(demo.tmpdir) == []
+    finally:
+        demo.kill()
+
+
+@needs_server
+def test_remote_demo_whose_server_fails_says_why_in_one_line(tmp_path):
+    """The v2 server cannot load the model: one line with its log's last line (the log's
+    folder is removed like the rest), no server left."""
+    import shutil
+
+    release = tmp_path / "release"
+    shutil.copytree(DEMO, release)
+    (release / "policy.onnx").write_bytes(b"not an onnx model")
+    demo = Demo(tmp_path, "--remote", "--episodes", "1", release=release)
+    try:
+        assert demo.finish() == 1
+        assert len(demo.err) == 1, demo.err
+        assert demo.err[0].startswith("demo: the v2 server exited with status "), demo.err
+        assert "server.log" not in demo.err[0] and len(demo.err[0]) > len("demo: the v2 server exited with status 1: ")
         assert left_behind(demo.tmpdir) == []
     finally:
         demo.kill()
