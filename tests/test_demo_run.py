@@ -219,9 +219,12 @@ def test_openpi_demo_serves_on_the_port_given(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    demo = Demo(tmp_path, "--openpi", "--port", str(port), "--episodes", "1")
+    demo = Demo(tmp_path, "--openpi", "--port", str(port), "--episodes", "3")
     try:
         demo.wait_line(f"on ws://127.0.0.1:{port}")
+        # Ctrl-C in the second episode: not while the simulator imports its renderer, whose
+        # GLFW probe (a `python -c` child of pyGLFW's) prints its own EOFError when cut off.
+        demo.wait_line("episode   1 ")
         started = demo.descendants()
         demo.proc.send_signal(signal.SIGINT)
         assert demo.finish() == 130, (demo.out, demo.err)
