@@ -118,7 +118,10 @@ def start_daemon(
     config: Path | None = None,
     wait_ready: bool = True,
     endpoints: dict[str, str] | None = None,
+    prefix: list[str] | None = None,
 ) -> RunningDaemon:
+    """``prefix``: a command the daemon runs under (e.g. ``unshare ...``), its last word
+    followed by the ``vlad serve`` command line."""
     sock_dir = tmp_path / "run"
     sock_dir.mkdir(exist_ok=True)
     endpoints = endpoints or endpoints_in(sock_dir)
@@ -126,7 +129,7 @@ def start_daemon(
     full_env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "PYTHONUNBUFFERED": "1", **(env or {})}
     log_path = tmp_path / "vlad.log"
     proc = subprocess.Popen(
-        daemon_command(endpoints, extra, config),
+        [*(prefix or []), *daemon_command(endpoints, extra, config)],
         env=full_env,
         stdout=open(log_path, "wb"),
         stderr=subprocess.STDOUT,
