@@ -16,9 +16,10 @@ and its :class:`~vlad.client.ChunkExecutor`):
   :mod:`vlad.planner.execution`), never waits inside a tick (an answer is taken at the tick
   it arrived by), switches at the index for now and blends.
 
-The controller sends a frame only when it asks for a chunk (and a heartbeat every period),
-so the policy worker is idle when a request comes: each answer takes the policy's own
-latency, which is what the two rules are compared on.
+The controller sends a frame only when it asks for a chunk (``DaemonLink(streams=False)``:
+a heartbeat every period declaring the ``request`` cadence), so the policy worker is idle
+when a request comes: each answer takes the policy's own latency, which is what the two
+rules are compared on.
 
 Each runs against the real backend (the signed demo release, ONNX Runtime) and against
 an artificially slowed one (:mod:`vlad.testing.plugin`'s ``wrapped`` backend: every
@@ -39,7 +40,6 @@ and the measured latency).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -53,7 +53,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np
 
 from vlad.client import ActionChunk, ChunkExecutor, Client
-from vlad.config import Config, MonitorsConfig, ReleaseConfig, ServeConfig, load_config
+from vlad.config import Config, ReleaseConfig, ServeConfig, load_config
 from vlad.contract import load_contract
 from vlad.demo import sim
 from vlad.episodes import DaemonLink, EpisodeLog, run_episode
@@ -61,32 +61,6 @@ from vlad.planner.execution import async_threshold, chunk_rate
 from vlad.testing import DEMO, DEMO_CONFIG, PLUGIN_ENV, DaemonProcess, launch, unsigned_copy
 
 WAIT_FRACTION = 0.8
-# A controller that sends a frame only when it needs a chunk sends one every few periods,
-# and none while an episode resets; the daemon's sensor-stall monitor (5 periods by
-# default) would call that a stalled stream and fall back to the hold posture for the
-# 2 s it takes to recover. One second of silence is allowed here instead.
-STALL_PERIODS = 50
-
-
-class RequestingLink(DaemonLink):
-    """A controller that sends a frame only when it asks for a chunk, and a heartbeat every
-    period (:class:`~vlad.episodes.DaemonLink` streams a frame every period: a slow policy
-    would then always be busy with frames nobody asked about). While the daemon holds the
-    arm (a fallback, not a bridge between answers) it streams again: a chunk is not asked
-    for while a hold is executed, and without frames the daemon would see a stalled sensor
-    and never get back to its policy."""
-
-    def __init__(self, client: Client) -> None:
-        super().__init__(client)
-        self.streams = False
-
-    def receive(self, seq: int, deadline_ns: int) -> list[ActionChunk]:
-        self.client.heartbeat()  # every tick: a controller silent for 5 periods counts as gone
-        chunks = super().receive(seq, deadline_ns)
-        if chunks:
-            last = chunks[-1]
-            self.streams = last.is_hold and not last.advisory
-        return chunks
 
 
 def wait_for(client: Client, seq: int, until_ns: int) -> ActionChunk | None:
@@ -171,9 +145,8 @@ def summarize(logs: list[EpisodeLog], period_ms: float) -> dict:
 
 
 def real_config() -> Config:
-    """The signed demo release on real ONNX Runtime, with the quieter sensor-stall monitor."""
-    cfg = load_config(DEMO_CONFIG)
-    return dataclasses.replace(cfg, monitors=dataclasses.replace(cfg.monitors, sensor_stall_periods=STALL_PERIODS))
+    """The signed demo release on real ONNX Runtime."""
+    return load_config(DEMO_CONFIG)
 
 
 def slow_config(folder: Path, slow_ms: float, deadline_ms: float) -> Config:
@@ -190,7 +163,6 @@ def slow_config(folder: Path, slow_ms: float, deadline_ms: float) -> Config:
             options={"delay_ms": slow_ms, "inner": "onnxruntime", "intra_op_threads": 1},
         ),
         serve=ServeConfig(warmup=2),
-        monitors=MonitorsConfig(sensor_stall_periods=STALL_PERIODS),
     )
 
 
@@ -216,7 +188,7 @@ def run_backend(label: str, tmp: Path, args, contract, slow_ms: float | None) ->
     rows = []
     try:
         client = d.client("bench-async")
-        link = RequestingLink(client)
+        link = DaemonLink(client, streams=False)
         with sim.ReacherTask(render=False) as task:
             latency = measure_latency(client, task, 5 if args.ci else 20)  # sets the async threshold
             validity = contract.timing.action_validity_ms

@@ -8,14 +8,17 @@ from tests.conftest import ROOT, VLAD
 from vlad.testing import (
     PERIOD_S,
     QUIET_MONITORS,
+    WATCHDOG_ENV,
     ControllerSim,
     FaultRig,
     NotifyListener,
     Received,
+    assert_core_unaffected,
     daemon_command,
     endpoints_in,
     max_gap,
     start_daemon,
+    watchdog_gap,
     write_fault_rig,
 )
 from vlad.testing import DaemonProcess as RunningDaemon
@@ -25,14 +28,23 @@ __all__ = [
     "QUIET_MONITORS",
     "ROOT",
     "VLAD",
+    "WATCHDOG_ENV",
     "ControllerSim",
     "FaultRig",
     "NotifyListener",
     "Received",
     "RunningDaemon",
+    "assert_core_unaffected",
     "daemon_command",
     "endpoints_in",
+    "goodbye",
     "max_gap",
     "start_daemon",
+    "watchdog_gap",
     "write_fault_rig",
 ]
+
+
+def goodbye(client) -> None:
+    """The controller leaves on purpose: :meth:`vlad.client.Client.heartbeat` with ``bye``."""
+    client.heartbeat(bye=True)

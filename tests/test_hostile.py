@@ -102,6 +102,18 @@ def _bad_cases():
             if t is str:
                 yield f"{name}-{f.name}-nul", name, {**required, f.name: "/tmp/a\x00b"}
                 yield f"{name}-{f.name}-huge", name, {**required, f.name: "x" * 5000}
+                # newline, DEL, an escape sequence, a bidi override, a line separator
+                for i, ch in enumerate(("\n", "\x7f", "\x1b[2J", "\u202e", "\u2028")):
+                    yield f"{name}-{f.name}-control{i}", name, {**required, f.name: f"/tmp/a{ch}b"}
+            if f.metadata.get("path"):
+                # a file name over 255 bytes; a path over 4095 bytes (in fewer characters than the
+                # 4096 the schema allows: 2-byte characters)
+                yield f"{name}-{f.name}-long-name", name, {**required, f.name: "/tmp/" + "a" * 256}
+                yield (
+                    f"{name}-{f.name}-long-path",
+                    name,
+                    {**required, f.name: "/tmp/" + "/".join(["\u00e9" * 100] * 21)},
+                )
             if t in (int, float) and f.metadata:
                 yield f"{name}-{f.name}-range", name, {**required, f.name: -1 if t is int else -1.0}
                 yield f"{name}-{f.name}-huge-number", name, {**required, f.name: 10**9}

@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("vlad.release",),
     # The planner reads signed manifests (planner.measure -> release), so it sits above
     # release with the other tools that consume releases, not beside serving.
-    # compat: the openpi endpoint and the metrics run inside the daemon and read it.
+    # compat: the endpoint processes the daemon starts (vlad.daemon.endpoints reads their spec type).
     # testing: runs the daemon as a subprocess for the gates, the benchmarks and the tests.
     ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat", "vlad.testing"),
     ("vlad.cli", "vlad.demo"),

@@ -59,6 +59,7 @@ def _code_reasons() -> tuple[set[str], set[str]]:
     from vlad.serving.cycle import INPUT_REASONS
 
     observations |= set(INPUT_REASONS) - {"stale"}
+    observations |= set(re.findall(r'ProtocolError\(\s*"(\w+)"', (vlad / "health" / "liveness.py").read_text()))
     supervisor = (vlad / "daemon" / "supervisor.py").read_text()
     control_src = (vlad / "daemon" / "control.py").read_text()
     request_path = (

@@ -171,12 +171,19 @@ class Client:
         self._obs.send_multipart(frames, copy=sum(len(f) for f in frames) < 65536)
         return seq
 
-    def heartbeat(self) -> None:
-        self._obs.send_multipart(
-            protocol.encode(
-                protocol.TOPIC_HEARTBEAT, {"seq": next(self._seq), "t_ns": time.monotonic_ns(), "client": self.name}
-            )
-        )
+    def heartbeat(self, cadence: str | None = None, *, bye: bool = False) -> None:
+        """Tell vlad this controller is alive (send one every control period: docs/health.md).
+
+        ``cadence``: ``"stream"`` (an observation every period, the default) or ``"request"``
+        (an observation only when it needs a new chunk: silence between requests is then not
+        a stalled sensor). ``bye``: this controller leaves on purpose (its silence from now
+        on is no fault); :meth:`close` sends it."""
+        header: dict[str, Any] = {"seq": next(self._seq), "t_ns": time.monotonic_ns(), "client": self.name}
+        if cadence is not None:
+            header["cadence"] = cadence
+        if bye:
+            header["bye"] = True
+        self._obs.send_multipart(protocol.encode(protocol.TOPIC_HEARTBEAT, header))
 
     def send_raw(self, frames: list[bytes]) -> None:
         """Send arbitrary frames on the observation socket (for tests and tools)."""
@@ -269,10 +276,17 @@ class Client:
         apply_curve(sock, endpoint, self._curve)
         sock.connect(endpoint)
 
-    def close(self) -> None:
+    def close(self, bye: bool = True) -> None:
+        """Close the sockets; with ``bye`` first tell vlad this controller leaves on purpose."""
+        if bye:
+            try:
+                self.heartbeat(bye=True)
+                self._obs.setsockopt(zmq.LINGER, 100)  # let the goodbye leave (at most 100 ms)
+            except zmq.ZMQError:
+                pass  # the daemon is gone or the queue full: nothing to tell
         for s in (self._obs, self._act, self._status):
             if s is not None:
-                s.close(0)
+                s.close()
         self._ctx.term()
 
     def __enter__(self) -> Client:

@@ -94,6 +94,7 @@ class Link(Protocol):
     realtime: bool  # True: the runner paces ticks against the wall clock
     streams: bool  # True: an observation every tick (the daemon sees a streaming controller)
 
+    def tick(self) -> None: ...  # once per control period (a heartbeat)
     def send(self, frame: Frame, seq: int, t_sensor_ns: int, *, reanchor: bool, wanted: bool) -> None: ...
     def receive(self, seq: int, deadline_ns: int) -> list[ActionChunk]: ...
 
@@ -191,6 +192,7 @@ def run_episode(
         now_sim = sim_t0 + tick * period_ns
         if link.realtime:
             wall0 = _pace(wall0, tick, period_ns)
+        link.tick()
         wanted = ex.should_request(now_sim)
         seq = base + tick
         deadline = time.monotonic_ns()  # not waiting: what has arrived
@@ -314,6 +316,9 @@ class InProcessLink:
         self.action_dim = action_dim
         self._answer: ActionChunk | None = None
 
+    def tick(self) -> None:
+        pass
+
     @classmethod
     def for_contract(cls, contract: Contract, infer: Callable[[Frame, int], np.ndarray]) -> InProcessLink:
         """A link with the contract's control period, validity and chunk shape."""
@@ -367,19 +372,24 @@ class NoMotionLink(InProcessLink):
 
 
 class DaemonLink:
-    """A controller on the daemon's sockets, streaming every period (see module doc)."""
+    """A controller on the daemon's sockets (see module doc): a heartbeat every period, and an
+    observation every period (``streams``, the default) or only when it asks for a chunk
+    (``streams=False``: openpi's action chunk broker's cadence, declared as ``request``)."""
 
     realtime = True
-    streams = True
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, *, streams: bool = True) -> None:
         self.client = client
+        self.streams = streams
+        self._cadence = "stream" if streams else "request"
+
+    def tick(self) -> None:
+        self.client.heartbeat(self._cadence)
 
     def send(self, frame: Frame, seq: int, t_sensor_ns: int, *, reanchor: bool, wanted: bool) -> None:
         self.client.publish_observation(
             frame.images, frame.proprio, frame.instruction, seq=seq, t_sensor_ns=t_sensor_ns, reanchor=reanchor
         )
-        self.client.heartbeat()
 
     def receive(self, seq: int, deadline_ns: int) -> list[ActionChunk]:
         """Every chunk until the policy's answer to ``seq`` (or the deadline); then what is queued."""

@@ -165,10 +165,11 @@ class Rig:
             protocol.encode(protocol.TOPIC_OBS, header, {"image/overhead": image, "proprio": proprio})
         )
 
-    def send_heartbeat(self) -> None:
-        self.controller.send_multipart(
-            protocol.encode(protocol.TOPIC_HEARTBEAT, {"seq": 0, "t_ns": time.monotonic_ns()})
-        )
+    def send_heartbeat(self, cadence: str | None = None) -> None:
+        header: dict = {"seq": 0, "t_ns": time.monotonic_ns()}
+        if cadence is not None:
+            header["cadence"] = cadence
+        self.controller.send_multipart(protocol.encode(protocol.TOPIC_HEARTBEAT, header))
 
     def recv(self, timeout: float = 5.0) -> protocol.Message | None:
         """The next action message, or None when none arrives within ``timeout``."""

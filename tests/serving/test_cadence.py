@@ -126,3 +126,17 @@ def test_a_bridge_decided_before_an_answer_went_out_is_not_sent(rig):
     assert not rig.publisher.publish_hold("bridge", 2, 0, advisory=True, unless_sent_after=looked)
     assert rig.recv(0.1) is None and rig.publisher.counts.holds["bridge"] == 0
     assert rig.publisher.answered_seq == 2
+
+
+def test_a_controller_that_declares_it_asks_by_request_is_never_bridged(rig):
+    """Two requests one period apart (a late answer asked again) look like a stream; the
+    controller's declared cadence says otherwise: it waits for nothing between requests."""
+    period = rig.loop.period_ns
+    rig.send_heartbeat("request")
+    wait_until(lambda: rig.intake.controllers.only_requests, what="the declared cadence")
+    keeper, published = _streaming(rig, period)
+    for k in range(1, 7):
+        _sleep_until(published + k * period // 2)
+        rig.send_heartbeat("request")
+        keeper.tick(time.monotonic_ns())
+    assert keeper.bridged == 0 and rig.recv(0.0) is None

@@ -81,6 +81,10 @@ def format_status(st: dict) -> str:
             f"shadow       {sh['release']} ({sh['purpose']}): {sh['divergence']['pairs']} chunks compared,"
             f" mean abs divergence {sh['divergence']['mean_abs']:.4g}"
         )
+    for pid, s in remote_links(st):
+        lines.append(f"remote       {remote_summary(pid, s)}")
+        if s.get("last_error"):
+            lines.append(f"             last error: {s['last_error']}")
     temps = st.get("temperatures_c") or {}
     if temps:
         lines.append("temperature  " + ", ".join(f"{k} {v:.0f} °C" for k, v in sorted(temps.items())[:6]))
@@ -95,6 +99,47 @@ def format_status(st: dict) -> str:
                 f"             {stage:<10} {v['p50']:8.3f} {v['p95']:8.3f} {v['p99']:8.3f} {v['max']:8.3f} {v['count']:8d}"
             )
     return "\n".join(lines)
+
+
+def remote_links(st: dict) -> list[tuple[str, dict]]:
+    """(policy id, link figures) of every loaded policy on a remote backend: the sessions
+    whose ``stats()`` say ``kind = "remote"`` (``vlad_kserve.stats``), in chain order."""
+    stats = st.get("backend_stats") or {}
+    return [(pid, s) for pid, s in stats.items() if isinstance(s, dict) and s.get("kind") == "remote"]
+
+
+def remote_summary(pid: str, s: dict, compact: bool = False) -> str:
+    """One remote link in one line: its state first, then errors, latency and the endpoint.
+
+    ``compact`` (the watch view's 71 columns) names the policy by its chain slot and puts
+    the endpoint last, where a cut loses the least."""
+    state = str(s.get("state", "?"))
+    since = s.get("state_for_s")
+    state_text = (state.upper() if state == "lost" else state) + (f" for {since:.0f} s" if since is not None else "")
+    rtt, net, srv = s.get("round_trip_ms"), s.get("network_ms"), s.get("server_ms")
+    rate = float(s.get("error_rate") or 0.0)
+    window = s.get("window", 0)
+    errors = ", ".join(f"{k} {v}" for k, v in sorted((s.get("errors") or {}).items()))
+    endpoint = s.get("endpoint", "?")
+    if compact:
+        parts = [f"{pid.split(':', 1)[0]} {state_text}", f"err {rate:.0%}"]
+        if rtt:
+            parts.append(f"rtt {rtt['p50']:.1f}/{rtt['p99']:.1f} ms")
+        parts += [f"reconn {s.get('reconnects', 0)}", str(endpoint)]
+        return "  ".join(parts)
+    where = f"{endpoint} ({s.get('protocol', '?')}, model {s.get('model', '?')})"
+    figures = [
+        f"{name} p50 {v['p50']:.2f} ms p99 {v['p99']:.2f} ms"
+        for name, v in (("round trip", rtt), ("network", net), ("server", srv))
+        if v
+    ]
+    return (
+        f"{pid} -> {where}: {state_text}; "
+        + (", ".join(figures) + "; " if figures else "")
+        + f"{rate:.1%} of the last {window} requests failed"
+        + (f" ({errors})" if errors else "")
+        + f"; reconnects {s.get('reconnects', 0)}"
+    )
 
 
 def cmd_events(args: argparse.Namespace) -> int:

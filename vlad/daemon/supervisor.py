@@ -33,10 +33,10 @@ import zmq
 import zmq.asyncio
 from anyio.abc import TaskStatus
 
-from vlad import compat, protocol
+from vlad import protocol
 from vlad.config import Config
 from vlad.contract import Contract
-from vlad.daemon import control, status
+from vlad.daemon import control, endpoints, status
 from vlad.daemon.chain import ChainPolicy, PolicyChain
 from vlad.daemon.releases import ReleaseManager
 from vlad.daemon.safety import EStop
@@ -112,11 +112,12 @@ class Daemon:
         self.readings: dict[str, float] = {}
         self.control_rejected: Counter[str] = Counter()
         self.status_seq = 0
-        self.last_status: dict[str, Any] | None = None  # the newest status built (read by vlad.compat.metrics)
         self.tap: Tap | None = None  # the recording tap (vlad.daemon.tap), when it has an endpoint
-        self.openpi: Any = None  # vlad.compat: set by attach() when enabled
-        self.metrics: Any = None
+        self.tallies = status.Tallies(self.started_ns)  # cumulative figures the status carries
+        self.endpoints = endpoints.Endpoints({})  # the endpoint processes (set by assemble)
         self.state_before_estop = State.ACTIVE
+        self._health: tuple[list[Sensor], list[Monitor]] | None = None
+        self._health_prev: dict[str, Any] = {}  # the previous tick's counters (windows)
         self._release_lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -131,6 +132,7 @@ class Daemon:
                 ("status", self._status_task),
                 ("health", self._health_task),
                 ("watchdog", self._watchdog_task),
+                ("endpoints", self.endpoints.run),
             ):
                 await tg.start(fn, name=name)
             self.notifier.ready(
@@ -232,6 +234,10 @@ class Daemon:
             except VladError as exc:
                 self.control_rejected[control.error_reason(exc)] += 1
                 reply = protocol.encode_reply(False, error=str(exc))
+            except OSError as exc:  # the file system said no (a path, permissions): a refusal, not a bug
+                self.control_rejected["refused"] += 1
+                where = f" ({exc.filename})" if exc.filename else ""
+                reply = protocol.encode_reply(False, error=f"refused: {exc.strerror or exc}{where}")
             except Exception:  # a bug: answered and logged, never the end of the daemon
                 self.control_rejected["internal_error"] += 1
                 log.exception("control request failed")
@@ -295,8 +301,8 @@ class Daemon:
             await anyio.sleep(max(300_000, min(wake, deadline) - now) / 1e9)
 
     async def _publish_status(self) -> None:
+        self.tallies.fold(self)
         st = self.status()
-        self.last_status = st
         if self.tap is not None and self.tap.subscribed:
             self.tap.tick(st, self.state.recent(100))
         self.status_seq += 1
@@ -312,17 +318,36 @@ class Daemon:
 
     # -- health ----------------------------------------------------------------------------
 
+    def _health_parts(self) -> tuple[list[Sensor], list[Monitor]]:
+        """The sensors and monitors, made once (monitors keep windows between ticks)."""
+        if self._health is None:
+            from dataclasses import asdict
+
+            from vlad.plugins import monitors, sensors
+
+            monitor_list: list[Monitor] = monitors(asdict(self.cfg.monitors))
+            if self.cfg.monitors.enabled:
+                monitor_list = [m for m in monitor_list if m.name in self.cfg.monitors.enabled]
+            self._health = (sensors(), monitor_list)
+        return self._health
+
+    async def first_decision(self) -> None:
+        """One health check before serving starts: when something already faults (a remote
+        release whose server does not answer, heat), the fallback serves from the first
+        observation on and the state says why."""
+        try:
+            sensor_list, monitor_list = self._health_parts()
+            view = self._view(self._health_prev)
+            readings, findings = await anyio.to_thread.run_sync(_check, view, sensor_list, monitor_list)
+            if any(f.severity == "fault" for f in findings):
+                await self._decide(findings, readings)
+        except Exception:  # a bug here must not stop the start: the health task decides from its first tick
+            log.exception("first health check failed")
+
     async def _health_task(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        from dataclasses import asdict
-
-        from vlad.plugins import monitors, sensors
-
-        monitor_list: list[Monitor] = monitors(asdict(self.cfg.monitors))
-        if self.cfg.monitors.enabled:
-            monitor_list = [m for m in monitor_list if m.name in self.cfg.monitors.enabled]
-        sensor_list: list[Sensor] = sensors()
+        sensor_list, monitor_list = self._health_parts()
         period = 1.0 / self.cfg.fallback.monitor_hz
-        prev: dict[str, Any] = {}
+        prev = self._health_prev
         task_status.started()
         while True:
             await anyio.sleep(period)
@@ -362,6 +387,8 @@ class Daemon:
             latency=self.stats.summary(("e2e",)),
             last_observation_ns=self.intake.last_observation_ns,
             last_heartbeat_ns=self.intake.last_heartbeat_ns,
+            controllers=self.intake.controllers.snapshot(),
+            controllers_left_ns=self.intake.controllers.left_ns,
             in_flight=_in_flight(self.loop),
             hang_timeout_ns=self.cfg.serve.hang_timeout_ns,
             readings=self.readings,
@@ -496,6 +523,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
                 "sockets.curve_clients_dir (or use ipc:// endpoints)"
             )
         curve, curve_keys = load_curve(s.curve_secret_key, s.curve_clients_dir)
+    endpoints.check_fd_limit(cfg)
     allow = {}
     if s.observation_producers:
         allow["observations"] = [Principal(p) for p in s.observation_producers]
@@ -640,14 +668,19 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         daemon.tap, loop.tap, publisher.tap = tap, tap.observation, tap.actions
         tap.start()
         stack.callback(tap.stop)
-    compat.attach(daemon, obs_sock, actions_sock, stack)  # openpi endpoint, metrics: before serving starts
+    # The openpi and metrics endpoints: child processes on the daemon's own sockets.
+    daemon.endpoints = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve)
+    stack.push_async_callback(daemon.endpoints.stop)
+    notifier.status("starting the endpoint processes")
+    await daemon.endpoints.start()
+    await daemon.first_decision()  # e.g. a remote release unreachable at start: FALLBACK from the start
     # The e-stop is read once before serving starts: a robot booted with it engaged never
     # sees a single policy chunk.
     estop.start()
     loop.start()
     cadence.start()
     stack.push_async_callback(daemon.shutdown)
-    if not estop.engaged:
+    if not estop.engaged and state.state == State.STARTING:
         state.transition(
             State.ACTIVE,
             "release loaded and warmed up",

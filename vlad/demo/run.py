@@ -9,11 +9,15 @@ seeds with the same release in its own process and prints both success rates (th
 fidelity check: with the same seeds and noise, an episode differs only where serving
 changed something), the latency the controller saw, and ``vladctl status``.
 
-    ./scripts/demo [--episodes 10] [--config etc/vlad/demo.toml] [--no-daemon-log] [--remote] [--openpi]
+    ./scripts/demo [--episodes 10] [--config etc/vlad/demo.toml] [--no-daemon-log] [--remote] [--openpi [--port 8000]]
 
 ``--remote`` serves the policy from a real KServe v2 server on 127.0.0.1 instead
-(:mod:`vlad_kserve.demo`; local ONNX Runtime is its fallback). ``--openpi`` drives the arm
-with openpi's own client through vlad's openpi-compatible endpoint (:mod:`vlad.demo.openpi`).
+(:mod:`vlad_kserve.demo`; local ONNX Runtime is its fallback), from a release copy in a
+temporary folder. ``--openpi`` drives the arm with openpi's own client through vlad's
+openpi-compatible endpoint on 127.0.0.1:``--port`` (:mod:`vlad.demo.openpi`).
+
+However the demo ends (done, an error, Ctrl-C, SIGTERM) it stops what it started (the
+daemon, the v2 server) and removes its temporary folder; errors are one line.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,11 +56,12 @@ def start_daemon(config: Path, quiet: bool, settings: list[str] | None = None) -
     return subprocess.Popen([str(vlad), "serve", "--config", str(config), *sets], stdout=out, stderr=out)
 
 
-def wait_ready(client: Client, proc: subprocess.Popen, timeout: float = 90.0) -> dict:
+def wait_ready(client: Client, proc: subprocess.Popen, timeout: float = 90.0, quiet: bool = False) -> dict:
+    why = "; run it without --no-daemon-log to see why" if quiet else " (its log is above)"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"demo: vlad exited with status {proc.returncode} before it was ready")
+            raise SystemExit(f"demo: vlad exited with status {proc.returncode} before it was ready{why}")
         try:
             st = client.status(timeout_ms=500)
             if st["state"] == "ACTIVE":
@@ -62,7 +69,44 @@ def wait_ready(client: Client, proc: subprocess.Popen, timeout: float = 90.0) ->
         except ClientError:
             pass
         time.sleep(0.2)
-    raise SystemExit("demo: vlad did not become ready in time")
+    raise SystemExit(f"demo: vlad did not become ready within {timeout:.0f} s{why}")
+
+
+def port_number(text: str) -> int:
+    """``--port``: a TCP port, 1..65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1..65535)")
+    return port
+
+
+def check_port_free(port: int) -> None:
+    """One line and exit when 127.0.0.1:``port`` is taken, before anything is started (the
+    daemon would refuse to start on it)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the endpoint binds: a closed port is free
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise SystemExit(
+                f"demo: port {port} on 127.0.0.1 is not free ({exc.strerror or exc}); pass --port with a free one"
+            ) from None
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP: end the demo the way Ctrl-C does, through every cleanup (a
+    BaseException like KeyboardInterrupt, so no `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,27 +125,94 @@ def main(argv: list[str] | None = None) -> int:
         "--openpi",
         action="store_true",
         help="drive the arm with openpi's client (WebsocketClientPolicy + ActionChunkBroker) through "
-        "vlad's openpi-compatible endpoint on 127.0.0.1:8000",
+        "vlad's openpi-compatible endpoint on 127.0.0.1:PORT",
+    )
+    ap.add_argument(
+        "--port", type=port_number, default=OPENPI_PORT, help="with --openpi: the endpoint's port (default %(default)s)"
     )
     args = ap.parse_args(argv)
 
-    server = None
-    if args.remote:
-        from vlad.testing import config_toml
-        from vlad_kserve.demo import start_remote_demo
-
-        workdir = Path(tempfile.mkdtemp(prefix="vlad-demo-remote-"))
-        remote, server = start_remote_demo(args.config, workdir)
-        args.config = workdir / "vlad-remote.toml"
-        args.config.write_text(
-            "# Written by ./scripts/demo --remote: the demo policy on a local KServe v2 server.\n" + config_toml(remote)
-        )
+    previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
+        return run_with_cleanup(args)
+    except KeyboardInterrupt:
+        print("demo: interrupted; vlad is stopped and nothing is left behind", file=sys.stderr)
+        return 130
+    except Stopped as exc:
+        print(f"demo: stopped by {signal.Signals(exc.signum).name}; nothing is left behind", file=sys.stderr)
+        return 128 + exc.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_with_cleanup(args: argparse.Namespace) -> int:
+    """The demo, then (on every way out) its processes stopped and its temporary folder removed."""
+    if args.openpi:
+        check_port_free(args.port)
+    workdir: Path | None = None
+    server: subprocess.Popen | None = None
+    try:
+        if args.remote:
+            workdir = Path(tempfile.mkdtemp(prefix="vlad-demo-remote-"))
+            args.config, server = start_remote(args.config, workdir)
         return run_demo(args)
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait(10)
+        # A second Ctrl-C must not leave a server or a daemon running: finish this first.
+        masked = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            stop(server)
+            stop_children()  # a v2 server interrupted while starting, or a daemon left by one
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+        finally:
+            for sig, handler in masked.items():
+                signal.signal(sig, handler)
+
+
+def start_remote(config: Path, workdir: Path) -> tuple[Path, subprocess.Popen]:
+    """:func:`vlad_kserve.demo.start_remote_demo`, its daemon config written into ``workdir``;
+    when the server fails, its one-line error carries the last line of the server's log (the
+    folder holding the log is removed)."""
+    from vlad.testing import config_toml
+    from vlad_kserve.demo import start_remote_demo
+
+    try:
+        remote, server = start_remote_demo(config, workdir)
+    except SystemExit as exc:
+        message = str(exc.code).split("; see ")[0]
+        log = workdir / "server.log"
+        lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+        raise SystemExit(f"{message}: {lines[-1].strip()}" if lines else message) from None
+    path = workdir / "vlad-remote.toml"
+    path.write_text(
+        "# Written by ./scripts/demo --remote: the demo policy on a local KServe v2 server.\n" + config_toml(remote)
+    )
+    print(f"demo: remote demo config {path}", flush=True)
+    return path, server
+
+
+def stop(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+
+
+def stop_children(timeout: float = 10.0) -> None:
+    """Terminate (then kill) every process this demo started that still runs."""
+    import psutil
+
+    children = psutil.Process().children()
+    for child in children:
+        child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=timeout)
+    for child in alive:
+        child.kill()
 
 
 def load_in_process(cfg: Config) -> LoadedPolicy:
@@ -120,13 +231,13 @@ def run_demo(args: argparse.Namespace) -> int:
     if openpi:
         from vlad.demo import openpi as demo_openpi
 
-        settings = [*demo_openpi.OPENPI_SETTINGS, f"compat.openpi.listen='127.0.0.1:{OPENPI_PORT}'"]
+        settings = [*demo_openpi.OPENPI_SETTINGS, f"compat.openpi.listen='127.0.0.1:{args.port}'"]
         cfg = load_config(args.config, settings)
     proc = start_daemon(args.config, args.no_daemon_log, settings if openpi else None)
     client = Client.from_config(cfg, name="mujoco-reacher")
     served: list[EpisodeLog] = []
     try:
-        st = wait_ready(client, proc)
+        st = wait_ready(client, proc, quiet=args.no_daemon_log)
         period_ns = int(st["control_period_ms"] * 1e6)
         print(f"demo: vlad is {st['state']}: {st['release']} on {st['backend']['name']} ({st['backend']['runtime']})")
         print(
@@ -135,7 +246,9 @@ def run_demo(args: argparse.Namespace) -> int:
             flush=True,
         )
         if openpi:
-            return demo_openpi.run_episodes(args, period_ns, OPENPI_PORT)
+            from vlad.contract import load_contract
+
+            return demo_openpi.run_episodes(args, load_contract(Path(cfg.release.path) / "contract.toml"), args.port)
         local = load_in_process(cfg)
         contract = local.contract
         run = functools.partial(
@@ -179,12 +292,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(status)
     finally:
         client.close()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(proc)
     return 0 if served else 1
 
 

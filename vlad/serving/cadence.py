@@ -19,8 +19,9 @@ the last chunk left and publishes the hold posture when
   healthy policy's chunks.
 
   A controller that executes each chunk for several periods and asks again only when it
-  runs out (openpi's action chunk broker, any ``action_horizon`` of 3 or more) is not
-  bridged, although it (or the openpi bridge for it) heartbeats every period: it waits for
+  runs out (openpi's action chunk broker, any ``action_horizon`` of 3 or more; declared by
+  ``cadence = "request"`` in its heartbeats, or seen as observations more than two periods
+  apart) is not bridged, although it (or the openpi bridge for it) heartbeats every period: it waits for
   nothing in between: a hold would go unused.
 """
 
@@ -79,11 +80,12 @@ class HoldKeeper:
 
     def _waiting(self, now: int) -> bool:
         """A streaming controller (its last two accepted observations at most two periods
-        apart) is there: a message within the last period. While the serving thread is stuck
+        apart, and not every controller declared ``cadence = "request"``) is there: a
+        message within the last period. While the serving thread is stuck
         in an engine nothing is received, so then: whether it was there as that inference
         started."""
         intake, period = self.loop.intake, self.period_ns
-        if intake.observation_interval_ns > 2 * period:
+        if intake.observation_interval_ns > 2 * period or intake.controllers.only_requests:
             return False
         seen = intake.last_seen_ns
         running = self.loop.in_flight

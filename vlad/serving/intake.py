@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ import numpy as np
 from vlad import protocol
 from vlad.contract import Contract
 from vlad.errors import TokenizerError
+from vlad.health.liveness import Controllers
 from vlad.processing import RawObservation, Tokenizer
 from vlad.serving.counters import IntakeCounts
 from vlad.serving.guard import TrustedState
@@ -62,13 +63,11 @@ class Intake:
         self.last_observation_ns = 0  # receive time of the last accepted observation
         self.last_heartbeat_ns = 0
         self.last_seen_ns = 0  # any well-formed message: the controller is there
+        self.controllers = Controllers()  # each controller's own heartbeats (vlad.health.liveness)
         # Between the last two accepted observations: about a period for a controller that
         # streams them, action_horizon periods for one that executes each chunk for that
         # long and asks again when it runs out. vlad.serving.cadence bridges only the former.
         self.observation_interval_ns = 0
-        # Called (serving thread) with (header, reason) for an observation refused on its
-        # content; set once before serving starts (vlad.compat.openpi), else None.
-        self.rejection_listener: Callable[[dict[str, Any], str], None] | None = None
         cams = []
         for cam in contract.cameras:
             raw = cam.raw
@@ -94,6 +93,7 @@ class Intake:
         try:
             msg = protocol.decode(frames, expect=_EXPECT, layout=self._layout)
             if msg.topic == protocol.TOPIC_HEARTBEAT:
+                self.controllers.heartbeat(msg.header, receive_ns)  # a malformed one keeps nobody alive
                 self.last_heartbeat_ns = self.last_seen_ns = receive_ns
                 self.counts.heartbeats += 1
                 return None
@@ -115,6 +115,7 @@ class Intake:
                 log.error("intake: unexpected error on a message", exc_info=exc)
             return None
         self.counts.observations += 1
+        self.controllers.observed(msg.header.get("client", ""))  # with its heartbeats: a controller judged
         self.observation_interval_ns = receive_ns - self.last_observation_ns
         self.last_observation_ns = receive_ns
         return obs
@@ -125,8 +126,6 @@ class Intake:
         h = msg.header
         t_sensor = h.get("t_sensor_ns")
         self.refused = (msg.seq, t_sensor if type(t_sensor) is int and 0 < t_sensor < 2**63 else 0, reason)
-        if self.rejection_listener is not None:  # the openpi bridge answers its client at once
-            self.rejection_listener(h, reason)
 
     def reject(self, reason: str, detail: str) -> None:
         c = self.counts

@@ -18,7 +18,15 @@ to run the real thing.
 * :mod:`vlad.testing.wait`: waiting for a condition instead of sleeping.
 """
 
-from vlad.testing.controller import PERIOD_S, ControllerSim, Received, max_gap
+from vlad.testing.controller import (
+    PERIOD_S,
+    WATCHDOG_ENV,
+    ControllerSim,
+    Received,
+    assert_core_unaffected,
+    max_gap,
+    watchdog_gap,
+)
 from vlad.testing.daemon import (
     QUIET_MONITORS,
     DaemonFailed,
@@ -45,6 +53,7 @@ __all__ = [
     "PLUGIN_ENV",
     "QUIET_MONITORS",
     "REPO",
+    "WATCHDOG_ENV",
     "ControllerSim",
     "DaemonFailed",
     "DaemonProcess",
@@ -52,6 +61,7 @@ __all__ = [
     "GoldenCase",
     "NotifyListener",
     "Received",
+    "assert_core_unaffected",
     "config_toml",
     "daemon_command",
     "dumps",
@@ -63,5 +73,6 @@ __all__ = [
     "unsigned_copy",
     "vlad_command",
     "wait_until",
+    "watchdog_gap",
     "write_fault_rig",
 ]

@@ -255,7 +255,7 @@ def launch(
     wait_ready: bool = True,
     timeout: float = 90.0,
     cwd: Path | None = None,
-    prefix: Sequence[str] = (),
+    prefix: Sequence[str] | None = None,
 ) -> DaemonProcess:
     """Start ``vlad serve`` on ``config`` (a :class:`~vlad.config.Config`, or a config file) in
     ``folder`` (default: a new temporary folder, removed by :meth:`DaemonProcess.cleanup`).
@@ -288,7 +288,7 @@ def launch(
     t_start = time.monotonic_ns()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [*prefix, *daemon_command(moved, overrides, path)],
+            [*(prefix or ()), *daemon_command(moved, overrides, path)],
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -311,7 +311,7 @@ def start_daemon(
     config: Config | str | Path | None = None,
     wait_ready: bool = True,
     endpoints: Mapping[str, str] | None = None,
-    prefix: Sequence[str] = (),
+    prefix: Sequence[str] | None = None,
 ) -> DaemonProcess:
     """:func:`launch` as the tests call it: ``config`` (default: the demo config, its signed
     release) in ``folder``, run from the checkout; ``extra`` are ``--set KEY=VALUE`` pairs
