@@ -63,6 +63,12 @@ from vlad.testing import DEMO, DEMO_CONFIG, PLUGIN_ENV, DaemonProcess, launch, u
 WAIT_FRACTION = 0.8
 
 
+# This controller asks by request (the episodes' DaemonLink(streams=False) declares it in
+# every heartbeat): its heartbeats between episodes say so too, or the daemon would expect a
+# stream and call the pause a stalled sensor.
+CADENCE = "request"
+
+
 def wait_for(client: Client, seq: int, until_ns: int) -> ActionChunk | None:
     """The policy chunk answering observation ``seq``, or None at ``until_ns``. Heartbeats
     go on meanwhile (every 10 ms): a controller silent for 5 periods counts as gone."""
@@ -70,7 +76,7 @@ def wait_for(client: Client, seq: int, until_ns: int) -> ActionChunk | None:
         left_ms = (until_ns - time.monotonic_ns()) / 1e6
         chunk = client.recv_actions(timeout_ms=max(0, min(10, int(left_ms))))
         if chunk is None and left_ms > 10:
-            client.heartbeat()
+            client.heartbeat(CADENCE)
             continue
         if chunk is not None and chunk.obs_seq == seq and not chunk.is_hold:
             return chunk
@@ -83,7 +89,7 @@ def settle(client: Client, seconds: float = 0.15) -> None:
     that the next episode starts with an idle policy worker."""
     until = time.monotonic() + seconds
     while time.monotonic() < until:
-        client.heartbeat()
+        client.heartbeat(CADENCE)
         client.recv_actions(timeout_ms=10)
 
 
@@ -93,7 +99,7 @@ def measure_latency(client: Client, task: sim.ReacherTask, frames: int) -> float
     assert obs.image is not None
     for _ in range(frames):
         seq = client.publish_observation({"overhead": obs.image}, proprio=obs.proprio, instruction=sim.INSTRUCTIONS[0])
-        client.heartbeat()
+        client.heartbeat(CADENCE)
         chunk = wait_for(client, seq, time.monotonic_ns() + 5_000_000_000)
         if chunk is not None:
             lat.append((chunk.t_receive_ns - chunk.t_sensor_ns) / 1e6)
