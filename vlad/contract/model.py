@@ -146,6 +146,20 @@ class NoiseSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class HistorySpec:
+    """``[history]``: the policy sees the last ``frames`` accepted observations, oldest first.
+
+    Camera and proprio inputs then carry a time axis after the batch axis (``NTCHW``,
+    ``NTHWC``, ``NTD``). The window restarts (every slot holds the newest frame) at the first
+    observation, after a gap longer than ``timing.max_observation_age_ms``, when time runs
+    backwards and when another controller's observations arrive
+    (:class:`vlad.processing.Preprocessor`).
+    """
+
+    frames: int
+
+
+@dataclass(frozen=True, slots=True)
 class JointSpec:
     """One ``[[action.joints]]`` entry, in action-vector order."""
 
@@ -249,6 +263,7 @@ class Contract:
     language: LanguageSpec | None
     proprio: ProprioSpec | None
     noise: NoiseSpec | None
+    history: HistorySpec | None
     action: ActionSpec
     timing: TimingSpec
     inputs: tuple[TensorSpec, ...]
@@ -267,6 +282,11 @@ class Contract:
     def camera(self, name: str) -> CameraSpec:
         """The ``[[cameras]]`` entry called ``name`` (KeyError if there is none)."""
         return _by_name(self.cameras, name, "camera")
+
+    @property
+    def frames(self) -> int:
+        """Observations per model input: ``history.frames``, 1 without ``[history]``."""
+        return self.history.frames if self.history is not None else 1
 
     @property
     def tokenizer_path(self) -> Path | None:
