@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, ...]] = [
     # The planner reads signed manifests (planner.measure -> release), so it sits above
     # release with the other tools that consume releases, not beside serving.
     # compat: the openpi endpoint and the metrics run inside the daemon and read it.
-    ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat"),
+    # importers: tools that write releases (export, authoring, signing) from other frameworks.
+    ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat", "vlad.importers"),
     ("vlad.cli", "vlad.demo"),
 ]
 
