@@ -244,11 +244,11 @@ def contract_data(
             "joints": joints,
         },
         "timing": {
-            "control_period_ms": _round(period),
-            "max_observation_age_ms": _round(opts.max_age_periods * period),
+            "control_period_ms": period,
+            "max_observation_age_ms": opts.max_age_periods * period,
             # LeRobot executes n_action_steps actions of a chunk before it predicts again.
-            "action_validity_ms": _round(max(1, min(ckpt.n_action_steps, chunk)) * period),
-            "e2e_deadline_ms": _round(opts.deadline_ms or period),
+            "action_validity_ms": max(1, min(ckpt.n_action_steps, chunk)) * period,
+            "e2e_deadline_ms": opts.deadline_ms or period,
         },
         "inputs": inputs,
         "outputs": [
@@ -280,7 +280,7 @@ def contract_data(
 
 
 def _round(x: float) -> float:
-    """Guard and timing values: 6 significant digits are plenty and read well."""
+    """Guard limits: 6 significant digits are plenty and read well."""
     x = float(x)
     return float(f"{x:.6g}") if math.isfinite(x) else x
 
