@@ -126,26 +126,50 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
     with RunningDaemon(open_subject(release), warmup=2, keys_dir=str(keys)) as daemon:
         daemon.wait_ready()
         with Controller(daemon.endpoints, name="import-test") as ctl:
-            t0 = time.monotonic_ns()
-            for i, (image, state) in enumerate(frames):
-                t = t0 + i * period
-                while time.monotonic_ns() < t:
+            tick = time.monotonic_ns()
+
+            def send(image, state):
+                """One observation per control period (sensor time: now), into the daemon and
+                the local window alike."""
+                nonlocal tick
+                tick += period
+                while time.monotonic_ns() < tick:
                     time.sleep(0.001)
+                t = time.monotonic_ns()
+                tick = max(tick, t)
                 seq = ctl.publish({camera: image}, state, None, t)
                 ctl.heartbeat()
-                want = decode_actions(
-                    contract,
-                    session.infer(pre.fill(RawObservation({camera: image}, state, "", seq, t))),
-                ).copy()
+                inputs = pre.fill(RawObservation({camera: image}, state, "", seq, t))
+                return seq, decode_actions(contract, session.infer(inputs)).copy()
+
+            # The first frame until a policy chunk comes back: the action subscription has
+            # joined and the daemon trusts the joint state (it holds until then).
+            chunk = None
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and (chunk is None or chunk.is_hold):
+                send(*frames[0])
+                chunk = ctl.recv(50)
+            assert chunk is not None and not chunk.is_hold, (chunk, daemon.log_tail(10))
+            for image, state in frames:
+                seq, want = send(image, state)
+                # the policy's chunk for this observation (the daemon may bridge with a hold first)
                 chunk = None
                 deadline = time.monotonic() + 10
-                while time.monotonic() < deadline and (chunk is None or chunk.obs_seq < seq):
+                while time.monotonic() < deadline and (chunk is None or chunk.obs_seq < seq or chunk.is_hold):
                     chunk = ctl.recv(500) or chunk
-                assert chunk is not None and chunk.obs_seq == seq and not chunk.is_hold, chunk
+                assert chunk is not None and chunk.obs_seq == seq and not chunk.is_hold, (chunk, daemon.log_tail(10))
+                assert chunk.interventions == (), chunk.interventions
                 np.testing.assert_allclose(chunk.actions, want, atol=1e-5)
                 compared += 1
     session.close()
     return compared
+
+
+# These tests compare the daemon's chunks with the release computed in process, so nothing
+# else may change them: a shared 2-core CI machine misses a 20 ms deadline often enough for
+# the health monitors to fall back to the hold posture, and a barely trained policy points
+# anywhere, where the guard's bounds and rate limits (tested in tests/serving) would clip.
+LOADED_CI = {"deadline_ms": 250.0, "max_age_periods": 10.0, "bounds_margin": 100.0, "rate_limit_factor": 1e4}
 
 
 @pytest.fixture(scope="module")

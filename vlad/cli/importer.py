@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ def cmd_import_lerobot(args: argparse.Namespace) -> int:
     try:
         report = import_checkpoint(checkpoint, args.out, opts)
     except ImportCheckFailed as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         return ExitCode.FINDINGS
     if args.json:
         print(json.dumps({k: report[k] for k in ("lineage", "checks", "passed")}, indent=2))

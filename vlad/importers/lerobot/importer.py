@@ -199,7 +199,7 @@ def import_checkpoint(
     module = export_module(policy, ckpt, [t.name for t in contract.inputs])
 
     windows, source = _windows(ckpt, dataset_root, opts.windows, log)
-    report_checks, fixtures = _check_eager(ckpt, contract, policy, pre, post, module, windows, names, log)
+    report_checks, pairs, fixtures = _check_eager(ckpt, contract, policy, pre, post, module, windows, names, log)
 
     log("import: exporting policy.pt2 and policy.onnx ...")
     from vlad.release.export import export_onnx, export_program
@@ -211,7 +211,7 @@ def import_checkpoint(
     log(f"import: {out / 'policy.onnx'}")
 
     log("import: checking the artifacts against LeRobot ...")
-    report_checks.update(_check_artifacts(contract, out, report_checks.pop("_pairs")))
+    report_checks.update(_check_artifacts(contract, out, pairs))
     problems = [
         p for name, c in report_checks.items() if isinstance(c, ArtifactCheck) for p in c.problems(name, contract)
     ]
@@ -304,8 +304,9 @@ def _noise(ckpt: Checkpoint, contract: Contract, sequence: int) -> np.ndarray | 
 def _check_eager(ckpt, contract, policy, pre, post, module, windows, names, log):
     """LeRobot's reference per window; vlad's preprocessing and the eager module against it.
 
-    Returns the checks and the golden fixtures: each check window's newest frame as a
-    restarted window, with the contract's own noise (what the equivalence gate replays).
+    Returns the checks, the (model inputs, LeRobot's answer) pairs the artifacts are checked
+    on, and the golden fixtures: each check window's newest frame as a restarted window,
+    with the contract's own noise (what the equivalence gate replays).
     """
     import torch
 
@@ -348,7 +349,7 @@ def _check_eager(ckpt, contract, policy, pre, post, module, windows, names, log)
             if contract.noise is None:
                 output = lerobot_reference(policy, pre, post, ckpt, [window[-1]], None).output
         fixtures.append({"raw": raw, "inputs": inputs, "output": output})
-    return {"preprocessing": pre_stat, "pytorch (eager)": eager, "_pairs": pairs}, fixtures
+    return {"preprocessing": pre_stat, "pytorch (eager)": eager}, pairs, fixtures
 
 
 def _check_artifacts(contract: Contract, out: Path, pairs) -> dict[str, ArtifactCheck]:
