@@ -241,7 +241,7 @@ def test_train_import_sign_serve_act(tmp_path, keys):
     out = tmp_path / "release"
     opts = ImportOptions(
         contract=ContractOptions(
-            release_id="act-test", state_units=("rad", "rad", "rad/s", "rad/s"), action_units=("rad",)
+            release_id="act-test", state_units=("rad", "rad", "rad/s", "rad/s"), action_units=("rad",), **LOADED_CI
         ),
         windows=2,
         key=private,
@@ -276,7 +276,7 @@ def test_import_sign_serve_diffusion_with_history(tmp_path, keys):
     ckpt = make_checkpoint(tmp_path / "ckpt", "diffusion")
     out = tmp_path / "release"
     opts = ImportOptions(
-        contract=ContractOptions(**{**vars(OPTS), "release_id": "diffusion-test", "fps": 10}),
+        contract=ContractOptions(**{**vars(OPTS), "release_id": "diffusion-test", "fps": 10, **LOADED_CI}),
         windows=2,
         key=private,
         keys_dir=trusted,
