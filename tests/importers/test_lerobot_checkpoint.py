@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("safetensors", reason="the lerobot extra is not installed (scripts/bootstrap dev installs it)")
 
@@ -237,7 +239,7 @@ def test_normalization_modes_as_mean_and_std(tmp_path, mode):
 
 
 def test_history_and_noise_of_a_diffusion_checkpoint(tmp_path):
-    cfg = {"n_obs_steps": 2, "horizon": 16, "n_action_steps": 8, "num_inference_steps": 10}
+    cfg = {"n_obs_steps": 2, "horizon": 16, "n_action_steps": 8, "num_inference_steps": 10, "num_train_timesteps": 100}
     ddim = read_checkpoint(write_checkpoint(tmp_path / "ddim", "diffusion", noise_scheduler_type="DDIM", **cfg))
     c = build_contract(contract_data(ddim, None, ContractOptions(**{**vars(OPTS), "fps": 10})))
     assert c.frames == 2 and c.input("image_top").shape == (1, 2, 3, 32, 48) and c.input("state").shape == (1, 2, 4)
@@ -257,6 +259,58 @@ def test_what_the_checkpoint_does_not_know_is_asked_for(tmp_path):
         contract_data(ckpt, None, ContractOptions(**{**vars(OPTS), "fps": 30, "action_units": ("rad",) * 3}))
     with pytest.raises(CheckpointError, match="--camera front=...: the policy has no such camera"):
         contract_data(ckpt, None, ContractOptions(**{**vars(OPTS), "fps": 30, "cameras": {"front": "x"}}))
+
+
+HOSTILE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.lists(st.integers(-3, 3), max_size=4),
+    st.dictionaries(st.text(max_size=4), st.integers(-3, 3), max_size=3),
+)
+KEYS = [
+    "type",
+    "n_obs_steps",
+    "chunk_size",
+    "n_action_steps",
+    "horizon",
+    "num_inference_steps",
+    "num_train_timesteps",
+    "noise_scheduler_type",
+    "prediction_type",
+    "normalization_mapping",
+    "input_features",
+    "output_features",
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ptype=st.sampled_from(["act", "diffusion"]), key=st.sampled_from(KEYS), value=HOSTILE)
+def test_hostile_config_values_are_refused_in_one_line(tmp_path, ptype, key, value):
+    """Whatever a config.json holds, the answer is a contract or a one-line CheckpointError /
+    ContractError: never another exception."""
+    from vlad.errors import ContractError
+
+    root = write_checkpoint(
+        tmp_path / f"c{abs(hash((ptype, key, repr(value))))}",
+        ptype,
+        horizon=16,
+        num_train_timesteps=100,
+        num_inference_steps=10,
+        n_obs_steps=1,
+    )
+    cfg = json.loads((root / "config.json").read_text())
+    cfg[key] = value
+    (root / "config.json").write_text(json.dumps(cfg))
+    try:
+        ckpt = read_checkpoint(root)
+        build_contract(contract_data(ckpt, None, ContractOptions(**{**vars(OPTS), "fps": 30})))
+    except CheckpointError as exc:
+        assert "\n" not in str(exc)
+    except ContractError:
+        pass
 
 
 def test_cli_error_is_one_line(tmp_path, capsys):

@@ -147,10 +147,46 @@ def _features(config: dict, key: str, path: Path) -> list[Feature]:
         raise CheckpointError(f"{path}/config.json: no {key}; re-save the policy with LeRobot >= 0.4")
     out = []
     for name, f in raw.items():
-        if not isinstance(f, dict) or not isinstance(f.get("shape"), list):
-            raise CheckpointError(f"{path}/config.json: {key}.{name} has no shape")
-        out.append(Feature(name, str(f.get("type")), tuple(int(n) for n in f["shape"])))
+        shape = f.get("shape") if isinstance(f, dict) else None
+        if not isinstance(shape, list) or not all(type(n) is int and 0 < n <= 1 << 16 for n in shape):
+            raise CheckpointError(f"{path}/config.json: {key}.{name} has no shape of positive integers")
+        out.append(Feature(name, str(f.get("type")), tuple(shape)))
     return out
+
+
+# Integer settings the importer reads, with the range it accepts (None: optional).
+_INT_SETTINGS = {
+    "act": {"chunk_size": (1, 10_000), "n_action_steps": (1, 10_000), "n_obs_steps": (1, 1)},
+    "diffusion": {
+        "horizon": (1, 10_000),
+        "n_action_steps": (1, 10_000),
+        "n_obs_steps": (1, 64),
+        "num_train_timesteps": (1, 100_000),
+    },
+}
+
+
+def _check_settings(config: dict, ptype: str, path: Path) -> None:
+    for key, (lo, hi) in _INT_SETTINGS[ptype].items():
+        v = config.get(key)
+        if type(v) is not int or not lo <= v <= hi:
+            raise CheckpointError(f"{path}/config.json: {key} must be an integer in [{lo}, {hi}], got {v!r}")
+    if ptype == "diffusion":
+        steps = config.get("num_inference_steps")
+        if steps is not None and (type(steps) is not int or not 1 <= steps <= config["num_train_timesteps"]):
+            raise CheckpointError(
+                f"{path}/config.json: num_inference_steps must be an integer in [1, num_train_timesteps]"
+            )
+        if config.get("noise_scheduler_type", "DDPM") not in ("DDPM", "DDIM"):
+            raise CheckpointError(
+                f"{path}/config.json: noise_scheduler_type {config.get('noise_scheduler_type')!r} (DDPM or DDIM)"
+            )
+        if config.get("prediction_type", "epsilon") not in ("epsilon", "sample"):
+            raise CheckpointError(
+                f"{path}/config.json: prediction_type {config.get('prediction_type')!r} (epsilon or sample)"
+            )
+        if config["n_action_steps"] > config["horizon"] - config["n_obs_steps"] + 1:
+            raise CheckpointError(f"{path}/config.json: n_action_steps must be <= horizon - n_obs_steps + 1")
 
 
 def _normalizer_stats(path: Path, pipeline: str, registry: str) -> tuple[dict[str, dict[str, np.ndarray]], float]:
@@ -179,8 +215,10 @@ def _normalizer_stats(path: Path, pipeline: str, registry: str) -> tuple[dict[st
     for key, value in flat.items():
         feature, _, stat = key.rpartition(".")
         stats.setdefault(feature, {})[stat] = np.asarray(value, dtype=np.float32)
-    eps = float((step.get("config") or {}).get("eps", 1e-8))
-    return stats, eps
+    eps = (step.get("config") or {}).get("eps", 1e-8) if isinstance(step.get("config"), dict) else 1e-8
+    if type(eps) not in (int, float) or not 0 <= eps < 1e-2:
+        raise CheckpointError(f"{path}/{pipeline}.json: the {registry} step's eps must be a small number, got {eps!r}")
+    return stats, float(eps)
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
@@ -197,6 +235,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         )
     if not (root / "model.safetensors").is_file():
         raise CheckpointError(f"{root}: missing model.safetensors (the weights)")
+    _check_settings(config, ptype, root)
     inputs = _features(config, "input_features", root)
     outputs = _features(config, "output_features", root)
     cameras = tuple(f for f in inputs if f.type == "VISUAL")
@@ -218,7 +257,9 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     if len(actions) != 1 or actions[0].key != ACTION or len(actions[0].shape) != 1:
         raise CheckpointError(f"the policy needs exactly one 1-D {ACTION} output, has {[f.key for f in outputs]}")
     norm_map = config.get("normalization_mapping") or {}
-    bad = {k: v for k, v in norm_map.items() if v not in NORM_MODES}
+    if not isinstance(norm_map, dict):
+        raise CheckpointError(f"{root}/config.json: normalization_mapping must be a table")
+    bad = {k: v for k, v in norm_map.items() if not isinstance(v, str) or v not in NORM_MODES}
     if bad:
         raise CheckpointError(f"normalization mode(s) {bad} unknown (known: {', '.join(NORM_MODES)})")
 

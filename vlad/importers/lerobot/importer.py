@@ -163,6 +163,8 @@ def import_checkpoint(
     """Import ``checkpoint`` into the release folder ``out``; returns the import report."""
     from vlad.importers.lerobot.runtime import lerobot_version, load_lerobot
 
+    if not 1 <= opts.windows <= 1000:
+        raise CheckpointError(f"--windows {opts.windows}: expected 1 to 1000 check windows")
     if opts.precision not in PRECISIONS:
         raise CheckpointError(f"--precision {opts.precision}: expected one of {', '.join(PRECISIONS)}")
     out = Path(out)
