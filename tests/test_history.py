@@ -107,6 +107,16 @@ def test_history_frames_bounded(contract, frames):
         parse_contract(history_data(contract, frames))
 
 
+def test_no_history_keeps_the_canonical_bytes(contract, hcontract, demo_dir):
+    """A contract without [history] hashes as before the section existed: the signed demo
+    manifest pins that sha256."""
+    import tomllib
+
+    assert "history" not in contract.to_dict() and hcontract.to_dict()["history"] == {"frames": FRAMES}
+    manifest = tomllib.loads((demo_dir / "manifest.toml").read_text())
+    assert contract.sha256 == manifest["contract"]["sha256"]
+
+
 def test_history_change_is_breaking(contract, hcontract):
     diffs = {d.path: d for d in diff_contracts(contract, hcontract)}
     assert diffs["history"].breaking and diffs["history"].category == "structure"

@@ -263,7 +263,9 @@ class Contract:
     language: LanguageSpec | None
     proprio: ProprioSpec | None
     noise: NoiseSpec | None
-    history: HistorySpec | None
+    # Left out of to_dict() / canonical_bytes() when absent: a contract without [history]
+    # keeps the sha256 it had before the section existed (signed manifests pin it).
+    history: HistorySpec | None = field(metadata={"omit_if_none": True})
     action: ActionSpec
     timing: TimingSpec
     inputs: tuple[TensorSpec, ...]
@@ -320,7 +322,11 @@ def _by_name(items: tuple[Any, ...], name: str, what: str) -> Any:
 def _plain(value: Any) -> Any:
     """Dataclasses to dicts and tuples to lists (TOML / JSON shaped)."""
     if is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if f.compare}
+        return {
+            f.name: _plain(getattr(value, f.name))
+            for f in fields(value)
+            if f.compare and not (f.metadata.get("omit_if_none") and getattr(value, f.name) is None)
+        }
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     return value
