@@ -182,10 +182,10 @@ def keys(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_train_import_sign_serve_act(tmp_path, keys):
+def test_train_import_sign_act(tmp_path, keys):
     """A LeRobotDataset from the simulated expert, 2 steps of lerobot-train, the import
-    (dataset meta and joint names found through train_config.json), a signed release,
-    served by vlad serve."""
+    (dataset meta and joint names found through train_config.json, recorded check windows),
+    a signed release. Serving an import through the daemon: the Diffusion test below."""
     from vlad.release.signing import verify_release
 
     env_py = sys.executable
@@ -261,17 +261,13 @@ def test_train_import_sign_serve_act(tmp_path, keys):
     c = load_contract(out / "contract.toml")
     assert c.proprio.names[0] == "joint0.position" and c.action.joints[0].name == "joint0"
     assert c.timing.control_period_ms == 20.0
-    rng = np.random.default_rng(0)
-    frames = [
-        (rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), rng.normal(0, 0.5, 4).astype(np.float32)) for _ in range(3)
-    ]
-    assert _serve_and_compare(out, trusted, frames) == 3
 
 
 @pytest.mark.slow
 def test_import_sign_serve_diffusion_with_history(tmp_path, keys):
-    """A random Diffusion Policy (2 observation frames, DDIM): imported, signed, served with
-    its window kept by the daemon's Preprocessor."""
+    """A random Diffusion Policy (2 observation frames, DDIM): imported, signed, served by a
+    real vlad serve whose Preprocessor keeps the window: every chunk equals the release
+    computed in process on the same frames and noise."""
     private, trusted = keys
     ckpt = make_checkpoint(tmp_path / "ckpt", "diffusion")
     out = tmp_path / "release"
