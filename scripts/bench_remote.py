@@ -177,7 +177,7 @@ def start_server(threads: int):
 
 
 def golden_inputs(contract) -> list[dict[str, np.ndarray]]:
-    z = np.load(ROOT / "tests" / "fixtures" / "golden.npz", allow_pickle=False)
+    z = np.load(ROOT / "manifests" / "demo" / "golden.npz", allow_pickle=False)
     n = len({k.split("/")[0] for k in z.files})
     return [{s.name: z[f"{i}/inputs/{s.name}"] for s in contract.inputs} for i in range(n)]
 

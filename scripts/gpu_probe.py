@@ -45,7 +45,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "manifests" / "demo"
-GOLDEN = ROOT / "tests" / "fixtures" / "golden.npz"
+GOLDEN = ROOT / "manifests" / "demo" / "golden.npz"
 AOTI_CACHE = ROOT / ".cache" / "vlad-aoti"
 CUDA_EP, TRT_EP, CPU_EP = "CUDAExecutionProvider", "TensorrtExecutionProvider", "CPUExecutionProvider"
 LOAD_CYCLES = 10

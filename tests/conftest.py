@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "manifests" / "demo"
-GOLDEN = ROOT / "tests" / "fixtures" / "golden.npz"
+GOLDEN = ROOT / "manifests" / "demo" / "golden.npz"
 
 
 @pytest.fixture(scope="session")

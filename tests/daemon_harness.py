@@ -118,7 +118,10 @@ def start_daemon(
     config: Path | None = None,
     wait_ready: bool = True,
     endpoints: dict[str, str] | None = None,
+    prefix: list[str] | None = None,
 ) -> RunningDaemon:
+    """``prefix``: a command the daemon runs under (e.g. ``unshare ...``), its last word
+    followed by the ``vlad serve`` command line."""
     sock_dir = tmp_path / "run"
     sock_dir.mkdir(exist_ok=True)
     endpoints = endpoints or endpoints_in(sock_dir)
@@ -126,7 +129,7 @@ def start_daemon(
     full_env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "PYTHONUNBUFFERED": "1", **(env or {})}
     log_path = tmp_path / "vlad.log"
     proc = subprocess.Popen(
-        daemon_command(endpoints, extra, config),
+        [*(prefix or []), *daemon_command(endpoints, extra, config)],
         env=full_env,
         stdout=open(log_path, "wb"),
         stderr=subprocess.STDOUT,
@@ -297,3 +300,58 @@ QUIET_MONITORS = [
     "--set",
     "monitors.heartbeat_missing_periods=1000000",
 ]
+
+
+# An attack beside the serving core must leave two things as they are: a native controller's
+# cadence and the systemd watchdog. Run the daemon with WATCHDOG_ENV (a 1 s watchdog, pinged
+# every 0.5 s) and check both over the attack's time with assert_core_unaffected:
+#
+# * the watchdog never silent for its limit (1 s);
+# * the controller's cadence: 95 % of the gaps between its chunks within tests/test_faults.py's
+#   bound (3 periods + 10 ms), at least 75 % of the periods with a chunk, and no hole over
+#   0.5 s. A strict "every gap within the bound" holds on a quiet machine (the figures each
+#   test prints), but the 2-core test machine is shared: another job can take both cores for
+#   a scheduler slice or two at any moment. A core held by an endpoint shows as seconds,
+#   not as one slice (issue 22: 6-11 s without a chunk or a watchdog ping).
+WATCHDOG_ENV = {"WATCHDOG_USEC": "1000000"}
+WATCHDOG_LIMIT_S = 1.0
+CADENCE_GAP_S = 3 * PERIOD_S + 0.01
+MAX_HOLE_S = 0.5
+
+
+def watchdog_gap(notify: NotifyListener, t0: float, t1: float) -> float:
+    """The longest time without a WATCHDOG=1 between t0 and t1 (time.monotonic())."""
+    ts = [t0] + [t for t, m in list(notify.messages) if m.get("WATCHDOG") == "1" and t0 <= t <= t1] + [t1]
+    return float(max(np.diff(ts)))
+
+
+def assert_core_unaffected(d: RunningDaemon, ctl: ControllerSim, t0: float, t1: float | None = None) -> str:
+    """The native controller kept its cadence and the watchdog kept pinging from t0 to t1
+    (see above); a one-line summary of the figures for the test's output."""
+    t1 = time.monotonic() if t1 is None else t1
+    ts = [t0] + [c.t for c in ctl.since(t0) if c.t <= t1] + [t1]
+    gaps = np.diff(ts)
+    dog = watchdog_gap(d.notify, t0, t1)
+    periods = (t1 - t0) / PERIOD_S
+    within = float(np.mean(gaps <= CADENCE_GAP_S))
+    summary = (
+        f"{len(ts) - 2} chunks in {t1 - t0:.1f} s ({periods:.0f} periods), gaps p50 {np.median(gaps) * 1e3:.1f} "
+        f"max {gaps.max() * 1e3:.1f} ms ({within:.1%} within {CADENCE_GAP_S * 1e3:.0f} ms), "
+        f"watchdog gap {dog * 1e3:.0f} ms"
+    )
+    assert d.proc.poll() is None, d.log()[-3000:]
+    assert dog <= WATCHDOG_LIMIT_S, f"watchdog silent for {dog * 1e3:.0f} ms: {summary}"
+    assert gaps.max() <= MAX_HOLE_S, summary
+    assert within >= 0.95 and len(ts) - 2 >= 0.75 * periods, summary
+    return summary
+
+
+def goodbye(client) -> None:
+    """The controller leaves on purpose (docs/protocol.md, heartbeat ``bye``): vlad forgets it."""
+    from vlad import protocol
+
+    client.send_raw(
+        protocol.encode(
+            protocol.TOPIC_HEARTBEAT, {"seq": 1, "t_ns": time.monotonic_ns(), "client": client.name, "bye": True}
+        )
+    )

@@ -35,11 +35,13 @@ def make_release(
     backend: str = "onnxruntime",
     options: str | None = None,
     required_gates: tuple[str, ...] = ("closed_loop",),
+    closed_loop_passes: bool = True,
 ) -> Path:
     """A signed copy of the demo release with another id and version.
 
     Its gate plan requires only ``required_gates``; the copy carries the demo's closed-loop
-    evidence (eval.json) and no other, so the default deploys without --force."""
+    evidence (eval.json, judged against a threshold it passes or, with
+    ``closed_loop_passes=False``, fails) and no other, so the default deploys without --force."""
     dest.mkdir(parents=True)
     plan = dest.parent / f"{dest.name}-gates.toml"
     plan.write_text("required = [" + ", ".join(f'"{g}"' for g in required_gates) + "]\n")
@@ -64,7 +66,7 @@ def make_release(
         "--parent",
         "vlad-demo-reacher-1.0.0",
         "--min-success-rate",
-        "0",
+        "0" if closed_loop_passes else "1.01",
         "--min-margin",
         "0",
         "--gate-plan",
@@ -73,7 +75,8 @@ def make_release(
     if options:
         args += ["--options", options]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
+    passes = closed_loop_passes and required_gates == ("closed_loop",)
+    assert out.returncode == (0 if passes else 1), out.stdout + out.stderr  # 1: evidence does not pass
     return dest
 
 
@@ -190,18 +193,45 @@ def test_deploy_enforces_gate_evidence_unless_forced_with_a_reason(live):
     rel = make_release(
         tmp / "unproven", "1.3.0", 4, required_gates=("contract", "equivalence", "performance", "closed_loop")
     )
-    with pytest.raises(ClientError, match=r"lacks passing gate evidence \(gate contract: no evidence"):
+    with pytest.raises(ClientError, match=r"lacks passing gate evidence \(gate contract: no evidence") as exc:
         client.control("deploy", timeout_ms=120_000, path=str(rel), who="tech", why="try")
+    assert "--force --why" in str(exc.value) and "\n" not in str(exc.value)
     assert store.active() == "vlad-demo-reacher-1.0.0"
     r = client.control(
         "deploy", timeout_ms=120_000, path=str(rel), who="tech", why="field trial, gates pending", force=True
     )
-    assert r["release"] == "vlad-demo-reacher@1.3.0"
+    assert r["release"] == "vlad-demo-reacher@1.3.0" and r["evidence"]["status"] == "forced"
     assert store.active() == "vlad-demo-reacher-1.3.0"
+    entry = store.history()[-1]
+    assert (entry.forced, entry.evidence, entry.who, entry.why) == (
+        True,
+        "missing",
+        "tech",
+        "field trial, gates pending",
+    )
     events = client.control("events", limit=50)
-    forced = [e for e in events if "without gate evidence forced by tech" in e["reason"]]
+    forced = [e for e in events if "deploy of vlad-demo-reacher-1.3.0 forced by tech (evidence missing" in e["reason"]]
     assert forced and "field trial, gates pending" in forced[-1]["reason"]
-    assert forced[-1]["details"]["missing"]
+    assert forced[-1]["details"]["overrides"][0].startswith("evidence missing: gate contract")
+    ev = client.status()["evidence"]
+    assert (ev["status"], ev["gate_evidence"], ev["who"], ev["why"]) == (
+        "forced",
+        "missing",
+        "tech",
+        "field trial, gates pending",
+    )
+
+    # Failed evidence is forceable too; the message says what to do.
+    failed = make_release(tmp / "failed", "1.4.0", 5, closed_loop_passes=False)
+    with pytest.raises(ClientError, match=r"failed its gates \(gate closed_loop \(report eval.json\): failed\)"):
+        client.control("deploy", timeout_ms=120_000, path=str(failed), who="tech", why="try")
+    r = client.control("deploy", timeout_ms=120_000, path=str(failed), who="tech", why="A/B on the bench", force=True)
+    assert r["evidence"]["status"] == "forced" and r["evidence"]["gate_evidence"] == "failed"
+    assert store.active() == "vlad-demo-reacher-1.4.0"
+    out = subprocess.run(
+        [str(VLADCTL), "history", "--endpoint", d.endpoints["control"]], capture_output=True, text=True, timeout=30
+    )
+    assert "[forced: evidence failed]" in out.stdout and "overrode evidence failed" in out.stdout, out.stdout
 
 
 def test_shadow_never_publishes(live):
@@ -249,3 +279,54 @@ def test_canary_auto_abort_rolls_back(live):
     assert store.active() == "vlad-demo-reacher-1.0.0"
     time.sleep(0.3)
     assert max_gap(ctl.since(t0)) <= MAX_GAP_S
+
+
+def test_boot_on_a_release_without_evidence_serves_flagged_unverified(tmp_path):
+    """A daemon started on a release that has no passing evidence and no recorded override
+    (here: the store's active release was switched by an older vlad, whose journal kept no
+    evidence) serves it, and says so: an error at start, an event, the status flag with the
+    chunks published so, and `vladctl status`."""
+    import json
+
+    from vlad.release.store import ReleaseStore
+
+    unproven = make_release(tmp_path / "unproven", "1.3.0", 4, required_gates=("contract", "closed_loop"))
+    store_root = tmp_path / "store"
+    store = ReleaseStore(store_root, KEYS)
+    store.activate(store.stage(unproven), who="old-vlad", why="installed before the gates", force=True)
+    records = [json.loads(line) for line in store.history_path.read_text().splitlines()]
+    for r in records:  # what an older vlad wrote: no evidence fields
+        for key in ("evidence", "evidence_problems", "overrides"):
+            r.pop(key)
+    store.history_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = tmp_path / "vlad.toml"
+    config.write_text(f"""
+[release]
+path = "{store_root}/releases/active"
+keys_dir = "{KEYS}"
+[serve]
+warmup = 3
+[store]
+root = "{store_root}"
+""")
+    d = start_daemon(tmp_path, config=config)
+    client = d.client()
+    ctl = ControllerSim(client, load_golden()[0]).start()
+    try:
+        deadline = time.monotonic() + 10
+        while (ev := client.status()["evidence"])["published_unverified"] < 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ev["status"] == "unverified" and ev["gate_evidence"] == "missing", ev
+        assert ev["published_unverified"] >= 10
+        assert ev["problems"] == ["gate contract: no evidence in the manifest"]
+        events = client.control("events", limit=50)
+        assert any(e["kind"] == "release_unverified" for e in events)
+        out = subprocess.run(
+            [str(VLADCTL), "status", "--endpoint", d.endpoints["control"]], capture_output=True, text=True, timeout=30
+        )
+        assert "evidence     UNVERIFIED: no passing gate evidence, no recorded override" in out.stdout
+        assert "serves WITHOUT passing gate evidence" in d.log()
+    finally:
+        ctl.stop()
+        client.close()
+        d.stop()

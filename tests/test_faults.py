@@ -196,7 +196,9 @@ def test_heartbeat_lost_then_restored(rig, contract):
     def lose():
         rig.ctl.send_heartbeat = False
 
-    seen = rig.run_fault(contract, lose, "FALLBACK", "hold", ("fault", "no controller heartbeat"))
+    seen = rig.run_fault(
+        contract, lose, "FALLBACK", "hold", ("fault", "no heartbeat from controller 'test-controller'")
+    )
     assert seen[-1].source.startswith("hold")
     rig.ctl.send_heartbeat = True
     rig.wait_state("ACTIVE", "release", timeout=5)

@@ -27,7 +27,7 @@ from vlad.contract import Contract, load_contract
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "manifests" / "demo"
-GOLDEN = ROOT / "tests" / "fixtures" / "golden.npz"
+GOLDEN = ROOT / "manifests" / "demo" / "golden.npz"
 # Compiled artifacts are derived data: cached by source hash, outside version control.
 CACHE = ROOT / ".cache" / "vlad-aoti"
 # Where a test run may keep its engine caches (TensorRT engines, ORT TensorRT-EP engines):

@@ -1,9 +1,20 @@
 """Live release changes on a running daemon: deploy, rollback, shadow runs and canaries.
 
-* **deploy**: verify -> stage into the store -> load and warm beside the serving release
-  -> activate in the store -> hot-swap (a pointer change: the action stream never stops).
+* **deploy**: verify -> stage into the store (each artifact hashed once, while copied) ->
+  gate evidence (the store's rule, :mod:`vlad.release.evidence`) -> load and warm beside
+  the serving release (the staging's hashes handed on, nothing hashed again) -> activate
+  in the store (the same evidence rule, enforced there) -> hot-swap (a pointer change: the
+  action stream never stops). Each multi-second step is progress in the status
+  (``operation``) and the log.
 * **rollback**: the store's one-step rollback, then the same load-warm-swap. The way back
-  is never blocked by the previous release's validity date (recorded as an event).
+  is never blocked by the previous release's validity date (recorded as an event); a
+  target without passing gate evidence needs ``force`` and a reason, like an activation.
+* **evidence** of the serving release, for the status: ``passed``, ``forced`` (the store's
+  journal holds who overrode what, and why) or ``unverified``. A daemon started on a
+  release that has neither passing evidence nor a recorded override serves it (refusing
+  would leave the robot without its policy and without vlad's hold posture and status)
+  but says so loudly: an error in the log at start, an event, ``evidence.status =
+  "unverified"`` in every status with the chunks it published so.
 * **shadow**: a candidate runs on the same observations as the serving policy, on its own
   thread; its actions are never published, only compared.
 * **canary**: a deploy whose first ``window_s`` is watched against the manifest's
@@ -33,8 +44,10 @@ from vlad.daemon.chain import ChainPolicy, PolicyChain
 from vlad.errors import VladError
 from vlad.health.base import Finding
 from vlad.health.state import StateMachine
+from vlad.release.evidence import judge_evidence, require_evidence
 from vlad.release.loading import LoadedPolicy, PolicySource, compatible, load_policy
-from vlad.release.store import ReleaseStore
+from vlad.release.signing import VerifiedRelease
+from vlad.release.store import HistoryEntry, ReleaseStore
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.publisher import Publisher
 from vlad.serving.shadow import ShadowRun
@@ -98,18 +111,27 @@ class ReleaseManager:
         publisher: Publisher,
         state: StateMachine,
         served: Callable[[LoadedPolicy, str], ServedPolicy],
-        check_evidence: Callable[[LoadedPolicy], list[str]] | None = None,
     ) -> None:
         self.cfg = cfg
         self.chain = chain
         self.publisher = publisher
         self.state = state
         self.served = served  # LoadedPolicy + slot name -> ServedPolicy (the supervisor's recipe)
-        self.check_evidence = check_evidence
         self.shadow: ShadowRun | None = None
         self.shadow_loaded: LoadedPolicy | None = None
         self.canary: Canary | None = None
         self._seen_findings: set[tuple] = set()
+        # The release operation in progress, for the status: what, since when, its last step.
+        self.operation: dict[str, Any] | None = None
+        self.evidence = self._evidence_of(chain.release.loaded)
+        if self.evidence["status"] == "unverified":
+            message = (
+                f"release {self.evidence['release']} serves WITHOUT passing gate evidence and without a recorded "
+                f"override ({'; '.join(self.evidence['problems'][:4])}): gate it, or activate it with "
+                "--force --why to record the decision"
+            )
+            log.error(message)
+            state.record("release_unverified", message, problems=self.evidence["problems"])
 
     def store(self) -> ReleaseStore:
         s = self.cfg.store
@@ -128,7 +150,9 @@ class ReleaseManager:
     async def _in_thread(self, fn: Callable[[], Any]) -> Any:
         return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
 
-    async def _load(self, folder: Path, check_time: bool = True) -> LoadedPolicy:
+    async def _load(
+        self, folder: Path, check_time: bool = True, verified: VerifiedRelease | None = None
+    ) -> LoadedPolicy:
         """Verify, load and warm a release beside the serving one (off the event loop)."""
         r = self.cfg.release
         keys_dir = r.keys_dir if r.verify else None
@@ -138,8 +162,9 @@ class ReleaseManager:
             *(("", "", {}) if keys_dir else (r.backend, r.artifact, r.options)),
             site_options=r.site_options,
             check_time=check_time,
+            verified=verified,
         )
-        policy = await self._in_thread(lambda: load_policy(source, self.cfg.serve.warmup))
+        policy = await self._in_thread(lambda: load_policy(source, self.cfg.serve.warmup, self._progress))
         breaking = compatible(self.chain.release.loaded.contract, policy.contract)
         if breaking:
             policy.session.close()
@@ -170,38 +195,69 @@ class ReleaseManager:
 
     # -- deploy and rollback ---------------------------------------------------------------
 
+    def _begin(self, kind: str, target: str) -> None:
+        self.operation = {"kind": kind, "target": target, "started_ns": time.monotonic_ns(), "step": "starting"}
+
+    def _progress(self, line: str) -> None:
+        """A step of the release operation in progress (called from its worker thread)."""
+        op = self.operation
+        if op is not None and line:
+            self.operation = {**op, "step": line}
+            log.info("%s %s: %s", op["kind"], op["target"], line)
+
+    def operation_status(self, now_ns: int) -> dict[str, Any] | None:
+        op = self.operation
+        if op is None:
+            return None
+        return {
+            "kind": op["kind"],
+            "target": op["target"],
+            "step": op["step"],
+            "elapsed_s": round((now_ns - op["started_ns"]) / 1e9, 1),
+        }
+
     async def deploy(self, path: str, who: str, why: str, canary: bool, force: bool) -> dict[str, Any]:
-        """verify -> stage -> load and warm -> activate in the store -> hot-swap."""
+        """verify -> stage -> evidence -> load and warm -> activate in the store -> hot-swap."""
         if self.canary is not None:
             raise VladError(f"a canary of {self.canary.policy.id.release} is running; wait for it to pass or abort")
         if canary and self.shadow is not None:
             raise VladError(f"a shadow of {self.shadow.policy.id.release} is running; stop it before a canary")
-        store = await self._in_thread(self.store)
-        release_id = await self._in_thread(lambda: store.stage(path))
-        loaded = await self._load(store.release_path(release_id))
+        self._begin("deploy", path)
         try:
-            missing = self.check_evidence(loaded) if self.check_evidence else []
-            if missing and not force:
-                raise VladError(
-                    f"{release_id} lacks passing gate evidence ({'; '.join(missing[:4])}); run "
-                    "`vladctl gate` and sign the evidence in, or deploy with --force --why"
-                )
-            if missing:
-                self.state.record(
-                    "operator",
-                    f"deploy of {release_id} without gate evidence forced by {who}: {why}",
-                    who=who,
-                    why=why,
-                    missing=missing,
-                )
+            return await self._deploy(path, who, why, canary, force)
+        finally:
+            self.operation = None
+
+    async def _deploy(self, path: str, who: str, why: str, canary: bool, force: bool) -> dict[str, Any]:
+        store = await self._in_thread(self.store)
+        staged = await self._in_thread(lambda: store.stage_release(path, progress=self._progress))
+        release_id = staged.id
+        # The store's rule, judged before a second is spent loading: activate() below
+        # applies it again (the same function) and records the decision.
+        self._progress("checking gate evidence")
+        require_evidence(
+            judge_evidence(staged.manifest, staged.path, staged.files),
+            release_id,
+            path,
+            force=force,
+            why=why,
+            retry=f"vladctl deploy {path} --force --why '...'",
+        )
+        loaded = await self._load(staged.path, verified=staged)
+        try:
             if canary and loaded.manifest is None:
                 raise VladError("a canary needs a signed release (its manifest holds the canary thresholds)")
-            await self._in_thread(lambda: store.activate(release_id, who, why, force))
+            self._progress("activating in the store")
+            entry = await self._in_thread(
+                lambda: store.activate(release_id, who, why, force, verified=loaded.verified, progress=self._progress)
+            )
         except BaseException:
             loaded.session.close()
             raise
+        self._note_forced(entry, "deploy")
         new = ChainPolicy(loaded, self.served(loaded, "release"))
         old = self.chain.install(new, f"deploy by {who}: {why}")
+        self.evidence = self._evidence_of(loaded, entry)
         if canary:
             assert loaded.manifest is not None
             c = loaded.manifest.canary
@@ -215,9 +271,21 @@ class ReleaseManager:
             self.state.record("canary", f"canary of {new.id.release} for {thresholds.window_s:g} s", **vars(thresholds))
         else:
             await self._retire(old)
-        return {"release": new.id.release, "previous": old.id.release, "canary": canary}
+        return {"release": new.id.release, "previous": old.id.release, "canary": canary, "evidence": self.evidence}
 
-    async def rollback(self, who: str, why: str) -> dict[str, Any]:
+    def _note_forced(self, entry: HistoryEntry, what: str) -> None:
+        """An event for every override the store recorded (the journal holds it too)."""
+        if entry.forced and entry.overrides:
+            self.state.record(
+                "operator",
+                f"{what} of {entry.to_release} forced by {entry.who} ({'; '.join(entry.overrides)}): {entry.why}",
+                who=entry.who,
+                why=entry.why,
+                overrides=list(entry.overrides),
+                evidence=entry.evidence,
+            )
+
+    async def rollback(self, who: str, why: str, force: bool = False) -> dict[str, Any]:
         """The store's one-step rollback, then serve that release (loaded and warmed first)."""
         if self.canary is not None:
             return await self.abort_canary(f"rollback by {who}: {why}", who)
@@ -225,15 +293,66 @@ class ReleaseManager:
         target = store.previous()
         if target is None:
             raise VladError("nothing to roll back to: the store has no previous release")
-        loaded = await self._load(store.release_path(target), check_time=False)
+        self._begin("rollback", target)
         try:
-            await self._in_thread(lambda: store.rollback(who, why))
-        except BaseException:
-            loaded.session.close()
-            raise
+            loaded = await self._load(store.release_path(target), check_time=False)
+            try:
+                self._progress("rolling back in the store")
+                entry = await self._in_thread(lambda: store.rollback(who, why, force, verified=loaded.verified))
+            except BaseException:
+                loaded.session.close()
+                raise
+        finally:
+            self.operation = None
+        self._note_forced(entry, "rollback")
         old = self.chain.install(ChainPolicy(loaded, self.served(loaded, "release")), f"rollback by {who}: {why}")
+        self.evidence = self._evidence_of(loaded, entry)
         await self._retire(old)
-        return {"release": loaded.release_id, "rolled_back_from": old.id.release}
+        return {"release": loaded.release_id, "rolled_back_from": old.id.release, "evidence": self.evidence}
+
+    # -- evidence of the serving release -----------------------------------------------------
+
+    def _evidence_of(self, loaded: LoadedPolicy, entry: HistoryEntry | None = None) -> dict[str, Any]:
+        """``passed``, ``forced`` (with the journal's who, why and when) or ``unverified``."""
+        manifest, evidence = loaded.manifest, loaded.evidence
+        if manifest is None or evidence is None:
+            return {
+                "status": "unverified",
+                "release": loaded.release_id,
+                "gate_evidence": None,
+                "problems": ["unsigned release (release.verify = false): no gate evidence is checked"],
+            }
+        out: dict[str, Any] = {
+            "status": "passed" if evidence.ok else "unverified",
+            "release": manifest.id,
+            "gate_evidence": evidence.status,
+            "problems": list(evidence.problems),
+        }
+        if evidence.ok:
+            return out
+        entry = entry or self._journal_entry(loaded.folder, manifest.id)
+        if entry is not None and entry.to_release == manifest.id and entry.forced and entry.evidence == evidence.status:
+            out.update(status="forced", who=entry.who, why=entry.why, time=entry.time)
+        return out
+
+    def _journal_entry(self, folder: Path, release_id: str) -> HistoryEntry | None:
+        """The store's record of how ``release_id`` became active, when it is served from the store."""
+        root = Path(self.cfg.store.root)
+        try:
+            if folder.resolve().parent != (root / "releases").resolve():
+                return None
+            store = ReleaseStore(root, self.cfg.release.keys_dir, create=False, recover=False)
+            return store.last_activation(release_id)
+        except (OSError, VladError) as exc:
+            log.warning("cannot read the release store's journal in %s: %s", root, exc)
+            return None
+
+    def evidence_status(self) -> dict[str, Any]:
+        """The serving release's evidence for the status; unverified ones count their chunks."""
+        out = dict(self.evidence)
+        if out["status"] == "unverified":
+            out["published_unverified"] = self.chain.release.served.counts.published
+        return out
 
     # -- shadow ----------------------------------------------------------------------------
 
@@ -318,9 +437,16 @@ class ReleaseManager:
         self.state.record(
             "canary_abort", f"canary of {canary.policy.id.release} aborted: {reason}", release=canary.policy.id.release
         )
+        # The store follows what is served now: the previous release, which ran before the
+        # canary. Forced (recorded as such, with what it overrode): an automatic abort must
+        # not be refused for evidence or a bad mark of the release it returns to.
         try:
             store = await self._in_thread(self.store)
-            await self._in_thread(lambda: store.rollback(who, f"canary aborted: {reason}"))
+            entry = await self._in_thread(
+                lambda: store.rollback(who, f"canary aborted: {reason}", force=True, verified=previous.loaded.verified)
+            )
+            self._note_forced(entry, "canary abort")
+            self.evidence = self._evidence_of(previous.loaded, entry)
         except VladError as exc:
             log.error("canary aborted but the store could not roll back: %s", exc)
         await self._retire(bad)
