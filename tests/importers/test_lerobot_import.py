@@ -112,7 +112,7 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
     the release computes in process on the same window (the one Preprocessor, ONNX Runtime)."""
     from vlad.contract import load_contract
     from vlad.gates.controller import Controller
-    from vlad.gates.launcher import RunningDaemon
+    from vlad.gates.launcher import serve
     from vlad.gates.subject import open_subject
     from vlad.plugins import get_backend
     from vlad.processing import Preprocessor, RawObservation
@@ -123,7 +123,7 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
     camera = contract.cameras[0].name
     period = int(contract.timing.control_period_ms * 1e6)
     compared = 0
-    with RunningDaemon(open_subject(release), warmup=2, keys_dir=str(keys)) as daemon:
+    with serve(open_subject(release), warmup=2, keys_dir=str(keys)) as daemon:
         daemon.wait_ready()
         with Controller(daemon.endpoints, name="import-test") as ctl:
             tick = time.monotonic_ns()

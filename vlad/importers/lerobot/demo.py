@@ -17,98 +17,78 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from vlad.importers.lerobot.dataset import INSTRUCTION
 
 
-def in_process(release: Path, episodes: int, seed: int, exec_steps: int, progress=print) -> dict[str, Any]:
-    """Success of the release's ONNX model called in process, and of no motion."""
-    import onnxruntime as ort
-
-    from vlad.contract import load_contract
-    from vlad.demo import sim
-    from vlad.demo.evaluate import contract_policy, evaluate
-
-    contract = load_contract(release / "contract.toml")
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(str(release / "policy.onnx"), opts, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-
-    def infer(inputs):
-        return dict(zip(names, sess.run(names, dict(inputs)), strict=True))
-
-    task = sim.ReacherTask(render=True)
-    seeds = range(seed, seed + episodes)
-    # No [language] in the contract: preprocess() takes no tokenizer (contract_policy's
-    # annotation asks for one because the demo's own contract has language).
-    no_tokenizer: Any = None
-    try:
-        policy = evaluate(
-            task,
-            lambda: contract_policy(contract, no_tokenizer, infer),
-            "policy",
-            INSTRUCTION,
-            seeds,
-            exec_steps,
-            progress,
-        )
-        zero = evaluate(task, lambda: sim.zero_policy(task), "zero", INSTRUCTION, seeds, exec_steps)
-    finally:
-        task.close()
-    return {
-        "policy": {
-            "successes": policy.successes,
-            "episodes": policy.episodes,
-            "mean_final_distance_m": policy.mean_final_distance,
-        },
-        "no_motion": {
-            "successes": zero.successes,
-            "episodes": zero.episodes,
-            "mean_final_distance_m": zero.mean_final_distance,
-        },
-    }
-
-
-def through_daemon(
+def closed_loop(
     release: Path, episodes: int, seed: int, exec_steps: int, keys_dir: str | None, progress=print
 ) -> dict[str, Any]:
-    """The same episodes through a real ``vlad serve`` on the release, in real time."""
-    from vlad.demo import sim
-    from vlad.gates.controller import Controller, run_episode
-    from vlad.gates.launcher import RunningDaemon
+    """The fidelity pair and the no-motion baseline on ``episodes`` seeds of ``INSTRUCTION``,
+    on the closed-loop gate's runner (:mod:`vlad.episodes`) and its summaries."""
+    from vlad.client import Client
+    from vlad.episodes import InProcessLink, NoMotionLink, contract_infer
+    from vlad.gates.closed_loop import episodes as run_episodes
+    from vlad.gates.closed_loop import fidelity, make_task, summarize
+    from vlad.gates.launcher import serve
+    from vlad.gates.plan import ClosedLoopPlan
     from vlad.gates.subject import open_subject
+    from vlad.plugins import get_backend
 
     subject = open_subject(release)
-    task = sim.ReacherTask(render=True)
-    logs = []
+    contract = subject.contract
+    plan = ClosedLoopPlan(episodes=episodes, seed=seed, exec_steps=exec_steps)
+    period_ns = int(contract.timing.control_period_ms * 1e6)
+    chunk = contract.action.chunk_length
+    only = (INSTRUCTION,)
+    task, _ = make_task(plan.task)
     try:
-        with RunningDaemon(subject, keys_dir=keys_dir) as daemon:
+        spec = subject.serving
+        session = get_backend(spec.backend).load(subject.artifact_path(spec.artifact), contract, dict(spec.options))
+        try:
+            link = InProcessLink.for_contract(contract, contract_infer(contract, subject.tokenizer(), session))
+            in_process = summarize(run_episodes(task, link, plan, only, period_ns, chunk, "in process", progress), only)
+        finally:
+            session.close()
+        still = NoMotionLink(
+            period_ns,
+            int(contract.timing.action_validity_ms * 1e6),
+            chunk_length=chunk,
+            action_dim=contract.action.dim,
+        )
+        no_motion = summarize(run_episodes(task, still, plan, only, period_ns, chunk, "no motion", progress), only)
+        with serve(subject, keys_dir=keys_dir) as daemon:
             ready_s = daemon.wait_ready()
-            with Controller(daemon.endpoints, name="lerobot-demo") as ctl:
-                period_ns = int(ctl.status()["control_period_ms"] * 1e6)
-                for i, s in enumerate(range(seed, seed + episodes)):
-                    logs.append(run_episode(ctl, task, s, INSTRUCTION, period_ns, exec_steps))
-                    if (i + 1) % 10 == 0 or i + 1 == episodes:
-                        progress(
-                            f"  through vlad serve: {i + 1}/{episodes} episodes, {sum(x.success for x in logs)} successes"
-                        )
-                status = ctl.status()
+            e = daemon.endpoints
+            with Client(
+                observations=e["observations"], actions=e["actions"], control=e["control"], name="lerobot-demo"
+            ) as client:
+                from vlad.episodes import DaemonLink
+
+                before = client.status()
+                logs = run_episodes(task, DaemonLink(client), plan, only, period_ns, chunk, "vlad serve", progress)
+                after = client.status()
+        served = summarize(logs, only, before, after)
     finally:
         task.close()
-    latencies = np.concatenate([np.asarray(x.latencies_ms) for x in logs if x.latencies_ms] or [np.zeros(0)])
+    pair = fidelity(in_process, served, only)
+    for summary in (in_process, served, no_motion):  # per-episode logs: for pairing, not for the file
+        summary.pop("logs", None)
+        summary.pop("episodes", None)
     return {
-        "successes": sum(x.success for x in logs),
-        "episodes": len(logs),
-        "mean_final_distance_m": float(np.mean([x.final_distance for x in logs])),
-        "held_periods": sum(x.held_periods for x in logs),
-        "hold_chunks": sum(sum(x.holds.values()) for x in logs),
-        "interventions": sum(sum(x.interventions.values()) for x in logs),
-        "latency_ms_p50_p99": [float(np.percentile(latencies, q)) for q in (50, 99)] if latencies.size else None,
+        "in_process": in_process,
+        "through_vlad_serve": served,
+        "no_motion": no_motion,
+        "fidelity": pair,
         "ready_s": ready_s,
-        "release": status.get("release"),
     }
+
+
+def _line(summary: dict[str, Any]) -> str:
+    row = summary["per_instruction"][INSTRUCTION]
+    return (
+        f"{row['successes']}/{row['episodes']} ({100 * row['rate']:.0f} %), "
+        f"mean final distance {1000 * row['mean_final_distance_m']:.1f} mm"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,23 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"closed loop: {args.episodes} episodes of {INSTRUCTION!r}, seeds {args.seed}..{args.seed + args.episodes - 1}"
     )
-    result: dict[str, Any] = {
-        "instruction": INSTRUCTION,
-        "seeds": [args.seed, args.seed + args.episodes - 1],
-        "exec_steps": args.exec_steps,
-    }
-    result["in_process"] = in_process(release, args.episodes, args.seed, args.exec_steps)
-    ip = result["in_process"]
-    print(
-        f"closed loop in process (ONNX Runtime): {ip['policy']['successes']}/{args.episodes}; no motion {ip['no_motion']['successes']}/{args.episodes}"
-    )
-    result["through_vlad_serve"] = through_daemon(release, args.episodes, args.seed, args.exec_steps, args.keys)
-    d = result["through_vlad_serve"]
-    print(
-        f"closed loop through vlad serve: {d['successes']}/{d['episodes']}, mean final distance {1000 * d['mean_final_distance_m']:.1f} mm"
-    )
+    result = closed_loop(release, args.episodes, args.seed, args.exec_steps, args.keys)
+    result.update({"instruction": INSTRUCTION, "seeds": [args.seed, args.seed + args.episodes - 1]})
+    for key in ("in_process", "through_vlad_serve", "no_motion"):
+        print(f"closed loop {key.replace('_', ' ')}: {_line(result[key])}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
     return 0
 
 
