@@ -1,10 +1,10 @@
 """Closed loop of an imported Reacher release: in process and through ``vlad serve``.
 
-The fidelity pair of the serving work: the same seeded episodes with the release's ONNX
-model called in process (the contract's preprocessing and decoding, no daemon) and through
-a real ``vlad serve`` subprocess driven in real time by the gates' wire-protocol
-controller. Both on the instruction the policy was trained on (ACT and Diffusion Policy
-take no language, :mod:`.dataset`), beside the no-motion baseline.
+The fidelity pair of the closed-loop gate, on its runner (:mod:`vlad.episodes`): the same
+seeded episodes with the release's serving artifact called in process and through a real
+``vlad serve`` subprocess driven in real time, beside the no-motion baseline. Only on the
+instruction the policy was trained on (ACT and Diffusion Policy take no language,
+:mod:`.dataset`): the gate itself runs every instruction of its task.
 
     python -m vlad.importers.lerobot.demo RELEASE [--episodes 30] [--json OUT]
 """
@@ -26,7 +26,7 @@ def closed_loop(
     """The fidelity pair and the no-motion baseline on ``episodes`` seeds of ``INSTRUCTION``,
     on the closed-loop gate's runner (:mod:`vlad.episodes`) and its summaries."""
     from vlad.client import Client
-    from vlad.episodes import InProcessLink, NoMotionLink, contract_infer
+    from vlad.episodes import DaemonLink, InProcessLink, NoMotionLink, contract_infer
     from vlad.gates.closed_loop import episodes as run_episodes
     from vlad.gates.closed_loop import fidelity, make_task, summarize
     from vlad.gates.launcher import serve
@@ -62,8 +62,6 @@ def closed_loop(
             with Client(
                 observations=e["observations"], actions=e["actions"], control=e["control"], name="lerobot-demo"
             ) as client:
-                from vlad.episodes import DaemonLink
-
                 before = client.status()
                 logs = run_episodes(task, DaemonLink(client), plan, only, period_ns, chunk, "vlad serve", progress)
                 after = client.status()
