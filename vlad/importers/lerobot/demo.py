@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"closed loop: {args.episodes} episodes of {INSTRUCTION!r}, seeds {args.seed}..{args.seed + args.episodes - 1}"
     )
-    result = closed_loop(release, args.episodes, args.seed, args.exec_steps, args.keys)
+    keys = str(Path(args.keys).resolve()) if args.keys else None  # the daemon runs in its own folder
+    result = closed_loop(release, args.episodes, args.seed, args.exec_steps, keys)
     result.update({"instruction": INSTRUCTION, "seeds": [args.seed, args.seed + args.episodes - 1]})
     for key in ("in_process", "through_vlad_serve", "no_motion"):
         print(f"closed loop {key.replace('_', ' ')}: {_line(result[key])}")
