@@ -39,7 +39,8 @@ LAYERS: list[tuple[str, ...]] = [
     # release with the other tools that consume releases, not beside serving.
     # compat: the endpoint processes the daemon starts (vlad.daemon.endpoints reads their spec type).
     # testing: runs the daemon as a subprocess for the gates, the benchmarks and the tests.
-    ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat", "vlad.testing"),
+    # importers: tools that write releases (export, authoring, signing) from other frameworks.
+    ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat", "vlad.testing", "vlad.importers"),
     ("vlad.cli", "vlad.demo"),
 ]
 

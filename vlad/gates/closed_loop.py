@@ -43,7 +43,9 @@ from vlad.gates.plan import ClosedLoopPlan, GatePlan
 from vlad.gates.results import GateError, GateResult, check
 from vlad.gates.subject import Subject
 
-TASKS = ("reacher",)
+# The simulated tasks: the demo's Reacher with both instructions, and with only the first
+# (policies without a language input, e.g. a LeRobot ACT trained on that one).
+TASKS = ("reacher", "reacher-target")
 
 
 def task_instructions(name: str) -> tuple[str, ...]:
@@ -52,7 +54,7 @@ def task_instructions(name: str) -> tuple[str, ...]:
         raise GateError(f"closed_loop.task = {name!r}: unknown task (known: {', '.join(TASKS)})")
     from vlad.demo import sim
 
-    return sim.INSTRUCTIONS
+    return sim.INSTRUCTIONS if name == "reacher" else sim.INSTRUCTIONS[:1]
 
 
 def make_task(name: str) -> tuple[Any, tuple[str, ...]]:

@@ -82,6 +82,7 @@ class ServingLoop:
         self.cycle_errors = 0
         self.generation = 0
         self._served_by: ServedPolicy | None = None  # the policy the last cycle ran
+        self._anchor = 0  # the trusted joint state's generation the last cycle saw
         self._stopping = False
         self._sock_lock = threading.Lock()
         self._wake_lock = threading.Lock()
@@ -273,6 +274,10 @@ class ServingLoop:
             return
         t = self._times
         t.reset(obs.sensor_time_ns, receive_ns)
+        if self.intake.trusted.generation != self._anchor:  # the joint state re-anchored: a new episode
+            self._anchor = self.intake.trusted.generation
+            if policy.pre.frames > 1:
+                policy.pre.reset()  # an observation window never spans the jump
         # Marked in flight before the retired check: a deploy retiring this policy waits
         # for in_flight to clear before closing its session.
         self.in_flight = Inference(policy, receive_ns)
