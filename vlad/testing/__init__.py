@@ -11,6 +11,8 @@ to run the real thing.
 * :mod:`vlad.testing.releases` and :mod:`vlad.testing.golden`: the demo release of this
   checkout, unsigned copies of it, benchmark payloads, the golden fixtures and the error
   budgets engines are judged by;
+* :mod:`vlad.testing.kserve`: KServe v2 servers for the remote backend: the real one as a
+  process with injected faults, and a hostile one (trickling, huge, malformed answers);
 * :mod:`vlad.testing.fuzz`: fuzz targets and input generators (``tests/test_fuzz.py``,
   ``scripts/fuzz.py``);
 * :mod:`vlad.testing.toml`: a config (or any mapping) written as TOML, so nobody formats a
