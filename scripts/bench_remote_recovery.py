@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How fast a remote policy's link comes back, and how often a flapping server swaps it.
 
-Against the hostile v2 HTTP server of the tests (``tests/kserve/hostile_server.py``: the
+Against the hostile v2 HTTP server of the tests (``vlad.testing.kserve.HostileServer``: the
 demo model on ONNX Runtime, answering in ~2 ms, or trickling its answer a byte every 8 ms
 when told to), one ``kserve`` session on 127.0.0.1 with the options a release would use:
 
@@ -27,21 +27,19 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from vlad.testing import DEMO
 
 
 def session(endpoint: str, probe_ms: float, recover_after: int):
     from vlad.contract import load_contract
     from vlad_kserve import KServeBackend
 
-    contract = load_contract(ROOT / "manifests" / "demo" / "contract.toml")
+    contract = load_contract(DEMO / "contract.toml")
     options = {"endpoint": endpoint, "probe_interval_ms": probe_ms, "recover_after": recover_after}
-    return contract, KServeBackend().load(ROOT / "manifests" / "demo" / "policy.onnx", contract, options)
+    return contract, KServeBackend().load(DEMO / "policy.onnx", contract, options)
 
 
 def wait(pred, timeout: float = 10.0) -> float:
@@ -123,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-ms", type=float, default=50.0)
     ap.add_argument("--recover-after", type=int, default=3)
     args = ap.parse_args(argv)
-    from tests.kserve.hostile_server import HostileServer
+    from vlad.testing.kserve import HostileServer
 
     load = os.getloadavg()
     print(

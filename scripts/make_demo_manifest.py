@@ -29,15 +29,14 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from vlad.errors import VladError
+from vlad.files import load_toml
+from vlad.release.authoring import new_manifest_data, write_manifest
+from vlad.release.evidence import judge_evidence
+from vlad.release.manifest import CANARY_DEFAULTS, MANIFEST_FILE, read_manifest_document
+from vlad.release.signing import installed_runtime, sign_release, verify_release
 
-from vlad.errors import VladError  # noqa: E402
-from vlad.files import load_toml  # noqa: E402
-from vlad.release.authoring import new_manifest_data, write_manifest  # noqa: E402
-from vlad.release.evidence import judge_evidence  # noqa: E402
-from vlad.release.manifest import CANARY_DEFAULTS, MANIFEST_FILE, read_manifest_document  # noqa: E402
-from vlad.release.signing import installed_runtime, sign_release, verify_release  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 DEMO_DIR = ROOT / "manifests" / "demo"
 RELEASE_ID = "vlad-demo-reacher-1.0.0"

@@ -23,10 +23,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.daemon_harness import ROOT
+from tests.conftest import ROOT
 from tests.kserve.remote_server import server_unavailable
-
-DEMO = ROOT / "manifests" / "demo"
+from vlad.config import Config, ReleaseConfig, ServeConfig, SocketsConfig
+from vlad.testing import DEMO, DEMO_KEYS, config_toml
 
 
 def demo_config(tmp_path: Path, release: Path = DEMO) -> Path:
@@ -34,20 +34,17 @@ def demo_config(tmp_path: Path, release: Path = DEMO) -> Path:
     run = tmp_path / "run"
     run.mkdir()
     config = tmp_path / "demo.toml"
-    config.write_text(f"""
-[release]
-path = "{release}"
-keys_dir = "{ROOT / "etc" / "vlad" / "keys.d"}"
-
-[sockets]
-observations = "ipc://{run}/obs"
-actions = "ipc://{run}/actions"
-status = "ipc://{run}/status"
-control = "ipc://{run}/control"
-
-[serve]
-warmup = 2
-""")
+    cfg = Config(
+        release=ReleaseConfig(path=str(release), keys_dir=str(DEMO_KEYS)),
+        sockets=SocketsConfig(
+            observations=f"ipc://{run}/obs",
+            actions=f"ipc://{run}/actions",
+            status=f"ipc://{run}/status",
+            control=f"ipc://{run}/control",
+        ),
+        serve=ServeConfig(warmup=2),
+    )
+    config.write_text(config_toml(cfg))
     return config
 
 

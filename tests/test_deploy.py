@@ -7,6 +7,7 @@ simulated controller runs at 50 Hz throughout and records every chunk.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -15,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEMO, load_golden
-from tests.daemon_harness import PERIOD_S, ROOT, VLAD, ControllerSim, max_gap, start_daemon
+from tests.conftest import ROOT, VLAD
+from vlad.config import Config, ReleaseConfig, ServeConfig, StoreConfig
+from vlad.testing import DEMO, PERIOD_S, PLUGIN_ENV, ControllerSim, load_golden, max_gap, start_daemon
 
 KEYS = ROOT / "etc" / "vlad" / "keys.d"
 MAX_GAP_S = 2 * PERIOD_S + 0.01  # as in test_faults: 2 periods + scheduling margin
@@ -80,6 +82,15 @@ def make_release(
     return dest
 
 
+def store_config(store_root: Path) -> Config:
+    """A daemon serving the store's active release (signed: verified with the demo key)."""
+    return Config(
+        release=ReleaseConfig(path=str(store_root / "releases" / "active"), keys_dir=str(KEYS)),
+        serve=ServeConfig(warmup=3),
+        store=StoreConfig(root=str(store_root)),
+    )
+
+
 @pytest.fixture()
 def live(tmp_path):
     from vlad.release.store import ReleaseStore
@@ -88,19 +99,8 @@ def live(tmp_path):
     store = ReleaseStore(store_root, KEYS)
     store.activate(store.stage(DEMO), who="test", why="initial")
     control = tmp_path / "fault"
-    config = tmp_path / "vlad.toml"
-    config.write_text(f"""
-[release]
-path = "{store_root}/releases/active"
-keys_dir = "{KEYS}"
-[serve]
-warmup = 3
-[store]
-root = "{store_root}"
-""")
-    d = start_daemon(
-        tmp_path, config=config, env={"VLAD_PLUGIN_MODULES": "tests.fault_plugin", "PYTHONPATH": str(ROOT)}
-    )
+    # The plugin: a canary below is served by the fault-injecting wrapper backend.
+    d = start_daemon(tmp_path, config=store_config(store_root), env=PLUGIN_ENV)
     client = d.client()
     ctl = ControllerSim(client, load_golden()[0]).start()
     try:
@@ -260,7 +260,11 @@ def test_canary_auto_abort_rolls_back(live):
     d, client, ctl, store, tmp, control = live
     control.write_text("oob")  # the canary's engine produces out-of-bounds actions
     bad = make_release(
-        tmp / "canary", "1.1.0", 2, backend="faulty", options=f'{{"control_file": "{control}", "intra_op_threads": 1}}'
+        tmp / "canary",
+        "1.1.0",
+        2,
+        backend="wrapped",
+        options=json.dumps({"control_file": str(control), "intra_op_threads": 1}),
     )
     t0 = time.monotonic()
     r = client.control("deploy", timeout_ms=120_000, path=str(bad), who="tech", why="try", canary=True)
@@ -286,8 +290,6 @@ def test_boot_on_a_release_without_evidence_serves_flagged_unverified(tmp_path):
     (here: the store's active release was switched by an older vlad, whose journal kept no
     evidence) serves it, and says so: an error at start, an event, the status flag with the
     chunks published so, and `vladctl status`."""
-    import json
-
     from vlad.release.store import ReleaseStore
 
     unproven = make_release(tmp_path / "unproven", "1.3.0", 4, required_gates=("contract", "closed_loop"))
@@ -299,17 +301,7 @@ def test_boot_on_a_release_without_evidence_serves_flagged_unverified(tmp_path):
         for key in ("evidence", "evidence_problems", "overrides"):
             r.pop(key)
     store.history_path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    config = tmp_path / "vlad.toml"
-    config.write_text(f"""
-[release]
-path = "{store_root}/releases/active"
-keys_dir = "{KEYS}"
-[serve]
-warmup = 3
-[store]
-root = "{store_root}"
-""")
-    d = start_daemon(tmp_path, config=config)
+    d = start_daemon(tmp_path, config=store_config(store_root))
     client = d.client()
     ctl = ControllerSim(client, load_golden()[0]).start()
     try:

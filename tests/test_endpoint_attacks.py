@@ -7,7 +7,7 @@ what is tested is that what the endpoints do with what it sends never reaches th
 while a native ZeroMQ controller streams at 50 Hz from this process. Each test
 asserts, over the attack's time, that the native controller kept its cadence (a chunk at
 least every 3 periods + 10 ms) and that the daemon kept pinging its watchdog (a real
-datagram notify socket, 1 s watchdog: tests/daemon_harness.py), then what the endpoint
+datagram notify socket, 1 s watchdog: vlad.testing), then what the endpoint
 did: refused, bounded, answered.
 """
 
@@ -32,19 +32,18 @@ pytest.importorskip("openpi_client.websocket_client_policy")
 from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-from tests.conftest import load_golden  # noqa: E402
-from tests.daemon_harness import (  # noqa: E402
+from vlad.demo import openpi as demo_openpi  # noqa: E402
+from vlad.demo import sim  # noqa: E402
+from vlad.testing import (  # noqa: E402
     QUIET_MONITORS,
     WATCHDOG_ENV,
     ControllerSim,
     assert_core_unaffected,
     daemon_command,
     endpoints_in,
-    goodbye,
+    load_golden,  # noqa: E402
     start_daemon,
 )
-from vlad.demo import openpi as demo_openpi  # noqa: E402
-from vlad.demo import sim  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
 OBS = {
@@ -100,7 +99,7 @@ def native(daemon):
         time.sleep(0.05)
     yield ctl
     ctl.stop()
-    goodbye(client)
+    client.heartbeat(bye=True)
     client.close()
 
 
@@ -431,7 +430,7 @@ def test_malformed_heartbeats_keep_nobody_alive(daemon, native):
         assert not st["controllers"]["ghost"]["alive"], st["controllers"]
         assert any("'ghost'" in f["message"] for f in st["findings"]), st["findings"]
         assert st["counters"]["rejected"]["malformed"] >= before + 4 * 20
-        goodbye(ghost)
+        ghost.heartbeat(bye=True)
         st = wait_status(daemon, lambda st: st["state"] in ("ACTIVE", "DEGRADED"))
         assert "ghost" not in st["controllers"]
     finally:

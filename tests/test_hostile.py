@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.conftest import load_golden
-from tests.daemon_harness import PERIOD_S, QUIET_MONITORS, start_daemon
 from vlad.daemon.control import COMMANDS
+from vlad.testing import PERIOD_S, QUIET_MONITORS, load_golden, start_daemon
 
 
 @pytest.fixture(scope="module")

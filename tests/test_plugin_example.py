@@ -5,7 +5,7 @@
   example's own ``pyproject.toml``, in a folder on ``PYTHONPATH`` — what ``pip install``
   leaves in site-packages, read by importlib.metadata and pluggy exactly the same way.
 
-Each time a real daemon (``vlad serve``, tests/daemon_harness.py) serves the demo release's
+Each time a real daemon (``vlad serve``, vlad.testing) serves the demo release's
 contract on the ``example-onnx`` backend, and the door monitor's finding shows in
 ``vladctl status``. The doc itself is checked too: every hook is documented, and every
 code excerpt is in the example's files.
@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import DEMO, load_golden
-from tests.daemon_harness import QUIET_MONITORS, ROOT, start_daemon
+from tests.conftest import ROOT
 from tests.test_daemon import _exchange
 from vlad import hookspecs
+from vlad.config import Config, ReleaseConfig, ServeConfig
+from vlad.testing import DEMO, QUIET_MONITORS, load_golden, start_daemon
 
 EXAMPLE = ROOT / "docs" / "examples" / "vlad_example"
 DOC = ROOT / "docs" / "plugins.md"
@@ -37,21 +38,14 @@ VLADCTL = Path(sys.executable).parent / "vladctl"
 RELEASE = "vlad-demo-reacher@1.0.0"
 
 
-def write_config(tmp_path: Path) -> Path:
+def example_config() -> Config:
     """The demo release, unsigned, on the example backend (a signed manifest would name it)."""
-    config = tmp_path / "vlad.toml"
-    config.write_text(f"""
-[release]
-path = "{DEMO}"
-verify = false
-backend = "example-onnx"
-artifact = "policy.onnx"
-options = {{ threads = 1 }}
-
-[serve]
-warmup = 2
-""")
-    return config
+    return Config(
+        release=ReleaseConfig(
+            path=str(DEMO), verify=False, backend="example-onnx", artifact="policy.onnx", options={"threads": 1}
+        ),
+        serve=ServeConfig(warmup=2),
+    )
 
 
 def vladctl(*args: str, env: dict[str, str] | None = None) -> str:
@@ -85,7 +79,7 @@ def serve_and_check(tmp_path: Path, env: dict[str, str]) -> None:
     door = tmp_path / "door"
     door.write_text("closed")
     env = {**env, "VLAD_EXAMPLE_DOOR_FILE": str(door)}
-    d = start_daemon(tmp_path, QUIET_MONITORS, env=env, config=write_config(tmp_path))
+    d = start_daemon(tmp_path, QUIET_MONITORS, env=env, config=example_config())
     client = d.client()
     control = d.endpoints["control"]
     try:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import ROOT, start_daemon
+from tests.conftest import ROOT
+from vlad.testing import start_daemon
 
 DOC = ROOT / "docs" / "protocol.md"
 ROLES = ("observations", "actions", "status", "control", "estop")
@@ -178,8 +179,8 @@ class _Tap:
 def test_live_chunks_carry_exactly_the_documented_keys(daemon):
     """A policy chunk and a hold from the running daemon: header keys as the page's `act`
     table lists them (plus the common keys), `timings_ms` keys among the documented stages."""
-    from tests.conftest import load_golden
     from vlad import protocol
+    from vlad.testing import load_golden
 
     rows = {_names(r[0])[0]: r for r in _table("act")}
     documented = set(rows) | {"v", "kind", "seq", "tensors"}

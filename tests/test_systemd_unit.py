@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from tests.daemon_harness import ROOT, VLAD
+from tests.conftest import ROOT, VLAD
 
 MAX_EXPOSURE = 3.0
 

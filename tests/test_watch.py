@@ -27,9 +27,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.daemon_harness import ROOT, ControllerSim, start_daemon, write_fault_rig
+from tests.conftest import ROOT
 from vlad.cli.daemon import format_status
 from vlad.cli.watch import HIDE, SHOW, render
+from vlad.testing import ControllerSim, load_golden, start_daemon, write_fault_rig
 
 TMUX = shutil.which("tmux")
 VLADCTL = Path(sys.executable).parent / "vladctl"
@@ -107,7 +108,7 @@ def assert_fits(lines: list[str]) -> None:
 
 
 def worst_daemon(tmp_path: Path):
-    """The fault rig (tests/daemon_harness.py) with the openpi endpoint on a free port."""
+    """The fault rig (:func:`vlad.testing.write_fault_rig`) with the openpi endpoint on a free port."""
     import socket
 
     from vlad.demo.openpi import OPENPI_SETTINGS
@@ -124,8 +125,6 @@ def worst_daemon(tmp_path: Path):
 def drive_to_worst(rig, client, ws) -> tuple[ControllerSim, dict]:
     """Traffic, then a quarantined release, three findings and the e-stop engaged; ``ws``
     is a websocket connected to the openpi endpoint."""
-    from tests.conftest import load_golden
-
     sim = ControllerSim(client, load_golden()[0]).start()
     ws.recv(timeout=10)  # openpi's metadata: the bridge has counted the client
     wait_status(client, lambda st: st["latency_ms"].get("e2e"))
@@ -176,7 +175,7 @@ def test_watch_fits_80x24_on_a_real_daemon_in_its_worst_state(tmp_path):
         assert "ESTOPPED" in lines[1] and "e-stop ENGAGED" in lines[1]
         # The thermal fault may send the chain past the previous release to the hold posture.
         assert re.search(r"^serving  (hold|fallback1:\S+) \(fallback; quarantined: release:vlad", text, re.M), text
-        assert "backend  faulty" in text
+        assert "backend  wrapped" in text
         assert "openpi   1 client(s)" in text
         assert re.search(r"^fault +temperature\.cpu\.0 at 97\.0 °C", text, re.M)
         assert re.search(r"^  p99 ms( +[\d.]+){8}$", text, re.M), text  # all eight stages

@@ -117,6 +117,7 @@ class EpisodeLog:
     commands: list[list[float]] = field(default_factory=list)  # executed command per tick
     trajectory: list[list[float]] = field(default_factory=list)  # measured joint positions: start, then per tick
     sources: list[str] = field(default_factory=list)  # where each tick's command came from
+    chunks: list[int] = field(default_factory=list)  # obs_seq of the chunk each tick executed (-1: held)
     requests: int = 0
     answered_in_time: int = 0
     late: list[int] = field(default_factory=list)  # ticks whose request was not answered in budget
@@ -216,8 +217,10 @@ def run_episode(
             command = task.hold()
             log.held += 1
             log.sources.append("held")
+            log.chunks.append(-1)
         else:
             log.sources.append(current.source if current is not None else "?")
+            log.chunks.append(current.obs_seq if current is not None else -1)
         log.commands.append([float(x) for x in command])
         task.step(np.asarray(command, dtype=np.float64))
         log.trajectory.append([float(x) for x in task.hold()])

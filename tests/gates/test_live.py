@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import DEMO, load_golden
-from tests.daemon_harness import PERIOD_S, ROOT, ControllerSim, max_gap, start_daemon
+from tests.conftest import ROOT
+from vlad.testing import DEMO, PERIOD_S, ControllerSim, load_golden, max_gap, start_daemon
 
 VLADCTL = [sys.executable, "-m", "vlad.gates.cli"]
 

@@ -1,6 +1,6 @@
 """The daemon serving a remote policy, against a real KServe v2 server: faults at the server.
 
-``vlad serve`` runs as a subprocess (tests/daemon_harness.py) with an unsigned copy of the
+``vlad serve`` runs as a subprocess (vlad.testing) with an unsigned copy of the
 demo release on the ``kserve`` backend, a fallback chain of [a previous release on local
 ONNX Runtime, hold], and a simulated controller at 50 Hz. Faults are injected at the
 server (late answers, UNAVAILABLE) or by killing and restarting it. Only what is visible
@@ -12,24 +12,32 @@ daemon holds, falls back to the local policy within the contract's deadline plus
 tick, never quarantines the remote policy, and returns to it once the link's prober has
 seen the server answer within the deadline a few times in a row. A server that does not
 answer at start does not stop the daemon: it starts on the fallback. A hostile server
-(tests/kserve/hostile_server.py: a trickling answer) is a link fault too, and the serving
+(vlad.testing.kserve.HostileServer: a trickling answer) is a link fault too, and the serving
 core beside it keeps its cadence and its watchdog. Deselect them all with
 ``-m "not daemon_remote"``.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import DEMO, load_golden
-from tests.daemon_harness import WATCHDOG_ENV, ControllerSim, assert_core_unaffected, max_gap, start_daemon
-from tests.kserve.hostile_server import HostileServer
 from tests.kserve.remote_server import ServerProcess, server_unavailable
 from tests.test_faults import MAX_GAP_S
+from vlad.config import ChainEntry, Config, FallbackConfig, ReleaseConfig, ServeConfig
+from vlad.testing import (
+    WATCHDOG_ENV,
+    ControllerSim,
+    assert_core_unaffected,
+    load_golden,
+    max_gap,
+    start_daemon,
+    unsigned_copy,
+)
+from vlad.testing.kserve import HostileServer
 
 pytestmark = pytest.mark.daemon_remote
 
@@ -44,41 +52,31 @@ def server(tmp_path_factory):
     s.stop()
 
 
-def write_config(tmp_path: Path, endpoint: str, options: str = "") -> Path:
-    """The remote release (unsigned copy of the demo) with a local previous release and hold."""
-    release, previous = tmp_path / "release", tmp_path / "previous"
-    for folder, version in ((release, "1.0.0"), (previous, "0.9.0")):
-        folder.mkdir()
-        for name in ("tokenizer.json", "policy.onnx"):
-            shutil.copy(DEMO / name, folder / name)
-        text = (DEMO / "contract.toml").read_text().replace('version = "1.0.0"', f'version = "{version}"', 1)
-        (folder / "contract.toml").write_text(text)
-    config = tmp_path / "vlad.toml"
-    config.write_text(f"""
-[release]
-path = "{release}"
-verify = false
-backend = "kserve"
-artifact = "policy.onnx"
-options = {{ endpoint = "{endpoint}", model_name = "vlad-demo-reacher", probe_interval_ms = 50{options} }}
-
-[serve]
-warmup = 3
-
-[fallback]
-healthy_window_s = 1.0
-
-[[fallback.chain]]
-kind = "release"
-path = "{previous}"
-backend = "onnxruntime"
-artifact = "policy.onnx"
-options = {{ intra_op_threads = 1 }}
-
-[[fallback.chain]]
-kind = "hold"
-""")
-    return config
+def write_config(tmp_path: Path, endpoint: str, options: dict[str, Any] | None = None) -> Config:
+    """The remote release (unsigned copy of the demo) with a local previous release and hold;
+    ``options`` are more of the kserve backend's options."""
+    release = unsigned_copy(tmp_path / "release")
+    previous = unsigned_copy(tmp_path / "previous", version="0.9.0")
+    remote = {"endpoint": endpoint, "model_name": "vlad-demo-reacher", "probe_interval_ms": 50, **(options or {})}
+    return Config(
+        release=ReleaseConfig(
+            path=str(release), verify=False, backend="kserve", artifact="policy.onnx", options=remote
+        ),
+        serve=ServeConfig(warmup=3),
+        fallback=FallbackConfig(
+            healthy_window_s=1.0,
+            chain=(
+                ChainEntry(
+                    kind="release",
+                    path=str(previous),
+                    backend="onnxruntime",
+                    artifact="policy.onnx",
+                    options={"intra_op_threads": 1},
+                ),
+                ChainEntry(kind="hold"),
+            ),
+        ),
+    )
 
 
 class RemoteRig:
@@ -208,7 +206,7 @@ def test_an_unreachable_server_at_start_starts_on_the_fallback(tmp_path):
     it serves the remote policy once the server answers."""
     hostile = HostileServer()
     hostile.mode = "down"
-    d = start_daemon(tmp_path, config=write_config(tmp_path, hostile.endpoint, ", connect_timeout_ms = 1000"))
+    d = start_daemon(tmp_path, config=write_config(tmp_path, hostile.endpoint, {"connect_timeout_ms": 1000}))
     r = RemoteRig(d, None)
     try:
         st = r.wait_state("FALLBACK", "fallback1")

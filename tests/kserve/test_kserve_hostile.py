@@ -1,4 +1,4 @@
-"""A broken or hostile KServe server against one remote session (tests/kserve/hostile_server.py,
+"""A broken or hostile KServe server against one remote session (vlad.testing.kserve.HostileServer,
 a proxy in front of the real test server): every request bounded by its deadline in total,
 bodies bounded before they are read, and the prober alive whatever it is answered."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.kserve.hostile_server import HostileServer
 from vlad.backend import example_inputs
 from vlad.errors import BackendError, RemoteUnavailable
+from vlad.testing.kserve import HostileServer
 from vlad_kserve import KServeBackend
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "policy.onnx"

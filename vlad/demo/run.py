@@ -171,17 +171,25 @@ def run_with_cleanup(args: argparse.Namespace) -> int:
 
 
 def start_remote(config: Path, workdir: Path) -> tuple[Path, subprocess.Popen]:
-    """:func:`vlad_kserve.demo.start_remote_demo`; when the server fails, its one-line error
-    carries the last line of the server's log (the folder holding the log is removed)."""
+    """:func:`vlad_kserve.demo.start_remote_demo`, its daemon config written into ``workdir``;
+    when the server fails, its one-line error carries the last line of the server's log (the
+    folder holding the log is removed)."""
+    from vlad.testing import config_toml
     from vlad_kserve.demo import start_remote_demo
 
     try:
-        return start_remote_demo(config, workdir)
+        remote, server = start_remote_demo(config, workdir)
     except SystemExit as exc:
         message = str(exc.code).split("; see ")[0]
         log = workdir / "server.log"
         lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
         raise SystemExit(f"{message}: {lines[-1].strip()}" if lines else message) from None
+    path = workdir / "vlad-remote.toml"
+    path.write_text(
+        "# Written by ./scripts/demo --remote: the demo policy on a local KServe v2 server.\n" + config_toml(remote)
+    )
+    print(f"demo: remote demo config {path}", flush=True)
+    return path, server
 
 
 def stop(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:

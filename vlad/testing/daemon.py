@@ -4,7 +4,9 @@
 by :mod:`vlad.testing.toml`) or a config file, in a private folder that holds its ipc
 sockets, its config, its log and a datagram ``NOTIFY_SOCKET`` (:class:`NotifyListener`):
 ``READY=1`` marks the end of loading and warm-up, exactly as systemd sees it. The gates,
-the benchmarks and the tests all run the daemon this way.
+the benchmarks and the tests all run the daemon this way; :func:`start_daemon` is the
+tests' short form (the demo config in a test's folder, ``--set`` arguments) and
+:func:`daemon_command` the bare command line, for starts that are meant to fail.
 """
 
 from __future__ import annotations
@@ -25,9 +27,22 @@ from typing import Any
 
 from vlad.config import Config
 from vlad.errors import VladError
+from vlad.testing.releases import DEMO_CONFIG, REPO
 from vlad.testing.toml import config_toml
 
 SOCKETS = ("observations", "actions", "status", "control")
+
+# ``--set`` arguments for a daemon that is sent observations and heartbeats now and then,
+# not as steady streams: the monitors that would (rightly) call that a stalled sensor or a
+# lost controller are switched off (tests/test_faults.py covers them).
+QUIET_MONITORS = [
+    "--set",
+    "monitors.sensor_stall_periods=1000000",
+    "--set",
+    "monitors.stale_fraction_fault=1.0",
+    "--set",
+    "monitors.heartbeat_missing_periods=1000000",
+]
 
 
 class DaemonFailed(VladError):
@@ -42,8 +57,9 @@ class NotifyListener:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(path))
         self.sock.settimeout(0.1)
-        # (monotonic ns at arrival, fields) of every datagram, in arrival order
-        self.messages: list[tuple[int, dict[str, str]]] = []
+        # (time.monotonic() at arrival, fields) of every datagram, in arrival order: the clock
+        # of ControllerSim's records, so a test lines up what the controller got with them
+        self.messages: list[tuple[float, dict[str, str]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vlad-notify-listener", daemon=True)
         self._thread.start()
@@ -57,7 +73,7 @@ class NotifyListener:
             except OSError:
                 return
             fields = dict(line.split("=", 1) for line in data.decode(errors="replace").splitlines() if "=" in line)
-            self.messages.append((time.monotonic_ns(), fields))
+            self.messages.append((time.monotonic(), fields))
 
     def wait_for(self, key: str, value: str | None = None, timeout: float = 60.0, proc: Any = None) -> dict[str, str]:
         """The first message with ``key`` (equal to ``value`` when given); TimeoutError after ``timeout``."""
@@ -71,8 +87,8 @@ class NotifyListener:
             time.sleep(0.02)
         raise TimeoutError(f"no {key}={value or '*'} on the notify socket within {timeout} s; got {self.messages}")
 
-    def first(self, key: str, value: str) -> int | None:
-        """Monotonic ns of the first ``key=value`` message, or None."""
+    def first(self, key: str, value: str) -> float | None:
+        """``time.monotonic()`` at the first ``key=value`` message, or None."""
         return next((t for t, m in list(self.messages) if m.get(key) == value), None)
 
     def count(self, key: str) -> int:
@@ -124,7 +140,7 @@ class DaemonProcess:
         while time.monotonic() < deadline:
             t = self.notify.first("READY", "1")
             if t is not None:
-                return (t - self.t_start_ns) / 1e9
+                return t - self.t_start_ns / 1e9
             if self.proc.poll() is not None:
                 raise DaemonFailed(f"vlad serve exited with status {self.proc.returncode}: {self.log_tail()}")
             time.sleep(0.02)
@@ -213,6 +229,22 @@ def vlad_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from vlad.cli import vlad_main; sys.exit(vlad_main())"]
 
 
+def endpoints_in(folder: Path) -> dict[str, str]:
+    """ipc endpoints for the daemon's four sockets, in ``folder``."""
+    return {name: f"ipc://{folder}/{name}" for name in SOCKETS}
+
+
+def daemon_command(
+    endpoints: Mapping[str, str], extra: Sequence[str] | None = None, config: Path | str | None = None
+) -> list[str]:
+    """The ``vlad serve`` command line on ``config`` (default: the demo config) with its
+    sockets moved to ``endpoints``, then ``extra`` arguments."""
+    cmd = [*vlad_command(), "serve", "--config", str(config or DEMO_CONFIG)]
+    for key, ep in endpoints.items():
+        cmd += ["--set", f'sockets.{key}="{ep}"']
+    return cmd + list(extra or [])
+
+
 def launch(
     config: Config | str | Path,
     *,
@@ -223,38 +255,40 @@ def launch(
     wait_ready: bool = True,
     timeout: float = 90.0,
     cwd: Path | None = None,
+    prefix: Sequence[str] | None = None,
 ) -> DaemonProcess:
     """Start ``vlad serve`` on ``config`` (a :class:`~vlad.config.Config`, or a config file) in
     ``folder`` (default: a new temporary folder, removed by :meth:`DaemonProcess.cleanup`).
 
     Its sockets are ipc endpoints in ``folder/run`` unless ``endpoints`` says otherwise;
     ``settings`` are ``--set KEY=VALUE`` overrides; with ``wait_ready`` this returns once the
-    notify socket got ``READY=1`` (:class:`DaemonFailed` if it never does).
+    notify socket got ``READY=1`` (:class:`DaemonFailed` if it never does). ``prefix`` is a
+    command the daemon runs under (``unshare ...``, ``taskset ...``), its last word followed by
+    the ``vlad serve`` command line.
     """
     owns = folder is None
     folder = Path(tempfile.mkdtemp(prefix="vlad-daemon-")) if folder is None else Path(folder)
     run = folder / "run"
     run.mkdir(parents=True, exist_ok=True)
-    eps = dict(endpoints or {name: f"ipc://{run}/{name}" for name in SOCKETS})
+    eps = dict(endpoints or endpoints_in(run))
     if isinstance(config, Config):
         path = folder / "vlad.toml"
         changes: dict[str, Any] = dict(eps)
         sockets = dataclasses.replace(config.sockets, **changes)
         cfg = dataclasses.replace(config, sockets=sockets)
         path.write_text(config_toml(cfg))
-        overrides: list[str] = []
+        moved: Mapping[str, str] = {}  # the endpoints are in the file
     else:
         path = Path(config)
-        overrides = [a for k, ep in eps.items() for a in ("--set", f'sockets.{k}="{ep}"')]
-    for item in settings:
-        overrides += ["--set", item]
+        moved = eps
+    overrides = [a for item in settings for a in ("--set", item)]
     notify = NotifyListener(folder / "notify.sock")
     full_env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "PYTHONUNBUFFERED": "1", **(env or {})}
     log_path = folder / "vlad.log"
     t_start = time.monotonic_ns()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [*vlad_command(), "serve", "--config", str(path), *overrides],
+            [*(prefix or ()), *daemon_command(moved, overrides, path)],
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -268,3 +302,30 @@ def launch(
             daemon.stop()
             raise
     return daemon
+
+
+def start_daemon(
+    folder: Path,
+    extra: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    config: Config | str | Path | None = None,
+    wait_ready: bool = True,
+    endpoints: Mapping[str, str] | None = None,
+    prefix: Sequence[str] | None = None,
+) -> DaemonProcess:
+    """:func:`launch` as the tests call it: ``config`` (default: the demo config, its signed
+    release) in ``folder``, run from the checkout; ``extra`` are ``--set KEY=VALUE`` pairs
+    (e.g. :data:`QUIET_MONITORS`)."""
+    args = list(extra or [])
+    if len(args) % 2 or any(flag != "--set" for flag in args[::2]):
+        raise ValueError(f"start_daemon: extra takes --set KEY=VALUE pairs, not {args}")
+    return launch(
+        DEMO_CONFIG if config is None else config,
+        folder=folder,
+        settings=args[1::2],
+        env=env,
+        endpoints=endpoints,
+        wait_ready=wait_ready,
+        cwd=REPO,
+        prefix=prefix,
+    )
