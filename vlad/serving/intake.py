@@ -192,7 +192,12 @@ class Intake:
                 )
             self.counts.reanchors = self.trusted.reanchors
         return RawObservation(
-            images=images, proprio=proprio, instruction=instruction, sequence=seq, sensor_time_ns=t_sensor, client=client
+            images=images,
+            proprio=proprio,
+            instruction=instruction,
+            sequence=seq,
+            sensor_time_ns=t_sensor,
+            client=client,
         )
 
     def _images(self, seq: int, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
