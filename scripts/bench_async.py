@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""Synchronous vs asynchronous chunk execution, measured in the simulator through the daemon.
+"""Chunk execution that waits in the tick vs asynchronous, measured in the simulator through the daemon.
 
 The MuJoCo Reacher arm (``vlad.demo.sim``) runs in real time at the contract's control
 period and talks to a real ``vlad serve`` subprocess over its real ZeroMQ sockets, every
 episode on the one episode runner (:func:`vlad.episodes.run_episode`, its lock-step clock
 and its :class:`~vlad.client.ChunkExecutor`):
 
-* ``sync``: the runner's default rule: ask for the next chunk once ``--execute`` waypoints
+* ``wait``: the runner's default rule: ask for the next chunk once ``--execute`` waypoints
   of the current one have run, wait up to 80 % of the period inside the tick for the
   answer, switch hard; an answer that comes later is adopted at its real age (the
-  waypoints already past are dropped) and, meanwhile, the arm holds where it is;
+  waypoints already past are dropped) while the current chunk keeps running meanwhile
+  (the arm holds once it runs out);
 * ``async``: a :class:`~vlad.client.ChunkExecutor` that asks for the next chunk when the
   waypoints left fall to the threshold (default: the smallest that never idles at the
   measured latency while replanning every ``--execute`` waypoints, see
@@ -210,7 +211,7 @@ def run_backend(label: str, tmp: Path, args, contract, slow_ms: float | None) ->
                     request_threshold=threshold, overlap=args.overlap, blend=args.blend, request_timeout_ns=validity_ns
                 )
 
-            for mode in ("sync", "async"):
+            for mode in ("wait", "async"):
                 logs = []
                 for i in range(args.episodes):
                     seed, instruction = args.seed + i, sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]
@@ -227,7 +228,7 @@ def run_backend(label: str, tmp: Path, args, contract, slow_ms: float | None) ->
                             budget=WAIT_FRACTION,
                             label=f"{label} {mode}",
                             executor=async_executor if mode == "async" else None,
-                            wait=mode == "sync",
+                            wait=mode == "wait",
                         )
                     )
                 rows.append(_row(label, mode, threshold, logs, client, d, args, contract, slow_ms))

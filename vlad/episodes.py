@@ -193,6 +193,9 @@ def run_episode(
         if link.realtime:
             wall0 = _pace(wall0, tick, period_ns)
         link.tick()
+        # First what arrived since the last tick (a late answer): it decides whether to ask.
+        for chunk in link.receive(-1, time.monotonic_ns()):
+            _offer(ex, log, chunk, -1, requested, ticks, now_sim, sim_t0, period_ns)
         wanted = ex.should_request(now_sim)
         seq = base + tick
         deadline = time.monotonic_ns()  # not waiting: what has arrived

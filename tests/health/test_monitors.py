@@ -365,3 +365,18 @@ def test_the_table_is_bounded_and_never_evicts_a_known_controller():
     c.heartbeat({"t_ns": 2, "client": "a"}, T0 + 1)  # a known one still beats
     assert set(c.snapshot()) == {"a", "b", "c"} and c.snapshot()["a"].last_ns == T0 + 1
     assert c.forget(["b", "nobody"]) == ["b"] and set(c.snapshot()) == {"a", "c"}
+
+
+def test_messages_waiting_behind_a_long_inference_are_not_a_lost_controller():
+    """The serving thread reads heartbeats between inferences: during a 200 ms one they wait
+    unread. Ages are judged up to when it last read its socket."""
+    limit = MonitorsConfig().heartbeat_missing_periods * PERIOD
+    beats = {"arm": Beat(T0 - limit - 1, "stream")}
+    reading_stopped = T0 - limit + 5_000_000  # the inference started just after the last heartbeat
+    assert m.HeartbeatMonitor().check(view(controllers=beats, socket_read_ns=reading_stopped)) == []
+    assert [f.code for f in m.HeartbeatMonitor().check(view(controllers=beats, socket_read_ns=T0))] == [
+        "heartbeat_lost"
+    ]
+    stall = MonitorsConfig().sensor_stall_periods * PERIOD
+    quiet = T0 - stall - 1
+    assert m.SensorStreamMonitor().check(view(last_observation_ns=quiet, socket_read_ns=quiet + 1)) == []

@@ -389,6 +389,7 @@ class Daemon:
             last_heartbeat_ns=self.intake.last_heartbeat_ns,
             controllers=self.intake.controllers.snapshot(),
             controllers_left_ns=self.intake.controllers.left_ns,
+            socket_read_ns=self.loop.read_ns,
             in_flight=_in_flight(self.loop),
             hang_timeout_ns=self.cfg.serve.hang_timeout_ns,
             readings=self.readings,

@@ -96,6 +96,14 @@ class HealthView:
     # the last one said goodbye (0: none did).
     controllers: Mapping[str, Beat] = field(default_factory=dict)
     controllers_left_ns: int = 0
+    # When the serving thread last read its socket: ages of heartbeats and observations are
+    # judged up to then (a message may wait unread behind a long inference). 0: now.
+    socket_read_ns: int = 0
+
+    @property
+    def read_until_ns(self) -> int:
+        """The time up to which what controllers sent has been read."""
+        return min(self.now_ns, self.socket_read_ns) if self.socket_read_ns else self.now_ns
 
     @property
     def heartbeat_seen(self) -> bool:

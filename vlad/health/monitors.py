@@ -87,8 +87,9 @@ class HeartbeatMonitor(Monitor):
     def check(self, v: HealthView) -> list[Finding]:
         limit = v.thresholds.heartbeat_missing_periods * v.period_ns
         out = []
+        read = v.read_until_ns  # a heartbeat may wait unread behind a long inference
         for name, beat in sorted(v.controllers.items()):
-            age = v.now_ns - beat.last_ns
+            age = read - beat.last_ns
             if age > limit:
                 who = f"controller {name!r}" if name else "the controller (no client name)"
                 out.append(
@@ -125,7 +126,7 @@ class SensorStreamMonitor(Monitor):
         t = v.thresholds
         if v.last_observation_ns and self._streaming(v):
             limit = t.sensor_stall_periods * v.period_ns
-            age = v.now_ns - v.last_observation_ns
+            age = v.read_until_ns - v.last_observation_ns
             if age > limit:
                 out.append(
                     Finding(
@@ -184,7 +185,7 @@ class SensorStreamMonitor(Monitor):
         said it asks only when it needs a chunk (``cadence = "request"``), it is; with none
         live, unless the last one said goodbye after the last observation (it left)."""
         limit = v.thresholds.heartbeat_missing_periods * v.period_ns
-        live = [b.cadence for b in v.controllers.values() if v.now_ns - b.last_ns <= limit]
+        live = [b.cadence for b in v.controllers.values() if v.read_until_ns - b.last_ns <= limit]
         if not live:
             return v.last_observation_ns > v.controllers_left_ns
         return any(c != "request" for c in live)

@@ -78,6 +78,10 @@ class ServingLoop:
         self.last_obs: RawObservation | None = None  # the newest accepted (trusted) observation
         self.last_obs_receive_ns = 0
         self.last_progress_ns = time.monotonic_ns()
+        # When the thread last looked at its socket: the health monitors judge heartbeat and
+        # observation ages up to here, not up to now, so an inference longer than the
+        # heartbeat limit (messages waiting unread meanwhile) is no lost controller.
+        self.read_ns = self.last_progress_ns
         self.tap: Callable[..., None] | None = None  # vlad.daemon.tap: never blocks
         self.cycle_errors = 0
         self.generation = 0
@@ -190,6 +194,10 @@ class ServingLoop:
                     log.exception("serving thread: unexpected error (%d so far)", self.cycle_errors)
             finally:
                 self.last_progress_ns = time.monotonic_ns()
+        # When the thread last looked at its socket: the health monitors judge heartbeat and
+        # observation ages up to here, not up to now, so an inference longer than the
+        # heartbeat limit (messages waiting unread meanwhile) is no lost controller.
+        self.read_ns = self.last_progress_ns
 
     def _serve_once(self, gen: int, poller: zmq.Poller, timeout_ms: int, busy_ns: int) -> bool:
         """One wake-up: poll, drain, serve the newest observation. False: this thread ends."""
@@ -199,6 +207,7 @@ class ServingLoop:
             # Spin only after a wake-up that brought messages: an idle thread blocks at once
             # instead of spinning busy_poll_us after every quarter-period timeout.
             ready = self._poll(poller, timeout_ms, busy_ns if self._spin else 0)
+            self.read_ns = time.monotonic_ns()  # every message sent before now is read (or about to be)
             self._spin = bool(ready)
             woken = self._wake_rx in ready
             if woken:
