@@ -31,7 +31,8 @@ LAYERS: list[tuple[str, ...]] = [
     # release with the other tools that consume releases, not beside serving.
     # compat: the openpi endpoint and the metrics run inside the daemon and read it.
     ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat"),
-    ("vlad.cli", "vlad.demo"),
+    # vlad.pi0 builds a release from the planner's description with the demo's builders.
+    ("vlad.cli", "vlad.demo", "vlad.pi0"),
 ]
 
 # (importer, imported) -> why an upward import is acceptable. Keep this short.
