@@ -455,30 +455,31 @@ class Pi0(nn.Module):
         neg = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=tokens.device)
         return torch.where(pad, neg, torch.zeros((), dtype=dtype, device=tokens.device))[:, None, None]
 
-    def prefix_cache(self, *images_tokens: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The backbone's KV cache of the prefix (images, then language)."""
-        *images, tokens = images_tokens
-        dtype = self.dtype
-        b = tokens.shape[0]
-        pixels = torch.cat([im.to(dtype) for im in images], dim=0)  # cameras as the batch
-        vis = self.vision(pixels)
-        vis = vis.reshape(len(images), b, vis.shape[1], vis.shape[2]).transpose(0, 1).reshape(b, -1, vis.shape[2])
-        n = self.prefix_len
-        bias = self.prefix_bias(tokens, dtype)
-        return self.backbone(vis, tokens, bias, self.rope_cos[:n], self.rope_sin[:n])
+    # The three components the planner predicts apart, in order; ``forward`` is their
+    # composition (and what is exported), a benchmark can time each.
 
-    def forward(
+    def image_tokens(self, *images: torch.Tensor) -> torch.Tensor:
+        """Vision: the cameras' images -> ``[B, cameras x tokens, backbone width]``."""
+        b = images[0].shape[0]
+        pixels = torch.cat([im.to(self.dtype) for im in images], dim=0)  # cameras as the batch
+        vis = self.vision(pixels)
+        return vis.reshape(len(images), b, vis.shape[1], vis.shape[2]).transpose(0, 1).reshape(b, -1, vis.shape[2])
+
+    def prefix_cache(self, image_tokens: torch.Tensor, tokens: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Backbone: the KV cache of the prefix (images, then language)."""
+        n = self.prefix_len
+        bias = self.prefix_bias(tokens, self.dtype)
+        return self.backbone(image_tokens, tokens, bias, self.rope_cos[:n], self.rope_sin[:n])
+
+    def denoise(
         self,
-        image_base: torch.Tensor,
-        image_left_wrist: torch.Tensor,
-        image_right_wrist: torch.Tensor,
+        cache: list[tuple[torch.Tensor, torch.Tensor]],
         tokens: torch.Tensor,
         state: torch.Tensor,
         noise: torch.Tensor,
     ) -> torch.Tensor:
-        images = (image_base, image_left_wrist, image_right_wrist)
+        """Action: ``steps`` Euler steps of the expert from the noise (t = 1) to actions (t = 0)."""
         dtype = self.dtype
-        cache = self.prefix_cache(*images, tokens)
         n = self.prefix_len
         bias = self.prefix_bias(tokens, dtype)
         bias = torch.cat([bias, torch.zeros(*bias.shape[:3], noise.shape[1], dtype=dtype, device=bias.device)], -1)
@@ -490,6 +491,18 @@ class Pi0(nn.Module):
             t = torch.full((x.shape[0],), 1.0 - k * dt, dtype=torch.float32, device=x.device)
             x = x - dt * self.expert(x, t, state_h, cache, bias, cos, sin)
         return x.float()
+
+    def forward(
+        self,
+        image_base: torch.Tensor,
+        image_left_wrist: torch.Tensor,
+        image_right_wrist: torch.Tensor,
+        tokens: torch.Tensor,
+        state: torch.Tensor,
+        noise: torch.Tensor,
+    ) -> torch.Tensor:
+        cache = self.prefix_cache(self.image_tokens(image_base, image_left_wrist, image_right_wrist), tokens)
+        return self.denoise(cache, tokens, state, noise)
 
 
 def build(shape: Pi0Shape, *, seed: int = 0, dtype: str = "fp32", device: str | torch.device = "cpu") -> Pi0:
