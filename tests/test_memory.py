@@ -8,6 +8,7 @@ but not beside the serving release, whose figure the daemon measured at its load
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -191,3 +192,42 @@ def test_swap_serves_the_fallback_while_a_release_too_large_for_two_loads(tmp_pa
         client.close()
         d.stop()
     assert "Traceback" not in d.log(), d.log()
+
+
+def test_the_performance_gate_records_its_measured_peak_as_the_need(tmp_path):
+    from vlad.gates.evidence import record_evidence
+    from vlad.gates.results import REPORT_FORMAT
+    from vlad.release.manifest import load_manifest
+
+    rel = tmp_path / "rel"
+    shutil.copytree(DEMO, rel)
+    with_memory(rel, 10 * MB, "planner")
+    before = load_manifest(rel)
+    report = tmp_path / "report"
+    report.mkdir()
+    perf = {"peak_rss_mib": 812.5, "gpu_memory_mib": None}
+    (report / "report.json").write_text(
+        json.dumps(
+            {
+                "format": REPORT_FORMAT,
+                "candidate": {"path": str(rel), "artifacts": {a.path: a.sha256 for a in before.artifacts}},
+                "gates": [{"gate": "performance", "status": "passed", "details": perf}],
+            }
+        )
+    )
+    record_evidence(rel, report)
+    m = load_manifest(rel)
+    assert m.memory == type(m.memory)(int(812.5 * MB), 0, "performance-gate")
+    # a report without a measured peak leaves the stated need as it was
+    perf["peak_rss_mib"] = None
+    (report / "report.json").write_text(
+        json.dumps(
+            {
+                "format": REPORT_FORMAT,
+                "candidate": {"path": str(rel), "artifacts": {a.path: a.sha256 for a in m.artifacts}},
+                "gates": [{"gate": "performance", "status": "passed", "details": perf}],
+            }
+        )
+    )
+    record_evidence(rel, report)
+    assert load_manifest(rel).memory == m.memory

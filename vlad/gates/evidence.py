@@ -160,7 +160,8 @@ def record_evidence(release_dir: str | Path, report_dir: str | Path) -> list[dic
 
     Copies ``report.json`` (and ``report.html``) into the release as ``gate-report.json``
     (``.html``), lists them as ``report`` artifacts, replaces the ``[[gates]]`` entries of
-    the gates the report ran, refreshes every hash and writes the manifest. Sign it again
+    the gates the report ran, refreshes every hash and writes the manifest; a performance
+    gate's measured peak memory becomes the manifest's ``[memory]``. Sign it again
     afterwards (``vladctl sign``).
     """
     from vlad.release.authoring import refresh_hashes, write_manifest
@@ -196,5 +197,10 @@ def record_evidence(release_dir: str | Path, report_dir: str | Path) -> list[dic
         for name, g in ran.items()
     ]
     data = refresh_hashes({**doc, "artifacts": artifacts, "gates": gates}, root)
+    if "performance" in ran:  # the measured peak replaces a planned or earlier figure
+        from vlad.gates.performance import measured_memory
+
+        data["memory"] = measured_memory(ran["performance"].get("details") or {}) or data.get("memory")
+        data = {k: v for k, v in data.items() if v is not None}
     write_manifest(root, data)
     return [g for g in data["gates"] if g["gate"] in ran]
