@@ -43,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--formats", default=",".join(FORMATS), help="pt2, onnx or both (default: both)")
     p.add_argument("--backend", choices=("onnxruntime", "torch"), help="default: onnxruntime for fp32 ONNX, else torch")
     p.add_argument("--threads", type=int, default=2, help="the backend's thread option (default 2)")
+    p.add_argument(
+        "--no-memory-map",
+        dest="memory_map",
+        action="store_false",
+        help="onnxruntime: pack the weights into its own copies instead of keeping them memory-mapped",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--period-ms", type=float, default=20.0, help="contract control period (default 20)")
     p.add_argument("--validity-ms", type=float, default=1000.0, help="contract action validity (default 1000)")
@@ -67,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
         backend=args.backend,
         threads=args.threads,
+        memory_map=args.memory_map,
         control_period_ms=args.period_ms,
         action_validity_ms=args.validity_ms,
         e2e_deadline_ms=args.deadline_ms,

@@ -141,6 +141,40 @@ def test_both_backends_load_it_and_compute_what_pytorch_computes(small_release):
         assert not np.allclose(s.infer(other)["actions"], ref)
 
 
+def _mapped_bytes(path) -> int:
+    """Bytes of ``path`` this process has memory-mapped now (/proc/self/maps)."""
+    total = 0
+    for line in open("/proc/self/maps", encoding="utf-8"):
+        if line.rstrip().endswith(str(path)):
+            start, end = line.split()[0].split("-")
+            total += int(end, 16) - int(start, 16)
+    return total
+
+
+@pytest.mark.slow  # the small release is exported once per module (~30 s)
+def test_onnx_runtime_keeps_the_weights_memory_mapped_when_asked(small_release):
+    from vlad.contract import load_contract
+    from vlad.plugins import get_backend
+
+    out, _ = small_release
+    contract = load_contract(out / "contract.toml")
+    data = (out / "policy.onnx.data").resolve()
+    inputs = example_inputs(contract)
+    backend = get_backend("onnxruntime")
+    results = {}
+    for memory_map in (False, True):
+        with backend.load(out / "policy.onnx", contract, {"intra_op_threads": 1, "memory_map": memory_map}) as s:
+            results[memory_map] = s.infer(inputs)["actions"].copy()
+            assert s.describe().extra["memory_map"] is memory_map
+            mapped = _mapped_bytes(data)
+        size = data.stat().st_size
+        # packed copies replace the mapped MatMul weights; without packing they stay mapped
+        assert (mapped > 0.8 * size) if memory_map else (mapped < 0.2 * size), (memory_map, mapped, size)
+    assert np.allclose(results[True], results[False], atol=1e-5)
+    with pytest.raises(BackendError, match="memory_map must be true or false"):
+        backend.load(out / "policy.onnx", contract, {"memory_map": "yes"})
+
+
 @pytest.mark.slow  # the small release is exported once per module (~30 s)
 def test_a_bf16_program_computes_in_bf16_on_the_cpu(tmp_path):
     from vlad.contract import load_contract

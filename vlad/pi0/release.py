@@ -66,6 +66,7 @@ class Pi0Options:
     formats: tuple[str, ...] = FORMATS
     backend: str | None = None  # None: onnxruntime for fp32 with ONNX, else torch
     threads: int = 2
+    memory_map: bool = True  # onnxruntime: weights stay memory-mapped (no packed copies)
     control_period_ms: float = 20.0
     action_validity_ms: float = 1000.0  # the chunk's 50 waypoints at 20 ms
     e2e_deadline_ms: float = 250.0
@@ -375,8 +376,11 @@ def build_release(
     options: dict[str, Any]
     if backend == "onnxruntime":
         # check_node_placement runs one profiled inference at load: seconds at this size, and
-        # with the CPU provider alone nothing can land elsewhere.
-        artifact, options = "policy.onnx", {"intra_op_threads": opts.threads, "check_node_placement": False}
+        # with the CPU provider alone nothing can land elsewhere. memory_map: the weights
+        # stay pages of the external data file instead of packed copies (plugins'
+        # vlad_onnxruntime docs).
+        artifact = "policy.onnx"
+        options = {"intra_op_threads": opts.threads, "check_node_placement": False, "memory_map": opts.memory_map}
     else:
         artifact, options = "policy.pt2", {"threads": opts.threads, "precision": opts.dtype}
     if not (out / artifact).is_file():
