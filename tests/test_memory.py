@@ -231,3 +231,31 @@ def test_the_performance_gate_records_its_measured_peak_as_the_need(tmp_path):
     )
     record_evidence(rel, report)
     assert load_manifest(rel).memory == m.memory
+
+
+def test_a_broken_memory_table_is_refused_with_every_problem():
+    from vlad.release.manifest import ManifestError, parse_manifest, read_manifest_document
+
+    doc = read_manifest_document(DEMO)
+    doc["memory"] = {"host_bytes": -1, "device_bytes": "a lot", "source": "guess", "peak": 3}
+    with pytest.raises(ManifestError) as exc:
+        parse_manifest(doc, "m")
+    problems = exc.value.problems
+    assert "memory.host_bytes: must be >= 0, got -1" in problems
+    assert any(p.startswith("memory.device_bytes: expected int") for p in problems)
+    assert any(p.startswith("memory.source: unknown value 'guess'") for p in problems)
+    assert "memory.peak: unknown key" in problems
+    doc["memory"] = {"host_bytes": True, "device_bytes": 0, "source": "planner"}  # a bool is no size
+    with pytest.raises(ManifestError, match="memory.host_bytes: expected int"):
+        parse_manifest(doc, "m")
+
+
+def test_the_budget_in_the_configuration_is_checked(tmp_path):
+    from vlad.config import ConfigError, load_config
+
+    cfg = tmp_path / "vlad.toml"
+    cfg.write_text('[memory]\nhost_budget_mb = -5\nswap = "sometimes"\n')
+    with pytest.raises(ConfigError) as exc:
+        load_config(cfg)
+    text = str(exc.value)
+    assert "memory.host_budget_mb" in text and "memory.swap" in text
