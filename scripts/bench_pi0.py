@@ -124,9 +124,10 @@ def cmd_load(args: argparse.Namespace) -> dict[str, Any]:
 
     m = load_manifest(args.release)
     contract = load_contract(args.release / m.contract.path)
+    options = {**m.backend.options, **dict(_option(o) for o in args.option)}
     before = _proc_memory()
     t0 = time.monotonic()
-    session = get_backend(m.backend.name).load(args.release / m.backend.artifact, contract, dict(m.backend.options))
+    session = get_backend(m.backend.name).load(args.release / m.backend.artifact, contract, options)
     loaded_s = time.monotonic() - t0
     after_load = _proc_memory()
     t0 = time.monotonic()
@@ -137,7 +138,7 @@ def cmd_load(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "release": m.id,
         "backend": m.backend.name,
-        "options": dict(m.backend.options),
+        "options": options,
         "bytes": release_bytes(args.release),
         "load_s": round(loaded_s, 2),
         "first_inference_s": round(first_s, 2),
@@ -145,9 +146,16 @@ def cmd_load(args: argparse.Namespace) -> dict[str, Any]:
         "anon_after_load_gb": round((after_load["RssAnon"] - before["RssAnon"]) / GB, 2),
         "file_backed_after_load_gb": round((after_load["RssFile"] - before["RssFile"]) / GB, 2),
         "rss_after_inference_gb": round((after["VmRSS"] - before["VmRSS"]) / GB, 2),
+        "anon_after_inference_gb": round((after["RssAnon"] - before["RssAnon"]) / GB, 2),
+        "file_backed_after_inference_gb": round((after["RssFile"] - before["RssFile"]) / GB, 2),
         "peak_rss_gb": round(after["VmHWM"] / GB, 2),
         "manifest_memory": m.to_dict().get("memory"),
     }
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, _, value = text.partition("=")
+    return key, json.loads(value)
 
 
 # -- the daemon: cold start, first chunk, asynchronous execution ---------------------------------
@@ -167,6 +175,9 @@ max_rss_mb = 65536
 artifact_check_interval_s = 86400   # re-hashing gigabytes every few seconds would be the benchmark
 sensor_stall_periods = 1000000      # the executor sends a frame only when it wants a chunk
 stale_fraction_fault = 1.0
+# A 3 B-parameter model computing on both of a 2-core machine's cores starves the
+# controller process for more than 5 periods now and then: liveness is not measured here.
+heartbeat_missing_periods = 1000000
 {extra}
 """)
     return config
@@ -195,6 +206,11 @@ def cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
                 first_s = time.monotonic() - t_start
                 status = client.status()
                 execution = _async_run(client, contract, images, state, period_ns, first, args.seconds)
+                after = client.status()
+                execution["daemon_counters"] = {
+                    k: after["counters"].get(k) for k in ("observations", "published", "published_hold", "stale")
+                }
+                execution["daemon_policies"] = after.get("policies")
             finally:
                 client.close()
             peak = _proc_memory(d.proc.pid)["VmHWM"]
@@ -212,13 +228,25 @@ def cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _first_chunk(client, images, state, timeout: float) -> float:
-    """Send a frame (again every 100 ms while none is answered); ms from its sensor time to its chunk."""
+    """One frame to the idle daemon; ms from its sensor time to its chunk.
+
+    Sent again only until the daemon has taken it (its ``observations`` counter moved: a
+    subscriber misses what is sent before its connection is up), not while the policy
+    computes: a frame sent then would be the newest one when it finishes, and one fresher
+    than ``max_observation_age`` would start another inference (seconds long here) that
+    the asynchronous run would have to wait behind."""
+    taken = client.status()["counters"]["observations"]
     deadline = time.monotonic() + timeout
     sent: dict[int, int] = {}
+    resend_at = time.monotonic()
     while time.monotonic() < deadline:
-        now = time.monotonic_ns()
-        if not sent or now - max(sent.values()) > 100_000_000:
-            sent[client.publish_observation(images, state, INSTRUCTIONS[0], t_sensor_ns=now)] = now
+        if resend_at is not None and time.monotonic() >= resend_at:
+            if sent and client.status()["counters"]["observations"] > taken:
+                resend_at = None  # taken: wait for its answer
+            else:
+                now = time.monotonic_ns()
+                sent[client.publish_observation(images, state, INSTRUCTIONS[0], t_sensor_ns=now)] = now
+                resend_at = time.monotonic() + 0.5
         client.heartbeat()
         chunk = client.recv_actions(timeout_ms=20)
         if chunk is not None and not chunk.is_hold and chunk.obs_seq in sent:
@@ -231,8 +259,10 @@ def _async_run(client, contract, images, state, period_ns: int, latency_ms: floa
     period_ms = period_ns / 1e6
     chunk, validity = contract.action.chunk_length, contract.timing.action_validity_ms
     threshold = async_threshold(latency_ms, period_ms, chunk, 4, validity)
-    ex = ChunkExecutor(request_threshold=threshold, request_timeout_ns=int(3 * latency_ms * 1e6) + period_ns)
-    ticks = policy = holds = 0
+    # A request the daemon skipped (its frame went stale while another inference ran) is
+    # sent again after two latencies.
+    ex = ChunkExecutor(request_threshold=threshold, request_timeout_ns=int(2 * latency_ms * 1e6) + 1_000_000_000)
+    ticks = policy = holds = idle = 0
     latencies: list[float] = []
     next_tick = time.monotonic_ns()
     end = next_tick + int(seconds * 1e9)
@@ -244,7 +274,9 @@ def _async_run(client, contract, images, state, period_ns: int, latency_ms: floa
         command = ex.step()
         ticks += 1
         if command is None:
-            holds += 1  # the robot keeps the daemon's hold posture this tick
+            idle += 1  # nothing valid: the robot keeps its last command
+        elif ex.current is not None and ex.current.is_hold:
+            holds += 1  # the daemon's hold posture (a bridge or a fallback)
         else:
             policy += 1
         if ex.should_request():
@@ -259,6 +291,7 @@ def _async_run(client, contract, images, state, period_ns: int, latency_ms: floa
         "ticks": ticks,
         "policy_ticks": policy,
         "hold_ticks": holds,
+        "idle_ticks": idle,
         "policy_hz": round(policy / seconds, 2),
         "chunks": len(latencies),
         "latency_p50_ms": round(measured, 1),
@@ -295,8 +328,14 @@ def cmd_swap(args: argparse.Namespace) -> dict[str, Any]:
             robot.start()
             time.sleep(2.0)
             t0 = time.monotonic()
+            # A random-weight release has no gate evidence: forced, with the reason recorded.
             result = client.control(
-                "deploy", timeout_ms=int(args.timeout * 1e3), path=str(args.large), who="bench", why="swap"
+                "deploy",
+                timeout_ms=int(args.timeout * 1e3),
+                path=str(args.large),
+                who="bench",
+                why="swap benchmark (random weights, not gated)",
+                force=True,
             )
             deploy_s = time.monotonic() - t0
             time.sleep(1.0)
@@ -346,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("stage", "load", "serve"):
         s = sub.add_parser(name)
         s.add_argument("release", type=Path)
+        if name == "load":
+            s.add_argument(
+                "--option", action="append", default=[], help="KEY=JSON: a backend option over the manifest's"
+            )
     s = sub.add_parser("swap")
     s.add_argument("small", type=Path)
     s.add_argument("large", type=Path)
