@@ -59,3 +59,18 @@ def test_the_table_names_a_missing_hardware_entry():
         "hardware": None,
     }
     assert "give --hardware to predict" in gpu_pi0.table(out)
+
+
+def test_it_needs_nothing_but_torch():
+    """The GPU machine has PyTorch and this checkout, nothing else vlad depends on."""
+    blocked = ("numpy", "onnx", "onnxruntime", "tokenizers", "zmq", "psutil", "cryptography", "msgpack")
+    code = (
+        "import sys, runpy\n"
+        f"for m in {blocked!r}: sys.modules[m] = None\n"
+        "sys.argv = ['gpu_pi0.py', '--device', 'cpu', '--scale', '0.125', '--layers', '1',"
+        " '--calls', '1', '--warmup', '0', '--hardware', 'h100']\n"
+        "runpy.run_path('scripts/gpu_pi0.py', run_name='__main__')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "predicted: pi0.toml (source A)" in proc.stdout

@@ -57,7 +57,8 @@ CAMERA_INPUTS = ("image_base", "image_left_wrist", "image_right_wrist")
 
 @dataclass(frozen=True)
 class Pi0Shape:
-    """What the module needs beyond the planner's description: input names and sizes."""
+    """The planner's description plus what it does not say: the state's size, the
+    embedding table's rows and the language padding id."""
 
     spec: VLAModel
     state_dim: int

@@ -97,7 +97,6 @@ def release_model(opts: Pi0Options, tokenizer_vocab: int) -> VLAModel:
     action = spec.action
     return dataclasses.replace(
         spec,
-        name=spec.name,
         ids=(spec.name,),
         precision=opts.dtype,
         description=f"{spec.description}; built by vlad.pi0 with random weights (seed {opts.seed})",
