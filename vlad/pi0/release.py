@@ -365,7 +365,7 @@ def build_release(
             module = empty(shape, dtype)
         t0 = time.monotonic()
         if fmt == "pt2":
-            export_program_streamed(module, contract, example, out / "policy.pt2", values)
+            export_program_streamed(module, contract, example, out / "policy.pt2", values, log=log)
         else:
             export_onnx_streamed(module, contract, example, out / "policy.onnx", values, log=log)
         timings[f"export_{fmt}_s"] = round(time.monotonic() - t0, 2)

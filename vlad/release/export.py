@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import io
+import math
 import os
 import sys
 import tempfile
@@ -300,6 +301,23 @@ Values = Callable[[str, tuple[int, ...], Any], Any]
 ALIGNMENT, ALIGN_ABOVE = 65536, 1 << 20
 
 
+class _Progress:
+    """One line per tenth of the weights written: a streamed export runs for minutes."""
+
+    def __init__(self, total: int, log) -> None:
+        self.total, self.log = total, log  # total 0: not counting yet
+        self.done = 0
+
+    def add(self, nbytes: int) -> None:
+        if self.total <= 0:
+            return
+        before = 10 * self.done // self.total
+        self.done += nbytes
+        after = min(10, 10 * self.done // self.total)
+        if after > before:
+            self.log(f"export: weights {10 * after} % ({self.done / 1e9:.2f} of {self.total / 1e9:.2f} GB)")
+
+
 def _is_fake(t: Any) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -307,7 +325,7 @@ def _is_fake(t: Any) -> bool:
 
 
 def export_program_streamed(
-    module, contract: Contract, example: dict[str, np.ndarray], path: Path, values: Values
+    module, contract: Contract, example: dict[str, np.ndarray], path: Path, values: Values, *, log=print
 ) -> None:
     """``torch.export`` of ``module`` whose parameters and buffers are fake tensors (built
     under a ``FakeTensorMode``, so nothing was allocated), written as a ``.pt2`` whose
@@ -330,11 +348,12 @@ def export_program_streamed(
         skeleton = Path(tmp) / "skeleton.pt2"
         torch.export.save(ep, str(skeleton))
         partial = Path(tmp) / path.name
-        _fill_archive(skeleton, partial, values)
+        total = sum(t.numel() * t.element_size() for t in (*ep.state_dict.values(), *ep.constants.values()))
+        _fill_archive(skeleton, partial, values, _Progress(total, log))
         os.replace(partial, path)
 
 
-def _fill_archive(src: Path, dst: Path, values: Values) -> None:
+def _fill_archive(src: Path, dst: Path, values: Values, progress: _Progress) -> None:
     """Copy a ``.pt2`` archive, giving every weight and constant its own record filled by ``values``.
 
     A program traced on fake tensors is saved with every weight pointing at one empty
@@ -370,6 +389,7 @@ def _fill_archive(src: Path, dst: Path, values: Values) -> None:
             tm["storage_offset"] = {"as_int": 0}
             nbytes = tensor.numel() * tensor.element_size()
             writer.write_record(folder + meta["path_name"], tensor.untyped_storage(), nbytes)
+            progress.add(nbytes)
             del tensor
         replaced.add(config_name)
         data = json.dumps(config).encode()
@@ -426,6 +446,7 @@ def export_onnx_streamed(
     if prog is None:
         raise ExportError("ONNX export returned no program")
     model = prog.model
+    progress = _Progress(0, log)
     for name, value in model.graph.initializers.items():
         tensor = value.const_value
         raw = getattr(tensor, "raw", None)
@@ -434,7 +455,9 @@ def export_onnx_streamed(
         shape, dtype, kind = tuple(int(d) for d in raw.shape), raw.dtype, type(tensor)
 
         def produce(name=name, shape=shape, dtype=dtype, kind=kind):
-            return kind(values(name, shape, dtype), name)
+            t = values(name, shape, dtype)
+            progress.add(t.numel() * t.element_size())
+            return kind(t, name)
 
         value.const_value = ir.LazyTensor(
             produce, dtype=tensor.dtype, shape=ir.Shape([int(d) for d in shape]), name=name
@@ -447,6 +470,9 @@ def export_onnx_streamed(
     data = path.with_name(path.name + ".data")
     log(f"export: writing {path.name} and its weights to {data.name} ...")
     path.parent.mkdir(parents=True, exist_ok=True)
+    # What is left after folding (dead weights dropped; folding read a few small ones).
+    lazy = [v.const_value for v in model.graph.initializers.values() if isinstance(v.const_value, ir.LazyTensor)]
+    progress.total, progress.done = max(1, int(sum(math.prod(t.shape.numpy()) * t.dtype.itemsize for t in lazy))), 0
     ir.save(model, str(path), external_data=data.name, alignment=ALIGNMENT, align_threshold=ALIGN_ABOVE)
     onnx.checker.check_model(str(path), full_check=True)
     _check_dynamic_axes(onnx.load(str(path), load_external_data=False), contract)
