@@ -35,7 +35,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "manifests" / "demo"
-GOLDEN = ROOT / "tests" / "fixtures" / "golden.npz"
+GOLDEN = ROOT / "manifests" / "demo" / "golden.npz"
 AOTI_CACHE = ROOT / ".cache" / "vlad-aoti"
 ARTIFACTS = {"torch": "policy.pt2", "onnxruntime": "policy.onnx"}
 

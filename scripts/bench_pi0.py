@@ -37,15 +37,14 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from vlad.client import ChunkExecutor
+from vlad.config import Config, MemoryConfig, MonitorsConfig, ReleaseConfig, ServeConfig, StoreConfig
+from vlad.contract import load_contract
+from vlad.pi0.release import INSTRUCTIONS
+from vlad.planner.execution import async_threshold, chunk_rate
+from vlad.testing import REPO, start_daemon
 
-from tests.daemon_harness import start_daemon  # noqa: E402
-from vlad.client import ChunkExecutor  # noqa: E402
-from vlad.contract import load_contract  # noqa: E402
-from vlad.pi0.release import INSTRUCTIONS  # noqa: E402
-from vlad.planner.execution import async_threshold, chunk_rate  # noqa: E402
-
+ROOT = REPO
 KEYS = ROOT / "etc" / "vlad" / "keys.d"
 GB = 1e9
 
@@ -102,7 +101,7 @@ def cmd_stage(args: argparse.Namespace) -> dict[str, Any]:
         verify_release(store.release_path(rid), KEYS)
         verified = time.monotonic() - t0
         t0 = time.monotonic()
-        store.activate(rid, who="bench", why="stage benchmark")
+        store.activate(rid, who="bench", why="stage benchmark (random weights, not gated)", force=True)
         activated = time.monotonic() - t0
     return {
         "release": rid,
@@ -161,26 +160,23 @@ def _option(text: str) -> tuple[str, Any]:
 # -- the daemon: cold start, first chunk, asynchronous execution ---------------------------------
 
 
-def _config(tmp: Path, release: Path, warmup: int, extra: str = "") -> Path:
-    config = tmp / "vlad.toml"
-    config.write_text(f"""
-[release]
-path = "{release}"
-keys_dir = "{KEYS}"
-[serve]
-warmup = {warmup}
-hang_timeout_s = 600          # one inference takes seconds to minutes on a CPU
-[monitors]
-max_rss_mb = 65536
-artifact_check_interval_s = 86400   # re-hashing gigabytes every few seconds would be the benchmark
-sensor_stall_periods = 1000000      # the executor sends a frame only when it wants a chunk
-stale_fraction_fault = 1.0
-# A 3 B-parameter model computing on both of a 2-core machine's cores starves the
-# controller process for more than 5 periods now and then: liveness is not measured here.
-heartbeat_missing_periods = 1000000
-{extra}
-""")
-    return config
+def _config(release: Path, warmup: int, memory: MemoryConfig | None = None, store: Path | None = None) -> Config:
+    """The daemon for a release that computes for seconds to minutes per chunk."""
+    return Config(
+        release=ReleaseConfig(path=str(release), keys_dir=str(KEYS)),
+        serve=ServeConfig(warmup=warmup, hang_timeout_s=600.0),  # one inference: a minute on a CPU
+        monitors=MonitorsConfig(
+            max_rss_mb=65536.0,
+            artifact_check_interval_s=86400.0,  # re-hashing gigabytes every few seconds would be the benchmark
+            sensor_stall_periods=1_000_000,  # the executor sends a frame only when it wants a chunk
+            stale_fraction_fault=1.0,
+            # A 3 B-parameter model computing on both of a 2-core machine's cores starves the
+            # controller process for more than 5 periods now and then: liveness is not measured here.
+            heartbeat_missing_periods=1_000_000,
+        ),
+        memory=memory or MemoryConfig(),
+        store=StoreConfig(root=str(store)) if store is not None else StoreConfig(),
+    )
 
 
 def _frames(contract) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -194,7 +190,7 @@ def cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
     images, state = _frames(contract)
     period_ns = int(contract.timing.control_period_ms * 1e6)
     with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
-        cfg = _config(Path(tmp), args.release.resolve(), args.warmup)
+        cfg = _config(args.release.resolve(), args.warmup)
         t_start = time.monotonic()
         d = start_daemon(Path(tmp), config=cfg, wait_ready=False)
         try:
@@ -314,10 +310,12 @@ def cmd_swap(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
         root = Path(tmp) / "store"
         store = ReleaseStore(root, KEYS)
-        store.activate(store.stage(args.small), who="bench", why="swap benchmark")
+        store.activate(
+            store.stage(args.small), who="bench", why="swap benchmark (random weights, not gated)", force=True
+        )
         budget_mb = -(-need // 2**20)  # LARGE fits alone, not beside anything that holds memory
-        extra = f'[memory]\nhost_budget_mb = {budget_mb}\nswap = "fallback"\n[store]\nroot = "{root}"'
-        cfg = _config(Path(tmp), root / "releases" / "active", args.warmup, extra)
+        memory = MemoryConfig(host_budget_mb=float(budget_mb), swap="fallback")
+        cfg = _config(root / "releases" / "active", args.warmup, memory, root)
         d = start_daemon(Path(tmp), config=cfg, wait_ready=False)
         seen: list[tuple[float, str]] = []
         stop = threading.Event()

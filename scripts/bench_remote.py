@@ -40,10 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "manifests" / "demo"
-sys.path.insert(0, str(ROOT))
-
+from vlad.testing import DEMO, load_golden
 
 # ---------------------------------------------------------------------------------------
 # A link emulator: one-way latency + serialisation at a rate, per direction
@@ -166,10 +163,10 @@ def netem_available() -> str:
 
 
 def start_server(threads: int):
-    """The test server (tests/kserve/remote_server.py) on free ports."""
+    """The test server (:class:`vlad.testing.kserve.ServerProcess`) on free ports."""
     import tempfile
 
-    from tests.kserve.remote_server import ServerProcess
+    from vlad.testing.kserve import ServerProcess
 
     server = ServerProcess(Path(tempfile.mkdtemp(prefix="vlad-bench-remote-")), extra=["--threads", str(threads)])
     server.start()
@@ -177,9 +174,7 @@ def start_server(threads: int):
 
 
 def golden_inputs(contract) -> list[dict[str, np.ndarray]]:
-    z = np.load(ROOT / "tests" / "fixtures" / "golden.npz", allow_pickle=False)
-    n = len({k.split("/")[0] for k in z.files})
-    return [{s.name: z[f"{i}/inputs/{s.name}"] for s in contract.inputs} for i in range(n)]
+    return [{s.name: case["inputs"][s.name] for s in contract.inputs} for case in load_golden()]
 
 
 def measure(session, feeds, calls: int, warmup: int) -> dict[str, float]:

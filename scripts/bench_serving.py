@@ -35,8 +35,8 @@ per answered observation:
 and prints overhead p50/p95/p99/max, its ratio to the floor's and to the openpi-style
 server's in the same condition, and vlad's own stage breakdown (preprocess, decode, guard).
 
-    PYTHONPATH=. .venv/bin/python scripts/bench_serving.py [--seconds 20] [--lockstep-seconds 5] [--json]
-    PYTHONPATH=. .venv/bin/python scripts/bench_serving.py --short      # a smoke run (CI)
+    .venv/bin/python scripts/bench_serving.py [--seconds 20] [--lockstep-seconds 5] [--json]
+    .venv/bin/python scripts/bench_serving.py --short      # a smoke run (CI)
 
 Figures are noisy on a shared machine: compare rows of one run only, with its conditions.
 """
@@ -63,12 +63,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import bench_releases  # noqa: E402
-from bench_releases import Payload  # noqa: E402
+from vlad.config import Config, LoggingConfig, RealtimeConfig, ReleaseConfig, ServeConfig
+from vlad.testing import DaemonFailed, launch
+from vlad.testing.releases import Payload, demo_payload, synthetic_payload
 
 SERVERS = ("floor", "openpi-style", "vlad", "vlad+rt", "vlad+rt+spin")
 LOADS = ("quiet", "hog+debug")
@@ -456,43 +453,32 @@ class OpenpiClient:
 # ---------------------------------------------------------------------------------------
 
 
-def vlad_config(folder: Path, payload: Payload, debug: bool, rt: dict | None, warmup: int) -> Path:
-    lines = [
-        "[release]",
-        f'path = "{payload.release}"',
-        f'keys_dir = "{payload.keys_dir}"',
-        "",
-        "[serve]",
-        f"warmup = {warmup}",
-        "",
-        "[logging]",
-        f'level = "{"debug" if debug else "info"}"',
-        'journald = "off"',
-        "",
-        "[realtime]",
-    ]
-    if rt is None:
-        lines += ["gc_freeze = false"]
-    else:
-        lines += [f"{k} = {json.dumps(v)}" for k, v in rt.items()]
-    path = folder / "vlad.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def vlad_config(payload: Payload, debug: bool, rt: dict | None, warmup: int) -> Config:
+    """The daemon on the payload's signed release; ``rt``: the real-time knobs (None: none,
+    and no gc freeze either)."""
+    knobs = RealtimeConfig(gc_freeze=False) if rt is None else RealtimeConfig(**_realtime(rt))
+    return Config(
+        release=ReleaseConfig(path=str(payload.release), keys_dir=str(payload.keys_dir)),
+        serve=ServeConfig(warmup=warmup),
+        logging=LoggingConfig(level="debug" if debug else "info", journald="off"),
+        realtime=knobs,
+    )
+
+
+def _realtime(rt: dict) -> dict:
+    return {k: tuple(v) if k == "cpu_affinity" else v for k, v in rt.items()}
 
 
 class VladClient:
     def __init__(self, payload: Payload, folder: Path, debug: bool, rt: dict | None, warmup: int) -> None:
-        from tests.daemon_harness import start_daemon
-
-        folder.mkdir(parents=True)
-        self.daemon = start_daemon(folder, config=vlad_config(folder, payload, debug, rt, warmup), wait_ready=False)
+        self.daemon = launch(vlad_config(payload, debug, rt, warmup), folder=folder, wait_ready=False)
         self.payload = payload
 
     def connect(self) -> None:
         d = self.daemon
         try:
-            d.notify.wait_for("READY", "1", timeout=90, proc=d.proc)
-        except TimeoutError:
+            d.wait_ready(90)
+        except DaemonFailed:
             d.stop()
             raise RuntimeError(f"vlad never became ready; log:\n{d.log()}") from None
         self.client = self.daemon.client("bench")
@@ -740,7 +726,7 @@ def run(args) -> dict:
     rows: list[dict] = []
     tmp = Path(tempfile.mkdtemp(prefix="vlad-bench-"))
     try:
-        payloads = [bench_releases.demo_payload(), bench_releases.synthetic_payload(tmp / "synthetic")]
+        payloads = [demo_payload(), synthetic_payload(tmp / "synthetic")]
         cond["payloads"] = {
             p.name.split(" ")[0]: {
                 "what": p.name,

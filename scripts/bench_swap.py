@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Hot-swap time: how fast vlad moves from a faulting policy to its fallback.
 
-Runs the daemon with the release on the fault-injecting test backend and a previous
-release (real ONNX Runtime) as fallback, a controller at 50 Hz, and for each fault kind
-repeats: inject -> wait for the swap -> fix -> ``resume`` -> wait for ACTIVE. Prints:
+Runs the daemon with the release on the fault-injecting wrapper backend
+(:func:`vlad.testing.write_fault_rig`) and a previous release (real ONNX Runtime) as
+fallback, a controller at 50 Hz, and for each fault kind repeats: inject -> wait for the
+swap -> fix -> ``resume`` -> wait for ACTIVE. Prints:
 
 * switch: the swap itself (route to the already-warm fallback), from the event log;
 * first command: swap decision -> first command published by the fallback policy;
@@ -23,11 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.conftest import load_golden  # noqa: E402
-from tests.daemon_harness import ControllerSim, max_gap, start_daemon, write_fault_rig  # noqa: E402
+from vlad.testing import ControllerSim, launch, load_golden, max_gap, write_fault_rig
 
 
 def wait(client, pred, timeout=10.0):
@@ -50,7 +47,7 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="vlad-swap-") as tmp:
         rig = write_fault_rig(Path(tmp))
-        d = start_daemon(Path(tmp), config=rig.config, env=rig.env)
+        d = launch(rig.config, folder=Path(tmp), env=rig.env)
         client = d.client()
         ctl = ControllerSim(client, load_golden()[0]).start()
         try:

@@ -5,7 +5,7 @@
     .venv/bin/python scripts/fuzz.py --seconds 300 intake  # one target, 5 minutes
     .venv/bin/python scripts/fuzz.py --list
 
-Targets and invariants: tests/fuzz_targets.py (protocol, estop, intake, control,
+Targets and invariants: vlad/testing/fuzz.py (protocol, estop, intake, control,
 manifest). Inputs come from seeded mutational generators (random bytes, random msgpack
 structures, mostly-right headers, mutations of valid messages / manifests). For each
 target it prints the inputs fuzzed, crashes (an exception other than the documented
@@ -25,10 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.fuzz_targets import TARGETS, FuzzFailure  # noqa: E402
+from vlad.testing.fuzz import TARGETS, FuzzFailure, shared_intake
 
 
 class Hang(Exception):
@@ -113,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         if name == "intake":
-            from tests.fuzz_targets import _shared_intake
-
-            c = _shared_intake().counts
+            c = shared_intake().counts
             print(
                 f"    intake outcomes: {c.observations} accepted, {c.heartbeats} heartbeats, "
                 f"{c.input_rejected} rejected {dict(c.rejected.most_common())}"

@@ -45,8 +45,11 @@ from typing import Any
 
 import torch
 
+# The GPU machine has a checkout and PyTorch, not vlad installed: the checkout's vlad is
+# imported from here (vlad.pi0.model and vlad.planner import nothing but torch and stdlib).
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+if not any(Path(p).resolve() == ROOT for p in sys.path if p):
+    sys.path.insert(0, str(ROOT))
 
 from vlad.pi0.model import Pi0, Pi0Shape, build, parameter_count, scaled  # noqa: E402
 from vlad.planner.predict import predict  # noqa: E402

@@ -5,7 +5,7 @@ Run inside gpu-check's venv (it needs the GPU stack); writes one JSON with table
 figures, speed-ups and conditions:
 
 - **precision**: max |error| of the demo's actions against the fp32 reference (golden
-  fixtures) per backend and precision label, judged by tests/backends/budgets.py; a label
+  fixtures) per backend and precision label, judged by vlad.testing.golden.MAX_ABS; a label
   a backend cannot honour here is N/A with the reason;
 - **tf32**: fp32 within the fp32 budget with TF32 off, TF32 as its own label; plus a
   4096x4096 matmul with TF32 off and on against float64, which shows the switch works;
@@ -43,9 +43,10 @@ from typing import Any
 
 import numpy as np
 
+from vlad.testing.golden import MAX_ABS, load_golden
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "manifests" / "demo"
-GOLDEN = ROOT / "tests" / "fixtures" / "golden.npz"
 AOTI_CACHE = ROOT / ".cache" / "vlad-aoti"
 CUDA_EP, TRT_EP, CPU_EP = "CUDAExecutionProvider", "TensorrtExecutionProvider", "CPUExecutionProvider"
 LOAD_CYCLES = 10
@@ -54,17 +55,6 @@ WARMUP, CALLS = 20, 200
 SMOKE_WARMUP, SMOKE_CALLS = 5, 20
 REPLAY_BATCHES = (1, 1, 3, 1, 8, 2, 1, 1, 5, 1)
 TIMER_SLACK_MS = 0.05  # CUDA event resolution is ~0.5 us; wall clock reads add a little
-
-
-def _budgets() -> dict[str, float]:
-    """tests/backends/budgets.py, the one place the per-precision budgets live."""
-    spec = importlib.util.spec_from_file_location("vlad_budgets", ROOT / "tests" / "backends" / "budgets.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return dict(module.MAX_ABS)
-
-
-MAX_ABS = _budgets()
 
 
 @dataclass
@@ -128,17 +118,13 @@ def golden() -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
     from vlad.contract import load_contract
 
     contract = load_contract(DEMO / "contract.toml")
-    data = np.load(GOLDEN, allow_pickle=False)
-    out, i = [], 0
-    while f"{i}/outputs/{contract.outputs[0].name}" in data.files:
-        out.append(
-            (
-                {s.name: data[f"{i}/inputs/{s.name}"] for s in contract.inputs},
-                {s.name: data[f"{i}/outputs/{s.name}"] for s in contract.outputs},
-            )
+    return [
+        (
+            {s.name: c["inputs"][s.name] for s in contract.inputs},
+            {s.name: c["outputs"][s.name] for s in contract.outputs},
         )
-        i += 1
-    return out
+        for c in load_golden()
+    ]
 
 
 def load(target: Target, **extra):
@@ -391,11 +377,23 @@ def check_load_close(targets: list[Target]) -> list[Row]:
     return rows
 
 
-_CHILD = """
+# The child processes load this very file as the module ``gpu_probe`` (it is a script, not
+# part of an installed package), so they run the same code as the probe.
+_LOAD_PROBE = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("gpu_probe", {script!r})
+p = importlib.util.module_from_spec(spec)
+sys.modules["gpu_probe"] = p
+spec.loader.exec_module(p)
+"""
+
+_CHILD = (
+    """
 import gc, json, sys
 import numpy as np
-sys.path.insert(0, {scripts!r})
-import gpu_probe as p
+"""
+    + _LOAD_PROBE
+    + """
 t = p.Target(**json.loads(sys.argv[1]))
 t = p.Target(t.id, t.backend, p.Path(t.artifact), t.options, t.precision)
 s = p.load(t)
@@ -408,11 +406,12 @@ junk = [np.ones(1 << 20, np.float32) for _ in range(64)]  # reuse freed host mem
 assert np.array_equal(out, want), "output changed after close()"
 print("ok")
 """
+)
 
 
 def check_outputs_after_close(targets: list[Target]) -> list[Row]:
     rows = []
-    code = _CHILD.format(scripts=str(ROOT / "scripts"))
+    code = _CHILD.format(script=str(Path(__file__).resolve()))
     for t in targets:
         arg = json.dumps({**asdict(t), "artifact": str(t.artifact)})
         proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, timeout=600)
@@ -466,11 +465,13 @@ def check_corrupted_engine(engine_cache: Path, cases) -> list[Row]:
     ]
 
 
-_COLD = """
+_COLD = (
+    """
 import sys, time, json
 t0 = time.perf_counter()
-sys.path.insert(0, {scripts!r})
-import gpu_probe as p
+"""
+    + _LOAD_PROBE
+    + """
 t = p.Target(**json.loads(sys.argv[1]))
 t = p.Target(t.id, t.backend, p.Path(t.artifact), t.options, t.precision)
 s = p.load(t)
@@ -479,11 +480,12 @@ s.infer(p.fresh_inputs(1, 0))
 t2 = time.perf_counter()
 print(json.dumps({{"load_s": t1 - t0, "first_ms": (t2 - t1) * 1e3}}))
 """
+)
 
 
 def check_cold(targets: list[Target]) -> tuple[list[Row], dict[str, dict]]:
     rows, figs = [], {}
-    code = _COLD.format(scripts=str(ROOT / "scripts"))
+    code = _COLD.format(script=str(Path(__file__).resolve()))
     for t in targets:
         arg = json.dumps({**asdict(t), "artifact": str(t.artifact)})
         proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, timeout=600)

@@ -2,8 +2,13 @@
 """Write and sign manifests/demo/manifest.toml for the demo release.
 
 Every file of the release folder (except manifest.toml / manifest.sig) becomes an artifact
-with its size and sha256; the runtime is what is installed now; the closed-loop gate comes
-from eval.json when it is there. The manifest is signed with the DEMO key
+with its size and sha256; the runtime is what is installed now. Gate evidence: the
+``[[gates]]`` entries of the manifest already there are kept when their report still is
+in the folder (they come from ``vladctl gate --record``); a gate without one gets, for the
+closed loop, the verdict of eval.json when it is there. The gate plan (``--gate-plan``)
+becomes the manifest's ``[gate_plan]`` with its paths made relative to the release folder:
+a file the plan names must lie inside the release (the release re-runs its gates from a
+copy of itself). The manifest is signed with the DEMO key
 (etc/vlad/demo-signing-key.pem, public half etc/vlad/keys.d/demo.pub), which is public in
 this repository and must never be trusted on a real robot: make your own key with
 ``vladctl keygen`` (docs/releases.md).
@@ -11,7 +16,8 @@ this repository and must never be trusted on a real robot: make your own key wit
     .venv/bin/python scripts/make_demo_manifest.py                  # manifests/demo
     .venv/bin/python scripts/make_demo_manifest.py --release-dir /tmp/copy --no-sign
 
-Exit status: 0 written (and signed and verified), 1 written but the closed-loop gate failed,
+Exit status: 0 written (and signed and verified) with passing gate evidence, 1 written,
+signed and verified but its gate evidence does not pass (deploy refuses it unless forced),
 2 error.
 """
 
@@ -23,15 +29,16 @@ import json
 import sys
 from pathlib import Path
 
+from vlad.errors import VladError
+from vlad.files import load_toml
+from vlad.release.authoring import new_manifest_data, write_manifest
+from vlad.release.evidence import judge_evidence
+from vlad.release.manifest import CANARY_DEFAULTS, MANIFEST_FILE, read_manifest_document
+from vlad.release.signing import installed_runtime, sign_release, verify_release
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from vlad.errors import VladError  # noqa: E402
-from vlad.files import load_toml  # noqa: E402
-from vlad.release.authoring import new_manifest_data, write_manifest  # noqa: E402
-from vlad.release.manifest import CANARY_DEFAULTS  # noqa: E402
-from vlad.release.signing import installed_runtime, sign_release, verify_release  # noqa: E402
-
+DEMO_DIR = ROOT / "manifests" / "demo"
 RELEASE_ID = "vlad-demo-reacher-1.0.0"
 VERSION = "1.0.0"
 VERSION_CODE = 1
@@ -60,10 +67,49 @@ def closed_loop_gate(eval_path: Path, min_success_rate: float, min_margin: float
     return {"gate": "closed_loop", "report": eval_path.name, "passed": passed}
 
 
+def kept_gates(release: Path) -> list[dict]:
+    """The [[gates]] entries of the manifest already in ``release`` whose report is still there."""
+    if not (release / MANIFEST_FILE).is_file():
+        return []
+    doc = read_manifest_document(release)
+    return [
+        {k: g[k] for k in ("gate", "report", "passed")}
+        for g in doc.get("gates", [])
+        if (release / g.get("report", "")).is_file()
+    ]
+
+
+def release_plan(plan_file: Path, release: Path) -> dict:
+    """The plan of ``plan_file`` with its file paths relative to ``release``.
+
+    The demo plan names the demo release's files (relative to the plan file); for another
+    release folder (a copy, a derived release) the same files of *that* folder are meant.
+    A file the release does not hold is an error (one line saying to copy it in).
+    """
+    plan = load_toml(plan_file)
+    eq = plan.get("equivalence", {})
+    root = release.resolve()
+
+    def inside(value: str, key: str) -> str:
+        path = (plan_file.resolve().parent / value).resolve()
+        for base in (root, DEMO_DIR):
+            if path.is_relative_to(base):
+                rel = path.relative_to(base).as_posix()
+                if (root / rel).is_file():
+                    return rel
+        raise VladError(f"{plan_file}: {key} = {value!r} is not a file of {release}; copy the file into the release")
+
+    if eq.get("golden"):
+        eq["golden"] = inside(eq["golden"], "equivalence.golden")
+    if eq.get("recordings"):
+        eq["recordings"] = [inside(r, "equivalence.recordings") for r in eq["recordings"]]
+    return plan
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write (and by default sign and verify) the demo manifest."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--release-dir", default=str(ROOT / "manifests" / "demo"))
+    p.add_argument("--release-dir", default=str(DEMO_DIR))
     p.add_argument(
         "--key",
         default=str(ROOT / "etc" / "vlad" / "demo-signing-key.pem"),
@@ -91,8 +137,11 @@ def main(argv: list[str] | None = None) -> int:
 
     release = Path(args.release_dir)
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
-    gate = closed_loop_gate(release / "eval.json", args.min_success_rate, args.min_margin)
     try:
+        gates = kept_gates(release)
+        if not any(g["gate"] == "closed_loop" for g in gates):
+            gate = closed_loop_gate(release / "eval.json", args.min_success_rate, args.min_margin)
+            gates += [gate] if gate else []
         data = new_manifest_data(
             release,
             release_id=args.release_id,
@@ -108,25 +157,25 @@ def main(argv: list[str] | None = None) -> int:
             runtime={k: v for k, v in vars_of(installed_runtime()).items() if v},
             fallback=[{"kind": "hold"}],
             lineage={"change": "export_only", "parent": args.parent} if args.parent else {"change": "retrain"},
-            gates=[gate] if gate else [],
+            gates=gates,
             canary=CANARY_DEFAULTS,
         )
-        # The release carries its own gate plan (docs/gates.md); the demo's lives in
-        # etc/vlad/demo-gates.toml, whose relative paths resolve the same from manifests/demo.
-        data["gate_plan"] = load_toml(args.gate_plan)
+        # The release carries its own gate plan (docs/gates.md), naming only its own files.
+        data["gate_plan"] = release_plan(Path(args.gate_plan), release)
         manifest = write_manifest(release, data)
-        print(f"wrote {manifest.path}: {len(manifest.artifacts)} artifacts")
+        print(f"wrote {manifest.path}: {len(manifest.artifacts)} artifacts, gates {[g['gate'] for g in gates]}")
         if args.no_sign:
             return 0
         sig = sign_release(release, args.key)
         print(f"signed with key {sig.key_id} ({args.key})")
-        if gate and not gate["passed"]:
-            print("not verifying: a release with a failed gate is refused by design", file=sys.stderr)
-            return 1
         v = verify_release(release, args.keys, now)
         for w in v.warnings:
             print(f"warning: {w}", file=sys.stderr)
         print(f"verified {v.id} against {args.keys}")
+        evidence = judge_evidence(v.manifest, v.path, v.files)
+        if not evidence.ok:
+            print(f"gate evidence {evidence.status}: {'; '.join(evidence.problems)}", file=sys.stderr)
+            return 1
     except VladError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -22,11 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from vlad.errors import VladError  # noqa: E402
-from vlad.pi0.release import FORMATS, Pi0Options, build_release  # noqa: E402
+from vlad.errors import VladError
+from vlad.pi0.release import FORMATS, Pi0Options, build_release
+from vlad.testing import REPO as ROOT
 
 
 def main(argv: list[str] | None = None) -> int:

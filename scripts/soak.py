@@ -15,7 +15,7 @@ Two phases, each a fresh ``vlad serve`` subprocess driven by a controller in thi
    cycles and the growth of allocations made under the serving loop since then, reported
    every 30 s. tracemalloc slows the daemon: this phase's latencies are not comparable.
 
-    PYTHONPATH=. .venv/bin/python scripts/soak.py [--minutes 30] [--trace-minutes 3] [--payload demo|synthetic] [--json]
+    .venv/bin/python scripts/soak.py [--minutes 30] [--trace-minutes 3] [--payload demo|synthetic] [--json]
 """
 
 from __future__ import annotations
@@ -32,25 +32,21 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import bench_releases  # noqa: E402
+from vlad.config import Config, LoggingConfig, ReleaseConfig, ServeConfig
+from vlad.testing import DaemonProcess, launch
+from vlad.testing.releases import Payload, demo_payload, synthetic_payload
 
 PERIOD_S = 0.02
 
 
-def start(payload, folder: Path, env: dict | None = None):
-    from tests.daemon_harness import start_daemon
-
-    folder.mkdir(parents=True)
-    cfg = folder / "vlad.toml"
-    cfg.write_text(
-        f'[release]\npath = "{payload.release}"\nkeys_dir = "{payload.keys_dir}"\n\n'
-        '[serve]\nwarmup = 10\n\n[logging]\njournald = "off"\n'
+def start(payload: Payload, folder: Path, env: dict | None = None) -> DaemonProcess:
+    """``vlad serve`` on the payload's signed release, in ``folder``."""
+    config = Config(
+        release=ReleaseConfig(path=str(payload.release), keys_dir=str(payload.keys_dir)),
+        serve=ServeConfig(warmup=10),
+        logging=LoggingConfig(journald="off"),
     )
-    return start_daemon(folder, config=cfg, env=env)
+    return launch(config, folder=folder, env=env)
 
 
 def drive(d, payload, seconds: float, on_sample=None, sample_s: float = 5.0) -> dict:
@@ -194,11 +190,7 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="vlad-soak-"))
     try:
-        payload = (
-            bench_releases.demo_payload()
-            if args.payload == "demo"
-            else bench_releases.synthetic_payload(tmp / "synthetic")
-        )
+        payload = demo_payload() if args.payload == "demo" else synthetic_payload(tmp / "synthetic")
         cond = {
             "utc_start": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
             "payload": payload.name,

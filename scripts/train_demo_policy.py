@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-episodes", type=int, default=50, help="closed-loop episodes per instruction")
     ap.add_argument("--out", type=Path, default=ROOT / "manifests" / "demo")
-    ap.add_argument("--fixtures", type=Path, default=ROOT / "tests" / "fixtures" / "golden.npz")
+    ap.add_argument("--fixtures", type=Path, default=ROOT / "manifests" / "demo" / "golden.npz")
     args = ap.parse_args(argv)
 
     torch.manual_seed(args.seed)

@@ -1,18 +1,22 @@
-"""Shared fixtures: the demo release and its golden fixtures."""
+"""Shared fixtures: the demo release and its golden fixtures (:mod:`vlad.testing`)."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "manifests" / "demo"
-GOLDEN = ROOT / "tests" / "fixtures" / "golden.npz"
+from vlad.testing.golden import GOLDEN, GoldenCase, load_golden
+from vlad.testing.releases import DEMO, REPO
+
+__all__ = ["DEMO", "GOLDEN", "ROOT", "VLAD", "load_golden"]
+
+ROOT = REPO
+VLAD = Path(sys.executable).parent / "vlad"  # the daemon's console script in this environment
 
 
 @pytest.fixture(scope="session")
@@ -34,31 +38,6 @@ def tokenizer(contract):
     return Tokenizer.from_contract(contract)
 
 
-def load_golden() -> list[dict]:
-    """The golden fixtures: raw observation -> model inputs -> model outputs -> actions."""
-    from vlad.processing import RawObservation
-
-    z = np.load(GOLDEN, allow_pickle=False)
-    count = len({k.split("/")[0] for k in z.files})
-    cases = []
-    for i in range(count):
-        p = f"{i}/"
-        cases.append(
-            {
-                "raw": RawObservation(
-                    images={"overhead": z[p + "raw/image/overhead"]},
-                    proprio=z[p + "raw/proprio"],
-                    instruction=str(z[p + "raw/instruction"]),
-                    sequence=int(z[p + "raw/sequence"]),
-                ),
-                "inputs": {k[len(p + "inputs/") :]: z[k] for k in z.files if k.startswith(p + "inputs/")},
-                "outputs": {k[len(p + "outputs/") :]: z[k] for k in z.files if k.startswith(p + "outputs/")},
-                "actions": z[p + "actions"],
-            }
-        )
-    return cases
-
-
 @pytest.fixture(scope="session")
-def golden() -> list[dict]:
+def golden() -> list[GoldenCase]:
     return load_golden()

@@ -30,6 +30,7 @@ def chunk(
         timings_ms={},
         actions=actions,
         t_receive_ns=t,
+        advisory=source in ("hold:bridge", "hold:stale", "hold:rejected"),
     )
 
 
@@ -115,16 +116,17 @@ def test_requests_at_the_threshold_once_until_answered():
     assert ex.should_request(281 * MS)  # unanswered past the timeout: ask again
 
 
-def test_bridging_holds_do_not_interrupt_a_valid_chunk_but_other_holds_do():
+@pytest.mark.parametrize("advisory", ["hold:bridge", "hold:stale", "hold:rejected"])
+def test_advisory_holds_do_not_interrupt_a_valid_chunk_but_other_holds_do(advisory):
     ex = ChunkExecutor(overlap=2)
     ex.offer(chunk(0, [5.0] * 8), now_ns=0)
     ex.request_sent(7, now_ns=60 * MS)
-    assert not ex.offer(chunk(55, [0.0] * 8, seq=7, source="hold:bridge"), now_ns=61 * MS)
-    assert ex.stats.ignored_bridge == 1 and not ex.should_request(62 * MS)  # a bridge answers nothing
+    assert not ex.offer(chunk(55, [0.0] * 8, seq=7, source=advisory), now_ns=61 * MS)
+    assert ex.stats.ignored_advisory == 1 and not ex.should_request(62 * MS)  # an advisory hold answers nothing
     assert ex.offer(chunk(60, [0.0] * 8, seq=7, source="hold:estop"), now_ns=62 * MS)
     assert ex.step(62 * MS)[0] == 0.0  # no blending into a hold
     ex2 = ChunkExecutor()
-    assert ex2.offer(chunk(0, [0.0] * 8, source="hold:bridge"), now_ns=MS)  # nothing else to run
+    assert ex2.offer(chunk(0, [0.0] * 8, source=advisory), now_ns=MS)  # nothing else to run
 
 
 def test_ticks_in_step_with_the_frames_neither_repeat_nor_skip_under_jitter():

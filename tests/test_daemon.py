@@ -12,7 +12,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from tests.daemon_harness import QUIET_MONITORS, ROOT, VLAD, daemon_command, endpoints_in, start_daemon
+from tests.conftest import ROOT, VLAD
+from vlad.testing import QUIET_MONITORS, daemon_command, endpoints_in, start_daemon
 
 VLADCTL = VLAD.parent / "vladctl"
 

@@ -14,6 +14,7 @@ pytest.importorskip("gymnasium")
 pytest.importorskip("mujoco")
 
 from vlad.demo import sim  # noqa: E402
+from vlad.demo.evaluate import expert_link, no_motion_link  # noqa: E402
 from vlad.demo.sim import (  # noqa: E402
     INSTRUCTIONS,
     RATE_LIMIT,
@@ -21,12 +22,12 @@ from vlad.demo.sim import (  # noqa: E402
     ReacherTask,
     collect_demonstrations,
     expert_chunk,
-    expert_policy,
     forward_kinematics,
     inverse_kinematics,
-    run_episode,
-    zero_policy,
 )
+from vlad.episodes import run_episode  # noqa: E402
+
+PERIOD = 20_000_000
 
 
 @pytest.fixture(scope="module")
@@ -138,38 +139,38 @@ def test_expert_chunk_respects_rate_limit_and_ends_at_ik():
     np.testing.assert_allclose(held, np.tile(q, (8, 1)), atol=1e-6)
 
 
-def test_expert_succeeds_and_zero_baseline_does_not():
+def test_expert_succeeds_and_zero_baseline_does_not(contract):
     task = ReacherTask(render=False)
     try:
-        expert, zero = expert_policy(task), zero_policy(task)
+        expert, zero = expert_link(task, contract), no_motion_link(contract)
         for instruction in INSTRUCTIONS:
-            ok = [run_episode(task, expert, s, instruction).success for s in range(5)]
+            ok = [run_episode(task, expert, s, instruction, period_ns=PERIOD).success for s in range(5)]
             assert sum(ok) >= 4, (instruction, ok)
-            res = run_episode(task, zero, 0, instruction)
-            assert res.steps == sim.EPISODE_STEPS
-            z = [run_episode(task, zero, s, instruction).success for s in range(5)]
-            assert sum(z) <= 1, (instruction, z)
+            z = [run_episode(task, zero, s, instruction, period_ns=PERIOD) for s in range(5)]
+            assert sum(r.success for r in z) <= 1, (instruction, z)
+            assert all(len(r.commands) == sim.EPISODE_STEPS for r in z)
             # The zero baseline really holds the start pose.
-            run_episode(task, zero, 1, instruction)
-            np.testing.assert_allclose(task.state()[0], task.initial_q, atol=1e-3)
+            np.testing.assert_allclose(task.state()[0], z[-1].trajectory[0], atol=1e-3)
     finally:
         task.close()
 
 
-def test_run_episode_receding_horizon_renders_only_query_steps():
-    task = ReacherTask(render=True)
-    seen = []
+def test_the_runner_renders_only_the_observations_it_sends(contract):
+    task = ReacherTask(render=False)
+    rendered = []
+    observe = task.observe
 
-    def policy(obs):
-        seen.append(obs.image is not None)
-        return np.tile(obs.proprio[:2], (8, 1))
+    def counting(render: bool):
+        rendered.append(render)
+        return observe(render)
 
+    task.observe = counting  # type: ignore[method-assign]
     try:
-        res = run_episode(task, policy, 0, INSTRUCTIONS[0], exec_steps=4)
+        log = run_episode(task, expert_link(task, contract), 0, INSTRUCTIONS[0], period_ns=PERIOD, exec_steps=4)
     finally:
         task.close()
-    assert res.steps == 50
-    assert len(seen) == 13 and all(seen)  # ceil(50 / 4) queries, each with a frame
+    assert len(log.commands) == 50
+    assert len(rendered) == 13 and all(rendered) and log.requests == 13  # ceil(50 / 4) requests, each with a frame
 
 
 def test_collect_demonstrations_samples():

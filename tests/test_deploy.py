@@ -7,6 +7,7 @@ simulated controller runs at 50 Hz throughout and records every chunk.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -15,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEMO, load_golden
-from tests.daemon_harness import PERIOD_S, ROOT, VLAD, ControllerSim, max_gap, start_daemon
+from tests.conftest import ROOT, VLAD
+from vlad.config import Config, ReleaseConfig, ServeConfig, StoreConfig
+from vlad.testing import DEMO, PERIOD_S, PLUGIN_ENV, ControllerSim, load_golden, max_gap, start_daemon
 
 KEYS = ROOT / "etc" / "vlad" / "keys.d"
 MAX_GAP_S = 2 * PERIOD_S + 0.01  # as in test_faults: 2 periods + scheduling margin
@@ -35,11 +37,13 @@ def make_release(
     backend: str = "onnxruntime",
     options: str | None = None,
     required_gates: tuple[str, ...] = ("closed_loop",),
+    closed_loop_passes: bool = True,
 ) -> Path:
     """A signed copy of the demo release with another id and version.
 
     Its gate plan requires only ``required_gates``; the copy carries the demo's closed-loop
-    evidence (eval.json) and no other, so the default deploys without --force."""
+    evidence (eval.json, judged against a threshold it passes or, with
+    ``closed_loop_passes=False``, fails) and no other, so the default deploys without --force."""
     dest.mkdir(parents=True)
     plan = dest.parent / f"{dest.name}-gates.toml"
     plan.write_text("required = [" + ", ".join(f'"{g}"' for g in required_gates) + "]\n")
@@ -64,7 +68,7 @@ def make_release(
         "--parent",
         "vlad-demo-reacher-1.0.0",
         "--min-success-rate",
-        "0",
+        "0" if closed_loop_passes else "1.01",
         "--min-margin",
         "0",
         "--gate-plan",
@@ -73,8 +77,18 @@ def make_release(
     if options:
         args += ["--options", options]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
+    passes = closed_loop_passes and required_gates == ("closed_loop",)
+    assert out.returncode == (0 if passes else 1), out.stdout + out.stderr  # 1: evidence does not pass
     return dest
+
+
+def store_config(store_root: Path) -> Config:
+    """A daemon serving the store's active release (signed: verified with the demo key)."""
+    return Config(
+        release=ReleaseConfig(path=str(store_root / "releases" / "active"), keys_dir=str(KEYS)),
+        serve=ServeConfig(warmup=3),
+        store=StoreConfig(root=str(store_root)),
+    )
 
 
 @pytest.fixture()
@@ -85,19 +99,8 @@ def live(tmp_path):
     store = ReleaseStore(store_root, KEYS)
     store.activate(store.stage(DEMO), who="test", why="initial")
     control = tmp_path / "fault"
-    config = tmp_path / "vlad.toml"
-    config.write_text(f"""
-[release]
-path = "{store_root}/releases/active"
-keys_dir = "{KEYS}"
-[serve]
-warmup = 3
-[store]
-root = "{store_root}"
-""")
-    d = start_daemon(
-        tmp_path, config=config, env={"VLAD_PLUGIN_MODULES": "tests.fault_plugin", "PYTHONPATH": str(ROOT)}
-    )
+    # The plugin: a canary below is served by the fault-injecting wrapper backend.
+    d = start_daemon(tmp_path, config=store_config(store_root), env=PLUGIN_ENV)
     client = d.client()
     ctl = ControllerSim(client, load_golden()[0]).start()
     try:
@@ -190,18 +193,45 @@ def test_deploy_enforces_gate_evidence_unless_forced_with_a_reason(live):
     rel = make_release(
         tmp / "unproven", "1.3.0", 4, required_gates=("contract", "equivalence", "performance", "closed_loop")
     )
-    with pytest.raises(ClientError, match=r"lacks passing gate evidence \(gate contract: no evidence"):
+    with pytest.raises(ClientError, match=r"lacks passing gate evidence \(gate contract: no evidence") as exc:
         client.control("deploy", timeout_ms=120_000, path=str(rel), who="tech", why="try")
+    assert "--force --why" in str(exc.value) and "\n" not in str(exc.value)
     assert store.active() == "vlad-demo-reacher-1.0.0"
     r = client.control(
         "deploy", timeout_ms=120_000, path=str(rel), who="tech", why="field trial, gates pending", force=True
     )
-    assert r["release"] == "vlad-demo-reacher@1.3.0"
+    assert r["release"] == "vlad-demo-reacher@1.3.0" and r["evidence"]["status"] == "forced"
     assert store.active() == "vlad-demo-reacher-1.3.0"
+    entry = store.history()[-1]
+    assert (entry.forced, entry.evidence, entry.who, entry.why) == (
+        True,
+        "missing",
+        "tech",
+        "field trial, gates pending",
+    )
     events = client.control("events", limit=50)
-    forced = [e for e in events if "without gate evidence forced by tech" in e["reason"]]
+    forced = [e for e in events if "deploy of vlad-demo-reacher-1.3.0 forced by tech (evidence missing" in e["reason"]]
     assert forced and "field trial, gates pending" in forced[-1]["reason"]
-    assert forced[-1]["details"]["missing"]
+    assert forced[-1]["details"]["overrides"][0].startswith("evidence missing: gate contract")
+    ev = client.status()["evidence"]
+    assert (ev["status"], ev["gate_evidence"], ev["who"], ev["why"]) == (
+        "forced",
+        "missing",
+        "tech",
+        "field trial, gates pending",
+    )
+
+    # Failed evidence is forceable too; the message says what to do.
+    failed = make_release(tmp / "failed", "1.4.0", 5, closed_loop_passes=False)
+    with pytest.raises(ClientError, match=r"failed its gates \(gate closed_loop \(report eval.json\): failed\)"):
+        client.control("deploy", timeout_ms=120_000, path=str(failed), who="tech", why="try")
+    r = client.control("deploy", timeout_ms=120_000, path=str(failed), who="tech", why="A/B on the bench", force=True)
+    assert r["evidence"]["status"] == "forced" and r["evidence"]["gate_evidence"] == "failed"
+    assert store.active() == "vlad-demo-reacher-1.4.0"
+    out = subprocess.run(
+        [str(VLADCTL), "history", "--endpoint", d.endpoints["control"]], capture_output=True, text=True, timeout=30
+    )
+    assert "[forced: evidence failed]" in out.stdout and "overrode evidence failed" in out.stdout, out.stdout
 
 
 def test_shadow_never_publishes(live):
@@ -230,7 +260,11 @@ def test_canary_auto_abort_rolls_back(live):
     d, client, ctl, store, tmp, control = live
     control.write_text("oob")  # the canary's engine produces out-of-bounds actions
     bad = make_release(
-        tmp / "canary", "1.1.0", 2, backend="faulty", options=f'{{"control_file": "{control}", "intra_op_threads": 1}}'
+        tmp / "canary",
+        "1.1.0",
+        2,
+        backend="wrapped",
+        options=json.dumps({"control_file": str(control), "intra_op_threads": 1}),
     )
     t0 = time.monotonic()
     r = client.control("deploy", timeout_ms=120_000, path=str(bad), who="tech", why="try", canary=True)
@@ -249,3 +283,42 @@ def test_canary_auto_abort_rolls_back(live):
     assert store.active() == "vlad-demo-reacher-1.0.0"
     time.sleep(0.3)
     assert max_gap(ctl.since(t0)) <= MAX_GAP_S
+
+
+def test_boot_on_a_release_without_evidence_serves_flagged_unverified(tmp_path):
+    """A daemon started on a release that has no passing evidence and no recorded override
+    (here: the store's active release was switched by an older vlad, whose journal kept no
+    evidence) serves it, and says so: an error at start, an event, the status flag with the
+    chunks published so, and `vladctl status`."""
+    from vlad.release.store import ReleaseStore
+
+    unproven = make_release(tmp_path / "unproven", "1.3.0", 4, required_gates=("contract", "closed_loop"))
+    store_root = tmp_path / "store"
+    store = ReleaseStore(store_root, KEYS)
+    store.activate(store.stage(unproven), who="old-vlad", why="installed before the gates", force=True)
+    records = [json.loads(line) for line in store.history_path.read_text().splitlines()]
+    for r in records:  # what an older vlad wrote: no evidence fields
+        for key in ("evidence", "evidence_problems", "overrides"):
+            r.pop(key)
+    store.history_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    d = start_daemon(tmp_path, config=store_config(store_root))
+    client = d.client()
+    ctl = ControllerSim(client, load_golden()[0]).start()
+    try:
+        deadline = time.monotonic() + 10
+        while (ev := client.status()["evidence"])["published_unverified"] < 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ev["status"] == "unverified" and ev["gate_evidence"] == "missing", ev
+        assert ev["published_unverified"] >= 10
+        assert ev["problems"] == ["gate contract: no evidence in the manifest"]
+        events = client.control("events", limit=50)
+        assert any(e["kind"] == "release_unverified" for e in events)
+        out = subprocess.run(
+            [str(VLADCTL), "status", "--endpoint", d.endpoints["control"]], capture_output=True, text=True, timeout=30
+        )
+        assert "evidence     UNVERIFIED: no passing gate evidence, no recorded override" in out.stdout
+        assert "serves WITHOUT passing gate evidence" in d.log()
+    finally:
+        ctl.stop()
+        client.close()
+        d.stop()

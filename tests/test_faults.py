@@ -1,8 +1,8 @@
 """Fault injection against the real daemon process, one scenario per fault.
 
-Each test starts ``vlad serve`` with the primary policy on the ``faulty`` backend
-(tests/fault_plugin.py wrapping real ONNX Runtime), a fallback chain of [a previous
-release (real ONNX Runtime), hold], and a simulated controller that publishes
+Each test starts ``vlad serve`` with the primary policy on the ``wrapped`` backend
+(vlad/testing/plugin.py: faults injected around real ONNX Runtime), a fallback chain of
+[a previous release (real ONNX Runtime), hold], and a simulated controller that publishes
 observations and heartbeats at the control rate and records every chunk it receives.
 Each asserts the state transition, the event log, and what the controller got: a fresh
 command throughout, never a non-finite or out-of-bounds action.
@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import load_golden
-from tests.daemon_harness import PERIOD_S, ControllerSim, Received, max_gap, start_daemon, write_fault_rig
+from vlad.testing import PERIOD_S, ControllerSim, Received, load_golden, max_gap, start_daemon, write_fault_rig
 
 # What "no gap" is checked as on a shared 2-core test machine: a chunk at least every 3
 # control periods (+10 ms). The daemon bridges a silent policy after 1.5 periods (measured
@@ -196,7 +195,9 @@ def test_heartbeat_lost_then_restored(rig, contract):
     def lose():
         rig.ctl.send_heartbeat = False
 
-    seen = rig.run_fault(contract, lose, "FALLBACK", "hold", ("fault", "no controller heartbeat"))
+    seen = rig.run_fault(
+        contract, lose, "FALLBACK", "hold", ("fault", "no heartbeat from controller 'test-controller'")
+    )
     assert seen[-1].source.startswith("hold")
     rig.ctl.send_heartbeat = True
     rig.wait_state("ACTIVE", "release", timeout=5)

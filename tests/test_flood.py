@@ -4,7 +4,7 @@ One separate process floods the observation socket with junk (random bytes, malf
 msgpack, frames beyond ZMQ_MAXMSGSIZE, valid-looking observations with bad shapes, NaN,
 forged or out-of-limit joint states) and the control socket with junk requests, as fast
 as it can, for the whole test. Meanwhile a good controller runs at 50 Hz
-(:class:`~tests.daemon_harness.ControllerSim`), an observer records *every* chunk on the
+(:class:`~vlad.testing.ControllerSim`), an observer records *every* chunk on the
 action socket, a status poller asks ``status`` twice a second, and the safety bridge
 engages and then releases the e-stop over ZeroMQ (``safety.estop_endpoint``).
 
@@ -29,8 +29,7 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.conftest import load_golden
-from tests.daemon_harness import PERIOD_S, ControllerSim, start_daemon
+from vlad.testing import PERIOD_S, ControllerSim, load_golden, start_daemon
 
 E_STOP_SLACK_S = 0.030
 FLOOD_S = 22.0
@@ -38,7 +37,7 @@ FLOOD_S = 22.0
 
 def flood(endpoints: dict[str, str], seconds: float, seed: int, counts) -> None:
     """The flooding process: junk on the observation and control sockets until ``seconds``."""
-    from tests import fuzz_targets as ft
+    from vlad.testing import fuzz as ft
 
     rng = random.Random(seed)
     ctx = zmq.Context()

@@ -1,6 +1,6 @@
 """Property-based fuzzing of everything that parses untrusted bytes (issue 9).
 
-Targets and their invariants are in tests/fuzz_targets.py (shared with scripts/fuzz.py,
+Targets and their invariants are in vlad/testing/fuzz.py (shared with scripts/fuzz.py,
 which runs the same targets for minutes). Here each target gets hypothesis-generated
 input of three kinds: raw bytes, random msgpack structures, and mutations of valid
 messages (hypothesis drives the mutators through ``st.randoms``). Bounded for CI:
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests import fuzz_targets as ft
+from vlad.testing import fuzz as ft
 
 FUZZ = settings(
     max_examples=400,
@@ -70,7 +70,7 @@ frames_headers = st.builds(
         *rest,
     ],
     st.sampled_from(["obs", "hb", "estop"]),
-    st.dictionaries(st.sampled_from(ft._KEYS), structures, max_size=5),
+    st.dictionaries(st.sampled_from(ft.KEYS), structures, max_size=5),
     st.lists(st.binary(max_size=64), max_size=3),
 )
 frames_mutated = st.randoms(use_true_random=False).map(ft.gen_frames)
@@ -118,7 +118,7 @@ def test_the_layout_fast_path_is_taken_for_a_conforming_controller():
     """Not vacuous: vlad.client's observation matches the intake's Layout exactly."""
     from vlad import protocol
 
-    fast, _ = ft._intake_pair()
+    fast, _ = ft.intake_pair()
     msg = protocol.decode(list(ft.valid_obs_frames()), layout=fast._layout)
     assert msg.layout is fast._layout
     for _ in range(200):
@@ -134,7 +134,7 @@ control_requests = st.one_of(
             st.sampled_from(sorted(__import__("vlad.daemon.control", fromlist=["COMMANDS"]).COMMANDS)),
             st.text(max_size=20),
         ),
-        st.one_of(st.dictionaries(st.sampled_from(ft._KEYS), structures, max_size=5), structures),
+        st.one_of(st.dictionaries(st.sampled_from(ft.KEYS), structures, max_size=5), structures),
     ),
     st.randoms(use_true_random=False).map(ft.gen_control),
 )

@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.conftest import load_golden
-from tests.daemon_harness import PERIOD_S, QUIET_MONITORS, start_daemon
 from vlad.daemon.control import COMMANDS
+from vlad.testing import PERIOD_S, QUIET_MONITORS, load_golden, start_daemon
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +102,18 @@ def _bad_cases():
             if t is str:
                 yield f"{name}-{f.name}-nul", name, {**required, f.name: "/tmp/a\x00b"}
                 yield f"{name}-{f.name}-huge", name, {**required, f.name: "x" * 5000}
+                # newline, DEL, an escape sequence, a bidi override, a line separator
+                for i, ch in enumerate(("\n", "\x7f", "\x1b[2J", "\u202e", "\u2028")):
+                    yield f"{name}-{f.name}-control{i}", name, {**required, f.name: f"/tmp/a{ch}b"}
+            if f.metadata.get("path"):
+                # a file name over 255 bytes; a path over 4095 bytes (in fewer characters than the
+                # 4096 the schema allows: 2-byte characters)
+                yield f"{name}-{f.name}-long-name", name, {**required, f.name: "/tmp/" + "a" * 256}
+                yield (
+                    f"{name}-{f.name}-long-path",
+                    name,
+                    {**required, f.name: "/tmp/" + "/".join(["\u00e9" * 100] * 21)},
+                )
             if t in (int, float) and f.metadata:
                 yield f"{name}-{f.name}-range", name, {**required, f.name: -1 if t is int else -1.0}
                 yield f"{name}-{f.name}-huge-number", name, {**required, f.name: 10**9}
@@ -244,7 +255,12 @@ def test_forged_proprio_between_good_observations_never_reaches_the_output(daemo
     assert all(v > 0 for v in moved.values()), moved
     assert sum(moved.values()) <= sent_forged  # good observations were never refused as forged
     assert len(chunks) > 50, len(chunks)
-    chunks.sort(key=lambda c: c.seq)
+    # Every chunk carries no forged value; the steps are checked on what a controller executes
+    # by the page's rule: the newest chunk that is not advisory.
+    for c in chunks:
+        for f in [f[:2].astype(np.float64) for f in forged if np.isfinite(f).all()]:
+            assert not (np.abs(c.actions.astype(np.float64) - f) < 0.05).all(axis=1).any(), (c.source, c.actions, f)
+    chunks = sorted((c for c in chunks if not c.advisory), key=lambda c: c.seq)
     forged_xy = [f[:2].astype(np.float64) for f in forged if np.isfinite(f).all()]
     prev = None
     for c in chunks:
@@ -307,7 +323,9 @@ def test_forged_bursts_between_good_observations_never_reanchor(daemon, contract
     # the trusted joint state never moved to the forged one (the "reanchors" counter also
     # counts the rate limiter following the trusted state, which is not what this is about)
     assert daemon.log().count("joint state re-anchored") == logged, daemon.log()[-2000:]
-    chunks.sort(key=lambda c: c.seq)
+    # What a controller executes by the page's rule: the newest chunk that is not advisory
+    # (an advisory hold answers a refused observation; nobody with a valid chunk takes it).
+    chunks = sorted((c for c in chunks if not c.advisory), key=lambda c: c.seq)
     assert len(chunks) > 40
     for prev, c in itertools.pairwise(chunks):
         periods = max(1.0, (c.t_issue_ns - prev.t_issue_ns) / (PERIOD_S * 1e9))

@@ -25,12 +25,22 @@ LAYERS: list[tuple[str, ...]] = [
     ("vlad.files", "vlad.schema", "vlad.logs"),
     ("vlad.config", "vlad.contract"),
     ("vlad.processing", "vlad.backend", "vlad.protocol", "vlad.hookspecs", "vlad.plugins"),
-    ("vlad.serving", "vlad.health", "vlad.client", "vlad.demo.sim", "vlad.demo.model", "vlad.demo.evaluate"),
+    (
+        "vlad.serving",
+        "vlad.health",
+        "vlad.client",
+        "vlad.episodes",
+        "vlad.demo.sim",
+        "vlad.demo.model",
+        "vlad.demo.evaluate",
+    ),
     ("vlad.release",),
     # The planner reads signed manifests (planner.measure -> release), so it sits above
     # release with the other tools that consume releases, not beside serving.
-    # compat: the openpi endpoint and the metrics run inside the daemon and read it.
-    ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat"),
+    # compat: the endpoint processes the daemon starts (vlad.daemon.endpoints reads their spec type).
+    # testing: runs the daemon as a subprocess for the gates, the benchmarks and the tests.
+    # importers: tools that write releases (export, authoring, signing) from other frameworks.
+    ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat", "vlad.testing", "vlad.importers"),
     # vlad.pi0 builds a release from the planner's description with the demo's builders.
     ("vlad.cli", "vlad.demo", "vlad.pi0"),
 ]

@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from vlad.release.signing import (
     IntegrityError,
     KeyFileError,
     RuntimeMismatch,
+    SignatureError,
     UnknownKey,
     UnsignedRelease,
     ValidityError,
@@ -73,11 +73,15 @@ def make_release(
     release_id: str = "r1",
     version_code: int = 1,
     payload: bytes = b"model bytes",
-    gate_passed: bool = True,
+    gate_passed: bool | None = True,
+    required: tuple[str, ...] = ("closed_loop",),
     **overrides,
 ) -> Path:
     """A tiny but real release: the demo contract (tokenizer hash patched), a small tokenizer,
-    fake model/config/report files, a manifest and (with ``private_key``) its signature."""
+    fake model/config/report files, a manifest and (with ``private_key``) its signature.
+
+    Its gate plan requires ``required``; ``eval.json`` is its closed-loop evidence, passed
+    or failed (``gate_passed``; None: no evidence at all)."""
     folder.mkdir(parents=True)
     tok = json.dumps(TOKENIZER).encode()
     (folder / "tokenizer.json").write_bytes(tok)
@@ -97,10 +101,12 @@ def make_release(
         options={"intra_op_threads": 1},
         not_before=T0,
         expires=T0 + dt.timedelta(days=365),
-        gates=[{"gate": "closed_loop", "report": "eval.json", "passed": gate_passed}],
+        gates=[] if gate_passed is None else [{"gate": "closed_loop", "report": "eval.json", "passed": gate_passed}],
     )
     args.update(overrides)
-    write_manifest(folder, new_manifest_data(folder, **args))
+    data = new_manifest_data(folder, **args)
+    data["gate_plan"] = {"required": list(required)}
+    write_manifest(folder, data)
     if private_key is not None:
         sign_release(folder, private_key, now=NOW)
     return folder
@@ -295,10 +301,16 @@ def test_contract_hash_mismatch_is_refused(release, keys):
         verify_release(release, keys[1], NOW)
 
 
-def test_failed_gate_is_refused(tmp_path, keys):
+def test_failed_gate_is_evidence_not_an_integrity_failure(tmp_path, keys):
+    """A failed gate verifies (the files are what was signed) and is judged as evidence:
+    refused by the evidence rule, which an operator may override with a reason."""
+    from vlad.release.evidence import judge_evidence
+
     rel = make_release(tmp_path / "bad", keys[0], gate_passed=False)
-    with pytest.raises(IntegrityError, match=r"gate closed_loop failed \(report eval.json\)"):
-        verify_release(rel, keys[1], NOW)
+    v = verify_release(rel, keys[1], NOW)
+    evidence = judge_evidence(v.manifest, v.path, v.files)
+    assert evidence.status == "failed"
+    assert evidence.problems == ("gate closed_loop (report eval.json): failed",)
 
 
 def test_runtime_major_mismatch_refuses_minor_warns(tmp_path, keys):
@@ -399,16 +411,92 @@ def test_make_demo_manifest_script(tmp_path):
             }
         )
     )
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_demo_manifest.py"), "--release-dir", str(rel)],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    script = [sys.executable, str(ROOT / "scripts" / "make_demo_manifest.py"), "--release-dir", str(rel)]
+    # The demo plan names golden fixtures and a recording: the release must hold them.
+    proc = subprocess.run(script, capture_output=True, text=True, timeout=120)
+    assert (
+        proc.returncode == 2 and "is not a file of" in proc.stderr and "copy the file into the release" in proc.stderr
     )
-    assert proc.returncode == 0, proc.stderr
+    for name in ("golden.npz", "demo_recording.mcap"):
+        shutil.copy(ROOT / "manifests" / "demo" / name, rel / name)
+    proc = subprocess.run(script, capture_output=True, text=True, timeout=120)
+    # Written, signed and verified; its evidence covers the closed loop only, the demo plan
+    # requires all four gates: exit 1, saying so.
+    assert proc.returncode == 1, proc.stderr
+    assert "gate evidence missing: gate contract: no evidence in the manifest" in proc.stderr
     m = load_manifest(rel)
     assert m.release.id == "vlad-demo-reacher-1.0.0" and m.release.version_code == 1
     assert m.backend.options == {"intra_op_threads": 1} and m.runtime.python
     assert [g.gate for g in m.gates] == ["closed_loop"] and m.gates[0].passed
-    assert tomllib.loads((rel / "manifest.toml").read_text())["fallback"] == [{"kind": "hold"}]
-    verify_release(rel, ROOT / "etc" / "vlad" / "keys.d")
+    assert m.gate_plan["equivalence"]["golden"] == "golden.npz"
+    assert m.gate_plan["equivalence"]["recordings"] == ["demo_recording.mcap"]
+    assert {a.path: a.role for a in m.artifacts}["demo_recording.mcap"] == "recording"
+
+
+# ---- files are opened inside the release, never through a link ------------------------------
+
+
+def _opened_paths(monkeypatch) -> list[str]:
+    """Record the real path of every file os.open opens (the real open still happens)."""
+    seen: list[str] = []
+    real_open = os.open
+
+    def spy(path, flags, mode=0o777, *, dir_fd=None):
+        fd = real_open(path, flags, mode, dir_fd=dir_fd)
+        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return fd
+
+    monkeypatch.setattr(os, "open", spy)
+    return seen
+
+
+def test_symlinked_subfolder_is_refused_before_anything_behind_it_is_opened(tmp_path, keys, monkeypatch):
+    """An artifact in a sub-folder that is later swapped for a link to a folder outside
+    (holding an identical file): verification refuses the link and opens nothing outside."""
+    from vlad.release.authoring import refresh_hashes
+
+    base = make_release(tmp_path / "base", None)
+    (base / "sub").mkdir()
+    (base / "sub" / "weights.bin").write_bytes(b"w" * 1000)
+    doc = read_manifest_document(base)
+    doc["artifacts"].append({"path": "sub/weights.bin", "role": "weights", "size": 0, "sha256": ""})
+    write_manifest(base, refresh_hashes(doc, base))
+    sign_release(base, keys[0], now=NOW)
+    assert verify_release(base, keys[1], NOW, installed=RuntimeSpec()).files["sub/weights.bin"].size == 1000
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "weights.bin").write_bytes(b"w" * 1000)  # identical: only the link gives it away
+    shutil.rmtree(base / "sub")
+    (base / "sub").symlink_to(outside, target_is_directory=True)
+
+    opened = _opened_paths(monkeypatch)
+    with pytest.raises(IntegrityError) as exc:
+        verify_release(base, keys[1], NOW, installed=RuntimeSpec())
+    assert "sub: a symbolic link to a folder" in str(exc.value) and "\n" not in str(exc.value)
+    assert not [p for p in opened if p.startswith(str(outside))], opened
+
+
+def test_symlinked_manifest_or_signature_is_refused(tmp_path, keys):
+    rel = make_release(tmp_path / "rel", keys[0])
+    elsewhere = tmp_path / "elsewhere.toml"
+    shutil.move(rel / "manifest.toml", elsewhere)
+    (rel / "manifest.toml").symlink_to(elsewhere)
+    with pytest.raises(ManifestError, match="manifest.toml: a symbolic link"):
+        verify_release(rel, keys[1], NOW)
+    (rel / "manifest.toml").unlink()
+    shutil.move(elsewhere, rel / "manifest.toml")
+    shutil.move(rel / "manifest.sig", tmp_path / "sig")
+    (rel / "manifest.sig").symlink_to(tmp_path / "sig")
+    with pytest.raises(SignatureError, match="manifest.sig: a symbolic link"):
+        verify_release(rel, keys[1], NOW)
+
+
+def test_manifest_accepts_every_precision_label_the_backends_share(tmp_path, keys):
+    from vlad.backend import PRECISIONS
+
+    assert "tf32" in PRECISIONS
+    for precision in PRECISIONS:
+        rel = make_release(tmp_path / precision, keys[0], options={"intra_op_threads": 1, "precision": precision})
+        assert verify_release(rel, keys[1], NOW).manifest.backend.options["precision"] == precision
+    with pytest.raises(ManifestError, match=r"unknown precision 'fp4' \(known: fp32, tf32"):
+        make_release(tmp_path / "fp4", keys[0], options={"precision": "fp4"})

@@ -8,6 +8,7 @@ but not beside the serving release, whose figure the daemon measured at its load
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
@@ -16,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEMO, load_golden
-from tests.daemon_harness import PERIOD_S, ROOT, ControllerSim, start_daemon
-from tests.test_deploy import make_release, wait_release
+from tests.conftest import ROOT
+from tests.test_deploy import make_release, store_config, wait_release
+from vlad.config import MemoryConfig
 from vlad.daemon.memory import GB, MemoryBudget, PolicyMemory, stated_need
 from vlad.errors import VladError
+from vlad.testing import DEMO, PERIOD_S, ControllerSim, load_golden, start_daemon
 
 KEYS = ROOT / "etc" / "vlad" / "keys.d"
 DEMO_KEY = ROOT / "etc" / "vlad" / "demo-signing-key.pem"
@@ -94,19 +96,7 @@ def _daemon(tmp_path: Path, budget_mb: float, swap: str):
     store_root = tmp_path / "store"
     store = ReleaseStore(store_root, KEYS)
     store.activate(store.stage(DEMO), who="test", why="initial")
-    config = tmp_path / "vlad.toml"
-    config.write_text(f"""
-[release]
-path = "{store_root}/releases/active"
-keys_dir = "{KEYS}"
-[serve]
-warmup = 3
-[store]
-root = "{store_root}"
-[memory]
-host_budget_mb = {budget_mb}
-swap = "{swap}"
-""")
+    config = dataclasses.replace(store_config(store_root), memory=MemoryConfig(host_budget_mb=budget_mb, swap=swap))
     return start_daemon(tmp_path, config=config), store
 
 

@@ -13,8 +13,11 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from tests.conftest import load_golden  # noqa: E402
-from tests.daemon_harness import ControllerSim, start_daemon  # noqa: E402
+from vlad.testing import (  # noqa: E402
+    ControllerSim,
+    load_golden,  # noqa: E402
+    start_daemon,
+)
 
 
 def free_port() -> int:
@@ -107,7 +110,7 @@ def test_metrics_endpoint_families_and_counts_move(tmp_path):
     import json
     import re
 
-    from tests.daemon_harness import ROOT
+    from tests.conftest import ROOT
 
     dash = json.loads((ROOT / "docs" / "grafana" / "vlad.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])

@@ -1,18 +1,20 @@
 """openpi compatibility: the unmodified openpi client drives the demo arm through vlad.
 
 One real daemon subprocess serves both the native ZeroMQ controller and openpi's
-``WebsocketClientPolicy`` + ``ActionChunkBroker`` (real websocket, real MuJoCo); asking at
-the same cadence, the same seeded episodes must succeed about as often either way, and
-vlad sends no bridging holds between the requests. A second daemon allows only a
+``WebsocketClientPolicy`` (real websocket, real MuJoCo), both as transports of the one
+episode runner; asking at the same cadence, the same seeded episodes must succeed about as
+often either way, and vlad sends no bridging holds between the requests. A second daemon allows only a
 foreign uid on its observation socket: the in-process bridge still serves, the native
 client is refused, and bad websocket input is answered and counted.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -22,15 +24,13 @@ pytest.importorskip("openpi_client.action_chunk_broker")
 
 from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa: E402
 
-from tests.daemon_harness import start_daemon  # noqa: E402
 from vlad.demo import openpi as demo_openpi  # noqa: E402
 from vlad.demo import sim  # noqa: E402
+from vlad.episodes import DaemonLink, run_episode  # noqa: E402
+from vlad.testing import start_daemon  # noqa: E402
 
 # 12 real-time episodes per client (~30 s in all). The flow-matching noise is seeded by the
-# observation sequence, which differs between the two clients, so outcomes differ per
-# episode. The native client asks the way openpi's broker does (below): a controller that
-# asks every period instead is judged differently by the guard after the arm's reset (see
-# native_episode_like_openpi), and succeeds more often with these seeds (30 vs 24 of 40).
+# observation sequence, which the endpoint numbers itself, so outcomes differ per episode.
 EPISODES = 12
 SEEDS = range(20_000, 20_000 + EPISODES)
 HORIZON = 4  # openpi's action_horizon: periods per chunk before asking again
@@ -62,6 +62,17 @@ def settings(port: int, *extra: str) -> list[str]:
     return out
 
 
+def wait_status(client, predicate, timeout: float = 5.0) -> dict:
+    """The daemon's status once ``predicate`` holds for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = client.status()
+        if predicate(st):
+            return st
+        assert time.monotonic() < deadline, f"status never satisfied the test: {st.get('openpi')}"
+        time.sleep(0.05)
+
+
 def reconnect(port: int, timeout: float = 5.0) -> WebsocketClientPolicy:
     """Connect again once the server has seen the previous connection close (until then
     the connection limit answers 503, as it should)."""
@@ -77,122 +88,60 @@ def reconnect(port: int, timeout: float = 5.0) -> WebsocketClientPolicy:
             time.sleep(0.05)
 
 
-def settle_native(client, task, timeout: float = 10.0) -> None:
-    """Until the release serves (a chunk from it, not a fallback's or a hold): the switch between clients leaves
-    a gap the stall monitor answers with the hold posture for its healthy window."""
-    obs = task.reset(SEEDS[0], sim.INSTRUCTIONS[0])
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        client.publish_observation({"overhead": obs.image}, proprio=obs.proprio, instruction=sim.INSTRUCTIONS[0])
-        client.heartbeat()
-        chunk = client.recv_actions(timeout_ms=20)
-        if chunk is not None and chunk.source == "release":  # ACTIVE or DEGRADED (a loaded machine)
-            return
-    raise AssertionError("the daemon never served the release to the native client")
-
-
-def settle_openpi(policy, task, timeout: float = 10.0) -> None:
-    obs = task.reset(SEEDS[0], sim.INSTRUCTIONS[0])
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            out = policy.infer(
-                {demo_openpi.IMAGE_KEY: obs.image, demo_openpi.STATE_KEY: obs.proprio, "prompt": sim.INSTRUCTIONS[0]}
-            )
-            policy.reset()
-            if out["vlad"]["policy"].startswith("release"):
-                return
-        except RuntimeError:
-            pass
-        time.sleep(0.02)
-    raise AssertionError("the daemon never served the release to the openpi client")
-
-
-def native_episode_like_openpi(client, task, seed: int, instruction: str, period_ns: int) -> dict:
-    """The native client driving the arm the way openpi's ``ActionChunkBroker`` does: one
-    observation when the chunk runs out, its waypoints one per period, and holding where
-    the arm is for a period when vlad does not answer (a refused observation after the
-    reset). Heartbeats every period, as the bridge sends them for an openpi client.
-
-    Only this cadence is a fair reference for the bridge. A controller that asks every
-    period shows the reset as an implausible jump that vlad refuses and then re-anchors
-    on; one asking every fourth period shows a move the joints could have made in that
-    time, which the guard follows only after three observations agree (12 periods), so
-    its first chunks are rate-limited towards the previous episode's last command."""
-    obs = task.reset(seed, instruction)
-    chunk, k, held, latencies = None, HORIZON, 0, []
-    next_tick = time.monotonic_ns()
-    for _ in range(sim.EPISODE_STEPS):
-        client.heartbeat()
-        if chunk is None or k >= HORIZON:
-            chunk = None
-            seq = client.publish_observation({"overhead": obs.image}, proprio=obs.proprio, instruction=instruction)
-            deadline = next_tick + period_ns * 4 // 5
-            while chunk is None and (left := deadline - time.monotonic_ns()) > 0:
-                got = client.recv_actions(timeout_ms=max(1, left // 1_000_000))
-                if got is not None and got.obs_seq == seq and not got.is_hold:
-                    chunk, k = got, 0
-                    latencies.append((got.t_receive_ns - got.t_sensor_ns) / 1e6)
-        if chunk is not None:
-            command, k = chunk.actions[k], k + 1
-        else:
-            command, held = obs.proprio[:2], held + 1
-        obs = task.step(np.asarray(command, dtype=np.float64))
-        next_tick += period_ns
-        time.sleep(max(0.0, (next_tick - time.monotonic_ns()) / 1e9))
-    d = task.distance()
-    return {"success": d < sim.SUCCESS_RADIUS, "distance": d, "held": held, "latencies": latencies}
-
-
 @pytest.mark.slow
-def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path):
+def test_openpi_client_drives_the_arm_like_the_native_client(tmp_path, contract):
+    """The one episode runner with two transports at the same cadence (a request every
+    HORIZON periods, the rest of the time only heartbeats): the native client and openpi's
+    own client through the endpoint process. The noise differs (the endpoint numbers its own
+    observations), so outcomes are compared in sum, not seed by seed."""
     port = free_port()
     d = start_daemon(tmp_path, settings(port, f"sockets.observation_producers=['uid:{os.getuid()}']"))
     client = d.client("mujoco-reacher")
+    period = int(contract.timing.control_period_ms * 1e6)
+    validity = int(contract.timing.action_validity_ms * 1e6)
+    run = functools.partial(
+        run_episode, period_ns=period, exec_steps=HORIZON, chunk_length=contract.action.chunk_length
+    )
+    plan = [(seed, sim.INSTRUCTIONS[i % 2]) for i, seed in enumerate(SEEDS)]
     try:
-        period_ns = int(client.status()["control_period_ms"] * 1e6)
-        native, openpi = [], []
-        with sim.ReacherTask(render=True) as task:
-            settle_native(client, task)
-            for i, seed in enumerate(SEEDS):
-                native.append(native_episode_like_openpi(client, task, seed, sim.INSTRUCTIONS[i % 2], period_ns))
-            policy = demo_openpi.connect("127.0.0.1", port, action_horizon=HORIZON)
-            settle_openpi(policy, task)
-            for i, seed in enumerate(SEEDS):
-                openpi.append(demo_openpi.run_episode(policy, task, seed, sim.INSTRUCTIONS[i % 2], period_ns))
-        st = client.status()
+        with sim.ReacherTask(render=False) as task:
+            native = [run(task, DaemonLink(client, streams=False), seed, instruction) for seed, instruction in plan]
+            client.close()  # says goodbye: its silence from now on is no fault
+            link = demo_openpi.OpenPILink(demo_openpi.connect("127.0.0.1", port), period, validity)
+            openpi = [run(task, link, seed, instruction) for seed, instruction in plan]
+        watcher = d.client("status")
+        st = watcher.status()
+        fallbacks = Counter(
+            e["reason"].split(" for ")[0]
+            for e in watcher.control("events", limit=500)
+            if e["kind"] == "transition" and e["state_to"] == "FALLBACK"
+        )
+        watcher.close()
     finally:
-        client.close()
         d.stop()
-    ok_native = sum(r["success"] for r in native)
-    ok_openpi = sum(r["success"] for r in openpi)
-    lat = np.concatenate([r["latencies"] for r in openpi])
-    nat = np.concatenate([r["latencies"] for r in native])
+    ok_native = sum(r.success for r in native)
+    ok_openpi = sum(r.success for r in openpi)
+    lat = np.concatenate([r.latencies_ms for r in openpi])
+    nat = np.concatenate([r.latencies_ms for r in native])
     print(
         f"native {ok_native}/{EPISODES}, openpi {ok_openpi}/{EPISODES}; openpi request->chunk p50 "
         f"{np.median(lat):.2f} ms p99 {np.percentile(lat, 99):.2f} ms over {len(lat)}; native sensor->chunk p50 "
-        f"{np.median(nat):.2f} ms; openpi held {[r['held'] for r in openpi]}, errors "
-        f"{sorted({e for r in openpi for e in r['errors']})}; bridge {st['openpi']}"
+        f"{np.median(nat):.2f} ms; openpi held {[r.held for r in openpi]}, errors {dict(link.errors)}; "
+        f"endpoint {st['openpi']}; fallbacks {dict(fallbacks)}"
     )
-    mean_native = np.mean([r["distance"] for r in native])
-    mean_openpi = np.mean([r["distance"] for r in openpi])
-    print(
-        f"mean final distance: native {mean_native * 1e3:.1f} mm, openpi {mean_openpi * 1e3:.1f} mm; per episode (mm) "
-        f"native {[round(r['distance'] * 1e3) for r in native]}, openpi {[round(r['distance'] * 1e3) for r in openpi]}"
-    )
+    mean_native = np.mean([r.final_distance for r in native])
+    mean_openpi = np.mean([r.final_distance for r in openpi])
     assert ok_openpi >= 3
-    # Same seeds, same cadence: the outcomes pair up seed by seed (both fail the same two or
-    # three); only the noise differs.
     assert ok_openpi >= ok_native - 3, (ok_native, ok_openpi)
-    assert mean_openpi < 0.15, mean_openpi
+    assert mean_openpi < 0.15, (mean_native, mean_openpi)
     # A chunk-executing client waits for nothing between its requests: no bridging holds
-    # (vlad.serving.cadence; about 25 per episode before, 0-2 in all now, each a late chunk).
+    # (vlad.serving.cadence; a few, each a late chunk).
     holds = st["counters"]["holds"]
-    assert holds.get("bridge", 0) <= 2 * EPISODES, holds
-    assert st["openpi"]["replies"] >= EPISODES * sim.EPISODE_STEPS // 4 - 3 * EPISODES
-    # After a reset vlad refuses the arm's jump until a few observations confirm it: those
-    # requests are answered with an error, never with a chunk computed from another pose.
-    assert all(r["held"] <= 10 for r in openpi), [r["held"] for r in openpi]
+    assert holds.get("bridge", 0) <= 2 * EPISODES, (holds, dict(fallbacks))
+    assert st["openpi"]["replies"] >= EPISODES * sim.EPISODE_STEPS // HORIZON - 3 * EPISODES
+    # Each episode's first request announces the reset: nothing is refused, nothing held long.
+    assert not link.errors.get("rejected_implausible_proprio"), dict(link.errors)
+    assert all(r.held <= 4 for r in openpi), [r.held for r in openpi]
 
 
 def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
@@ -250,7 +199,7 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
                 {demo_openpi.IMAGE_KEY: {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "|O", b"shape": [1]}}
             )
         )
-        assert "not numeric" in ws.recv()
+        assert "not one of the numeric dtypes" in ws.recv()
         assert policy.infer(obs)["actions"].shape == (8, 2)  # the connection still serves
         # The connection limit (1): a second client is refused before the handshake.
         with pytest.raises(Exception, match="503"):
@@ -275,15 +224,17 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
             )
             chunk = client.recv_actions(timeout_ms=50, drop_stale=False)
             answered += [chunk.t_sensor_ns] if chunk is not None else []
-        time.sleep(0.6)  # a status tick
-        st = client.status()
+        reasons = ("rejected_bad_shape", "bad_observation", "rejected_nonfinite", "malformed", "busy", "too_large")
+        st = wait_status(  # the endpoint process reports once a second
+            client,
+            lambda st: (
+                st["counters"]["rejected"].get("unauthorized_observations", 0) >= 1
+                and all(st["openpi"].get("errors", {}).get(r, 0) >= 1 for r in reasons)
+            ),
+        )
         client.close()
         assert not sent & set(answered)  # the native observations were refused by the allow list
-        assert st["counters"]["rejected"].get("unauthorized_observations", 0) >= 1
-        o = st["openpi"]
-        assert o["replies"] >= 4
-        for reason in ("rejected_bad_shape", "bad_observation", "rejected_nonfinite", "malformed", "busy", "too_large"):
-            assert o["errors"].get(reason, 0) >= 1, (reason, o)
+        assert st["openpi"]["replies"] >= 4
         # E-stop engaged: an explicit error, never a chunk; released: served again.
         estop.write_text("engaged")
         deadline = time.monotonic() + 10
@@ -305,9 +256,12 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
             except RuntimeError:
                 assert time.monotonic() < deadline, "not served again after the e-stop was released"
                 time.sleep(0.05)
-        # The same counters reach Prometheus (here over the metrics unix socket).
-        text = unix_get(metrics_sock, "/metrics")
-        assert 'vlad_openpi_errors_total{reason="malformed"}' in text
+        # The same counters reach Prometheus (here over the metrics unix socket), from the
+        # status the daemon publishes (twice a second here).
+        deadline = time.monotonic() + 5
+        while 'vlad_openpi_errors_total{reason="malformed"}' not in (text := unix_get(metrics_sock, "/metrics")):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.1)
         assert "vlad_openpi_replies_total" in text
         assert d.proc.poll() is None
     finally:
@@ -398,7 +352,8 @@ def test_tls_and_token(tmp_path, monkeypatch):
         policy = WebsocketClientPolicy(f"wss://127.0.0.1:{port}", api_key="s3cret-token-for-the-test")
         assert policy.infer(obs)["actions"].shape == (8, 2)
         client = d.client()
-        st = client.status()
+        # the endpoint process reports its counters once a second
+        st = wait_status(client, lambda st: st["openpi"].get("replies", 0) >= 1)
         client.close()
         assert st["openpi"]["errors"]["unauthorized"] == 2
     finally:
@@ -416,3 +371,124 @@ def test_busy_port_refuses_the_start_with_one_line(tmp_path):
             d.stop()
     errors = [line for line in d.log().splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "cannot listen on 127.0.0.1" in errors[0], d.log()
+
+
+def test_openpi_client_recovers_within_a_period_after_estop_and_pause(tmp_path):
+    """Issue 21 item 5: after an e-stop release, and after a pause between requests (an
+    episode reset), openpi's own client gets a policy chunk for its first request, not ~2 s
+    of errors. The endpoint forwards requests during the e-stop (the daemon answers the
+    newest one at release) and heartbeats with cadence "request" (silence between requests
+    is no sensor stall); input and controller holds end with their cause."""
+    port = free_port()
+    estop = tmp_path / "estop"
+    estop.write_text("0")
+    # the default stall limit (5 periods): shorter than every pause below
+    d = start_daemon(tmp_path, settings(port, f"safety.estop_file='{estop}'", "monitors.sensor_stall_periods=5"))
+    try:
+        policy = WebsocketClientPolicy("127.0.0.1", port)
+        obs = {
+            demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
+            demo_openpi.STATE_KEY: np.zeros(4, np.float32),
+            "prompt": sim.INSTRUCTIONS[0],
+        }
+        period = 0.02
+
+        def ask() -> tuple[float, float, str]:
+            """(sent, answered, error or "") for one request."""
+            t0 = time.monotonic()
+            try:
+                policy.infer(obs)
+                return t0, time.monotonic(), ""
+            except RuntimeError as exc:
+                return t0, time.monotonic(), str(exc)
+
+        def every_period(n: int) -> list[tuple[float, float, str]]:
+            out, next_t = [], time.monotonic()
+            for _ in range(n):
+                out.append(ask())
+                next_t += period
+                time.sleep(max(0.0, next_t - time.monotonic()))
+            return out
+
+        assert not any(e for *_, e in every_period(10)[3:]), "not serving before the test"
+        estop.write_text("engaged")
+        deadline = time.monotonic() + 5
+        while "estop" not in ask()[2]:
+            assert time.monotonic() < deadline, "the e-stop never reached the openpi client"
+        during = every_period(25)  # half a second of requests, each answered "estop"
+        assert all("estop" in e for *_, e in during[2:]), {e for *_, e in during}
+        estop.write_text("0")
+        t_release = time.monotonic()
+        after = every_period(25)
+        first_ok = next(t1 for t0, t1, e in after if not e)
+        # Requests sent more than one period after the release (the e-stop file is read
+        # every quarter period) are all served by the policy.
+        late_errors = [e for t0, _, e in after if t0 > t_release + period and e]
+        assert not late_errors, late_errors[:3]
+        time.sleep(1.5)  # a pause (an episode reset): 75 periods without a request
+        t0, t1, err = ask()
+        assert not err, err
+        pause_ms = (t1 - t0) * 1e3
+        st = d.client().status()
+        print(
+            f"first chunk {1e3 * (first_ok - t_release):.1f} ms after the e-stop release; "
+            f"first request after a 1.5 s pause answered in {pause_ms:.1f} ms; "
+            f"transitions {st['transition_counts']}"
+        )
+        assert "FALLBACK" not in st["transition_counts"], st["transition_counts"]  # never a hold for input
+    finally:
+        d.stop()
+
+
+def test_endpoints_on_tcp_curve_sockets(tmp_path):
+    """With tcp:// endpoints (CurveZMQ) the endpoint processes connect with a key pair the
+    daemon made for them at start: admitted (the openpi one to the observation socket too,
+    whatever observation_producers says), and nobody else's key is."""
+    import urllib.request
+
+    import zmq.auth
+
+    from tests.test_daemon import _free_ports
+
+    keys, clients = tmp_path / "keys", tmp_path / "clients"
+    keys.mkdir()
+    clients.mkdir()
+    _, server_secret = zmq.auth.create_certificates(keys, "server")
+    client_pub, _ = zmq.auth.create_certificates(keys, "client")
+    (clients / "client.key").write_bytes(open(client_pub, "rb").read())
+    client_key = zmq.auth.load_certificate(client_pub)[0].decode()
+    eps = {
+        k: f"tcp://127.0.0.1:{port}"
+        for k, port in zip(("observations", "actions", "status", "control"), _free_ports(4), strict=True)
+    }
+    port, metrics_port = free_port(), free_port()
+    d = start_daemon(
+        tmp_path,
+        settings(
+            port,
+            f"sockets.curve_secret_key='{server_secret}'",
+            f"sockets.curve_clients_dir='{clients}'",
+            f"sockets.observation_producers=['key:{client_key}']",
+            "metrics.enabled=true",
+            f"metrics.listen='127.0.0.1:{metrics_port}'",
+            "serve.status_hz=10",
+        ),
+        endpoints=eps,
+    )
+    try:
+        policy = WebsocketClientPolicy("127.0.0.1", port)
+        obs = {
+            demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
+            demo_openpi.STATE_KEY: np.zeros(4, np.float32),
+            "prompt": sim.INSTRUCTIONS[0],
+        }
+        assert policy.infer(obs)["actions"].shape == (8, 2)
+        policy._ws.close()
+        deadline = time.monotonic() + 5
+        while "vlad_published_total" not in (
+            text := urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        ):
+            assert time.monotonic() < deadline, text[:500]
+            time.sleep(0.1)
+    finally:
+        d.stop()

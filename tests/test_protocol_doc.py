@@ -8,12 +8,14 @@ import dataclasses
 import re
 import subprocess
 import sys
+import time
 import typing
 from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import ROOT, start_daemon
+from tests.conftest import ROOT
+from vlad.testing import start_daemon
 
 DOC = ROOT / "docs" / "protocol.md"
 ROLES = ("observations", "actions", "status", "control", "estop")
@@ -53,6 +55,11 @@ def _code_reasons() -> tuple[set[str], set[str]]:
     observations |= set(re.findall(r'Rejected\(\s*"(\w+)"', intake))
     observations |= set(re.findall(r'\.reject\(\s*"(\w+)"', intake))
     observations |= set(re.findall(r'return "(\w+)"', judge))
+    # the cycle's observation faults (vlad.serving.cycle), counted as rejections by the serving thread
+    from vlad.serving.cycle import INPUT_REASONS
+
+    observations |= set(INPUT_REASONS) - {"stale"}
+    observations |= set(re.findall(r'ProtocolError\(\s*"(\w+)"', (vlad / "health" / "liveness.py").read_text()))
     supervisor = (vlad / "daemon" / "supervisor.py").read_text()
     control_src = (vlad / "daemon" / "control.py").read_text()
     request_path = (
@@ -154,3 +161,56 @@ def test_the_example_runs_as_written(daemon, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "vlad is ACTIVE" in out.stdout or "vlad is DEGRADED" in out.stdout, out.stdout
     assert "from release:vlad-demo-reacher@1.0.0 execute waypoint" in out.stdout, out.stdout
+
+
+class _Tap:
+    """Keeps the raw frames of every chunk a client receives."""
+
+    def __init__(self) -> None:
+        self.frames: list[list[bytes]] = []
+
+    def observation(self, frames: list[bytes], t_ns: int) -> None:
+        pass
+
+    def actions(self, frames: list[bytes], t_ns: int) -> None:
+        self.frames.append(frames)
+
+
+def test_live_chunks_carry_exactly_the_documented_keys(daemon):
+    """A policy chunk and a hold from the running daemon: header keys as the page's `act`
+    table lists them (plus the common keys), `timings_ms` keys among the documented stages."""
+    from vlad import protocol
+    from vlad.testing import load_golden
+
+    rows = {_names(r[0])[0]: r for r in _table("act")}
+    documented = set(rows) | {"v", "kind", "seq", "tensors"}
+    stages = set(_names(rows["timings_ms"][2]))
+    raw = load_golden()[0]["raw"]
+    client = daemon.client("doc-check")
+    client.tap = tap = _Tap()
+    headers: dict[int, dict] = {}
+    want = {90_000: "release", 90_001: "hold:rejected"}  # (a daemon left alone falls back first: wait)
+    try:
+        for seq, instruction in enumerate([raw.instruction, "reach the red target " * 10], start=90_000):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and seq not in headers:
+                client.publish_observation(dict(raw.images), raw.proprio, instruction, seq=seq)
+                client.heartbeat()
+                time.sleep(0.02)  # a control period
+                while client.recv_chunk(timeout_ms=0) is not None:
+                    pass
+                for frames in tap.frames:
+                    h = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,)).header
+                    if want.get(h["obs_seq"]) == h["source"]:
+                        headers[h["obs_seq"]] = h
+                tap.frames.clear()
+        events = [(e["kind"], e["reason"]) for e in client.control("events", limit=10)]
+    finally:
+        client.close()
+    assert set(headers) == set(want), "\n".join(map(str, events))
+    policy, hold = headers[90_000], headers[90_001]
+    assert hold["reason"] == "instruction_too_long" and hold["advisory"] is True
+    for header in (policy, hold):
+        assert set(header) == documented, sorted(set(header) ^ documented)
+    assert policy["timings_ms"] and set(policy["timings_ms"]) <= stages, sorted(set(policy["timings_ms"]) - stages)
+    assert hold["timings_ms"] == {}

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEMO
-from tests.daemon_harness import ROOT, VLAD, start_daemon
+from tests.conftest import ROOT, VLAD
+from vlad.config import Config, MonitorsConfig, ReleaseConfig, ServeConfig, StoreConfig
+from vlad.testing import DEMO, start_daemon
 
 KEYS = ROOT / "etc" / "vlad" / "keys.d"
 VLADCTL = VLAD.parent / "vladctl"
@@ -100,19 +101,12 @@ def test_vladctl_rollback_with_vlad_down_goes_to_the_store_at_once(store, tmp_pa
 @pytest.fixture(scope="module")
 def live(store):
     st, tmp = store
-    config = tmp / "vlad.toml"
-    config.write_text(f"""
-[release]
-path = "{st.root}/releases/active"
-keys_dir = "{KEYS}"
-[serve]
-warmup = 3
-[store]
-root = "{st.root}"
-[monitors]
-sensor_stall_periods = 1000000
-heartbeat_missing_periods = 1000000
-""")
+    config = Config(
+        release=ReleaseConfig(path=str(st.root / "releases" / "active"), keys_dir=str(KEYS)),
+        serve=ServeConfig(warmup=3),
+        store=StoreConfig(root=str(st.root)),
+        monitors=MonitorsConfig(sensor_stall_periods=1_000_000, heartbeat_missing_periods=1_000_000),
+    )
     d = start_daemon(tmp, config=config)
     client = d.client()
     yield d, client, st, tmp

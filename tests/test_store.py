@@ -273,3 +273,140 @@ def test_cli_stage_activate_rollback(env, capsys, monkeypatch):
     assert release_cli.main(["release", "status", "--json", *base]) == 0
     status = json.loads(capsys.readouterr().out)
     assert (status["active"], status["previous"], status["bad"]) == ("c1", "c2", ["c2"])
+
+
+# ---- gate evidence: one rule on every way to active ------------------------------------------
+
+
+@pytest.fixture()
+def proofs(tmp_path):
+    """(store, sources): "good" with passing evidence, "none" without any, "failed" with a
+    failed closed-loop gate; version codes 1, 2, 3."""
+    private, trusted = make_keys(tmp_path)
+    sources = {
+        rid: make_release(tmp_path / "src" / rid, private, release_id=rid, version_code=vc, gate_passed=passed)
+        for rid, vc, passed in (("good", 1, True), ("none", 2, None), ("failed", 3, False))
+    }
+    store = ReleaseStore(tmp_path / "store", trusted)
+    for rid in sources:
+        store.stage(sources[rid], now=NOW)
+    return store, sources
+
+
+def test_activation_needs_passing_evidence_or_a_recorded_override(proofs):
+    from vlad.release.evidence import EvidenceMissing
+
+    store, _ = proofs
+    store.activate("good", who="ana", why="first", now=NOW)
+    with pytest.raises(EvidenceMissing) as exc:
+        store.activate("none", who="ana", why="try", now=NOW)
+    text = str(exc.value)
+    assert "lacks passing gate evidence (gate closed_loop: no evidence in the manifest)" in text
+    assert "vladctl gate" in text and "vladctl release activate none --force --why" in text and "\n" not in text
+    with pytest.raises(EvidenceMissing, match="failed its gates .*report eval.json.*--force --why"):
+        store.activate("failed", who="ana", why="try", now=NOW)
+    with pytest.raises(EvidenceMissing, match="--force needs --why"):
+        store.activate("failed", who="ana", why=" ", force=True, now=NOW)
+    assert store.active() == "good"
+
+    e = store.activate("failed", who="ana", why="lab trial, arm caged", force=True, now=NOW)
+    assert store.active() == "failed" and e.forced and e.evidence == "failed"
+    assert e.overrides == ("evidence failed: gate closed_loop (report eval.json): failed",)
+    entry = store.history()[-1]  # as the journal recorded it
+    assert (entry.evidence, entry.overrides, entry.why) == ("failed", e.overrides, "lab trial, arm caged")
+    assert store.history()[0].evidence == "passed" and not store.history()[0].forced
+
+
+def test_integrity_failures_are_never_overridden(proofs):
+    store, _ = proofs
+    staged = store.release_path("none") / "policy.onnx"
+    os.chmod(staged, 0o644)
+    staged.write_bytes(staged.read_bytes()[:-1] + b"!")
+    with pytest.raises(IntegrityError, match="policy.onnx: sha256"):
+        store.activate("none", who="ana", why="anyway", force=True, now=NOW)
+    assert store.active() is None and store.history() == []
+
+
+def test_rollback_to_a_release_without_evidence_needs_force_and_is_recorded(proofs):
+    """A previous release that lacks evidence (e.g. one activated before the rule) is made
+    active again only with --force --why, like an activation."""
+    from vlad.release.evidence import EvidenceMissing
+
+    store, _ = proofs
+    store.activate("none", who="ana", why="before the gates existed", force=True, now=NOW)
+    store.activate("failed", who="ana", why="trial", force=True, now=NOW)
+    with pytest.raises(EvidenceMissing, match=r"release none lacks .*vladctl rollback --force --why"):
+        store.rollback(who="bo", why="regression")
+    assert store.active() == "failed"
+    e = store.rollback(who="bo", why="regression; none ran fine for months", force=True)
+    assert (e.event, e.to_release, e.evidence, e.forced) == ("rollback", "none", "missing", True)
+    assert e.overrides[0].startswith("evidence missing: gate closed_loop")
+
+
+def test_history_and_status_show_the_overrides(proofs, capsys):
+    store, _ = proofs
+    store.activate("none", who="ana", why="bench test", force=True, now=NOW)
+    # A record written before the journal kept evidence (an older vlad) reads as such.
+    with open(store.history_path, "a") as f:
+        old = {**store.journal()[-1], "seq": 99}
+        for key in ("evidence", "evidence_problems", "overrides"):
+            old.pop(key)
+        f.write(json.dumps({**old, "phase": "intent"}) + "\n" + json.dumps({**old, "phase": "done"}) + "\n")
+    base = ["--root", str(store.root), "--keys", str(store.keys_dir)]
+    assert release_cli.main(["release", "history", *base]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "by ana: bench test [forced: evidence missing]" in lines[0]
+    assert "overrode evidence missing: gate closed_loop: no evidence in the manifest" in lines[1]
+    assert lines[2].endswith("[evidence not recorded]")
+    assert release_cli.main(["release", "status", "--json", *base]) == 0
+    assert json.loads(capsys.readouterr().out)["active_evidence"].startswith("not recorded")
+
+
+# ---- each artifact hashed once per operation ---------------------------------------------------
+
+
+def test_staging_hashes_once_and_hands_the_result_on(env):
+    """Stage copies and hashes in one pass; activation with the staging's result hashes
+    nothing; a file changed in between is hashed again (and refused)."""
+    store, src = env
+    lines: list[str] = []
+    staged = store.stage_release(src["r1"], now=NOW, progress=lines.append)
+    total = sum(a.size for a in staged.manifest.artifacts)
+    assert staged.hashed_bytes == total and "GB/s" in staged.hashing and lines[-1] == staged.hashing
+    again = verify_release(staged.path, store.keys_dir, NOW, known=staged.files)
+    assert again.hashed_bytes == 0 and again.files == staged.files
+    assert verify_release(staged.path, store.keys_dir, NOW).hashed_bytes == total  # a new operation: hashed
+
+    e = store.activate("r1", who="ana", why="first", now=NOW, verified=staged)
+    assert e.to_release == "r1"
+    store.stage(src["r2"], now=NOW)
+    staged2 = store.stage_release(src["r2"], now=NOW)  # already staged: verified (hashed) once more
+    target = store.release_path("r2") / "model_config.json"
+    os.chmod(target, 0o644)
+    target.write_text('{"width": 9}\n')
+    with pytest.raises(IntegrityError, match="model_config.json: s"):
+        store.activate("r2", who="ana", why="second", now=NOW, verified=staged2)
+
+
+def test_the_deploy_pipeline_hashes_each_artifact_once(tmp_path):
+    """What the daemon's deploy does, step by step, on the demo release: stage (copy and
+    hash), evidence, load (the staging's result handed on), activate: one pass in all."""
+    from vlad.release.evidence import judge_evidence
+    from vlad.release.loading import PolicySource, load_policy
+
+    keys = ROOT / "etc" / "vlad" / "keys.d"
+    store = ReleaseStore(tmp_path / "store", keys)
+    staged = store.stage_release(ROOT / "manifests" / "demo")
+    assert staged.hashed_bytes == sum(a.size for a in staged.manifest.artifacts)
+    assert judge_evidence(staged.manifest, staged.path, staged.files).ok
+    policy = load_policy(PolicySource(staged.path, str(keys), verified=staged), warmup=1)
+    try:
+        assert policy.verified is not None and policy.verified.hashed_bytes == 0 and policy.evidence.ok
+        e = store.activate(staged.id, who="t", why="deploy", verified=policy.verified)
+        assert e.evidence == "passed"
+        # A load without the handed-on result (a daemon start) hashes: a new operation.
+        fresh = load_policy(PolicySource(staged.path, str(keys)), warmup=1)
+        assert fresh.verified.hashed_bytes == staged.hashed_bytes
+        fresh.session.close()
+    finally:
+        policy.session.close()

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from tests.daemon_harness import ROOT, VLAD
+from tests.conftest import ROOT, VLAD
 
 MAX_EXPOSURE = 3.0
 
@@ -83,3 +83,24 @@ def test_realtime_dropin_verifies_and_stays_hardened(tmp_path):
     path = _unit(tmp_path, enabled)
     _verify(path)
     assert _exposure(path) <= MAX_EXPOSURE
+
+
+def test_limit_nofile_holds_what_the_caps_need():
+    """The unit's LimitNOFILE holds the largest need of the daemon and of its endpoint
+    processes at the largest caps the config allows (vlad.daemon.endpoints.fd_budget)."""
+    from dataclasses import replace
+
+    from vlad.config import CompatConfig, Config, MetricsConfig, OpenPIConfig
+    from vlad.daemon.endpoints import fd_budget
+
+    unit = (ROOT / "systemd" / "vlad.service").read_text()
+    m = re.search(r"^LimitNOFILE=(\d+)$", unit, re.M)
+    assert m, "the unit sets no LimitNOFILE (systemd's default soft limit is 1024)"
+    limit = int(m.group(1))
+    cfg = Config()
+    largest = replace(
+        cfg,
+        compat=CompatConfig(openpi=OpenPIConfig(enabled=True, max_connections=4096)),
+        metrics=MetricsConfig(enabled=True, max_connections=4096),
+    )
+    assert max(fd_budget(cfg).values()) <= max(fd_budget(largest).values()) <= limit, (fd_budget(largest), limit)

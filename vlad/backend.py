@@ -28,6 +28,12 @@ import numpy as np
 from vlad.contract import Contract, TensorSpec
 from vlad.errors import BackendError, InputRejected
 
+#: Every precision label there is: what a release's manifest may ask for (backend option
+#: ``precision``), what a session reports in :class:`SessionDescription`, what the gates
+#: hold budgets for. Each backend honours a subset and refuses the rest when it loads
+#: (tests/backends/test_precisions.py checks every backend's subset against this set).
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "mixed")
+
 
 @dataclass(frozen=True)
 class Availability:

@@ -17,6 +17,7 @@ vlad runs on; see ``docs/protocol.md``.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ class ActionChunk:
     timings_ms: Mapping[str, float]
     actions: np.ndarray  # [chunk_length, action_dim], contract units
     t_receive_ns: int
+    advisory: bool = False  # a hold saying "no policy answer for this observation" (docs/protocol.md)
+    reason: str = ""  # on a hold: why (e.g. "stale", "instruction_too_long", "estop")
 
     @property
     def is_hold(self) -> bool:
@@ -106,6 +109,9 @@ class Client:
         # from the first of each: later ones skip the per-tensor work (protocol.Layout).
         self._obs_layout: protocol.Layout | None = None
         self._act_layout: protocol.Layout | None = None
+        # A recorder of what this controller sends and receives: any object with
+        # observation(frames, t_ns) and actions(frames, t_ns) (vlad.gates.recording.McapRecorder).
+        self.tap: Any = None
 
     @classmethod
     def from_config(cls, config: str | Path | Any, name: str = "controller") -> Client:
@@ -126,12 +132,21 @@ class Client:
         *,
         seq: int | None = None,
         t_sensor_ns: int | None = None,
+        reanchor: bool = False,
     ) -> int:
-        """Send one observation; ``t_sensor_ns`` should be the capture time (default: now)."""
+        """Send one observation; ``t_sensor_ns`` should be the capture time (default: now).
+
+        ``reanchor``: the joint state jumped on purpose since the last observation (an
+        episode reset, homing, the arm moved by hand while the controller was paused):
+        vlad trusts it at once instead of waiting for it to be confirmed
+        (docs/protocol.md, "Joint states are judged, not believed").
+        """
         seq = next(self._seq) if seq is None else seq
         header: dict[str, Any] = {"seq": seq, "t_sensor_ns": t_sensor_ns or time.monotonic_ns(), "client": self.name}
         if instruction is not None:
             header["instruction"] = instruction
+        if reanchor:
+            header["reanchor"] = True
         names = [f"image/{name}" for name in images]
         arrays = list(images.values())
         if proprio is not None:
@@ -150,16 +165,25 @@ class Client:
                 self._obs_layout = None
         else:
             frames = layout.encode(protocol.TOPIC_OBS, header, arrays)  # generic when shapes changed
+        if self.tap is not None:
+            self.tap.observation([bytes(f) for f in frames], time.monotonic_ns())
         # pyzmq's zero-copy sends cost more than a copy below ~64 KiB (per its docs).
         self._obs.send_multipart(frames, copy=sum(len(f) for f in frames) < 65536)
         return seq
 
-    def heartbeat(self) -> None:
-        self._obs.send_multipart(
-            protocol.encode(
-                protocol.TOPIC_HEARTBEAT, {"seq": next(self._seq), "t_ns": time.monotonic_ns(), "client": self.name}
-            )
-        )
+    def heartbeat(self, cadence: str | None = None, *, bye: bool = False) -> None:
+        """Tell vlad this controller is alive (send one every control period: docs/health.md).
+
+        ``cadence``: ``"stream"`` (an observation every period, the default) or ``"request"``
+        (an observation only when it needs a new chunk: silence between requests is then not
+        a stalled sensor). ``bye``: this controller leaves on purpose (its silence from now
+        on is no fault); :meth:`close` sends it."""
+        header: dict[str, Any] = {"seq": next(self._seq), "t_ns": time.monotonic_ns(), "client": self.name}
+        if cadence is not None:
+            header["cadence"] = cadence
+        if bye:
+            header["bye"] = True
+        self._obs.send_multipart(protocol.encode(protocol.TOPIC_HEARTBEAT, header))
 
     def send_raw(self, frames: list[bytes]) -> None:
         """Send arbitrary frames on the observation socket (for tests and tools)."""
@@ -186,11 +210,29 @@ class Client:
                 if time.monotonic() >= deadline:
                     return None
                 continue
-            chunk = self._decode_actions(sock.recv_multipart(), self)
+            frames = sock.recv_multipart()
+            if self.tap is not None:
+                self.tap.actions(frames, time.monotonic_ns())
+            chunk = self._decode_actions(frames, self)
             if drop_stale and chunk.is_stale():
                 self.dropped_stale += 1
                 continue
             newest = chunk
+
+    def recv_chunk(self, timeout_ms: float = 100) -> ActionChunk | None:
+        """The next action chunk within ``timeout_ms``, none skipped, stale ones included
+        (for controllers that look at every chunk, e.g. :mod:`vlad.episodes`)."""
+        if not zmq.zmq_poll(self._act_poll, max(0, math.ceil(timeout_ms))):
+            return None
+        frames = self._act.recv_multipart()
+        if self.tap is not None:
+            self.tap.actions(frames, time.monotonic_ns())
+        return self._decode_actions(frames, self)
+
+    @staticmethod
+    def decode_chunk(frames: list[bytes]) -> ActionChunk:
+        """An action chunk message (received now) as an :class:`ActionChunk`; ProtocolError if it is not one."""
+        return Client._decode_actions(frames)
 
     @staticmethod
     def _decode_actions(frames: list[bytes], learn: Client | None = None) -> ActionChunk:
@@ -204,7 +246,8 @@ class Client:
             seq=h["seq"], obs_seq=h["obs_seq"], t_sensor_ns=h["t_sensor_ns"], t_issue_ns=h["t_issue_ns"],
             valid_until_ns=h["valid_until_ns"], period_ns=h["period_ns"], release=h["release"], state=h["state"], source=h.get("source", ""),
             interventions=tuple(h.get("interventions", ())), timings_ms=h.get("timings_ms", {}),
-            actions=msg.tensors["actions"], t_receive_ns=t,
+            actions=msg.tensors["actions"], t_receive_ns=t, advisory=h.get("advisory") is True,
+            reason=h.get("reason", "") if type(h.get("reason")) is str else "",
         )  # fmt: skip
 
     def recv_status(self, timeout_ms: int = 2000) -> dict[str, Any] | None:
@@ -233,10 +276,17 @@ class Client:
         apply_curve(sock, endpoint, self._curve)
         sock.connect(endpoint)
 
-    def close(self) -> None:
+    def close(self, bye: bool = True) -> None:
+        """Close the sockets; with ``bye`` first tell vlad this controller leaves on purpose."""
+        if bye:
+            try:
+                self.heartbeat(bye=True)
+                self._obs.setsockopt(zmq.LINGER, 100)  # let the goodbye leave (at most 100 ms)
+            except zmq.ZMQError:
+                pass  # the daemon is gone or the queue full: nothing to tell
         for s in (self._obs, self._act, self._status):
             if s is not None:
-                s.close(0)
+                s.close()
         self._ctx.term()
 
     def __enter__(self) -> Client:
@@ -312,7 +362,7 @@ class ExecutorStats:
     rejected_stale: int = 0  # already past valid_until when offered
     rejected_older: int = 0  # from an older observation than the chunk being executed
     rejected_exhausted: int = 0  # every waypoint already in the past
-    ignored_bridge: int = 0  # the daemon's bridging hold while a valid chunk was running
+    ignored_advisory: int = 0  # the daemon's advisory holds while a valid chunk was running
     dropped_waypoints: int = 0  # past waypoints skipped when switching to a new chunk
     blended_steps: int = 0
     idle_steps: int = 0  # step() had nothing valid to execute
@@ -346,9 +396,10 @@ class ChunkExecutor:
       repeat one waypoint and skip the next. A sample up to ``tolerance`` of a period
       before a boundary counts as the next waypoint's (default 0.1).
     * Validity: nothing is ever returned past a chunk's ``valid_until_ns``.
-    * Holds: the daemon's ``hold:bridge`` chunks (sent while an inference is late) are
-      ignored while the current chunk still has a valid waypoint; any other hold
-      (e-stop, fallback, backend error) is adopted at once, without blending.
+    * Holds: the daemon's advisory holds (``hold:bridge``, ``hold:stale``, ``hold:rejected``:
+      this observation got no policy answer) are ignored while the current chunk still
+      has a valid waypoint; any other hold (e-stop, fallback, backend error) is adopted at
+      once, without blending.
 
     Pure logic: ``clock`` (default ``time.monotonic_ns``) is injectable, and every method
     takes an explicit ``now_ns``.
@@ -399,14 +450,13 @@ class ChunkExecutor:
     def offer(self, chunk: ActionChunk, now_ns: int | None = None) -> bool:
         """Consider ``chunk``; True when it becomes the chunk being executed."""
         now = self.clock() if now_ns is None else now_ns
-        bridge = chunk.source == "hold:bridge"
-        if not bridge and self._pending is not None and chunk.obs_seq >= self._pending[0]:
+        if not chunk.advisory and self._pending is not None and chunk.obs_seq >= self._pending[0]:
             self._pending = None  # answered, whether or not it can be used
         if chunk.is_stale(now):
             self.stats.rejected_stale += 1
             return False
-        if bridge and self._usable(self.current, now):
-            self.stats.ignored_bridge += 1
+        if chunk.advisory and self._usable(self.current, now):
+            self.stats.ignored_advisory += 1
             return False
         if self.current is not None and not chunk.is_hold and chunk.t_sensor_ns < self.current.t_sensor_ns:
             self.stats.rejected_older += 1

@@ -58,6 +58,9 @@ class SocketsConfig:
     actions: str = "ipc:///run/vlad/actions"  # PUB: action chunks
     status: str = "ipc:///run/vlad/status"  # PUB: status at status_hz
     control: str = "ipc:///run/vlad/control"  # ROUTER (answers like REP): vladctl
+    # XPUB: the recording tap (vladctl record). Empty: "tap" beside an ipc:// control
+    # endpoint (ipc:///run/vlad/tap); "off": none.
+    tap: str = field(default="", metadata={"allow_empty": True})
     ipc_group: str = "vlad"  # group owning the ipc directory (mode 0770); absent group: left as is
     linger_ms: int = field(default=200, metadata=bounded(0, 10_000))
     # tcp:// endpoints are served only with CurveZMQ: this server's secret key file
@@ -163,6 +166,10 @@ class GuardConfig:
     proprio_rate_factor: float = field(default=3.0, metadata=bounded(1.0, 1000.0))
     # Consistent observations needed before the trusted state re-anchors after a jump.
     reanchor_observations: int = field(default=3, metadata=bounded(1, 1000))
+    # An observation flagged `reanchor` (the controller's announcement of an intended jump:
+    # an episode reset, homing) is trusted at once, at most once per this interval; more
+    # often it is judged like any other (docs/protocol.md).
+    reanchor_min_interval_ms: float = field(default=100.0, metadata=bounded(0.0, 60_000.0))
 
 
 @dataclass(frozen=True)
@@ -220,8 +227,9 @@ class LoggingConfig:
 class OpenPIConfig:
     """``[compat.openpi]``: an openpi-compatible websocket endpoint (docs/operations.md).
 
-    Each request goes through the daemon's observation socket like a ZeroMQ controller's;
-    the keys below say which entries of openpi's observation dict are which contract input."""
+    It runs in its own process; each request goes through the daemon's observation socket
+    like a ZeroMQ controller's. The keys below say which entries of openpi's observation
+    dict are which contract input, and bound what a peer may take."""
 
     enabled: bool = False
     # "HOST:PORT" (tcp; beyond loopback only with tls_cert, tls_key and token_file) or
@@ -232,11 +240,22 @@ class OpenPIConfig:
     # openpi keys whose arrays, concatenated in this order, are the contract's proprio.
     proprio: tuple[str, ...] = ()
     prompt: str = "prompt"  # key of the language instruction
+    # Key of an optional boolean: true on the first request after an intended jump of the
+    # joint state (an episode reset): vlad's `reanchor` (docs/protocol.md). openpi's own
+    # runtimes do not send it; a robot program adds it to its observation dict.
+    reanchor: str = "reanchor"
     default_prompt: str = field(default="", metadata={"allow_empty": True})  # when a request has none
     # A request whose policy chunk has not come back within this is answered with an error.
     request_timeout_ms: float = field(default=500.0, metadata=bounded(1.0, 60_000.0))
     max_message_mb: float = field(default=16.0, metadata=bounded(0.001, 1024.0))  # websocket max_size
-    max_clients: int = field(default=1, metadata=bounded(1, 64))  # connections open at once
+    max_clients: int = field(default=1, metadata=bounded(1, 64))  # websocket clients served at once
+    # TCP connections open at once (handshakes included), in all and from one address;
+    # beyond, closed at accept. They size the process's file descriptors.
+    max_connections: int = field(default=16, metadata=bounded(1, 4096))
+    max_connections_per_peer: int = field(default=4, metadata=bounded(1, 4096))
+    handshake_timeout_s: float = field(default=5.0, metadata=bounded(0.1, 60.0))  # TLS + websocket handshake
+    # A client that sent nothing for this long gives its slot to a new client that asks.
+    idle_timeout_s: float = field(default=30.0, metadata=bounded(1.0, 86_400.0))
     tls_cert: str = field(default="", metadata={"allow_empty": True})  # PEM; with tls_key: wss://
     tls_key: str = field(default="", metadata={"allow_empty": True})
     token_file: str = field(default="", metadata={"allow_empty": True})  # clients send "Api-Key <token>"
@@ -254,6 +273,11 @@ class MetricsConfig:
     enabled: bool = False
     listen: str = "127.0.0.1:9464"  # "HOST:PORT" or "unix:/path"
     allow_remote: bool = False  # a non-loopback HOST must be asked for explicitly
+    # Connections open at once, in all and from one address (beyond: closed at accept), and
+    # how long one may wait for a complete request (after connecting or the last answer).
+    max_connections: int = field(default=16, metadata=bounded(1, 4096))
+    max_connections_per_peer: int = field(default=4, metadata=bounded(1, 4096))
+    idle_timeout_s: float = field(default=10.0, metadata=bounded(0.1, 3600.0))
 
 
 @dataclass(frozen=True)
@@ -363,6 +387,8 @@ def _check_openpi(o: OpenPIConfig, path: str, problems: list[str]) -> None:
     for cam, key in o.cameras.items():
         if not isinstance(key, str) or not key:
             problems.append(f"{path}.cameras.{cam}: expected the openpi observation key (a string)")
+    if o.max_clients > o.max_connections:
+        problems.append(f"{path}.max_clients: {o.max_clients} is above max_connections {o.max_connections}")
 
 
 def _check_metrics(m: MetricsConfig, path: str, problems: list[str]) -> None:

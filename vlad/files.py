@@ -4,6 +4,11 @@ Release folders, config files and keys are read through here. A FIFO named
 ``manifest.sig`` would block ``open()`` forever, a device file or a 10 GB "contract"
 would exhaust memory, and a 5,000-deep TOML array overflows the parser's recursion: each
 is refused with one clear line (:class:`FileRefused`) before anything is parsed.
+
+Files of a release folder are opened with :func:`open_beneath`: component by component,
+each relative to its parent and with ``O_NOFOLLOW``, so a symbolic link anywhere in the
+path (a linked file or a linked sub-folder) is refused before anything behind it is
+opened, and no path can resolve outside the folder.
 """
 
 from __future__ import annotations
@@ -40,6 +45,11 @@ def open_regular(path: str | Path) -> int:
         raise
     except OSError as exc:
         raise FileRefused(f"{path}: cannot open ({exc.strerror or exc})") from None
+    return _regular(fd, path)
+
+
+def _regular(fd: int, path: Any) -> int:
+    """``fd`` when it is a regular file (made blocking again), else closed and refused."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -51,9 +61,76 @@ def open_regular(path: str | Path) -> int:
     return fd
 
 
+_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NOFOLLOW_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+
+
+def relative_parts(relpath: str) -> tuple[str, ...]:
+    """The components of a plain relative path inside a folder; :class:`FileRefused` for an
+    absolute path, ``..``, ``.``, an empty component or a backslash."""
+    parts = tuple(relpath.split("/"))
+    if not relpath or "\\" in relpath or any(p in ("", ".", "..") for p in parts):
+        raise FileRefused(f"{relpath!r}: not a plain relative path inside the folder")
+    return parts
+
+
+def open_beneath(root: str | Path, relpath: str) -> int:
+    """Open the regular file ``relpath`` inside the folder ``root`` without leaving it.
+
+    Every component is opened relative to its parent's descriptor with ``O_NOFOLLOW``
+    (sub-folders also with ``O_DIRECTORY``): a symbolic link at any depth is refused
+    (:class:`FileRefused`, naming it) before anything it points to is opened, and a FIFO
+    or device is refused on the opened descriptor (``O_NONBLOCK``: opening never blocks).
+    ``root`` itself is opened as given (callers pass a resolved folder).
+    FileNotFoundError when a component is missing. The caller closes the descriptor.
+    """
+    parts = relative_parts(relpath)
+    try:
+        parent = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise FileRefused(f"{root}: cannot open the folder ({exc.strerror or exc})") from None
+    for i, name in enumerate(parts):
+        last = i == len(parts) - 1
+        try:
+            fd = os.open(name, _NOFOLLOW_FILE if last else _NOFOLLOW_DIR, dir_fd=parent)
+        except OSError as exc:
+            problem = _open_problem(parent, name, "/".join(parts[: i + 1]), last, exc)
+            os.close(parent)
+            if problem is None:
+                raise
+            raise problem from None
+        os.close(parent)
+        parent = fd
+    return _regular(parent, relpath)
+
+
+def _open_problem(parent: int, name: str, where: str, last: bool, exc: OSError) -> FileRefused | None:
+    """Why opening ``name`` under ``parent`` failed; None for a missing file (re-raised)."""
+    if isinstance(exc, FileNotFoundError):
+        return None
+    try:
+        linked = stat.S_ISLNK(os.lstat(name, dir_fd=parent).st_mode)
+    except OSError:
+        linked = False
+    if linked:
+        what = "a symbolic link" if last else "a symbolic link to a folder"
+        return FileRefused(f"{where}: {what}; a release holds its own files")
+    return FileRefused(f"{where}: cannot open ({exc.strerror or exc})")
+
+
+def read_bytes_beneath(root: str | Path, relpath: str, max_bytes: int = MAX_TEXT_BYTES) -> bytes:
+    """:func:`read_bytes` for a file inside a folder, opened by :func:`open_beneath`."""
+    return _read_fd(open_beneath(root, relpath), f"{root}/{relpath}", max_bytes)
+
+
 def read_bytes(path: str | Path, max_bytes: int = MAX_TEXT_BYTES) -> bytes:
     """The content of a regular file of at most ``max_bytes`` (FileNotFoundError if absent)."""
-    fd = open_regular(path)
+    return _read_fd(open_regular(path), path, max_bytes)
+
+
+def _read_fd(fd: int, path: Any, max_bytes: int) -> bytes:
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size > max_bytes:

@@ -92,6 +92,24 @@ def _unknown_hook_message(pm: pluggy.PluginManager, exc: pluggy.PluginValidation
     return f"plugin {plugin!r} implements unknown hook {name!r}{hint}: fix or remove its @hookimpl"
 
 
+def _broken_entry_point(exc: Exception, allowed: set[str] | None) -> str:
+    """One line naming the entry point that failed to load, its distribution, and the way out."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if allowed is not None and ep.name not in allowed:
+            continue
+        try:
+            ep.load()
+        except Exception as err:
+            dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "an unknown distribution"
+            return (
+                f"plugin {ep.name!r} (entry point {ep.value!r} of {dist}) does not load: "
+                f"{type(err).__name__}: {err}; fix or uninstall it, or name the plugins to load in VLAD_PLUGINS"
+            )
+    return f"a {ENTRY_POINT_GROUP!r} entry-point plugin does not load: {type(exc).__name__}: {exc}"
+
+
 def _register(pm: pluggy.PluginManager, plugin: object, name: str) -> None:
     """Register, turning pluggy's validation error (a hook with wrong arguments) into one line."""
     try:
@@ -115,6 +133,8 @@ def make_plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:
                     pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
         except pluggy.PluginValidationError as exc:
             raise VladError(f"plugin {_plugin_label(pm, exc.plugin)!r}: {exc}") from None
+        except Exception as exc:  # an installed plugin that does not import: name it in one line
+            raise VladError(_broken_entry_point(exc, allowed)) from None
     for module in DEFAULT_PLUGINS:
         _register(pm, importlib.import_module(module), module)
     for module in filter(None, (m.strip() for m in os.environ.get("VLAD_PLUGIN_MODULES", "").split(","))):
@@ -122,8 +142,8 @@ def make_plugin_manager(load_entry_points: bool = True) -> pluggy.PluginManager:
             continue
         try:
             imported = importlib.import_module(module)
-        except ImportError as exc:
-            raise VladError(f"VLAD_PLUGIN_MODULES: cannot import {module!r}: {exc}") from None
+        except Exception as exc:  # ImportError, or any error the module raises while it imports
+            raise VladError(f"VLAD_PLUGIN_MODULES: cannot import {module!r}: {type(exc).__name__}: {exc}") from None
         _register(pm, imported, module)
     check(pm)
     if os.environ.get("VLAD_TRACE_PLUGINS"):

@@ -31,6 +31,8 @@ class RawObservation:
 
     ``images`` maps camera name to the raw frame (shape, dtype, colour order and layout as
     in the contract's ``cameras.raw``); ``proprio`` is the joint state in contract units.
+    ``client`` names the controller that sent it: a policy with ``[history]`` never mixes
+    two controllers' frames in one window.
     """
 
     images: Mapping[str, np.ndarray]
@@ -38,6 +40,7 @@ class RawObservation:
     instruction: str | None = None
     sequence: int = 0
     sensor_time_ns: int = 0
+    client: str | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -225,23 +228,36 @@ def make_noise(contract: Contract, sequence: int, batch: int = 1) -> np.ndarray:
 
 
 def preprocess(contract: Contract, tokenizer: Tokenizer | None, obs: RawObservation) -> dict[str, np.ndarray]:
-    """Raw observation -> the model's input tensors (batch of one), named as in the contract."""
+    """Raw observation -> the model's input tensors (batch of one), named as in the contract.
+
+    With ``[history]`` this is a window that starts at ``obs``: every one of its frames is
+    ``obs`` (what :class:`Preprocessor` holds after a restart, and what LeRobot's observation
+    queue holds after a reset). Windows of distinct frames come from :class:`Preprocessor`.
+    """
     inputs: dict[str, np.ndarray] = {}
+    frames = contract.frames
     for cam in contract.cameras:
         img = obs.images.get(cam.name)
         if img is None:
             raise ObservationError(f"observation has no image from camera {cam.name!r} (has: {sorted(obs.images)})")
-        inputs[cam.input] = preprocess_image(cam, img)[None]
+        inputs[cam.input] = _windowed(preprocess_image(cam, img), frames)
     if contract.language is not None:
         if obs.instruction is None:
             raise ObservationError("observation has no instruction; the contract has a language input")
         assert tokenizer is not None  # a contract with a language input comes with its tokenizer
         inputs[contract.language.input] = tokenizer.encode(obs.instruction)[None]
     if contract.proprio is not None:
-        inputs[contract.proprio.input] = preprocess_proprio(contract, obs.proprio)[None]
+        inputs[contract.proprio.input] = _windowed(preprocess_proprio(contract, obs.proprio), frames)
     if contract.noise is not None:
         inputs[contract.noise.input] = make_noise(contract, obs.sequence)
     return inputs
+
+
+def _windowed(frame: np.ndarray, frames: int) -> np.ndarray:
+    """One frame -> ``[1, *frame]``, or ``[1, frames, *frame]`` (the frame repeated) with history."""
+    if frames == 1:
+        return frame[None]
+    return np.ascontiguousarray(np.broadcast_to(frame, (1, frames, *frame.shape)))
 
 
 def decode_actions(contract: Contract, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -285,30 +301,63 @@ class Preprocessor:
     that needs no crop or resize goes through a per-channel lookup table built with the
     very same float32 operations, which also does the layout change in the same pass;
     other cameras take :func:`preprocess_image` and a copy.
+
+    With ``[history]`` (``frames`` > 1) it also holds the observation window: the camera and
+    proprio inputs are the last ``frames`` observations passed to :meth:`fill`, oldest first.
+    A frame is checked in full before the window moves, so a rejected observation never
+    enters it. The window restarts (every slot the newest frame, as LeRobot fills its queue
+    after a reset) on the first observation, after a gap longer than
+    ``timing.max_observation_age_ms`` between consecutive frames (the older frames are then
+    stale, whatever the newest one is), when the sensor time runs backwards, when the
+    ``client`` changes, and on :meth:`reset`. The same observation passed twice (a swap
+    re-serves the newest) does not move the window.
     """
 
     def __init__(self, contract: Contract, tokenizer: Tokenizer | None) -> None:
         self.contract = contract
         self.tokenizer = tokenizer
+        self.frames = contract.frames
         self.inputs: dict[str, np.ndarray] = {}
         self._cameras: list[tuple[CameraSpec, np.ndarray, np.ndarray | None]] = []
+        # frames > 1: each frame is built in a staging buffer, then committed to the window
+        self._staged: list[tuple[np.ndarray, np.ndarray]] = []  # (staging frame, window [1, T, ...])
+        time_axis = (self.frames,) if self.frames > 1 else ()
         for cam in contract.cameras:
             m = cam.model
-            shape = (1, 3, m.height, m.width) if m.layout == "CHW" else (1, m.height, m.width, 3)
-            buf = np.zeros(shape, dtype=np.dtype(m.dtype))
-            self.inputs[cam.input] = buf
-            self._cameras.append((cam, buf, _channel_lut(cam)))
+            frame = (3, m.height, m.width) if m.layout == "CHW" else (m.height, m.width, 3)
+            window = np.zeros((1, *time_axis, *frame), dtype=np.dtype(m.dtype))
+            self.inputs[cam.input] = window
+            if self.frames > 1:
+                stage = np.zeros((1, *frame), dtype=window.dtype)
+                self._staged.append((stage, window))
+                self._cameras.append((cam, stage, _channel_lut(cam)))
+            else:
+                self._cameras.append((cam, window, _channel_lut(cam)))
         self._instruction: str | None = None  # what the token buffer holds now
         if contract.language is not None:
             self.inputs[contract.language.input] = np.zeros((1, contract.language.max_tokens), np.int64)
         if contract.proprio is not None:
             spec = contract.proprio
-            self.inputs[spec.input] = np.zeros((1, spec.dim), np.float32)
+            window = np.zeros((1, *time_axis, spec.dim), np.float32)
+            self.inputs[spec.input] = window
+            self._proprio = window
+            if self.frames > 1:
+                self._proprio = np.zeros((1, spec.dim), np.float32)
+                self._staged.append((self._proprio, window))
             self._p_mean = np.asarray(spec.mean, np.float32)
             self._p_std = np.asarray(spec.std, np.float32)
         if contract.noise is not None:
             self.inputs[contract.noise.input] = np.zeros((1, *contract.noise.shape), np.dtype(contract.noise.dtype))
             self._noise = _NoiseSource(contract)
+        self._max_gap_ns = int(contract.timing.max_observation_age_ms * 1e6)
+        self.restarts = 0  # window restarts (frames > 1), for tests and status
+        self.reset()
+
+    def reset(self) -> None:
+        """Restart the observation window at the next :meth:`fill` (frames > 1); e.g. after the
+        trusted joint state re-anchored or the robot was re-homed."""
+        self._filled = 0  # frames the window holds
+        self._last: tuple[int, int, str | None] | None = None  # (sequence, sensor time, client)
 
     def fill(self, obs: RawObservation) -> dict[str, np.ndarray]:
         """Raw observation -> the model inputs (the preallocated dict); ObservationError
@@ -342,12 +391,40 @@ class Preprocessor:
                 raise ObservationError(f"proprio: expected float[{spec.dim}], got {p.dtype}{list(p.shape)}")
             if not np.isfinite(p).all():
                 raise NonFiniteObservation(f"proprio has non-finite values: {p.tolist()}")
-            out = self.inputs[spec.input][0]
+            out = self._proprio.reshape(-1)
             np.subtract(p.astype(np.float32, copy=False), self._p_mean, out=out)
             np.divide(out, self._p_std, out=out)
+        if self._staged:
+            self._commit(obs)
         if c.noise is not None:
             self._noise.fill(obs.sequence, self.inputs[c.noise.input])
         return self.inputs
+
+    def _commit(self, obs: RawObservation) -> None:
+        """Move the checked frame (the staging buffers) into the window."""
+        key = (obs.sequence, obs.sensor_time_ns, obs.client)
+        last = self._last
+        if last == key and self._filled:
+            return  # the same observation again: the window already ends with it
+        restart = (
+            last is None
+            or not self._filled
+            or obs.client != last[2]
+            or obs.sensor_time_ns < last[1]
+            or obs.sensor_time_ns - last[1] > self._max_gap_ns
+        )
+        for stage, window in self._staged:
+            if restart:
+                window[0] = stage  # broadcast over the time axis
+            else:
+                window[0, :-1] = window[0, 1:]  # numpy copies overlapping slices safely
+                window[0, -1] = stage[0]
+        if restart:
+            self.restarts += 1
+            self._filled = 1
+        else:
+            self._filled = min(self._filled + 1, self.frames)
+        self._last = key
 
 
 class _NoiseSource:

@@ -2,7 +2,7 @@
   "format": "vlad.signature/2",
   "key_id": "b5ee11b70294dcc0",
   "algorithm": "ed25519",
-  "signature": "K3omcMWNLz6XMShOGHW9YZP/Y0AJcfNWGI4GQBxoHTv48VeUheVzdM1jNuFcdZibnYtIUrIoani3+WzpkALIDA==",
-  "signed_at": "2026-12-03T06:48:01Z",
-  "manifest_sha256": "e45aff2fbcf03b4158601c1add54fa5a1af9c9d0de63b7b35f415f13bbdcbecb"
+  "signature": "49UZVEf/4zepW3nma0kHl5NC16rKrX6AJOq8L67ZjqDa6fB87OCMjjWikoQz76j7ga4ADZylSy5RZV06B2aJBQ==",
+  "signed_at": "2026-12-04T09:14:03Z",
+  "manifest_sha256": "11a39842f9fc1b419d2cc211cd88d06aea64408c535e90e964cb5d9affc3e673"
 }

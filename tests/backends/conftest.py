@@ -24,10 +24,10 @@ import pytest
 from tests.kserve.remote_server import kserve_server  # noqa: F401
 from vlad import plugins
 from vlad.contract import Contract, load_contract
+from vlad.testing.golden import GOLDEN, load_golden
+from vlad.testing.releases import DEMO
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "manifests" / "demo"
-GOLDEN = ROOT / "tests" / "fixtures" / "golden.npz"
 # Compiled artifacts are derived data: cached by source hash, outside version control.
 CACHE = ROOT / ".cache" / "vlad-aoti"
 # Where a test run may keep its engine caches (TensorRT engines, ORT TensorRT-EP engines):
@@ -185,14 +185,13 @@ def contract() -> Contract:
 @pytest.fixture(scope="session")
 def golden(contract: Contract) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
     """(model inputs, PyTorch fp32 reference outputs) of every golden fixture."""
-    data = np.load(GOLDEN, allow_pickle=False)
-    out = []
-    i = 0
-    while f"{i}/outputs/{contract.outputs[0].name}" in data.files:
-        inputs = {s.name: data[f"{i}/inputs/{s.name}"] for s in contract.inputs}
-        outputs = {s.name: data[f"{i}/outputs/{s.name}"] for s in contract.outputs}
-        out.append((inputs, outputs))
-        i += 1
+    out = [
+        (
+            {s.name: c["inputs"][s.name] for s in contract.inputs},
+            {s.name: c["outputs"][s.name] for s in contract.outputs},
+        )
+        for c in load_golden(GOLDEN)
+    ]
     assert out, f"{GOLDEN} holds no fixtures"
     return out
 

@@ -4,7 +4,7 @@ Parametrized over the variants of the backends the loaded plugins offer, CPU and
 conftest.py); a variant whose runtime or device is missing here skips with its reason.
 References are the golden fixtures' outputs, i.e. PyTorch fp32 outputs of the very model
 that was exported, so nothing here depends on particular weights. Each session is judged
-against the budget of the precision it reports (tests/backends/budgets.py).
+against the budget of the precision it reports (vlad.testing.golden.MAX_ABS).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import pytest
 from vlad.backend import Session, example_inputs, host_rss_bytes
 from vlad.errors import InputRejected, ObservationError
 from vlad.processing import RawObservation, Tokenizer, preprocess
-
-from .budgets import MAX_ABS
+from vlad.testing.golden import MAX_ABS
 
 SOAK_CALLS = 10_000
 SOAK_WARMUP = 500

@@ -250,3 +250,29 @@ def test_vladctl_refuses_a_misspelt_plugin_in_one_line(tmp_path):
         "(did you mean 'vlad_sensors'?): fix or remove its @hookimpl"
     )
     assert out.stderr.strip().splitlines() == [expected]
+
+
+def test_an_installed_plugin_that_does_not_import_is_named_in_one_line(tmp_path, monkeypatch):
+    """A broken entry point (what `pip install` of a bad plugin leaves) stops loading with
+    one line naming it and its distribution, not a traceback from deep in importlib."""
+    info = tmp_path / "vlad_broken-0.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vlad-broken\nVersion: 0.3\n")
+    (info / "entry_points.txt").write_text("[vlad]\nbroken = vlad_broken_nowhere\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        VladError,
+        match=r"^plugin 'broken' \(entry point 'vlad_broken_nowhere' of vlad-broken 0\.3\) does not load: ModuleNotFoundError",
+    ) as exc:
+        plugins.make_plugin_manager()
+    assert "\n" not in str(exc.value)
+    monkeypatch.setenv("VLAD_PLUGINS", "onnxruntime")  # the way out the message names
+    assert set(plugins.backends(plugins.make_plugin_manager())) == {"onnxruntime"}
+
+
+def test_a_plugin_module_that_raises_on_import_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "vlad_raises.py").write_text("raise RuntimeError('needs /dev/gpio0')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("VLAD_PLUGIN_MODULES", "vlad_raises")
+    with pytest.raises(VladError, match=r"cannot import 'vlad_raises': RuntimeError: needs /dev/gpio0"):
+        plugins.make_plugin_manager(load_entry_points=False)

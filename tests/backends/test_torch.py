@@ -157,9 +157,8 @@ def _max_abs(session, golden) -> float:
 
 @pytest.mark.gpu
 def test_gpu_fp32_session_turns_tf32_off_even_after_another_turned_it_on(contract, golden, restore_tf32):
+    from vlad.testing.golden import MAX_ABS
     from vlad_torch.session import set_tf32, tf32_state
-
-    from .budgets import MAX_ABS
 
     torch = _cuda_or_skip()
     with TorchBackend().load(DEMO / "policy.pt2", contract, {"device": "cuda"}) as s:
@@ -175,7 +174,7 @@ def test_gpu_fp32_session_turns_tf32_off_even_after_another_turned_it_on(contrac
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
 def test_gpu_reduced_precisions_are_their_own_labels(contract, golden, precision, restore_tf32):
-    from .budgets import MAX_ABS
+    from vlad.testing.golden import MAX_ABS
 
     torch = _cuda_or_skip()
     if precision in ("tf32", "bf16") and torch.cuda.get_device_capability() < (8, 0):

@@ -7,7 +7,7 @@ Each is a complete, valid, unsigned release folder (manifest written by
   (contract gate);
 * :func:`perturbed_weight`: the ONNX artifact re-exported from the demo weights with one
   weight matrix perturbed, the ``torch.export`` program left as trained (equivalence gate);
-* :func:`slowed_backend`: served by ``gate-slow`` (tests/gates/slow_plugin.py), 100 ms per
+* :func:`slowed_backend`: served by ``wrapped`` (vlad/testing/plugin.py) slowed to 100 ms per
   inference against a 20 ms deadline (performance gate);
 * :func:`ignores_instruction`: a model that always reads the tokens of the first
   instruction, exported consistently (program and ONNX) with its own golden fixtures, so
@@ -26,9 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
+from vlad.testing import DEMO, PLUGIN_ENV
+
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "manifests" / "demo"
-SLOW_ENV = {"VLAD_PLUGIN_MODULES": "tests.gates.slow_plugin", "PYTHONPATH": str(ROOT)}
+SLOW_ENV = PLUGIN_ENV  # the daemon loads the wrapper backend
 
 
 def copy_demo(dest: Path, skip: tuple[str, ...] = ()) -> Path:
@@ -133,12 +134,12 @@ def perturbed_weight(dest: Path, scale: float = 0.02, seed: int = 0) -> Path:
 
 
 def slowed_backend(dest: Path, delay_ms: float = 100.0) -> Path:
-    """The demo served by ``gate-slow``: real outputs, 100 ms per inference."""
+    """The demo served by ``wrapped``: real outputs, 100 ms per inference."""
     copy_demo(dest)
     return write_manifest(
         dest,
         "vlad-demo-reacher-slow",
-        backend="gate-slow",
+        backend="wrapped",
         options={"inner": "onnxruntime", "delay_ms": delay_ms, "intra_op_threads": 1},
     )
 

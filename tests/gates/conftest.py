@@ -13,10 +13,24 @@ from tests.gates import candidates
 
 ROOT = candidates.ROOT
 DEMO_PLAN = ROOT / "etc" / "vlad" / "demo-gates.toml"
-RECORDING = ROOT / "tests" / "fixtures" / "demo_recording.mcap"
+RECORDING = ROOT / "manifests" / "demo" / "demo_recording.mcap"
 # Small runs: every gate's machinery with a few episodes and calls (docs/gates.md has the
-# default, long run). Enough samples that a stress verdict is not decided by one chunk.
-SMALL = ["--perf-calls", "300", "--bursts", "20", "--episodes", "4", "--replay-limit", "40", "--rollout-episodes", "1"]
+# default, long run). Enough samples that a stress verdict is not decided by one chunk; a
+# fidelity budget that four paired episodes can judge (one flipped seed is 25 points).
+SMALL = [
+    "--perf-calls",
+    "300",
+    "--bursts",
+    "20",
+    "--episodes",
+    "4",
+    "--max-fidelity-drop",
+    "0.5",
+    "--replay-limit",
+    "40",
+    "--rollout-episodes",
+    "1",
+]
 
 
 def gate_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -38,7 +52,7 @@ def small_plan(overrides: dict | None = None, plan_file: Path = DEMO_PLAN):
     plan = load_plan(ROOT, plan_file).with_overrides(
         equivalence={"replay_limit": 40, "rollout_episodes": 1},
         performance={"warm_calls": 300, "bursts": 20, "shape_switch_calls": 15},
-        closed_loop={"episodes": 3},
+        closed_loop={"episodes": 3, "max_fidelity_drop": 0.5},
     )
     return plan.with_overrides(**(overrides or {}))
 
@@ -54,7 +68,7 @@ def ignores_instruction(built) -> tuple[Path, Path]:
     golden = built / "no-language-golden.npz"
     release = candidates.ignores_instruction(built / "no-language", golden)
     plan = built / "no-language-gates.toml"
-    text = DEMO_PLAN.read_text().replace('"../../tests/fixtures/', f'"{ROOT}/tests/fixtures/')
-    plan.write_text(text.replace(f'golden = "{ROOT}/tests/fixtures/golden.npz"', f'golden = "{golden}"'))
+    text = DEMO_PLAN.read_text().replace('"../../manifests/demo/', f'"{ROOT}/manifests/demo/')
+    plan.write_text(text.replace(f'golden = "{ROOT}/manifests/demo/golden.npz"', f'golden = "{golden}"'))
     assert str(golden) in plan.read_text()
     return release, plan

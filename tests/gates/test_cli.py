@@ -17,7 +17,7 @@ def test_commands_plug_into_a_parser_and_set_func():
     args = parser.parse_args(["gate", "cand", "--baseline", "base", "--report", "out", "--all", "--episodes", "3"])
     assert args.func.__name__ == "cmd_gate" and args.all and args.episodes == 3
     for argv, name in (
-        (["record", "x.mcap"], "cmd_record"),
+        (["record", "--out", "x.mcap"], "cmd_record"),
         (["replay", "x.mcap", "--release", "r"], "cmd_replay"),
         (["evidence", "r"], "cmd_evidence"),
     ):
@@ -60,7 +60,7 @@ def test_evidence_command_and_deploy_enforcement_on_the_demo(capsys):
     # The same release with only its closed-loop verdict: deploy must refuse it as it is.
     doc = dict(read_manifest_document(candidates.DEMO))
     doc["gates"] = [g for g in doc["gates"] if g["gate"] == "closed_loop"]
-    with pytest.raises(EvidenceMissing, match="lacks passing gate evidence: gate contract: no evidence") as exc:
+    with pytest.raises(EvidenceMissing, match=r"lacks passing gate evidence \(gate contract: no evidence") as exc:
         enforce_evidence(doc, candidates.DEMO)
     assert "--force --why" in str(exc.value) and "\n" not in str(exc.value)
     with pytest.raises(EvidenceMissing, match="--force needs --why"):
@@ -103,7 +103,8 @@ def test_record_command_stops_at_its_time_limit(tmp_path, capsys):
     from vlad.gates.recording import read_recording
 
     out = tmp_path / "short.mcap"
-    assert main(["record", str(out), "--release", str(candidates.DEMO), "--episodes", "3", "--max-s", "0.5"]) == 0
+    argv = ["record", "--out", str(out), "--demo", str(candidates.DEMO), "--episodes", "3", "--seconds", "0.5"]
+    assert main(argv) == 0
     text = capsys.readouterr().out
     assert "stopped: time limit (0.5 s) reached" in text
     rec = read_recording(out)

@@ -110,7 +110,12 @@ def test_recorded_evidence_is_signed_and_passes_the_deploy_check(demo_run):
     sign_release(release, DEMO_KEY)
     verified = verify_release(release, KEYS)
     assert check_evidence(verified.manifest, release) == []
-    assert enforce_evidence(verified.manifest, release) == {"forced": False, "why": None, "problems": []}
+    assert enforce_evidence(verified.manifest, release) == {
+        "evidence": "passed",
+        "forced": False,
+        "why": None,
+        "problems": [],
+    }
 
 
 def test_evidence_for_other_artifacts_or_a_changed_report_is_refused(demo_run, tmp_path):

@@ -71,15 +71,18 @@ def test_joint_errors_and_percentiles():
 def test_a_warm_scenario_with_no_answers_gives_a_finite_burst_deadline():
     """A slow release on a loaded machine can have every warm observation go to a fallback
     hold; the burst scenario after it must still run, so the gate fails instead of erroring."""
-    from vlad.gates.controller import Chunk
+    from vlad.client import ActionChunk
     from vlad.gates.performance import _stats, burst_deadline_ms
 
     sent = {seq: seq * 20_000_000 for seq in range(1, 101)}
-    hold = Chunk(
+    hold = ActionChunk(
         seq=1,
         obs_seq=0,
         t_sensor_ns=0,
+        t_issue_ns=1,
         valid_until_ns=1,
+        release="r",
+        state="FALLBACK",
         period_ns=20_000_000,
         source="hold:fallback",
         interventions=("hold",),

@@ -25,7 +25,7 @@ def test_demo_plan_file_parses_and_resolves_paths_next_to_it(tmp_path):
     assert plan.closed_loop.min_success_rate == 0.5 and plan.closed_loop.min_margin_over_no_motion == 0.2
     assert plan.performance.memory_limit_mib == 1024 and plan.performance.target_hardware == ("jetson-thor",)
     assert plan.path(plan.equivalence.recordings[0]) == RECORDING
-    assert plan.path(plan.equivalence.golden) == ROOT / "tests" / "fixtures" / "golden.npz"
+    assert plan.path(plan.equivalence.golden) == ROOT / "manifests" / "demo" / "golden.npz"
     assert plan.equivalence.reference.backend == "torch" and plan.equivalence.reference.artifact == "policy.pt2"
 
 

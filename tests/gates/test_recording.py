@@ -10,7 +10,11 @@ import pytest
 from tests.gates.conftest import RECORDING
 from vlad import protocol
 from vlad.gates.recording import (
+    TOPIC_ACT,
+    TOPIC_OBS,
+    TOPIC_STATE,
     McapRecorder,
+    RecordingError,
     iter_messages,
     pack_frames,
     read_recording,
@@ -70,11 +74,13 @@ def test_recorder_round_trip_with_memoryviews_from_several_threads(tmp_path):
     for t in threads:
         t.join()
     rec.state({"state": "ACTIVE", "counters": {"published": 100}}, 30_000)
+    rec.event({"kind": "transition", "reason": "test"}, 30_001)
     stats = rec.close()
     assert stats == {
         "observations": 100,
         "actions": 100,
         "states": 1,
+        "events": 1,
         "dropped": 0,
         "bytes": stats["bytes"],
         "stop_reason": None,
@@ -89,11 +95,13 @@ def test_recorder_round_trip_with_memoryviews_from_several_threads(tmp_path):
     c = back.chunk_for()[301]
     assert c.interventions == ("rate",) and float(c.actions[0, 0]) == 301.0
     assert back.states[0][1]["counters"]["published"] == 100
+    assert back.events[0][1] == {"kind": "transition", "reason": "test"}
     topics = {t for t, _, _ in iter_messages(path)}
     assert topics == {
         "/vlad/observations",
         "/vlad/actions",
         "/vlad/state",
+        "/vlad/events",
         "/vlad/observations/info",
         "/vlad/actions/info",
     }
@@ -119,7 +127,7 @@ def test_size_and_time_limits_stop_the_recording_and_count_drops(tmp_path):
 def test_not_a_recording_is_refused_with_what_to_do(tmp_path):
     bad = tmp_path / "x.mcap"
     bad.write_bytes(b"not mcap at all")
-    with pytest.raises(GateError, match="unreadable recording"):
+    with pytest.raises(GateError, match="not a readable MCAP file"):
         read_recording(bad)
     with pytest.raises(GateError, match="no such recording"):
         read_recording(tmp_path / "missing.mcap")
@@ -146,3 +154,171 @@ def test_shipped_fixture_is_small_and_replays_exactly_through_the_demo(contract,
     # resolution of the guard's recorded timing (its rate limit scales with elapsed time).
     assert max(d["vs_recorded_max_abs_per_joint"]) < 1e-4 and d["intervention_flips_vs_recorded"] == 0
     assert d["vs_baseline_max_abs_per_joint"] == [0.0, 0.0]
+
+
+# ---- hostile files: bounded, validated, one line each --------------------------------------
+
+
+def _mcap(path, records) -> None:
+    """An MCAP file of raw ``records`` (mcap.records objects), as a forger would write it."""
+    from mcap.data_stream import RecordBuilder
+    from mcap.records import DataEnd, Footer, Header
+
+    b = RecordBuilder()
+    b.write(b"\x89MCAP0\r\n")
+    for r in [Header(profile="", library="forged"), *records, DataEnd(0), Footer(0, 0, 0)]:
+        r.write(b)
+    b.write(b"\x89MCAP0\r\n")
+    path.write_bytes(b.end())
+
+
+def _channel_records(*topics: str) -> list:
+    from mcap.records import Channel, Metadata, Schema
+
+    out = [Metadata(name="vlad.recording", metadata={"format": "vlad.recording/1", "clock_offset_ns": "0"})]
+    out.append(Schema(id=1, name="s", encoding="", data=b""))
+    out += [Channel(id=i + 1, topic=t, message_encoding="x", schema_id=1, metadata={}) for i, t in enumerate(topics)]
+    return out
+
+
+def _message(channel: int, data: bytes, t: int = 1):
+    from mcap.records import Message
+
+    return Message(channel_id=channel, sequence=t, log_time=t, publish_time=t, data=data)
+
+
+def test_a_zstd_bomb_is_refused_before_it_is_inflated(tmp_path):
+    """A chunk of a few KB declaring gigabytes decompressed: refused from its header, in a
+    process whose peak memory stays far below what inflating it would take."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    import zstandard
+    from mcap.records import Chunk
+
+    zeros = bytes(1 << 20)
+    c = zstandard.ZstdCompressor(level=1, write_content_size=False).compressobj()
+    data = b"".join(c.compress(zeros) for _ in range(2 * 1024)) + c.flush()  # 2 GiB of zeros, 64 KB
+
+    def chunk(declared: int):
+        return Chunk(
+            compression="zstd",
+            data=data,
+            message_end_time=1,
+            message_start_time=0,
+            uncompressed_crc=0,
+            uncompressed_size=declared,
+        )
+
+    bomb = tmp_path / "bomb.mcap"
+    _mcap(bomb, [chunk(2 * 2**30)])
+    assert bomb.stat().st_size < 200_000
+    # The child's own high-water mark (VmHWM of its address space): getrusage's ru_maxrss
+    # would carry the parent's from before the exec, and a test process that ran the gates
+    # holds far more than the limit.
+    code = (
+        "import re, sys\n"
+        "from vlad.gates.recording import read_recording, RecordingError\n"
+        "try:\n    read_recording(sys.argv[1])\nexcept RecordingError as e:\n    print(e)\n"
+        "print(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(bomb)], capture_output=True, text=True, timeout=120)
+    message, peak_kib = out.stdout.splitlines()
+    assert "declares 2147483648 bytes decompressed" in message and "refusing to decompress" in message
+    assert int(peak_kib) < 400 * 1024, f"peak RSS {int(peak_kib) / 1024:.0f} MiB"
+
+    # A chunk that lies low about its size is cut at the limit, not inflated to the end.
+    _mcap(bomb, [chunk(1000)])
+    with pytest.raises(RecordingError, match="decompresses to 1001 bytes, its header says 1000"):
+        read_recording(bomb, max_chunk_bytes=1000)
+    # One unknown record filling each chunk (a reader skips those): honest, well-formed chunks.
+    honest = zstandard.ZstdCompressor().compress(b"\x80" + (2**20 - 9).to_bytes(8, "little") + bytes(2**20 - 9))
+    _mcap(bomb, [dataclasses.replace(chunk(2**20), data=honest)] * 3)
+    with pytest.raises(RecordingError, match="more than 3000000 bytes decompressed"):
+        read_recording(bomb, max_bytes=3_000_000)
+
+
+def _forged_obs(header: dict) -> bytes:
+    return pack_frames(protocol.encode(protocol.TOPIC_OBS, header, {"image/overhead": np.zeros((4, 4, 3), np.uint8)}))
+
+
+def _forged_act(drop: str = "", **changes) -> bytes:
+    frames = _act(1, 1)
+    h = protocol.decode(frames).header
+    h = {k: v for k, v in h.items() if k not in ("v", "kind", "tensors") and k != drop} | changes
+    return pack_frames(protocol.encode(protocol.TOPIC_ACTIONS, h, {"actions": np.zeros((8, 2), np.float32)}))
+
+
+@pytest.mark.parametrize(
+    "case,expect",
+    [
+        ("act-no-obs_seq", "obs_seq: missing"),
+        ("act-string-obs_seq", "obs_seq: expected an integer"),
+        ("act-float64-actions", "actions: expected a 2-D float32 tensor"),
+        ("act-timing-string", "timings_ms.infer: expected a finite number"),
+        ("state-deep-json", "JSON nested deeper than 64 levels"),
+        ("state-not-object", "not a JSON object"),
+        ("frames-truncated", "corrupt vlad.frames/1"),
+        ("unknown-channel", "which no channel record declares"),
+        ("lz4", "compression 'lz4' is not supported"),
+    ],
+)
+def test_malformed_records_are_one_line_errors(tmp_path, case, expect):
+    from mcap.records import Chunk
+
+    records = _channel_records(TOPIC_OBS, TOPIC_ACT, TOPIC_STATE)
+    data = {
+        "act-no-obs_seq": (2, _forged_act(drop="obs_seq")),
+        "act-string-obs_seq": (2, _forged_act(obs_seq="1")),
+        "act-timing-string": (2, _forged_act(timings_ms={"infer": "fast"})),
+        "state-deep-json": (3, b"[" * 5000 + b"]" * 5000),
+        "state-not-object": (3, b"[1, 2]"),
+        "frames-truncated": (2, _forged_act()[:-5]),
+        "unknown-channel": (9, b""),
+    }
+    if case == "act-float64-actions":
+        h = {k: v for k, v in protocol.decode(_act(1, 1)).header.items() if k not in ("v", "kind", "tensors")}
+        data[case] = (2, pack_frames(protocol.encode(protocol.TOPIC_ACTIONS, h, {"actions": np.zeros((8, 2))})))
+    if case == "lz4":
+        records.append(Chunk("lz4", b"0123456789", 1, 0, 0, 10))
+    else:
+        records.append(_message(*data[case]))
+    path = tmp_path / f"{case}.mcap"
+    _mcap(path, records)
+    with pytest.raises(RecordingError) as exc:
+        read_recording(path)
+    assert expect in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_observations_the_daemon_would_refuse_are_counted_not_fatal(tmp_path):
+    """A live tap records what arrived, junk included: an observation without t_sensor_ns,
+    with a string seq or not decodable at all is skipped and counted, like the daemon's."""
+    records = _channel_records(TOPIC_OBS)
+    good = _forged_obs({"seq": 3, "t_sensor_ns": 5, "instruction": "reach"})
+    for i, frame in enumerate(
+        [
+            _forged_obs({"seq": 1, "instruction": "reach"}),
+            _forged_obs({"seq": 2, "t_sensor_ns": "soon"}),
+            pack_frames([b"obs", b"\xc1"]),
+            good,
+        ]
+    ):
+        records.append(_message(1, frame, t=i + 1))
+    path = tmp_path / "junk.mcap"
+    _mcap(path, records)
+    rec = read_recording(path)
+    assert [o.seq for o in rec.observations] == [3] and rec.refused == 3
+    assert "t_sensor_ns: missing" in rec.refusals[0] and "t_sensor_ns: expected" in rec.refusals[1]
+
+
+def test_replay_command_on_a_hostile_file_is_one_line(tmp_path, capsys):
+    from tests.gates import candidates
+    from vlad.gates.cli import main
+
+    records = _channel_records(TOPIC_OBS, TOPIC_ACT, TOPIC_STATE) + [_message(2, _forged_act(drop="obs_seq"))]
+    path = tmp_path / "bad.mcap"
+    _mcap(path, records)
+    assert main(["replay", str(path), "--release", str(candidates.DEMO)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "obs_seq: missing" in err

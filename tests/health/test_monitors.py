@@ -6,6 +6,7 @@ from __future__ import annotations
 from vlad.config import MonitorsConfig
 from vlad.health import monitors as m
 from vlad.health.base import HealthView, InFlight
+from vlad.health.liveness import Beat, Controllers
 from vlad.health.policy import HealthPolicy
 from vlad.health.state import StateMachine
 from vlad.serving.counters import (
@@ -87,10 +88,40 @@ def test_memory_uses_the_tightest_available_reading():
 def test_heartbeat_is_judged_only_after_the_first_one():
     mon = m.HeartbeatMonitor()
     limit = MonitorsConfig().heartbeat_missing_periods * PERIOD
-    assert mon.check(view(last_heartbeat_ns=0)) == []  # a controller that never sent one
-    assert mon.check(view(last_heartbeat_ns=T0 - limit)) == []  # exactly at the limit: still there
-    found = mon.check(view(last_heartbeat_ns=T0 - limit - 1))
+    assert mon.check(view(controllers={})) == []  # a controller that never sent one
+    assert mon.check(view(controllers={"arm": Beat(T0 - limit, "stream")})) == []  # exactly at the limit: still there
+    found = mon.check(view(controllers={"arm": Beat(T0 - limit - 1, "stream")}))
     assert codes(found) == [("heartbeat_lost", "fault")] and found[0].scope == "controller"
+    assert found[0].subject == "arm" and "'arm'" in found[0].message
+
+
+def test_one_live_controller_never_hides_another_ones_death():
+    """An openpi client heartbeating (by the endpoint) while the native controller's loop died:
+    the native controller is still gone."""
+    limit = MonitorsConfig().heartbeat_missing_periods * PERIOD
+    beats = {"openpi/1": Beat(T0, "request"), "arm": Beat(T0 - limit - 1, "stream")}
+    found = m.HeartbeatMonitor().check(view(controllers=beats))
+    assert [(f.code, f.subject) for f in found] == [("heartbeat_lost", "arm")]
+
+
+def test_silence_is_a_stall_unless_every_live_controller_asks_on_request():
+    stall = MonitorsConfig().sensor_stall_periods * PERIOD
+    quiet = T0 - stall - 1
+    mon = m.SensorStreamMonitor()
+    assert codes(mon.check(view(last_observation_ns=quiet))) == [("sensor_stall", "fault")]  # nobody said
+    on_request = {"openpi/1": Beat(T0, "request")}
+    assert mon.check(view(last_observation_ns=quiet, controllers=on_request)) == []
+    both = {**on_request, "arm": Beat(T0, "stream")}
+    assert codes(mon.check(view(last_observation_ns=quiet, controllers=both))) == [("sensor_stall", "fault")]
+    # a streaming controller that died does not count: the request-driven one alone is live
+    gone = {**on_request, "arm": Beat(T0 - 10 * stall, "stream")}
+    assert mon.check(view(last_observation_ns=quiet, controllers=gone)) == []
+    # every controller said goodbye after its last observation: it left, nothing stalled
+    assert mon.check(view(last_observation_ns=quiet, controllers_left_ns=quiet + 1)) == []
+    # a goodbye before the last observation does not excuse a stream that stopped since
+    assert codes(mon.check(view(last_observation_ns=quiet, controllers_left_ns=quiet - 1))) == [
+        ("sensor_stall", "fault")
+    ]
 
 
 def test_policy_faults_are_blamed_on_the_policy_that_produced_them():
@@ -256,7 +287,10 @@ def test_a_stalled_stream_is_a_fault():
 # -- with the health policy: hysteresis -----------------------------------------------------
 
 
-def test_a_stale_burst_holds_and_the_way_back_needs_a_healthy_window():
+def test_a_stale_burst_holds_while_it_lasts_and_no_longer():
+    """Input faults say nothing about the policies: the hold ends at the first tick the
+    finding is gone (the stale fraction is already a rate over its window: its own inertia),
+    while a system fault's way back needs the healthy window."""
     s = Stream()
     window_ns = 2_000_000_000
     policy = HealthPolicy([A, B, HOLD], healthy_window_ns=window_ns, events=StateMachine())
@@ -271,7 +305,78 @@ def test_a_stale_burst_holds_and_the_way_back_needs_a_healthy_window():
         if policy.update(findings, s.now).target == 0:
             break
         assert s.now - T0 < 10_000_000_000, "never returned to the release"
-    # the finding cleared after 10 good ticks (see above), and the release serves again
-    # only a full healthy window after the last tick that had it: not at once
+    # the finding cleared after 10 good ticks (see above); the release serves at the next
     assert last_fault == T0 + 14 * 50_000_000
-    assert s.now - last_fault == window_ns
+    assert s.now - last_fault == 50_000_000
+
+
+# -- per-controller liveness (vlad.health.liveness) --------------------------------------------
+
+
+def test_a_heartbeat_counts_only_when_well_formed():
+    from vlad.protocol import ProtocolError
+
+    c = Controllers()
+    for header in (
+        {},  # no t_ns
+        {"t_ns": "123"},
+        {"t_ns": 1.5},
+        {"t_ns": True},
+        {"t_ns": 0},
+        {"t_ns": -5},
+        {"t_ns": 2**63},
+        {"t_ns": 5, "client": "a\nb"},
+        {"t_ns": 5, "client": 7},
+        {"t_ns": 5, "client": "x" * 129},
+        {"t_ns": 5, "cadence": "sometimes"},
+        {"t_ns": 5, "bye": "yes"},
+    ):
+        try:
+            c.heartbeat(header, T0)
+        except ProtocolError as exc:
+            assert exc.reason == "malformed", header
+        else:
+            raise AssertionError(f"accepted {header}")
+    assert c.snapshot() == {}
+    c.heartbeat({"t_ns": 5, "client": "arm"}, T0)
+    c.heartbeat({"t_ns": 5, "client": "openpi/1", "cadence": "request"}, T0 + 1)
+    c.heartbeat({"t_ns": 5, "client": "x"}, T0 + 1)  # heartbeats alone: junk, or a name used once
+    assert c.snapshot() == {}  # nobody judged before an accepted observation of theirs
+    for name in ("arm", "openpi/1", "camera-only"):
+        c.observed(name)
+    assert c.snapshot() == {"arm": Beat(T0, "stream"), "openpi/1": Beat(T0 + 1, "request")}
+    c.heartbeat({"t_ns": 6, "client": "arm", "bye": True}, T0 + 2)
+    assert set(c.snapshot()) == {"openpi/1"}
+
+
+def test_the_table_is_bounded_and_never_evicts_a_known_controller():
+    from vlad.protocol import ProtocolError
+
+    c = Controllers(limit=3)
+    for name in ("a", "b", "c"):
+        c.heartbeat({"t_ns": 1, "client": name}, T0)
+        c.observed(name)
+    try:
+        c.heartbeat({"t_ns": 1, "client": "flood-1"}, T0)
+    except ProtocolError as exc:
+        assert exc.reason == "too_many_controllers"
+    else:
+        raise AssertionError("a fourth name was taken")
+    c.heartbeat({"t_ns": 2, "client": "a"}, T0 + 1)  # a known one still beats
+    assert set(c.snapshot()) == {"a", "b", "c"} and c.snapshot()["a"].last_ns == T0 + 1
+    assert c.forget(["b", "nobody"]) == ["b"] and set(c.snapshot()) == {"a", "c"}
+
+
+def test_messages_waiting_behind_a_long_inference_are_not_a_lost_controller():
+    """The serving thread reads heartbeats between inferences: during a 200 ms one they wait
+    unread. Ages are judged up to when it last read its socket."""
+    limit = MonitorsConfig().heartbeat_missing_periods * PERIOD
+    beats = {"arm": Beat(T0 - limit - 1, "stream")}
+    reading_stopped = T0 - limit + 5_000_000  # the inference started just after the last heartbeat
+    assert m.HeartbeatMonitor().check(view(controllers=beats, socket_read_ns=reading_stopped)) == []
+    assert [f.code for f in m.HeartbeatMonitor().check(view(controllers=beats, socket_read_ns=T0))] == [
+        "heartbeat_lost"
+    ]
+    stall = MonitorsConfig().sensor_stall_periods * PERIOD
+    quiet = T0 - stall - 1
+    assert m.SensorStreamMonitor().check(view(last_observation_ns=quiet, socket_read_ns=quiet + 1)) == []

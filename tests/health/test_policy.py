@@ -78,3 +78,42 @@ def test_a_system_fault_of_the_fallback_moves_past_it(policy):
     policy.update([_finding("nonfinite_output", "policy", policy=A)], NOW)
     d = policy.update([_finding("remote_unavailable", "system", policy=B)], NOW + 1)
     assert d.target == 2
+
+
+def test_input_and_controller_holds_end_with_their_cause(policy):
+    """Nothing was wrong with the policies: once observations flow (or the controller is
+    back) the chain serves again at the next tick, without a healthy window."""
+    assert policy.update([_finding("sensor_stall", "input")], NOW).target == 2
+    d = policy.update([], NOW + 1)
+    assert d.target == 0 and d.state == State.ACTIVE
+    assert policy.update([_finding("heartbeat_lost", "controller")], NOW + 2).target == 2
+    assert policy.update([], NOW + 3).target == 0
+
+
+def test_a_hold_for_input_keeps_the_position_a_system_fault_chose(policy):
+    policy.update([_finding("temperature_high", "system")], NOW)
+    assert policy.update([_finding("sensor_stall", "input")], NOW + 1).target == 2
+    assert policy.update([], NOW + 2).target == 1  # the input is back; the system window still runs
+    assert policy.update([], NOW + 2_100_000_000).target == 0
+
+
+def test_a_finding_with_its_own_window(policy):
+    """The remote link's findings carry a window of 0: its prober's streak is the hysteresis."""
+    f = Finding("remote", "remote_unreachable", "fault", "system", "lost", policy=A, healthy_window_ns=0)
+    assert policy.update([f], NOW).target == 1
+    assert policy.update([], NOW + 1).target == 0
+
+
+def test_a_swap_from_outside_is_adopted(policy):
+    """A canary abort or a deploy points the chain elsewhere between ticks: that is the new position."""
+    policy.update([_finding("temperature_high", "system")], NOW)
+    policy.active = 0  # what PolicyChain.serve does
+    assert policy.update([], NOW + 1).target == 0
+
+
+def test_each_controller_is_its_own_fault_episode(policy):
+    a = Finding("heartbeat", "heartbeat_lost", "fault", "controller", "a gone", subject="a")
+    b = Finding("heartbeat", "heartbeat_lost", "fault", "controller", "b gone", subject="b")
+    policy.update([a], NOW)
+    policy.update([a, b], NOW + 1)
+    assert [e.reason for e in policy.events.events if e.kind == "fault"] == ["a gone", "b gone"]

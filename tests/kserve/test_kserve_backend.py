@@ -4,6 +4,7 @@ check at load, deadlines, timing split, stats. Faults: test_kserve_faults.py."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from pathlib import Path
 
@@ -109,18 +110,34 @@ def test_metadata_dynamic_axis_needs_minus_one(contract):
     assert "inputs.extra: served by the model but not in the contract" in metadata_problems(md, contract)
 
 
-def test_unknown_model_name_is_unavailable_with_a_hint(kserve_server, contract, protocol):
-    with pytest.raises(RemoteUnavailable, match="serves no model 'nope'.*model_name"):
-        load(contract, kserve_server.endpoint(protocol), model_name="nope")
+def test_unknown_model_name_starts_lost_with_a_hint(kserve_server, contract, protocol):
+    """The server answers but serves no such model (yet): the session starts with its link
+    lost, the hint in its last error; the daemon serves the fallback meanwhile."""
+    session = load(contract, kserve_server.endpoint(protocol), model_name="nope", probe_interval_ms=0)
+    try:
+        st = session.stats()
+        assert st["state"] == "lost" and re.search("serves no model 'nope'.*model_name", st["last_error"]), st
+        with pytest.raises(RemoteUnavailable):
+            session.infer(example_inputs(contract))
+    finally:
+        session.close()
 
 
-def test_unreachable_server_at_load(contract, protocol):
+def test_unreachable_server_at_load_starts_lost(contract, protocol):
+    """Nothing listens at load: the session starts lost (no warm-up, no exception); it
+    connects once a server answers (tests/kserve/test_kserve_hostile.py)."""
     from tests.kserve.remote_server import free_port
 
     port = free_port()  # nothing listens there
     endpoint = f"grpc://127.0.0.1:{port}" if protocol == "grpc" else f"http://127.0.0.1:{port}"
-    with pytest.raises(RemoteUnavailable, match="cannot reach"):
-        load(contract, endpoint, connect_timeout_ms=2000)
+    session = load(contract, endpoint, connect_timeout_ms=2000, probe_interval_ms=0)
+    try:
+        session.warmup(3)  # nothing to warm while lost: returns at once
+        st = session.stats()
+        assert st["state"] == "lost" and "cannot reach" in st["last_error"], st
+        assert session.describe().device == f"remote:{endpoint}"
+    finally:
+        session.close()
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The daemon serving a remote policy, against a real KServe v2 server: faults at the server.
 
-``vlad serve`` runs as a subprocess (tests/daemon_harness.py) with an unsigned copy of the
+``vlad serve`` runs as a subprocess (vlad.testing) with an unsigned copy of the
 demo release on the ``kserve`` backend, a fallback chain of [a previous release on local
 ONNX Runtime, hold], and a simulated controller at 50 Hz. Faults are injected at the
 server (late answers, UNAVAILABLE) or by killing and restarting it. Only what is visible
@@ -9,26 +9,35 @@ and the longest gap between chunks.
 
 The expected behaviour is the remote contract: a remote failure is a *system* fault, so the
 daemon holds, falls back to the local policy within the contract's deadline plus a monitor
-tick, never quarantines the remote policy, and returns to it after the healthy window once
-the server answers again. The return needs the core to treat ``RemoteUnavailable`` apart
-from other backend errors (docs/remote.md, "What the core does"); until it does, these
-tests are expected to fail at the return step (the fallback itself already happens,
-through quarantine) and are marked ``xfail``. Deselect them all with
+tick, never quarantines the remote policy, and returns to it once the link's prober has
+seen the server answer within the deadline a few times in a row. A server that does not
+answer at start does not stop the daemon: it starts on the fallback. A hostile server
+(vlad.testing.kserve.HostileServer: a trickling answer) is a link fault too, and the serving
+core beside it keeps its cadence and its watchdog. Deselect them all with
 ``-m "not daemon_remote"``.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import DEMO, load_golden
-from tests.daemon_harness import ControllerSim, max_gap, start_daemon
 from tests.kserve.remote_server import ServerProcess, server_unavailable
 from tests.test_faults import MAX_GAP_S
+from vlad.config import ChainEntry, Config, FallbackConfig, ReleaseConfig, ServeConfig
+from vlad.testing import (
+    WATCHDOG_ENV,
+    ControllerSim,
+    assert_core_unaffected,
+    load_golden,
+    max_gap,
+    start_daemon,
+    unsigned_copy,
+)
+from vlad.testing.kserve import HostileServer
 
 pytestmark = pytest.mark.daemon_remote
 
@@ -43,45 +52,35 @@ def server(tmp_path_factory):
     s.stop()
 
 
-def write_config(tmp_path: Path, endpoint: str) -> Path:
-    """The remote release (unsigned copy of the demo) with a local previous release and hold."""
-    release, previous = tmp_path / "release", tmp_path / "previous"
-    for folder, version in ((release, "1.0.0"), (previous, "0.9.0")):
-        folder.mkdir()
-        for name in ("tokenizer.json", "policy.onnx"):
-            shutil.copy(DEMO / name, folder / name)
-        text = (DEMO / "contract.toml").read_text().replace('version = "1.0.0"', f'version = "{version}"', 1)
-        (folder / "contract.toml").write_text(text)
-    config = tmp_path / "vlad.toml"
-    config.write_text(f"""
-[release]
-path = "{release}"
-verify = false
-backend = "kserve"
-artifact = "policy.onnx"
-options = {{ endpoint = "{endpoint}", model_name = "vlad-demo-reacher", probe_interval_ms = 50 }}
-
-[serve]
-warmup = 3
-
-[fallback]
-healthy_window_s = 1.0
-
-[[fallback.chain]]
-kind = "release"
-path = "{previous}"
-backend = "onnxruntime"
-artifact = "policy.onnx"
-options = {{ intra_op_threads = 1 }}
-
-[[fallback.chain]]
-kind = "hold"
-""")
-    return config
+def write_config(tmp_path: Path, endpoint: str, options: dict[str, Any] | None = None) -> Config:
+    """The remote release (unsigned copy of the demo) with a local previous release and hold;
+    ``options`` are more of the kserve backend's options."""
+    release = unsigned_copy(tmp_path / "release")
+    previous = unsigned_copy(tmp_path / "previous", version="0.9.0")
+    remote = {"endpoint": endpoint, "model_name": "vlad-demo-reacher", "probe_interval_ms": 50, **(options or {})}
+    return Config(
+        release=ReleaseConfig(
+            path=str(release), verify=False, backend="kserve", artifact="policy.onnx", options=remote
+        ),
+        serve=ServeConfig(warmup=3),
+        fallback=FallbackConfig(
+            healthy_window_s=1.0,
+            chain=(
+                ChainEntry(
+                    kind="release",
+                    path=str(previous),
+                    backend="onnxruntime",
+                    artifact="policy.onnx",
+                    options={"intra_op_threads": 1},
+                ),
+                ChainEntry(kind="hold"),
+            ),
+        ),
+    )
 
 
 class RemoteRig:
-    def __init__(self, daemon, server: ServerProcess) -> None:
+    def __init__(self, daemon, server: ServerProcess | None) -> None:
         self.daemon, self.server = daemon, server
         self.client = daemon.client()
         self.ctl = ControllerSim(self.client, load_golden()[0]).start()
@@ -169,3 +168,57 @@ def test_server_too_slow_then_back(rig):
 
 def test_server_killed_then_restarted(rig):
     rig.fault_and_recover(rig.server.kill, rig.server.start)
+
+
+def test_a_trickling_server_is_a_link_fault_and_the_core_keeps_its_cadence(tmp_path):
+    """Issue 22 item 5: one byte every 8 ms. Each request ends at its deadline (a link
+    fault), so the serving thread is never held past it, the remote policy is not
+    quarantined, and it serves again as soon as the server answers in time."""
+    hostile = HostileServer()
+    d = start_daemon(tmp_path, config=write_config(tmp_path, hostile.endpoint), env=WATCHDOG_ENV)
+    r = RemoteRig(d, None)
+    try:
+        r.wait_state("ACTIVE", "release")
+        r.wait_chunks("release")
+        t0 = time.monotonic()
+        hostile.mode = "trickle"
+        r.wait_state("FALLBACK", "fallback1")
+        r.wait_chunks("fallback1", n=50)  # a second on the local fallback, the trickle going on
+        summary = assert_core_unaffected(d, r.ctl, t0)
+        st = r.client.status()
+        assert not st["quarantined"] and st["backend_stats"][st["chain"][0]]["state"] == "lost", st["quarantined"]
+        assert st["counters"]["holds"].get("remote_unavailable", 0) >= 1
+        hostile.mode = "proxy"
+        t1 = time.monotonic()
+        r.wait_state("ACTIVE", "release")
+        back = time.monotonic() - t1
+        r.wait_chunks("release")
+        print(f"trickle: {summary}; back on the remote policy {back * 1e3:.0f} ms after the server answered again")
+    finally:
+        r.close()
+        hostile.close()
+        assert "Traceback" not in d.log(), d.log()
+
+
+def test_an_unreachable_server_at_start_starts_on_the_fallback(tmp_path):
+    """Issue 21 item 6: the server is down when vlad starts: vlad starts anyway, on the
+    local fallback, and says so (state FALLBACK, finding remote_unreachable, the link lost);
+    it serves the remote policy once the server answers."""
+    hostile = HostileServer()
+    hostile.mode = "down"
+    d = start_daemon(tmp_path, config=write_config(tmp_path, hostile.endpoint, {"connect_timeout_ms": 1000}))
+    r = RemoteRig(d, None)
+    try:
+        st = r.wait_state("FALLBACK", "fallback1")
+        assert any(f["code"] == "remote_unreachable" for f in st["findings"]), st["findings"]
+        assert st["backend_stats"][st["chain"][0]]["state"] == "lost"
+        events = r.client.control("events", limit=50)
+        assert not any(e["kind"] == "transition" and e["state_to"] == "ACTIVE" for e in events), events
+        r.wait_chunks("fallback1")
+        hostile.mode = "proxy"
+        r.wait_state("ACTIVE", "release")
+        r.wait_chunks("release")
+    finally:
+        r.close()
+        hostile.close()
+        assert "Traceback" not in d.log(), d.log()

@@ -127,20 +127,39 @@ def test_rotated_token_is_picked_up(secure, contract, tmp_path, protocol):
         s.infer(example_inputs(contract))
 
 
+def refused_at_load(session) -> None:
+    """Never connected: the link is lost from the start with the reason, every inference is
+    refused, and the prober keeps failing (the daemon serves its fallback meanwhile)."""
+    try:
+        st = session.stats()
+        assert st["state"] == "lost" and "cannot reach" in st["last_error"], st
+        with pytest.raises(RemoteUnavailable):
+            session.infer(example_inputs(contract_of(session)))
+        assert session.stats()["state"] == "lost" and session.stats()["reconnects"] == 0
+    finally:
+        session.close()
+
+
+def contract_of(session):
+    return session.contract
+
+
 def test_without_client_certificate_the_server_refuses(secure, contract, protocol):
     server, pki, _ = secure
-    with pytest.raises(RemoteUnavailable, match="cannot reach"):
+    refused_at_load(
         KServeBackend().load(
             ARTIFACT,
             contract,
             options(server, pki, protocol, tls_cert_file=None, tls_key_file=None, connect_timeout_ms=3000),
         )
+    )
 
 
 def test_untrusted_server_certificate_is_refused(secure, contract, tmp_path, protocol):
     server, pki, _ = secure
     other = make_pki(tmp_path)  # another CA: the server's certificate does not chain to it
-    with pytest.raises(RemoteUnavailable, match="cannot reach"):
+    refused_at_load(
         KServeBackend().load(
             ARTIFACT, contract, options(server, pki, protocol, tls_ca_file=str(other["ca"]), connect_timeout_ms=3000)
         )
+    )

@@ -6,15 +6,17 @@ machine; docs/planner.md says which figures are pending such a run.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 
 from tests.conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import gpu_pi0  # noqa: E402
+_spec = importlib.util.spec_from_file_location("gpu_pi0", ROOT / "scripts" / "gpu_pi0.py")
+assert _spec is not None and _spec.loader is not None
+gpu_pi0 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_pi0)
 
 
 def test_gpu_names_map_to_planner_hardware():

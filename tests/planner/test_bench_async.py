@@ -1,4 +1,4 @@
-"""scripts/bench_async.py --ci: sync vs async chunk execution through the real daemon in
+"""scripts/bench_async.py --ci: waiting in the tick vs async chunk execution through the real daemon in
 the MuJoCo simulator, real and slowed backend. Figures are benchmark output, not
 asserted: this checks that every configuration ran and reported what it should."""
 
@@ -26,7 +26,7 @@ def test_bench_async_ci_mode(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     rows = {(r["backend"], r["mode"]): r for r in result["rows"]}
-    assert set(rows) == {("real", "sync"), ("real", "async"), ("slow 70 ms", "sync"), ("slow 70 ms", "async")}
+    assert set(rows) == {("real", "wait"), ("real", "async"), ("slow 70 ms", "wait"), ("slow 70 ms", "async")}
     for r in rows.values():
         assert r["episodes"] == 1 and 0 <= r["success"] <= 1
         assert r["control_hz"] > 0 and r["latency_p50_ms"] > 0  # the daemon answered and the arm moved

@@ -117,3 +117,8 @@ def test_chunk_rate_model():
     assert rate(103, "async").control_hz == pytest.approx(50 / 3)  # tail waypoints only: sync wins here
     assert rate(88, "async", threshold=4).idle_ticks == 2  # a later request cannot help either
     assert rate(170, "async").control_hz == 0.0 and rate(170, "sync").control_hz == 0.0
+    # The runner's default rule: within the tick's wait nothing is lost; beyond it, it keeps
+    # executing the current chunk and takes the late one at its age.
+    assert rate(15, "wait").control_hz == pytest.approx(50.0) and rate(72, "wait").control_hz == pytest.approx(50.0)
+    assert (rate(88, "wait").cycle_ticks, rate(88, "wait").idle_ticks) == (5, 2)
+    assert rate(103, "wait").control_hz == pytest.approx(50 * 2 / 6) and rate(170, "wait").control_hz == 0.0

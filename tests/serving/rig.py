@@ -117,7 +117,7 @@ class Rig:
 
         self.trusted = TrustedState(contract)
         self.guard = ActionGuard(contract, self.trusted)
-        self.intake = Intake(contract, IntakeCounts(), self.trusted, max_skew_ns=5_000_000)
+        self.intake = Intake(contract, IntakeCounts(), self.trusted, max_skew_ns=5_000_000, tokenizer=tokenizer)
         self.publisher = Publisher(
             contract,
             self.act_sock,
@@ -149,17 +149,27 @@ class Rig:
         policy.max_age_ns = GENEROUS_NS
         return policy
 
-    def send_obs(self, seq: int, t_sensor_ns: int | None = None, proprio: np.ndarray = PROPRIO) -> None:
+    def send_obs(
+        self,
+        seq: int,
+        t_sensor_ns: int | None = None,
+        proprio: np.ndarray = PROPRIO,
+        instruction: str = INSTRUCTION,
+        reanchor: bool = False,
+    ) -> None:
         image = np.zeros((64, 64, 3), np.uint8)
-        header = {"seq": seq, "t_sensor_ns": t_sensor_ns or time.monotonic_ns(), "instruction": INSTRUCTION}
+        header = {"seq": seq, "t_sensor_ns": t_sensor_ns or time.monotonic_ns(), "instruction": instruction}
+        if reanchor:
+            header["reanchor"] = True
         self.controller.send_multipart(
             protocol.encode(protocol.TOPIC_OBS, header, {"image/overhead": image, "proprio": proprio})
         )
 
-    def send_heartbeat(self) -> None:
-        self.controller.send_multipart(
-            protocol.encode(protocol.TOPIC_HEARTBEAT, {"seq": 0, "t_ns": time.monotonic_ns()})
-        )
+    def send_heartbeat(self, cadence: str | None = None) -> None:
+        header: dict = {"seq": 0, "t_ns": time.monotonic_ns()}
+        if cadence is not None:
+            header["cadence"] = cadence
+        self.controller.send_multipart(protocol.encode(protocol.TOPIC_HEARTBEAT, header))
 
     def recv(self, timeout: float = 5.0) -> protocol.Message | None:
         """The next action message, or None when none arrives within ``timeout``."""

@@ -82,7 +82,8 @@ def test_a_streaming_controller_is_bridged_while_its_inference_is_late(rig):
 
 def test_a_streaming_controller_is_bridged_when_its_camera_stops(rig):
     """Observations stop, heartbeats go on: holds every 1.5 periods until the sensor-stall
-    monitor moves to the hold posture (the daemon's part, tests/test_faults.py)."""
+    monitor moves to the hold posture (the daemon's part, tests/test_faults.py). The last
+    observation was answered, so the holds are about none (``obs_seq`` 0)."""
     period = rig.loop.period_ns
     keeper, published = _streaming(rig, period)
     for k in range(1, 7):
@@ -91,22 +92,51 @@ def test_a_streaming_controller_is_bridged_when_its_camera_stops(rig):
         keeper.tick(time.monotonic_ns())
     assert keeper.bridged >= 1 and rig.publisher.counts.holds["bridge"] == keeper.bridged
     hold = rig.recv()
-    assert hold is not None and hold.header["source"] == "hold:bridge" and hold.header["obs_seq"] == 2
+    assert hold is not None and hold.header["source"] == "hold:bridge" and hold.header["obs_seq"] == 0
+    assert hold.header["advisory"] is True
 
 
-def test_a_streaming_controller_is_bridged_while_its_observations_are_refused(rig):
+def test_a_refused_observation_is_answered_at_once_with_an_advisory_hold(rig):
     period = rig.loop.period_ns
     keeper, published = _streaming(rig, period)
-    # Joint positions far beyond the arm's limits: refused, counted, never answered; yet the
-    # controller asked, every half period.
+    # Joint positions far beyond the arm's limits: refused, counted, and answered by the
+    # serving thread with a hold saying why; the cadence has nothing to bridge.
     bad = np.array([9.0, 9.0, 0.0, 0.0], np.float32)
     for k, seq in enumerate(range(3, 7), start=1):
         _sleep_until(published + k * period // 2)
         rig.send_obs(seq, proprio=bad)
         wait_until(lambda n=k: rig.intake.counts.input_rejected >= n, what="the refusal")
+        hold = rig.recv()
+        assert hold is not None and hold.header["source"] == "hold:rejected", hold.header
+        assert hold.header["obs_seq"] == seq and hold.header["advisory"] is True
+        assert hold.header["reason"] == "proprio_out_of_limits"
+        # The hold posture is the last trusted joint state, never the refused one.
+        assert np.allclose(hold.tensors["actions"], rig.trusted.positions, atol=1e-6)
         keeper.tick(time.monotonic_ns())
-    assert keeper.bridged >= 1 and rig.publisher.counts.holds["bridge"] == keeper.bridged
-    hold = rig.recv()
-    assert hold is not None and hold.header["source"] == "hold:bridge"
-    # The hold posture is the last trusted joint state, never the refused one.
-    assert np.allclose(hold.tensors["actions"], rig.trusted.positions, atol=1e-6)
+    assert keeper.bridged == 0 and rig.publisher.counts.holds["rejected"] == 4
+
+
+def test_a_bridge_decided_before_an_answer_went_out_is_not_sent(rig):
+    """The cadence thread decides outside the publisher's lock; the serving thread may answer
+    meanwhile. The bridge is then dropped, so no hold ever follows the policy chunk for the
+    same observation."""
+    period = rig.loop.period_ns
+    keeper, published = _streaming(rig, period)
+    looked = rig.publisher.last_publish_ns - 1  # what a tick saw just before that chunk went out
+    assert not rig.publisher.publish_hold("bridge", 2, 0, advisory=True, unless_sent_after=looked)
+    assert rig.recv(0.1) is None and rig.publisher.counts.holds["bridge"] == 0
+    assert rig.publisher.answered_seq == 2
+
+
+def test_a_controller_that_declares_it_asks_by_request_is_never_bridged(rig):
+    """Two requests one period apart (a late answer asked again) look like a stream; the
+    controller's declared cadence says otherwise: it waits for nothing between requests."""
+    period = rig.loop.period_ns
+    rig.send_heartbeat("request")
+    wait_until(lambda: rig.intake.controllers.only_requests, what="the declared cadence")
+    keeper, published = _streaming(rig, period)
+    for k in range(1, 7):
+        _sleep_until(published + k * period // 2)
+        rig.send_heartbeat("request")
+        keeper.tick(time.monotonic_ns())
+    assert keeper.bridged == 0 and rig.recv(0.0) is None

@@ -13,6 +13,7 @@ from vlad.serving.guard import ActionGuard, TrustedState
 
 NOW = 10_000_000_000
 PERIOD = 20_000_000
+VALID = 8 * PERIOD  # the demo contract's action validity
 
 
 def _chunk(contract, value=0.0):
@@ -53,11 +54,11 @@ def test_guard_clamps_bounds_and_rate(contract):
     lo = np.array([j.lower for j in contract.action.joints])
     c = _chunk(contract, 0.0)
     c[:, 0] = lo[0] - 5.0  # far below the bound, and a jump bigger than the rate limit
-    r = g.check(c, NOW, NOW + 1)
+    r = g.check(c, NOW, NOW + VALID)
     assert "bounds" in r.interventions and "out_of_bounds" in r.interventions  # 5 rad beyond: gross
     assert (r.actions[:, 0] >= lo[0] - 1e-6).all()
     first = r.actions[0].copy()
-    r2 = g.check(_chunk(contract, 0.0), NOW + PERIOD, NOW + PERIOD + 1)
+    r2 = g.check(_chunk(contract, 0.0), NOW + PERIOD, NOW + PERIOD + VALID)
     rate = np.array([j.rate_limit for j in contract.action.joints])
     assert "rate" in r2.interventions
     steps = np.abs(np.diff(np.vstack([first, r2.actions]), axis=0))
@@ -188,7 +189,7 @@ def test_no_observation_moves_a_command_beyond_the_contract(contract, observatio
     for k, q in enumerate(observations):
         t = NOW + k * PERIOD
         ts.judge(_q(*q), t)
-        r = g.check(chunk.copy(), t, t + 1)
+        r = g.check(chunk.copy(), t, t + VALID)
         out = r.actions
         assert (out >= lo - 1e-5).all() and (out <= hi + 1e-5).all()
         assert (np.abs(np.diff(out, axis=0)) <= rate + 1e-4).all()
@@ -273,3 +274,77 @@ def test_the_plain_float_judgement_agrees_with_the_numpy_reference(contract, ste
             assert ts.positions is None
         else:
             np.testing.assert_array_equal(ts.positions, ref.positions)
+
+
+# -- announced re-anchors -------------------------------------------------------------------------
+
+
+def test_an_announced_jump_is_trusted_at_once_and_becomes_the_reference(contract):
+    """An episode reset: the controller announces the jump with the observation; the state is
+    trusted at once and the next chunk is limited from it, not from the old command."""
+    ts = _trusted(contract, (0.1, 0.1))
+    g = ActionGuard(contract, ts)
+    g.check(_chunk(contract, 0.1), NOW, NOW + VALID, NOW)
+    assert ts.judge(_q(2.0, -1.5), NOW + PERIOD, reanchor=True) is None
+    assert ts.reanchors == 1 and ts.announced == 1
+    np.testing.assert_allclose(ts.positions, [2.0, -1.5])
+    r = g.check(
+        _chunk(contract, 0.0) + np.array([2.1, -1.4], np.float32), NOW + PERIOD, NOW + PERIOD + VALID, NOW + PERIOD
+    )
+    assert r.interventions == ()  # 0.1 rad from the announced state: within the rate limit
+
+
+def test_announced_jumps_are_limited_in_rate_and_by_the_joint_limits(contract):
+    cfg = GuardConfig(reanchor_min_interval_ms=100.0)
+    ts = TrustedState(contract, cfg)
+    assert ts.judge(_q(0.1, 0.1), NOW) is None
+    assert ts.judge(_q(2.0, 2.0), NOW + PERIOD, reanchor=True) is None
+    # A second announcement 40 ms later is judged like any observation: a jump back is refused.
+    assert ts.judge(_q(0.1, 0.1), NOW + 3 * PERIOD, reanchor=True) == "implausible_proprio"
+    assert ts.reanchors == 1
+    # Beyond the joint limits nothing is trusted, announced or not.
+    assert ts.judge(_q(9.0, 0.0), NOW + 20 * PERIOD, reanchor=True) == "proprio_out_of_limits"
+    # After the interval an announcement is honoured again.
+    assert ts.judge(_q(0.1, 0.1), NOW + 10 * PERIOD, reanchor=True) is None and ts.reanchors == 2
+
+
+# -- the rate limiter's reference -----------------------------------------------------------------
+
+
+def test_a_second_answer_to_one_observation_starts_where_the_first_did(contract):
+    """After an e-stop release both answers to the same observation are limited from the
+    trusted state: the second may not add another period's step to the first."""
+    ts = _trusted(contract, (0.0, 0.0))
+    g = ActionGuard(contract, ts)
+    g.forget_command()  # what the publisher does on release
+    far = _chunk(contract, 1.0)
+    rate = np.array([j.rate_limit for j in contract.action.joints], np.float32)
+    first = g.check(far.copy(), NOW, NOW + VALID, NOW).actions
+    second = g.check(far.copy(), NOW + 5_000_000, NOW + VALID, NOW).actions
+    for r in (first, second):
+        assert (np.abs(r[0] - ts.positions) <= rate + 1e-6).all(), r[0]
+
+
+def test_a_chunk_executing_controller_is_limited_from_the_waypoint_it_is_executing(contract):
+    """A controller asking every 4 periods switches from waypoint 3 of the last chunk: the new
+    first waypoint is limited from there, with one period's step, not four."""
+    ts = _trusted(contract, (0.0, 0.0))
+    g = ActionGuard(contract, ts)
+    ramp = np.cumsum(np.full((contract.action.chunk_length, contract.action.dim), 0.2, np.float32), axis=0)
+    g.check(ramp.copy(), NOW, NOW + VALID, NOW)  # 0.2, 0.4, ... 1.6
+    nxt_r = g.check(np.full_like(ramp, 1.0), NOW + 4 * PERIOD, NOW + 4 * PERIOD + VALID, NOW + 4 * PERIOD)
+    assert nxt_r.interventions == ()  # 1.0 is 0.2 from waypoint 3 (0.8)
+    nxt = nxt_r.actions
+    back = g.check(np.full_like(ramp, 0.0), NOW + 8 * PERIOD, NOW + 8 * PERIOD + VALID, NOW + 8 * PERIOD)
+    assert "rate" in back.interventions
+    np.testing.assert_allclose(back.actions[0], nxt[3] - 0.25, atol=1e-6)
+
+
+def test_after_the_last_chunk_expired_the_trusted_state_is_the_reference(contract):
+    ts = _trusted(contract, (0.0, 0.0))
+    g = ActionGuard(contract, ts)
+    g.check(_chunk(contract, 0.2), NOW, NOW + VALID, NOW)
+    later = NOW + VALID + PERIOD  # the controller has nothing valid left: it holds where it is
+    assert ts.judge(_q(0.5, 0.5), later) is None  # the arm was moved (slowly, plausibly) meanwhile
+    r = g.check(_chunk(contract, 0.6), later, later + VALID, later)
+    assert r.interventions == ()  # 0.1 from the measured state; 0.4 from the expired command

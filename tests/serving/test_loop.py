@@ -39,12 +39,13 @@ def test_a_burst_is_answered_with_the_newest_observation_only(rig):
     assert rig.session.calls == 2
 
 
-def test_a_stale_observation_is_skipped_without_inference(rig):
+def test_a_stale_observation_is_answered_with_an_advisory_hold_without_inference(rig):
     rig.policy.max_age_ns = 500_000_000
     rig.send_obs(1, t_sensor_ns=time.monotonic_ns() - 5_000_000_000)
-    wait_until(lambda: rig.policy.counts.stale == 1, what="the stale count")
+    hold = rig.recv()
+    assert hold.header["source"] == "hold:stale" and hold.header["obs_seq"] == 1 and hold.header["advisory"] is True
+    assert rig.policy.counts.stale == 1
     assert rig.session.calls == 0
-    assert rig.recv(0.1) is None
     rig.send_obs(2)  # fresh again: served
     assert rig.recv().header["obs_seq"] == 2
 

@@ -3,6 +3,7 @@
 One module per command group: :mod:`~vlad.cli.daemon` (the running daemon),
 :mod:`~vlad.cli.release` (keys, signatures, the store), :mod:`~vlad.cli.contract`,
 :mod:`~vlad.cli.plan` (the latency planner), :mod:`~vlad.cli.tools` (plugins, export),
+:mod:`~vlad.cli.importer` (``vladctl import lerobot``),
 :mod:`~vlad.cli.common` (running, exit codes, the operator). Expected failures print one
 line ``error: ...`` and exit with an :class:`~vlad.errors.ExitCode`; anything else is a bug
 and keeps its traceback.
@@ -20,6 +21,7 @@ from vlad.cli.common import run
 def vladctl_parser() -> argparse.ArgumentParser:
     from vlad.cli.contract import add_contract_commands
     from vlad.cli.daemon import add_daemon_commands
+    from vlad.cli.importer import add_import_commands
     from vlad.cli.plan import add_plan_commands
     from vlad.cli.release import add_release_commands
     from vlad.cli.tools import add_tool_commands
@@ -34,6 +36,7 @@ def vladctl_parser() -> argparse.ArgumentParser:
     add_plan_commands(sub)
     add_gate_commands(sub)
     add_tool_commands(sub)
+    add_import_commands(sub)
     return parser
 
 

@@ -2,13 +2,15 @@
 
 :func:`run` turns an expected failure (:class:`~vlad.errors.VladError`) into one line
 ``error: ...`` on stderr and its :class:`~vlad.errors.ExitCode`; anything else is a bug and
-keeps its traceback. :func:`operator` is the one rule for who is acting, :func:`request`
+keeps its traceback. A reader that stops early (``vladctl events | head``) ends the
+command quietly, as the shell expects (exit 141, SIGPIPE's). :func:`operator` is the one rule for who is acting, :func:`request`
 the one way to ask the running daemon.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +27,12 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         parser.print_help()
         return ExitCode.ERROR
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()  # a reader gone early shows here, not as a traceback at exit
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to write
+        return 128 + 13  # as if killed by SIGPIPE, what `cmd | head` shells expect
     except DaemonUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.UNREACHABLE

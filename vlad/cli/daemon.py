@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,17 @@ def format_status(st: dict) -> str:
         f" holds {c.get('published_hold', 0)},"
         f" rejected {sum(c.get('rejected', {}).values())}",
     ]
+    ev = st.get("evidence") or {}
+    if ev.get("status") == "forced":
+        lines.append(f"evidence     FORCED ({ev['gate_evidence']}) by {ev['who']} at {ev['time']}: {ev['why']}")
+    elif ev.get("status") == "unverified":
+        lines.append(
+            f"evidence     UNVERIFIED: no passing gate evidence, no recorded override; "
+            f"{ev.get('published_unverified', 0)} chunks published so ({'; '.join(ev.get('problems', [])[:2])})"
+        )
+    op = st.get("operation")
+    if op:
+        lines.append(f"operation    {op['kind']} {op['target']} for {op['elapsed_s']:.0f} s: {op['step']}")
     serving = st.get("serving", "")
     if serving and not serving.startswith("release:"):
         lines.append(f"serving      {serving} (fallback chain: {' > '.join(st.get('chain', []))})")
@@ -69,6 +81,10 @@ def format_status(st: dict) -> str:
             f"shadow       {sh['release']} ({sh['purpose']}): {sh['divergence']['pairs']} chunks compared,"
             f" mean abs divergence {sh['divergence']['mean_abs']:.4g}"
         )
+    for pid, s in remote_links(st):
+        lines.append(f"remote       {remote_summary(pid, s)}")
+        if s.get("last_error"):
+            lines.append(f"             last error: {s['last_error']}")
     temps = st.get("temperatures_c") or {}
     if temps:
         lines.append("temperature  " + ", ".join(f"{k} {v:.0f} °C" for k, v in sorted(temps.items())[:6]))
@@ -83,6 +99,47 @@ def format_status(st: dict) -> str:
                 f"             {stage:<10} {v['p50']:8.3f} {v['p95']:8.3f} {v['p99']:8.3f} {v['max']:8.3f} {v['count']:8d}"
             )
     return "\n".join(lines)
+
+
+def remote_links(st: dict) -> list[tuple[str, dict]]:
+    """(policy id, link figures) of every loaded policy on a remote backend: the sessions
+    whose ``stats()`` say ``kind = "remote"`` (``vlad_kserve.stats``), in chain order."""
+    stats = st.get("backend_stats") or {}
+    return [(pid, s) for pid, s in stats.items() if isinstance(s, dict) and s.get("kind") == "remote"]
+
+
+def remote_summary(pid: str, s: dict, compact: bool = False) -> str:
+    """One remote link in one line: its state first, then errors, latency and the endpoint.
+
+    ``compact`` (the watch view's 71 columns) names the policy by its chain slot and puts
+    the endpoint last, where a cut loses the least."""
+    state = str(s.get("state", "?"))
+    since = s.get("state_for_s")
+    state_text = (state.upper() if state == "lost" else state) + (f" for {since:.0f} s" if since is not None else "")
+    rtt, net, srv = s.get("round_trip_ms"), s.get("network_ms"), s.get("server_ms")
+    rate = float(s.get("error_rate") or 0.0)
+    window = s.get("window", 0)
+    errors = ", ".join(f"{k} {v}" for k, v in sorted((s.get("errors") or {}).items()))
+    endpoint = s.get("endpoint", "?")
+    if compact:
+        parts = [f"{pid.split(':', 1)[0]} {state_text}", f"err {rate:.0%}"]
+        if rtt:
+            parts.append(f"rtt {rtt['p50']:.1f}/{rtt['p99']:.1f} ms")
+        parts += [f"reconn {s.get('reconnects', 0)}", str(endpoint)]
+        return "  ".join(parts)
+    where = f"{endpoint} ({s.get('protocol', '?')}, model {s.get('model', '?')})"
+    figures = [
+        f"{name} p50 {v['p50']:.2f} ms p99 {v['p99']:.2f} ms"
+        for name, v in (("round trip", rtt), ("network", net), ("server", srv))
+        if v
+    ]
+    return (
+        f"{pid} -> {where}: {state_text}; "
+        + (", ".join(figures) + "; " if figures else "")
+        + f"{rate:.1%} of the last {window} requests failed"
+        + (f" ({errors})" if errors else "")
+        + f"; reconnects {s.get('reconnects', 0)}"
+    )
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -105,19 +162,54 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def with_progress(args: argparse.Namespace, call: Callable[[], Any]) -> Any:
+    """Run a long release request while showing the daemon's progress: its status names
+    the operation in flight and its current step; each new step is printed (on stderr)
+    with the seconds elapsed. The status is asked on its own socket, once a second."""
+    import sys
+    import threading
+
+    done = threading.Event()
+
+    def watch() -> None:
+        shown = None
+        while not done.wait(1.0):
+            try:
+                op = request(args, "status").get("operation")
+            except Exception:  # the progress line is a courtesy: the request itself reports errors
+                continue
+            if op and op["step"] != shown:
+                shown = op["step"]
+                print(f"[{op['elapsed_s']:6.1f} s] {op['kind']}: {shown}", file=sys.stderr, flush=True)
+
+    watcher = threading.Thread(target=watch, name="vladctl-progress", daemon=True)
+    watcher.start()
+    try:
+        return call()
+    finally:
+        done.set()
+        watcher.join(2.0)
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     """verify -> stage -> warm -> hot-swap on the running daemon (or refuse with the reason)."""
-    r = request(
+    r = with_progress(
         args,
-        "deploy",
-        max(args.timeout_ms, 120_000),
-        path=str(Path(args.release).resolve()),
-        who=operator(args.who),
-        why=args.why,
-        canary=args.canary,
-        force=args.force,
+        lambda: request(
+            args,
+            "deploy",
+            max(args.timeout_ms, 120_000),
+            path=str(Path(args.release).resolve()),
+            who=operator(args.who),
+            why=args.why,
+            canary=args.canary,
+            force=args.force,
+        ),
     )
     extra = " as a canary (auto-rollback armed)" if r["canary"] else ""
+    ev = r.get("evidence") or {}
+    if ev.get("status") == "forced":
+        extra += f"; gate evidence {ev['gate_evidence']}, forced (recorded)"
     print(f"deployed {r['release']}{extra}; previous {r['previous']}")
     return 0
 
@@ -130,13 +222,13 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         # daemon that is slow to roll back is never bypassed: that timeout is an error.
         request(args, "ping")
     except DaemonUnreachable:
-        entry = store(args).rollback(operator(args.who), args.why)
+        entry = store(args).rollback(operator(args.who), args.why, force=args.force)
         print(
-            f"vlad is not running: rolled the store back to {entry.to_release} (from {entry.from_release}); "
-            "it is served at the next start"
+            f"vlad is not running: rolled the store back to {entry.to_release} (from {entry.from_release})"
+            f"{entry.flags()}; it is served at the next start"
         )
         return 0
-    r = request(args, "rollback", max(args.timeout_ms, 120_000), who=operator(args.who), why=args.why)
+    r = request(args, "rollback", max(args.timeout_ms, 120_000), who=operator(args.who), why=args.why, force=args.force)
     if "aborted" in r:
         print(f"canary of {r['aborted']} aborted; serving {r['release']} again")
     else:
@@ -156,11 +248,11 @@ def cmd_history(args: argparse.Namespace) -> int:
         return 0
     if not rows:
         print("no activations or rollbacks recorded")
+    from vlad.cli.release import history_line
+    from vlad.release.store import HistoryEntry
+
     for e in rows:
-        print(
-            f"{e['time']}  {e['event']:<9} {e['from_release'] or '-'} -> {e['to_release']}  by {e['who']}: {e['why']}"
-            + ("  (forced)" if e.get("forced") else "")
-        )
+        print(history_line(HistoryEntry.from_record(e)))
     return 0
 
 
@@ -220,7 +312,8 @@ def add_daemon_commands(sub: Any) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="allow a deliberate downgrade, or a release without passing gate evidence (recorded with --why)",
+        help="allow missing or failed gate evidence or a deliberate downgrade (recorded with --why); "
+        "never an integrity failure",
     )
     p.set_defaults(func=cmd_deploy)
 
@@ -229,6 +322,11 @@ def add_daemon_commands(sub: Any) -> None:
     p.add_argument("--root", help="release store (default: the config's store.root), when vlad is down")
     p.add_argument("--why", required=True, help="reason, recorded in the history")
     p.add_argument("--who", help="operator name (default: $VLAD_OPERATOR, $SUDO_USER, $USER)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="return to a release without passing gate evidence or marked bad (recorded with --why)",
+    )
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("history", help="activations and rollbacks with who and why")

@@ -88,7 +88,10 @@ def add_release_commands(subparsers: Any) -> None:
         p.add_argument("--why", required=True, help="reason, kept in the history")
         p.add_argument("--who", default=None, help="operator (default: $VLAD_OPERATOR, $SUDO_USER or login)")
         p.add_argument(
-            "--force", action="store_true", help="allow a downgrade or a release marked bad (operator decision)"
+            "--force",
+            action="store_true",
+            help="allow missing or failed gate evidence, a downgrade or a release marked bad "
+            "(operator decision, recorded with --why; never an integrity failure)",
         )
         p.set_defaults(func=cmd_release_activate if name == "activate" else cmd_release_rollback)
     p = store_parser("status", "active, previous and staged releases")
@@ -126,13 +129,21 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """``verify RELEASE [--keys DIR]``: 0 verified (warnings on stderr), 2 refused."""
+    from vlad.release.evidence import judge_evidence
     from vlad.release.manifest import rfc3339
     from vlad.release.signing import verify_release
 
-    v = verify_release(args.release, args.keys or _keys_default())
+    v = verify_release(args.release, args.keys or _keys_default(), progress=_progress)
     m = v.manifest
+    evidence = judge_evidence(m, v.path, v.files)
     for w in v.warnings:
         print(f"warning: {w}", file=sys.stderr)
+    if not evidence.ok:
+        print(
+            f"warning: gate evidence {evidence.status}: {'; '.join(evidence.problems)} "
+            "(activation and deploy refuse it unless forced with --force --why)",
+            file=sys.stderr,
+        )
     if args.json:
         print(
             json.dumps(
@@ -147,6 +158,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
                     "contract_sha256": m.contract.sha256,
                     "artifacts": len(m.artifacts),
                     "warnings": list(v.warnings),
+                    "evidence": evidence.to_dict(),
+                    "hashing": v.hashing,
                     "not_before": rfc3339(m.release.not_before),
                     "expires": rfc3339(m.release.expires),
                 },
@@ -161,7 +174,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
         f"  contract {m.contract.path} sha256 {m.contract.sha256[:16]}… matches; "
         f"valid {rfc3339(m.release.not_before)} .. {rfc3339(m.release.expires)}"
     )
+    print(f"  gate evidence {evidence.status}; {v.hashing}")
     return EXIT_OK
+
+
+def _progress(line: str) -> None:
+    """Progress of a long step (hashing GBs), on stderr: stdout stays the result."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def cmd_manifest_show(args: argparse.Namespace) -> int:
@@ -224,25 +243,28 @@ def _store(args: argparse.Namespace, create: bool = False):
 def cmd_release_stage(args: argparse.Namespace) -> int:
     """``release stage SOURCE``."""
     store = _store(args, create=True)
-    rid = store.stage(args.source)
-    print(f"staged {rid} in {store.releases_dir / rid} (activate: vladctl release activate {rid} --why ...)")
+    v = store.stage_release(args.source, progress=_progress)
+    print(f"staged {v.id} in {v.path} (activate: vladctl release activate {v.id} --why ...)")
     return EXIT_OK
 
 
 def cmd_release_activate(args: argparse.Namespace) -> int:
     """``release activate ID --why WHY [--who] [--force]``."""
-    e = _store(args).activate(args.release_id, who=operator(args.who), why=args.why, force=args.force)
+    e = _store(args).activate(
+        args.release_id, who=operator(args.who), why=args.why, force=args.force, progress=_progress
+    )
     print(
-        f"active {e.to_release} (previous {e.from_release or 'none'}); restart vlad (systemctl restart vlad) to serve it"
+        f"active {e.to_release} (previous {e.from_release or 'none'}){e.flags()}; "
+        "restart vlad (systemctl restart vlad) to serve it"
     )
     return EXIT_OK
 
 
 def cmd_release_rollback(args: argparse.Namespace) -> int:
     """``release rollback --why WHY [--who] [--force]``."""
-    e = _store(args).rollback(who=operator(args.who), why=args.why, force=args.force)
+    e = _store(args).rollback(who=operator(args.who), why=args.why, force=args.force, progress=_progress)
     print(
-        f"rolled back {e.from_release} -> {e.to_release} ({e.from_release} is marked bad); "
+        f"rolled back {e.from_release} -> {e.to_release} ({e.from_release} is marked bad){e.flags()}; "
         f"restart vlad (systemctl restart vlad) to serve it"
     )
     return EXIT_OK
@@ -251,9 +273,12 @@ def cmd_release_rollback(args: argparse.Namespace) -> int:
 def cmd_release_status(args: argparse.Namespace) -> int:
     """``release status``: active, previous, staged, bad."""
     store = _store(args)
+    active = store.active()
+    last = store.last_activation(active) if active else None
     info = {
         "root": str(store.root),
-        "active": store.active(),
+        "active": active,
+        "active_evidence": _evidence_line(last) if active else None,
         "previous": store.previous(),
         "staged": store.list_releases(),
         "bad": sorted(store.bad_releases()),
@@ -268,6 +293,15 @@ def cmd_release_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _evidence_line(e: Any) -> str:
+    """How the active release got its way past the evidence rule, from its journal entry."""
+    if e is None or e.evidence is None:
+        return "not recorded (activated before the journal kept gate evidence)"
+    if e.evidence == "passed":
+        return "passed"
+    return f"{e.evidence}, forced by {e.who} at {e.time}: {e.why}"
+
+
 def cmd_release_history(args: argparse.Namespace) -> int:
     """``release history``: one line per activation or rollback."""
     import dataclasses
@@ -277,9 +311,16 @@ def cmd_release_history(args: argparse.Namespace) -> int:
         print(json.dumps([dataclasses.asdict(e) for e in entries], indent=2))
         return EXIT_OK
     for e in entries:
-        flags = "".join((" [forced]" if e.forced else "", " [recovered]" if e.recovered else ""))
-        print(f"{e.time}  {e.event:<8} {e.from_release or '-'} -> {e.to_release}  by {e.who}: {e.why}{flags}")
+        print(history_line(e))
     return EXIT_OK
+
+
+def history_line(e: Any) -> str:
+    """One activation or rollback on one line, with what a --force overrode."""
+    line = f"{e.time}  {e.event:<8} {e.from_release or '-'} -> {e.to_release}  by {e.who}: {e.why}{e.flags()}"
+    for o in e.overrides:
+        line += f"\n{'':22}overrode {o}"
+    return line
 
 
 def cmd_release_gc(args: argparse.Namespace) -> int:

@@ -75,5 +75,5 @@ def add_tool_commands(sub: Any) -> None:
     p.add_argument(
         "--release", default="manifests/demo", help="release folder with policy_weights.pt (default: %(default)s)"
     )
-    p.add_argument("--fixtures", default="tests/fixtures/golden.npz", help="golden fixtures to (re)write")
+    p.add_argument("--fixtures", default="manifests/demo/golden.npz", help="golden fixtures to (re)write")
     p.set_defaults(func=cmd_export)

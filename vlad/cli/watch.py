@@ -1,88 +1,165 @@
 """``vladctl status --watch``: a live view of the daemon in a terminal, plain ANSI, 80 columns.
 
-Redrawn in place every ``--interval`` seconds: cursor home, each line followed by
-erase-to-end-of-line, then erase-below, so a shorter frame leaves no leftovers and nothing
-scrolls. No curses: it works over a serial console, ssh and tmux alike. When the daemon
-does not answer, the last line says so and the view keeps retrying; Ctrl-C restores the
-cursor and exits 0.
+Redrawn in place every ``--interval`` seconds: cursor home, then each line erased and
+rewritten, then the rest of the screen erased, so a shorter frame leaves no leftovers. A
+frame never has more lines than the terminal (24 when it is not one): the header and the
+state always stay on screen, and what does not fit is cut to a count ("+3 more findings").
+No curses: it works over a serial console, ssh and tmux alike. When the daemon does not
+answer, the last line says so and the view keeps retrying. Ctrl-C exits 0; SIGTERM and
+SIGHUP exit 128+N; every way out shows the cursor again.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from vlad.cli.daemon import remote_links, remote_summary
 from vlad.errors import ClientError, DaemonUnreachable
 
 WIDTH = 80
-STAGES = ("e2e", "transport", "queue", "preprocess", "engine", "decode", "guard", "publish")
+HEIGHT = 24  # when the output is not a terminal
+# In pipeline order, the end-to-end total last; "transport" first so that its nine letters
+# follow the "latency " label rather than another column.
+STAGES = ("transport", "queue", "preprocess", "engine", "decode", "guard", "publish", "e2e")
 HOME, ERASE_LINE, ERASE_BELOW, HIDE, SHOW = "\x1b[H", "\x1b[K", "\x1b[J", "\x1b[?25l", "\x1b[?25h"
+# The least the sections below the top get when there is room: one finding (or its count),
+# the latency grid, and the newest event.
+LATENCY_LINES = 3
 
 
 def render(
-    st: dict[str, Any] | None, events: list[dict[str, Any]], error: str | None, endpoint: str, now: float
+    st: dict[str, Any] | None,
+    events: list[dict[str, Any]],
+    error: str | None,
+    endpoint: str,
+    now: float,
+    width: int = WIDTH,
+    height: int = HEIGHT,
 ) -> list[str]:
-    """The frame's lines (each at most WIDTH characters)."""
+    """The frame's lines: at most ``height`` of them, each at most ``width`` characters.
+
+    The top lines (header, state, release, fallback, backend, remote link, rates) come
+    first and are cut last; then the findings, the latency grid and the newest events
+    share what is left, findings first. The error line, when there is one, is the last.
+    """
     clock = time.strftime("%H:%M:%S", time.localtime(now))
-    lines = []
+    foot = [error if st is None else f"{error} (above: last known state)"] if error else []
     if st is None:
-        lines.append(f"vlad  {endpoint}  {clock}")
-    else:
-        lines.append(f"vlad {st['version']}  pid {st['pid']}  up {_dur(st['uptime_s'])}  {clock}")
-        est = st.get("estop", {})
-        estop = f"ENGAGED ({est.get('source') or 'safety system'})" if est.get("engaged") else "released"
-        lines.append(f"state    {st['state']} for {_dur(st['state_since_s'])}   e-stop {estop}")
-        lines.append(f"release  {st['release']}")
-        serving = st.get("serving", "")
-        if serving and not serving.startswith("release:"):
-            lines.append(f"serving  {serving} (fallback)")
-        b = st["backend"]
-        lines.append(f"backend  {b['name']} ({b['runtime']}, {b['device']})")
-        r = st["rates"]
-        lines.append(
-            f"rates    {r['observations_hz']:.1f} obs/s   {r['actions_hz']:.1f} actions/s   "
-            f"period {st['control_period_ms']:g} ms"
-        )
-        c = st["counters"]
-        lines.append(
-            f"counts   published {c.get('published', 0)}  holds {c.get('published_hold', 0)}  "
-            f"stale {c.get('stale', 0)}  rejected {sum(c.get('rejected', {}).values())}  "
-            f"misses {c.get('deadline_misses', 0)}"
-        )
-        o = st.get("openpi")
-        if o:
-            lat_o = o.get("infer_ms", {})
-            lines.append(
-                f"openpi   {o['clients']} client(s)  replies {o.get('replies', 0)}  "
-                f"errors {sum(o['errors'].values())}"
-                + (f"  p50 {lat_o['p50']:.1f} ms  p99 {lat_o['p99']:.1f} ms" if lat_o else "")
-            )
-        for f in st.get("findings", [])[:3]:
-            lines.append(f"{f['severity']:<8} {f['message']}")
-        lat = st.get("latency_ms", {})
-        lines.append("latency  stage           p50 ms     p99 ms      count")
-        for stage in STAGES:
-            v = lat.get(stage)
-            if v:
-                lines.append(f"         {stage:<12} {v['p50']:9.3f}  {v['p99']:9.3f}  {v['count']:9d}")
-        if not lat:
-            lines.append("         (no policy chunk published yet)")
-        lines.append("events")
-        for e in events[-5:]:
-            when = time.strftime("%H:%M:%S", time.localtime(e["time"]))
-            what = f"{e['state_from']}->{e['state_to']}" if e["state_from"] != e["state_to"] else e["kind"]
-            lines.append(f"  {when} {what}: {e['reason']}")
-    if error:
-        lines.append(error if st is None else f"{error} (above: last known state)")
-    return [_fit(line) for line in lines]
+        top = [f"vlad  {endpoint}  {clock}"]
+        return [_fit(line, width) for line in (top + foot)[: max(1, height)]]
+    top = _top(st, clock)
+    room = max(0, height - len(foot))
+    if len(top) >= room:  # a tiny terminal: the header and the state first, the error kept
+        return [_fit(line, width) for line in (top[: max(1, room)] + foot)[: max(1, height)]]
+    room -= len(top)
+    findings = [f"{f.get('severity', '?'):<8} {f.get('message', '')}" for f in st.get("findings") or []]
+    latency = _latency(st.get("latency_ms") or {}, width)
+    # Findings first (what is wrong now), keeping room for the latency grid and one event.
+    shown = _cut(findings, max(1, room - LATENCY_LINES - 2), "findings (vladctl status lists all)")
+    room -= len(shown)
+    middle = shown
+    if room >= len(latency):
+        middle += latency
+        room -= len(latency)
+    if room >= 2 and events:
+        recent = [_event(e) for e in events[-(room - 1) :]]
+        middle += ["events", *recent]
+    return [_fit(line, width) for line in top + middle + foot]
 
 
-def _fit(line: str) -> str:
-    line = line.replace("\n", " ")
-    return line if len(line) <= WIDTH else line[: WIDTH - 1] + "…"
+def _top(st: dict[str, Any], clock: str) -> list[str]:
+    """Header, state, release, fallback, backend, remote links, rates, counts, openpi."""
+    est = st.get("estop") or {}
+    estop = f"ENGAGED ({est.get('source') or 'safety system'})" if est.get("engaged") else "released"
+    lines = [
+        f"vlad {st.get('version', '?')}  pid {st.get('pid', '?')}  up {_dur(st.get('uptime_s', 0))}  {clock}",
+        f"state    {st.get('state', '?')} for {_dur(st.get('state_since_s', 0))}   e-stop {estop}",
+        f"release  {st.get('release', '?')}",
+    ]
+    serving = st.get("serving", "")
+    if serving and not serving.startswith("release:"):
+        quarantined = st.get("quarantined") or {}
+        why = f"; quarantined: {', '.join(f'{k} ({v})' for k, v in quarantined.items())}" if quarantined else ""
+        lines.append(f"serving  {serving} (fallback{why})")
+    op = st.get("operation")
+    if op:
+        lines.append(
+            f"op       {op.get('kind', '?')} {op.get('target', '')} {_dur(op.get('elapsed_s', 0))}: {op.get('step', '')}"
+        )
+    b = st.get("backend") or {}
+    lines.append(f"backend  {b.get('name', '?')} ({b.get('runtime', '?')}, {b.get('device', '?')})")
+    links = remote_links(st)
+    for pid, s in links[:2]:
+        lines.append("remote   " + remote_summary(pid, s, compact=True))
+    if len(links) > 2:
+        lines.append(f"remote   +{len(links) - 2} more remote links (vladctl status)")
+    r = st.get("rates") or {}
+    lines.append(
+        f"rates    {r.get('observations_hz', 0):.1f} obs/s   {r.get('actions_hz', 0):.1f} actions/s   "
+        f"period {st.get('control_period_ms', 0):g} ms"
+    )
+    c = st.get("counters") or {}
+    lines.append(
+        f"counts   published {c.get('published', 0)}  holds {c.get('published_hold', 0)}  "
+        f"stale {c.get('stale', 0)}  rejected {sum((c.get('rejected') or {}).values())}  "
+        f"misses {c.get('deadline_misses', 0)}"
+    )
+    o = st.get("openpi")
+    if o:
+        lat_o = o.get("infer_ms") or {}
+        lines.append(
+            f"openpi   {o.get('clients', 0)} client(s)  replies {o.get('replies', 0)}  "
+            f"errors {sum((o.get('errors') or {}).values())}"
+            + (f"  p50 {lat_o['p50']:.1f} ms  p99 {lat_o['p99']:.1f} ms" if lat_o else "")
+        )
+    return lines
+
+
+def _latency(lat: dict[str, Any], width: int) -> list[str]:
+    """The stages' p50 and p99 as three lines: stage names over their two figures (9 columns
+    each; ``preprocess`` shows as ``preproc``)."""
+    stages = [s for s in STAGES if lat.get(s)] + [s for s in lat if s not in STAGES and lat.get(s)]
+    if not stages:
+        return ["latency  (no policy chunk published yet)"]
+    stages = stages[: max(1, (width - 8) // 9)]
+    names = {"preprocess": "preproc"}
+    lines = [f"{'latency':<8}" + "".join(f"{names.get(s, s)[:9]:>9}" for s in stages)]
+    for q in ("p50", "p99"):
+        lines.append(f"  {q} ms" + "".join(f"{_ms(lat[s].get(q)):>9}" for s in stages))
+    return lines
+
+
+def _event(e: dict[str, Any]) -> str:
+    when = time.strftime("%H:%M:%S", time.localtime(e.get("time", 0)))
+    frm, to = e.get("state_from"), e.get("state_to")
+    what = f"{frm}->{to}" if frm != to else e.get("kind", "?")
+    return f"  {when} {what}: {e.get('reason', '')}"
+
+
+def _cut(lines: list[str], room: int, what: str) -> list[str]:
+    """``lines`` in at most ``room`` lines; when they do not all fit, the last says how many more."""
+    if len(lines) <= room:
+        return lines
+    if room <= 0:
+        return []
+    return lines[: room - 1] + [f"         +{len(lines) - room + 1} more {what}"]
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
+
+
+def _fit(line: str, width: int = WIDTH) -> str:
+    line = line.replace("\n", " ").replace("\r", " ").replace("\t", " ")
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def _dur(seconds: float) -> str:
@@ -94,29 +171,69 @@ def _dur(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60} min"
 
 
+def frame_text(frame: list[str], height: int) -> str:
+    """The bytes that draw ``frame`` in place. Each line is erased before it is written (an
+    erase right after a full-width line would clear its last character), and no newline
+    follows the last line of a full screen: it would scroll the header off."""
+    text = HOME + "\r\n".join(ERASE_LINE + line for line in frame)
+    if len(frame) < height:
+        text += "\r\n" + ERASE_BELOW
+    return text
+
+
+class _Signalled(BaseException):  # like KeyboardInterrupt: no `except Exception` swallows it
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_signalled(signum: int, frame: object) -> None:
+    raise _Signalled(signum)
+
+
+def _terminal_size(out: TextIO) -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(out.fileno())
+        return min(WIDTH, size.columns), size.lines
+    except (OSError, ValueError, AttributeError):  # not a terminal (a pipe, a test's buffer)
+        return WIDTH, HEIGHT
+
+
 def watch(args: argparse.Namespace, request: Callable[..., Any], endpoint: str, out: TextIO = sys.stdout) -> int:
-    """Refresh until Ctrl-C (exit 0). ``request(args, cmd, timeout_ms, **kw)`` is vladctl's."""
+    """Refresh until Ctrl-C (exit 0), SIGTERM or SIGHUP (exit 128+N); the cursor is shown
+    again on every way out. ``request(args, cmd, timeout_ms, **kw)`` is vladctl's."""
     interval = max(0.1, args.interval)
     timeout_ms = min(args.timeout_ms, max(200, int(interval * 1000)))
+    args.endpoint = endpoint  # resolved once: the config is not re-read every refresh
     st: dict[str, Any] | None = None
     events: list[dict[str, Any]] = []
-    out.write(HIDE + "\x1b[2J")
+    previous = {sig: signal.signal(sig, _raise_signalled) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    code = 0
     try:
+        out.write(HIDE + "\x1b[2J")
         while True:
             error = None
             try:
                 st = request(args, "status", timeout_ms)
-                events = request(args, "events", timeout_ms, limit=5)
+                events = request(args, "events", timeout_ms, limit=20)
             except DaemonUnreachable:  # show the last known state above this line
                 error = f"daemon unreachable at {endpoint}; retrying every {interval:g} s"
             except ClientError as exc:
                 error = str(exc)
-            frame = render(st, events, error, endpoint, time.time())
-            out.write(HOME + "".join(line + ERASE_LINE + "\r\n" for line in frame) + ERASE_BELOW)
+            width, height = _terminal_size(out)
+            out.write(frame_text(render(st, events, error, endpoint, time.time(), width, height), height))
             out.flush()
             time.sleep(interval)
     except KeyboardInterrupt:
-        return 0
+        code = 0
+    except _Signalled as exc:
+        code = 128 + exc.signum
     finally:
-        out.write(SHOW + "\r\n")
-        out.flush()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        try:
+            out.write(SHOW + "\r\n")
+            out.flush()
+        except OSError:  # the terminal is gone (SIGHUP after a hang-up): nothing to restore
+            pass
+    return code

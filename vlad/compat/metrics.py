@@ -1,18 +1,19 @@
 """Prometheus metrics: ``[metrics]``, text exposition over HTTP on a local address or a unix socket.
 
-Nothing here touches the hot path. The collector reads, at scrape time:
+It runs in an endpoint process (:mod:`vlad.compat.endpoint`, started and watched by
+:mod:`vlad.daemon.endpoints`) and reads nothing but the status the daemon publishes on its
+status socket (``serve.status_hz``), as any subscriber would: state, release, counters,
+per-policy counters, findings, e-stop, the latency percentiles of the rolling window, the
+health readings, and the cumulative per-stage histograms and event counts the daemon folds
+for it (:class:`vlad.daemon.status.Tallies`). So gauges may be up to one status period old
+(``vlad_status_age_seconds``), and ``vlad_up`` is 1 only while statuses keep coming.
 
-* the newest status snapshot the daemon built on its event loop (``Daemon.last_status``,
-  at ``serve.status_hz``): state, release, counters, per-policy counters, findings,
-  e-stop, latency percentiles over the rolling window;
-* the monitor readings (``Daemon.readings``: temperatures, memory), swapped in whole by
-  the health task;
-* the per-stage latency ring buffers (:class:`vlad.serving.tracing.LatencyStats`), folded
-  into cumulative histograms by a 1 s tick of this module's thread and at each scrape, so
-  no sample is lost unless more than ``serve.latency_window`` cycles happen in a second
-  (counted in ``vlad_latency_samples_lost_total``);
-* the state machine's event history, folded the same way into event and transition
-  counters (fallbacks, swaps, faults, rollbacks).
+A scrape costs the daemon nothing. The text is rendered here at most once per status
+(a scrape flood re-sends the same bytes); the HTTP server is one asyncio protocol, no
+thread per connection: at most ``max_connections`` connections (``max_connections_per_peer``
+per address; beyond, closed at accept), a request head of at most 8 KiB that must be
+complete within ``idle_timeout_s`` of the connection or of the previous answer, and a
+client that does not read its answers is not read from either.
 
 Names follow Prometheus conventions: ``vlad_`` prefix, base units (seconds, bytes,
 celsius) in the name, ``_total`` for counters.
@@ -20,376 +21,448 @@ celsius) in the name, ``_total`` for counters.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import socket
-import socketserver
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
+import zmq
+import zmq.asyncio
 
-from vlad.config import MetricsConfig, parse_listen
-from vlad.errors import StartupError
-from vlad.health.state import State
-from vlad.serving.tracing import STAGES
-
-if TYPE_CHECKING:
-    from vlad.daemon.supervisor import Daemon
+from vlad import protocol
+from vlad.compat.endpoint import ACCEPT_BACKLOG, Admission, Endpoint, EndpointStartError, Spec, connect, peer_of
+from vlad.config import parse_listen
 
 log = logging.getLogger("vlad.metrics")
 
-# Seconds. The demo's e2e is ~3 ms; a remote or GPU policy tens of ms; a hang seconds.
-BUCKETS = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.002,
-    0.003,
-    0.005,
-    0.0075,
-    0.01,
-    0.015,
-    0.02,
-    0.03,
-    0.05,
-    0.075,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-)
-TICK_S = 1.0
+STATES = ("STARTING", "ACTIVE", "DEGRADED", "FALLBACK", "ESTOPPED", "STOPPING")
+MAX_HEAD = 8192
+WRITE_HIGH = 256 * 1024  # answers buffered for a client before it is read from again
 
 
-class _Histograms:
-    """Cumulative per-stage histograms fed from the rolling windows (module doc)."""
+def families(st: dict[str, Any]) -> Iterator[Any]:
+    """The metric families of one status map (prometheus_client's collector protocol)."""
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        InfoMetricFamily,
+    )
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        self.lock = threading.Lock()
-        self.edges = np.asarray(BUCKETS) * 1e3  # the windows hold milliseconds
-        self.seen = dict.fromkeys(STAGES, 0)
-        self.buckets = {s: np.zeros(len(BUCKETS) + 1, dtype=np.int64) for s in STAGES}  # last: +Inf
-        self.sum_s = dict.fromkeys(STAGES, 0.0)
-        self.count = dict.fromkeys(STAGES, 0)
-        self.lost = dict.fromkeys(STAGES, 0)
-        # Events folded from the state machine's history.
-        self.events: Counter[str] = Counter()
-        self.transitions: Counter[str] = Counter()
-        self.last_event_ns = daemon.started_ns - 1
+    def gauge(name: str, doc: str, value: float | None = None, labels=None, samples=()) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, value=value, labels=labels)
+        for lv, v in samples:
+            g.add_metric(lv, v)
+        return g
 
-    def fold(self) -> None:
-        stats = self.daemon.stats
-        with self.lock:
-            for stage in STAGES:
-                samples, total, lost = stats.since(stage, self.seen[stage])
-                self.seen[stage] = total
-                self.lost[stage] += lost
-                if samples.size:
-                    idx = np.searchsorted(self.edges, samples, side="left")  # le-bucket of each sample
-                    self.buckets[stage] += np.bincount(idx, minlength=len(BUCKETS) + 1)
-                    self.sum_s[stage] += float(samples.sum()) / 1e3
-                    self.count[stage] += int(samples.size)
-            for ev in self.daemon.state.recent(10_000):
-                if ev.monotonic_ns <= self.last_event_ns:
-                    continue
-                self.last_event_ns = ev.monotonic_ns
-                if ev.kind == "transition":
-                    self.transitions[ev.state_to] += 1
-                else:
-                    self.events[ev.kind] += 1
+    def counter(name: str, doc: str, value: float | None = None, labels=None, samples=()) -> CounterMetricFamily:
+        c = CounterMetricFamily(name, doc, value=value, labels=labels)
+        for lv, v in samples:
+            c.add_metric(lv, v)
+        return c
+
+    yield gauge("vlad_uptime_seconds", "seconds since the daemon started", st["uptime_s"])
+    state = st["state"]
+    yield gauge(
+        "vlad_state",
+        "supervisor state: 1 for the current one",
+        labels=["state"],
+        samples=[([s], 1.0 if s == state else 0.0) for s in STATES],
+    )
+    yield gauge("vlad_state_since_seconds", "seconds in the current state", st["state_since_s"])
+    yield gauge("vlad_estop_engaged", "1 while the external e-stop is engaged", 1.0 if st["estop"]["engaged"] else 0.0)
+    yield counter(
+        "vlad_state_transitions_total",
+        "state transitions by target state (FALLBACK: fallbacks)",
+        labels=["to"],
+        samples=[([k], v) for k, v in sorted(st.get("transition_counts", {}).items())],
+    )
+    yield counter(
+        "vlad_events_total",
+        "recorded events by kind (swap, fault, quarantine, release, canary_abort, operator ...)",
+        labels=["kind"],
+        samples=[([k], v) for k, v in sorted(st.get("event_counts", {}).items())],
+    )
+    edges = st.get("bucket_edges_s", [])
+    hist = HistogramMetricFamily(
+        "vlad_latency_seconds",
+        "per-stage latency of published policy chunks (stages as in docs/protocol.md timings_ms)",
+        labels=["stage"],
+    )
+    lost = []
+    for stage, h in st.get("histograms", {}).items():
+        lost.append(([stage], h["lost"]))
+        if not h["count"]:
+            continue
+        cum = h["cumulative"]
+        buckets = [(f"{b:g}", float(c)) for b, c in zip(edges, cum[:-1], strict=True)]
+        buckets.append(("+Inf", float(cum[-1])))
+        hist.add_metric([stage], buckets, h["sum_s"])
+    yield hist
+    yield counter(
+        "vlad_latency_samples_lost_total",
+        "latency samples overwritten before the daemon folded them",
+        labels=["stage"],
+        samples=[s for s in lost if s[1]],
+    )
+    readings = st.get("readings", {})
+    yield gauge(
+        "vlad_temperature_celsius",
+        "temperatures the health sensors read",
+        labels=["sensor"],
+        samples=[([k[len("temperature.") :]], v) for k, v in sorted(readings.items()) if k.startswith("temperature.")],
+    )
+    yield gauge(
+        "vlad_memory_bytes",
+        "memory readings (rss, host available, GPU used/total)",
+        labels=["kind"],
+        samples=[
+            ([k[len("memory.") :].removesuffix("_bytes")], v)
+            for k, v in sorted(readings.items())
+            if k.startswith("memory.")
+        ],
+    )
+    backend = st.get("backend", {})
+    info = InfoMetricFamily("vlad_release", "the release being served and where", labels=None)
+    info.add_metric(
+        [],
+        {
+            "release": st["release"],
+            "serving": st["serving"],
+            "backend": backend.get("name", ""),
+            "runtime": backend.get("runtime", ""),
+            "device": str(backend.get("device", "")),
+            "version": st["version"],
+        },
+    )
+    yield info
+    yield gauge(
+        "vlad_fallback_active",
+        "1 while a fallback (or the hold posture) serves instead of the release",
+        0.0 if st["serving"] == st["chain"][0] else 1.0,
+    )
+    yield gauge(
+        "vlad_findings",
+        "active health findings",
+        labels=["monitor", "code", "severity"],
+        samples=[([f["monitor"], f["code"], f["severity"]], 1.0) for f in st["findings"]],
+    )
+    c = st["counters"]
+    for key, doc in (
+        ("messages", "messages received on the observation socket"),
+        ("observations", "observations that passed every check"),
+        ("heartbeats", "controller heartbeats"),
+        ("superseded", "valid observations replaced by a newer one before inference"),
+        ("input_rejected", "observations refused for their content"),
+        ("published", "policy action chunks published"),
+        ("interventions", "chunks the final guard changed"),
+        ("deadline_misses", "published chunks later than the contract's e2e deadline"),
+        ("stale", "observations too old when inference would start"),
+        ("backend_errors", "inferences that failed in the engine"),
+        ("remote_errors", "remote backend requests that failed or were late"),
+        ("expired", "chunks past valid_until before they could be sent"),
+        ("estop_blocked", "policy chunks withheld by the e-stop"),
+        ("bridged", "hold postures sent while an inference was late"),
+        ("cycle_errors", "serving cycles that failed on a bug (see the log)"),
+    ):
+        yield counter(f"vlad_{key}_total", doc, c.get(key, 0))
+    yield counter(
+        "vlad_holds_total",
+        "hold postures published, by reason",
+        labels=["reason"],
+        samples=[([k], v) for k, v in sorted(c["holds"].items())],
+    )
+    yield counter(
+        "vlad_rejections_total",
+        "messages refused, by reason (docs/protocol.md)",
+        labels=["reason"],
+        samples=[([k], v) for k, v in sorted(c["rejected"].items())],
+    )
+    yield counter(
+        "vlad_guard_interventions_total",
+        "final-guard corrections, by kind",
+        labels=["kind"],
+        samples=[([k[len("guard_") :]], v) for k, v in sorted(c.items()) if k.startswith("guard_")],
+    )
+    per_policy: dict[str, list[tuple[list[str], float]]] = {}
+    for policy, counts in st["policies"].items():
+        for key, value in counts.items():
+            if isinstance(value, (int, float)):
+                per_policy.setdefault(key, []).append(([policy], value))
+    for key, samples in sorted(per_policy.items()):
+        yield counter(
+            f"vlad_policy_{key}_total", f"per policy: {key.replace('_', ' ')}", labels=["policy"], samples=samples
+        )
+    yield gauge(
+        "vlad_observations_per_second", "observation rate over the last status period", st["rates"]["observations_hz"]
+    )
+    yield gauge(
+        "vlad_actions_per_second",
+        "action chunk rate (policy and hold) over the last status period",
+        st["rates"]["actions_hz"],
+    )
+    q = gauge(
+        "vlad_latency_window_seconds",
+        "per-stage latency percentiles over the rolling window",
+        labels=["stage", "quantile"],
+    )
+    for stage, v in st["latency_ms"].items():
+        for name, quant in (("p50", "0.5"), ("p95", "0.95"), ("p99", "0.99"), ("max", "1")):
+            q.add_metric([stage, quant], v[name] / 1e3)
+    yield q
+    yield gauge(
+        "vlad_controllers",
+        "controllers known by their heartbeats, 1 while alive (docs/health.md)",
+        labels=["client"],
+        samples=[([name], 1.0 if c["alive"] else 0.0) for name, c in sorted(st.get("controllers", {}).items())],
+    )
+    o = st.get("openpi")
+    if o:
+        yield gauge("vlad_openpi_clients", "openpi websocket clients connected", o.get("clients", 0))
+        yield counter("vlad_openpi_requests_total", "openpi requests received", o.get("requests", 0))
+        yield counter("vlad_openpi_replies_total", "openpi requests answered with a policy chunk", o.get("replies", 0))
+        yield counter(
+            "vlad_openpi_errors_total",
+            "openpi requests answered with an error, and refused connections, by reason",
+            labels=["reason"],
+            samples=[([k], v) for k, v in sorted(o.get("errors", {}).items())],
+        )
+    for name in ("openpi", "metrics"):
+        e = st.get(name)
+        if e:
+            yield counter(
+                f"vlad_{name}_refused_connections_total",
+                f"connections to the {name} endpoint closed at accept (over a connection cap), by cap",
+                labels=["cap"],
+                samples=[([k], v) for k, v in sorted(e.get("refused_connections", {}).items())],
+            )
+            yield counter(
+                f"vlad_{name}_restarts_total", f"restarts of the {name} endpoint process", e.get("restarts", 0)
+            )
 
 
-class VladCollector:
-    """A custom collector: metric families built from the daemon's snapshots at scrape time."""
+class _Collector:
+    def __init__(self, status: dict[str, Any]) -> None:
+        self.status = status
 
-    def __init__(self, daemon: Daemon, histograms: _Histograms) -> None:
-        self.daemon = daemon
-        self.h = histograms
+    def collect(self) -> Iterator[Any]:
+        return families(self.status)
 
     def describe(self) -> list:
         return []  # families vary with the daemon's state (policies, reasons): no fixed description
 
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-            InfoMetricFamily,
-        )
 
-        d = self.daemon
-        self.h.fold()
-        st = d.last_status
-        now = time.monotonic_ns()
+def render(status: dict[str, Any]) -> bytes:
+    """The exposition text of one status (without the two live gauges)."""
+    from prometheus_client import CollectorRegistry, generate_latest
 
-        def gauge(
-            name: str,
-            doc: str,
-            value: float | None = None,
-            labels: list[str] | None = None,
-            samples: list[tuple[list[str], float]] | None = None,
-        ) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, value=value, labels=labels)
-            for lv, v in samples or ():
-                g.add_metric(lv, v)
-            return g
-
-        def counter(
-            name: str,
-            doc: str,
-            value: float | None = None,
-            labels: list[str] | None = None,
-            samples: list[tuple[list[str], float]] | None = None,
-        ) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, value=value, labels=labels)
-            for lv, v in samples or ():
-                c.add_metric(lv, v)
-            return c
-
-        yield gauge("vlad_up", "1 while the daemon serves metrics", 1)
-        yield gauge("vlad_uptime_seconds", "seconds since the daemon started", (now - d.started_ns) / 1e9)
-        state = d.state.state.value
-        yield gauge(
-            "vlad_state",
-            "supervisor state: 1 for the current one",
-            labels=["state"],
-            samples=[([s.value], 1.0 if s.value == state else 0.0) for s in State],
-        )
-        yield gauge("vlad_state_since_seconds", "seconds in the current state", (now - d.state.since_ns) / 1e9)
-        yield gauge("vlad_estop_engaged", "1 while the external e-stop is engaged", 1.0 if d.estop.engaged else 0.0)
-
-        with self.h.lock:
-            yield counter(
-                "vlad_state_transitions_total",
-                "state transitions by target state (FALLBACK: fallbacks)",
-                labels=["to"],
-                samples=[([k], v) for k, v in sorted(self.h.transitions.items())],
-            )
-            yield counter(
-                "vlad_events_total",
-                "recorded events by kind (swap, fault, quarantine, release, canary_abort, operator ...)",
-                labels=["kind"],
-                samples=[([k], v) for k, v in sorted(self.h.events.items())],
-            )
-            hist = HistogramMetricFamily(
-                "vlad_latency_seconds",
-                "per-stage latency of published policy chunks (stages as in docs/protocol.md timings_ms)",
-                labels=["stage"],
-            )
-            for stage in STAGES:
-                if not self.h.count[stage]:
-                    continue
-                cum = np.cumsum(self.h.buckets[stage])
-                buckets = [(f"{b:g}", float(c)) for b, c in zip(BUCKETS, cum[:-1], strict=True)]
-                buckets.append(("+Inf", float(cum[-1])))
-                hist.add_metric([stage], buckets, self.h.sum_s[stage])
-            yield hist
-            yield counter(
-                "vlad_latency_samples_lost_total",
-                "latency samples overwritten before the metrics thread read them",
-                labels=["stage"],
-                samples=[([s], v) for s, v in self.h.lost.items() if v],
-            )
-
-        readings = d.readings
-        yield gauge(
-            "vlad_temperature_celsius",
-            "temperatures the health sensors read",
-            labels=["sensor"],
-            samples=[
-                ([k[len("temperature.") :]], v) for k, v in sorted(readings.items()) if k.startswith("temperature.")
-            ],
-        )
-        yield gauge(
-            "vlad_memory_bytes",
-            "memory readings (rss, host available, GPU used/total)",
-            labels=["kind"],
-            samples=[
-                ([k[len("memory.") :].removesuffix("_bytes")], v)
-                for k, v in sorted(readings.items())
-                if k.startswith("memory.")
-            ],
-        )
-
-        if st is None:
-            return  # the first status is built within 1 / serve.status_hz of the start
-        yield gauge(
-            "vlad_status_age_seconds",
-            "age of the status snapshot these metrics come from",
-            max(0.0, (now - d.started_ns) / 1e9 - st["uptime_s"]),
-        )
-        backend = st.get("backend", {})
-        info = InfoMetricFamily("vlad_release", "the release being served and where", labels=None)
-        info.add_metric(
-            [],
-            {
-                "release": st["release"],
-                "serving": st["serving"],
-                "backend": backend.get("name", ""),
-                "runtime": backend.get("runtime", ""),
-                "device": str(backend.get("device", "")),
-                "version": st["version"],
-            },
-        )
-        yield info
-        yield gauge(
-            "vlad_fallback_active",
-            "1 while a fallback (or the hold posture) serves instead of the release",
-            0.0 if st["serving"] == st["chain"][0] else 1.0,
-        )
-        yield gauge(
-            "vlad_findings",
-            "active health findings",
-            labels=["monitor", "code", "severity"],
-            samples=[([f["monitor"], f["code"], f["severity"]], 1.0) for f in st["findings"]],
-        )
-        c = st["counters"]
-        for key, doc in (
-            ("messages", "messages received on the observation socket"),
-            ("observations", "observations that passed every check"),
-            ("heartbeats", "controller heartbeats"),
-            ("superseded", "valid observations replaced by a newer one before inference"),
-            ("input_rejected", "observations refused for their content"),
-            ("published", "policy action chunks published"),
-            ("interventions", "chunks the final guard changed"),
-            ("deadline_misses", "published chunks later than the contract's e2e deadline"),
-            ("stale", "observations too old when inference would start"),
-            ("backend_errors", "inferences that failed in the engine"),
-            ("remote_errors", "remote backend requests that failed or were late"),
-            ("expired", "chunks past valid_until before they could be sent"),
-            ("estop_blocked", "policy chunks withheld by the e-stop"),
-            ("bridged", "hold postures sent while an inference was late"),
-            ("cycle_errors", "serving cycles that failed on a bug (see the log)"),
-        ):
-            yield counter(f"vlad_{key}_total", doc, c.get(key, 0))
-        yield counter(
-            "vlad_holds_total",
-            "hold postures published, by reason",
-            labels=["reason"],
-            samples=[([k], v) for k, v in sorted(c["holds"].items())],
-        )
-        yield counter(
-            "vlad_rejections_total",
-            "messages refused, by reason (docs/protocol.md)",
-            labels=["reason"],
-            samples=[([k], v) for k, v in sorted(c["rejected"].items())],
-        )
-        yield counter(
-            "vlad_guard_interventions_total",
-            "final-guard corrections, by kind",
-            labels=["kind"],
-            samples=[([k[len("guard_") :]], v) for k, v in sorted(c.items()) if k.startswith("guard_")],
-        )
-        per_policy: dict[str, list[tuple[list[str], float]]] = {}
-        for policy, counts in st["policies"].items():
-            for key, value in counts.items():
-                if isinstance(value, (int, float)):
-                    per_policy.setdefault(key, []).append(([policy], value))
-        for key, samples in sorted(per_policy.items()):
-            yield counter(
-                f"vlad_policy_{key}_total", f"per policy: {key.replace('_', ' ')}", labels=["policy"], samples=samples
-            )
-        yield gauge(
-            "vlad_observations_per_second",
-            "observation rate over the last status period",
-            st["rates"]["observations_hz"],
-        )
-        yield gauge(
-            "vlad_actions_per_second",
-            "action chunk rate (policy and hold) over the last status period",
-            st["rates"]["actions_hz"],
-        )
-        q = gauge(
-            "vlad_latency_window_seconds",
-            "per-stage latency percentiles over the rolling window",
-            labels=["stage", "quantile"],
-        )
-        for stage, v in st["latency_ms"].items():
-            for name, quant in (("p50", "0.5"), ("p95", "0.95"), ("p99", "0.99"), ("max", "1")):
-                q.add_metric([stage, quant], v[name] / 1e3)
-        yield q
-        o = st.get("openpi")
-        if o:
-            yield gauge("vlad_openpi_clients", "openpi websocket clients connected", o.get("clients", 0))
-            yield counter("vlad_openpi_requests_total", "openpi requests received", o.get("requests", 0))
-            yield counter(
-                "vlad_openpi_replies_total", "openpi requests answered with a policy chunk", o.get("replies", 0)
-            )
-            yield counter(
-                "vlad_openpi_errors_total",
-                "openpi requests answered with an error, and refused connections, by reason",
-                labels=["reason"],
-                samples=[([k], v) for k, v in sorted(o.get("errors", {}).items())],
-            )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(status))
+    return generate_latest(registry)
 
 
-class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+class MetricsEndpoint(Endpoint):
+    """The status subscriber and the HTTP server (module doc)."""
 
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.cfg = spec.config
+        self.listen = parse_listen(self.cfg["listen"])
+        self.admission = Admission(self.cfg["max_connections"], self.cfg["max_connections_per_peer"])
+        self.idle_s = self.cfg["idle_timeout_s"]
+        self.status_period_s = 1.0 / spec.status_hz
+        self.status: dict[str, Any] | None = None
+        self.status_at = 0.0  # time.monotonic() when it arrived
+        self._text: bytes | None = None  # rendered from self.status (None: not yet)
+        self.counts: dict[str, int] = {"scrapes": 0, "renders": 0, "bad_requests": 0, "timeouts": 0}
+        self._server: asyncio.AbstractServer | None = None
+        self._task: asyncio.Task | None = None
 
-class _TCPHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-
-class _TCP6HTTPServer(_TCPHTTPServer):
-    address_family = socket.AF_INET6
-
-
-class MetricsServer:
-    """The HTTP endpoint and the fold tick, on their own threads."""
-
-    def __init__(self, cfg: MetricsConfig, daemon: Daemon) -> None:
-        from prometheus_client import CollectorRegistry
-
-        self.cfg = cfg
-        self.listen = parse_listen(cfg.listen)
-        self.histograms = _Histograms(daemon)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(VladCollector(daemon, self.histograms))
-        self._server: socketserver.BaseServer | None = None
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-
-    def start(self) -> None:
-        from prometheus_client.exposition import MetricsHandler
-
-        handler = MetricsHandler.factory(self.registry)
+    async def start(self) -> str:
+        self.ctx = zmq.asyncio.Context()
+        self._st = connect(self.ctx, zmq.SUB, self.spec.sockets["status"], self.spec.curve)
+        self._st.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_STATUS)
+        self._st.setsockopt(zmq.MAXMSGSIZE, 4 << 20)
+        self._st.setsockopt(zmq.RCVHWM, 2)
+        loop = asyncio.get_running_loop()
         try:
             if self.listen.unix:
                 Path(self.listen.path).unlink(missing_ok=True)
-                self._server = _UnixHTTPServer(self.listen.path, handler)
+                self._server = await loop.create_unix_server(
+                    lambda: _HTTP(self), self.listen.path, backlog=ACCEPT_BACKLOG
+                )
             else:
-                cls = _TCP6HTTPServer if ":" in self.listen.host else _TCPHTTPServer
-                self._server = cls((self.listen.host, self.listen.port), handler)
+                self._server = await loop.create_server(
+                    lambda: _HTTP(self), self.listen.host, self.listen.port, backlog=ACCEPT_BACKLOG
+                )
         except OSError as exc:
-            raise StartupError(f"metrics: cannot listen on {self.listen}: {exc.strerror or exc}") from None
-        for name, target in (("vlad-metrics", self._server.serve_forever), ("vlad-metrics-fold", self._tick)):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
+            self._st.close(0)
+            raise EndpointStartError(f"metrics: cannot listen on {self.listen}: {exc.strerror or exc}") from None
+        self._task = asyncio.create_task(self._read_status(), name="status")
         log.info("metrics on http://%s/metrics", self.listen)
+        return str(self.listen)
 
-    def _tick(self) -> None:
-        while not self._stop.wait(TICK_S):
+    async def _read_status(self) -> None:
+        while True:
+            frames = await self._st.recv_multipart()
             try:
-                self.histograms.fold()
-            except Exception:  # a bug here must not end the metrics, nor the daemon
-                log.exception("metrics fold failed")
+                st = protocol.decode(frames, expect=(protocol.TOPIC_STATUS,)).header["status"]
+            except (protocol.ProtocolError, KeyError):
+                continue
+            if isinstance(st, dict):
+                self.status, self.status_at, self._text = st, time.monotonic(), None
 
-    def stop(self) -> None:
-        self._stop.set()
+    def page(self) -> bytes:
+        """``/metrics``: the rendered status and the live ``vlad_up`` / ``vlad_status_age_seconds``."""
+        self.counts["scrapes"] += 1
+        age = time.monotonic() - self.status_at if self.status is not None else float("inf")
+        up = 1 if age <= 5 * self.status_period_s else 0
+        live = (
+            "# HELP vlad_up 1 while the daemon publishes its status (within 5 status periods)\n"
+            f"# TYPE vlad_up gauge\nvlad_up {up}\n"
+        )
+        if self.status is None:
+            return live.encode()
+        if self._text is None:
+            try:
+                self._text = render(self.status)
+                self.counts["renders"] += 1
+            except Exception:  # a status this version cannot read: say so, keep serving
+                log.exception("metrics: rendering the status failed")
+                self._text = b""
+        live += (
+            "# HELP vlad_status_age_seconds age of the status these metrics come from\n"
+            f"# TYPE vlad_status_age_seconds gauge\nvlad_status_age_seconds {age:.3f}\n"
+        )
+        return live.encode() + self._text
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "listen": str(self.listen),
+            "open_connections": self.admission.open,
+            "refused_connections": dict(self.admission.refused),
+            **self.counts,
+        }
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
+        self._st.close(0)
+        self.ctx.term()
         if self.listen.unix:
             Path(self.listen.path).unlink(missing_ok=True)
-        for t in self._threads:
-            t.join(2.0)
+
+
+class _HTTP(asyncio.Protocol):
+    """One HTTP/1.1 connection: GET /metrics, GET /healthz, keep-alive, every bound above."""
+
+    def __init__(self, ep: MetricsEndpoint) -> None:
+        self.ep = ep
+        self.peer: str | None = None
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        peer = peer_of(transport)
+        if not self.ep.admission.admit(peer):
+            transport.abort()
+            return
+        self.peer, self.transport = peer, transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(self.ep.idle_s, self._idle)
+
+    def _idle(self) -> None:
+        self.ep.counts["timeouts"] += 1
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is None:
+            return  # refused at accept
+        self.ep.admission.release(self.peer)
+        self.peer = None
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def pause_writing(self) -> None:  # the client does not read: stop reading its requests
+        self.paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.transport is not None:
+            self.transport.resume_reading()
+            self._serve()
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if len(self.buf) > MAX_HEAD and b"\r\n\r\n" not in self.buf[: MAX_HEAD + 4]:
+            self._answer(431, b"request head too large\n", close=True)
+            return
+        self._serve()
+
+    def _serve(self) -> None:
+        while not self.paused and self.transport is not None and b"\r\n\r\n" in self.buf:
+            head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+            lines = head.split(b"\r\n")
+            parts = lines[0].split(b" ")
+            if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+                self._answer(400, b"bad request\n", close=True)
+                return
+            method, target, version = parts
+            headers = {}
+            for line in lines[1:]:
+                name, sep, value = line.partition(b":")
+                if not sep:
+                    self._answer(400, b"bad header\n", close=True)
+                    return
+                headers[name.strip().lower()] = value.strip().lower()
+            if headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers:
+                self._answer(400, b"no request body expected\n", close=True)
+                return
+            keep = (
+                headers.get(b"connection") != b"close"
+                if version == b"HTTP/1.1"
+                else headers.get(b"connection") == b"keep-alive"
+            )
+            path = target.split(b"?", 1)[0]
+            if method not in (b"GET", b"HEAD"):
+                self._answer(405, b"method not allowed\n", close=not keep, head=method == b"HEAD")
+            elif path == b"/metrics":
+                self._answer(200, self.ep.page(), close=not keep, head=method == b"HEAD", metrics=True)
+            elif path == b"/healthz":
+                self._answer(200, b"OK\n", close=not keep, head=method == b"HEAD")
+            else:
+                self._answer(404, b"not found: try /metrics\n", close=not keep, head=method == b"HEAD")
+            self._arm()
+
+    def _answer(self, code: int, body: bytes, close: bool, head: bool = False, metrics: bool = False) -> None:
+        if code >= 400:
+            self.ep.counts["bad_requests"] += 1
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 431: "Too Large"}[code]
+        ctype = b"text/plain; version=0.0.4; charset=utf-8" if metrics else b"text/plain; charset=utf-8"
+        out = (
+            f"HTTP/1.1 {code} {reason}\r\n".encode()
+            + b"Content-Type: "
+            + ctype
+            + f"\r\nContent-Length: {len(body)}\r\nConnection: {'close' if close else 'keep-alive'}\r\n\r\n".encode()
+        )
+        assert self.transport is not None
+        self.transport.write(out if head else out + body)
+        if close:
+            self.buf = b""
+            self.transport.close()
+            self.transport = None

@@ -7,330 +7,241 @@ map holding ``actions`` (``float32[chunk_length, action_dim]``) and ``server_tim
 (``infer_ms``, and ``prev_total_ms`` from the second request on). An error is answered
 with a text message, which openpi's client raises as ``RuntimeError``.
 
-**Same path as a ZeroMQ controller.** The bridge does not call a policy. It turns the
-request into a vlad ``obs`` message (camera, proprio and prompt keys from
-``[compat.openpi]``), sends it on the daemon's observation socket (an extra ``inproc://``
-endpoint bound at start, before the serving thread owns the socket) and waits for the
-action chunk that answers that observation (same ``obs_seq`` and ``t_sensor_ns``) on the
-action socket's own ``inproc://`` endpoint. So intake checks, preprocessing, the serving
-policy or its fallback, decode, the final guard and the e-stop gate are the ones every
-observation gets, and the counters and latency figures include openpi requests.
+**Its own process, the daemon's own sockets.** This module runs in an endpoint process
+(:mod:`vlad.compat.endpoint`, started and watched by :mod:`vlad.daemon.endpoints`) and is,
+to the daemon, one more controller: it publishes each request as a vlad ``obs`` message
+on the daemon's observation socket (camera, proprio and prompt keys from
+``[compat.openpi]``, sensor time = receive time) and waits for the action chunk that
+answers that observation (same ``obs_seq`` and ``t_sensor_ns``) on the action socket. So
+intake checks, preprocessing, the serving policy or its fallback, decode, the final guard
+and the e-stop gate are the ones every observation gets. What a websocket peer sends costs
+this process's CPU, memory and file descriptors, never the daemon's.
 
-**Who may send.** ``sockets.observation_producers`` restricts *connections* to the
-observation socket (ZAP on ipc/tcp). The bridge is inside the daemon and connects over
-``inproc://``, which has no handshake: it needs no allow-list entry, and the websocket side
-has its own rules (loopback or a unix socket by default; beyond loopback only with TLS and a
-token).
+**Liveness.** Each websocket client holds a slot (``openpi/1`` ... ``openpi/max_clients``)
+and the endpoint heartbeats for it every control period while it is connected, with
+``cadence = "request"`` (it asks only when its chunk runs out, so silence between requests
+is no sensor stall). A client that closes its connection (a close frame) says goodbye; one
+whose connection is lost is dead for the daemon until a client is back in its slot.
 
 **No stale chunk, ever.** A request answered by a hold posture (fallback, e-stop, backend
-error), by nothing within ``request_timeout_ms`` (rejected, superseded, stale, expired) or a
-chunk already past its ``valid_until`` gets an error reply naming the reason; the
-connection stays open so the client can retry on its next control step. (openpi's own
-server closes the connection after an error because its errors are exceptions; vlad's are
-expected outcomes of a supervised robot.)
+error), refused or found stale by the daemon (its advisory ``hold:rejected`` / ``hold:stale``
+answer says why, at once), or answered by nothing within ``request_timeout_ms`` gets an
+error reply naming the reason; so does a chunk already past its ``valid_until``. The
+connection stays open.
 
-The bridge runs its own thread and asyncio loop: a websocket flood or a slow client never
-delays the daemon's event loop (control, status, health) nor the serving thread.
+**Bounds.** ``max_connections`` TCP connections in all and ``max_connections_per_peer``
+per address (beyond: closed at accept, before any byte is read), the websocket handshake
+within ``handshake_timeout_s``, ``max_clients`` websocket clients (beyond: HTTP 503, unless
+a client has sent nothing for ``idle_timeout_s``: it is closed to make room), messages of
+at most ``max_message_mb`` with at most 4096 objects (:mod:`vlad.compat.msgpack_numpy`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import http
 import itertools
 import logging
-import math
 import ssl
-import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
-import msgpack
 import numpy as np
 import zmq
 import zmq.asyncio
+import zmq.utils.monitor
 
 from vlad import __version__, protocol
-from vlad.config import OpenPIConfig, parse_listen
-from vlad.errors import StartupError
-
-if TYPE_CHECKING:
-    from vlad.daemon.supervisor import Daemon
+from vlad.compat.endpoint import ACCEPT_BACKLOG, Admission, Endpoint, EndpointStartError, Spec, connect, peer_of
+from vlad.compat.msgpack_numpy import BadRequest, pack, unpack
+from vlad.config import parse_listen
 
 log = logging.getLogger("vlad.openpi")
 
-OBS_INPROC = "inproc://vlad-openpi-obs"
-ACT_INPROC = "inproc://vlad-openpi-actions"
-MAX_RANK = 8
-CLIENT_NAME = "openpi"
-# The websockets library logs every connection at INFO; the bridge logs its own one line.
+CLIENT_PREFIX = "openpi/"
+# The websockets library logs every connection at INFO; this endpoint logs its own one line.
 _ws_logger = logging.getLogger("vlad.openpi.websockets")
 _ws_logger.setLevel(logging.WARNING)
+# Reasons a daemon's advisory hold names (its header's "reason"): word characters only.
+_REASON_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz_0123456789")
 
 
-class BadRequest(Exception):
-    """A request the bridge cannot turn into an observation; ``reason`` is the counter key."""
+class OpenPIEndpoint(Endpoint):
+    """The websocket server and its link to the daemon's sockets (see module doc)."""
 
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-
-
-# -- msgpack-numpy, defensively -----------------------------------------------------------------
-
-
-def _ndarray_hook(obj: dict) -> Any:
-    """openpi's msgpack_numpy.unpack_array, minus what hostile input could abuse: only
-    numeric dtypes (never object, void or strings), a bounded rank, and data of exactly the
-    declared size (``np.ndarray(buffer=...)`` would read a short buffer past its end check
-    only by raising, and accept object dtypes)."""
-    if b"__ndarray__" in obj:
-        try:
-            dtype = np.dtype(obj[b"dtype"])
-            shape = tuple(obj[b"shape"])
-            data = obj[b"data"]
-        except Exception as exc:
-            raise BadRequest("malformed", f"array descriptor is invalid ({type(exc).__name__})") from None
-        if dtype.kind not in "biuf" or dtype.hasobject:
-            raise BadRequest("malformed", f"array dtype {dtype.str!r} is not numeric")
-        if len(shape) > MAX_RANK or not all(type(d) is int and d >= 0 for d in shape):
-            raise BadRequest("malformed", f"array shape {list(shape)[: MAX_RANK + 1]} is invalid")
-        if not isinstance(data, bytes) or len(data) != math.prod(shape) * dtype.itemsize:
-            raise BadRequest("malformed", f"array data does not match shape {list(shape)} of {dtype.str}")
-        return np.frombuffer(data, dtype=dtype).reshape(shape)
-    if b"__npgeneric__" in obj:
-        try:
-            dtype = np.dtype(obj[b"dtype"])
-            if dtype.kind not in "biuf":
-                raise TypeError
-            return dtype.type(obj[b"data"])
-        except Exception:
-            raise BadRequest("malformed", "numpy scalar is invalid") from None
-    return obj
-
-
-def unpack(raw: bytes, max_bytes: int) -> Any:
-    try:
-        return msgpack.unpackb(
-            raw,
-            object_hook=_ndarray_hook,
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=max_bytes,
-            max_str_len=max_bytes,
-            max_ext_len=0,
-            max_array_len=protocol.MAX_ITEMS,
-            max_map_len=protocol.MAX_ITEMS,
-        )
-    except BadRequest:
-        raise
-    except Exception as exc:  # msgpack raises several types (and ValueError on deep nesting)
-        raise BadRequest("malformed", f"not msgpack-numpy ({type(exc).__name__})") from None
-
-
-def _pack_default(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        return {b"__ndarray__": True, b"data": obj.tobytes(), b"dtype": obj.dtype.str, b"shape": obj.shape}
-    if isinstance(obj, np.generic):
-        return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
-    raise TypeError(f"cannot pack {type(obj).__name__}")
-
-
-def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, default=_pack_default)
-
-
-# -- the bridge ---------------------------------------------------------------------------------
-
-
-class OpenPIBridge:
-    """The websocket server thread and its link to the daemon's sockets (see module doc)."""
-
-    def __init__(self, cfg: OpenPIConfig, daemon: Daemon) -> None:
-        self.cfg = cfg
-        self.daemon = daemon
-        contract = daemon.contract
-        self.listen = parse_listen(cfg.listen)
-        names = [c.name for c in contract.cameras]
-        missing = [n for n in names if n not in cfg.cameras]
-        unknown = [n for n in cfg.cameras if n not in names]
-        if missing or unknown:
-            wrong = [f"missing {', '.join(missing)}"] if missing else []
-            wrong += [f"not in the contract: {', '.join(unknown)}"] if unknown else []
-            raise StartupError(
-                f"compat.openpi.cameras must name every contract camera ({', '.join(names)}): {'; '.join(wrong)}"
-            )
-        if contract.proprio is not None and not cfg.proprio:
-            raise StartupError(
-                f"compat.openpi.proprio: the contract needs a proprio vector of {contract.proprio.dim}; "
-                "name the openpi key(s) that hold it"
-            )
-        self.language = contract.language is not None
-        self.proprio_dim = contract.proprio.dim if contract.proprio is not None else None
-        self.expect = {
-            f"image/{c.name}": f"{c.raw.dtype}[{c.raw.height}, {c.raw.width}, 3]"
-            if c.raw.layout == "HWC"
-            else f"{c.raw.dtype}[3, {c.raw.height}, {c.raw.width}]"
-            for c in contract.cameras
-        }
-        self.token = self._read_token()
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        cfg = self.cfg = spec.config
+        self.contract = spec.contract
+        self.listen = parse_listen(cfg["listen"])
+        self.token: str = cfg.get("token", "")
         self.ssl = self._ssl_context()
-        self.max_bytes = int(cfg.max_message_mb * 2**20)
-        self.timeout_s = cfg.request_timeout_ms / 1e3
+        self.max_bytes = int(cfg["max_message_mb"] * 2**20)
+        self.timeout_s = cfg["request_timeout_ms"] / 1e3
+        self.period_ns = int(self.contract["control_period_ms"] * 1e6)
+        self.admission = Admission(cfg["max_connections"], cfg["max_connections_per_peer"])
+        self.expect: dict[str, str] = self.contract["expect"]
+        self.proprio_dim: int | None = self.contract.get("proprio_dim")
         self.metadata = {
             "server": "vlad",
             "version": __version__,
-            "release": daemon.chain.release.id.release,
-            "action_dim": contract.action.dim,
-            "chunk_length": contract.action.chunk_length,
-            "control_period_ms": contract.timing.control_period_ms,
-            "cameras": dict(cfg.cameras),
-            "proprio": list(cfg.proprio),
-            "prompt": cfg.prompt,
+            "release": self.contract.get("release", ""),
+            "action_dim": self.contract["action_dim"],
+            "chunk_length": self.contract["chunk_length"],
+            "control_period_ms": self.contract["control_period_ms"],
+            "cameras": dict(cfg["cameras"]),
+            "proprio": list(cfg["proprio"]),
+            "prompt": cfg["prompt"],
         }
-        # Counters: written on the bridge thread, read by status and metrics (copied under the lock).
-        self.lock = threading.Lock()
         self.counts: Counter[str] = Counter()  # connections, requests, replies
         self.errors: Counter[str] = Counter()  # error replies and refusals, by reason
-        self.infer_ms: list[float] = []  # request -> chunk, last 1000 (status p50/p99)
+        self.infer_ms: deque[float] = deque(maxlen=1000)  # request -> chunk (status p50/p99)
+        self.slots: list[Any] = [None] * cfg["max_clients"]  # the connection in each slot
+        self.status: dict[str, Any] = {}  # the daemon's newest status
         self._seq = itertools.count(1)
-        self._clients = 0
         self._waiters: dict[tuple[int, int], asyncio.Future] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._started = threading.Event()
-        self._start_error: BaseException | None = None
-
-    def _read_token(self) -> str:
-        if not self.cfg.token_file:
-            return ""
-        try:
-            token = Path(self.cfg.token_file).read_text().strip()
-        except OSError as exc:
-            raise StartupError(f"compat.openpi.token_file {self.cfg.token_file}: {exc.strerror}") from None
-        if len(token) < 16:
-            raise StartupError(f"compat.openpi.token_file {self.cfg.token_file}: the token needs >= 16 characters")
-        return token
+        self._server: Any = None
+        self._tasks: list[asyncio.Task] = []
 
     def _ssl_context(self) -> ssl.SSLContext | None:
-        if not self.cfg.tls_cert:
+        if not self.cfg.get("tls_cert"):
             return None
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         # No TLS 1.3 session tickets: sent right after the handshake, they raced the client's
-        # first request in asyncio's SSL layer here (about 1 connection in 50 got no answer
-        # until the client's 10 s open timeout). Clients connect once and stay; resumption
-        # buys nothing.
+        # first request in asyncio's SSL layer (about 1 connection in 50 got no answer until
+        # the client's 10 s open timeout). Clients connect once and stay; resumption buys nothing.
         ctx.num_tickets = 0
         try:
-            ctx.load_cert_chain(self.cfg.tls_cert, self.cfg.tls_key)
+            ctx.load_cert_chain(self.cfg["tls_cert"], self.cfg["tls_key"])
         except (OSError, ssl.SSLError) as exc:
-            raise StartupError(f"compat.openpi TLS certificate/key: {exc}") from None
+            raise EndpointStartError(f"compat.openpi TLS certificate/key: {exc}") from None
         return ctx
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def bind_inproc(self, obs_sock: zmq.Socket, actions_sock: zmq.Socket) -> None:
-        """Called before the serving thread starts (it owns the observation socket after)."""
-        obs_sock.bind(OBS_INPROC)
-        actions_sock.bind(ACT_INPROC)
-        self.daemon.intake.rejection_listener = self._rejected
-
-    def start(self, timeout: float = 10.0) -> None:
-        self._thread = threading.Thread(target=self._run, name="vlad-openpi", daemon=True)
-        self._thread.start()
-        if not self._started.wait(timeout):
-            raise StartupError("compat.openpi: the websocket server did not start within 10 s")
-        if self._start_error is not None:
-            raise self._start_error
-
-    def stop(self) -> None:
-        loop, stop = self._loop, self._stop
-        if loop is not None and stop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(stop.set)
-            except RuntimeError:
-                pass  # the loop already ended
-        if self._thread is not None:
-            self._thread.join(5.0)
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # reported to start(); after start a crash is logged, never silent
-            if not self._started.is_set():
-                self._start_error = (
-                    exc
-                    if isinstance(exc, StartupError)
-                    else StartupError(f"compat.openpi: cannot serve on {self.listen}: {exc}")
-                )
-                self._started.set()
-            else:
-                log.exception("openpi endpoint failed; it no longer serves")
-
-    async def _main(self) -> None:
+    async def start(self) -> str:
         import websockets.asyncio.server as ws_server
 
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        actx = zmq.asyncio.Context.shadow(self.daemon.ctx.underlying)
-        self._pub = actx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.LINGER, 0)
+        ctx = self.ctx = zmq.asyncio.Context()
+        socks, curve = self.spec.sockets, self.spec.curve
+        self._pub = connect(ctx, zmq.PUB, socks["observations"], curve)
         self._pub.setsockopt(zmq.SNDHWM, 4)
-        self._pub.connect(OBS_INPROC)
-        self._sub = actx.socket(zmq.SUB)
-        self._sub.setsockopt(zmq.LINGER, 0)
-        self._sub.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ACTIONS)
-        self._sub.connect(ACT_INPROC)
+        self._act = connect(ctx, zmq.SUB, socks["actions"], curve)
+        self._act.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ACTIONS)
+        self._act.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
+        self._st = connect(ctx, zmq.SUB, socks["status"], curve)
+        self._st.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_STATUS)
+        self._st.setsockopt(zmq.MAXMSGSIZE, 4 << 20)
+        self._st.setsockopt(zmq.RCVHWM, 2)
+        await self._admitted_by_daemon()
+        endpoint = self
+
+        class Connection(ws_server.ServerConnection):
+            """Counted at accept: over a cap, closed before anything is read or allocated."""
+
+            vlad_peer: str | None = None
+            vlad_slot: int | None = None
+            vlad_preempted = False  # its slot went to a new client
+            vlad_last_ns = 0
+
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                peer = peer_of(transport)
+                if not endpoint.admission.admit(peer):
+                    endpoint.errors["connection_refused"] += 1
+                    cast(asyncio.Transport, transport).abort()
+                    return
+                self.vlad_peer = peer
+                self.vlad_last_ns = time.monotonic_ns()
+                super().connection_made(transport)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if self.vlad_peer is None:
+                    return  # refused at accept: nothing was set up
+                endpoint.admission.release(self.vlad_peer)
+                self.vlad_peer = None
+                endpoint._free_slot(self)
+                super().connection_lost(exc)
+
         kwargs: dict[str, Any] = dict(
             compression=None,
             max_size=self.max_bytes,
+            max_queue=2,  # messages buffered per connection: the client waits for each answer anyway
             process_request=self._admit,
             ssl=self.ssl,
             ping_interval=5,
             ping_timeout=10,
             close_timeout=1,
+            open_timeout=self.cfg["handshake_timeout_s"],
             logger=_ws_logger,
+            create_connection=Connection,
+            backlog=ACCEPT_BACKLOG,
         )
         try:
             if self.listen.unix:
                 Path(self.listen.path).unlink(missing_ok=True)
-                server = await ws_server.unix_serve(self._handler, self.listen.path, **kwargs)
+                self._server = await ws_server.unix_serve(self._handler, self.listen.path, **kwargs)
             else:
-                server = await ws_server.serve(self._handler, self.listen.host, self.listen.port, **kwargs)
-        except BaseException as exc:
-            # Close ours before the daemon's exit stack terminates the ZeroMQ context,
-            # which would otherwise wait for these sockets forever.
-            self._pub.close(0)
-            self._sub.close(0)
-            if isinstance(exc, OSError):
-                raise StartupError(f"compat.openpi: cannot listen on {self.listen}: {exc.strerror or exc}") from None
-            raise
-        reader = asyncio.create_task(self._read_actions())
-        beat = asyncio.create_task(self._heartbeats())
+                self._server = await ws_server.serve(self._handler, self.listen.host, self.listen.port, **kwargs)
+        except OSError as exc:
+            raise EndpointStartError(f"compat.openpi: cannot listen on {self.listen}: {exc.strerror or exc}") from None
+        for name, fn in (("actions", self._read_actions), ("status", self._read_status), ("beat", self._heartbeats)):
+            self._tasks.append(asyncio.create_task(self._forever(name, fn), name=name))
         log.info("openpi endpoint listening on %s%s", self.listen, " (TLS)" if self.ssl else "")
-        self._started.set()
+        return str(self.listen)
+
+    async def _admitted_by_daemon(self, timeout_s: float = 10.0) -> None:
+        """Until the daemon's observation socket accepted this process (its allow list
+        admits the daemon's own endpoint processes): requests sent before would be lost."""
+        monitor = self._pub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
         try:
-            await self._stop.wait()
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
+                    if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                        return
+                    raise EndpointStartError("compat.openpi: the daemon's observation socket refused this process")
+        except TimeoutError:
+            raise EndpointStartError(
+                f"compat.openpi: no connection to the daemon's observation socket within {timeout_s:g} s"
+            ) from None
         finally:
-            reader.cancel()
-            beat.cancel()
-            server.close()
-            await server.wait_closed()
-            self._pub.close(0)
-            self._sub.close(0)
-            if self.listen.unix:
-                Path(self.listen.path).unlink(missing_ok=True)
+            self._pub.disable_monitor()
+            monitor.close(0)
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for i, conn in enumerate(self.slots):
+            if conn is not None:
+                self._beat(i, bye=True)
+        for s in (self._pub, self._act, self._st):
+            s.close(0)
+        self.ctx.term()
+        if self.listen.unix:
+            Path(self.listen.path).unlink(missing_ok=True)
+
+    async def _forever(self, name: str, fn: Any) -> None:
+        """A background loop that logs a bug and goes on (never a silent end)."""
+        while True:
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("openpi endpoint: %s failed; restarting it", name)
+                await asyncio.sleep(0.1)
 
     # -- admission -------------------------------------------------------------------------
 
     def _admit(self, connection: Any, request: Any) -> Any:
-        """Before the websocket handshake: health check, token, connection limit."""
-        import http
-
+        """Before the websocket handshake: health check, token, a client slot."""
         if request.path == "/healthz":  # as openpi's server
             return connection.respond(http.HTTPStatus.OK, "OK\n")
         if self.token:
@@ -338,11 +249,12 @@ class OpenPIBridge:
             if not hmac.compare_digest(given.encode(), f"Api-Key {self.token}".encode()):
                 self._error("unauthorized", f"connection from {connection.remote_address}: bad or missing token")
                 return connection.respond(http.HTTPStatus.UNAUTHORIZED, "vlad: missing or wrong api key\n")
-        if self._clients >= self.cfg.max_clients:
+        slot = self._take_slot(connection)
+        if slot is None:
             self._error(
                 "busy",
                 f"connection from {connection.remote_address} refused: "
-                f"{self._clients} client(s) connected (compat.openpi.max_clients)",
+                f"{len(self.slots)} client(s) connected (compat.openpi.max_clients)",
             )
             return connection.respond(
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
@@ -350,73 +262,110 @@ class OpenPIBridge:
             )
         return None
 
+    def _take_slot(self, connection: Any) -> int | None:
+        """A free slot, or the slot of a client idle for over ``idle_timeout_s`` (closed)."""
+        for i, conn in enumerate(self.slots):
+            if conn is None:
+                self.slots[i] = connection
+                connection.vlad_slot = i
+                return i
+        idle_ns = int(self.cfg["idle_timeout_s"] * 1e9)
+        now = time.monotonic_ns()
+        i, oldest = min(enumerate(self.slots), key=lambda kv: kv[1].vlad_last_ns)
+        if now - oldest.vlad_last_ns < idle_ns:
+            return None
+        log.warning(
+            "openpi client %s idle for %.0f s: closed for a new client",
+            oldest.remote_address,
+            (now - oldest.vlad_last_ns) / 1e9,
+        )
+        self.counts["idle_closed"] += 1
+        oldest.vlad_slot, oldest.vlad_preempted = None, True
+        asyncio.get_running_loop().create_task(oldest.close(1001, "idle: slot given to a new client"))
+        self.slots[i] = connection
+        connection.vlad_slot = i
+        return i
+
+    def _free_slot(self, connection: Any) -> None:
+        i = connection.vlad_slot
+        if i is not None and self.slots[i] is connection:
+            self.slots[i] = None
+        connection.vlad_slot = None
+
     # -- one connection --------------------------------------------------------------------
 
     async def _handler(self, ws: Any) -> None:
         from websockets.exceptions import ConnectionClosed
 
-        self._clients += 1
-        self._count("connections")
-        log.info("openpi client %s connected", ws.remote_address)
+        slot = ws.vlad_slot
+        self.counts["connections"] += 1
+        log.info("openpi client %s connected (slot %s)", ws.remote_address, (slot or 0) + 1)
         prev_total_ms: float | None = None
+        goodbye = False
         try:
             await ws.send(pack(self.metadata))
             while True:
                 try:
                     message = await ws.recv()
                 except ConnectionClosed as exc:
-                    if exc.rcvd is not None and exc.rcvd.code == 1009 or exc.sent is not None and exc.sent.code == 1009:
+                    if (exc.rcvd is not None and exc.rcvd.code == 1009) or (
+                        exc.sent is not None and exc.sent.code == 1009
+                    ):
                         self._error(
                             "too_large",
-                            f"message over compat.openpi.max_message_mb "
-                            f"({self.cfg.max_message_mb:g} MiB): connection closed",
+                            f"message over compat.openpi.max_message_mb ({self.cfg['max_message_mb']:g} MiB): "
+                            "connection closed",
                         )
+                    goodbye = exc.rcvd is not None and exc.rcvd.code in (1000, 1001)
                     break
-                start = time.monotonic()
-                reply = await self._answer(message, prev_total_ms)
+                ws.vlad_last_ns = start = time.monotonic_ns()
+                reply = await self._answer(message, prev_total_ms, slot)
                 try:
                     await ws.send(reply)
                 except ConnectionClosed:
                     break
-                prev_total_ms = (time.monotonic() - start) * 1e3
+                prev_total_ms = (time.monotonic_ns() - start) / 1e6
         except ConnectionClosed:
             pass
         finally:
-            self._clients -= 1
-            log.info("openpi client %s disconnected", ws.remote_address)
+            self._free_slot(ws)  # (connection_lost may have done it already)
+            if goodbye and slot is not None and not ws.vlad_preempted:
+                self._beat(slot, bye=True)  # left on purpose; a lost connection is a controller that died
+            log.info("openpi client %s disconnected%s", ws.remote_address, "" if goodbye else " (no close frame)")
 
-    async def _answer(self, message: Any, prev_total_ms: float | None) -> bytes | str:
+    async def _answer(self, message: Any, prev_total_ms: float | None, slot: int | None) -> bytes | str:
         """One request -> the packed reply, or an error text (never an exception)."""
         t_receive = time.monotonic_ns()
-        self._count("requests")
+        self.counts["requests"] += 1
         try:
             if not isinstance(message, bytes):
                 raise BadRequest("malformed", "expected a binary msgpack-numpy message, got text")
             obs = unpack(message, self.max_bytes)
             if not isinstance(obs, dict):
                 raise BadRequest("malformed", f"expected an observation map, got {type(obs).__name__}")
-            header, tensors = self._observation(obs, t_receive)
+            header, tensors = self._observation(obs, t_receive, slot)
         except BadRequest as exc:
             return self._error(exc.reason, str(exc))
         except Exception:  # a bug: answered and logged, never the end of the endpoint
             log.exception("openpi request failed")
             return self._error("internal_error", "internal error (see the daemon's log)")
-        # Engaged: the serving thread would not even ask the policy; say so at once rather
-        # than after request_timeout_ms (a race with the gate ends in _why_not, same answer).
-        if self.daemon.publisher.estop_engaged:
-            return self._error("estop", "e-stop engaged: vlad sends no policy actions until it is released")
         key = (header["seq"], header["t_sensor_ns"])
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._waiters[key] = future
-        before = self._diagnostics()
+        before = dict(self.status.get("counters", {}))
         try:
+            # Sent also while the e-stop is engaged: the daemon answers the newest observation
+            # the moment the e-stop is released. While it is engaged, the next hold:estop
+            # (one every control period) answers this request (_read_actions).
             await self._pub.send_multipart(protocol.encode(protocol.TOPIC_OBS, header, tensors))
             chunk = await asyncio.wait_for(future, self.timeout_s)
         except TimeoutError:
             return self._error(*self._why_not(before))
         finally:
             self._waiters.pop(key, None)
-        if isinstance(chunk, str):  # refused by the daemon's intake (see _rejected)
+        if isinstance(chunk, str):  # refused by the daemon's intake, or the e-stop
+            if chunk == "estop":
+                return self._error("estop", "e-stop engaged: vlad sends no policy actions until it is released")
             return self._error(f"rejected_{chunk}", f"vlad refused the observation: {chunk}{self._hint(chunk)}")
         h = chunk.header
         source = h.get("source", "")
@@ -424,17 +373,15 @@ class OpenPIBridge:
             reason = source.partition(":")[2] or "hold"
             return self._error(
                 f"hold_{reason}",
-                f"vlad answered with the hold posture ({reason}, state "
-                f"{h.get('state')}): no policy action for this observation",
+                f"vlad answered with the hold posture ({reason}, state {h.get('state')}): "
+                "no policy action for this observation",
             )
         now = time.monotonic_ns()
         if now > h["valid_until_ns"]:
             return self._error("expired", "the chunk for this observation expired before it could be sent")
         infer_ms = (now - t_receive) / 1e6
-        self._count("replies")
-        with self.lock:
-            self.infer_ms.append(infer_ms)
-            del self.infer_ms[:-1000]
+        self.counts["replies"] += 1
+        self.infer_ms.append(infer_ms)
         timing: dict[str, float] = {"infer_ms": infer_ms}
         if prev_total_ms is not None:
             timing["prev_total_ms"] = prev_total_ms
@@ -456,20 +403,21 @@ class OpenPIBridge:
             }
         )
 
-    def _observation(self, obs: dict, t_receive: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def _observation(self, obs: dict, t_receive: int, slot: int | None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The openpi observation as a vlad ``obs`` header and tensors (contract checks are
         the daemon's, on its observation socket; here only what the mapping needs)."""
+        cfg = self.cfg
         tensors: dict[str, np.ndarray] = {}
-        for cam, key in self.cfg.cameras.items():
+        for cam, key in cfg["cameras"].items():
             img = _lookup(obs, key)
             if not isinstance(img, np.ndarray):
                 raise BadRequest(
                     "bad_observation", f"{key!r} (camera {cam}) must be an image array, got {type(img).__name__}"
                 )
             tensors[f"image/{cam}"] = img
-        if self.cfg.proprio:
+        if cfg["proprio"]:
             parts = []
-            for key in self.cfg.proprio:
+            for key in cfg["proprio"]:
                 v = _lookup(obs, key)
                 if isinstance(v, (int, float, np.generic)) and not isinstance(v, bool):
                     v = np.asarray([v])
@@ -483,81 +431,92 @@ class OpenPIBridge:
             if self.proprio_dim is not None and proprio.shape != (self.proprio_dim,):
                 raise BadRequest(
                     "bad_observation",
-                    f"proprio from {', '.join(self.cfg.proprio)} has {proprio.size} "
+                    f"proprio from {', '.join(cfg['proprio'])} has {proprio.size} "
                     f"values, the contract needs {self.proprio_dim}",
                 )
             tensors["proprio"] = proprio.astype(np.float32)
-        header: dict[str, Any] = {"seq": next(self._seq), "t_sensor_ns": t_receive, "client": CLIENT_NAME}
-        prompt = _find(obs, self.cfg.prompt)
+        client = f"{CLIENT_PREFIX}{(slot or 0) + 1}"
+        header: dict[str, Any] = {"seq": next(self._seq), "t_sensor_ns": t_receive, "client": client}
+        prompt = _find(obs, cfg["prompt"])
         if prompt is None:
-            prompt = self.cfg.default_prompt or None
+            prompt = cfg["default_prompt"] or None
         if isinstance(prompt, bytes):
             prompt = prompt.decode("utf-8", "replace")
         if prompt is not None and not isinstance(prompt, str):
-            raise BadRequest("bad_observation", f"{self.cfg.prompt!r} must be a string, got {type(prompt).__name__}")
-        if self.language and prompt is None:
+            raise BadRequest("bad_observation", f"{cfg['prompt']!r} must be a string, got {type(prompt).__name__}")
+        if self.contract["language"] and prompt is None:
             raise BadRequest(
                 "bad_observation",
-                f"no {self.cfg.prompt!r} in the observation and no "
+                f"no {cfg['prompt']!r} in the observation and no "
                 "compat.openpi.default_prompt; the policy needs an instruction",
             )
         if prompt is not None:
             header["instruction"] = prompt
+        if _find(obs, cfg["reanchor"]) is True:
+            header["reanchor"] = True
         for name, arr in tensors.items():
             if arr.dtype.name not in protocol.WIRE_DTYPES:
                 raise BadRequest("bad_observation", f"{name} has dtype {arr.dtype}; expected {self.expect.get(name)}")
         return header, tensors
 
-    async def _heartbeats(self) -> None:
-        """One ``hb`` per control period while an openpi client is connected. openpi has no
-        heartbeat of its own; its client asks only when its chunk runs out, so an open
-        websocket (kept alive by pings) stands for "the controller is there". A client
-        that stops asking is still caught by the sensor-stall monitor."""
-        period = self.daemon.contract.timing.control_period_ms / 1e3
-        while True:
-            await asyncio.sleep(period)
-            if self._clients > 0:
-                await self._pub.send_multipart(
-                    protocol.encode(
-                        protocol.TOPIC_HEARTBEAT,
-                        {"seq": next(self._seq), "t_ns": time.monotonic_ns(), "client": CLIENT_NAME},
-                    )
-                )
+    # -- the daemon's side ----------------------------------------------------------------
 
-    # -- chunks coming back ----------------------------------------------------------------
+    def _beat(self, slot: int, bye: bool = False) -> None:
+        header: dict[str, Any] = {
+            "seq": next(self._seq),
+            "t_ns": time.monotonic_ns(),
+            "client": f"{CLIENT_PREFIX}{slot + 1}",
+        }
+        if bye:
+            header["bye"] = True
+        else:
+            header["cadence"] = "request"
+        try:
+            self._pub.send_multipart(protocol.encode(protocol.TOPIC_HEARTBEAT, header), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the daemon's queue is full: the next period's heartbeat will do
+
+    async def _heartbeats(self) -> None:
+        """One heartbeat per control period for every connected client (module doc)."""
+        period_s = self.period_ns / 1e9
+        while True:
+            await asyncio.sleep(period_s)
+            for i, conn in enumerate(self.slots):
+                if conn is not None:
+                    self._beat(i)
 
     async def _read_actions(self) -> None:
-        try:
-            await self._read_actions_forever()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # without this task every request would time out: make it loud
-            log.exception("openpi endpoint: reading action chunks failed; requests will time out")
-
-    async def _read_actions_forever(self) -> None:
         while True:
-            frames = await self._sub.recv_multipart()
-            if not self._waiters:
-                continue  # chunks for other controllers (or for nobody waiting any more)
+            frames = await self._act.recv_multipart()
             try:
                 msg = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,))
-                key = (msg.header["obs_seq"], msg.header["t_sensor_ns"])
-            except Exception:
+                h = msg.header
+                key = (h["obs_seq"], h["t_sensor_ns"])
+                source = h.get("source", "")
+            except (protocol.ProtocolError, KeyError, TypeError):
                 continue
-            if msg.header.get("source") == "hold:bridge":
-                continue  # the cadence thread covering a late inference: the real answer follows
+            if source == "hold:estop":  # engaged: no policy chunk will come, say so now
+                for k in list(self._waiters):
+                    self._resolve(k, "estop")
+                continue
+            if not self._waiters or source == "hold:bridge":
+                continue  # chunks for other controllers; a bridge covers a late inference: the answer follows
+            if h.get("advisory") is True:  # refused or stale: no policy answer will come, say why now
+                reason = h.get("reason")
+                self._resolve(key, reason if isinstance(reason, str) and set(reason) <= _REASON_CHARS else "refused")
+                continue
             self._resolve(key, msg)
 
-    def _rejected(self, header: dict[str, Any], reason: str) -> None:
-        """Serving thread: an observation was refused; if it was ours, answer at once
-        instead of letting the request run into its timeout."""
-        if header.get("client") != CLIENT_NAME or self._loop is None:
-            return
-        key = (header.get("seq"), header.get("t_sensor_ns"))
-        try:
-            self._loop.call_soon_threadsafe(self._resolve, key, reason)
-        except RuntimeError:
-            pass  # the bridge's loop has ended
+    async def _read_status(self) -> None:
+        while True:
+            frames = await self._st.recv_multipart()
+            try:
+                st = protocol.decode(frames, expect=(protocol.TOPIC_STATUS,)).header["status"]
+            except (protocol.ProtocolError, KeyError):
+                continue
+            if isinstance(st, dict):
+                self.status = st
+                self.metadata["release"] = st.get("release", self.metadata["release"])
 
     def _resolve(self, key: tuple[Any, Any], result: Any) -> None:
         future = self._waiters.get(key)
@@ -566,35 +525,17 @@ class OpenPIBridge:
 
     # -- counting and diagnosis ------------------------------------------------------------
 
-    def _diagnostics(self) -> dict[str, int]:
-        """What the daemon counted so far that could swallow an observation silently."""
-        d = self.daemon
-        try:
-            out = {f"rejected_{k}": v for k, v in dict(d.intake.counts.rejected).items()}
-        except RuntimeError:  # the serving thread added a reason while we copied: no hint this time
-            out = {}
-        out["superseded"] = d.intake.counts.superseded
-        for p in d.chain.policies:
-            c = p.served.counts
-            out["stale"] = out.get("stale", 0) + c.stale
-            out["expired"] = out.get("expired", 0) + c.expired
-            out["estop_blocked"] = out.get("estop_blocked", 0) + c.estop_blocked
-        return out
-
-    def _why_not(self, before: dict[str, int]) -> tuple[str, str]:
-        """(reason, message) for a request that got no chunk in time. Judged from the
-        daemon's counters that moved meanwhile: a hint, exact when this is the only client."""
-        if self.daemon.publisher.estop_engaged:  # engaged while we waited: the policy was not asked
+    def _why_not(self, before: dict[str, Any]) -> tuple[str, str]:
+        """(reason, message) for a request that got no chunk in time, judged from the
+        daemon's counters (its status) that moved meanwhile: a hint, exact when this is the
+        only client."""
+        estop = self.status.get("estop") or {}
+        if estop.get("engaged"):  # with safety.estop_output = "silence" no hold says so
             return "estop", "e-stop engaged: vlad sends no policy actions until it is released"
-        after = self._diagnostics()
-        moved = [k for k, v in after.items() if v > before.get(k, 0)]
-        limit = f"within compat.openpi.request_timeout_ms ({self.cfg.request_timeout_ms:g} ms)"
-        for k in moved:
-            if k.startswith("rejected_"):
-                reason = k[len("rejected_") :]
-                return f"rejected_{reason}", f"vlad refused the observation: {reason}{self._hint(reason)}"
+        after = self.status.get("counters", {})
+        limit = f"within compat.openpi.request_timeout_ms ({self.cfg['request_timeout_ms']:g} ms)"
         for k in ("stale", "superseded", "expired", "estop_blocked"):
-            if k in moved:
+            if after.get(k, 0) > before.get(k, 0):
                 return k, f"no action chunk {limit}: the observation was {k.replace('_', ' ')}"
         return "timeout", f"no action chunk {limit}"
 
@@ -610,30 +551,25 @@ class OpenPIBridge:
             return " (joint state beyond the limits, or it jumped: vlad re-anchors after a few consistent ones)"
         return ""
 
-    def _count(self, key: str) -> None:
-        with self.lock:
-            self.counts[key] += 1
-
     def _error(self, reason: str, message: str) -> str:
-        with self.lock:
-            self.errors[reason] += 1
-            n = sum(self.errors.values())
+        self.errors[reason] += 1
+        n = sum(self.errors.values())
         if n <= 10 or n % 1000 == 0:  # loud at first, then sampled: a broken client cannot flood the journal
             log.warning("openpi request refused (%d so far): %s: %s", n, reason, message)
         return f"vlad: {reason}: {message}"
 
     def report(self) -> dict[str, Any]:
-        with self.lock:
-            lat = list(self.infer_ms)
-            out: dict[str, Any] = {
-                "listen": str(self.listen),
-                "clients": self._clients,
-                **self.counts,
-                "errors": dict(self.errors),
-            }
-        if lat:
-            p50, p99 = np.percentile(lat, (50, 99))
-            out["infer_ms"] = {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "count": len(lat)}
+        out: dict[str, Any] = {
+            "listen": str(self.listen),
+            "clients": sum(c is not None for c in self.slots),
+            "open_connections": self.admission.open,
+            **self.counts,
+            "errors": dict(self.errors),
+            "refused_connections": dict(self.admission.refused),
+        }
+        if self.infer_ms:
+            p50, p99 = np.percentile(np.asarray(self.infer_ms), (50, 99))
+            out["infer_ms"] = {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "count": len(self.infer_ms)}
         return out
 
 

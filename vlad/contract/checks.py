@@ -13,6 +13,7 @@ from vlad.contract.model import (
     UNITS_BY_SEMANTICS,
     ActionSpec,
     CameraSpec,
+    HistorySpec,
     JointSpec,
     LanguageSpec,
     ModelImageSpec,
@@ -114,6 +115,16 @@ def _check_noise(s: NoiseSpec, path: str, problems: list[str]) -> None:
     _positive(problems, f"{path}.denoising_steps", s.denoising_steps)
 
 
+# A window is held per policy on the serving path (frames x every camera's model image):
+# bound it so a contract cannot ask for an unbounded buffer.
+MAX_HISTORY_FRAMES = 64
+
+
+def _check_history(s: HistorySpec, path: str, problems: list[str]) -> None:
+    if not 1 <= s.frames <= MAX_HISTORY_FRAMES:
+        problems.append(f"{path}.frames: must be in [1, {MAX_HISTORY_FRAMES}], got {s.frames}")
+
+
 def _check_joint(s: JointSpec, path: str, problems: list[str]) -> None:
     if _check_unit(problems, f"{path}.unit", s.unit):
         fitting = UNITS_BY_SEMANTICS[s.semantics]
@@ -179,6 +190,7 @@ CHECKS: dict[type, Any] = {
     LanguageSpec: _check_language,
     ProprioSpec: _check_proprio,
     NoiseSpec: _check_noise,
+    HistorySpec: _check_history,
     JointSpec: _check_joint,
     ActionSpec: _check_action,
     TimingSpec: _check_timing,
@@ -216,6 +228,11 @@ def check_cross(values: dict[str, Any], problems: list[str]) -> None:
             all_known = False
         elif values[key] is not None:
             consumers.append((key, values[key].input, values[key]))
+    # With [history], camera and proprio inputs carry a time axis; a broken [history]
+    # section leaves their shapes unknown, so those checks are skipped.
+    history_known = "history" in values
+    history: HistorySpec | None = values.get("history")
+    frames = history.frames if history is not None else 1
     if inputs is not None:
         index = {t.name: j for j, t in enumerate(inputs)}
         first_user: dict[str, str] = {}
@@ -229,7 +246,8 @@ def check_cross(values: dict[str, Any], problems: list[str]) -> None:
                 continue
             first_user[name] = f"{cpath}.input"
             j = index[name]
-            _check_consumed(section, cpath, inputs[j], f"inputs[{j}]", problems)
+            if history_known or not isinstance(section, (CameraSpec, ProprioSpec)):
+                _check_consumed(section, cpath, inputs[j], f"inputs[{j}]", problems, frames)
         if all_known:
             for j, t in enumerate(inputs):
                 if t.name not in first_user:
@@ -261,15 +279,20 @@ def check_cross(values: dict[str, Any], problems: list[str]) -> None:
         _check_batch(inputs, outputs, problems)
 
 
-def _check_consumed(section: Any, cpath: str, t: TensorSpec, tpath: str, problems: list[str]) -> None:
-    """Check input tensor ``t`` against the section that feeds it."""
+def _check_consumed(section: Any, cpath: str, t: TensorSpec, tpath: str, problems: list[str], frames: int = 1) -> None:
+    """Check input tensor ``t`` against the section that feeds it (``frames``: ``history.frames``
+    when the contract has ``[history]``, which adds a time axis T to camera and proprio inputs)."""
+    time_axis: tuple[int, ...] = (frames,) if frames > 1 else ()
+    t_letter = "T" if frames > 1 else ""
     if isinstance(section, CameraSpec):
         m = section.model
         if m.layout == "CHW":
-            layout, tail = "NCHW", (3, m.height, m.width)
+            layout, tail = f"N{t_letter}CHW", (*time_axis, 3, m.height, m.width)
         else:
-            layout, tail = "NHWC", (m.height, m.width, 3)
-        what = f"{cpath}.model ({m.layout} {m.height}x{m.width}, 3 channels)"
+            layout, tail = f"N{t_letter}HWC", (*time_axis, m.height, m.width, 3)
+        what = f"{cpath}.model ({m.layout} {m.height}x{m.width}, 3 channels" + (
+            f", history.frames {frames})" if frames > 1 else ")"
+        )
         if t.layout != layout:
             problems.append(f"{tpath}.layout: {t.layout!r} but {what} needs {layout!r}")
         _check_wired(t, tpath, tail, what, problems)
@@ -280,7 +303,8 @@ def _check_consumed(section: Any, cpath: str, t: TensorSpec, tpath: str, problem
         if t.dtype not in _INT_DTYPES:
             problems.append(f"{tpath}.dtype: {t.dtype!r} but token ids need one of {', '.join(_INT_DTYPES)}")
     elif isinstance(section, ProprioSpec):
-        _check_wired(t, tpath, (section.dim,), "proprio.dim", problems)
+        what = f"proprio.dim and history.frames {frames}" if frames > 1 else "proprio.dim"
+        _check_wired(t, tpath, (*time_axis, section.dim), what, problems)
         if t.dtype not in _FLOAT_DTYPES:
             problems.append(f"{tpath}.dtype: {t.dtype!r} is not a float dtype (proprio input)")
     elif isinstance(section, NoiseSpec):

@@ -41,7 +41,9 @@ _LEAF_CATEGORY = {
     **_leaves("format", "format"),
     **_leaves("wiring", "input", "output"),
     **_leaves("dtype", "dtype"),
-    **_leaves("shape", "shape", "height", "width", "chunk_length", "dim", "max_tokens", "axis", "min", "opt", "max"),
+    **_leaves(
+        "shape", "shape", "height", "width", "chunk_length", "dim", "max_tokens", "frames", "axis", "min", "opt", "max"
+    ),
     **_leaves("normalization", "mean", "std", "scale", "sha256", "pad_id", "padding_side", "truncation"),
     **_leaves("tokenizer", "tokenizer", "library", "library_version"),
     **_leaves("preprocessing", "resize", "crop"),

@@ -146,6 +146,20 @@ class NoiseSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class HistorySpec:
+    """``[history]``: the policy sees the last ``frames`` accepted observations, oldest first.
+
+    Camera and proprio inputs then carry a time axis after the batch axis (``NTCHW``,
+    ``NTHWC``, ``NTD``). The window restarts (every slot holds the newest frame) at the first
+    observation, after a gap longer than ``timing.max_observation_age_ms``, when time runs
+    backwards and when another controller's observations arrive
+    (:class:`vlad.processing.Preprocessor`).
+    """
+
+    frames: int
+
+
+@dataclass(frozen=True, slots=True)
 class JointSpec:
     """One ``[[action.joints]]`` entry, in action-vector order."""
 
@@ -249,6 +263,9 @@ class Contract:
     language: LanguageSpec | None
     proprio: ProprioSpec | None
     noise: NoiseSpec | None
+    # Left out of to_dict() / canonical_bytes() when absent: a contract without [history]
+    # keeps the sha256 it had before the section existed (signed manifests pin it).
+    history: HistorySpec | None = field(metadata={"omit_if_none": True})
     action: ActionSpec
     timing: TimingSpec
     inputs: tuple[TensorSpec, ...]
@@ -267,6 +284,11 @@ class Contract:
     def camera(self, name: str) -> CameraSpec:
         """The ``[[cameras]]`` entry called ``name`` (KeyError if there is none)."""
         return _by_name(self.cameras, name, "camera")
+
+    @property
+    def frames(self) -> int:
+        """Observations per model input: ``history.frames``, 1 without ``[history]``."""
+        return self.history.frames if self.history is not None else 1
 
     @property
     def tokenizer_path(self) -> Path | None:
@@ -300,7 +322,11 @@ def _by_name(items: tuple[Any, ...], name: str, what: str) -> Any:
 def _plain(value: Any) -> Any:
     """Dataclasses to dicts and tuples to lists (TOML / JSON shaped)."""
     if is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if f.compare}
+        return {
+            f.name: _plain(getattr(value, f.name))
+            for f in fields(value)
+            if f.compare and not (f.metadata.get("omit_if_none") and getattr(value, f.name) is None)
+        }
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     return value

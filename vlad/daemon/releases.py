@@ -1,9 +1,20 @@
 """Live release changes on a running daemon: deploy, rollback, shadow runs and canaries.
 
-* **deploy**: verify -> stage into the store -> load and warm beside the serving release
-  -> activate in the store -> hot-swap (a pointer change: the action stream never stops).
+* **deploy**: verify -> stage into the store (each artifact hashed once, while copied) ->
+  gate evidence (the store's rule, :mod:`vlad.release.evidence`) -> load and warm beside
+  the serving release (the staging's hashes handed on, nothing hashed again) -> activate
+  in the store (the same evidence rule, enforced there) -> hot-swap (a pointer change: the
+  action stream never stops). Each multi-second step is progress in the status
+  (``operation``) and the log.
 * **rollback**: the store's one-step rollback, then the same load-warm-swap. The way back
-  is never blocked by the previous release's validity date (recorded as an event).
+  is never blocked by the previous release's validity date (recorded as an event); a
+  target without passing gate evidence needs ``force`` and a reason, like an activation.
+* **evidence** of the serving release, for the status: ``passed``, ``forced`` (the store's
+  journal holds who overrode what, and why) or ``unverified``. A daemon started on a
+  release that has neither passing evidence nor a recorded override serves it (refusing
+  would leave the robot without its policy and without vlad's hold posture and status)
+  but says so loudly: an error in the log at start, an event, ``evidence.status =
+  "unverified"`` in every status with the chunks it published so.
 * **shadow**: a candidate runs on the same observations as the serving policy, on its own
   thread; its actions are never published, only compared.
 * **canary**: a deploy whose first ``window_s`` is watched against the manifest's
@@ -37,8 +48,10 @@ from vlad.daemon.memory import MemoryBudget, Plan, PolicyMemory, measured_load, 
 from vlad.errors import VladError
 from vlad.health.base import Finding
 from vlad.health.state import StateMachine
+from vlad.release.evidence import judge_evidence, require_evidence
 from vlad.release.loading import LoadedPolicy, PolicySource, compatible, load_policy
-from vlad.release.store import ReleaseStore
+from vlad.release.signing import VerifiedRelease
+from vlad.release.store import HistoryEntry, ReleaseStore
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.publisher import Publisher
 from vlad.serving.shadow import ShadowRun
@@ -102,14 +115,12 @@ class ReleaseManager:
         publisher: Publisher,
         state: StateMachine,
         served: Callable[[LoadedPolicy, str], ServedPolicy],
-        check_evidence: Callable[[LoadedPolicy], list[str]] | None = None,
     ) -> None:
         self.cfg = cfg
         self.chain = chain
         self.publisher = publisher
         self.state = state
         self.served = served  # LoadedPolicy + slot name -> ServedPolicy (the supervisor's recipe)
-        self.check_evidence = check_evidence
         self.shadow: ShadowRun | None = None
         self.shadow_loaded: LoadedPolicy | None = None
         self.canary: Canary | None = None
@@ -118,6 +129,17 @@ class ReleaseManager:
         self.budget = MemoryBudget(m.host_budget_mb, m.device_budget_mb, m.swap)
         self.shadow_memory: PolicyMemory | None = None
         self._measured: dict[int, PolicyMemory] = {}  # id(LoadedPolicy) -> its load's figure
+        # The release operation in progress, for the status: what, since when, its last step.
+        self.operation: dict[str, Any] | None = None
+        self.evidence = self._evidence_of(chain.release.loaded)
+        if self.evidence["status"] == "unverified":
+            message = (
+                f"release {self.evidence['release']} serves WITHOUT passing gate evidence and without a recorded "
+                f"override ({'; '.join(self.evidence['problems'][:4])}): gate it, or activate it with "
+                "--force --why to record the decision"
+            )
+            log.error(message)
+            state.record("release_unverified", message, problems=self.evidence["problems"])
 
     def store(self) -> ReleaseStore:
         s = self.cfg.store
@@ -136,7 +158,9 @@ class ReleaseManager:
     async def _in_thread(self, fn: Callable[[], Any]) -> Any:
         return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
 
-    async def _load(self, folder: Path, check_time: bool = True) -> LoadedPolicy:
+    async def _load(
+        self, folder: Path, check_time: bool = True, verified: VerifiedRelease | None = None
+    ) -> LoadedPolicy:
         """Verify, load and warm a release beside the serving one (off the event loop)."""
         r = self.cfg.release
         keys_dir = r.keys_dir if r.verify else None
@@ -146,9 +170,10 @@ class ReleaseManager:
             *(("", "", {}) if keys_dir else (r.backend, r.artifact, r.options)),
             site_options=r.site_options,
             check_time=check_time,
+            verified=verified,
         )
         policy, memory = await self._in_thread(
-            lambda: measured_load(lambda: load_policy(source, self.cfg.serve.warmup))
+            lambda: measured_load(lambda: load_policy(source, self.cfg.serve.warmup, self._progress))
         )
         self._measured[id(policy)] = memory
         breaking = compatible(self.chain.release.loaded.contract, policy.contract)
@@ -188,6 +213,7 @@ class ReleaseManager:
         health.quarantined[0] = "memory_swap"  # never re-activated while it is closed
         t0 = time.monotonic_ns()
         self.chain.serve(health.best_allowed())
+        self._progress(f"closing {old.id} to make room (memory.swap)")
         await self._retire(old)
         serving = health.chain[health.active]
         self.state.record("memory_swap", f"{old.id} closed to make room for {incoming}; {serving} serves meanwhile")
@@ -231,46 +257,82 @@ class ReleaseManager:
 
     # -- deploy and rollback ---------------------------------------------------------------
 
+    def _begin(self, kind: str, target: str) -> None:
+        self.operation = {"kind": kind, "target": target, "started_ns": time.monotonic_ns(), "step": "starting"}
+
+    def _progress(self, line: str) -> None:
+        """A step of the release operation in progress (called from its worker thread)."""
+        op = self.operation
+        if op is not None and line:
+            self.operation = {**op, "step": line}
+            log.info("%s %s: %s", op["kind"], op["target"], line)
+
+    def operation_status(self, now_ns: int) -> dict[str, Any] | None:
+        op = self.operation
+        if op is None:
+            return None
+        return {
+            "kind": op["kind"],
+            "target": op["target"],
+            "step": op["step"],
+            "elapsed_s": round((now_ns - op["started_ns"]) / 1e9, 1),
+        }
+
     async def deploy(self, path: str, who: str, why: str, canary: bool, force: bool) -> dict[str, Any]:
-        """verify -> stage -> load and warm -> activate in the store -> hot-swap."""
+        """verify -> stage -> evidence -> load and warm -> activate in the store -> hot-swap."""
         if self.canary is not None:
             raise VladError(f"a canary of {self.canary.policy.id.release} is running; wait for it to pass or abort")
         if canary and self.shadow is not None:
             raise VladError(f"a shadow of {self.shadow.policy.id.release} is running; stop it before a canary")
+        self._begin("deploy", path)
+        try:
+            return await self._deploy(path, who, why, canary, force)
+        finally:
+            self.operation = None
+
+    async def _deploy(self, path: str, who: str, why: str, canary: bool, force: bool) -> dict[str, Any]:
         plan = await self._plan("canary" if canary else "deploy", Path(path), replaces=not canary)
         store = await self._in_thread(self.store)
-        release_id = await self._in_thread(lambda: store.stage(path))
+        staged = await self._in_thread(lambda: store.stage_release(path, progress=self._progress))
+        release_id = staged.id
+        # The store's rule, judged before a second is spent loading: activate() below
+        # applies it again (the same function) and records the decision.
+        self._progress("checking gate evidence")
+        require_evidence(
+            judge_evidence(staged.manifest, staged.path, staged.files),
+            release_id,
+            path,
+            force=force,
+            why=why,
+            retry=f"vladctl deploy {path} --force --why '...'",
+        )
         swapped = await self._swap_out(release_id) if plan.action == "swap" else None
         try:
-            loaded = await self._load(store.release_path(release_id))
+            loaded = await self._load(staged.path, verified=staged)
         except BaseException:
             await self._swap_back(swapped)
             raise
         try:
-            missing = self.check_evidence(loaded) if self.check_evidence else []
-            if missing and not force:
-                raise VladError(
-                    f"{release_id} lacks passing gate evidence ({'; '.join(missing[:4])}); run "
-                    "`vladctl gate` and sign the evidence in, or deploy with --force --why"
-                )
-            if missing:
-                self.state.record(
-                    "operator",
-                    f"deploy of {release_id} without gate evidence forced by {who}: {why}",
-                    who=who,
-                    why=why,
-                    missing=missing,
-                )
             if canary and loaded.manifest is None:
                 raise VladError("a canary needs a signed release (its manifest holds the canary thresholds)")
-            await self._in_thread(lambda: store.activate(release_id, who, why, force))
+            self._progress("activating in the store")
+            entry = await self._in_thread(
+                lambda: store.activate(release_id, who, why, force, verified=loaded.verified, progress=self._progress)
+            )
         except BaseException:
             loaded.session.close()
             await self._swap_back(swapped)
             raise
+        self._note_forced(entry, "deploy")
         new = ChainPolicy(loaded, self.served(loaded, "release"), self._memory_of(loaded))
         old = self.chain.install(new, f"deploy by {who}: {why}")
-        result: dict[str, Any] = {"release": new.id.release, "previous": old.id.release, "canary": canary}
+        self.evidence = self._evidence_of(loaded, entry)
+        result: dict[str, Any] = {
+            "release": new.id.release,
+            "previous": old.id.release,
+            "canary": canary,
+            "evidence": self.evidence,
+        }
         if canary:
             assert loaded.manifest is not None
             c = loaded.manifest.canary
@@ -289,7 +351,19 @@ class ReleaseManager:
             await self._retire(old)
         return result
 
-    async def rollback(self, who: str, why: str) -> dict[str, Any]:
+    def _note_forced(self, entry: HistoryEntry, what: str) -> None:
+        """An event for every override the store recorded (the journal holds it too)."""
+        if entry.forced and entry.overrides:
+            self.state.record(
+                "operator",
+                f"{what} of {entry.to_release} forced by {entry.who} ({'; '.join(entry.overrides)}): {entry.why}",
+                who=entry.who,
+                why=entry.why,
+                overrides=list(entry.overrides),
+                evidence=entry.evidence,
+            )
+
+    async def rollback(self, who: str, why: str, force: bool = False) -> dict[str, Any]:
         """The store's one-step rollback, then serve that release (loaded and warmed first)."""
         if self.canary is not None:
             return await self.abort_canary(f"rollback by {who}: {why}", who)
@@ -298,26 +372,81 @@ class ReleaseManager:
         if target is None:
             raise VladError("nothing to roll back to: the store has no previous release")
         plan = await self._plan("rollback", store.release_path(target), replaces=True)
-        swapped = await self._swap_out(target) if plan.action == "swap" else None
+        self._begin("rollback", target)
         try:
-            loaded = await self._load(store.release_path(target), check_time=False)
-        except BaseException:
-            await self._swap_back(swapped)
-            raise
-        try:
-            await self._in_thread(lambda: store.rollback(who, why))
-        except BaseException:
-            loaded.session.close()
-            await self._swap_back(swapped)
-            raise
+            swapped = await self._swap_out(target) if plan.action == "swap" else None
+            try:
+                loaded = await self._load(store.release_path(target), check_time=False)
+            except BaseException:
+                await self._swap_back(swapped)
+                raise
+            try:
+                self._progress("rolling back in the store")
+                entry = await self._in_thread(lambda: store.rollback(who, why, force, verified=loaded.verified))
+            except BaseException:
+                loaded.session.close()
+                await self._swap_back(swapped)
+                raise
+        finally:
+            self.operation = None
+        self._note_forced(entry, "rollback")
         new = ChainPolicy(loaded, self.served(loaded, "release"), self._memory_of(loaded))
         old = self.chain.install(new, f"rollback by {who}: {why}")
-        result: dict[str, Any] = {"release": loaded.release_id, "rolled_back_from": old.id.release}
+        self.evidence = self._evidence_of(loaded, entry)
+        result: dict[str, Any] = {
+            "release": loaded.release_id,
+            "rolled_back_from": old.id.release,
+            "evidence": self.evidence,
+        }
         if swapped is not None:
             result["swap_gap_s"] = self._swapped_in(swapped)
         else:
             await self._retire(old)
         return result
+
+    # -- evidence of the serving release -----------------------------------------------------
+
+    def _evidence_of(self, loaded: LoadedPolicy, entry: HistoryEntry | None = None) -> dict[str, Any]:
+        """``passed``, ``forced`` (with the journal's who, why and when) or ``unverified``."""
+        manifest, evidence = loaded.manifest, loaded.evidence
+        if manifest is None or evidence is None:
+            return {
+                "status": "unverified",
+                "release": loaded.release_id,
+                "gate_evidence": None,
+                "problems": ["unsigned release (release.verify = false): no gate evidence is checked"],
+            }
+        out: dict[str, Any] = {
+            "status": "passed" if evidence.ok else "unverified",
+            "release": manifest.id,
+            "gate_evidence": evidence.status,
+            "problems": list(evidence.problems),
+        }
+        if evidence.ok:
+            return out
+        entry = entry or self._journal_entry(loaded.folder, manifest.id)
+        if entry is not None and entry.to_release == manifest.id and entry.forced and entry.evidence == evidence.status:
+            out.update(status="forced", who=entry.who, why=entry.why, time=entry.time)
+        return out
+
+    def _journal_entry(self, folder: Path, release_id: str) -> HistoryEntry | None:
+        """The store's record of how ``release_id`` became active, when it is served from the store."""
+        root = Path(self.cfg.store.root)
+        try:
+            if folder.resolve().parent != (root / "releases").resolve():
+                return None
+            store = ReleaseStore(root, self.cfg.release.keys_dir, create=False, recover=False)
+            return store.last_activation(release_id)
+        except (OSError, VladError) as exc:
+            log.warning("cannot read the release store's journal in %s: %s", root, exc)
+            return None
+
+    def evidence_status(self) -> dict[str, Any]:
+        """The serving release's evidence for the status; unverified ones count their chunks."""
+        out = dict(self.evidence)
+        if out["status"] == "unverified":
+            out["published_unverified"] = self.chain.release.served.counts.published
+        return out
 
     # -- shadow ----------------------------------------------------------------------------
 
@@ -404,9 +533,16 @@ class ReleaseManager:
         self.state.record(
             "canary_abort", f"canary of {canary.policy.id.release} aborted: {reason}", release=canary.policy.id.release
         )
+        # The store follows what is served now: the previous release, which ran before the
+        # canary. Forced (recorded as such, with what it overrode): an automatic abort must
+        # not be refused for evidence or a bad mark of the release it returns to.
         try:
             store = await self._in_thread(self.store)
-            await self._in_thread(lambda: store.rollback(who, f"canary aborted: {reason}"))
+            entry = await self._in_thread(
+                lambda: store.rollback(who, f"canary aborted: {reason}", force=True, verified=previous.loaded.verified)
+            )
+            self._note_forced(entry, "canary abort")
+            self.evidence = self._evidence_of(previous.loaded, entry)
         except VladError as exc:
             log.error("canary aborted but the store could not roll back: %s", exc)
         await self._retire(bad)

@@ -9,6 +9,9 @@
   at handshake against the allow list of that socket's role. On ``ipc://`` ZeroMQ hands
   ZAP the peer's credentials (``SO_PEERCRED``: uid, gid, pid); on ``tcp://`` CurveZMQ
   authenticates the client's key. Refused connections are counted (``unauthorized``).
+  The daemon's own endpoint processes (:mod:`vlad.daemon.endpoints`) are admitted to the
+  observation socket beside the allow list: on ipc by their process id (the peer
+  credentials name it), on tcp by the key pair the daemon made for them at start.
 """
 
 from __future__ import annotations
@@ -149,6 +152,10 @@ class Gatekeeper:
         self.curve_keys = curve_keys
         self.denied: Counter[str] = Counter()  # by role
         self.admitted: Counter[str] = Counter()
+        # The daemon's endpoint processes, admitted to the observation socket whatever its
+        # allow list says: their pids (ipc) and their CurveZMQ public keys (tcp, Z85).
+        self.endpoint_pids: set[int] = set()
+        self.endpoint_keys: set[bytes] = set()
         self._sock = ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(ZAP_ENDPOINT)
@@ -199,12 +206,18 @@ class Gatekeeper:
             if key not in self.curve_keys:
                 return self._deny(domain, f"unknown CurveZMQ key from {address}")
             user = b"key:" + key
-            if principals is not None and not any(p.kind == "key" and p.value.encode() == key for p in principals):
+            own = domain == "observations" and key in self.endpoint_keys
+            if (
+                principals is not None
+                and not own
+                and not any(p.kind == "key" and p.value.encode() == key for p in principals)
+            ):
                 return self._deny(domain, f"key {key.decode()} may not use {domain}")
         elif mechanism == b"NULL":
             if principals is not None:
                 creds = _peer_credentials(address)
-                if creds is None or not any(p.admits_peer(*creds) for p in principals):
+                own = creds is not None and domain == "observations" and creds[2] in self.endpoint_pids
+                if creds is None or not (own or any(p.admits_peer(creds[0], creds[1]) for p in principals)):
                     return self._deny(domain, f"peer {address} (uid:gid:pid) may not use {domain}")
                 user = f"uid:{creds[0]}".encode()
         else:
@@ -220,13 +233,13 @@ class Gatekeeper:
         return b"400", b"not authorized", b""
 
 
-def _peer_credentials(address: str) -> tuple[int, int] | None:
-    """(uid, gid) from an ipc peer address as libzmq passes it to ZAP: ``host:uid:gid:pid``."""
+def _peer_credentials(address: str) -> tuple[int, int, int] | None:
+    """(uid, gid, pid) from an ipc peer address as libzmq passes it to ZAP: ``host:uid:gid:pid``."""
     parts = address.rsplit(":", 3)
     if len(parts) != 4:
         return None
     try:
-        return int(parts[1]), int(parts[2])
+        return int(parts[1]), int(parts[2]), int(parts[3])
     except ValueError:
         return None
 

@@ -4,15 +4,24 @@ Built on the event loop from snapshots of the serving thread's counters (no lock
 hot path). The ``counters`` map keeps the flat names earlier versions published
 (``published``, ``stale``, ``superseded``, ``rejected`` by reason ...), so dashboards and
 scripts keep working; ``policies`` has every loaded policy's own counters.
+
+The status is all the Prometheus endpoint (:mod:`vlad.compat.metrics`, its own process)
+reads, so it also carries what only cumulative figures can show: per-stage latency
+histograms and event counts, folded by :class:`Tallies` once per published status from the
+rolling latency windows and the state machine's history.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from vlad import __version__
+from vlad.serving.tracing import STAGES
 
 if TYPE_CHECKING:
     from vlad.daemon.supervisor import Daemon
@@ -37,6 +46,82 @@ class Rates:
         return self.value
 
 
+# Histogram bucket edges, seconds. The demo's e2e is ~3 ms; a remote or GPU policy tens of
+# ms; a hang seconds.
+BUCKETS_S = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+
+
+class Tallies:
+    """Cumulative per-stage latency histograms and event counts (module doc).
+
+    :meth:`fold` reads what the latency windows and the event history gained since the
+    last fold; no sample is lost unless more than ``serve.latency_window`` cycles happen
+    between two published statuses (counted as ``lost``)."""
+
+    def __init__(self, started_ns: int) -> None:
+        self.edges_ms = np.asarray(BUCKETS_S) * 1e3  # the windows hold milliseconds
+        self.seen = dict.fromkeys(STAGES, 0)
+        self.buckets = {s: np.zeros(len(BUCKETS_S) + 1, dtype=np.int64) for s in STAGES}  # last: +Inf
+        self.sum_s = dict.fromkeys(STAGES, 0.0)
+        self.count = dict.fromkeys(STAGES, 0)
+        self.lost = dict.fromkeys(STAGES, 0)
+        self.events: Counter[str] = Counter()
+        self.transitions: Counter[str] = Counter()
+        self.last_event_ns = started_ns - 1
+
+    def fold(self, d: Daemon) -> None:
+        for stage in STAGES:
+            samples, total, lost = d.stats.since(stage, self.seen[stage])
+            self.seen[stage] = total
+            self.lost[stage] += lost
+            if samples.size:
+                idx = np.searchsorted(self.edges_ms, samples, side="left")  # the le-bucket of each sample
+                self.buckets[stage] += np.bincount(idx, minlength=len(BUCKETS_S) + 1)
+                self.sum_s[stage] += float(samples.sum()) / 1e3
+                self.count[stage] += int(samples.size)
+        for ev in d.state.recent(10_000):
+            if ev.monotonic_ns <= self.last_event_ns:
+                continue
+            self.last_event_ns = ev.monotonic_ns
+            if ev.kind == "transition":
+                self.transitions[ev.state_to] += 1
+            else:
+                self.events[ev.kind] += 1
+
+    def histograms(self) -> dict[str, Any]:
+        """Per stage with samples: cumulative counts per bucket edge (the last +Inf), sum, lost."""
+        out = {}
+        for stage in STAGES:
+            if self.count[stage] or self.lost[stage]:
+                out[stage] = {
+                    "cumulative": np.cumsum(self.buckets[stage]).tolist(),
+                    "sum_s": self.sum_s[stage],
+                    "count": self.count[stage],
+                    "lost": self.lost[stage],
+                }
+        return out
+
+
 def counters(d: Daemon) -> dict[str, Any]:
     """The flat counter map (names kept stable across versions)."""
     intake, pub = d.intake.counts.snapshot(), d.publisher.counts.snapshot()
@@ -48,6 +133,7 @@ def counters(d: Daemon) -> dict[str, Any]:
         "superseded": intake.superseded,
         "input_rejected": intake.input_rejected,
         "reanchors": intake.reanchors + d.guard.reanchors,
+        "reanchors_announced": d.intake.trusted.announced,
         "published": pub.policy_chunks,
         "published_hold": sum(pub.holds.values()),
         "holds": dict(pub.holds),
@@ -88,6 +174,8 @@ def build(d: Daemon) -> dict[str, Any]:
         "state_since_s": round((now - d.state.since_ns) / 1e9, 3),
         "uptime_s": round((now - d.started_ns) / 1e9, 3),
         "release": release.id.release,
+        "evidence": d.releases.evidence_status(),
+        "operation": d.releases.operation_status(now),
         "serving": str(health.chain[health.active]),
         "serving_backend": serving.served.session.describe().backend if serving else "hold",
         "chain": [str(p) for p in health.chain],
@@ -116,6 +204,14 @@ def build(d: Daemon) -> dict[str, Any]:
         "counters": c,
         "policies": policies,
         "heartbeat_age_s": round((now - d.intake.last_heartbeat_ns) / 1e9, 3) if d.intake.last_heartbeat_ns else None,
+        "controllers": {
+            name: {
+                "heartbeat_age_s": round(max(0, now - beat.last_ns) / 1e9, 3),
+                "alive": now - beat.last_ns <= d.cfg.monitors.heartbeat_missing_periods * d.period_ns,
+                "cadence": beat.cadence,
+            }
+            for name, beat in sorted(d.intake.controllers.snapshot().items())
+        },
         "latency_ms": latency,
         "engine_ms": latency.get("engine"),
         "temperatures_c": {k[len("temperature.") :]: v for k, v in d.readings.items() if k.startswith("temperature.")},
@@ -126,5 +222,12 @@ def build(d: Daemon) -> dict[str, Any]:
             **d.releases.budget.to_dict(d.releases.loaded_memory()),
         },
         "realtime": d.realtime_report,
-        "openpi": d.openpi.report() if d.openpi is not None else None,
+        "tap": d.tap.stats() if d.tap is not None else None,
+        "monotonic_ns": now,  # the daemon's clock when this was built (the metrics' status age)
+        "readings": dict(d.readings),
+        "bucket_edges_s": list(BUCKETS_S),
+        "histograms": d.tallies.histograms(),
+        "event_counts": dict(d.tallies.events),
+        "transition_counts": dict(d.tallies.transitions),
+        **d.endpoints.status(),  # "openpi", "metrics": each endpoint process's report, or None
     }

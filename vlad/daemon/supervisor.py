@@ -34,16 +34,17 @@ import zmq
 import zmq.asyncio
 from anyio.abc import TaskStatus
 
-from vlad import compat, protocol
+from vlad import protocol
 from vlad.config import Config
 from vlad.contract import Contract
-from vlad.daemon import control, status
+from vlad.daemon import control, endpoints, status
 from vlad.daemon.chain import ChainPolicy, PolicyChain
 from vlad.daemon.memory import PolicyMemory, measured_load
 from vlad.daemon.releases import ReleaseManager
 from vlad.daemon.safety import EStop
 from vlad.daemon.sockets import Gatekeeper, Principal, bind, load_curve, prepare_ipc
 from vlad.daemon.systemd import Notifier
+from vlad.daemon.tap import Tap, tap_endpoint
 from vlad.errors import StartupError, VladError
 from vlad.health.base import Finding, HealthView, InFlight, Monitor, Sensor
 from vlad.health.state import State, StateMachine
@@ -106,17 +107,19 @@ class Daemon:
         self.realtime_report = realtime_report
         self.contract: Contract = chain.release.loaded.contract
         self.period_ns = int(self.contract.timing.control_period_ms * 1e6)
-        self.releases = ReleaseManager(cfg, chain, publisher, state, served, check_evidence=_gate_evidence)
+        self.releases = ReleaseManager(cfg, chain, publisher, state, served)
         self.started_ns = time.monotonic_ns()
         self.rates = status.Rates()
         self.findings: list[Finding] = []
         self.readings: dict[str, float] = {}
         self.control_rejected: Counter[str] = Counter()
         self.status_seq = 0
-        self.last_status: dict[str, Any] | None = None  # the newest status built (read by vlad.compat.metrics)
-        self.openpi: Any = None  # vlad.compat: set by attach() when enabled
-        self.metrics: Any = None
+        self.tap: Tap | None = None  # the recording tap (vlad.daemon.tap), when it has an endpoint
+        self.tallies = status.Tallies(self.started_ns)  # cumulative figures the status carries
+        self.endpoints = endpoints.Endpoints({})  # the endpoint processes (set by assemble)
         self.state_before_estop = State.ACTIVE
+        self._health: tuple[list[Sensor], list[Monitor]] | None = None
+        self._health_prev: dict[str, Any] = {}  # the previous tick's counters (windows)
         self._release_lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -131,6 +134,7 @@ class Daemon:
                 ("status", self._status_task),
                 ("health", self._health_task),
                 ("watchdog", self._watchdog_task),
+                ("endpoints", self.endpoints.run),
             ):
                 await tg.start(fn, name=name)
             self.notifier.ready(
@@ -232,6 +236,10 @@ class Daemon:
             except VladError as exc:
                 self.control_rejected[control.error_reason(exc)] += 1
                 reply = protocol.encode_reply(False, error=str(exc))
+            except OSError as exc:  # the file system said no (a path, permissions): a refusal, not a bug
+                self.control_rejected["refused"] += 1
+                where = f" ({exc.filename})" if exc.filename else ""
+                reply = protocol.encode_reply(False, error=f"refused: {exc.strerror or exc}{where}")
             except Exception:  # a bug: answered and logged, never the end of the daemon
                 self.control_rejected["internal_error"] += 1
                 log.exception("control request failed")
@@ -295,8 +303,10 @@ class Daemon:
             await anyio.sleep(max(300_000, min(wake, deadline) - now) / 1e9)
 
     async def _publish_status(self) -> None:
+        self.tallies.fold(self)
         st = self.status()
-        self.last_status = st
+        if self.tap is not None and self.tap.subscribed:
+            self.tap.tick(st, self.state.recent(100))
         self.status_seq += 1
         try:
             await self.status_sock.send_multipart(
@@ -310,17 +320,36 @@ class Daemon:
 
     # -- health ----------------------------------------------------------------------------
 
+    def _health_parts(self) -> tuple[list[Sensor], list[Monitor]]:
+        """The sensors and monitors, made once (monitors keep windows between ticks)."""
+        if self._health is None:
+            from dataclasses import asdict
+
+            from vlad.plugins import monitors, sensors
+
+            monitor_list: list[Monitor] = monitors(asdict(self.cfg.monitors))
+            if self.cfg.monitors.enabled:
+                monitor_list = [m for m in monitor_list if m.name in self.cfg.monitors.enabled]
+            self._health = (sensors(), monitor_list)
+        return self._health
+
+    async def first_decision(self) -> None:
+        """One health check before serving starts: when something already faults (a remote
+        release whose server does not answer, heat), the fallback serves from the first
+        observation on and the state says why."""
+        try:
+            sensor_list, monitor_list = self._health_parts()
+            view = self._view(self._health_prev)
+            readings, findings = await anyio.to_thread.run_sync(_check, view, sensor_list, monitor_list)
+            if any(f.severity == "fault" for f in findings):
+                await self._decide(findings, readings)
+        except Exception:  # a bug here must not stop the start: the health task decides from its first tick
+            log.exception("first health check failed")
+
     async def _health_task(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        from dataclasses import asdict
-
-        from vlad.plugins import monitors, sensors
-
-        monitor_list: list[Monitor] = monitors(asdict(self.cfg.monitors))
-        if self.cfg.monitors.enabled:
-            monitor_list = [m for m in monitor_list if m.name in self.cfg.monitors.enabled]
-        sensor_list: list[Sensor] = sensors()
+        sensor_list, monitor_list = self._health_parts()
         period = 1.0 / self.cfg.fallback.monitor_hz
-        prev: dict[str, Any] = {}
+        prev = self._health_prev
         task_status.started()
         while True:
             await anyio.sleep(period)
@@ -360,6 +389,9 @@ class Daemon:
             latency=self.stats.summary(("e2e",)),
             last_observation_ns=self.intake.last_observation_ns,
             last_heartbeat_ns=self.intake.last_heartbeat_ns,
+            controllers=self.intake.controllers.snapshot(),
+            controllers_left_ns=self.intake.controllers.left_ns,
+            socket_read_ns=self.loop.read_ns,
             in_flight=_in_flight(self.loop),
             hang_timeout_ns=self.cfg.serve.hang_timeout_ns,
             readings=self.readings,
@@ -469,17 +501,6 @@ def _check(
     return readings, findings
 
 
-def _gate_evidence(policy: LoadedPolicy) -> list[str]:
-    """Missing or failed release gates the manifest requires (filled in by vlad.gates)."""
-    try:
-        from vlad.gates.evidence import check_evidence
-    except ImportError:
-        return []
-    if policy.manifest is None:
-        return []
-    return check_evidence(policy.manifest, policy.folder)
-
-
 # ---------------------------------------------------------------------------------------
 # Start-up: everything loaded, bound and started, or one clear line why not
 # ---------------------------------------------------------------------------------------
@@ -490,6 +511,9 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     roles = {"observations": s.observations, "actions": s.actions, "status": s.status, "control": s.control}
     if cfg.safety.estop_endpoint:
         roles["estop"] = cfg.safety.estop_endpoint
+    tap_ep = tap_endpoint(s.tap, s.control)
+    if tap_ep:
+        roles["tap"] = tap_ep
     # Refuse an endpoint another process serves, tcp without keys or an unknown principal
     # before spending seconds on loading.
     for endpoint in roles.values():
@@ -502,6 +526,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
                 "sockets.curve_clients_dir (or use ipc:// endpoints)"
             )
         curve, curve_keys = load_curve(s.curve_secret_key, s.curve_clients_dir)
+    endpoints.check_fd_limit(cfg)
     allow = {}
     if s.observation_producers:
         allow["observations"] = [Principal(p) for p in s.observation_producers]
@@ -530,7 +555,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         notifier.status(f"loading and warming {name} ({source.folder})")
         t0 = time.monotonic()
         policy, memory[name] = await anyio.to_thread.run_sync(
-            measured_load, functools.partial(load_policy, source, cfg.serve.warmup)
+            measured_load, functools.partial(load_policy, source, cfg.serve.warmup, _progress(notifier, name))
         )
         stack.callback(policy.session.close)
         if loaded:
@@ -578,6 +603,8 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     status_sock.setsockopt(zmq.SNDHWM, 8)
     control_sock = make(actx, zmq.ROUTER, "control", protocol.MAX_REQUEST_BYTES, 64)
     control_sock.setsockopt(zmq.SNDHWM, 64)
+    obs_bytes = _largest_frame(contract) * max(1, len(contract.cameras))
+    tap = Tap(make(ctx, zmq.XPUB, "tap", SMALL_MESSAGE), roles["tap"], obs_bytes) if tap_ep else None
     estop_sock = None
     if cfg.safety.estop_endpoint:
         estop_sock = make(ctx, zmq.SUB, "estop", SMALL_MESSAGE, 16)
@@ -586,7 +613,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     trusted = TrustedState(contract, cfg.guard)
     guard = ActionGuard(contract, trusted, cfg.guard)
     stats = LatencyStats(cfg.serve.latency_window)
-    intake = Intake(contract, IntakeCounts(), trusted, cfg.serve.max_clock_skew_ns)
+    intake = Intake(contract, IntakeCounts(), trusted, cfg.serve.max_clock_skew_ns, loaded[0][1].tokenizer)
     chain_ref: list[PolicyChain] = []
 
     def release_name() -> str:
@@ -646,14 +673,23 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         realtime_report=_realtime_report(cfg),
     )
     daemon_ref.append(daemon)
-    compat.attach(daemon, obs_sock, actions_sock, stack)  # openpi endpoint, metrics: before serving starts
+    if tap is not None:  # the recording tap: fed from what the serving path already holds
+        daemon.tap, loop.tap, publisher.tap = tap, tap.observation, tap.actions
+        tap.start()
+        stack.callback(tap.stop)
+    # The openpi and metrics endpoints: child processes on the daemon's own sockets.
+    daemon.endpoints = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve)
+    stack.push_async_callback(daemon.endpoints.stop)
+    notifier.status("starting the endpoint processes")
+    await daemon.endpoints.start()
+    await daemon.first_decision()  # e.g. a remote release unreachable at start: FALLBACK from the start
     # The e-stop is read once before serving starts: a robot booted with it engaged never
     # sees a single policy chunk.
     estop.start()
     loop.start()
     cadence.start()
     stack.push_async_callback(daemon.shutdown)
-    if not estop.engaged:
+    if not estop.engaged and state.state == State.STARTING:
         state.transition(
             State.ACTIVE,
             "release loaded and warmed up",
@@ -661,6 +697,17 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
             chain=[str(i) for i in chain.ids()],
         )
     return daemon
+
+
+def _progress(notifier: Notifier, name: str) -> Callable[[str], None]:
+    """Start-up progress of loading ``name``: the log and systemd's STATUS= line."""
+
+    def say(line: str) -> None:
+        if line:
+            log.info("%s: %s", name, line)
+            notifier.status(f"loading {name}: {line}")
+
+    return say
 
 
 def _largest_frame(contract: Contract) -> int:

@@ -1,37 +1,41 @@
-"""Closed-loop evaluation of a contract-driven policy in the simulated Reacher.
+"""In-process closed-loop evaluation in the simulated Reacher, on the one episode runner.
 
-The policy adapter goes through exactly the serving path's processing functions
-(:func:`vlad.processing.preprocess` and :func:`vlad.processing.decode_actions`), with any
-``infer(inputs) -> outputs`` callable as the engine: a PyTorch module, an ONNX Runtime
-session or a backend plugin.
+A trained release (its serving session through :func:`vlad.episodes.contract_infer`), the
+scripted expert and the no-motion baseline run as :class:`~vlad.episodes.InProcessLink`\\ s,
+with the same chunk execution rule, seeds and noise as the demo and the closed-loop gate
+use through the daemon (:mod:`vlad.episodes`).
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from vlad.contract import Contract
-from vlad.processing import RawObservation, Tokenizer, decode_actions, preprocess
+from vlad.demo import sim
+from vlad.episodes import Frame, InProcessLink, Link, NoMotionLink, run_episode
 
-Infer = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+
+def expert_link(task: sim.ReacherTask, contract: Contract) -> InProcessLink:
+    """The scripted expert toward the task's true goal (privileged: it knows the goal)."""
+
+    def infer(frame: Frame, seq: int) -> np.ndarray:
+        return sim.expert_chunk(frame.proprio[:2], task.goal, contract.action.chunk_length)
+
+    return InProcessLink.for_contract(contract, infer)
 
 
-def contract_policy(contract: Contract, tokenizer: Tokenizer, infer: Infer):
-    """A simulator policy ``obs -> action chunk`` that runs ``infer`` through the contract."""
-    camera = contract.cameras[0].name
-    sequence = itertools.count()
-
-    def policy(obs) -> np.ndarray:
-        raw = RawObservation(
-            images={camera: obs.image}, proprio=obs.proprio, instruction=obs.instruction, sequence=next(sequence)
-        )
-        return decode_actions(contract, infer(preprocess(contract, tokenizer, raw)))
-
-    return policy
+def no_motion_link(contract: Contract) -> NoMotionLink:
+    """Hold the pose the episode started in."""
+    t, a = contract.timing, contract.action
+    return NoMotionLink(
+        int(t.control_period_ms * 1e6),
+        int(t.action_validity_ms * 1e6),
+        chunk_length=a.chunk_length,
+        action_dim=a.dim,
+    )
 
 
 @dataclass(frozen=True)
@@ -54,23 +58,30 @@ class SuccessRate:
 
 
 def evaluate(
-    task,
-    make_policy: Callable[[], Callable],
+    task: sim.ReacherTask,
+    link: Link,
+    contract: Contract,
     name: str,
     instruction: str,
-    seeds,
+    seeds: Iterable[int],
     exec_steps: int = 4,
     progress: Callable[[str], None] | None = None,
 ) -> SuccessRate:
-    """Run one seeded episode per seed; a fresh policy per episode (new noise sequence)."""
-    from vlad.demo.sim import run_episode
-
+    """One seeded episode per seed through ``link``."""
     successes, dists = 0, []
     seeds = list(seeds)
     for i, seed in enumerate(seeds):
-        result = run_episode(task, make_policy(), seed, instruction, exec_steps=exec_steps)
-        successes += bool(result.success)
-        dists.append(result.final_distance)
+        log = run_episode(
+            task,
+            link,
+            seed,
+            instruction,
+            period_ns=int(contract.timing.control_period_ms * 1e6),
+            exec_steps=exec_steps,
+            chunk_length=contract.action.chunk_length,
+        )
+        successes += log.success
+        dists.append(log.final_distance)
         if progress and (i + 1) % 10 == 0:
             progress(f"  {name}: {instruction!r} {i + 1}/{len(seeds)} episodes, {successes} successes")
     return SuccessRate(name, instruction, len(seeds), successes, float(np.mean(dists)))
@@ -81,4 +92,4 @@ def fixed_seeds(n: int, base: int = 10_000) -> range:
     return range(base, base + n)
 
 
-__all__ = ["contract_policy", "evaluate", "fixed_seeds", "SuccessRate", "itertools"]
+__all__ = ["SuccessRate", "evaluate", "expert_link", "fixed_seeds", "no_motion_link"]

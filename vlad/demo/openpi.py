@@ -1,26 +1,27 @@
 """The demo arm driven through vlad's openpi endpoint by openpi's own, unmodified client.
 
 ``openpi_client.websocket_client_policy.WebsocketClientPolicy`` talks to
-``[compat.openpi]``; ``openpi_client.action_chunk_broker.ActionChunkBroker`` hands out one
-waypoint per control step and asks for a new chunk every ``action_horizon`` steps, the way
-openpi's robot runtimes do. The native demo controller (:func:`vlad.demo.run.run_episode`)
-commits to a chunk for the same number of periods but asks every period, so vlad sees the
-arm every period; docs/operations.md ("Cadence and the guard") says what that changes, and
-``tests/test_openpi.py`` compares the two clients at the same cadence.
-
-A request vlad answers with an error (a refused observation after the arm was reset, a
-hold, an e-stop) raises ``RuntimeError`` in the client; the arm then holds where it is for
-that step and the broker asks again on the next one.
+``[compat.openpi]`` as the transport of the one episode runner (:mod:`vlad.episodes`,
+:class:`OpenPILink`): a request whenever the chunk executor asks for a chunk, every
+``--exec-steps`` periods, which is the cadence of openpi's ``ActionChunkBroker``. The same
+seeds through the native client or in process are then comparable episode by episode
+(``tests/test_openpi.py``). A request vlad answers with an error (a hold, an e-stop, a
+refused observation) raises ``RuntimeError`` in the client; the runner then holds the arm
+where it is and asks again on the next tick.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import numpy as np
 
+from vlad.client import ActionChunk
+from vlad.contract import Contract
 from vlad.demo import sim
+from vlad.episodes import Frame, run_episode
 
 # The keys this demo's [compat.openpi] mapping names (tests and etc/vlad/demo-openpi.toml).
 IMAGE_KEY = "observation/image"
@@ -29,39 +30,95 @@ OPENPI_SETTINGS = [
     "compat.openpi.enabled=true",
     f"compat.openpi.cameras={{overhead='{IMAGE_KEY}'}}",
     f"compat.openpi.proprio=['{STATE_KEY}']",
-    # openpi clients send an observation only when their chunk runs out
-    # (every action_horizon periods): the stall monitor must allow for that.
-    "monitors.sensor_stall_periods=10",
 ]
 
 
-def connect(host: str, port: int, action_horizon: int = 4) -> Any:
-    from openpi_client.action_chunk_broker import ActionChunkBroker
+def connect(host: str, port: int) -> Any:
+    """openpi's own websocket client on vlad's endpoint (it waits for the server to answer)."""
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-    return ActionChunkBroker(WebsocketClientPolicy(host, port), action_horizon=action_horizon)
+    return WebsocketClientPolicy(host, port)
 
 
-def run_episode(policy: Any, task: sim.ReacherTask, seed: int, instruction: str, period_ns: int) -> dict:
-    """One real-time episode; ``policy`` is an openpi ``BasePolicy`` (the broker)."""
-    obs = task.reset(seed, instruction)
-    policy.reset()
-    held, errors, latencies = 0, [], []
-    timing = None  # the broker repeats (a copy of) the server timing for every step of a chunk
-    next_tick = time.monotonic_ns()
-    for _ in range(sim.EPISODE_STEPS):
-        t0 = time.monotonic_ns()
+class OpenPILink:
+    """openpi's ``WebsocketClientPolicy`` as the episode runner's transport (:mod:`vlad.episodes`):
+    one request when the chunk executor asks for a chunk (what openpi's ``ActionChunkBroker``
+    does every ``action_horizon`` steps), in real time; an error reply is no answer (the arm
+    holds), counted by reason in :attr:`errors`. The first request of an episode carries
+    ``reanchor`` (the reset's jump, ``compat.openpi.reanchor``)."""
+
+    realtime = True
+    streams = False
+
+    def __init__(self, policy: Any, period_ns: int, validity_ns: int) -> None:
+        self.policy = policy
+        self.period_ns = period_ns
+        self.validity_ns = validity_ns
+        self.errors: Counter[str] = Counter()
+        self._answer: ActionChunk | None = None
+
+    def tick(self) -> None:
+        pass  # the endpoint heartbeats for its clients
+
+    def send(self, frame: Frame, seq: int, t_sensor_ns: int, *, reanchor: bool, wanted: bool) -> None:
+        if not wanted:
+            return
+        obs: dict[str, Any] = {
+            IMAGE_KEY: frame.images["overhead"],
+            STATE_KEY: frame.proprio,
+            "prompt": frame.instruction,
+        }
+        if reanchor:
+            obs["reanchor"] = True
         try:
-            out = policy.infer({IMAGE_KEY: obs.image, STATE_KEY: obs.proprio, "prompt": instruction})
-            command = np.asarray(out["actions"], dtype=np.float64)
-            if out.get("server_timing") != timing:  # this step asked the server (a new infer_ms)
-                timing = out.get("server_timing")
-                latencies.append((time.monotonic_ns() - t0) / 1e6)
-        except RuntimeError as exc:  # vlad's error reply: hold where we are this step
-            errors.append(str(exc).splitlines()[-1])
-            command, held = obs.proprio[:2], held + 1
-        obs = task.step(command)
-        next_tick += period_ns
-        time.sleep(max(0.0, (next_tick - time.monotonic_ns()) / 1e9))
-    d = task.distance()
-    return {"success": d < sim.SUCCESS_RADIUS, "distance": d, "latencies": latencies, "held": held, "errors": errors}
+            out = self.policy.infer(obs)
+        except RuntimeError as exc:  # vlad's error reply: "vlad: <reason>: <what>"
+            last = str(exc).splitlines()[-1]
+            self.errors[last.removeprefix("vlad: ").split(":")[0]] += 1
+            return
+        now = time.monotonic_ns()
+        v = out.get("vlad", {})
+        self._answer = ActionChunk(
+            seq=seq, obs_seq=seq, t_sensor_ns=t_sensor_ns, t_issue_ns=now, valid_until_ns=t_sensor_ns + self.validity_ns,
+            period_ns=self.period_ns, release=str(v.get("release", "")), state=str(v.get("state", "")), source="release",
+            interventions=tuple(v.get("interventions", ())), timings_ms=dict(v.get("timings_ms", {})),
+            actions=np.asarray(out["actions"], np.float32), t_receive_ns=now,
+        )  # fmt: skip
+
+    def receive(self, seq: int, deadline_ns: int) -> list[ActionChunk]:
+        answer, self._answer = self._answer, None
+        return [answer] if answer is not None else []
+
+
+def run_episodes(args: Any, contract: Contract, port: int) -> int:
+    """``args.episodes`` episodes (alternating instructions) through openpi's client; prints each."""
+    period_ns = int(contract.timing.control_period_ms * 1e6)
+    link = OpenPILink(connect("127.0.0.1", port), period_ns, int(contract.timing.action_validity_ms * 1e6))
+    print(
+        f"demo: openpi's WebsocketClientPolicy on ws://127.0.0.1:{port}, a request every {args.exec_steps} periods\n",
+        flush=True,
+    )
+    ok = 0
+    with sim.ReacherTask(render=False) as task:
+        for i in range(args.episodes):
+            instruction = sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]
+            r = run_episode(
+                task,
+                link,
+                args.seed + i,
+                instruction,
+                period_ns=period_ns,
+                exec_steps=args.exec_steps,
+                chunk_length=contract.action.chunk_length,
+            )
+            ok += r.success
+            lat = np.asarray(r.latencies_ms) if r.latencies_ms else np.asarray([np.nan])
+            print(
+                f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r.success else 'miss   '}"
+                f"  final distance {r.final_distance * 1000:6.1f} mm   request p50 {np.median(lat):5.2f} ms"
+                f"  held {r.held}",
+                flush=True,
+            )
+    errors = ", ".join(f"{k} {v}" for k, v in link.errors.items()) or "none"
+    print(f"\ndemo: {ok}/{args.episodes} episodes succeeded through vlad's openpi endpoint; error replies: {errors}")
+    return 0

@@ -156,35 +156,29 @@ def export_release(model, contract, tokenizer, out: Path, fixtures_path: Path, l
 
 
 def evaluate_release(out: Path, episodes: int, log=print) -> dict:
-    """Closed-loop success of the exported ONNX policy, the expert and the no-motion baseline."""
-    import onnxruntime as ort
-
+    """Closed-loop success of the exported ONNX policy (ONNX Runtime, one thread, through the
+    serving cycle), the expert and the no-motion baseline, on the episode runner."""
     from vlad.contract import load_contract
     from vlad.demo import sim
-    from vlad.demo.evaluate import contract_policy, evaluate, fixed_seeds
+    from vlad.demo.evaluate import evaluate, expert_link, fixed_seeds, no_motion_link
+    from vlad.episodes import InProcessLink, contract_infer
+    from vlad.plugins import get_backend
     from vlad.processing import Tokenizer
 
     contract = load_contract(out / "contract.toml")
     tokenizer = Tokenizer.from_contract(contract)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(str(out / "policy.onnx"), opts, providers=["CPUExecutionProvider"])
-    out_names = [o.name for o in sess.get_outputs()]
-
-    def infer(inputs):
-        return dict(zip(out_names, sess.run(out_names, dict(inputs)), strict=True))
-
-    task = sim.ReacherTask(render=True)
+    session = get_backend("onnxruntime").load(out / "policy.onnx", contract, {"intra_op_threads": 1})
+    task = sim.ReacherTask(render=False)
     rows = []
     try:
-        makers = {
-            "policy": lambda: contract_policy(contract, tokenizer, infer),
-            "expert": lambda: sim.expert_policy(task),
-            "zero": lambda: sim.zero_policy(task),
+        links = {
+            "policy": InProcessLink.for_contract(contract, contract_infer(contract, tokenizer, session)),
+            "expert": expert_link(task, contract),
+            "zero": no_motion_link(contract),
         }
-        for name, make in makers.items():
+        for name, link in links.items():
             for instruction in sim.INSTRUCTIONS:
-                r = evaluate(task, make, name, instruction, fixed_seeds(episodes), progress=log)
+                r = evaluate(task, link, contract, name, instruction, fixed_seeds(episodes), progress=log)
                 log("eval: " + r.line())
                 rows.append(
                     {
@@ -198,6 +192,7 @@ def evaluate_release(out: Path, episodes: int, log=print) -> dict:
                 )
     finally:
         task.close()
+        session.close()
     return {
         "seeds": f"{fixed_seeds(episodes).start}..{fixed_seeds(episodes).stop - 1}",
         "success_radius_m": sim.SUCCESS_RADIUS,

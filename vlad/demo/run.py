@@ -1,23 +1,33 @@
 """The demo: ``vlad serve`` on the embedded demo release, a simulated robot as controller.
 
-The MuJoCo arm runs in real time at the contract's control period. Every period it
-captures a frame and its joint state, publishes them through :mod:`vlad.client`, sends a
-heartbeat, takes the newest fresh action chunk and executes the waypoint for the current
-time (holding position when it has none). Between episodes it prints what happened; at
-the end the success rate, the latency the controller saw, and ``vladctl status``.
+The MuJoCo arm runs in real time at the contract's control period, driven by the episode
+runner (:mod:`vlad.episodes`): every period it publishes its camera frame, joint state and
+instruction through :mod:`vlad.client` and sends a heartbeat, executes a chunk for
+``--exec-steps`` periods before switching to the answer to its newest observation, and
+holds position when it has nothing valid. After the episodes through vlad it runs the same
+seeds with the same release in its own process and prints both success rates (the
+fidelity check: with the same seeds and noise, an episode differs only where serving
+changed something), the latency the controller saw, and ``vladctl status``.
 
-    ./scripts/demo [--episodes 10] [--config etc/vlad/demo.toml] [--no-daemon-log] [--remote] [--openpi]
+    ./scripts/demo [--episodes 10] [--config etc/vlad/demo.toml] [--no-daemon-log] [--remote] [--openpi [--port 8000]]
 
 ``--remote`` serves the policy from a real KServe v2 server on 127.0.0.1 instead
-(:mod:`vlad_kserve.demo`; local ONNX Runtime is its fallback). ``--openpi`` drives the arm
-with openpi's own client through vlad's openpi-compatible endpoint (:mod:`vlad.demo.openpi`).
+(:mod:`vlad_kserve.demo`; local ONNX Runtime is its fallback), from a release copy in a
+temporary folder. ``--openpi`` drives the arm with openpi's own client through vlad's
+openpi-compatible endpoint on 127.0.0.1:``--port`` (:mod:`vlad.demo.openpi`).
+
+However the demo ends (done, an error, Ctrl-C, SIGTERM) it stops what it started (the
+daemon, the v2 server) and removes its temporary folder; errors are one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,8 +40,10 @@ import numpy as np
 
 from vlad.cli.daemon import format_status
 from vlad.client import Client, ClientError
-from vlad.config import load_config
+from vlad.config import Config, load_config
 from vlad.demo import sim
+from vlad.episodes import DaemonLink, EpisodeLog, InProcessLink, compare, contract_infer, run_episode
+from vlad.release.loading import LoadedPolicy, PolicySource, load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENPI_PORT = 8000  # openpi's default
@@ -44,11 +56,12 @@ def start_daemon(config: Path, quiet: bool, settings: list[str] | None = None) -
     return subprocess.Popen([str(vlad), "serve", "--config", str(config), *sets], stdout=out, stderr=out)
 
 
-def wait_ready(client: Client, proc: subprocess.Popen, timeout: float = 90.0) -> dict:
+def wait_ready(client: Client, proc: subprocess.Popen, timeout: float = 90.0, quiet: bool = False) -> dict:
+    why = "; run it without --no-daemon-log to see why" if quiet else " (its log is above)"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"demo: vlad exited with status {proc.returncode} before it was ready")
+            raise SystemExit(f"demo: vlad exited with status {proc.returncode} before it was ready{why}")
         try:
             st = client.status(timeout_ms=500)
             if st["state"] == "ACTIVE":
@@ -56,57 +69,44 @@ def wait_ready(client: Client, proc: subprocess.Popen, timeout: float = 90.0) ->
         except ClientError:
             pass
         time.sleep(0.2)
-    raise SystemExit("demo: vlad did not become ready in time")
+    raise SystemExit(f"demo: vlad did not become ready within {timeout:.0f} s{why}")
 
 
-def run_episode(
-    client: Client, task: sim.ReacherTask, seed: int, instruction: str, period_ns: int, exec_steps: int = 4
-) -> dict:
-    """One real-time episode. vlad answers every observation, but like the policy was
-    trained (and like pi0 executes its chunks), the controller commits to a chunk for
-    ``exec_steps`` periods before taking the newest one: replanning every period lets a
-    flow-matching policy switch between modes (here: the two goals) on fresh noise."""
-    obs = task.reset(seed, instruction)
-    chunk = None
-    latencies, held = [], 0
-    first_seq = None
-    next_tick = time.monotonic_ns()
-    for _ in range(sim.EPISODE_STEPS):
-        t_sensor = time.monotonic_ns()
-        assert obs.image is not None  # the demo's task renders every step
-        seq = client.publish_observation(
-            {"overhead": obs.image}, proprio=obs.proprio, instruction=instruction, t_sensor_ns=t_sensor
-        )
-        first_seq = seq if first_seq is None else first_seq
-        client.heartbeat()
-        # Wait for this observation's chunk until shortly before the period ends; keep
-        # executing the previous one if it does not come in time.
-        newest = client.recv_actions(timeout_ms=max(1, int((next_tick + period_ns * 0.8 - time.monotonic_ns()) / 1e6)))
-        while newest is not None and newest.obs_seq < seq:
-            more = client.recv_actions(
-                timeout_ms=max(0, int((next_tick + period_ns * 0.8 - time.monotonic_ns()) / 1e6))
-            )
-            if more is None:
-                break
-            newest = more
-        now = time.monotonic_ns()
-        if newest is not None and newest.obs_seq < first_seq:
-            # Computed before the reset (e.g. a hold of the old pose): never executed. vlad
-            # refuses the jump of the reset arm until a few observations confirm it.
-            newest = None
-        if newest is not None:
-            if newest.obs_seq == seq:
-                latencies.append((newest.t_receive_ns - newest.t_sensor_ns) / 1e6)
-            if chunk is None or chunk.is_stale(now) or (now - chunk.t_sensor_ns) // period_ns >= exec_steps:
-                chunk = newest
-        command = chunk.action_at(now) if chunk is not None else None
-        if command is None:  # nothing fresh to execute: hold where we are
-            command, held = obs.proprio[:2], held + 1
-        obs = task.step(np.asarray(command, dtype=np.float64))
-        next_tick += period_ns
-        time.sleep(max(0.0, (next_tick - time.monotonic_ns()) / 1e9))
-    d = task.distance()
-    return {"success": d < sim.SUCCESS_RADIUS, "distance": d, "latencies": latencies, "held": held}
+def port_number(text: str) -> int:
+    """``--port``: a TCP port, 1..65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1..65535)")
+    return port
+
+
+def check_port_free(port: int) -> None:
+    """One line and exit when 127.0.0.1:``port`` is taken, before anything is started (the
+    daemon would refuse to start on it)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the endpoint binds: a closed port is free
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise SystemExit(
+                f"demo: port {port} on 127.0.0.1 is not free ({exc.strerror or exc}); pass --port with a free one"
+            ) from None
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP: end the demo the way Ctrl-C does, through every cleanup (a
+    BaseException like KeyboardInterrupt, so no `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,38 +125,119 @@ def main(argv: list[str] | None = None) -> int:
         "--openpi",
         action="store_true",
         help="drive the arm with openpi's client (WebsocketClientPolicy + ActionChunkBroker) through "
-        "vlad's openpi-compatible endpoint on 127.0.0.1:8000",
+        "vlad's openpi-compatible endpoint on 127.0.0.1:PORT",
+    )
+    ap.add_argument(
+        "--port", type=port_number, default=OPENPI_PORT, help="with --openpi: the endpoint's port (default %(default)s)"
     )
     args = ap.parse_args(argv)
 
-    server = None
-    if args.remote:
-        from vlad_kserve.demo import start_remote_demo
-
-        args.config, server = start_remote_demo(args.config, Path(tempfile.mkdtemp(prefix="vlad-demo-remote-")))
+    previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
+        return run_with_cleanup(args)
+    except KeyboardInterrupt:
+        print("demo: interrupted; vlad is stopped and nothing is left behind", file=sys.stderr)
+        return 130
+    except Stopped as exc:
+        print(f"demo: stopped by {signal.Signals(exc.signum).name}; nothing is left behind", file=sys.stderr)
+        return 128 + exc.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_with_cleanup(args: argparse.Namespace) -> int:
+    """The demo, then (on every way out) its processes stopped and its temporary folder removed."""
+    if args.openpi:
+        check_port_free(args.port)
+    workdir: Path | None = None
+    server: subprocess.Popen | None = None
+    try:
+        if args.remote:
+            workdir = Path(tempfile.mkdtemp(prefix="vlad-demo-remote-"))
+            args.config, server = start_remote(args.config, workdir)
         return run_demo(args)
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait(10)
+        # A second Ctrl-C must not leave a server or a daemon running: finish this first.
+        masked = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            stop(server)
+            stop_children()  # a v2 server interrupted while starting, or a daemon left by one
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+        finally:
+            for sig, handler in masked.items():
+                signal.signal(sig, handler)
+
+
+def start_remote(config: Path, workdir: Path) -> tuple[Path, subprocess.Popen]:
+    """:func:`vlad_kserve.demo.start_remote_demo`, its daemon config written into ``workdir``;
+    when the server fails, its one-line error carries the last line of the server's log (the
+    folder holding the log is removed)."""
+    from vlad.testing import config_toml
+    from vlad_kserve.demo import start_remote_demo
+
+    try:
+        remote, server = start_remote_demo(config, workdir)
+    except SystemExit as exc:
+        message = str(exc.code).split("; see ")[0]
+        log = workdir / "server.log"
+        lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+        raise SystemExit(f"{message}: {lines[-1].strip()}" if lines else message) from None
+    path = workdir / "vlad-remote.toml"
+    path.write_text(
+        "# Written by ./scripts/demo --remote: the demo policy on a local KServe v2 server.\n" + config_toml(remote)
+    )
+    print(f"demo: remote demo config {path}", flush=True)
+    return path, server
+
+
+def stop(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+
+
+def stop_children(timeout: float = 10.0) -> None:
+    """Terminate (then kill) every process this demo started that still runs."""
+    import psutil
+
+    children = psutil.Process().children()
+    for child in children:
+        child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=timeout)
+    for child in alive:
+        child.kill()
+
+
+def load_in_process(cfg: Config) -> LoadedPolicy:
+    """The release the daemon serves, loaded in this process too (verified the same way)."""
+    r = cfg.release
+    keys = r.keys_dir if r.verify else None
+    return load_policy(PolicySource(Path(r.path), keys, r.backend, r.artifact, r.options, r.site_options), warmup=2)
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Start the daemon on ``args.config``, run the episodes, print what happened."""
+    """Start the daemon on ``args.config``, run the episodes through it and the same seeds in
+    process, print what happened."""
     cfg = load_config(args.config)
     print(f"demo: starting vlad serve --config {args.config}", flush=True)
     openpi = getattr(args, "openpi", False)
     if openpi:
         from vlad.demo import openpi as demo_openpi
 
-        settings = [*demo_openpi.OPENPI_SETTINGS, f"compat.openpi.listen='127.0.0.1:{OPENPI_PORT}'"]
+        settings = [*demo_openpi.OPENPI_SETTINGS, f"compat.openpi.listen='127.0.0.1:{args.port}'"]
         cfg = load_config(args.config, settings)
     proc = start_daemon(args.config, args.no_daemon_log, settings if openpi else None)
     client = Client.from_config(cfg, name="mujoco-reacher")
-    results = []
+    served: list[EpisodeLog] = []
     try:
-        st = wait_ready(client, proc)
+        st = wait_ready(client, proc, quiet=args.no_daemon_log)
         period_ns = int(st["control_period_ms"] * 1e6)
         print(f"demo: vlad is {st['state']}: {st['release']} on {st['backend']['name']} ({st['backend']['runtime']})")
         print(
@@ -164,47 +245,55 @@ def run_demo(args: argparse.Namespace) -> int:
             f" success = fingertip within {sim.SUCCESS_RADIUS * 1000:.0f} mm of the goal at the end\n",
             flush=True,
         )
-        policy = None
         if openpi:
-            policy = demo_openpi.connect("127.0.0.1", OPENPI_PORT, action_horizon=args.exec_steps)
-            print(
-                f"demo: openpi's WebsocketClientPolicy + ActionChunkBroker(action_horizon={args.exec_steps}) on "
-                f"ws://127.0.0.1:{OPENPI_PORT}\n",
-                flush=True,
-            )
-        with sim.ReacherTask(render=True) as task:
-            for i in range(args.episodes):
-                instruction = sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]
-                if policy is not None:
-                    r = demo_openpi.run_episode(policy, task, args.seed + i, instruction, period_ns)
-                else:
-                    r = run_episode(client, task, args.seed + i, instruction, period_ns, args.exec_steps)
-                results.append(r)
-                lat = np.asarray(r["latencies"]) if r["latencies"] else np.asarray([np.nan])
+            from vlad.contract import load_contract
+
+            return demo_openpi.run_episodes(args, load_contract(Path(cfg.release.path) / "contract.toml"), args.port)
+        local = load_in_process(cfg)
+        contract = local.contract
+        run = functools.partial(
+            run_episode, period_ns=period_ns, exec_steps=args.exec_steps, chunk_length=contract.action.chunk_length
+        )
+        plan = [(args.seed + i, sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]) for i in range(args.episodes)]
+        with sim.ReacherTask(render=False) as task:
+            link = DaemonLink(client)
+            for i, (seed, instruction) in enumerate(plan):
+                r = run(task, link, seed, instruction, label="through vlad")
+                served.append(r)
+                lat = np.asarray(r.latencies_ms) if r.latencies_ms else np.asarray([np.nan])
+                holds = sum(r.holds_adopted.values())
                 print(
-                    f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r['success'] else 'miss   '}"
-                    f"  final distance {r['distance'] * 1000:6.1f} mm   sensor->action p50 {np.median(lat):5.2f} ms"
-                    f"  max {lat.max():5.2f} ms   held {r['held']}",
+                    f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r.success else 'miss   '}"
+                    f"  final distance {r.final_distance * 1000:6.1f} mm   sensor->action p50 {np.median(lat):5.2f} ms"
+                    f"  max {lat.max():5.2f} ms   late {len(r.late)}  holds {holds}",
                     flush=True,
                 )
-        all_lat = np.concatenate([np.asarray(r["latencies"]) for r in results if r["latencies"]] or [np.zeros(1)])
-        ok = sum(r["success"] for r in results)
+            status = format_status(client.status())
+            print("\ndemo: the same seeds with the same release in this process (no daemon) ...", flush=True)
+            inproc = InProcessLink.for_contract(contract, contract_infer(contract, local.tokenizer, local.session))
+            reference = [run(task, inproc, seed, instruction, label="in process") for seed, instruction in plan]
+        local.session.close()
+        all_lat = np.concatenate([np.asarray(r.latencies_ms) for r in served if r.latencies_ms] or [np.zeros(1)])
+        ok, ref_ok = sum(r.success for r in served), sum(r.success for r in reference)
+        pairs = [compare(a, b) for a, b in zip(reference, served, strict=True)]
+        same = sum(p["first_divergence"] is None for p in pairs)
+        flips = [f"{p['seed']} {'lost' if p['reference'] else 'gained'} ({p['why']})" for p in pairs if p["flipped"]]
         print(
-            f"\ndemo: {ok}/{len(results)} episodes succeeded; latency seen by the controller (sensor -> action received):"
+            f"\ndemo: through vlad {ok}/{len(served)} episodes succeeded, in process {ref_ok}/{len(reference)} "
+            f"(same seeds, same noise); {same} of {len(pairs)} episodes identical tick for tick"
+            + (f"; flipped: {', '.join(flips)}" if flips else "")
+        )
+        print(
+            "demo: latency seen by the controller (sensor -> action received):"
             f" p50 {np.percentile(all_lat, 50):.2f} ms, p95 {np.percentile(all_lat, 95):.2f} ms,"
             f" p99 {np.percentile(all_lat, 99):.2f} ms over {len(all_lat)} chunks\n"
         )
-        print("vladctl status:")
-        print(format_status(client.status()))
+        print("vladctl status (after the episodes through vlad):")
+        print(status)
     finally:
         client.close()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    return 0 if results else 1
+        stop(proc)
+    return 0 if served else 1
 
 
 if __name__ == "__main__":

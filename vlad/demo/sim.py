@@ -9,8 +9,9 @@ The robot is Gymnasium's ``Reacher-v5``: a 2-joint planar arm, one ``env.step`` 
 * Actions are absolute joint POSITION targets (rad) for ``[joint0, joint1]``; the robot side
   turns them into torques with a joint PD controller run once per control period
   (the policy never commands torques).
-* Policies return *chunks* of future waypoints (``float32[H, 2]``); :func:`run_episode`
-  executes the first few and re-queries (receding horizon).
+* Policies return *chunks* of future waypoints (``float32[H, 2]``); the episode runner
+  (:mod:`vlad.episodes`) executes the first few and asks again (receding horizon).
+  :class:`ReacherTask` is the runner's :class:`~vlad.episodes.Task`.
 
 Run ``python -m vlad.demo.sim --episodes 50`` to evaluate the scripted expert and the
 no-motion baseline.
@@ -26,13 +27,16 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import argparse
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import gymnasium as gym
 import mujoco
 import numpy as np
+
+from vlad.episodes import Frame
 
 if TYPE_CHECKING:
     from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
@@ -46,19 +50,14 @@ __all__ = [
     "KP",
     "RATE_LIMIT",
     "SUCCESS_RADIUS",
-    "EpisodeResult",
     "Observation",
-    "Policy",
     "ReacherTask",
     "Sample",
     "collect_demonstrations",
     "expert_chunk",
-    "expert_policy",
     "forward_kinematics",
     "goal_for",
     "inverse_kinematics",
-    "run_episode",
-    "zero_policy",
 ]
 
 INSTRUCTIONS: tuple[str, str] = ("reach the red target", "reach the point opposite the red target")
@@ -110,15 +109,6 @@ class Observation:
 
 
 @dataclass(frozen=True)
-class EpisodeResult:
-    """Outcome of one closed-loop episode."""
-
-    success: bool
-    final_distance: float
-    steps: int
-
-
-@dataclass(frozen=True)
 class Sample:
     """One behaviour-cloning training sample: observation + expert action chunk."""
 
@@ -128,9 +118,6 @@ class Sample:
     chunk: np.ndarray  # float32[H, 2] absolute joint position waypoints q_{t+1}..q_{t+H}
     episode: int  # seed of the episode the sample came from
     t: int  # control step within the episode
-
-
-Policy = Callable[[Observation], np.ndarray]
 
 
 def _wrap(a: np.ndarray | float) -> np.ndarray | float:
@@ -340,6 +327,26 @@ class ReacherTask:
         self.t += 1
         return self._obs(render)
 
+    # -- the episode runner's Task (vlad.episodes) ---------------------------------------
+
+    steps = EPISODE_STEPS
+    camera = "overhead"  # the demo contract's camera
+
+    def observe(self, render: bool) -> Frame:
+        """What the controller sends now: the camera frame (when ``render``), joint state and instruction."""
+        q, qd = self.state()
+        images = {self.camera: self.render()} if render else {}
+        return Frame(images, np.concatenate([q, qd]).astype(np.float32), self._instruction)
+
+    def hold(self) -> np.ndarray:
+        """The command that holds the arm where it is: its measured joint positions."""
+        return self._u.data.qpos[:2].copy()
+
+    def outcome(self) -> tuple[bool, float]:
+        """(success, final fingertip-to-goal distance in metres)."""
+        d = self.distance()
+        return d < SUCCESS_RADIUS, d
+
     def render(self) -> np.ndarray:
         """Current camera frame, uint8 HxWx3 RGB."""
         return np.ascontiguousarray(self._env.render())
@@ -355,63 +362,7 @@ class ReacherTask:
         self.close()
 
 
-# -- policies and episodes ------------------------------------------------------------
-
-
-def expert_policy(task: ReacherTask, horizon: int = CHUNK_HORIZON) -> Policy:
-    """Privileged policy: :func:`expert_chunk` toward the task's true goal."""
-
-    def policy(obs: Observation) -> np.ndarray:
-        return expert_chunk(obs.proprio[:2], task.goal, horizon)
-
-    return policy
-
-
-def zero_policy(task: ReacherTask, horizon: int = CHUNK_HORIZON) -> Policy:
-    """Baseline "no motion": hold the joint positions where the episode started.
-
-    With position-target actions, commanding all zeros would *move* the arm (to q=0),
-    which is not a neutral baseline; holding the initial pose is. It succeeds only when
-    the goal happens to lie under the starting fingertip.
-    """
-
-    def policy(obs: Observation) -> np.ndarray:
-        return np.tile(task.initial_q.astype(np.float32), (horizon, 1))
-
-    return policy
-
-
-def run_episode(
-    task: ReacherTask,
-    policy: Policy,
-    seed: int,
-    instruction: str,
-    exec_steps: int = 4,
-    steps: int = EPISODE_STEPS,
-) -> EpisodeResult:
-    """Run one closed-loop episode with receding-horizon chunk execution.
-
-    The policy is queried with the current observation, the first ``exec_steps`` waypoints
-    of its chunk are executed (one per control period), then it is queried again, for
-    ``steps`` periods in total. Only the observations handed to the policy are rendered
-    (when the task renders at all). Success = fingertip within SUCCESS_RADIUS of the goal
-    at the final step.
-    """
-    if exec_steps < 1:
-        raise ValueError("exec_steps must be >= 1")
-    obs = task.reset(seed, instruction)
-    t = 0
-    while t < steps:
-        chunk = np.asarray(policy(obs), dtype=np.float64).reshape(-1, 2)
-        n = min(exec_steps, len(chunk), steps - t)
-        if n == 0:
-            raise ValueError("policy returned an empty chunk")
-        for i in range(n):
-            last = i == n - 1
-            obs = task.step(chunk[i], render=None if last else False)
-            t += 1
-    d = task.distance()
-    return EpisodeResult(success=d < SUCCESS_RADIUS, final_distance=d, steps=t)
+# -- demonstrations --------------------------------------------------------------------
 
 
 def collect_demonstrations(
@@ -471,32 +422,6 @@ def collect_demonstrations(
 # -- CLI --------------------------------------------------------------------------------
 
 
-def evaluate(
-    n_episodes: int,
-    seed0: int = 0,
-    exec_steps: int = 4,
-    kp: float = KP,
-    kd: float = KD,
-    progress: bool = True,
-) -> dict[tuple[str, str], list[EpisodeResult]]:
-    """Evaluate the expert and the zero baseline for each instruction over seeded episodes."""
-    task = ReacherTask(render=False, kp=kp, kd=kd)
-    results: dict[tuple[str, str], list[EpisodeResult]] = {}
-    try:
-        for name, make in (("expert", expert_policy), ("zero", zero_policy)):
-            policy = make(task)
-            for instruction in INSTRUCTIONS:
-                rs = results.setdefault((name, instruction), [])
-                for s in range(seed0, seed0 + n_episodes):
-                    rs.append(run_episode(task, policy, s, instruction, exec_steps))
-                    if progress and (len(rs) % 10 == 0 or len(rs) == n_episodes):
-                        ok = sum(r.success for r in rs)
-                        print(f"  {name:6s} {instruction!r}: {len(rs)}/{n_episodes} episodes, {ok} ok", flush=True)
-    finally:
-        task.close()
-    return results
-
-
 def _timing(n: int = 200) -> tuple[float, float]:
     """Mean ms per control step without and with rendering."""
     out = []
@@ -531,13 +456,11 @@ def _write_png(path: str, img: np.ndarray) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: evaluate expert vs. zero baseline; optionally dump a frame."""
+    """CLI: evaluate the expert and the no-motion baseline on the episode runner; optionally dump a frame."""
     ap = argparse.ArgumentParser(prog="python -m vlad.demo.sim", description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=50, help="episodes per policy and instruction")
     ap.add_argument("--seed0", type=int, default=0)
     ap.add_argument("--exec-steps", type=int, default=4, help="waypoints executed per chunk")
-    ap.add_argument("--kp", type=float, default=KP)
-    ap.add_argument("--kd", type=float, default=KD)
     ap.add_argument("--png", metavar="PATH", help="write the first frame of seed0 to PATH and exit")
     ap.add_argument("--no-timing", action="store_true", help="skip the per-step timing")
     args = ap.parse_args(argv)
@@ -550,15 +473,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.png}")
         return 0
 
+    from vlad.contract import load_contract
+    from vlad.demo.evaluate import evaluate, expert_link, no_motion_link
+
+    contract = load_contract(Path(__file__).resolve().parents[2] / "manifests" / "demo" / "contract.toml")
     t0 = time.perf_counter()
-    print(f"evaluating {args.episodes} episodes per policy x instruction (kp={args.kp}, kd={args.kd})", flush=True)
-    results = evaluate(args.episodes, args.seed0, args.exec_steps, args.kp, args.kd)
-    print()
-    print(f"{'policy':8s} {'instruction':42s} {'success':>9s} {'mean dist':>10s} {'max dist':>9s}")
-    for (name, instruction), rs in results.items():
-        d = np.array([r.final_distance for r in rs])
-        rate = np.mean([r.success for r in rs])
-        print(f"{name:8s} {instruction:42s} {rate:9.1%} {d.mean():9.4f}m {d.max():8.4f}m")
+    print(f"evaluating {args.episodes} episodes per policy x instruction", flush=True)
+    with ReacherTask(render=False) as task:
+        for name, link in (("expert", expert_link(task, contract)), ("zero", no_motion_link(contract))):
+            for instruction in INSTRUCTIONS:
+                seeds = range(args.seed0, args.seed0 + args.episodes)
+                print(evaluate(task, link, contract, name, instruction, seeds, args.exec_steps).line(), flush=True)
     print(f"\nevaluation took {time.perf_counter() - t0:.1f}s")
     if not args.no_timing:
         no_r, with_r = _timing()

@@ -2,7 +2,8 @@
 
     vladctl gate CANDIDATE --baseline BASELINE --report DIR [--plan gates.toml] [--record]
     vladctl gate manifests/demo --baseline manifests/demo --plan etc/vlad/demo-gates.toml --report out/
-    vladctl record OUT.mcap --release manifests/demo --episodes 4        # demo episodes, controller tap
+    vladctl record --out REC.mcap [--seconds 60] [--max-bytes B]        # a running daemon, through its tap
+    vladctl record --out REC.mcap --demo manifests/demo --episodes 4     # demo episodes, controller tap
     vladctl replay RECORDING.mcap --release CANDIDATE [--baseline BASELINE]
     vladctl evidence RELEASE                                             # what deploy would refuse
 
@@ -60,21 +61,37 @@ def add_gate_commands(subparsers: Any) -> None:
     p.add_argument("--perf-calls", type=int, help="warm steady-state observations (stress scenarios get a third)")
     p.add_argument("--bursts", type=int, help="observation bursts")
     p.add_argument("--episodes", type=int, help="closed-loop episodes per instruction and policy")
-    p.add_argument("--no-hog", action="store_true", help="skip the CPU-hog scenario")
+    p.add_argument(
+        "--max-fidelity-drop",
+        type=float,
+        help="closed loop: success rate through vlad at most this much below in process (0.03 = 3 points)",
+    )
+    p.add_argument(
+        "--no-hog", action="store_true", help="skip the CPU-hog scenarios (performance, closed-loop fidelity)"
+    )
     p.add_argument("--no-html", action="store_true", help="write report.json only")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--json", action="store_true", help="print the report's verdicts as JSON")
     p.set_defaults(func=cmd_gate)
 
-    p = subparsers.add_parser("record", help="record observations, action chunks and state to MCAP")
-    p.add_argument("out", help="MCAP file to write")
-    p.add_argument(
-        "--release", default="manifests/demo", help="release served for the demo episodes (default: %(default)s)"
+    p = subparsers.add_parser(
+        "record",
+        help="record a running daemon (observations, chunks, status, events) to MCAP",
+        description="Attach to the running daemon's recording tap and write what it receives and publishes "
+        "to an MCAP file (vladctl replay and the equivalence gate read it). With --demo, serve a release "
+        "and record demo episodes through a controller-side tap instead.",
     )
-    p.add_argument("--episodes", type=int, default=4, help="demo episodes, alternating the instructions")
-    p.add_argument("--seed", type=int, default=20_000)
-    p.add_argument("--max-mb", type=float, default=100.0, help="stop at this much message data (MiB)")
-    p.add_argument("--max-s", type=float, default=600.0, help="stop after this many seconds")
+    p.add_argument("--out", required=True, help="MCAP file to write")
+    p.add_argument("--seconds", type=float, default=60.0, help="stop this long after the first message")
+    p.add_argument("--max-bytes", type=int, default=100 * 2**20, help="stop at this much message data")
+    p.add_argument("--config", default="/etc/vlad/vlad.toml", help="daemon config, for the control endpoint")
+    p.add_argument("--endpoint", help="control endpoint (overrides the config)")
+    p.add_argument("--timeout-ms", type=int, default=2000)
+    p.add_argument("--curve-key", help="CurveZMQ: this client's secret key file (tcp:// endpoints)")
+    p.add_argument("--curve-server-key", help="CurveZMQ: the daemon's public key file (tcp:// endpoints)")
+    p.add_argument("--demo", metavar="RELEASE", help="serve RELEASE and record demo episodes instead")
+    p.add_argument("--episodes", type=int, default=4, help="--demo: episodes, alternating the instructions")
+    p.add_argument("--seed", type=int, default=20_000, help="--demo: first episode seed")
     p.set_defaults(func=cmd_record)
 
     p = subparsers.add_parser("replay", help="replay a recording through a release and compare its actions")
@@ -101,7 +118,12 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     perf = {"warm_calls": args.perf_calls, "bursts": args.bursts, "cpu_hog": False if args.no_hog else None}
     if args.perf_calls is not None:
         perf["shape_switch_calls"] = max(3, min(20, args.perf_calls // 20))
-    return {"equivalence": eq, "performance": perf, "closed_loop": {"episodes": args.episodes}}
+    closed = {
+        "episodes": args.episodes,
+        "max_fidelity_drop": args.max_fidelity_drop,
+        "fidelity_under_hog": False if args.no_hog else None,
+    }
+    return {"equivalence": eq, "performance": perf, "closed_loop": closed}
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -150,27 +172,62 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    """Serve a release and record real-time demo episodes through a controller-side tap."""
-    from vlad.gates.closed_loop import record_demo
+    """Record the running daemon through its tap (or, with ``--demo``, demo episodes)."""
     from vlad.gates.runner import console_progress
-    from vlad.gates.subject import open_subject
 
-    stats = record_demo(
-        open_subject(args.release),
-        Path(args.out),
-        args.episodes,
-        max_bytes=int(args.max_mb * 2**20),
-        max_seconds=args.max_s,
-        seed=args.seed,
-        progress=console_progress(),
-    )
+    progress = console_progress(stream=sys.stderr)
+    if args.demo:
+        from vlad.gates.closed_loop import record_demo
+        from vlad.gates.subject import open_subject
+
+        stats = record_demo(
+            open_subject(args.demo),
+            Path(args.out),
+            args.episodes,
+            max_bytes=args.max_bytes,
+            max_seconds=args.seconds,
+            seed=args.seed,
+            progress=progress,
+        )
+    else:
+        from vlad.gates.live import record_daemon
+
+        stats = record_daemon(
+            _control_endpoint(args),
+            args.out,
+            seconds=args.seconds,
+            max_bytes=args.max_bytes,
+            curve=_curve(args),
+            timeout_ms=args.timeout_ms,
+            progress=progress,
+        )
     size = Path(args.out).stat().st_size
+    dropped = f"{stats['dropped']} dropped" + (
+        f", {stats['daemon_dropped']} dropped by the daemon" if stats.get("daemon_dropped") else ""
+    )
     print(
         f"wrote {args.out}: {stats['observations']} observations, {stats['actions']} action chunks, "
-        f"{stats['states']} states, {stats['dropped']} dropped, {size / 1024:.0f} KiB"
+        f"{stats['states']} states, {stats.get('events', 0)} events, {dropped}, {size / 1024:.0f} KiB"
         + (f"; stopped: {stats['stop_reason']}" if stats["stop_reason"] else "")
     )
     return 0
+
+
+def _control_endpoint(args: argparse.Namespace) -> str:
+    if args.endpoint:
+        return str(args.endpoint)
+    from vlad.config import load_config
+
+    path = Path(args.config)
+    return load_config(path if path.exists() else None).sockets.control
+
+
+def _curve(args: argparse.Namespace) -> tuple[bytes, bytes, bytes] | None:
+    if not args.curve_key:
+        return None
+    from vlad.client import load_curve
+
+    return load_curve((args.curve_key, args.curve_server_key))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -181,7 +238,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from vlad.gates.subject import open_subject
 
     cand = open_subject(args.release)
-    rec = read_recording(args.recording, limit=args.limit)
+    rec = read_recording(args.recording, limit=args.limit).usable()
     engine = load_engine(cand, Engine("candidate", cand.serving, required=True))
     base = None
     if args.baseline:
@@ -194,6 +251,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if base is not None:
             base.close()
     d = result.to_dict()
+    d["refused"] = rec.refused
     if args.json:
         print(json.dumps(d, indent=2))
         return 0
@@ -201,6 +259,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         f"replayed {d['observations']} observations of {args.recording} through {cand.id} "
         f"({cand.serving.backend}); {d['chunks_compared']} chunks compared with the recording"
     )
+    if rec.refused:
+        print(f"  skipped {rec.refused} observations the daemon refused (e.g. {rec.refusals[0]})")
     print(
         f"  guarded actions vs recorded: max abs per joint {_fmt(d['vs_recorded_max_abs_per_joint'])}; "
         f"interventions differing: {d['intervention_flips_vs_recorded']}"

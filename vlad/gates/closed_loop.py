@@ -1,30 +1,51 @@
-"""Closed-loop gate: seeded episodes of the simulated task through the real daemon.
+"""Closed-loop gate: seeded episodes of the simulated task, through the real daemon and in process.
 
-Candidate and baseline each serve from their own ``vlad serve`` process; a controller
-drives the MuJoCo arm in real time at the contract's control period (:mod:`vlad.gates.controller`).
-Per instruction: success rate with its Wilson interval, final distances; over the run:
-guard interventions and safety events (bound violations, deadline misses, fallbacks,
-hold chunks). The no-motion baseline (hold the starting pose) runs on the same seeds.
+Every episode runs on the one runner, :func:`vlad.episodes.run_episode`: the candidate and
+the baseline each serve from their own ``vlad serve`` process (:class:`~vlad.episodes.DaemonLink`,
+real time at the contract's control period), and the candidate's artifact also runs in
+this process (:class:`~vlad.episodes.InProcessLink`) on the same seeds. Observation
+sequence numbers, and so the contract's noise, are the same on both links: the two
+episodes on one seed are identical unless serving changed something, and the report lists
+every seed whose outcome flipped with the first tick that differed and why (a late answer,
+a hold, a guard intervention).
 
-Thresholds (plan ``[closed_loop]``): on *every* instruction the candidate succeeds in at
-least ``min_success_rate`` of the episodes, beats no motion by ``min_margin_over_no_motion``
-and is not more than ``max_regression_vs_baseline`` below the baseline; out-of-bounds
-chunks, fallbacks and the deadline-miss rate stay within their limits.
+Per instruction: success rate with its Wilson interval, final distances; the candidate
+must succeed in at least ``min_success_rate`` of the episodes, beat no motion by
+``min_margin_over_no_motion``, stay within ``max_regression_vs_baseline`` of the baseline
+and, through vlad, within ``max_fidelity_drop`` of itself in process (**fidelity**), on a
+quiet machine and again beside a CPU hog (``fidelity_under_hog``). Over the run:
+out-of-bounds chunks, fallbacks and the deadline-miss rate stay within their limits.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlad.gates.controller import Controller, EpisodeLog, run_episode
-from vlad.gates.launcher import RunningDaemon
+from vlad.episodes import (
+    DaemonLink,
+    EpisodeLog,
+    InProcessLink,
+    Link,
+    NoMotionLink,
+    Task,
+    compare,
+    contract_infer,
+    run_episode,
+)
+from vlad.gates.launcher import serve
 from vlad.gates.metrics import percentiles, wilson_interval
 from vlad.gates.plan import ClosedLoopPlan, GatePlan
 from vlad.gates.results import GateError, GateResult, check
 from vlad.gates.subject import Subject
 
-TASKS = ("reacher",)
+# The simulated tasks: the demo's Reacher with both instructions, and with only the first
+# (policies without a language input, e.g. a LeRobot ACT trained on that one).
+TASKS = ("reacher", "reacher-target")
 
 
 def task_instructions(name: str) -> tuple[str, ...]:
@@ -33,15 +54,15 @@ def task_instructions(name: str) -> tuple[str, ...]:
         raise GateError(f"closed_loop.task = {name!r}: unknown task (known: {', '.join(TASKS)})")
     from vlad.demo import sim
 
-    return sim.INSTRUCTIONS
+    return sim.INSTRUCTIONS if name == "reacher" else sim.INSTRUCTIONS[:1]
 
 
-def make_task(name: str, render: bool = True):
-    """The simulated task and its instructions; only the demo's Reacher exists so far."""
+def make_task(name: str) -> tuple[Any, tuple[str, ...]]:
+    """The simulated task (a :class:`vlad.episodes.Task`) and its instructions."""
     instructions = task_instructions(name)
     from vlad.demo import sim
 
-    return sim.ReacherTask(render=render), instructions
+    return sim.ReacherTask(render=False), instructions
 
 
 def seeds(plan: ClosedLoopPlan) -> range:
@@ -49,36 +70,116 @@ def seeds(plan: ClosedLoopPlan) -> range:
     return range(plan.seed, plan.seed + plan.episodes)
 
 
-def run_episodes(
-    subject: Subject, plan: GatePlan, label: str, progress=print, keys_dir: str | None = None, recorder: Any = None
+def episodes(
+    task: Task,
+    link: Link,
+    plan: ClosedLoopPlan,
+    instructions: tuple[str, ...],
+    period_ns: int,
+    chunk_length: int,
+    label: str,
+    progress: Callable[[str], None],
+) -> list[EpisodeLog]:
+    """``plan.episodes`` seeded episodes per instruction through ``link``."""
+    logs = []
+    for instruction in instructions:
+        ok = 0
+        for i, seed in enumerate(seeds(plan)):
+            log = run_episode(
+                task,
+                link,
+                seed,
+                instruction,
+                period_ns=period_ns,
+                exec_steps=plan.exec_steps,
+                chunk_length=chunk_length,
+                label=label,
+            )
+            logs.append(log)
+            ok += log.success
+            if (i + 1) % 10 == 0 or i + 1 == plan.episodes:
+                progress(f"  closed loop {label}: {instruction!r} episode {i + 1}/{plan.episodes}, {ok} successes")
+    return logs
+
+
+def run_daemon_episodes(
+    subject: Subject,
+    plan: GatePlan,
+    label: str,
+    progress: Callable[[str], None] = print,
+    keys_dir: str | None = None,
+    hog: bool = False,
+    tap: Any = None,
 ) -> dict[str, Any]:
-    """Serve ``subject`` and run ``plan.closed_loop.episodes`` per instruction through it."""
+    """Serve ``subject`` from ``vlad serve`` and run the plan's episodes through it (beside a
+    process spinning one core when ``hog``); the summary, with every episode's log."""
+    from vlad.client import Client
+
     cl = plan.closed_loop
     task, instructions = make_task(cl.task)
-    logs: list[EpisodeLog] = []
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if hog else None
     try:
-        with RunningDaemon(subject, warmup=plan.performance.warmup, keys_dir=keys_dir) as daemon:
+        with serve(subject, warmup=plan.performance.warmup, keys_dir=keys_dir) as daemon:
             daemon.wait_ready()
-            with Controller(daemon.endpoints, name=f"gate-{label}", recorder=recorder) as ctl:
-                before = ctl.status()
-                period_ns = int(before["control_period_ms"] * 1e6)
-                for instruction in instructions:
-                    ok = 0
-                    for i, seed in enumerate(seeds(cl)):
-                        log = run_episode(ctl, task, seed, instruction, period_ns, cl.exec_steps)
-                        logs.append(log)
-                        ok += log.success
-                        progress(
-                            f"  closed loop {label}: {instruction!r} episode {i + 1}/{cl.episodes}, {ok} successes"
-                        )
-                after = ctl.status()
+            e = daemon.endpoints
+            with Client(
+                observations=e["observations"], actions=e["actions"], control=e["control"], name=f"gate-{label}"
+            ) as client:
+                client.tap = tap
+                before = client.status()
+                logs = episodes(
+                    task,
+                    DaemonLink(client),
+                    cl,
+                    instructions,
+                    int(before["control_period_ms"] * 1e6),
+                    subject.contract.action.chunk_length,
+                    label,
+                    progress,
+                )
+                after = client.status()
     finally:
         task.close()
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
     return summarize(logs, instructions, before, after)
 
 
-def summarize(logs: list[EpisodeLog], instructions, before: dict, after: dict) -> dict[str, Any]:
-    """Success per instruction (with Wilson intervals) and the run's safety events."""
+def run_in_process_episodes(
+    subject: Subject, plan: GatePlan, progress: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """The plan's episodes with ``subject``'s serving artifact called in this process."""
+    from vlad.plugins import get_backend
+
+    cl, spec = plan.closed_loop, subject.serving
+    task, instructions = make_task(cl.task)
+    try:
+        backend = get_backend(spec.backend)
+        avail = backend.availability()
+        if not avail.usable:
+            raise GateError(f"closed loop: {spec.backend} cannot run here for the in-process reference: {avail.reason}")
+        session = backend.load(subject.artifact_path(spec.artifact), subject.contract, dict(spec.options))
+        try:
+            session.warmup(2)
+            link = InProcessLink.for_contract(
+                subject.contract, contract_infer(subject.contract, subject.tokenizer(), session)
+            )
+            period_ns = int(subject.contract.timing.control_period_ms * 1e6)
+            logs = episodes(
+                task, link, cl, instructions, period_ns, subject.contract.action.chunk_length, "in process", progress
+            )
+        finally:
+            session.close()
+    finally:
+        task.close()
+    return summarize(logs, instructions)
+
+
+def summarize(
+    logs: list[EpisodeLog], instructions: tuple[str, ...], before: dict | None = None, after: dict | None = None
+) -> dict[str, Any]:
+    """Success per instruction (with Wilson intervals), the run's safety events, every episode."""
     per: dict[str, Any] = {}
     for instruction in instructions:
         mine = [e for e in logs if e.instruction == instruction]
@@ -91,76 +192,111 @@ def summarize(logs: list[EpisodeLog], instructions, before: dict, after: dict) -
             "wilson95": [lo, hi],
             "mean_final_distance_m": sum(e.final_distance for e in mine) / max(1, len(mine)),
         }
-    c0, c1 = before.get("counters", {}), after.get("counters", {})
-
-    def delta(key: str) -> int:
-        return int(c1.get(key, 0)) - int(c0.get(key, 0))
-
-    published = delta("published")
-    fallbacks = sum(int(v) - int(c0.get(k, 0)) for k, v in c1.items() if k.startswith("published_fallback"))
-    safety = {
-        "published": published,
-        "deadline_misses": delta("deadline_misses"),
-        "deadline_miss_rate": delta("deadline_misses") / published if published else 0.0,
-        "bound_clamps": delta("guard_bounds"),
-        "out_of_bounds": delta("guard_out_of_bounds"),
-        "rate_clamps": delta("guard_rate"),
-        "interventions": delta("interventions"),
-        "intervention_rate": delta("interventions") / published if published else 0.0,
-        "hold_chunks": delta("published_hold"),
-        "fallbacks": fallbacks + (0 if str(after.get("serving", "release")).startswith("release") else 1),
-        "held_periods": sum(e.held_periods for e in logs),
-        "final_state": after.get("state"),
+    holds: Counter[str] = Counter()
+    for e in logs:
+        holds.update(e.holds_adopted)
+    out: dict[str, Any] = {
+        "per_instruction": per,
+        "episodes": [e.to_dict() for e in logs],
+        "held_periods": sum(e.held for e in logs),
+        "late_answers": sum(len(e.late) for e in logs),
+        "holds_adopted": dict(holds),
+        "logs": logs,  # for pairing; dropped before the report is written
     }
-    latencies = [x for e in logs for x in e.latencies_ms]
+    if before is not None and after is not None:
+        c0, c1 = before.get("counters", {}), after.get("counters", {})
+
+        def delta(key: str) -> int:
+            return int(c1.get(key, 0)) - int(c0.get(key, 0))
+
+        published = delta("published")
+        fallbacks = sum(int(v) - int(c0.get(k, 0)) for k, v in c1.items() if k.startswith("published_fallback"))
+        out["safety"] = {
+            "published": published,
+            "deadline_misses": delta("deadline_misses"),
+            "deadline_miss_rate": delta("deadline_misses") / published if published else 0.0,
+            "bound_clamps": delta("guard_bounds"),
+            "out_of_bounds": delta("guard_out_of_bounds"),
+            "rate_clamps": delta("guard_rate"),
+            "interventions": delta("interventions"),
+            "intervention_rate": delta("interventions") / published if published else 0.0,
+            "hold_chunks": delta("published_hold"),
+            "fallbacks": fallbacks + (0 if str(after.get("serving", "release")).startswith("release") else 1),
+            "held_periods": out["held_periods"],
+            "final_state": after.get("state"),
+        }
+        out["latency_ms"] = percentiles(x for e in logs for x in e.latencies_ms)
+    return out
+
+
+def fidelity(reference: dict[str, Any], served: dict[str, Any], instructions: tuple[str, ...]) -> dict[str, Any]:
+    """The same seeds in process (``reference``) and through vlad (``served``), paired."""
+    ref = {(e.instruction, e.seed): e for e in reference["logs"]}
+    pairs = [compare(ref[(e.instruction, e.seed)], e) for e in served["logs"] if (e.instruction, e.seed) in ref]
+    per = {}
+    for instruction in instructions:
+        mine = [p for p in pairs if p["instruction"] == instruction]
+        n = max(1, len(mine))
+        a = sum(p["reference"] for p in mine) / n
+        b = sum(p["other"] for p in mine) / n
+        per[instruction] = {
+            "episodes": len(mine),
+            "in_process": a,
+            "through_vlad": b,
+            "drop": round(a - b, 6),
+            "lost": sum(p["reference"] and not p["other"] for p in mine),
+            "gained": sum(p["other"] and not p["reference"] for p in mine),
+        }
+    why = Counter(p["why"] for p in pairs if p["first_divergence"] is not None)
     return {
         "per_instruction": per,
-        "safety": safety,
-        "episodes": [e.to_dict() for e in logs],
-        "latency_ms": percentiles(latencies),
+        "identical_episodes": sum(p["first_divergence"] is None for p in pairs),
+        "episodes": len(pairs),
+        "divergence_causes": dict(why),
+        "flipped": [p for p in pairs if p["flipped"]],
     }
 
 
-def no_motion(plan: ClosedLoopPlan) -> dict[str, Any]:
-    """The no-motion baseline on the same seeds (in process: it needs no policy server)."""
-    from vlad.demo import sim
-
-    task, instructions = make_task(plan.task, render=False)
-    per = {}
+def no_motion(plan: ClosedLoopPlan, subject: Subject) -> dict[str, Any]:
+    """The no-motion baseline on the same seeds (in process)."""
+    task, instructions = make_task(plan.task)
+    t, a = subject.contract.timing, subject.contract.action
+    period_ns = int(t.control_period_ms * 1e6)
+    link = NoMotionLink(period_ns, int(t.action_validity_ms * 1e6), chunk_length=a.chunk_length, action_dim=a.dim)
     try:
-        for instruction in instructions:
-            results = [
-                sim.run_episode(task, sim.zero_policy(task), s, instruction, plan.exec_steps) for s in seeds(plan)
-            ]
-            ok = sum(r.success for r in results)
-            per[instruction] = {
-                "episodes": len(results),
-                "successes": ok,
-                "rate": ok / len(results),
-                "wilson95": list(wilson_interval(ok, len(results))),
-                "mean_final_distance_m": sum(r.final_distance for r in results) / len(results),
-            }
+        logs = episodes(task, link, plan, instructions, period_ns, a.chunk_length, "no motion", lambda _: None)
     finally:
         task.close()
-    return {"per_instruction": per}
+    out = summarize(logs, instructions)
+    out.pop("logs")
+    return out
 
 
 def run_closed_loop_gate(
     candidate: Subject, baseline: Subject, plan: GatePlan, progress=print, keys_dir: str | None = None
 ) -> GateResult:
-    """Candidate vs baseline vs no motion, judged by the plan's thresholds."""
+    """Candidate vs baseline vs no motion, and the candidate through vlad vs in process."""
     cl = plan.closed_loop
     result = GateResult("closed_loop")
     progress(
         f"  closed loop: {cl.episodes} episodes per instruction, seeds {cl.seed}..{cl.seed + cl.episodes - 1}, "
-        f"real time through vlad serve"
+        "real time through vlad serve, and in process"
     )
-    cand = run_episodes(candidate, plan, "candidate", progress, keys_dir)
+    instructions = task_instructions(cl.task)
+    reference = run_in_process_episodes(candidate, plan, progress)
+    cand = run_daemon_episodes(candidate, plan, "candidate", progress, keys_dir)
+    hogged = (
+        run_daemon_episodes(candidate, plan, "candidate+hog", progress, keys_dir, hog=True)
+        if cl.fidelity_under_hog
+        else None
+    )
     if Path(baseline.path) == Path(candidate.path):
         base, same = cand, True  # the same release: its episodes are the baseline's
     else:
-        base, same = run_episodes(baseline, plan, "baseline", progress, keys_dir), False
-    zero = no_motion(cl)
+        base, same = run_daemon_episodes(baseline, plan, "baseline", progress, keys_dir), False
+    zero = no_motion(cl, candidate)
+    quiet = fidelity(reference, cand, instructions)
+    loaded = fidelity(reference, hogged, instructions) if hogged is not None else None
     for instruction, c in cand["per_instruction"].items():
         b = base["per_instruction"][instruction]["rate"]
         z = zero["per_instruction"][instruction]["rate"]
@@ -185,6 +321,20 @@ def run_closed_loop_gate(
                 note=f"baseline {b:.2f}",
             )
         )
+        for name, fid in (("fidelity", quiet), ("fidelity beside a CPU hog", loaded)):
+            if fid is None:
+                continue
+            f = fid["per_instruction"][instruction]
+            result.add(
+                check(
+                    f"{name} {instruction!r}",
+                    f["drop"],
+                    cl.max_fidelity_drop,
+                    "<=",
+                    note=f"in process {f['in_process']:.2f}, through vlad {f['through_vlad']:.2f} "
+                    f"({f['lost']} lost, {f['gained']} gained)",
+                )
+            )
     s = cand["safety"]
     result.add(check("out-of-bounds chunks", s["out_of_bounds"], cl.max_out_of_bounds))
     result.add(check("fallbacks", s["fallbacks"], cl.max_fallbacks))
@@ -196,8 +346,15 @@ def run_closed_loop_gate(
             note=f"{s['deadline_misses']} of {s['published']} chunks",
         )
     )
+    for run in (reference, cand, hogged, base):
+        if run is not None:
+            run.pop("logs", None)
     result.details = {
         "candidate": cand,
+        "candidate_under_hog": hogged,
+        "in_process": reference,
+        "fidelity": quiet,
+        "fidelity_under_hog": loaded,
         "baseline": base,
         "baseline_is_candidate": same,
         "no_motion": zero,
@@ -211,15 +368,16 @@ def run_closed_loop_gate(
 def record_demo(
     subject: Subject,
     out: Path,
-    episodes: int,
+    episodes_: int,
     *,
     max_bytes: int,
     max_seconds: float,
     seed: int = 20_000,
     progress=print,
 ) -> dict[str, Any]:
-    """Record ``episodes`` real-time demo episodes (alternating instructions) served by
+    """Record ``episodes_`` real-time demo episodes (alternating instructions) served by
     ``subject``, through a controller-side tap: the frames it sends and receives."""
+    from vlad.client import Client
     from vlad.gates.recording import McapRecorder
 
     plan = GatePlan().with_overrides(closed_loop={"episodes": 1})
@@ -227,21 +385,36 @@ def record_demo(
     meta = {"release": subject.id, "contract_sha256": subject.contract.sha256, "task": plan.closed_loop.task}
     recorder = McapRecorder(out, max_bytes=max_bytes, max_seconds=max_seconds, tap="controller", metadata=meta)
     try:
-        with RunningDaemon(subject, warmup=plan.performance.warmup) as daemon:
+        with serve(subject, warmup=plan.performance.warmup) as daemon:
             daemon.wait_ready()
-            with Controller(daemon.endpoints, name="vladctl-record", recorder=recorder) as ctl:
-                period_ns = int(ctl.status()["control_period_ms"] * 1e6)
-                for i in range(episodes):
+            e = daemon.endpoints
+            with Client(
+                observations=e["observations"], actions=e["actions"], control=e["control"], name="vladctl-record"
+            ) as client:
+                client.tap = recorder
+                st = client.status()
+                recorder.state(st)
+                period_ns = int(st["control_period_ms"] * 1e6)
+                link = DaemonLink(client)
+                for i in range(episodes_):
                     instruction = instructions[i % len(instructions)]
-                    log = run_episode(ctl, task, seed + i, instruction, period_ns, plan.closed_loop.exec_steps)
+                    log = run_episode(
+                        task,
+                        link,
+                        seed + i,
+                        instruction,
+                        period_ns=period_ns,
+                        exec_steps=plan.closed_loop.exec_steps,
+                        chunk_length=subject.contract.action.chunk_length,
+                    )
                     progress(
-                        f"  record: episode {i + 1}/{episodes} {instruction!r}: "
+                        f"  record: episode {i + 1}/{episodes_} {instruction!r}: "
                         f"{'success' if log.success else 'miss'}, {recorder.stats()['observations']} observations"
                     )
                     if recorder.stop_reason:
                         progress(f"  record: stopped: {recorder.stop_reason}")
                         break
-                ctl.status()
+                recorder.state(client.status())
     finally:
         task.close()
         stats = recorder.close()

@@ -174,41 +174,42 @@ def replay_samples(subject: Subject, plan: GatePlan, reference: Engine, progress
         path = plan.path(rel)
         if path is None:
             raise GateError("equivalence.recordings: an entry is an empty path")
-        rec = read_recording(path, limit=plan.equivalence.replay_limit)
+        rec = read_recording(path, limit=plan.equivalence.replay_limit).usable()
         samples = []
         for obs in rec.observations:
             raw = raw_observation(obs)
             inputs = preprocess(subject.contract, subject.tokenizer(), raw)
             samples.append(Sample(f"{rec.path.name}[{obs.seq}]", raw, inputs, _run(reference, inputs)))
-        progress(f"  equivalence: replay {rec.path.name}: {len(samples)} observations run by the reference")
+        refused = f" ({rec.refused} the daemon refused, skipped)" if rec.refused else ""
+        progress(f"  equivalence: replay {rec.path.name}: {len(samples)} observations run by the reference{refused}")
         out.append((rec, samples))
     return out
 
 
 def rollouts(subject: Subject, engine: Engine, plan: GatePlan) -> list[np.ndarray]:
-    """Joint trajectories ``[steps + 1, J]`` of seeded episodes driven by ``engine``."""
-    from vlad.demo import sim
-    from vlad.demo.evaluate import contract_policy
+    """Joint trajectories ``[steps + 1, J]`` of seeded episodes driven by ``engine`` in process
+    (the episode runner's :class:`~vlad.episodes.InProcessLink`: the same noise on every engine)."""
+    from vlad.episodes import InProcessLink, contract_infer, run_episode
     from vlad.gates.closed_loop import make_task
 
     eq, cl = plan.equivalence, plan.closed_loop
+    contract = subject.contract
     task, instructions = make_task(cl.task)
+    link = InProcessLink.for_contract(contract, contract_infer(contract, subject.tokenizer(), engine.session))
     trajectories = []
     try:
         for instruction in instructions:
             for k in range(eq.rollout_episodes):
-                # A fresh policy per episode: its noise sequence restarts, the same for every engine.
-                policy = contract_policy(subject.contract, subject.tokenizer(), lambda x: _run(engine, x))
-                obs = task.reset(eq.rollout_seed + k, instruction)
-                traj, t = [obs.proprio[:2].astype(np.float64)], 0
-                while t < sim.EPISODE_STEPS:
-                    chunk = np.asarray(policy(obs), dtype=np.float64)
-                    n = min(cl.exec_steps, len(chunk), sim.EPISODE_STEPS - t)
-                    for i in range(n):
-                        obs = task.step(chunk[i], render=i == n - 1)
-                        traj.append(obs.proprio[:2].astype(np.float64))
-                        t += 1
-                trajectories.append(np.asarray(traj))
+                log = run_episode(
+                    task,
+                    link,
+                    eq.rollout_seed + k,
+                    instruction,
+                    period_ns=int(contract.timing.control_period_ms * 1e6),
+                    exec_steps=cl.exec_steps,
+                    chunk_length=contract.action.chunk_length,
+                )
+                trajectories.append(np.asarray(log.trajectory, dtype=np.float64))
     finally:
         task.close()
     return trajectories

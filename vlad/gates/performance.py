@@ -34,12 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from vlad.gates.controller import Chunk, Controller
-from vlad.gates.launcher import RunningDaemon
+from vlad.client import ActionChunk
+from vlad.gates.controller import Controller
+from vlad.gates.launcher import serve
 from vlad.gates.metrics import percentiles
 from vlad.gates.plan import GatePlan
 from vlad.gates.results import GateError, GateResult, check
 from vlad.gates.subject import Subject
+from vlad.testing import DaemonProcess
 
 # Observations after a cold start (or a new neighbour) that are not measured: the first
 # calls after warm-up still run on cold caches and freshly faulted-in pages.
@@ -48,9 +50,10 @@ BURST_EVERY = 5  # periods between bursts, so each one is answered before the ne
 STAGES = ("transport", "queue", "preprocess", "engine", "decode", "guard")  # vlad.serving.tracing names
 
 
-def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str | None]]:
+def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str | None, bool]]:
     """What the controller publishes: recorded observations, else the golden fixtures, else
-    contract-shaped synthetic ones (mid-grey image, zero joint state)."""
+    contract-shaped synthetic ones (mid-grey image, zero joint state); with each, whether it
+    announces a joint-state jump (a recording's episode start)."""
     for rel in plan.equivalence.recordings:
         from vlad.gates.recording import read_recording
 
@@ -59,12 +62,12 @@ def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str 
             raise GateError("equivalence.recordings: an entry is an empty path")
         rec = read_recording(path, limit=200)
         if rec.observations:
-            return [(o.images, o.proprio, o.instruction) for o in rec.observations]
+            return [(o.images, o.proprio, o.instruction, o.reanchor) for o in rec.observations]
     golden = plan.path(plan.equivalence.golden)
     if golden is not None and golden.is_file():
         from vlad.gates.equivalence import load_golden
 
-        return [(fx["raw"].images, fx["raw"].proprio, fx["raw"].instruction) for fx in load_golden(golden)]
+        return [(fx["raw"].images, fx["raw"].proprio, fx["raw"].instruction, False) for fx in load_golden(golden)]
     c = subject.contract
     images = {
         cam.name: np.full(
@@ -77,13 +80,13 @@ def observations(subject: Subject, plan: GatePlan) -> list[tuple[dict, Any, str 
     proprio = np.zeros(c.proprio.dim, np.float32) if c.proprio else None
     from vlad.gates.closed_loop import task_instructions
 
-    return [(images, proprio, task_instructions(plan.closed_loop.task)[0] if c.language else None)]
+    return [(images, proprio, task_instructions(plan.closed_loop.task)[0] if c.language else None, False)]
 
 
-def _stats(sent: dict[int, int], chunks: list[Chunk], deadline_ms: float, refused: int = 0) -> dict[str, Any]:
+def _stats(sent: dict[int, int], chunks: list[ActionChunk], deadline_ms: float, refused: int = 0) -> dict[str, Any]:
     """Latency per stage over the policy chunks answering ``sent`` observations; observations
     the daemon refused (``refused``, from its counters) are not late, they are reported apart."""
-    first: dict[int, Chunk] = {}
+    first: dict[int, ActionChunk] = {}
     holds = 0
     for c in chunks:
         if c.is_hold:
@@ -134,7 +137,7 @@ def stream(
     burst is measured (the daemon answers the newest and supersedes the rest).
     """
     sent: dict[int, int] = {}
-    chunks: list[Chunk] = []
+    chunks: list[ActionChunk] = []
     refused_before = _refused(ctl)
     tail = int(max(5 * deadline_ms, 200) * 1e6 // period_ns) + 1
     next_tick = time.monotonic_ns()
@@ -143,8 +146,8 @@ def stream(
         is_burst = measured and burst_every and (k - settle) % burst_every == 0
         t = time.monotonic_ns()
         for j in range(burst_size if is_burst else 1):
-            images, proprio, instruction = obs[(k + j) % len(obs)]
-            seq = ctl.publish(images, proprio, instruction, t)
+            images, proprio, instruction, reanchor = obs[(k + j) % len(obs)]
+            seq = ctl.publish(images, proprio, instruction, t, reanchor=reanchor)
         if measured and (is_burst or not burst_every):
             sent[seq] = t
         ctl.heartbeat()
@@ -169,12 +172,12 @@ def burst_deadline_ms(deadline_ms: float, warm: dict[str, Any]) -> float:
 
 
 def _refused(ctl: Controller) -> int:
-    """Observations the daemon refused for their content (counted, never answered: e.g. a
-    joint state that jumped where a recording wraps to its next episode)."""
+    """Observations the daemon refused for their content (counted, answered with an advisory
+    hold: e.g. a golden fixture's joint state far from the previous one)."""
     return int(ctl.status()["counters"].get("input_rejected", 0))
 
 
-def cold_start(daemon: RunningDaemon, ctl: Controller, obs: list, period_ns: int, timeout_s: float) -> dict:
+def cold_start(daemon: DaemonProcess, ctl: Controller, obs: list, period_ns: int, timeout_s: float) -> dict:
     """Seconds from process start to READY=1 and to the first policy chunk received."""
     deadline = time.monotonic() + timeout_s
     i = 0
@@ -183,9 +186,9 @@ def cold_start(daemon: RunningDaemon, ctl: Controller, obs: list, period_ns: int
             raise GateError(
                 f"vlad serve exited with status {daemon.proc.returncode} during cold start: {daemon.log_tail()}"
             )
-        images, proprio, instruction = obs[i % len(obs)]
+        images, proprio, instruction, reanchor = obs[i % len(obs)]
         i += 1
-        ctl.publish(images, proprio, instruction)
+        ctl.publish(images, proprio, instruction, reanchor=reanchor)
         ctl.heartbeat()
         for c in ctl.recv_until(time.monotonic_ns() + period_ns):
             if not c.is_hold:
@@ -242,7 +245,7 @@ def shape_switches(subject: Subject, plan: GatePlan, progress) -> dict[str, Any]
 def _serve(subject: Subject, plan: GatePlan, obs: list, progress, keys_dir, log_level: str, scenarios) -> dict:
     """Start a daemon, measure its cold start, run ``scenarios(ctl, period_ns)``, read its memory."""
     pp = plan.performance
-    with RunningDaemon(subject, warmup=pp.warmup, log_level=log_level, keys_dir=keys_dir) as daemon:
+    with serve(subject, warmup=pp.warmup, log_level=log_level, keys_dir=keys_dir) as daemon:
         with Controller(daemon.endpoints, name="gate-performance") as ctl:
             period_ns = int(subject.contract.timing.control_period_ms * 1e6)
             cold = cold_start(daemon, ctl, obs, period_ns, max(60.0, 2 * pp.max_cold_start_s))

@@ -3,7 +3,9 @@
 A plan is a TOML table, read from (first found): an explicit file (``vladctl gate --plan
 FILE``), the ``[gate_plan]`` table of the candidate's manifest, a ``gates.toml`` in the
 candidate's folder, or the built-in defaults below. Paths inside a plan are relative to
-the file holding it (the release folder for a manifest table). The schema
+the file holding it (the release folder for a manifest table). A release's own plan (its
+manifest's) may only name files of the release, listed as artifacts: a release copied to
+a robot re-runs its gates from the copy. The schema
 (docs/gates.md)::
 
     required = ["contract", "equivalence", "performance", "closed_loop"]
@@ -35,10 +37,11 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from vlad.backend import PRECISIONS
 from vlad.errors import ProblemsError
 from vlad.gates.results import GATE_ORDER
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "mixed")
+__all__ = ["DEFAULT_BUDGETS", "PRECISIONS", "GatePlan", "PlanError", "load_plan", "parse_plan"]
 
 
 class PlanError(ProblemsError):
@@ -134,6 +137,11 @@ class ClosedLoopPlan:
     max_out_of_bounds: int = 0
     max_fallbacks: int = 0
     max_deadline_miss_rate: float = 0.02
+    # Through vlad vs the same artifact in process, paired on the same seeds: at most this
+    # much lower success rate per instruction (0.03: 3 points), on a quiet machine and, with
+    # fidelity_under_hog, again beside a process spinning one core.
+    max_fidelity_drop: float = 0.03
+    fidelity_under_hog: bool = True
 
 
 @dataclass(frozen=True)
@@ -192,13 +200,37 @@ def load_plan(
         path = Path(plan_file)
         return parse_plan(_read_toml(path), str(path), path.resolve().parent)
     if manifest_document and isinstance(manifest_document.get("gate_plan"), Mapping):
-        return parse_plan(
-            manifest_document["gate_plan"], f"{candidate_dir}/manifest.toml [gate_plan]", Path(candidate_dir).resolve()
-        )
+        source = f"{candidate_dir}/manifest.toml [gate_plan]"
+        plan = parse_plan(manifest_document["gate_plan"], source, Path(candidate_dir).resolve())
+        problems = outside_release(plan, manifest_document)
+        if problems:
+            raise PlanError(source, problems)
+        return plan
     local = Path(candidate_dir) / "gates.toml"
     if local.is_file():
         return parse_plan(_read_toml(local), str(local), local.resolve().parent)
     return GatePlan()
+
+
+def plan_files(plan: GatePlan) -> list[tuple[str, str]]:
+    """``(key, path)`` of every file a plan names (golden fixtures, recordings)."""
+    eq = plan.equivalence
+    files = [("equivalence.golden", eq.golden)] if eq.golden else []
+    return files + [(f"equivalence.recordings[{i}]", r) for i, r in enumerate(eq.recordings)]
+
+
+def outside_release(plan: GatePlan, manifest_document: Mapping[str, Any]) -> list[str]:
+    """A release's own plan names only files of the release: plain relative paths listed
+    as artifacts (so they are hashed, signed and copied with it). One problem per other."""
+    listed = {a.get("path") for a in manifest_document.get("artifacts", []) if isinstance(a, Mapping)}
+    problems = []
+    for key, value in plan_files(plan):
+        parts = value.split("/")
+        if value.startswith("/") or "\\" in value or any(p in ("", ".", "..") for p in parts):
+            problems.append(f"{key}: {value!r} lies outside the release folder; copy the file into the release")
+        elif value not in listed:
+            problems.append(f"{key}: {value!r} is not an artifact of the release; list it in [[artifacts]]")
+    return problems
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -9,6 +9,7 @@ topic                       encoding           content
 ``/vlad/observations``      ``vlad.frames/1``  each observation as received (topic, header, tensors)
 ``/vlad/actions``           ``vlad.frames/1``  each action chunk as published
 ``/vlad/state``             ``json``           daemon status snapshots
+``/vlad/events``            ``json``           daemon events (state transitions, faults, swaps)
 ``/vlad/observations/info`` ``json``           seq, sensor time, instruction, proprio (for plots)
 ``/vlad/actions/info``      ``json``           obs seq, source, interventions, timings, actions
 =========================== ================== =============================================
@@ -27,24 +28,28 @@ when the queue is full or a size/time limit is reached messages are dropped and 
 from __future__ import annotations
 
 import json
+import os
 import queue
+import stat
 import struct
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vlad import protocol
+from vlad import protocol, schema
+from vlad.errors import ProblemsError, VladError
 from vlad.gates.results import GateError
 
 RECORDING_FORMAT = "vlad.recording/1"
 FRAMES_ENCODING = "vlad.frames/1"
 TOPIC_OBS, TOPIC_ACT, TOPIC_STATE = "/vlad/observations", "/vlad/actions", "/vlad/state"
 TOPIC_OBS_INFO, TOPIC_ACT_INFO = "/vlad/observations/info", "/vlad/actions/info"
+TOPIC_EVENTS = "/vlad/events"
 _STOP = object()
 
 
@@ -121,7 +126,7 @@ class McapRecorder:
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._accepted_bytes = 0
-        self._counts = {"observations": 0, "actions": 0, "states": 0, "dropped": 0}
+        self._counts = {"observations": 0, "actions": 0, "states": 0, "events": 0, "dropped": 0}
         self.stop_reason: str | None = None
         self._closed = False
         self._error: BaseException | None = None
@@ -135,12 +140,13 @@ class McapRecorder:
         obj = json.dumps({"type": "object"}).encode()
         json_schemas = {
             name: w.register_schema(name, "jsonschema", obj)
-            for name in ("vlad.status", "vlad.observation_info", "vlad.action_info")
+            for name in ("vlad.status", "vlad.event", "vlad.observation_info", "vlad.action_info")
         }
         return {
             TOPIC_OBS: w.register_channel(TOPIC_OBS, FRAMES_ENCODING, obs_schema),
             TOPIC_ACT: w.register_channel(TOPIC_ACT, FRAMES_ENCODING, act_schema),
             TOPIC_STATE: w.register_channel(TOPIC_STATE, "json", json_schemas["vlad.status"]),
+            TOPIC_EVENTS: w.register_channel(TOPIC_EVENTS, "json", json_schemas["vlad.event"]),
             TOPIC_OBS_INFO: w.register_channel(TOPIC_OBS_INFO, "json", json_schemas["vlad.observation_info"]),
             TOPIC_ACT_INFO: w.register_channel(TOPIC_ACT_INFO, "json", json_schemas["vlad.action_info"]),
         }
@@ -152,7 +158,7 @@ class McapRecorder:
             if self._closed or self.stop_reason is not None:
                 self._counts["dropped"] += 1
                 return False
-            if self._t0 is None and kind != "states":
+            if self._t0 is None and kind not in ("states", "events"):
                 # The limit counts from the first observation or chunk, not from setup: a
                 # status snapshot taken while the simulator still loads does not start it.
                 self._t0 = t_ns
@@ -187,13 +193,19 @@ class McapRecorder:
         data = json.dumps(status, default=str).encode()
         return self._accept("states", t_ns or time.monotonic_ns(), data, len(data))
 
+    def event(self, event: dict[str, Any], t_ns: int | None = None) -> bool:
+        """Record a daemon event (any JSON-able dict)."""
+        data = json.dumps(event, default=str).encode()
+        return self._accept("events", t_ns or time.monotonic_ns(), data, len(data))
+
     def stats(self) -> dict[str, Any]:
         """Messages recorded per kind, dropped, bytes accepted and why recording stopped."""
         with self._lock:
             return {**self._counts, "bytes": self._accepted_bytes, "stop_reason": self.stop_reason}
 
-    def close(self) -> dict[str, Any]:
-        """Write what is queued, the summary metadata and the MCAP footer; idempotent."""
+    def close(self, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write what is queued, the summary metadata (with ``summary``'s entries) and the
+        MCAP footer; idempotent."""
         with self._lock:
             already, self._closed = self._closed, True
         if already:
@@ -201,7 +213,8 @@ class McapRecorder:
         self._queue.put(_STOP)
         self._thread.join()
         stats = self.stats()
-        self._writer.add_metadata("vlad.recording.summary", {k: str(v) for k, v in stats.items()})
+        extra = {k: str(v) for k, v in (summary or {}).items()}
+        self._writer.add_metadata("vlad.recording.summary", {**{k: str(v) for k, v in stats.items()}, **extra})
         self._writer.finish()
         self._file.close()
         if self._error is not None:
@@ -233,8 +246,8 @@ class McapRecorder:
 
     def _write(self, kind: str, log_time: int, payload: Any, seq: int) -> None:
         add = self._writer.add_message
-        if kind == "states":
-            add(self._channels[TOPIC_STATE], log_time, payload, log_time, seq)
+        if kind in ("states", "events"):
+            add(self._channels[TOPIC_STATE if kind == "states" else TOPIC_EVENTS], log_time, payload, log_time, seq)
             return
         topic = TOPIC_OBS if kind == "observations" else TOPIC_ACT
         add(self._channels[topic], log_time, pack_frames(payload), log_time, seq)
@@ -271,6 +284,49 @@ def _info(kind: str, frames: list[bytes]) -> dict[str, Any] | None:
 
 
 # ---- reading ---------------------------------------------------------------------------
+#
+# A recording may come from anywhere (a robot in the field, a bug report): it is read as
+# hostile input. The MCAP records are read sequentially and every size is bounded before
+# anything is allocated: each chunk's declared and actual decompressed size (a 33 KB zstd
+# bomb declaring gigabytes is refused before it is inflated), the total decompressed,
+# the number of messages, each JSON record's size and nesting. Every observation and chunk
+# header is validated through the one schema parser (vlad.schema) into the dataclasses
+# below. Anything off is one line (RecordingError), never a traceback.
+
+MAX_CHUNK_BYTES = 64 * 2**20  # decompressed, per MCAP chunk (the writer makes 1 MiB chunks)
+MAX_RECORDING_BYTES = 2 * 2**30  # decompressed, the whole file: what a read may hold in memory
+MAX_MESSAGES = 2_000_000
+MAX_JSON_BYTES = 2**20  # one status or event record
+MAX_JSON_DEPTH = 64
+
+
+class RecordingError(ProblemsError, GateError):
+    """A recording that cannot be read: corrupt, hostile, or not a vlad recording."""
+
+
+@dataclass(frozen=True)
+class ObservationHeader:
+    """What replay needs from a recorded observation's header (the rest is protocol's)."""
+
+    seq: int = field(metadata=schema.bounded(0, 2**64 - 1))
+    t_sensor_ns: int = field(metadata=schema.bounded(0, 2**63 - 1))
+    instruction: str | None = field(default=None, metadata={"allow_empty": True})
+
+
+@dataclass(frozen=True)
+class ChunkHeader:
+    """What replay needs from a recorded action chunk's header."""
+
+    seq: int = field(metadata=schema.bounded(0, 2**64 - 1))
+    obs_seq: int = field(metadata=schema.bounded(0, 2**64 - 1))
+    t_sensor_ns: int = field(metadata=schema.bounded(0, 2**63 - 1))
+    t_issue_ns: int = field(metadata=schema.bounded(0, 2**63 - 1))
+    valid_until_ns: int = field(metadata=schema.bounded(0, 2**63 - 1))
+    period_ns: int = field(metadata=schema.bounded(1, 2**63 - 1))
+    source: str = field(default="", metadata={"allow_empty": True, "max_len": 256})
+    interventions: tuple[str, ...] = ()
+    timings_ms: dict[str, Any] = field(default_factory=dict)
+    advisory: bool = False
 
 
 @dataclass(frozen=True)
@@ -283,6 +339,7 @@ class RecordedObservation:
     instruction: str | None
     images: dict[str, np.ndarray]
     proprio: np.ndarray | None
+    reanchor: bool = False  # the controller announced a joint-state jump (docs/protocol.md)
 
 
 @dataclass(frozen=True)
@@ -299,6 +356,7 @@ class RecordedChunk:
     interventions: tuple[str, ...]
     timings_ms: dict[str, float]
     actions: np.ndarray
+    advisory: bool = False  # an advisory hold (docs/protocol.md): controllers keep a valid chunk
 
     @property
     def is_hold(self) -> bool:
@@ -307,89 +365,261 @@ class RecordedChunk:
 
 @dataclass
 class Recording:
-    """A recording read back: metadata, observations and chunks in log-time order."""
+    """A recording read back: metadata, observations and chunks in log-time order.
+
+    ``refused`` counts the observation messages the daemon would have refused at the wire
+    (a live tap records what arrived, junk included); ``refusals`` has the first reasons.
+    """
 
     path: Path
     metadata: dict[str, dict[str, str]]
     observations: list[RecordedObservation] = field(default_factory=list)
     chunks: list[RecordedChunk] = field(default_factory=list)
     states: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    events: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    refused: int = 0
+    refusals: list[str] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:
         ts = [o.t_ns for o in self.observations]
         return (max(ts) - min(ts)) / 1e9 if ts else 0.0
 
+    def usable(self) -> Recording:
+        """This recording, or :class:`RecordingError` when no observation can be replayed."""
+        if not self.observations:
+            why = f" ({self.refused} refused, e.g. {self.refusals[0]})" if self.refusals else ""
+            raise RecordingError(str(self.path), [f"no observation to replay{why}"])
+        return self
+
     def chunk_for(self) -> dict[int, RecordedChunk]:
         """The policy chunk (not a hold) answering each observation seq."""
         return {c.obs_seq: c for c in self.chunks if not c.is_hold}
 
 
-def iter_messages(path: str | Path) -> Iterator[tuple[str, int, bytes]]:
-    """``(topic, log_time_ns, data)`` of every message, in log-time order."""
-    from mcap.reader import make_reader
+def iter_messages(
+    path: str | Path, *, max_bytes: int = MAX_RECORDING_BYTES, max_chunk_bytes: int = MAX_CHUNK_BYTES
+) -> Iterator[tuple[str, int, bytes]]:
+    """``(topic, log_time_ns, data)`` of every message in file order, sizes bounded
+    (:class:`RecordingError`); the ``vlad.recording`` metadata come from :func:`read_recording`."""
+    for kind, a, b, c in _records(Path(path), max_bytes, max_chunk_bytes):
+        if kind == "message":
+            yield a, b, c
 
-    with open(path, "rb") as f:
-        for _schema, channel, message in make_reader(f).iter_messages():
-            yield channel.topic, message.log_time, message.data
 
+def _records(path: Path, max_bytes: int, max_chunk_bytes: int) -> Iterator[tuple[str, Any, Any, Any]]:
+    """("message", topic, log_time, data) and ("metadata", name, dict, None), bounded."""
+    import dataclasses
+    import struct
 
-def read_recording(path: str | Path, limit: int = 0) -> Recording:
-    """Read a recording made by :class:`McapRecorder`; ``limit`` caps the observations."""
     from mcap.exceptions import McapError
-    from mcap.reader import make_reader
+    from mcap.records import Channel, Chunk, Message, Metadata
+    from mcap.stream_reader import StreamReader, breakup_chunk
 
-    path = Path(path)
+    def fail(problem: str) -> RecordingError:
+        return RecordingError(str(path), [problem])
+
     try:
-        with open(path, "rb") as f:
-            meta = {m.name: dict(m.metadata) for m in make_reader(f).iter_metadata()}
-        info = meta.get("vlad.recording", {})
-        if info.get("format") != RECORDING_FORMAT:
-            raise GateError(
-                f"{path}: not a vlad recording (no {RECORDING_FORMAT} metadata); record one with `vladctl record`"
-            )
-        offset = int(info.get("clock_offset_ns", "0"))
-        rec = Recording(path, meta)
-        for topic, log_time, data in iter_messages(path):
-            t = log_time - offset
-            if topic == TOPIC_OBS and (not limit or len(rec.observations) < limit):
-                obs = _observation(unpack_frames(data), t)
-                if obs is not None:
-                    rec.observations.append(obs)
-            elif topic == TOPIC_ACT:
-                rec.chunks.append(_chunk(unpack_frames(data)))
-            elif topic == TOPIC_STATE:
-                rec.states.append((t, json.loads(data)))
+        f = open(path, "rb")  # noqa: SIM115 (closed below, also when the caller stops early)
     except FileNotFoundError:
-        raise GateError(f"{path}: no such recording") from None
-    except (McapError, OSError, ValueError, protocol.ProtocolError) as exc:
-        raise GateError(f"{path}: unreadable recording: {exc}") from None
+        raise fail("no such recording") from None
+    except OSError as exc:
+        raise fail(f"cannot open ({exc.strerror or exc})") from None
+    channels: dict[int, str] = {}
+    total = messages = 0
+    try:
+        size = os.fstat(f.fileno()).st_size
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise fail("not a regular file")
+        reader = StreamReader(f, emit_chunks=True, record_size_limit=max(size, 1))
+        for record in reader.records:
+            inner: list[Any] = [record]
+            if isinstance(record, Chunk):
+                if record.compression not in ("", "zstd"):
+                    raise fail(f"chunk compression {record.compression[:16]!r} is not supported (zstd or none)")
+                if record.uncompressed_size > max_chunk_bytes:
+                    raise fail(
+                        f"a chunk declares {record.uncompressed_size} bytes decompressed, more than the "
+                        f"{max_chunk_bytes} a chunk may have: refusing to decompress it"
+                    )
+                total += record.uncompressed_size
+                if total > max_bytes:
+                    raise fail(f"more than {max_bytes} bytes decompressed: too large to read (or a bomb)")
+                data = _inflate(record, record.uncompressed_size)
+                if len(data) != record.uncompressed_size:
+                    raise fail(f"a chunk decompresses to {len(data)} bytes, its header says {record.uncompressed_size}")
+                inner = breakup_chunk(dataclasses.replace(record, compression="", data=data))
+            for r in inner:
+                if isinstance(r, Channel):
+                    channels[r.id] = r.topic
+                elif isinstance(r, Message):
+                    messages += 1
+                    if messages > MAX_MESSAGES:
+                        raise fail(f"more than {MAX_MESSAGES} messages")
+                    if r.channel_id not in channels:
+                        raise fail(f"message on channel {r.channel_id}, which no channel record declares")
+                    yield "message", channels[r.channel_id], r.log_time, r.data
+                elif isinstance(r, Metadata):
+                    yield "metadata", r.name, dict(r.metadata), None
+    except RecordingError:
+        raise
+    except (McapError, OSError, ValueError, struct.error, UnicodeDecodeError, KeyError, IndexError) as exc:
+        raise fail(f"not a readable MCAP file ({type(exc).__name__}: {str(exc)[:200]})") from None
+    except MemoryError:
+        raise fail("a record too large to read") from None
+    finally:
+        f.close()
+
+
+def _inflate(chunk: Any, limit: int) -> bytes:
+    """A chunk's data decompressed, never more than ``limit`` (its declared size, already
+    bounded) + 1 bytes: a chunk that lies low about its size is cut there, not inflated."""
+    if chunk.compression == "":
+        return bytes(chunk.data)
+    import zstandard
+
+    out = bytearray()
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(chunk.data) as reader:
+            while len(out) <= limit:
+                block = reader.read(min(1 << 20, limit + 1 - len(out)))
+                if not block:
+                    break
+                out += block
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"corrupt zstd data: {exc}") from None
+    return bytes(out)
+
+
+def read_recording(
+    path: str | Path,
+    limit: int = 0,
+    *,
+    max_bytes: int = MAX_RECORDING_BYTES,
+    max_chunk_bytes: int = MAX_CHUNK_BYTES,
+) -> Recording:
+    """Read a recording made by :class:`McapRecorder` (or ``vladctl record``); ``limit``
+    caps the observations. Every problem is one :class:`RecordingError` line."""
+    path = Path(path)
+    meta: dict[str, dict[str, str]] = {}
+    messages: list[tuple[str, int, bytes]] = []
+    for kind, a, b, c in _records(path, max_bytes, max_chunk_bytes):
+        if kind == "metadata":
+            meta[a] = b
+        elif a in (TOPIC_OBS, TOPIC_ACT, TOPIC_STATE, TOPIC_EVENTS):
+            messages.append((a, b, c))
+    info = meta.get("vlad.recording", {})
+    if info.get("format") != RECORDING_FORMAT:
+        raise RecordingError(
+            str(path), [f"not a vlad recording (no {RECORDING_FORMAT} metadata); record one with `vladctl record`"]
+        )
+    try:
+        offset = int(info.get("clock_offset_ns", "0"))
+    except ValueError:
+        raise RecordingError(str(path), ["vlad.recording metadata: clock_offset_ns is not an integer"]) from None
+    rec = Recording(path, meta)
+    messages.sort(key=lambda m: m[1])  # log-time order (stable: file order within a time)
+    for i, (topic, log_time, data) in enumerate(messages):
+        t = log_time - offset
+        where = f"{path} message {i} ({topic})"
+        if topic == TOPIC_OBS:
+            if limit and len(rec.observations) >= limit:
+                continue
+            try:
+                obs = _observation(unpack_frames(data), t, where)
+            except VladError as exc:  # what the daemon would have refused: counted, skipped
+                rec.refused += 1
+                if len(rec.refusals) < 5:
+                    rec.refusals.append(str(exc))
+                continue
+            if obs is not None:
+                rec.observations.append(obs)
+        elif topic == TOPIC_ACT:
+            try:
+                rec.chunks.append(_chunk(unpack_frames(data), where))
+            except RecordingError:
+                raise
+            except VladError as exc:  # the daemon published it: malformed means forged or corrupt
+                raise RecordingError(where, [f"not a valid action chunk ({exc})"]) from None
+        else:
+            (rec.states if topic == TOPIC_STATE else rec.events).append((t, _json_object(data, where)))
     return rec
 
 
-def _observation(frames: list[bytes], t_ns: int) -> RecordedObservation | None:
+def _json_object(data: bytes, where: str) -> dict[str, Any]:
+    if len(data) > MAX_JSON_BYTES:
+        raise RecordingError(where, [f"{len(data)} bytes of JSON, more than {MAX_JSON_BYTES}"])
+    if _nesting(data) > MAX_JSON_DEPTH:
+        raise RecordingError(where, [f"JSON nested deeper than {MAX_JSON_DEPTH} levels"])
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise RecordingError(where, [f"not JSON ({type(exc).__name__})"]) from None
+    if not isinstance(value, dict):
+        raise RecordingError(where, ["not a JSON object"])
+    return value
+
+
+def _nesting(data: bytes) -> int:
+    """Deepest bracket nesting outside strings (an upper bound is enough)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == 0x5C:  # backslash
+                escaped = True
+            elif c == 0x22:
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in (0x5D, 0x7D):
+            depth = max(0, depth - 1)
+    return deepest
+
+
+def _observation(frames: list[bytes], t_ns: int, where: str) -> RecordedObservation | None:
     msg = protocol.decode(frames)
     if msg.topic != protocol.TOPIC_OBS:
         return None  # heartbeats share the observation socket
-    h = msg.header
+    h = schema.parse(ObservationHeader, _pick(msg.header, ObservationHeader), where, RecordingError)
     images = {k[len("image/") :]: v for k, v in msg.tensors.items() if k.startswith("image/")}
-    return RecordedObservation(
-        int(h["seq"]), int(h["t_sensor_ns"]), t_ns, h.get("instruction"), images, msg.tensors.get("proprio")
-    )
+    # reanchor: as the daemon's intake reads it (only a true boolean announces a jump)
+    reanchor = msg.header.get("reanchor") is True
+    return RecordedObservation(h.seq, h.t_sensor_ns, t_ns, h.instruction, images, msg.tensors.get("proprio"), reanchor)
 
 
-def _chunk(frames: list[bytes]) -> RecordedChunk:
+def _chunk(frames: list[bytes], where: str) -> RecordedChunk:
     msg = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,))
-    h = msg.header
+    h = schema.parse(ChunkHeader, _pick(msg.header, ChunkHeader), where, RecordingError)
+    timings = {}
+    for k, v in h.timings_ms.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+            raise RecordingError(where, [f"timings_ms.{str(k)[:32]}: expected a finite number, got {v!r:.32}"])
+        timings[str(k)] = float(v)
+    actions = msg.tensors.get("actions")
+    if actions is None or actions.ndim != 2 or actions.dtype != np.float32:
+        raise RecordingError(where, ["actions: expected a 2-D float32 tensor"])
     return RecordedChunk(
-        int(h["seq"]),
-        int(h["obs_seq"]),
-        int(h["t_sensor_ns"]),
-        int(h["t_issue_ns"]),
-        int(h["valid_until_ns"]),
-        int(h["period_ns"]),
-        str(h.get("source", "")),
-        tuple(h.get("interventions", ())),
-        dict(h.get("timings_ms", {})),
-        np.array(msg.tensors["actions"]),
+        h.seq,
+        h.obs_seq,
+        h.t_sensor_ns,
+        h.t_issue_ns,
+        h.valid_until_ns,
+        h.period_ns,
+        h.source,
+        h.interventions,
+        timings,
+        np.array(actions),
+        h.advisory,
     )
+
+
+def _pick(header: Mapping[str, Any], cls: type) -> dict[str, Any]:
+    """The header keys ``cls`` describes (the others belong to the protocol)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in header.items() if k in names}

@@ -69,19 +69,25 @@ def replay_guard(
     out = GuardReplay(JointErrors(tuple(j.name for j in contract.action.joints)))
     for chunk in sorted(recording.chunks, key=lambda c: c.seq):
         if chunk.is_hold or chunk.obs_seq not in actions:
-            # A hold (or an unreplayed observation) still moved the guard's last command.
-            guard.record_hold(np.asarray(chunk.actions, np.float32), chunk.t_issue_ns)
+            # A hold (or an unreplayed observation) still moved the guard's reference,
+            # unless it was advisory.
+            if not chunk.advisory:
+                _sent(guard, chunk)
             continue
         obs = observations[chunk.obs_seq]
-        now = _guard_time(chunk)
-        if obs.proprio is not None and trusted.judge(np.asarray(obs.proprio), obs.t_sensor_ns) is not None:
-            # This daemon refuses that joint state (a jump, e.g. where the recording starts
-            # its next episode) and would not answer it; the recorded chunk still moved the
-            # recording daemon's last command.
-            guard.record_hold(np.asarray(chunk.actions, np.float32), chunk.t_issue_ns)
+        verdict_in = (
+            trusted.judge(np.asarray(obs.proprio), obs.t_sensor_ns, obs.reanchor) if obs.proprio is not None else None
+        )
+        if verdict_in is not None:
+            # This daemon refuses that joint state and would not answer it; the recorded
+            # chunk still moved the recording daemon's reference.
+            _sent(guard, chunk)
             out.refused += 1
             continue
-        verdict = guard.check(np.array(actions[chunk.obs_seq], np.float32), now, now + 1)
+        # The guard's rate limit depends on the chunks' time slots, not on when it ran.
+        verdict = guard.check(
+            np.array(actions[chunk.obs_seq], np.float32), chunk.t_sensor_ns, chunk.valid_until_ns, chunk.t_sensor_ns
+        )
         if verdict.actions is None:
             continue
         out.errors.add(chunk.actions, verdict.actions)
@@ -97,16 +103,9 @@ def replay_guard(
     return out
 
 
-def _guard_time(chunk) -> int:
-    """When the daemon's guard ran on ``chunk``: its rate limit scales with the time since the
-    previous command. The guard ran just before the issue: issue time - its own stage time
-    (recordings from before vlad 0.1 carry ``sensor_to_issue`` instead)."""
-    t = chunk.timings_ms
-    if "sensor_to_issue" in t and "guard" in t:
-        return chunk.t_sensor_ns + round((t["sensor_to_issue"] - t["guard"]) * 1e6)
-    if "guard" in t:
-        return chunk.t_issue_ns - round(t["guard"] * 1e6)
-    return chunk.t_issue_ns
+def _sent(guard, chunk) -> None:
+    """``chunk`` (recorded) as the last chunk the guard sent."""
+    guard.record_hold(np.asarray(chunk.actions, np.float32), chunk.t_sensor_ns, chunk.valid_until_ns)
 
 
 @dataclass

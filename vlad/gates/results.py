@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlad.errors import VladError
+from vlad.release.evidence import REPORT_FORMAT
+from vlad.release.manifest import GATES
 
-#: The gates, in the order they run: the cheap, decisive ones first.
-GATE_ORDER = ("contract", "equivalence", "performance", "closed_loop")
-REPORT_FORMAT = "vlad.gate-report/1"
+#: The gates, in the order they run: the cheap, decisive ones first (the manifest's list).
+GATE_ORDER = GATES
+__all__ = ["GATE_ORDER", "REPORT_FORMAT", "Check", "GateError", "GateResult", "Timer", "check"]
 
 _OPS = {
     "<=": lambda v, lim: v <= lim,

@@ -7,7 +7,7 @@ degrading, falling back and quarantining:
 
 * ``policy``: the model misbehaves (quarantined until an operator or a new release);
 * ``system``: the machine or a remote link (heat, memory, deadlines, an unreachable server);
-* ``controller``: heartbeats;   ``input``: the sensor data.
+* ``controller``: heartbeats (each controller's own);   ``input``: the sensor data.
 
 Monitors and sensors are plugins (``vlad_monitors(config)``, ``vlad_sensors()`` hooks): the
 built-ins (:mod:`vlad.health.monitors`, :mod:`vlad.health.sensors`) are registered the same
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vlad.config import MonitorsConfig
+from vlad.health.liveness import Beat
 from vlad.serving.counters import IntakeCounts, PolicyCounts, PolicyId, PublishCounts
 
 Severity = Literal["warn", "fault"]
@@ -41,11 +42,16 @@ class Finding:
     value: float | None = None
     threshold: float | None = None
     policy: PolicyId | None = None  # scope "policy": the policy that produced it
+    subject: str = ""  # whom else it is about (a controller's name): one episode each
+    # How long this fault must stay clear before vlad moves back up the chain; None:
+    # ``fallback.healthy_window_s``. A monitor whose fault already clears with its own
+    # hysteresis (the remote link's prober) sets 0.
+    healthy_window_ns: int | None = None
 
     @property
-    def key(self) -> tuple[str, str, PolicyId | None]:
+    def key(self) -> tuple[str, str, PolicyId | None, str]:
         """Identity of a fault episode (edge-triggered logging)."""
-        return (self.monitor, self.code, self.policy)
+        return (self.monitor, self.code, self.policy, self.subject)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -79,13 +85,25 @@ class HealthView:
     release: PolicyId  # the release being served (first in the chain)
     latency: Mapping[str, Mapping[str, float]]  # LatencyStats.summary()
     last_observation_ns: int  # last valid observation (0: none yet)
-    last_heartbeat_ns: int  # 0: none yet
+    last_heartbeat_ns: int  # 0: none yet (the newest of any controller)
     in_flight: InFlight | None
     hang_timeout_ns: int
     readings: Mapping[str, float]  # from every sensor: "temperature.cpu.0" -> 61.0 ...
     backend_stats: Mapping[PolicyId, Mapping[str, Any]] = field(default_factory=dict)  # Session.stats()
     release_dir: Path | None = None
     artifacts: Mapping[str, str] = field(default_factory=dict)  # relative path -> sha256
+    # Each controller's newest heartbeat, by client name (vlad.health.liveness), and when
+    # the last one said goodbye (0: none did).
+    controllers: Mapping[str, Beat] = field(default_factory=dict)
+    controllers_left_ns: int = 0
+    # When the serving thread last read its socket: ages of heartbeats and observations are
+    # judged up to then (a message may wait unread behind a long inference). 0: now.
+    socket_read_ns: int = 0
+
+    @property
+    def read_until_ns(self) -> int:
+        """The time up to which what controllers sent has been read."""
+        return min(self.now_ns, self.socket_read_ns) if self.socket_read_ns else self.now_ns
 
     @property
     def heartbeat_seen(self) -> bool:

@@ -78,28 +78,33 @@ class MemoryMonitor(Monitor):
 
 
 class HeartbeatMonitor(Monitor):
-    """A controller that stopped sending heartbeats is gone (only after it sent one)."""
+    """Each controller that sent a heartbeat must keep sending them (vlad.health.liveness):
+    one whose heartbeats stopped is gone, whatever the other controllers do. Until it is
+    back, or said goodbye (``bye``), the hold posture serves."""
 
     name = "heartbeat"
 
     def check(self, v: HealthView) -> list[Finding]:
-        if not v.heartbeat_seen:
-            return []
         limit = v.thresholds.heartbeat_missing_periods * v.period_ns
-        age = v.now_ns - v.last_heartbeat_ns
-        if age > limit:
-            return [
-                Finding(
-                    self.name,
-                    "heartbeat_lost",
-                    "fault",
-                    "controller",
-                    f"no controller heartbeat for {age / 1e6:.0f} ms",
-                    age / 1e6,
-                    limit / 1e6,
+        out = []
+        read = v.read_until_ns  # a heartbeat may wait unread behind a long inference
+        for name, beat in sorted(v.controllers.items()):
+            age = read - beat.last_ns
+            if age > limit:
+                who = f"controller {name!r}" if name else "the controller (no client name)"
+                out.append(
+                    Finding(
+                        self.name,
+                        "heartbeat_lost",
+                        "fault",
+                        "controller",
+                        f"no heartbeat from {who} for {age / 1e6:.0f} ms",
+                        age / 1e6,
+                        limit / 1e6,
+                        subject=name,
+                    )
                 )
-            ]
-        return []
+        return out
 
 
 class SensorStreamMonitor(Monitor):
@@ -119,9 +124,9 @@ class SensorStreamMonitor(Monitor):
     def check(self, v: HealthView) -> list[Finding]:
         out = []
         t = v.thresholds
-        if v.last_observation_ns:
+        if v.last_observation_ns and self._streaming(v):
             limit = t.sensor_stall_periods * v.period_ns
-            age = v.now_ns - v.last_observation_ns
+            age = v.read_until_ns - v.last_observation_ns
             if age > limit:
                 out.append(
                     Finding(
@@ -174,6 +179,17 @@ class SensorStreamMonitor(Monitor):
                 )
         return out
 
+    @staticmethod
+    def _streaming(v: HealthView) -> bool:
+        """Whether silence on the observation socket is a stall: unless every live controller
+        said it asks only when it needs a chunk (``cadence = "request"``), it is; with none
+        live, unless the last one said goodbye after the last observation (it left)."""
+        limit = v.thresholds.heartbeat_missing_periods * v.period_ns
+        live = [b.cadence for b in v.controllers.values() if v.read_until_ns - b.last_ns <= limit]
+        if not live:
+            return v.last_observation_ns > v.controllers_left_ns
+        return any(c != "request" for c in live)
+
 
 def _top(reasons: dict[str, int], n: int = 3) -> str:
     items = sorted(((k, c) for k, c in reasons.items() if c > 0), key=lambda kv: -kv[1])[:n]
@@ -193,6 +209,7 @@ class PolicyOutputMonitor(Monitor):
         ("nonfinite_outputs", "nonfinite_output"),
         ("out_of_bounds", "out_of_bounds_output"),
         ("backend_errors", "backend_exception"),
+        ("cycle_errors", "cycle_error"),  # vlad's own code failed on this policy's cycle
     )
 
     def check(self, v: HealthView) -> list[Finding]:
@@ -222,6 +239,9 @@ class PolicyOutputMonitor(Monitor):
                         f"{policy}: {counts.remote_errors} request(s) to its server failed or were late",
                         counts.remote_errors,
                         policy=policy,
+                        # the link's own state (lost until its prober sees it answer in time
+                        # again) is the hysteresis: no extra window on top
+                        healthy_window_ns=0,
                     )
                 )
         f = v.in_flight

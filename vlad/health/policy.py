@@ -11,12 +11,19 @@ any fault asks for:
 * a **system** fault (temperature, memory pressure, an unreachable remote server) moves
   below the policy it names (or off the release when it names none) until the machine or
   the link is healthy again; the policy is not quarantined;
-* a **controller** or **input** fault (heartbeat lost, sensor stall, sustained stale or
-  malformed observations) moves to the hold posture: without trustworthy input, hold still.
+* a **controller** or **input** fault (a controller's heartbeats lost, sensor stall,
+  sustained stale or malformed observations) moves to the hold posture while it lasts:
+  without trustworthy input, or with a controller gone, hold still. It says nothing about
+  the policies, so it ends as soon as its cause does (the next monitor tick), without a
+  healthy window: a controller that is back, or observations that flow again, are served
+  by the policy the chain had.
 
-Going back up the chain needs a healthy window (no fault for ``healthy_window_ns``), so a
-flapping fault cannot flap the robot between policies (hysteresis). Warnings alone only
-mark the release DEGRADED.
+Going back up the chain after a policy or system fault needs a healthy window (no such
+fault for ``healthy_window_ns``, or the finding's own ``healthy_window_ns``), so a
+flapping fault cannot flap the robot between policies (hysteresis). A remote link's
+findings carry a window of 0: the link's prober already requires a run of in-deadline
+answers before it calls the link healthy (``vlad_kserve``). Warnings alone only mark the
+release DEGRADED.
 """
 
 from __future__ import annotations
@@ -43,10 +50,12 @@ class HealthPolicy:
         self.hold = len(chain) - 1
         self.healthy_window_ns = healthy_window_ns
         self.events = events
-        self.active = 0
+        self.active = 0  # the position serving now (set by the chain on every swap)
+        self.position = 0  # where policy and system faults put the chain (hold for input aside)
+        self._decided = 0  # the last active this policy decided: another value was set from outside
         self.quarantined: dict[int, str] = {}  # chain position -> the fault code that caused it
         self.findings: dict[tuple, Finding] = {}
-        self.last_fault_ns = 0
+        self.ready_ns = 0  # no going back up the chain before this (healthy windows)
         self.last_fault_reason = ""
 
     def _next_allowed(self, after: int) -> int:
@@ -81,9 +90,17 @@ class HealthPolicy:
         self.findings = current
 
         faults = [f for f in findings if f.severity == "fault"]
-        target = self.active
-        reasons = []
+        if self.active != self._decided:  # a deploy, rollback or canary abort moved it meanwhile
+            self.position = self.active
+        target = self.position
+        chain_faults, holds = [], []
         for f in faults:
+            if f.scope in ("controller", "input"):
+                holds.append(f.message)
+                continue
+            window = self.healthy_window_ns if f.healthy_window_ns is None else f.healthy_window_ns
+            self.ready_ns = max(self.ready_ns, now_ns + window)
+            chain_faults.append(f.message)
             if f.scope == "policy":
                 culprit = self.index_of(f.policy) if f.policy else self.active
                 if culprit is not None and culprit != self.hold and culprit not in self.quarantined:
@@ -94,30 +111,28 @@ class HealthPolicy:
                         policy=str(self.chain[culprit]),
                         code=f.code,
                     )
-            elif f.scope == "system":
+            else:  # system
                 named = self.index_of(f.policy) if f.policy else None
                 below = named if named is not None else 0
                 target = max(target, self._next_allowed(below))
-            else:  # controller, input
-                target = self.hold
-            reasons.append(f.message)
         if target in self.quarantined:
             target = self._next_allowed(target)
-        if faults:
-            self.last_fault_ns = now_ns
-            self.last_fault_reason = "; ".join(reasons)
-        elif now_ns - self.last_fault_ns >= self.healthy_window_ns and self.active > self.best_allowed():
+        reasons = list(chain_faults)
+        if chain_faults:
+            self.last_fault_reason = "; ".join(chain_faults)
+        elif now_ns >= self.ready_ns and target > self.best_allowed():
             target = self.best_allowed()
-            reasons.append(f"healthy for {self.healthy_window_ns / 1e9:g} s")
-        self.active = target
-        if target == 0:
+            reasons.append("healthy again")
+        self.position = target
+        self.active = self._decided = self.hold if holds else target
+        if self.active == 0:
             warn = [f.message for f in findings if f.severity == "warn"]
             state = State.DEGRADED if warn else State.ACTIVE
             reason = "; ".join(warn) if warn else "; ".join(reasons) or "healthy"
         else:
             state = State.FALLBACK
-            reason = "; ".join(reasons) or self.last_fault_reason
-        return Decision(target, state, reason)
+            reason = "; ".join(holds + reasons) or self.last_fault_reason
+        return Decision(self.active, state, reason)
 
     def resume(self, who: str, why: str) -> None:
         """Operator command: clear every quarantine (recorded with who and why)."""

@@ -10,6 +10,11 @@ period)`` ticks after its frame. Two ways to execute (``scripts/bench_async.py``
   * period) / period)`` ticks); execute ``min(execute, H - w)`` waypoints from the chunk's
   start (the robot did not move meanwhile, so they still apply; validity still ends
   them); repeat.
+* ``wait`` (the episode runner's default rule, :mod:`vlad.episodes`): ask for the next chunk
+  once ``execute`` waypoints of the current one have run, wait up to ``wait_fraction`` of
+  a period for it inside the tick; if it is not in, keep executing the current chunk and
+  take the new one when it comes, its past dropped. A latency within the wait costs
+  nothing (``a = 0``); otherwise it is ``async`` below with ``threshold = H - 1 - execute``.
 * ``async`` (:class:`vlad.client.ChunkExecutor`, one request in flight): keep executing;
   send the next frame when the waypoints left after the current one fall to the
   threshold, i.e. ``c = max(a, H - 1 - threshold)`` ticks after the previous frame. The new
@@ -79,7 +84,7 @@ def chunk_rate(
     validity_ms: float | None = None,
     wait_fraction: float = 0.8,
 ) -> ChunkRate:
-    """Predicted control rate of ``sync`` or ``async`` chunk execution (see the module)."""
+    """Predicted control rate of ``sync``, ``wait`` or ``async`` chunk execution (see the module)."""
     if period_ms <= 0 or chunk < 1 or latency_ms < 0:
         raise PlannerError("chunk_rate needs period > 0, chunk >= 1 and latency >= 0")
     tick_hz = 1000.0 / period_ms
@@ -89,6 +94,13 @@ def chunk_rate(
         executed = max(0, min(execute, h - wait))
         cycle = wait + max(executed, 1)
         return ChunkRate(mode, tick_hz * executed / cycle, tick_hz, cycle, cycle - executed, executed)
+    if mode == "wait":
+        a = 0 if latency_ms <= wait_fraction * period_ms else ticks_to_arrive(latency_ms, period_ms)
+        if a >= h:
+            return ChunkRate(mode, 0.0, tick_hz, a, a, 0)
+        cycle = max(a, min(execute, h), 1)
+        idle = min(cycle, max(0, cycle + a - h))
+        return ChunkRate(mode, tick_hz * (cycle - idle) / cycle, tick_hz, cycle, idle, cycle - idle)
     if mode == "async":
         a = ticks_to_arrive(latency_ms, period_ms)
         if a >= h:  # every chunk is over before it arrives
@@ -97,4 +109,4 @@ def chunk_rate(
         cycle = max(a, h - 1 - thr)
         idle = min(cycle, max(0, cycle + a - h))
         return ChunkRate(mode, tick_hz * (cycle - idle) / cycle, tick_hz, cycle, idle, cycle - idle)
-    raise PlannerError(f"unknown execution mode {mode!r} (sync or async)")
+    raise PlannerError(f"unknown execution mode {mode!r} (sync, wait or async)")

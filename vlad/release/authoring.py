@@ -70,6 +70,10 @@ def guess_role(relpath: str) -> str | None:
         return "calibration"
     if "adapter" in name or "lora" in name:
         return "adapter"
+    if name.endswith(".mcap"):
+        return "recording"
+    if name.endswith(".npz") and ("golden" in name or "fixture" in name):
+        return "fixture"
     if name.endswith((".engine", ".plan", ".trt")):
         return "engine"
     if name.endswith((".onnx", ".pt2", ".ts")):

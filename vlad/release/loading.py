@@ -2,13 +2,16 @@
 
 The daemon loads the release being served and every fallback policy this way at start,
 and the release manager loads deployed, shadowed and rolled-back releases the same way.
+A deploy hands the verification of its staging step on (``PolicySource.verified``): the
+files it hashed are not hashed again. Each multi-second step reports progress.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,9 @@ from vlad.contract import Contract, diff_contracts, load_contract
 from vlad.errors import StartupError
 from vlad.files import sha256_file
 from vlad.processing import Tokenizer
+from vlad.release.evidence import Evidence, judge_evidence
 from vlad.release.manifest import Manifest
+from vlad.release.signing import VerifiedRelease
 
 log = logging.getLogger("vlad.release")
 
@@ -40,6 +45,9 @@ class PolicySource:
     options: Mapping[str, Any] = field(default_factory=dict)
     site_options: Mapping[str, Any] = field(default_factory=dict)
     check_time: bool = True  # False for a rollback: a date must not block the way back
+    # This operation's verification of ``folder`` (a deploy's staging): files still the ones
+    # it hashed are not hashed again.
+    verified: VerifiedRelease | None = None
 
 
 @dataclass
@@ -52,11 +60,16 @@ class LoadedPolicy:
     artifacts: dict[str, str]  # relative path -> sha256 at load time
     manifest: Manifest | None = None  # the verified manifest; None for an unsigned release
     notes: tuple[str, ...] = ()  # what a human should know (e.g. "expired, used for a rollback")
+    verified: VerifiedRelease | None = None  # what verification found (hashes with file identities)
+    evidence: Evidence | None = None  # its gate evidence; None for an unsigned release
 
 
-def load_policy(source: PolicySource, warmup: int) -> LoadedPolicy:
-    """Verify (signed releases), load, check and warm up one release folder."""
+def load_policy(source: PolicySource, warmup: int, progress: Callable[[str], None] | None = None) -> LoadedPolicy:
+    """Verify (signed releases), load, check and warm up one release folder; ``progress``
+    gets a line per step and, while hashing, one a second."""
     from vlad.plugins import get_backend
+
+    say = progress or (lambda line: None)
 
     folder = source.folder
     backend_name, artifact, options = source.backend, source.artifact, dict(source.options)
@@ -66,7 +79,10 @@ def load_policy(source: PolicySource, warmup: int) -> LoadedPolicy:
     if source.keys_dir is not None:
         from vlad.release.signing import verify_release
 
-        verified = verify_release(folder, source.keys_dir, check_time=source.check_time)
+        known = source.verified.files if source.verified and source.verified.path == folder.resolve() else None
+        verified = verify_release(folder, source.keys_dir, check_time=source.check_time, known=known, progress=say)
+        if verified.hash_seconds >= 1.0:  # progress is for the steps a human waits for
+            say(verified.hashing)
         for warning in verified.warnings:
             log.warning("release %s: %s", verified.id, warning)
         m = manifest = verified.manifest
@@ -112,19 +128,38 @@ def load_policy(source: PolicySource, warmup: int) -> LoadedPolicy:
     avail = backend.availability()
     if not avail.usable:
         raise StartupError(f"backend {backend.name} is not usable here: {avail.reason}")
+    t0 = time.monotonic()
+    say(f"loading {artifact} on {backend_name}")
     session = backend.load(artifact_path, contract, options)
+    if time.monotonic() - t0 >= 1.0:
+        say(f"loaded {artifact} on {backend_name} in {time.monotonic() - t0:.1f} s; {warmup} warm-up inference(s)")
+    t0 = time.monotonic()
     try:
         session.warmup(warmup)
     except BaseException:
         session.close()
         raise
+    if time.monotonic() - t0 >= 1.0:
+        say(f"warmed up in {time.monotonic() - t0:.1f} s")
     if artifacts is None:  # unsigned (development): watch what was loaded
         files = [contract_path, artifact_path] + ([contract.tokenizer_path] if contract.tokenizer_path else [])
         artifacts = {str(p.relative_to(folder)): sha256_file(p) for p in files}
     # Named by the model it serves (what controllers see in every chunk), for signed and
     # unsigned releases alike; the manifest's release id names the store folder.
     release_id = f"{contract.model.id}@{contract.model.version}"
-    return LoadedPolicy(release_id, folder, contract, tokenizer, session, artifacts, manifest, tuple(notes))
+    evidence = judge_evidence(manifest, folder, verified.files) if manifest is not None else None
+    return LoadedPolicy(
+        release_id,
+        folder,
+        contract,
+        tokenizer,
+        session,
+        artifacts,
+        manifest,
+        tuple(notes),
+        verified if manifest is not None else None,
+        evidence,
+    )
 
 
 def compatible(primary: Contract, other: Contract) -> list[str]:

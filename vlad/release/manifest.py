@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from vlad.backend import PRECISIONS
 from vlad.errors import ProblemsError, VladError
-from vlad.files import FileRefused, parse_toml, read_bytes
+from vlad.files import FileRefused, parse_toml, read_bytes, read_bytes_beneath
 
 __all__ = [
     "CHANGE_KINDS",
@@ -87,6 +88,8 @@ ROLES = (
     "weights",
     "adapter",
     "report",
+    "fixture",  # golden fixtures the gates check against (docs/gates.md)
+    "recording",  # sensor recordings (MCAP) the gates replay
 )
 FALLBACK_KINDS = ("previous_release", "policy", "hold")
 CHANGE_KINDS = ("retrain", "quantization", "distillation", "lora_adapter", "export_only")
@@ -352,9 +355,12 @@ def read_manifest_bytes(path: str | Path) -> bytes:
     at most :data:`MAX_MANIFEST_BYTES` are read. Raises :class:`ManifestError`.
     """
     path = Path(path)
-    if path.is_dir():
+    folder = path if path.is_dir() else None
+    if folder is not None:
         path = path / MANIFEST_FILE
     try:
+        if folder is not None:  # inside a release folder: never through a symbolic link
+            return read_bytes_beneath(folder, MANIFEST_FILE, MAX_MANIFEST_BYTES)
         return read_bytes(path, MAX_MANIFEST_BYTES)
     except FileNotFoundError as exc:
         raise ManifestError(
@@ -676,5 +682,5 @@ def _check_options(options: Mapping[str, Any], problems: list[str]) -> None:
             problems.append(f"{where}: expected an integer >= 0 (0 = runtime default)")
         elif key == "providers" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             problems.append(f"{where}: expected an array of provider names, in preference order")
-        elif key == "precision" and value not in ("fp32", "fp16", "bf16", "int8", "fp8", "mixed"):
-            problems.append(f"{where}: unknown precision {value!r} (known: fp32, fp16, bf16, int8, fp8, mixed)")
+        elif key == "precision" and value not in PRECISIONS:
+            problems.append(f"{where}: unknown precision {value!r} (known: {', '.join(PRECISIONS)})")

@@ -11,6 +11,13 @@ Layout under the root (``/var/lib/vlad`` by default; docs/releases.md explains i
     engines/<cache_key>/        engine caches built on this robot (never removed here)
     history.jsonl               journal of activations and rollbacks (intent, then done)
 
+Gate evidence: activation and rollback make a release active only through
+:mod:`vlad.release.evidence` (passing evidence, or ``force`` with a reason, recorded in the
+journal with what it overrode). Hashing: staging hashes each artifact once, while it
+copies; the :class:`~vlad.release.signing.VerifiedRelease` it returns can be handed to
+:meth:`ReleaseStore.activate` (and the daemon's loader) so they compare file identities
+instead of hashing again (:mod:`vlad.release.artifacts`).
+
 Atomicity: a release directory becomes visible only by ``rename`` of a complete,
 re-verified temp copy; ``active`` and ``previous`` switch together by renaming one
 symlink (``current``) over the old one after the new generation directory and the temp
@@ -40,8 +47,18 @@ from pathlib import Path
 from typing import Any
 
 from vlad.errors import VladError
-from vlad.release.manifest import MANIFEST_FILE, RELEASE_ID_RE, SIGNATURE_FILE, rfc3339
-from vlad.release.signing import DEFAULT_KEYS_DIR, ValidityError, VerifiedRelease, verify_release
+from vlad.files import read_bytes_beneath
+from vlad.release.artifacts import Progress, copy_artifacts
+from vlad.release.evidence import judge_evidence, require_evidence
+from vlad.release.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, RELEASE_ID_RE, SIGNATURE_FILE, rfc3339
+from vlad.release.signing import (
+    DEFAULT_KEYS_DIR,
+    MAX_SIGNATURE_BYTES,
+    IntegrityError,
+    ValidityError,
+    VerifiedRelease,
+    verify_release,
+)
 
 __all__ = ["DEFAULT_ROOT", "DowngradeRefused", "HistoryEntry", "ReleaseStore", "StoreError", "default_operator"]
 
@@ -83,6 +100,29 @@ class HistoryEntry:
     to_version_code: int | None
     forced: bool = False
     recovered: bool = False
+    # Gate evidence of to_release when it was made active: "passed", "missing" or
+    # "failed" (then forced); None in records written before the journal kept it.
+    evidence: str | None = None
+    evidence_problems: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()  # what ``forced`` overrode, one line each
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> HistoryEntry:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in names}
+        return cls(**values)
+
+    def flags(self) -> str:
+        """`` [forced: evidence missing, downgrade]`` etc. for one-line listings."""
+        out = []
+        if self.forced:
+            what = [o.split(":", 1)[0] for o in self.overrides]
+            out.append(f"[forced: {', '.join(what)}]" if what else "[forced]")
+        if self.evidence is None:
+            out.append("[evidence not recorded]")
+        if self.recovered:
+            out.append("[recovered]")
+        return (" " + " ".join(out)) if out else ""
 
 
 def default_operator() -> str:
@@ -104,13 +144,37 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _copy_file(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
-        shutil.copyfileobj(fin, fout, 1 << 20)
-        fout.flush()
-        os.fsync(fout.fileno())
-    os.chmod(dst, 0o444)  # a staged release is immutable; edits are new releases
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _extra_files(src: VerifiedRelease) -> list[str]:
+    from vlad.release.signing import extra_files
+
+    return extra_files(src.path, src.manifest)
+
+
+def _known(verified: VerifiedRelease | None, path: Path) -> Any:
+    """The hashes of an earlier step of this operation, when they describe ``path``."""
+    if verified is None or verified.path.resolve() != path.resolve():
+        return None
+    return verified.files
+
+
+def _evidence_override(evidence: dict[str, Any]) -> list[str]:
+    if evidence["evidence"] == "passed":
+        return []
+    return [f"evidence {evidence['evidence']}: " + "; ".join(evidence.get("evidence_problems", []))]
+
+
+def _need_why(force: bool, why: str, release_id: str) -> None:
+    if force and not (why or "").strip():
+        raise StoreError(f"--force needs --why: say why {release_id} is made active anyway (kept in the history)")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -218,12 +282,11 @@ class ReleaseStore:
 
     def history(self) -> list[HistoryEntry]:
         """Completed activations and rollbacks, oldest first."""
-        names = {f.name for f in dataclasses.fields(HistoryEntry)}
-        return [
-            HistoryEntry(**{k: v for k, v in r.items() if k in names})
-            for r in self.journal()
-            if r.get("phase") == "done"
-        ]
+        return [HistoryEntry.from_record(r) for r in self.journal() if r.get("phase") == "done"]
+
+    def last_activation(self, release_id: str) -> HistoryEntry | None:
+        """The newest completed activation or rollback that made ``release_id`` active."""
+        return next((e for e in reversed(self.history()) if e.to_release == release_id), None)
 
     def activated_versions(self) -> set[int]:
         """``version_code`` of every release ever activated here (and of the current pair)."""
@@ -257,55 +320,91 @@ class ReleaseStore:
 
     # ---- staging ---------------------------------------------------------------------
 
-    def stage(self, src_dir: str | Path, keys_dir: str | Path | None = None, now: dt.datetime | None = None) -> str:
-        """Verify the release folder ``src_dir`` and copy it into the store; returns its id.
+    def stage(
+        self,
+        src_dir: str | Path,
+        keys_dir: str | Path | None = None,
+        now: dt.datetime | None = None,
+        progress: Progress | None = None,
+    ) -> str:
+        """Verify the release folder ``src_dir`` and copy it into the store; returns its id
+        (:meth:`stage_release` returns the verification too)."""
+        return self.stage_release(src_dir, keys_dir, now, progress).id
 
-        The copy goes to a temp folder inside ``releases/`` (each file fsynced), is verified
-        again (the source may change while being copied) and renamed into place. Staging an
-        identical release again is a no-op; a different release under a staged id is refused.
-        A release whose not_before lies ahead may be staged; an expired one may not.
+    def stage_release(
+        self,
+        src_dir: str | Path,
+        keys_dir: str | Path | None = None,
+        now: dt.datetime | None = None,
+        progress: Progress | None = None,
+    ) -> VerifiedRelease:
+        """Verify the release folder ``src_dir`` and copy it into the store.
+
+        The source's signature, manifest and window are checked first; the artifacts are
+        then copied into a temp folder inside ``releases/`` and hashed in the same pass
+        (each file fsynced, read-only), the copy's manifest and signature verified again
+        (the source may change meanwhile) and the folder renamed into place. Staging an
+        identical release again is a no-op; a different release under a staged id is
+        refused. A release whose not_before lies ahead may be staged; an expired one may
+        not. Returns the staged copy's verification: pass it to :meth:`activate` (and the
+        loader) so that nothing is hashed twice.
         """
         keys = Path(keys_dir) if keys_dir is not None else self.keys_dir
         now = now or dt.datetime.now(dt.UTC)
-        src = verify_release(src_dir, keys, now, check_time=False)
+        src = verify_release(src_dir, keys, now, check_time=False, check_files=False)
         if now >= src.manifest.release.expires:
             raise ValidityError(
                 f"release {src.path}: {src.id} expired at {rfc3339(src.manifest.release.expires)}; not staging it"
             )
         dest = self.releases_dir / src.id
         if dest.exists():
-            return self._already_staged(src, dest, keys, now)
+            return self._already_staged(src, dest, keys, now, progress)
+        extra = [p for p in _extra_files(src) if p]
+        if extra:
+            raise IntegrityError(f"release {src.path}", extra)
         if not os.access(self.releases_dir, os.W_OK):
             raise StoreError(f"{self.releases_dir}: no permission to stage releases (run as root or the vlad user)")
         tmp = self.releases_dir / f".stage-{os.getpid()}-{secrets.token_hex(4)}"
         tmp.mkdir()
         try:
-            names = [MANIFEST_FILE, SIGNATURE_FILE] + [a.path for a in src.manifest.artifacts]
-            for name in names:
-                _copy_file(src.path / name, tmp / name)
-            for d in sorted({(tmp / n).parent for n in names}, key=lambda p: -len(p.parts)):
+            for name, limit in ((MANIFEST_FILE, MAX_MANIFEST_BYTES), (SIGNATURE_FILE, MAX_SIGNATURE_BYTES)):
+                _write_new(tmp / name, read_bytes_beneath(src.path, name, limit))
+            copied = copy_artifacts(
+                src.path, tmp, ((a.path, a.size, a.sha256) for a in src.manifest.artifacts), progress=progress
+            )
+            if copied.problems:
+                raise IntegrityError(f"release {src.path}", copied.problems)
+            if progress is not None:
+                progress(copied.summary)
+            for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
                 _fsync_dir(d)
             _crash_point("stage_copied")
-            verify_release(tmp, keys, now, check_time=False)
+            # The copy's own bytes decide: signature over the manifest copied, every file
+            # the one just hashed (identities compared, nothing read again).
+            staged = verify_release(tmp, keys, now, check_time=False, known=copied.checks)
             with self._lock():
                 if dest.exists():
-                    return self._already_staged(src, dest, keys, now)
+                    return self._already_staged(src, dest, keys, now, progress)
                 os.rename(tmp, dest)
                 _fsync_dir(self.releases_dir)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         _crash_point("stage_renamed")
-        return src.id
+        return dataclasses.replace(
+            staged, path=dest.resolve(), hashing=copied.summary, hashed_bytes=copied.hashed_bytes
+        )
 
-    def _already_staged(self, src: VerifiedRelease, dest: Path, keys: Path, now: dt.datetime) -> str:
-        staged = verify_release(dest, keys, now, check_time=False)
+    def _already_staged(
+        self, src: VerifiedRelease, dest: Path, keys: Path, now: dt.datetime, progress: Progress | None
+    ) -> VerifiedRelease:
+        staged = verify_release(dest, keys, now, check_time=False, check_files=False)
         if staged.manifest.canonical_bytes() != src.manifest.canonical_bytes():
             raise StoreError(
                 f"release {src.id} is already staged with a different manifest; "
                 f"a changed release needs a new release id"
             )
-        return src.id
+        return verify_release(dest, keys, now, check_time=False, progress=progress)
 
     # ---- switching -------------------------------------------------------------------
 
@@ -316,58 +415,122 @@ class ReleaseStore:
         why: str = "",
         force: bool = False,
         now: dt.datetime | None = None,
+        verified: VerifiedRelease | None = None,
+        progress: Progress | None = None,
     ) -> HistoryEntry:
         """Make a staged release active; the active one becomes ``previous``.
 
-        The release is verified again (signature, validity window, every file). Refused
-        (:class:`DowngradeRefused`) without ``force``: a ``version_code`` lower than the
-        highest ever activated here for a release never activated here, and a release
-        marked bad by a rollback.
+        The release is verified again (signature, validity window, every file; with
+        ``verified``, the result of this operation's staging or loading, files still the
+        ones hashed then are not hashed again). Refused without ``force`` (and a ``why``):
+        gate evidence missing or failed (:class:`~vlad.release.evidence.EvidenceMissing`);
+        a ``version_code`` lower than the highest ever activated here for a release never
+        activated here, and a release marked bad by a rollback (:class:`DowngradeRefused`).
+        An integrity failure is never overridden.
         """
         with self._lock():
             path = self.release_path(release_id)
             current = self.active()
             if current == release_id:
                 raise StoreError(f"release {release_id} is already active")
-            verified = verify_release(path, self.keys_dir, now)
+            verified = verify_release(path, self.keys_dir, now, known=_known(verified, path), progress=progress)
             if verified.id != release_id:
                 raise StoreError(f"{path}: holds release {verified.id}, not {release_id}")
+            evidence = require_evidence(
+                judge_evidence(verified.manifest, verified.path, verified.files),
+                release_id,
+                path,
+                force=force,
+                why=why,
+                retry=f"vladctl release activate {release_id} --force --why '...'",
+            )
+            overrides = _evidence_override(evidence)
             code = verified.manifest.release.version_code
             seen = self.activated_versions()
-            if not force:
-                # A release that never ran here must be newer than everything that did: a
-                # reused (or lower) version_code is refused, whatever release carries it.
-                if seen and release_id not in self.activated_releases() and code <= max(seen):
+            # A release that never ran here must be newer than everything that did: a
+            # reused (or lower) version_code is refused, whatever release carries it.
+            if seen and release_id not in self.activated_releases() and code <= max(seen):
+                if not force:
                     raise DowngradeRefused(
                         f"release {release_id} (version_code {code}) is not newer than releases already "
                         f"activated here (highest version_code {max(seen)}) and was never active here; "
-                        f"use --force to downgrade deliberately"
+                        f"use --force --why '...' to downgrade deliberately"
                     )
-                if release_id in self.bad_releases():
+                overrides.append(f"downgrade: version_code {code} <= {max(seen)} activated here")
+            if release_id in self.bad_releases():
+                if not force:
                     raise DowngradeRefused(
-                        f"release {release_id} was rolled back from; use --force to activate it again"
+                        f"release {release_id} was rolled back from; use --force --why '...' to activate it again"
                     )
-            return self._switch("activate", release_id, current, who, why, force, code)
+                overrides.append(f"bad release: {release_id} was rolled back from")
+            _need_why(force, why, release_id)
+            return self._switch("activate", release_id, current, who, why, force, code, evidence, overrides)
 
-    def rollback(self, who: str | None = None, why: str = "", force: bool = False) -> HistoryEntry:
+    def rollback(
+        self,
+        who: str | None = None,
+        why: str = "",
+        force: bool = False,
+        verified: VerifiedRelease | None = None,
+        progress: Progress | None = None,
+    ) -> HistoryEntry:
         """Swap ``active`` and ``previous``: the one-step rollback, always allowed by version.
 
         The release rolled back from becomes ``previous`` (so the step can be undone) but
         is marked bad: rolling back again to it needs ``force``. The target is verified
         (signature and files) but not against its validity window: returning to the release
-        that ran here before must not be blocked by a date.
+        that ran here before must not be blocked by a date. Its gate evidence is judged
+        like an activation's: a target without passing evidence (e.g. one activated before
+        the evidence rule) needs ``force`` and a ``why``.
         """
         with self._lock():
             current, target = self.active(), self.previous()
             if target is None or target == current:
                 raise StoreError("nothing to roll back to (no previous release)")
-            if target in self.bad_releases() and not force:
-                raise DowngradeRefused(f"previous release {target} was rolled back from; use --force to return to it")
-            verified = verify_release(self.release_path(target), self.keys_dir, check_time=False)
-            return self._switch("rollback", target, current, who, why, force, verified.manifest.release.version_code)
+            overrides: list[str] = []
+            if target in self.bad_releases():
+                if not force:
+                    raise DowngradeRefused(
+                        f"previous release {target} was rolled back from; use --force --why '...' to return to it"
+                    )
+                overrides.append(f"bad release: {target} was rolled back from")
+            path = self.release_path(target)
+            verified = verify_release(
+                path, self.keys_dir, check_time=False, known=_known(verified, path), progress=progress
+            )
+            evidence = require_evidence(
+                judge_evidence(verified.manifest, verified.path, verified.files),
+                target,
+                path,
+                force=force,
+                why=why,
+                retry="vladctl rollback --force --why '...'",
+            )
+            overrides = _evidence_override(evidence) + overrides
+            _need_why(force, why, target)
+            return self._switch(
+                "rollback",
+                target,
+                current,
+                who,
+                why,
+                force,
+                verified.manifest.release.version_code,
+                evidence,
+                overrides,
+            )
 
     def _switch(
-        self, event: str, to: str, from_: str | None, who: str | None, why: str, forced: bool, to_code: int
+        self,
+        event: str,
+        to: str,
+        from_: str | None,
+        who: str | None,
+        why: str,
+        forced: bool,
+        to_code: int,
+        evidence: dict[str, Any],
+        overrides: list[str],
     ) -> HistoryEntry:
         records = self.journal()
         record: dict[str, Any] = {
@@ -382,6 +545,8 @@ class ReleaseStore:
             "from_version_code": self._version_code(from_) if from_ else None,
             "to_version_code": to_code,
             "forced": forced,
+            **evidence,
+            "overrides": overrides,
         }
         self._append(record)
         _crash_point("intent_logged")
@@ -413,7 +578,7 @@ class ReleaseStore:
         if old_gen is not None:
             shutil.rmtree(self.root / f".ptr-{old_gen}", ignore_errors=True)
         self._ensure_links()
-        return HistoryEntry(**{k: v for k, v in done.items() if k != "phase"})
+        return HistoryEntry.from_record(done)
 
     def _generation(self) -> int | None:
         try:

@@ -11,17 +11,18 @@ the last chunk left and publishes the hold posture when
   thread also answers each observation);
 * a policy serves but no command went out for 1.5 periods while a streaming controller is
   there (its last two accepted observations at most two periods apart; observations or
-  heartbeats within the last period): a late or hung inference, stale, rejected or missing
-  observations. These *bridging* holds last until the policy answers again or the
-  monitors move down the chain. 1.5 periods, not 1: scheduling jitter must not interleave
-  holds with a healthy policy's chunks.
+  heartbeats within the last period): a late or hung inference, or missing observations.
+  These *bridging* holds are advisory (a controller executing a valid chunk ignores them;
+  they are not the guard's rate-limit reference), answer the newest observation only
+  while it is unanswered, and last until the policy answers again or the monitors move
+  down the chain. 1.5 periods, not 1: scheduling jitter must not interleave holds with a
+  healthy policy's chunks.
 
   A controller that executes each chunk for several periods and asks again only when it
-  runs out (openpi's action chunk broker, any ``action_horizon`` of 3 or more) is not
-  bridged, although it (or the openpi bridge for it) heartbeats every period: it waits for
-  nothing in between. A hold then would go unused and, worse, become the guard's
-  rate-limit reference (the hold posture, where the arm was when it last asked), dragging
-  the next chunk back towards it.
+  runs out (openpi's action chunk broker, any ``action_horizon`` of 3 or more; declared by
+  ``cadence = "request"`` in its heartbeats, or seen as observations more than two periods
+  apart) is not bridged, although it (or the openpi bridge for it) heartbeats every period: it waits for
+  nothing in between: a hold would go unused.
 """
 
 from __future__ import annotations
@@ -79,11 +80,12 @@ class HoldKeeper:
 
     def _waiting(self, now: int) -> bool:
         """A streaming controller (its last two accepted observations at most two periods
-        apart) is there: a message within the last period. While the serving thread is stuck
+        apart, and not every controller declared ``cadence = "request"``) is there: a
+        message within the last period. While the serving thread is stuck
         in an engine nothing is received, so then: whether it was there as that inference
         started."""
         intake, period = self.loop.intake, self.period_ns
-        if intake.observation_interval_ns > 2 * period:
+        if intake.observation_interval_ns > 2 * period or intake.controllers.only_requests:
             return False
         seen = intake.last_seen_ns
         running = self.loop.in_flight
@@ -91,7 +93,8 @@ class HoldKeeper:
 
     def tick(self, now: int) -> None:
         loop, pub, period = self.loop, self.loop.publisher, self.period_ns
-        since = now - pub.last_publish_ns
+        last = pub.last_publish_ns
+        since = now - last
         intake = loop.intake
         if pub.estop_engaged:
             if pub.estop_output == "hold" and since >= period:
@@ -99,7 +102,18 @@ class HoldKeeper:
         elif loop.active is None:
             if since >= period and intake.last_observation_ns:
                 pub.publish_hold("fallback")
-        elif pub.last_publish_ns and since > 1.5 * period and self._waiting(now):
-            self.bridged += 1
+        elif last and since > 1.5 * period and self._waiting(now):
+            # About the newest observation if it is still unanswered (a late inference),
+            # else about none (the camera stopped while heartbeats go on). Never after a
+            # chunk that went out since this tick looked (the serving thread may just have
+            # answered).
             obs = loop.last_obs
-            pub.publish_hold("bridge", obs.sequence if obs else 0, obs.sensor_time_ns if obs else 0)
+            about = obs if obs is not None and obs.sequence != pub.answered_seq else None
+            if pub.publish_hold(
+                "bridge",
+                about.sequence if about else 0,
+                about.sensor_time_ns if about else 0,
+                advisory=True,
+                unless_sent_after=last,
+            ):
+                self.bridged += 1

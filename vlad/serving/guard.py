@@ -6,8 +6,11 @@ state than the joint can physically move (its rate limit × the periods elapsed 
 factor), is refused. A real external move (a reset, hand-guiding, recovery after an
 e-stop) shows as a *consistent run* of such observations; after ``reanchor_observations``
 of them, spanning that many control periods of sensor time (a burst inside one period is
-not a move), the trusted state re-anchors there (counted and logged). A rejected observation's
-values never reach an output: holds and re-anchoring use the trusted state only.
+not a move), the trusted state re-anchors there (counted and logged). A controller that
+knows of a jump (an episode reset, homing) announces it with the observation (``reanchor``):
+that state is trusted at once, at most once per ``guard.reanchor_min_interval_ms``. A
+rejected observation's values never reach an output: holds and re-anchoring use the
+trusted state only.
 
 :class:`ActionGuard` checks, in order, against the release contract:
 
@@ -17,9 +20,11 @@ values never reach an output: holds and re-anchoring use the trusted state only.
    (``bounds``); a value beyond a bound by more than the joint's rate limit is also counted
    as ``out_of_bounds``, which the health monitors treat as a broken policy;
 3. within each joint's ``rate_limit`` per control period: between consecutive waypoints,
-   and from the reference to the first waypoint (scaled by the periods elapsed). The
-   reference is the last published command; the trusted joint state when there is none
-   (start, e-stop released) or after a confirmed external move;
+   and from the reference to the first waypoint. The reference is the command for the
+   time slot just before the first waypoint's: the last chunk sent's waypoint for that
+   slot while that chunk is valid (a second answer to the same observation is limited
+   from what the first one started from), else the trusted joint state (nothing sent yet,
+   the e-stop released, the last chunk expired, a re-anchor);
 4. still valid: a chunk whose ``valid_until`` has passed is not published at all.
 
 Every correction is an *intervention*, counted by kind. The guard is a process function:
@@ -74,6 +79,9 @@ class TrustedState:
         # Every action joint has a measured position: a trusted state is then all finite.
         self.complete = bool(self._mapped_k) and len(self._mapped_k) == len(self.index)
         self.confirm = cfg.reanchor_observations
+        self.announced_interval_ns = int(cfg.reanchor_min_interval_ms * 1e6)
+        self._announced_ns: int | None = None  # sensor time of the last announced re-anchor
+        self.announced = 0
         # A real move is consistent over time, not only in count: the confirming run must
         # span (confirm - 1) control periods of sensor time (less a quarter period of
         # jitter). A burst of identical forged states inside one period never re-anchors.
@@ -95,17 +103,21 @@ class TrustedState:
     def _within(self, q: list[float], ref: list[float], dt_ns: int) -> bool:
         return all(abs(a - b) <= lim for a, b, lim in zip(q, ref, self._allowed(dt_ns), strict=True))
 
-    def judge(self, proprio: np.ndarray | None, t_sensor_ns: int) -> str | None:
+    def judge(self, proprio: np.ndarray | None, t_sensor_ns: int, reanchor: bool = False) -> str | None:
         """:meth:`judge_values` for a proprio array (None: nothing to judge)."""
         if proprio is None:
             return None
-        return self.judge_values(np.asarray(proprio, np.float64).tolist(), t_sensor_ns)
+        return self.judge_values(np.asarray(proprio, np.float64).tolist(), t_sensor_ns, reanchor)
 
-    def judge_values(self, proprio: Sequence[float], t_sensor_ns: int) -> str | None:
+    def judge_values(self, proprio: Sequence[float], t_sensor_ns: int, reanchor: bool = False) -> str | None:
         """None when ``proprio`` (finite floats, contract order) is trusted (and becomes the
         trusted state), else the rejection reason (a counter key: ``proprio_out_of_limits``,
         ``implausible_proprio``). Plain floats, not numpy: a handful of joints judged at
-        every observation costs less in Python than in numpy's per-call dispatch."""
+        every observation costs less in Python than in numpy's per-call dispatch.
+
+        ``reanchor``: the controller announces an intended jump (an episode reset, homing):
+        a state within the limits is trusted at once and becomes the rate limiter's
+        reference, at most once per ``guard.reanchor_min_interval_ms`` of sensor time."""
         if not self._mapped_k:
             return None
         q = [proprio[i] for i in self._mapped_i]
@@ -113,6 +125,13 @@ class TrustedState:
             return "proprio_out_of_limits"
         if self.positions is None:
             self._accept(q, t_sensor_ns)
+            return None
+        if reanchor and (
+            self._announced_ns is None or abs(t_sensor_ns - self._announced_ns) >= self.announced_interval_ns
+        ):
+            self._announced_ns = t_sensor_ns
+            self.announced += 1
+            self._reanchor(q, t_sensor_ns, "announced by the controller")
             return None
         if t_sensor_ns < self.t_ns:
             # Older than the trusted state (a late frame): judged against it, never replacing it.
@@ -129,17 +148,23 @@ class TrustedState:
         self._candidate, self._candidate_t = q, t_sensor_ns
         if self._run < self.confirm or t_sensor_ns - self._candidate_t0 < self.min_span_ns:
             return "implausible_proprio"
+        self._reanchor(q, t_sensor_ns, f"after {self.confirm} consistent observations")
+        return None
+
+    def _reanchor(self, q: list[float], t_ns: int, why: str) -> None:
         before = self._positions_m
-        self._accept(q, t_sensor_ns)
+        self._accept(q, t_ns)
         self.generation += 1
         self.reanchors += 1
-        log.warning(
-            "joint state re-anchored after %d consistent observations: %s -> %s",
-            self.confirm,
-            [round(v, 3) for v in before],
-            [round(v, 3) for v in q],
-        )
-        return None
+        # An announced re-anchor is routine (every episode reset): logged sparsely.
+        if self.reanchors <= 10 or self.reanchors % 1000 == 0:
+            log.warning(
+                "joint state re-anchored (%d so far) %s: %s -> %s",
+                self.reanchors,
+                why,
+                [round(v, 3) for v in before],
+                [round(v, 3) for v in q],
+            )
 
     def _accept(self, q: list[float], t_ns: int) -> None:
         full = [math.nan] * len(self.index)
@@ -160,8 +185,18 @@ class GuardResult:
     replaced: bool  # the chunk was replaced by the hold posture
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """The last chunk a controller may be executing: its waypoints on their time slots."""
+
+    actions: np.ndarray  # a copy, as published
+    t_sensor_ns: int  # waypoint k covers [t_sensor + k * period, t_sensor + (k + 1) * period)
+    valid_until_ns: int
+    before: np.ndarray  # what its first waypoint was limited from (the command for the slot before)
+
+
 class ActionGuard:
-    """Stateful guard: remembers the last published command for rate limiting."""
+    """Stateful guard: remembers the last chunk sent (:class:`Sent`) for rate limiting."""
 
     def __init__(self, contract: Contract, trusted: TrustedState | None = None, cfg: GuardConfig | None = None) -> None:
         spec = contract.action
@@ -175,13 +210,17 @@ class ActionGuard:
         self._steps = np.empty((max(spec.chunk_length - 1, 0), spec.dim), np.float32)
         self.period_ns = int(contract.timing.control_period_ms * 1e6)
         self.confirm = cfg.reanchor_observations
-        self.last_command: np.ndarray | None = None
-        self.last_command_ns = 0
+        self.last: Sent | None = None
         self.counts = dict.fromkeys(INTERVENTIONS, 0)
         self.reanchors = 0  # reference moved to the trusted state after it drifted from the command
         self._seen_generation = 0
         self._drift_run = 0
         self._drift_t = 0
+
+    @property
+    def last_command(self) -> np.ndarray | None:
+        """The first waypoint of the last chunk sent (None after :meth:`forget_command`)."""
+        return self.last.actions[0] if self.last is not None else None
 
     def hold_posture(self) -> np.ndarray:
         """The approved stationary command as a full chunk.
@@ -194,11 +233,12 @@ class ActionGuard:
         hold = np.zeros(spec.dim, dtype=np.float32)
         if spec.hold_posture == "hold_position":
             q = self.trusted.positions
+            last = self.last_command
             for k in range(spec.dim):
                 if q is not None and np.isfinite(q[k]):
                     hold[k] = q[k]
-                elif self.last_command is not None:
-                    hold[k] = self.last_command[k]
+                elif last is not None:
+                    hold[k] = last[k]
                 else:
                     hold[k] = (self.lower[k] + self.upper[k]) / 2
             hold = np.clip(hold, self.lower, self.upper)
@@ -206,16 +246,20 @@ class ActionGuard:
 
     def forget_command(self) -> None:
         """Start the next chunk from the trusted joint state (e.g. after an e-stop)."""
-        self.last_command = None
+        self.last = None
 
-    def check(self, actions: np.ndarray, now_ns: int, valid_until_ns: int) -> GuardResult:
-        """Guard ``actions`` (may be modified in place); remembers the first waypoint sent."""
+    def check(
+        self, actions: np.ndarray, now_ns: int, valid_until_ns: int, t_sensor_ns: int | None = None
+    ) -> GuardResult:
+        """Guard ``actions`` computed from the observation at ``t_sensor_ns`` (default: now);
+        may modify them in place; remembers the chunk as sent."""
         spec = self.contract.action
         hit: list[str] = []
         replaced = False
         if now_ns > valid_until_ns:
             self.counts["expired"] += 1
             return GuardResult(None, ("expired",), False)
+        t_sensor = now_ns if t_sensor_ns is None else t_sensor_ns
         out = actions
         # The common case in one pass: every value finite and inside its bounds (a NaN fails
         # both comparisons). Only a chunk that is not gets the checks that say which.
@@ -234,37 +278,45 @@ class ActionGuard:
                     out, replaced = self.hold_posture(), True
                 else:
                     np.clip(out, self.lower, self.upper, out=out)
-        if self._rate_limit(out, now_ns):
+        before = self._reference(t_sensor)
+        if self._rate_limit(out, before):
             hit.append("rate")
         for kind in hit:
             self.counts[kind] += 1
-        self.last_command = out[0].copy()
-        self.last_command_ns = now_ns
+        self.last = Sent(out.copy(), t_sensor, valid_until_ns, out[0].copy() if before is None else before)
         return GuardResult(out, tuple(hit), replaced)
 
-    def record_hold(self, chunk: np.ndarray, now_ns: int) -> None:
-        self.last_command, self.last_command_ns = chunk[0].copy(), now_ns
+    def record_hold(self, chunk: np.ndarray, t_sensor_ns: int, valid_until_ns: int) -> None:
+        """A hold a controller adopts at once (e-stop, fallback, a failed inference): the
+        next chunk is limited from it."""
+        self.last = Sent(chunk.copy(), t_sensor_ns, valid_until_ns, chunk[0].copy())
 
-    def _reference(self, allow: np.ndarray, now_ns: int) -> np.ndarray | None:
-        """What the first waypoint is rate-limited against (see module doc)."""
+    def _reference(self, t_sensor_ns: int) -> np.ndarray | None:
+        """The command for the time slot before the one the new chunk's first waypoint covers.
+
+        While the last chunk sent is valid that is its waypoint for that slot (a controller
+        following the newest chunk, or one executing a chunk for several periods, is there),
+        or, for a chunk about the same slot (two answers to one observation), what the last
+        one was limited from. Otherwise (nothing sent yet, after an e-stop, the last chunk
+        expired, a re-anchor) it is the trusted joint state. None: no trusted state either.
+        """
         trusted = self.trusted
-        q = trusted.positions
-        if not trusted.complete:  # an action joint without a measured position: no finite q
-            q = None
-        if trusted.generation != self._seen_generation:  # a confirmed external move
+        q = trusted.positions if trusted.complete else None  # all finite (every action joint measured)
+        if trusted.generation != self._seen_generation:  # a confirmed or announced re-anchor
             self._seen_generation = trusted.generation
             self._drift_run = 0
-            if q is not None:
-                self.last_command = q.copy()
-            return self.last_command
-        prev = self.last_command
-        if prev is None:
+            self.last = None
+        last = self.last
+        if last is None or t_sensor_ns > last.valid_until_ns:
             return q.copy() if q is not None else None
+        period = self.period_ns
+        k = (t_sensor_ns - last.t_sensor_ns + period // 2) // period - 1 if period else -1
+        ref = last.before if k < 0 else last.actions[min(k, len(last.actions) - 1)]
         if q is None:
-            return prev
-        # The robot drifted from the last command (hand-guiding, a slow external push):
-        # follow the measurement only once consecutive trusted states agree on it.
-        if (np.abs(q - prev) > allow).any():
+            return ref
+        # The robot drifted from the commands (hand-guiding, a slow external push): follow
+        # the measurement only once consecutive trusted states agree on it.
+        if (np.abs(q - ref) > self.rate).any():
             if trusted.t_ns != self._drift_t:
                 self._drift_run += 1
                 self._drift_t = trusted.t_ns
@@ -275,23 +327,21 @@ class ActionGuard:
                 return q.copy()
         else:
             self._drift_run = 0
-        return prev
+        return ref
 
-    def _rate_limit(self, chunk: np.ndarray, now_ns: int) -> bool:
-        """Clamp per-period changes in place; True when anything was clamped."""
-        first_allow = self.rate
-        if self.last_command is not None and self.period_ns:
-            first_allow = self.rate * np.float32(max(1.0, (now_ns - self.last_command_ns) / self.period_ns))
-        prev = self._reference(first_allow, now_ns)
-        within = prev is None or bool((np.abs(chunk[0] - prev) <= first_allow + 1e-6).all())
+    def _rate_limit(self, chunk: np.ndarray, ref: np.ndarray | None) -> bool:
+        """Clamp per-period changes in place (the first waypoint from ``ref``, one period);
+        True when anything was clamped."""
+        tol = self._rate_tol
+        within = ref is None or bool((np.abs(chunk[0] - ref) <= tol).all())
         if within and len(chunk) > 1:  # then the steps between waypoints
             steps = self._steps if self._steps.shape[0] == len(chunk) - 1 else np.empty_like(chunk[1:])
             np.subtract(chunk[1:], chunk[:-1], out=steps)
-            within = bool((np.abs(steps, out=steps) <= self._rate_tol).all())
+            within = bool((np.abs(steps, out=steps) <= tol).all())
         if within:
             return False
-        if prev is not None:
-            chunk[0] = prev + np.clip(chunk[0] - prev, -first_allow, first_allow)
+        if ref is not None:
+            chunk[0] = ref + np.clip(chunk[0] - ref, -self.rate, self.rate)
         for k in range(1, len(chunk)):
             chunk[k] = chunk[k - 1] + np.clip(chunk[k] - chunk[k - 1], -self.rate, self.rate)
         np.clip(chunk, self.lower, self.upper, out=chunk)

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from vlad import protocol
 from vlad.contract import Contract
-from vlad.processing import RawObservation
+from vlad.errors import TokenizerError
+from vlad.health.liveness import Controllers
+from vlad.processing import RawObservation, Tokenizer
 from vlad.serving.counters import IntakeCounts
 from vlad.serving.guard import TrustedState
 
@@ -42,21 +44,30 @@ class Rejected(Exception):
 class Intake:
     """Decodes and checks observations and heartbeats for one contract (see module doc)."""
 
-    def __init__(self, contract: Contract, counts: IntakeCounts, trusted: TrustedState, max_skew_ns: int) -> None:
+    def __init__(
+        self,
+        contract: Contract,
+        counts: IntakeCounts,
+        trusted: TrustedState,
+        max_skew_ns: int,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
         self.contract = contract
         self.counts = counts
         self.trusted = trusted
         self.max_skew_ns = max_skew_ns
+        self.tokenizer = tokenizer  # the release's: an instruction it cannot encode is refused here
+        # (seq, t_sensor_ns, reason) of the message just refused, when it was an observation
+        # whose header could be read: the serving thread answers it with an advisory hold.
+        self.refused: tuple[int, int, str] | None = None
         self.last_observation_ns = 0  # receive time of the last accepted observation
         self.last_heartbeat_ns = 0
         self.last_seen_ns = 0  # any well-formed message: the controller is there
+        self.controllers = Controllers()  # each controller's own heartbeats (vlad.health.liveness)
         # Between the last two accepted observations: about a period for a controller that
         # streams them, action_horizon periods for one that executes each chunk for that
         # long and asks again when it runs out. vlad.serving.cadence bridges only the former.
         self.observation_interval_ns = 0
-        # Called (serving thread) with (header, reason) for an observation refused on its
-        # content; set once before serving starts (vlad.compat.openpi), else None.
-        self.rejection_listener: Callable[[dict[str, Any], str], None] | None = None
         cams = []
         for cam in contract.cameras:
             raw = cam.raw
@@ -77,9 +88,12 @@ class Intake:
     def accept(self, frames: Sequence[Any], receive_ns: int) -> RawObservation | None:
         """One message -> an observation, or None (a heartbeat, or a counted rejection)."""
         self.counts.messages += 1
+        self.refused = None
+        msg = None
         try:
             msg = protocol.decode(frames, expect=_EXPECT, layout=self._layout)
             if msg.topic == protocol.TOPIC_HEARTBEAT:
+                self.controllers.heartbeat(msg.header, receive_ns)  # a malformed one keeps nobody alive
                 self.last_heartbeat_ns = self.last_seen_ns = receive_ns
                 self.counts.heartbeats += 1
                 return None
@@ -89,14 +103,29 @@ class Intake:
             self.reject(exc.reason, str(exc).removeprefix(f"{exc.reason}: "))  # logged as "reason: detail" once
             return None
         except Rejected as exc:
-            self.reject(exc.reason, str(exc))
-            if self.rejection_listener is not None:  # the openpi bridge answers its client at once
-                self.rejection_listener(msg.header, exc.reason)
+            assert msg is not None  # raised only after the message decoded
+            self._refuse(msg, exc.reason, str(exc))
+            return None
+        except Exception as exc:  # a bug in a check: the message is refused, never the thread's end
+            if msg is None or msg.topic != protocol.TOPIC_OBS:
+                self.reject("internal_error", f"{type(exc).__name__}: {exc}")
+            else:
+                self._refuse(msg, "internal_error", f"{type(exc).__name__}: {exc}")
+            if self.counts.rejected["internal_error"] <= 10:
+                log.error("intake: unexpected error on a message", exc_info=exc)
             return None
         self.counts.observations += 1
+        self.controllers.observed(msg.header.get("client", ""))  # with its heartbeats: a controller judged
         self.observation_interval_ns = receive_ns - self.last_observation_ns
         self.last_observation_ns = receive_ns
         return obs
+
+    def _refuse(self, msg: protocol.Message, reason: str, detail: str) -> None:
+        """A refused observation: counted, and remembered so the serving thread answers it."""
+        self.reject(reason, detail)
+        h = msg.header
+        t_sensor = h.get("t_sensor_ns")
+        self.refused = (msg.seq, t_sensor if type(t_sensor) is int and 0 < t_sensor < 2**63 else 0, reason)
 
     def reject(self, reason: str, detail: str) -> None:
         c = self.counts
@@ -122,6 +151,11 @@ class Intake:
         instruction = h.get("instruction")
         if instruction is not None:
             protocol.check_text(instruction, "instruction")
+            if self.tokenizer is not None:
+                try:
+                    self.tokenizer.encode(instruction)  # cached per instruction: once per new text
+                except TokenizerError as exc:
+                    raise Rejected("instruction_too_long", f"obs {seq}: {exc}") from None
         elif self._language:
             raise Rejected("malformed", f"obs {seq}: header needs an 'instruction' string")
         client = h.get("client")
@@ -148,7 +182,7 @@ class Intake:
             values = proprio.tolist()
             if not all(map(math.isfinite, values)):
                 raise Rejected("nonfinite", f"obs {seq}: proprio holds NaN or Inf")
-            verdict = self.trusted.judge_values(values, t_sensor)
+            verdict = self.trusted.judge_values(values, t_sensor, h.get("reanchor") is True)
             if verdict is not None:
                 raise Rejected(
                     verdict,
@@ -158,7 +192,12 @@ class Intake:
                 )
             self.counts.reanchors = self.trusted.reanchors
         return RawObservation(
-            images=images, proprio=proprio, instruction=instruction, sequence=seq, sensor_time_ns=t_sensor
+            images=images,
+            proprio=proprio,
+            instruction=instruction,
+            sequence=seq,
+            sensor_time_ns=t_sensor,
+            client=client,
         )
 
     def _images(self, seq: int, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

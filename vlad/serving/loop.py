@@ -29,9 +29,9 @@ from typing import NamedTuple
 import zmq
 
 from vlad.config import RealtimeConfig
-from vlad.errors import ObservationError, RemoteUnavailable, VladError
 from vlad.processing import RawObservation
 from vlad.serving import alloctrace
+from vlad.serving.cycle import CycleFailure, run_cycle
 from vlad.serving.intake import Intake
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.publisher import Publisher
@@ -78,8 +78,15 @@ class ServingLoop:
         self.last_obs: RawObservation | None = None  # the newest accepted (trusted) observation
         self.last_obs_receive_ns = 0
         self.last_progress_ns = time.monotonic_ns()
+        # When the thread last looked at its socket: the health monitors judge heartbeat and
+        # observation ages up to here, not up to now, so an inference longer than the
+        # heartbeat limit (messages waiting unread meanwhile) is no lost controller.
+        self.read_ns = self.last_progress_ns
+        self.tap: Callable[..., None] | None = None  # vlad.daemon.tap: never blocks
         self.cycle_errors = 0
         self.generation = 0
+        self._served_by: ServedPolicy | None = None  # the policy the last cycle ran
+        self._anchor = 0  # the trusted joint state's generation the last cycle saw
         self._stopping = False
         self._sock_lock = threading.Lock()
         self._wake_lock = threading.Lock()
@@ -181,11 +188,16 @@ class ServingLoop:
             try:
                 if not self._serve_once(gen, poller, timeout_ms, busy_ns):
                     return
-            except Exception:  # a bug, not bad input: keep serving, but make it loud
+            except Exception:  # a bug, not bad input: keep serving, loud but rate-limited
                 self.cycle_errors += 1
-                log.exception("serving cycle failed")
+                if self.cycle_errors <= 10 or self.cycle_errors % 1000 == 0:
+                    log.exception("serving thread: unexpected error (%d so far)", self.cycle_errors)
             finally:
                 self.last_progress_ns = time.monotonic_ns()
+        # When the thread last looked at its socket: the health monitors judge heartbeat and
+        # observation ages up to here, not up to now, so an inference longer than the
+        # heartbeat limit (messages waiting unread meanwhile) is no lost controller.
+        self.read_ns = self.last_progress_ns
 
     def _serve_once(self, gen: int, poller: zmq.Poller, timeout_ms: int, busy_ns: int) -> bool:
         """One wake-up: poll, drain, serve the newest observation. False: this thread ends."""
@@ -195,6 +207,7 @@ class ServingLoop:
             # Spin only after a wake-up that brought messages: an idle thread blocks at once
             # instead of spinning busy_poll_us after every quarter-period timeout.
             ready = self._poll(poller, timeout_ms, busy_ns if self._spin else 0)
+            self.read_ns = time.monotonic_ns()  # every message sent before now is read (or about to be)
             self._spin = bool(ready)
             woken = self._wake_rx in ready
             if woken:
@@ -202,9 +215,12 @@ class ServingLoop:
                     self._wake_rx.recv()
             newest: tuple[RawObservation, int] | None = None
             if self.sock in ready:
-                newest = self._drain()
+                newest = self._drain(gen)
         if newest is None and woken and self.last_obs is not None:
-            newest = (self.last_obs, self.last_obs_receive_ns)  # a swap: answer the newest again
+            # A swap or the e-stop's release: answer the newest observation again (with the
+            # new policy), unless a chunk about it already went out since.
+            if self.last_obs.sequence != self.publisher.answered_seq or self._served_by is not self.active:
+                newest = (self.last_obs, self.last_obs_receive_ns)
         if newest is not None and not self.estop_engaged():  # e-stop: the policy is not even asked
             if self._alloc is None:
                 self._cycle(*newest, gen)
@@ -221,9 +237,10 @@ class ServingLoop:
                     return ready
         return dict(poller.poll(timeout_ms))
 
-    def _drain(self) -> tuple[RawObservation, int] | None:
+    def _drain(self, gen: int) -> tuple[RawObservation, int] | None:
         newest = None
-        accept = self.intake.accept
+        refused = None  # the newest refused observation, when nothing newer was accepted
+        intake = self.intake
         sock = self.sock
         for _ in range(DRAIN_BATCH):
             # Asking is cheaper than pyzmq's Again exception on an empty queue (every wake-up).
@@ -234,86 +251,92 @@ class ServingLoop:
             except zmq.Again:
                 break
             receive_ns = time.monotonic_ns()
-            obs = accept(frames, receive_ns)
+            if self.tap is not None:
+                self.tap(frames, receive_ns)
+            obs = intake.accept(frames, receive_ns)
             if obs is not None:
                 if newest is not None:
-                    self.intake.counts.superseded += 1
-                newest = (obs, receive_ns)
+                    intake.counts.superseded += 1
+                newest, refused = (obs, receive_ns), None
+            elif intake.refused is not None:
+                refused = intake.refused
         if newest is not None:
             self.last_obs, self.last_obs_receive_ns = newest
+        elif refused is not None and gen == self.generation and not self.estop_engaged():
+            # The controller learns at once that this observation gets no policy answer (and
+            # why); one answer per wake-up, so a flood of junk cannot flood the action socket.
+            seq, t_sensor, reason = refused
+            self.publisher.publish_hold("rejected", seq, t_sensor, advisory=True, reason=reason)
         return newest
 
     # -- the hot path ----------------------------------------------------------------------
 
     def _cycle(self, obs: RawObservation, receive_ns: int, gen: int) -> None:
-        """One observation in, one action chunk out (or a counted reason why not)."""
+        """One observation in, one action chunk out (or a hold saying why not)."""
         shadow = self.shadow
         if shadow is not None:
             shadow.offer(obs, receive_ns)
         policy = self.active
+        self._served_by = policy
         if policy is None:  # the hold posture serves: answer with it at once
             self.publisher.publish_hold("fallback", obs.sequence, obs.sensor_time_ns)
             return
         t = self._times
         t.reset(obs.sensor_time_ns, receive_ns)
-        counts = policy.counts
-
-        # Never compute on stale data: the age is judged when inference would start.
-        t.pre_start = time.monotonic_ns()
-        if t.pre_start - obs.sensor_time_ns > policy.max_age_ns:
-            counts.stale += 1
-            return
+        if self.intake.trusted.generation != self._anchor:  # the joint state re-anchored: a new episode
+            self._anchor = self.intake.trusted.generation
+            if policy.pre.frames > 1:
+                policy.pre.reset()  # an observation window never spans the jump
         # Marked in flight before the retired check: a deploy retiring this policy waits
         # for in_flight to clear before closing its session.
-        self.in_flight = Inference(policy, t.pre_start)
+        self.in_flight = Inference(policy, receive_ns)
         try:
             if policy.retired:
                 return
-            counts.cycles += 1
-            try:
-                inputs = policy.pre.fill(obs)
-            except ObservationError as exc:  # e.g. an instruction longer than the contract allows
-                self.intake.reject("preprocess", str(exc))
-                return
-            t.pre_end = t.infer_start = time.monotonic_ns()
-            try:
-                outputs = policy.session.infer(inputs, obs.sensor_time_ns + policy.deadline_ns)
-            except RemoteUnavailable as exc:
-                counts.remote_errors += 1
-                self._hold_instead(gen, obs, "remote_unavailable", f"{policy.id}: {exc}")
-                return
-            except VladError as exc:
-                counts.backend_errors += 1
-                self._hold_instead(
-                    gen, obs, "backend_error", f"{policy.id}: inference failed on observation {obs.sequence}: {exc}"
-                )
-                return
+            policy.counts.cycles += 1
+            actions = run_cycle(policy, obs, t)  # stale check, preprocess, infer, decode
+        except CycleFailure as failure:
+            self._failed(gen, policy, obs, failure)
+            return
         finally:
             if gen == self.generation:
                 self.in_flight = None
-        t.infer_end = time.monotonic_ns()
-        timing = policy.session.last_timing
-        t.h2d_ms, t.d2h_ms, t.network_ms, t.server_ms = (
-            timing.h2d_ms,
-            timing.d2h_ms,
-            timing.network_ms,
-            timing.server_ms,
-        )
-
         try:
-            actions = policy.decoder.decode(outputs)
-        except ObservationError as exc:  # the engine answered something else than the contract
+            self.publisher.publish(actions, obs, t, policy, gen)  # final guard + e-stop gate + send
+        except Exception as exc:  # a bug in the guard or the send: still answer, count, log
+            broken = CycleFailure("guard", "internal_error", f"{type(exc).__name__}: {exc}")
+            broken.__cause__ = exc
+            self._failed(gen, policy, obs, broken)
+
+    def _failed(self, gen: int, policy: ServedPolicy, obs: RawObservation, failure: CycleFailure) -> None:
+        """Count ``failure`` where it belongs and answer the observation with a hold saying why."""
+        reason, counts = failure.reason, policy.counts
+        if reason == "stale":
+            counts.stale += 1
+        elif failure.input_fault:
+            self.intake.reject(reason, f"obs {obs.sequence}: {failure}")
+        elif reason == "remote_unavailable":
+            counts.remote_errors += 1
+        elif reason == "backend_error":
             counts.backend_errors += 1
-            self._hold_instead(gen, obs, "backend_error", f"{policy.id}: {exc}")
-            return
-        t.decode_end = time.monotonic_ns()
-
-        self.publisher.publish(actions, obs, t, policy, gen)  # final guard + e-stop gate + send
-
-    def _hold_instead(self, gen: int, obs: RawObservation, reason: str, message: str) -> None:
-        """The controller still gets a command for this observation: the hold posture."""
+        else:
+            counts.cycle_errors += 1
         if gen != self.generation:
+            return  # a replaced thread never sends
+        if failure.input_fault:
+            hold = "stale" if reason == "stale" else "rejected"
+            self.publisher.publish_hold(hold, obs.sequence, obs.sensor_time_ns, advisory=True, reason=reason)
             return
         self.publisher.publish_hold(reason, obs.sequence, obs.sensor_time_ns)
-        if self.publisher.counts.holds[reason] <= 10 or self.publisher.counts.holds[reason] % 1000 == 0:
-            log.error("%s", message)
+        n = counts.cycle_errors if reason == "internal_error" else self.publisher.counts.holds[reason]
+        if n <= 10 or n % 1000 == 0:  # loud for the first ones, then sampled
+            log.error(
+                "%s: %s on observation %d (%s, %d so far): %s",
+                policy.id,
+                reason,
+                obs.sequence,
+                failure.stage,
+                n,
+                failure,
+                exc_info=failure.__cause__ if reason == "internal_error" else None,
+            )

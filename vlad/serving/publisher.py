@@ -60,6 +60,8 @@ class Publisher:
         self.generation = 0
         self.seq = 0
         self.last_publish_ns = 0
+        self.answered_seq = 0  # the newest observation answered (a policy chunk or a hold about it)
+        self.tap: Callable[..., None] | None = None  # vlad.daemon.tap: never blocks
         self.validity_ns = int(contract.timing.action_validity_ms * 1e6)
         self.deadline_ns = int(contract.timing.e2e_deadline_ms * 1e6)
         self.period_ns = int(contract.timing.control_period_ms * 1e6)
@@ -107,7 +109,7 @@ class Publisher:
                 counts.estop_blocked += 1
                 return False
             valid_until = obs.sensor_time_ns + self.validity_ns
-            verdict = self.guard.check(actions, time.monotonic_ns(), valid_until)
+            verdict = self.guard.check(actions, time.monotonic_ns(), valid_until, obs.sensor_time_ns)
             t.guard_end = time.monotonic_ns()
             if verdict.actions is None:
                 counts.expired += 1
@@ -121,7 +123,10 @@ class Publisher:
                 policy.id.slot,
                 policy.name,
                 t.header_ms(self._timings),
+                False,
+                "",
             )
+            self.answered_seq = obs.sequence
             t.publish = self.last_publish_ns
             self._swap_done(policy.id.slot)
             self.counts.policy_chunks += 1
@@ -142,23 +147,46 @@ class Publisher:
                 observe(obs.sequence, own)
         return True
 
-    def publish_hold(self, reason: str, obs_seq: int = 0, t_sensor_ns: int = 0) -> bool:
-        """Send the contract's hold posture (from the trusted joint state).
+    def publish_hold(
+        self,
+        kind: str,
+        obs_seq: int = 0,
+        t_sensor_ns: int = 0,
+        *,
+        advisory: bool = False,
+        reason: str = "",
+        unless_sent_after: int | None = None,
+    ) -> bool:
+        """Send the contract's hold posture (from the trusted joint state) as ``hold:<kind>``;
+        ``reason`` (default ``kind``) says why in the header.
 
-        While the e-stop is engaged only ``reason="estop"`` holds go out, and only with
-        ``safety.estop_output = "hold"``.
+        ``advisory``: the observation ``obs_seq`` got no policy answer (late, stale, refused);
+        a controller with a valid chunk keeps executing it, so an advisory hold is not what
+        the next chunk is rate-limited from. Any other hold is adopted at once by every
+        controller (docs/protocol.md). ``unless_sent_after``: send nothing if a chunk went
+        out after this time (decided outside the lock: the serving thread may have answered
+        meanwhile). While the e-stop is engaged only ``kind="estop"`` holds go out, and
+        only with ``safety.estop_output = "hold"``.
         """
         with self.lock:
-            if self.estop_engaged and (reason != "estop" or self.estop_output != "hold"):
+            if self.estop_engaged and (kind != "estop" or self.estop_output != "hold"):
+                return False
+            if unless_sent_after is not None and self.last_publish_ns > unless_sent_after:
                 return False
             chunk = self.guard.hold_posture()
             now = time.monotonic_ns()
-            self.guard.record_hold(chunk, now)
+            t_sensor = t_sensor_ns or now
+            valid_until = now + self.validity_ns
+            if not advisory:
+                self.guard.record_hold(chunk, t_sensor, valid_until)
+            source = f"hold:{kind}"
             self._send(
-                chunk, ("hold",), obs_seq, t_sensor_ns or now, now + self.validity_ns, f"hold:{reason}", _HOLD_NAME, {}
+                chunk, ("hold",), obs_seq, t_sensor, valid_until, source, _HOLD_NAME, {}, advisory, reason or kind
             )
-            self._swap_done(f"hold:{reason}")
-            self.counts.holds[reason] += 1
+            if obs_seq:
+                self.answered_seq = obs_seq
+            self._swap_done(source)
+            self.counts.holds[kind] += 1
         return True
 
     def _send(
@@ -171,6 +199,8 @@ class Publisher:
         source: str,
         policy: str,
         timings: dict[str, float],
+        advisory: bool,
+        reason: str,
     ) -> None:
         self.seq += 1
         h = self._header
@@ -188,9 +218,14 @@ class Publisher:
             policy=policy,
             interventions=list(interventions),
             timings_ms=timings,
+            advisory=advisory,
+            reason=reason,
         )
-        self.sock.send_multipart(self._layout.encode(protocol.TOPIC_ACTIONS, h, (actions,)))
+        msg = self._layout.encode(protocol.TOPIC_ACTIONS, h, (actions,))
+        self.sock.send_multipart(msg)
         self.last_publish_ns = time.monotonic_ns()
+        if self.tap is not None:
+            self.tap(msg, self.last_publish_ns)
         self.counts.chunks += 1
 
     def _swap_done(self, source: str) -> None:

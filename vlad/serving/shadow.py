@@ -1,7 +1,8 @@
 """A shadow run: a candidate policy on the same observations as the serving one, never published.
 
 The serving thread offers each observation it serves (:meth:`ShadowRun.offer`, latest
-wins, never blocking); the shadow's own thread preprocesses, infers and decodes it, and
+wins, never blocking); the shadow's own thread runs the same cycle on it
+(:func:`vlad.serving.cycle.run_cycle`: stale check, preprocess, infer, decode), and
 :class:`Divergence` pairs its chunk with the release's chunk for the same observation
 (the publisher's observer hook) before either is guarded. Used by ``vladctl shadow`` and
 by a canary, where the previous release runs as the shadow (the divergence reference,
@@ -18,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from vlad.errors import VladError
 from vlad.processing import RawObservation
+from vlad.serving.cycle import CycleFailure, run_cycle
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.tracing import CycleTimes, LatencyStats
 
@@ -130,23 +131,23 @@ class ShadowRun:
                 log.exception("shadow %s: cycle failed", self.policy.id)
 
     def _cycle(self, obs: RawObservation, receive_ns: int) -> None:
+        """The serving thread's cycle (:func:`vlad.serving.cycle.run_cycle`), never published."""
         p, t = self.policy, self._times
         t.reset(obs.sensor_time_ns, receive_ns)
-        t.pre_start = time.monotonic_ns()
-        if t.pre_start - obs.sensor_time_ns > p.max_age_ns:
-            p.counts.stale += 1
-            return
         p.counts.cycles += 1
         try:
-            inputs = p.pre.fill(obs)
-            t.pre_end = t.infer_start = time.monotonic_ns()
-            outputs = p.session.infer(inputs, obs.sensor_time_ns + p.deadline_ns)
-        except VladError:
-            p.counts.backend_errors += 1
-            return
-        t.infer_end = time.monotonic_ns()
-        actions = p.decoder.decode(outputs)
-        t.decode_end = t.guard_end = t.publish = time.monotonic_ns()
+            actions = run_cycle(p, obs, t)
+        except CycleFailure as failure:
+            if failure.reason == "stale":
+                p.counts.stale += 1
+            elif failure.reason == "backend_error":
+                p.counts.backend_errors += 1
+            elif failure.reason == "remote_unavailable":
+                p.counts.remote_errors += 1
+            elif failure.reason == "internal_error":
+                p.counts.cycle_errors += 1
+            return  # an input fault is the serving policy's to answer (it sees the same observation)
+        t.guard_end = t.publish = t.decode_end
         self.stats.record(t)
         if not np.isfinite(actions).all():
             p.counts.nonfinite_outputs += 1

@@ -10,13 +10,23 @@ With less than ``min_timeout_ms`` left the request is refused at once and never 
 
 Failures (:mod:`vlad_kserve.transport`):
 
-* :class:`~vlad.errors.RemoteUnavailable` (the link or the server: refused, lost, late,
-  5xx / UNAVAILABLE, not found, credentials refused): a *system* fault, the supervisor
-  falls back without blaming the policy. The link is then "lost" and, while nothing else
-  uses it, a prober checks it every ``probe_interval_ms`` (readiness, metadata, one
-  inference within the contract deadline) and marks it "connected" again when it answers;
+* :class:`~vlad.errors.RemoteUnavailable` (the link or the server: refused, lost, late or
+  trickling past the deadline, 5xx / UNAVAILABLE, not found, credentials refused, a body
+  over ``max_response_mb``, a metadata reply that is not one): a *system* fault, the
+  supervisor falls back without blaming the policy. The link is then "lost" and, while
+  nothing else uses it, a prober checks it every ``probe_interval_ms`` (readiness,
+  metadata, one inference within the contract deadline) and marks it "connected" again
+  after ``recover_after`` such answers in a row (:mod:`vlad_kserve.stats`). Whatever a
+  probe gets back, the prober goes on;
 * plain :class:`~vlad.errors.BackendError` (the server refused the contract's inputs, or
   answered with missing, extra or mis-shaped outputs): the policy is at fault.
+
+**Unreachable at start.** A server that does not answer when the session is made (any
+system kind) does not stop the daemon: the session starts "lost", its warm-up is skipped,
+and the prober checks the contract against the server's metadata before the link is
+"connected"; meanwhile the supervisor serves the fallback (state ``FALLBACK``, finding
+``remote_unreachable``). A server that answers with a model that does not match the
+contract is refused at load, as before.
 
 Timing: ``compute_ms`` is the whole round trip; ``server_ms`` is the server's own time
 when the response says (``vlad_server_ns`` parameter, set by :mod:`vlad_kserve.server`),
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -41,6 +52,8 @@ from vlad.errors import BackendError, BackendUnavailable, RemoteUnavailable
 from vlad_kserve.options import RemoteOptions, parse_options
 from vlad_kserve.stats import LinkStats
 from vlad_kserve.transport import SYSTEM_KINDS, TokenSource, TransportError, make_transport, v2_datatype
+
+log = logging.getLogger("vlad.kserve")
 
 
 def _fail(msg: str) -> BackendError:
@@ -136,7 +149,7 @@ class KServeSession(Session):
     def __init__(self, contract: Contract, artifact: Path, raw_options: Mapping[str, Any], opts: RemoteOptions) -> None:
         super().__init__(contract, artifact, raw_options)
         self.opts = opts
-        self.link = LinkStats(opts.stats_window)
+        self.link = LinkStats(opts.stats_window, opts.recover_after)
         self._token = TokenSource(opts.token_file)
         self._output_names = [s.name for s in contract.outputs]
         self._outputs = {s.name: s for s in contract.outputs}
@@ -146,8 +159,14 @@ class KServeSession(Session):
         self._prober: threading.Thread | None = None
         self._stop = threading.Event()
         self._transport = make_transport(opts, self._token)
+        self.server_metadata: dict[str, Any] = {}
         try:
             self.server_metadata = self._verified_metadata(self._transport)
+        except RemoteUnavailable as exc:
+            # Unreachable at start: served by the fallback until the prober finds it (module doc).
+            log.warning("%s; starting with the link lost (the fallback serves until the server answers)", exc)
+            self.link.lost_at_start(str(exc))
+            self._start_prober()
         except BaseException:
             self._transport.close()
             raise
@@ -171,6 +190,8 @@ class KServeSession(Session):
                     "and the endpoint / TLS / token right?"
                 ) from None
             raise _fail(f"model metadata from {self.opts.endpoint}: {exc}") from None
+        except OSError as exc:  # the TLS files or the token cannot be read: a configuration problem
+            raise _fail(f"{self.opts.endpoint}: {exc}") from None
         problems = metadata_problems(md, self.contract)
         if problems:
             raise _fail(
@@ -264,7 +285,8 @@ class KServeSession(Session):
 
     def _probe_loop(self) -> None:
         """While the link is lost: readiness, metadata (a restarted server may serve another
-        model), then one inference that must fit the contract's deadline."""
+        model), then one inference that must fit the contract's deadline. Any answer, even
+        one no v2 server would give, is a failed probe, never the end of the prober."""
         transport = self._transport if self._transport.thread_safe else make_transport(self.opts, self._token)
         inputs = example_inputs(self.contract)
         budget_s = self.opts.timeout_ms / 1e3
@@ -274,15 +296,23 @@ class KServeSession(Session):
                     if not transport.ready(budget_s):
                         self.link.probe_failed("unavailable", "model not ready")
                         continue
-                    problems = metadata_problems(transport.metadata(budget_s), self.contract)
+                    md = transport.metadata(budget_s)
+                    problems = metadata_problems(md, self.contract)
                     if problems:
                         self.link.probe_failed("bad_response", "model changed: " + "; ".join(problems))
                         continue
-                    transport.infer(inputs, self._output_names, budget_s)
+                    outputs, _ = transport.infer(inputs, self._output_names, budget_s)
+                    self._check_outputs(outputs, inputs)
                 except TransportError as exc:
                     self.link.probe_failed(exc.kind, str(exc))
                     continue
-                self.link.recovered()
+                except Exception as exc:  # a bug or an answer nothing above expected: keep probing
+                    log.exception("kserve: probe of %s failed unexpectedly", self.opts.endpoint)
+                    self.link.probe_failed("probe_error", f"{type(exc).__name__}: {exc}")
+                    continue
+                self.server_metadata = md
+                if self.link.recovered():
+                    log.info("kserve: %s answers within the deadline again: link connected", self.opts.endpoint)
         finally:
             if transport is not self._transport:
                 transport.close()
@@ -290,7 +320,10 @@ class KServeSession(Session):
     # -- introspection -----------------------------------------------------------------------
 
     def warmup(self, n: int = 10) -> None:
-        """Warm-up requests, each allowed ``connect_timeout_ms`` (the first sets up the connection)."""
+        """Warm-up requests, each allowed ``connect_timeout_ms`` (the first sets up the
+        connection); none while the link is lost (the prober's inference warms it up)."""
+        if self.link.lost:
+            return
         self._warming = True
         try:
             super().warmup(n)
@@ -305,7 +338,7 @@ class KServeSession(Session):
 
     def describe(self) -> SessionDescription:
         """The server and model in use; the device is ``remote:<endpoint>``."""
-        md = self.server_metadata
+        md = self.server_metadata  # empty while a link lost at start was never connected
         digest = hashlib.sha256(self.artifact.read_bytes()).hexdigest()[:16] if self.artifact.is_file() else "?"
         return SessionDescription(
             backend="kserve",

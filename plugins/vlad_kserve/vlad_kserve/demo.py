@@ -1,10 +1,11 @@
 """``./scripts/demo --remote``: the demo policy served by a real KServe v2 server on 127.0.0.1.
 
 :func:`start_remote_demo` starts :mod:`vlad_kserve.server` on the demo release's ONNX model
-and writes a daemon config next to an unsigned development copy of the release whose
+and returns the daemon config for an unsigned development copy of the release whose
 backend is ``kserve`` (gRPC to that server), with the signed demo release on local ONNX
-Runtime as its fallback and the hold posture last. The sockets are those of the config the
-demo was given, so the simulated robot connects exactly as in the local demo.
+Runtime as its fallback and the hold posture last: the demo's own config with the release
+and the fallback chain replaced, so the sockets are those of the config the demo was
+given and the simulated robot connects exactly as in the local demo.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
-from vlad.config import load_config
+from vlad.config import ChainEntry, Config, FallbackConfig, ReleaseConfig, load_config
 
 
 def _free_port() -> int:
@@ -27,8 +29,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_remote_demo(config: Path, workdir: Path, timeout_s: float = 90.0) -> tuple[Path, subprocess.Popen]:
-    """Start the v2 server and write the remote demo's config; returns (config, server process)."""
+def start_remote_demo(config: Path, workdir: Path, timeout_s: float = 90.0) -> tuple[Config, subprocess.Popen]:
+    """Start the v2 server; returns (the remote demo's daemon config, the server process)."""
     cfg = load_config(config)
     demo = Path(cfg.release.path)
     release = workdir / "release"
@@ -73,45 +75,39 @@ def start_remote_demo(config: Path, workdir: Path, timeout_s: float = 90.0) -> t
                 f"demo: the v2 server was not ready within {timeout_s:.0f} s; see {workdir / 'server.log'}"
             )
         time.sleep(0.2)
-    s = cfg.sockets
     from vlad.contract import load_contract
 
+    # timeout_ms: a late answer is still used up to the contract's max observation age (the
+    # robot follows each chunk for several periods). Until the daemon passes every cycle's
+    # deadline to the backend, this is also what keeps one slow request on this shared machine
+    # from counting as a backend failure (docs/remote.md, "What the core does").
     timeout_ms = load_contract(release / "contract.toml").timing.max_observation_age_ms
-    out = workdir / "vlad-remote.toml"
-    out.write_text(f"""# Written by ./scripts/demo --remote: the demo policy on a local KServe v2 server.
-[release]
-path = "{release}"
-verify = false      # an unsigned development copy: its backend differs from the signed manifest's
-backend = "kserve"
-artifact = "policy.onnx"
-# timeout_ms: a late answer is still used up to the contract's max observation age (the
-# robot follows each chunk for several periods). Until the daemon passes every cycle's
-# deadline to the backend, this is also what keeps one slow request on this shared machine
-# from counting as a backend failure (docs/remote.md, "What the core does").
-options = {{ endpoint = "grpc://127.0.0.1:{grpc_port}", timeout_ms = {timeout_ms:g} }}
-
-[sockets]
-observations = "{s.observations}"
-actions = "{s.actions}"
-status = "{s.status}"
-control = "{s.control}"
-
-[serve]
-warmup = {cfg.serve.warmup}
-
-[[fallback.chain]]
-kind = "release"
-path = "{demo}"
-backend = "onnxruntime"
-artifact = "policy.onnx"
-options = {{ intra_op_threads = 1 }}
-
-[[fallback.chain]]
-kind = "hold"
-""")
+    remote = replace(
+        cfg,
+        # an unsigned development copy: its backend differs from the signed manifest's
+        release=ReleaseConfig(
+            path=str(release),
+            verify=False,
+            backend="kserve",
+            artifact="policy.onnx",
+            options={"endpoint": f"grpc://127.0.0.1:{grpc_port}", "timeout_ms": timeout_ms},
+        ),
+        fallback=FallbackConfig(
+            chain=(
+                ChainEntry(
+                    kind="release",
+                    path=str(demo),
+                    backend="onnxruntime",
+                    artifact="policy.onnx",
+                    options={"intra_op_threads": 1},
+                ),
+                ChainEntry(kind="hold"),
+            )
+        ),
+    )
     print(
         f"demo: KServe v2 server (vlad_kserve.server, ONNX Runtime) on grpc://127.0.0.1:{grpc_port} "
-        f"and http://127.0.0.1:{http_port}; config {out}",
+        f"and http://127.0.0.1:{http_port}",
         flush=True,
     )
-    return out, server
+    return remote, server

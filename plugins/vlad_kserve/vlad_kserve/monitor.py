@@ -4,8 +4,10 @@ It reads ``view.backend_stats`` (each loaded policy's ``Session.stats()``, keyed
 policy id with ``.slot`` and ``.release``) and looks only at the remote ones
 (``kind == "remote"``, see :mod:`vlad_kserve.stats`). Findings are ``system`` scoped: a
 network or a server in trouble is not the policy's fault, so the supervisor falls back
-without quarantining and returns once the link has been healthy for its window (the
-session's prober marks it "connected" again while nothing else sends to it).
+without quarantining. ``remote_unreachable`` carries a healthy window of 0: the session's
+prober marks the link "connected" only after a run of answers within the deadline
+(``recover_after``, doubled after a relapse; :mod:`vlad_kserve.stats`), and that run is
+the hysteresis, so the remote policy serves again at the next monitor tick.
 
 * ``remote_unreachable`` (fault): the link is lost;
 * ``remote_slow`` (warn): rolling network p99 above ``slow_fraction`` of the contract's
@@ -52,6 +54,7 @@ class RemoteLinkMonitor(Monitor):
                         s.get("state_for_s"),
                         None,
                         policy=who,
+                        healthy_window_ns=0,
                     )
                 )
                 continue

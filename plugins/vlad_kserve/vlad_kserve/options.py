@@ -38,6 +38,8 @@ KNOWN_OPTIONS = frozenset(
         "connect_timeout_ms",
         "reconnect_backoff_ms",
         "probe_interval_ms",
+        "recover_after",
+        "max_response_mb",
         "stats_window",
         "precision",
     }
@@ -74,11 +76,20 @@ class RemoteOptions:
     #: gRPC reconnect backoff cap: a restarted server is found again within about this.
     reconnect_backoff_ms: float = 250.0
     #: While the link is lost, check it this often (0: never; the core then probes itself).
-    probe_interval_ms: float = 200.0
+    probe_interval_ms: float = 50.0
+    #: Consecutive probes answered within the deadline before a lost link is healthy again
+    #: (doubled after each relapse within RELAPSE_S of a recovery, up to 32).
+    recover_after: int = 3
+    #: The largest response read (gRPC's receive limit; HTTP: checked before the body is read).
+    max_response_mb: float = 16.0
     #: Requests in the rolling latency percentiles and error rate.
     stats_window: int = 200
     #: The precision the server computes in, as declared by whoever deployed it.
     precision: str = "fp32"
+
+    @property
+    def max_response_bytes(self) -> int:
+        return int(self.max_response_mb * 2**20)
 
     @property
     def url(self) -> str:
@@ -158,6 +169,9 @@ def parse_options(options: Mapping[str, Any], contract: Contract) -> RemoteOptio
     window = options.get("stats_window", 200)
     if not isinstance(window, int) or isinstance(window, bool) or window < 10:
         raise _fail(f"option stats_window must be an integer >= 10, got {window!r}")
+    recover_after = options.get("recover_after", 3)
+    if not isinstance(recover_after, int) or isinstance(recover_after, bool) or not 1 <= recover_after <= 100:
+        raise _fail(f"option recover_after must be an integer 1..100, got {recover_after!r}")
     precision = options.get("precision", "fp32")
     if not isinstance(precision, str):
         raise _fail(f"option precision must be a string, got {precision!r}")
@@ -178,7 +192,9 @@ def parse_options(options: Mapping[str, Any], contract: Contract) -> RemoteOptio
         max_timeout_ms=_number(options, "max_timeout_ms", 1000.0, 0.1),
         connect_timeout_ms=_number(options, "connect_timeout_ms", 5000.0, 1.0),
         reconnect_backoff_ms=_number(options, "reconnect_backoff_ms", 250.0, 10.0),
-        probe_interval_ms=_number(options, "probe_interval_ms", 200.0),
+        probe_interval_ms=_number(options, "probe_interval_ms", 50.0),
+        recover_after=recover_after,
+        max_response_mb=_number(options, "max_response_mb", 16.0, 0.001),
         stats_window=window,
         precision=precision,
     )

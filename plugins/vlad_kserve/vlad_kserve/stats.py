@@ -3,6 +3,14 @@
 Written by the inference thread (and the prober), read by ``Session.stats()`` from the
 event loop: every access holds one lock for a few list operations; percentiles are
 computed on read over at most ``window`` samples, so the hot path only appends.
+
+**Hysteresis.** A system failure of a request (refused, lost, late) marks the link lost at
+once. It is connected again after ``recover_after`` consecutive answers within the
+deadline (the prober's, or real requests'); one failure starts the count again. A link
+that is lost again within :data:`RELAPSE_S` of recovering needs twice as many the next
+time (up to :data:`MAX_STREAK`), so a server late on every few requests does not flip
+the robot between the remote policy and its local fallback every few hundred
+milliseconds; a quiet :data:`RELAPSE_S` resets it.
 """
 
 from __future__ import annotations
@@ -14,17 +22,25 @@ from typing import Any
 
 import numpy as np
 
+RELAPSE_S = 10.0
+MAX_STREAK = 32
+
 
 class LinkStats:
     """Thread-safe counters and rolling windows of one remote session."""
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, recover_after: int = 3) -> None:
         self._lock = threading.Lock()
         self.state = "connected"  # after a successful load; "lost" after a system failure
         self.since_ns = time.monotonic_ns()
         self.requests = 0
         self.ok = 0
         self.reconnects = 0
+        self.recover_after = recover_after
+        self.needed = recover_after  # in-deadline answers in a row before "connected" again
+        self.streak = 0
+        self.relapses = 0
+        self.recovered_ns = 0
         self.errors: Counter[str] = Counter()
         self.last_error = ""
         self.last_ok_ns = 0
@@ -45,7 +61,7 @@ class LinkStats:
                 self._network.append(network_ms)
             if server_ms is not None:
                 self._server.append(server_ms)
-            return self._set_connected_locked()
+            return self._answered_locked()
 
     def failure(self, kind: str, message: str, system: bool, sent: bool = True) -> None:
         """Record a failed (or refused, ``sent=False``) request; a system failure marks the link lost."""
@@ -54,25 +70,47 @@ class LinkStats:
             self.errors[kind] += 1
             self.last_error = f"{kind}: {message}"
             self._outcomes.append(True)
-            if system and sent and self.state != "lost":
-                self.state, self.since_ns = "lost", time.monotonic_ns()
+            if system and sent:
+                self._lose_locked()
+
+    def lost_at_start(self, message: str) -> None:
+        """The server did not answer when the session was made: lost from the start."""
+        with self._lock:
+            self.last_error = message
+            self._lose_locked()
 
     def probe_failed(self, kind: str, message: str) -> None:
         """A background probe of a lost link failed (not a request: not counted as one)."""
         with self._lock:
             self.last_error = f"{kind}: {message}"
+            self.streak = 0
 
     def recovered(self) -> bool:
-        """A probe found the link healthy again; True when that ended a lost period."""
+        """A probe was answered within the deadline; True when that ended a lost period."""
         with self._lock:
-            return self._set_connected_locked()
+            return self._answered_locked()
 
-    def _set_connected_locked(self) -> bool:
+    def _lose_locked(self) -> None:
+        self.streak = 0
         if self.state == "lost":
-            self.state, self.since_ns = "connected", time.monotonic_ns()
-            self.reconnects += 1
-            return True
-        return False
+            return
+        now = time.monotonic_ns()
+        relapse = self.recovered_ns and now - self.recovered_ns < RELAPSE_S * 1e9
+        self.relapses = self.relapses + 1 if relapse else 0
+        self.needed = min(self.recover_after * 2**self.relapses, MAX_STREAK)
+        self.state, self.since_ns = "lost", now
+
+    def _answered_locked(self) -> bool:
+        if self.state != "lost":
+            return False
+        self.streak += 1
+        if self.streak < self.needed:
+            return False
+        self.state = "connected"
+        self.since_ns = self.recovered_ns = time.monotonic_ns()
+        self.reconnects += 1
+        self.streak = 0
+        return True
 
     @property
     def lost(self) -> bool:
@@ -93,6 +131,7 @@ class LinkStats:
                 "ok": self.ok,
                 "errors": dict(self.errors),
                 "reconnects": self.reconnects,
+                "recovery": {"streak": self.streak, "needed": self.needed, "relapses": self.relapses},
                 "last_error": self.last_error,
                 "last_ok_age_s": round((now - self.last_ok_ns) / 1e9, 3) if self.last_ok_ns else None,
             }

@@ -10,8 +10,16 @@ deadline, and the channel reconnects by itself with a short backoff cap
 keep-alive ``http.client`` connection. tritonclient's HTTP client is not used: its timeouts
 are fixed per client (gevent), while every vlad request needs its own deadline.
 
+Both are bounded by the request, not by each read: a request's timeout is its *total*
+time (gRPC's call deadline; over HTTP every connect, send and receive of the request gets
+only the time left until then, so a server trickling one byte every few milliseconds is
+cut off at the deadline), and a response is at most ``max_response_mb`` (gRPC's receive
+limit; over HTTP the announced length is checked before the body is read, and a body
+without one is read no further than that).
+
 Every failure becomes a :class:`TransportError` with a ``kind`` that decides whose fault it
-is (see :data:`SYSTEM_KINDS`).
+is (see :data:`SYSTEM_KINDS`). An answer that cannot be read at all (a body too large, a
+metadata reply that is not the v2 shape) is the server's: ``server_error``.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import json
 import os
 import socket
 import ssl
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -119,7 +128,7 @@ class GrpcTransport:
         backoff = int(opts.reconnect_backoff_ms)
         args = [
             ("grpc.max_send_message_length", 2**31 - 1),
-            ("grpc.max_receive_message_length", 2**31 - 1),
+            ("grpc.max_receive_message_length", opts.max_response_bytes),
             # gRPC's default backoff grows to 120 s: a server back after a restart would stay
             # unused for minutes. Cap it so recovery is noticed within a fraction of a second.
             ("grpc.initial_reconnect_backoff_ms", min(backoff, 100)),
@@ -158,13 +167,7 @@ class GrpcTransport:
             )
         except self._g.InferenceServerException as exc:
             raise self._error(exc) from None
-        return {
-            "name": md.get("name"),
-            "versions": md.get("versions") or [],
-            "platform": md.get("platform", ""),
-            "inputs": [_tensor_md(t) for t in md.get("inputs", [])],
-            "outputs": [_tensor_md(t) for t in md.get("outputs", [])],
-        }
+        return parse_metadata(md)
 
     def ready(self, timeout_s: float) -> bool:
         """Whether the server says the model is ready."""
@@ -215,8 +218,80 @@ class GrpcTransport:
         self.client.close()
 
 
-def _tensor_md(t: Mapping[str, Any]) -> dict[str, Any]:
-    return {"name": t.get("name"), "datatype": t.get("datatype"), "shape": [int(d) for d in t.get("shape", [])]}
+def parse_metadata(md: Any) -> dict[str, Any]:
+    """A v2 model metadata reply as a dict (name, versions, platform, inputs, outputs), or a
+    ``server_error`` when it is not one: nothing of its shape is assumed."""
+
+    def tensor(t: Any) -> dict[str, Any]:
+        if not isinstance(t, Mapping):
+            raise ValueError("a tensor is not a map")
+        shape = t.get("shape", [])
+        if not isinstance(shape, list) or len(shape) > 16:
+            raise ValueError("a shape is not a list")
+        dims = [int(d) for d in shape if isinstance(d, (int, str)) and not isinstance(d, bool)]
+        if len(dims) != len(shape):
+            raise ValueError("a shape holds something else than integers")
+        name, datatype = t.get("name"), t.get("datatype")
+        if not isinstance(name, str) or not isinstance(datatype, (str, type(None))):
+            raise ValueError("a tensor name is not a string")
+        return {"name": name, "datatype": datatype, "shape": dims}
+
+    try:
+        if not isinstance(md, Mapping):
+            raise ValueError(f"a {type(md).__name__}, not a map")
+        inputs, outputs = md.get("inputs", []), md.get("outputs", [])
+        if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) + len(outputs) > 256:
+            raise ValueError("inputs/outputs are not lists")
+        versions = md.get("versions") or []
+        return {
+            "name": md.get("name") if isinstance(md.get("name"), str) else None,
+            "versions": [str(v) for v in versions][:64] if isinstance(versions, list) else [],
+            "platform": str(md.get("platform", ""))[:128],
+            "inputs": [tensor(t) for t in inputs],
+            "outputs": [tensor(t) for t in outputs],
+        }
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise TransportError("server_error", f"model metadata is not a v2 metadata reply: {exc}") from None
+
+
+class _Deadline:
+    """The deadline of the request a socket serves: every blocking call gets the time left."""
+
+    deadline = 0.0  # time.monotonic() by which the request must be over
+
+    def _left(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request deadline passed")
+        return left
+
+
+class _DeadlineSocket(_Deadline, socket.socket):
+    def recv_into(self, *args: Any, **kwargs: Any) -> int:
+        self.settimeout(self._left())
+        return super().recv_into(*args, **kwargs)
+
+    def recv(self, *args: Any, **kwargs: Any) -> bytes:
+        self.settimeout(self._left())
+        return super().recv(*args, **kwargs)
+
+    def sendall(self, *args: Any, **kwargs: Any) -> None:
+        self.settimeout(self._left())  # sendall's timeout is its total time (Python >= 3.5)
+        super().sendall(*args, **kwargs)
+
+
+class _DeadlineSSLSocket(_Deadline, ssl.SSLSocket):
+    def recv_into(self, *args: Any, **kwargs: Any) -> int:
+        self.settimeout(self._left())
+        return super().recv_into(*args, **kwargs)
+
+    def recv(self, *args: Any, **kwargs: Any) -> bytes:
+        self.settimeout(self._left())
+        return super().recv(*args, **kwargs)
+
+    def send(self, *args: Any, **kwargs: Any) -> int:  # SSLSocket.sendall loops over send
+        self.settimeout(self._left())
+        return super().send(*args, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -246,20 +321,51 @@ class HttpTransport:
         self._ssl: ssl.SSLContext | None = None
         if opts.tls:
             self._ssl = ssl.create_default_context(cafile=opts.tls_ca_file)
+            self._ssl.sslsocket_class = _DeadlineSSLSocket
             if opts.tls_cert_file:
                 self._ssl.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
         base = f"/v2/models/{opts.model_name}" + (f"/versions/{opts.model_version}" if opts.model_version else "")
         self._paths = {"metadata": base, "ready": f"{base}/ready", "infer": f"{base}/infer"}
 
-    def _connect(self, timeout_s: float) -> http.client.HTTPConnection:
+    def _connect(self, deadline: float) -> http.client.HTTPConnection:
+        def create_connection(address: tuple[str, int], timeout: float, source_address: Any = None) -> socket.socket:
+            plain = socket.create_connection(address, max(deadline - time.monotonic(), 1e-3), source_address)
+            sock = _DeadlineSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+            sock.deadline = deadline
+            return sock
+
         conn: http.client.HTTPConnection
+        left = max(deadline - time.monotonic(), 1e-3)
         if self._ssl is not None:
-            conn = http.client.HTTPSConnection(self.opts.host, self.opts.port, timeout=timeout_s, context=self._ssl)
+            conn = http.client.HTTPSConnection(self.opts.host, self.opts.port, timeout=left, context=self._ssl)
         else:
-            conn = http.client.HTTPConnection(self.opts.host, self.opts.port, timeout=timeout_s)
+            conn = http.client.HTTPConnection(self.opts.host, self.opts.port, timeout=left)
+        conn._create_connection = create_connection  # type: ignore[attr-defined]  # every I/O on the deadline
         conn.connect()
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if isinstance(conn.sock, _Deadline):  # the TLS socket wrapping it (same class family)
+            conn.sock.deadline = deadline
         return conn
+
+    def _read_body(self, resp: http.client.HTTPResponse) -> bytes:
+        """The whole body, never more than ``max_response_bytes`` (checked before reading)."""
+        cap = self.opts.max_response_bytes
+        length = resp.getheader("Content-Length")
+        if length is not None:
+            try:
+                n = int(length)
+            except ValueError:
+                raise TransportError("server_error", f"Content-Length {length[:32]!r} is not a number") from None
+            if n > cap:
+                raise TransportError("server_error", f"response of {n} bytes, over max_response_mb ({cap} bytes)")
+            return resp.read()
+        parts, size = [], 0
+        while chunk := resp.read(65536):
+            size += len(chunk)
+            if size > cap:
+                raise TransportError("server_error", f"response over max_response_mb ({cap} bytes)")
+            parts.append(chunk)
+        return b"".join(parts)
 
     def _request(
         self, method: str, what: str, timeout_s: float, body: bytes | None = None, headers: dict[str, str] | None = None
@@ -268,6 +374,7 @@ class HttpTransport:
         auth = self.token.header()
         if auth:
             headers["Authorization"] = auth
+        deadline = time.monotonic() + timeout_s  # the whole request, connection and retry included
         # A keep-alive connection the server closed meanwhile (restart, idle timeout) fails
         # on first use although the server is fine: one retry on a fresh connection.
         for attempt in (0, 1):
@@ -276,18 +383,23 @@ class HttpTransport:
             try:
                 if not reused:
                     self.close()
-                    self._conn = self._connect(timeout_s)
+                    self._conn = self._connect(deadline)
                 else:
                     assert self._conn is not None  # reused: a connection with a live socket
-                    self._conn.sock.settimeout(timeout_s)
+                    sock = self._conn.sock
+                    assert isinstance(sock, _Deadline)  # made by _connect
+                    sock.deadline = deadline
                 self._conn.request(method, self._paths[what], body=body, headers=headers)
                 resp = self._conn.getresponse()
-                data = resp.read()
+                data = self._read_body(resp)
                 return resp.status, resp, data
+            except TransportError:
+                self.close()  # the rest of an over-long body is never read: a fresh connection next time
+                raise
             except TimeoutError:
                 self.close()
                 raise TransportError(
-                    "timeout", f"no answer from {self.opts.endpoint} within {timeout_s * 1e3:.1f} ms"
+                    "timeout", f"no complete answer from {self.opts.endpoint} within {timeout_s * 1e3:.1f} ms"
                 ) from None
             except (ConnectionError, http.client.HTTPException, OSError) as exc:
                 self.close()
@@ -296,26 +408,20 @@ class HttpTransport:
                 raise TransportError("unavailable", f"{self.opts.endpoint}: {exc.__class__.__name__}: {exc}") from None
         raise AssertionError("unreachable")
 
-    def _json(self, status: int, data: bytes) -> dict[str, Any]:
+    def _json(self, status: int, data: bytes) -> Any:
         try:
             doc = json.loads(data) if data else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             doc = {"error": data[:200].decode(errors="replace")}
         if status != 200:
-            raise TransportError(_http_kind(status), f"HTTP {status}: {doc.get('error', doc)}")
+            why = doc.get("error", doc) if isinstance(doc, dict) else doc
+            raise TransportError(_http_kind(status), f"HTTP {status}: {str(why)[:200]}")
         return doc
 
     def metadata(self, timeout_s: float) -> dict[str, Any]:
         """The model's v2 metadata as a dict (name, versions, platform, inputs, outputs)."""
         status, _, data = self._request("GET", "metadata", timeout_s)
-        md = self._json(status, data)
-        return {
-            "name": md.get("name"),
-            "versions": md.get("versions") or [],
-            "platform": md.get("platform", ""),
-            "inputs": [_tensor_md(t) for t in md.get("inputs", [])],
-            "outputs": [_tensor_md(t) for t in md.get("outputs", [])],
-        }
+        return parse_metadata(self._json(status, data))
 
     def ready(self, timeout_s: float) -> bool:
         """Whether the server says the model is ready (200 on the ready path)."""
@@ -359,13 +465,17 @@ class HttpTransport:
         try:
             n = int(size) if size is not None else len(data)
             doc = json.loads(data[:n])
-        except ValueError as exc:
-            raise TransportError("bad_response", f"response header is not JSON: {exc}") from None
+            listed = doc.get("outputs", [])
+            if not isinstance(listed, list) or not all(isinstance(o, dict) for o in listed):
+                raise ValueError("outputs is not a list of maps")
+            params = doc.get("parameters") or {}
+            server_ns = params.get(SERVER_TIME_PARAMETER) if isinstance(params, dict) else None
+        except (ValueError, AttributeError, RecursionError) as exc:
+            raise TransportError("bad_response", f"response header is not v2 JSON: {exc}") from None
         outputs, offset = {}, n
-        for out in doc.get("outputs", []):
-            outputs[out["name"]], offset = _decode_http_output(out, data, offset)
-        server_ns = (doc.get("parameters") or {}).get(SERVER_TIME_PARAMETER)
-        return outputs, int(server_ns) if isinstance(server_ns, (int, float)) else None
+        for out in listed:
+            outputs[str(out.get("name"))], offset = _decode_http_output(out, data, offset)
+        return outputs, int(server_ns) if isinstance(server_ns, (int, float)) and server_ns == server_ns else None
 
     def close(self) -> None:
         if self._conn is not None:
@@ -377,10 +487,11 @@ def _decode_http_output(out: Mapping[str, Any], data: bytes, offset: int) -> tup
     """One output tensor from the binary section (or, from a server that ignored the
     binary request, its JSON ``data``)."""
     name, datatype, shape = out.get("name"), out.get("datatype"), out.get("shape", [])
-    dtype = NUMPY_DTYPES.get(datatype) if datatype is not None else None
+    dtype = NUMPY_DTYPES.get(datatype) if isinstance(datatype, str) else None
     if dtype is None:
         raise TransportError("bad_response", f"output {name!r} has datatype {datatype!r}, which vlad cannot read")
-    size = (out.get("parameters") or {}).get("binary_data_size")
+    params = out.get("parameters") or {}
+    size = params.get("binary_data_size") if isinstance(params, dict) else None
     try:
         if size is None:
             return np.asarray(out["data"], dtype=dtype).reshape(shape), offset

@@ -1,27 +1,62 @@
-"""Releases and observations for the serving benchmarks (scripts/bench_serving.py, scripts/soak.py).
+"""Releases for tests and benchmarks: the demo release of this checkout, unsigned copies of
+it, and the payloads the serving benchmarks send.
 
-* the demo release (``manifests/demo``, signed with the demo-only key) and its first
-  golden observation;
-* a synthetic release with two 224x224 RGB cameras, 8 proprio values and a 10x7 action
-  chunk: its own contract, a small ONNX model built here with ``onnx.helper`` (per-camera
-  mean + a linear head, so engine time stays small and transport/preprocessing dominate),
-  a manifest written with :mod:`vlad.release.authoring` and signed with a throwaway key
-  generated into the same temporary folder (never reused).
+* :data:`DEMO` (``manifests/demo``, signed with the demo-only key in :data:`DEMO_KEYS`) and
+  :data:`DEMO_CONFIG` (``etc/vlad/demo.toml``): found beside the package in a source
+  checkout, where the tests, the gates' examples and the benchmarks run;
+* :func:`unsigned_copy`: the demo's contract, tokenizer and ONNX model in another folder,
+  with another version or a changed contract line, served with ``verify = false`` (the
+  fault rig, the remote and slowed backends);
+* :class:`Payload`: a release and the observation a benchmark controller sends:
+  :func:`demo_payload`, and :func:`synthetic_payload`: a release with two 224x224 RGB
+  cameras, 8 proprio values and a 10x7 action chunk: its own contract, a small ONNX model
+  built with ``onnx.helper`` (per-camera mean + a linear head, so engine time stays small and
+  transport/preprocessing dominate), a manifest written with :mod:`vlad.release.authoring`
+  and signed with a throwaway key generated into the same folder (never reused).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import platform
-import sys
+import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+REPO = Path(__file__).resolve().parents[2]  # the source checkout this package lives in
+DEMO = REPO / "manifests" / "demo"
+DEMO_CONFIG = REPO / "etc" / "vlad" / "demo.toml"
+DEMO_KEYS = REPO / "etc" / "vlad" / "keys.d"
+
+# What an unsigned copy holds: enough to serve the ONNX model (no manifest, no signature).
+COPIED = ("contract.toml", "tokenizer.json", "policy.onnx")
+
+
+def unsigned_copy(dest: Path, *, version: str | None = None, edits: Mapping[str, str] | None = None) -> Path:
+    """The demo's contract, tokenizer and ONNX model in ``dest`` (made), unsigned.
+
+    ``version`` replaces the model version in the contract (``1.0.0``); each of ``edits``
+    replaces one exact line of the contract text (``"e2e_deadline_ms = 20.0"`` ->
+    ``"e2e_deadline_ms = 175.0"``), and a line that is not there is an error, so a changed
+    demo contract cannot leave a copy silently unchanged.
+    """
+    dest.mkdir(parents=True)
+    for name in COPIED[1:]:
+        shutil.copy(DEMO / name, dest / name)
+    text = (DEMO / "contract.toml").read_text()
+    changes = dict(edits or {})
+    if version is not None:
+        changes['version = "1.0.0"'] = f'version = "{version}"'
+    for old, new in changes.items():
+        if old not in text:
+            raise ValueError(f"unsigned_copy: {old!r} is not in the demo contract")
+        text = text.replace(old, new, 1)
+    (dest / "contract.toml").write_text(text)
+    return dest
+
 
 SYN_CAMERAS = ("left", "right")
 SYN_HW = 224
@@ -32,6 +67,8 @@ SYN_DIM = 7
 
 @dataclass
 class Payload:
+    """A signed release and the observation a benchmark controller sends it."""
+
     name: str
     release: Path
     keys_dir: Path
@@ -42,19 +79,21 @@ class Payload:
 
     @property
     def raw_bytes(self) -> int:
+        """Bytes of one raw observation (images, proprio, instruction)."""
         return (
             sum(a.nbytes for a in self.images.values()) + self.proprio.nbytes + len((self.instruction or "").encode())
         )
 
 
 def demo_payload() -> Payload:
-    from tests.conftest import DEMO, load_golden
+    """The signed demo release and its first golden observation."""
+    from vlad.testing.golden import load_golden
 
     raw = load_golden()[0]["raw"]
     return Payload(
         "demo (1 camera 64x64, 4 proprio, language)",
         DEMO,
-        ROOT / "etc" / "vlad" / "keys.d",
+        DEMO_KEYS,
         {k: np.ascontiguousarray(v) for k, v in raw.images.items()},
         np.asarray(raw.proprio, np.float32),
         raw.instruction,
@@ -116,7 +155,7 @@ shape = [1, 3, {SYN_HW}, {SYN_HW}]
 """
         for c in SYN_CAMERAS
     )
-    return f"""# Synthetic benchmark release: two 224x224 RGB cameras (scripts/bench_releases.py).
+    return f"""# Synthetic benchmark release: two 224x224 RGB cameras (vlad.testing.releases).
 format = "vlad.contract/1"
 
 [model]

@@ -1,0 +1,152 @@
+"""Recording a running daemon through its tap, and replaying the recording through a candidate.
+
+The real daemon (subprocess, real sockets), a simulated controller at 50 Hz, ``vladctl
+record`` as its own process. The tap's bounds are checked in process: a recorder that
+never reads costs the daemon nothing but counted drops.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+from vlad.testing import DEMO, PERIOD_S, ControllerSim, load_golden, max_gap, start_daemon
+
+VLADCTL = [sys.executable, "-m", "vlad.gates.cli"]
+
+
+@pytest.fixture()
+def served(tmp_path):
+    d = start_daemon(tmp_path, extra=["--set", "serve.warmup=3"])
+    client = d.client()
+    ctl = ControllerSim(client, load_golden()[0]).start()
+    try:
+        yield d, client, ctl
+    finally:
+        ctl.stop()
+        client.close()
+        d.stop()
+    assert "Traceback" not in d.log(), d.log()
+
+
+def test_record_a_live_daemon_and_replay_it_through_a_candidate(served, tmp_path, contract, tokenizer):
+    from vlad.gates.recording import read_recording
+    from vlad.gates.replay import replay
+    from vlad.plugins import get_backend
+
+    d, client, ctl = served
+    out = tmp_path / "live.mcap"
+    proc = subprocess.run(
+        [*VLADCTL, "record", "--out", str(out), "--seconds", "2", "--endpoint", d.endpoints["control"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"wrote {out}:" in proc.stdout and "recording vlad-demo-reacher@1.0.0 from ipc://" in proc.stderr
+    st = client.status()
+    assert st["tap"]["endpoint"] == f"ipc://{tmp_path}/run/tap" and st["tap"]["sent"] > 0
+    # The recorder gone, the daemon stops offering anything to the tap.
+    deadline = time.monotonic() + 10
+    while client.status()["tap"]["subscribed"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not client.status()["tap"]["subscribed"]
+
+    rec = read_recording(out)
+    info = rec.metadata["vlad.recording"]
+    assert info["tap"] == "daemon" and info["release"] == "vlad-demo-reacher@1.0.0"
+    # About 2 s at 50 Hz (the first and last period may fall either side of the limit).
+    assert 80 <= len(rec.observations) <= 110 and len(rec.chunk_for()) >= 70
+    assert len(rec.states) >= 2 and rec.states[-1][1]["release"] == "vlad-demo-reacher@1.0.0"
+    assert any(e["kind"] == "transition" and e["state_to"] == "ACTIVE" for _, e in rec.events)
+    assert rec.metadata["vlad.recording.summary"]["daemon_dropped"] == "0"
+
+    # Replayed through the same release it reproduces what the controller received.
+    ort = get_backend("onnxruntime").load(DEMO / "policy.onnx", contract, {"intra_op_threads": 1})
+    try:
+        d2 = replay(rec, ort, contract, tokenizer).to_dict()
+    finally:
+        ort.close()
+    assert d2["chunks_compared"] >= 70
+    assert max(d2["vs_recorded_max_abs_per_joint"]) < 1e-4 and d2["intervention_flips_vs_recorded"] == 0
+    # And the replay command takes it, as the equivalence gate's recordings do.
+    proc = subprocess.run(
+        [*VLADCTL, "replay", str(out), "--release", str(DEMO), "--limit", "20"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0 and "replayed 20 observations" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_recorder_that_never_reads_costs_serving_nothing(served, tmp_path):
+    """Subscribed and never reading: the controller keeps its cadence; the daemon drops
+    what its bounded queue and socket cannot hold, and counts it."""
+    import zmq
+
+    d, client, ctl = served
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 1)
+    sub.setsockopt(zmq.RCVBUF, 4096)
+    sub.connect(client.status()["tap"]["endpoint"])
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    try:
+        deadline = time.monotonic() + 30
+        t0 = time.monotonic()
+        while time.monotonic() < deadline:
+            tap = client.status()["tap"]
+            if tap["subscribed"] and sum(tap["dropped"].values()) > 0:
+                break
+            time.sleep(0.2)
+        assert sum(tap["dropped"].values()) > 0, tap
+        chunks = ctl.since(t0)
+        seconds = time.monotonic() - t0
+        assert len(chunks) >= 0.9 * seconds / PERIOD_S, (len(chunks), seconds)
+        assert max_gap(chunks) < 4 * PERIOD_S
+    finally:
+        sub.close(0)
+
+
+def test_tap_offers_never_block_and_every_item_is_sent_or_counted(tmp_path):
+    """In process, with a real XPUB: 3000 observations offered as fast as possible to a
+    recorder that never reads; each offer returns at once and sent + dropped = offered."""
+    import zmq
+
+    from vlad.daemon.tap import Tap
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.bind(f"ipc://{tmp_path}/tap")
+    tap = Tap(pub, f"ipc://{tmp_path}/tap", observation_bytes=64 * 2**10)
+    tap.start()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 1)
+    sub.connect(f"ipc://{tmp_path}/tap")
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    try:
+        deadline = time.monotonic() + 10
+        while not tap.subscribed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tap.subscribed
+        frame = np.zeros(64 * 2**10, np.uint8).tobytes()
+        for i in range(3000):
+            tap.observation([b"obs", frame], i)
+        deadline = time.monotonic() + 10
+        while tap._queue and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = tap.stats()
+        assert stats["sent"] + stats["dropped"]["observations"] + stats["dropped"]["socket"] == 3000, stats
+        assert stats["dropped"]["observations"] + stats["dropped"]["socket"] > 0
+    finally:
+        tap.stop()
+        sub.close(0)
+        pub.close(0)
+        ctx.term()

@@ -1,0 +1,321 @@
+"""Reading LeRobot checkpoints and writing their contracts, without running a policy.
+
+The checkpoints are the files LeRobot writes (config.json, processor JSONs, statistics in
+safetensors), made here file by file so that every missing or broken piece can be tested:
+each one must be a one-line error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("safetensors", reason="the lerobot extra is not installed (scripts/bootstrap dev installs it)")
+
+from safetensors.numpy import save_file  # noqa: E402
+
+from vlad.cli import vladctl_main  # noqa: E402
+from vlad.importers.lerobot.checkpoint import CheckpointError, read_checkpoint, read_dataset_meta  # noqa: E402
+from vlad.importers.lerobot.contract import (  # noqa: E402
+    ContractOptions,
+    affine,
+    build_contract,
+    contract_data,
+    contract_toml,
+)
+
+STATE_NAMES = ["joint0.pos", "joint1.pos", "joint0.vel", "joint1.vel"]
+
+
+def write_checkpoint(
+    root: Path, ptype: str = "act", norm: dict | None = None, drop: str | None = None, **config
+) -> Path:
+    """A checkpoint folder as ``save_pretrained`` writes it (weights are a placeholder file)."""
+    norm = norm or {"VISUAL": "MEAN_STD", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "type": ptype,
+        "n_obs_steps": 1,
+        "input_features": {
+            "observation.images.top": {"type": "VISUAL", "shape": [3, 32, 48]},
+            "observation.state": {"type": "STATE", "shape": [4]},
+        },
+        "output_features": {"action": {"type": "ACTION", "shape": [2]}},
+        "normalization_mapping": norm,
+        "chunk_size": 10,
+        "n_action_steps": 5,
+        **config,
+    }
+    (root / "config.json").write_text(json.dumps(cfg))
+    (root / "model.safetensors").write_bytes(b"weights")
+    rng = np.random.default_rng(0)
+    flat = {}
+    for key, shape in (("observation.images.top", (3, 1, 1)), ("observation.state", (4,)), ("action", (2,))):
+        lo = rng.uniform(-2, -1, shape).astype(np.float32)
+        hi = rng.uniform(1, 2, shape).astype(np.float32)
+        flat.update(
+            {
+                f"{key}.mean": ((lo + hi) / 2).astype(np.float32),
+                f"{key}.std": rng.uniform(0.1, 0.5, shape).astype(np.float32),
+                f"{key}.min": lo,
+                f"{key}.max": hi,
+            }
+        )
+    flat = {k: v for k, v in flat.items() if k != drop}
+    for pipeline, registry, step in (
+        ("policy_preprocessor", "normalizer_processor", 3),
+        ("policy_postprocessor", "unnormalizer_processor", 0),
+    ):
+        state_file = f"{pipeline}_step_{step}_{registry}.safetensors"
+        save_file(flat, str(root / state_file))
+        doc = {
+            "name": pipeline,
+            "steps": [{"registry_name": registry, "config": {"eps": 1e-8}, "state_file": state_file}],
+        }
+        (root / f"{pipeline}.json").write_text(json.dumps(doc))
+    return root
+
+
+def write_info(path: Path, fps: float = 30) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    info = {
+        "fps": fps,
+        "robot_type": "so100",
+        "features": {
+            "observation.state": {"dtype": "float32", "shape": [4], "names": STATE_NAMES},
+            "action": {"dtype": "float32", "shape": [2], "names": ["joint0.pos", "joint1.pos"]},
+            "observation.images.top": {
+                "dtype": "video",
+                "shape": [32, 48, 3],
+                "names": ["height", "width", "channels"],
+            },
+        },
+    }
+    (path / "info.json").write_text(json.dumps(info))
+    return path / "info.json"
+
+
+OPTS = ContractOptions(release_id="t", state_units=("rad", "rad", "rad/s", "rad/s"), action_units=("rad",))
+
+
+def test_checkpoint_is_read_with_its_statistics(tmp_path):
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "c"))
+    assert ckpt.type == "act" and [c.key for c in ckpt.cameras] == ["observation.images.top"]
+    assert ckpt.chunk_length == 10 and ckpt.n_action_steps == 5 and ckpt.n_obs_steps == 1
+    assert ckpt.stats["observation.state"]["mean"].shape == (4,) and ckpt.eps == 1e-8
+    assert len(ckpt.sha256) == 64 and "model.safetensors" in ckpt.files
+
+
+def test_training_checkpoint_folder_is_accepted(tmp_path):
+    write_checkpoint(tmp_path / "000100" / "pretrained_model")
+    assert read_checkpoint(tmp_path / "000100").path.name == "pretrained_model"
+
+
+def test_the_hash_follows_every_file(tmp_path):
+    a = read_checkpoint(write_checkpoint(tmp_path / "c")).sha256
+    (tmp_path / "c" / "model.safetensors").write_bytes(b"other weights")
+    assert read_checkpoint(tmp_path / "c").sha256 != a
+
+
+@pytest.mark.parametrize(
+    ("breakage", "message"),
+    [
+        (lambda p: (p / "config.json").unlink(), "no config.json"),
+        (lambda p: (p / "config.json").write_text("{not json"), "not valid JSON"),
+        (lambda p: (p / "model.safetensors").unlink(), "missing model.safetensors"),
+        (
+            lambda p: (p / "policy_preprocessor_step_3_normalizer_processor.safetensors").unlink(),
+            "missing policy_preprocessor_step_3_normalizer_processor.safetensors",
+        ),
+        (
+            lambda p: (p / "policy_preprocessor_step_3_normalizer_processor.safetensors").write_bytes(b"\x00" * 16),
+            "not a safetensors file",
+        ),
+        (lambda p: (p / "policy_postprocessor.json").write_text('{"steps": []}'), "no unnormalizer_processor step"),
+    ],
+    ids=["no-config", "bad-json", "no-weights", "no-stats", "bad-stats", "no-unnormalizer"],
+)
+def test_a_missing_piece_is_one_line_naming_it(tmp_path, breakage, message):
+    root = write_checkpoint(tmp_path / "c")
+    breakage(root)
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint(root)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ptype": "pi0"}, "policy type 'pi0' is not supported (does not build offline here"),
+        ({"ptype": "smolvla"}, "policy type 'smolvla' is not supported"),
+        ({"ptype": "something"}, "unknown to this importer"),
+        (
+            {"norm": {"STATE": "MIN_MAX"}, "drop": "observation.state.min"},
+            "no 'observation.state.min' statistic (MIN_MAX",
+        ),
+        ({"norm": {"STATE": "SOMETHING"}}, "normalization mode(s) {'STATE': 'SOMETHING'} unknown"),
+        (
+            {"input_features": {"observation.environment_state": {"type": "ENV", "shape": [3]}}},
+            "observation.environment_state'] are not supported",
+        ),
+        ({"input_features": {"observation.state": {"type": "STATE", "shape": [4]}}}, "has no camera input"),
+    ],
+    ids=["pi0", "smolvla", "unknown-type", "missing-stat", "bad-mode", "env-state", "no-camera"],
+)
+def test_what_cannot_be_imported_is_named(tmp_path, kwargs, message):
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint(write_checkpoint(tmp_path / "c", **kwargs))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_nonfinite_statistics_are_refused(tmp_path):
+    root = write_checkpoint(tmp_path / "c")
+    stats = root / "policy_preprocessor_step_3_normalizer_processor.safetensors"
+    from safetensors.numpy import load_file
+
+    flat = load_file(str(stats))
+    flat["observation.state.std"][1] = np.nan
+    save_file(flat, str(stats))
+    with pytest.raises(CheckpointError, match="observation.state.std' holds NaN"):
+        read_checkpoint(root)
+
+
+# -- the contract ---------------------------------------------------------------------------------
+
+
+def test_contract_from_checkpoint_and_dataset_meta(tmp_path):
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "c"))
+    meta = read_dataset_meta(write_info(tmp_path / "ds" / "meta"))
+    c = build_contract(contract_data(ckpt, meta, ContractOptions(**{**vars(OPTS), "cameras": {"top": "wrist"}})))
+    assert [cam.name for cam in c.cameras] == ["wrist"] and c.cameras[0].input == "image_wrist"
+    raw, model = c.cameras[0].raw, c.cameras[0].model
+    assert (raw.height, raw.width, raw.layout, raw.dtype) == (32, 48, "HWC", "uint8")
+    assert (model.layout, model.scale, model.resize) == ("CHW", 255.0, "none")
+    assert c.proprio.names == ("joint0.position", "joint1.position", "joint0.velocity", "joint1.velocity")
+    assert [j.name for j in c.action.joints] == ["joint0", "joint1"]
+    assert c.timing.control_period_ms == pytest.approx(1000 / 30)
+    assert c.timing.action_validity_ms == pytest.approx(5 * 1000 / 30)  # n_action_steps periods
+    assert c.action.chunk_length == 10 and c.history is None and c.noise is None
+    # the guard's bounds hold the data's range, widened
+    s = ckpt.stats["action"]
+    for j, joint in enumerate(c.action.joints):
+        assert joint.lower < s["min"][j] and joint.upper > s["max"][j]
+    # the TOML round trip gives back the same contract, float32 values bit for bit
+    (tmp_path / "contract.toml").write_text(contract_toml(contract_data(ckpt, meta, OPTS), "a header"))
+    from vlad.contract import load_contract
+
+    again = load_contract(tmp_path / "contract.toml")
+    assert np.array_equal(np.float32(again.proprio.std), affine(ckpt, ckpt.state)[1])
+
+
+@pytest.mark.parametrize("mode", ["MEAN_STD", "MIN_MAX", "IDENTITY"])
+def test_normalization_modes_as_mean_and_std(tmp_path, mode):
+    """(x - mean) / std reproduces LeRobot's formula for each mode (numpy, float32)."""
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "c", norm={"STATE": mode, "ACTION": mode, "VISUAL": mode}))
+    s = ckpt.stats["observation.state"]
+    x = np.random.default_rng(1).uniform(-2, 2, (100, 4)).astype(np.float32)
+    mean, std = affine(ckpt, ckpt.state)
+    got = (x - mean) / std
+    if mode == "MEAN_STD":
+        want = (x - s["mean"]) / (s["std"] + np.float32(1e-8))
+    elif mode == "MIN_MAX":
+        want = 2 * (x - s["min"]) / (s["max"] - s["min"]) - 1
+    else:
+        want = x
+    np.testing.assert_allclose(got, want, atol=2e-6)
+    # decoding is the inverse (LeRobot unnormalizes without eps)
+    a = ckpt.stats["action"]
+    amean, astd = affine(ckpt, ckpt.action, decode=True)
+    y = np.linspace(-1, 1, 2, dtype=np.float32)
+    if mode == "MEAN_STD":
+        np.testing.assert_allclose(y * astd + amean, y * a["std"] + a["mean"], atol=1e-6)
+    elif mode == "MIN_MAX":
+        np.testing.assert_allclose(y * astd + amean, (y + 1) / 2 * (a["max"] - a["min"]) + a["min"], atol=1e-6)
+
+
+def test_history_and_noise_of_a_diffusion_checkpoint(tmp_path):
+    cfg = {"n_obs_steps": 2, "horizon": 16, "n_action_steps": 8, "num_inference_steps": 10, "num_train_timesteps": 100}
+    ddim = read_checkpoint(write_checkpoint(tmp_path / "ddim", "diffusion", noise_scheduler_type="DDIM", **cfg))
+    c = build_contract(contract_data(ddim, None, ContractOptions(**{**vars(OPTS), "fps": 10})))
+    assert c.frames == 2 and c.input("image_top").shape == (1, 2, 3, 32, 48) and c.input("state").shape == (1, 2, 4)
+    assert c.noise.shape == (16, 2) and c.noise.denoising_steps == 10 and c.action.chunk_length == 8
+    ddpm = read_checkpoint(write_checkpoint(tmp_path / "ddpm", "diffusion", noise_scheduler_type="DDPM", **cfg))
+    c = build_contract(contract_data(ddpm, None, ContractOptions(**{**vars(OPTS), "fps": 10})))
+    assert c.noise.shape == (11, 16, 2)  # the initial sample and one per step
+
+
+def test_what_the_checkpoint_does_not_know_is_asked_for(tmp_path):
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "c"))
+    with pytest.raises(CheckpointError, match="control rate is unknown: pass --dataset-meta"):
+        contract_data(ckpt, None, OPTS)
+    with pytest.raises(CheckpointError, match="units of observation.state are unknown.*--state-units"):
+        contract_data(ckpt, None, ContractOptions(release_id="t", fps=30))
+    with pytest.raises(CheckpointError, match="--action-units: 3 units for 2 entries"):
+        contract_data(ckpt, None, ContractOptions(**{**vars(OPTS), "fps": 30, "action_units": ("rad",) * 3}))
+    with pytest.raises(CheckpointError, match="--camera front=...: the policy has no such camera"):
+        contract_data(ckpt, None, ContractOptions(**{**vars(OPTS), "fps": 30, "cameras": {"front": "x"}}))
+
+
+HOSTILE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.lists(st.integers(-3, 3), max_size=4),
+    st.dictionaries(st.text(max_size=4), st.integers(-3, 3), max_size=3),
+)
+KEYS = [
+    "type",
+    "n_obs_steps",
+    "chunk_size",
+    "n_action_steps",
+    "horizon",
+    "num_inference_steps",
+    "num_train_timesteps",
+    "noise_scheduler_type",
+    "prediction_type",
+    "normalization_mapping",
+    "input_features",
+    "output_features",
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ptype=st.sampled_from(["act", "diffusion"]), key=st.sampled_from(KEYS), value=HOSTILE)
+def test_hostile_config_values_are_refused_in_one_line(tmp_path, ptype, key, value):
+    """Whatever a config.json holds, the answer is a contract or a one-line CheckpointError /
+    ContractError: never another exception."""
+    from vlad.errors import ContractError
+
+    root = write_checkpoint(
+        tmp_path / f"c{abs(hash((ptype, key, repr(value))))}",
+        ptype,
+        horizon=16,
+        num_train_timesteps=100,
+        num_inference_steps=10,
+        n_obs_steps=1,
+    )
+    cfg = json.loads((root / "config.json").read_text())
+    cfg[key] = value
+    (root / "config.json").write_text(json.dumps(cfg))
+    try:
+        ckpt = read_checkpoint(root)
+        build_contract(contract_data(ckpt, None, ContractOptions(**{**vars(OPTS), "fps": 30})))
+    except CheckpointError as exc:
+        assert "\n" not in str(exc)
+    except ContractError:
+        pass
+
+
+def test_cli_error_is_one_line(tmp_path, capsys):
+    root = write_checkpoint(tmp_path / "c", ptype="pi0")
+    code = vladctl_main(["import", "lerobot", str(root), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: policy type 'pi0' is not supported") and "\n" not in err
+    assert not (tmp_path / "out").exists()

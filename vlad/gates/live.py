@@ -1,0 +1,116 @@
+"""Recording a running daemon through its tap (``vladctl record --out FILE``).
+
+The daemon's status names its tap endpoint (:mod:`vlad.daemon.tap`). The recorder asks
+for it over the control socket, subscribes, and writes every observation, action chunk,
+status snapshot and event it receives into an MCAP file through
+:class:`~vlad.gates.recording.McapRecorder`, until ``seconds`` have passed since the first
+message, ``max_bytes`` of message data are written, or it is interrupted. The file is
+what :func:`~vlad.gates.recording.read_recording`, ``vladctl replay`` and the equivalence
+gate read.
+
+The daemon never waits for the recorder: what it could not queue or send is dropped and
+counted on its side; the recorder sees those drops as gaps in the tap's sequence numbers
+and writes them into the recording's summary (``daemon_dropped``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vlad.gates.recording import McapRecorder
+from vlad.gates.results import GateError
+
+Progress = Callable[[str], None]
+POLL_MS = 200
+# Most items the tap socket buffers for this recorder (the daemon's side has its own bound).
+RCVHWM = 10_000
+
+
+def record_daemon(
+    control: str,
+    out: str | Path,
+    *,
+    seconds: float = 60.0,
+    max_bytes: int = 100 * 2**20,
+    curve: tuple[bytes, bytes, bytes] | None = None,
+    timeout_ms: int = 2000,
+    progress: Progress | None = None,
+    stop: Callable[[], bool] = lambda: False,
+) -> dict[str, Any]:
+    """Record the daemon answering on ``control`` into ``out``; returns the recorder's
+    stats plus ``daemon_dropped`` and ``tap`` (the endpoint). :class:`GateError` when the
+    daemon has no tap; :class:`~vlad.errors.DaemonUnreachable` when it does not answer."""
+    import zmq
+
+    from vlad.client import apply_curve, control_request
+
+    ctx: zmq.Context = zmq.Context.instance()
+    status = control_request(ctx, control, "status", timeout_ms, curve=curve)
+    tap = (status.get("tap") or {}).get("endpoint")
+    if not tap:
+        raise GateError(
+            "the daemon has no recording tap: set sockets.tap (it is off, or the control endpoint is tcp://) "
+            "and restart vlad"
+        )
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, RCVHWM)
+    apply_curve(sock, tap, curve)
+    sock.connect(tap)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    meta = {"release": status.get("release", ""), "daemon_pid": status.get("pid", ""), "control": control}
+    rec = McapRecorder(out, max_bytes=max_bytes, max_seconds=seconds, tap="daemon", metadata=meta)
+    say = progress or (lambda line: None)
+    say(f"recording {status.get('release')} from {tap} into {out} (up to {seconds:g} s, {max_bytes} bytes)")
+    gaps = last_seq = malformed = 0
+    first: float | None = None
+    shown = time.monotonic()
+    try:
+        while not stop() and rec.stop_reason is None:
+            now = time.monotonic()
+            if first is not None and now - first > seconds:
+                break
+            if first is None and now - shown > 5 * timeout_ms / 1000:
+                raise GateError(f"nothing came from the tap {tap} (is a controller sending observations?)")
+            if now - shown >= 1.0 and first is not None:
+                shown = now
+                st = rec.stats()
+                say(
+                    f"  {now - first:5.1f} s: {st['observations']} observations, {st['actions']} chunks, "
+                    f"{st['states']} states, {st['events']} events, {st['bytes'] / 2**20:.1f} MiB; "
+                    f"dropped {st['dropped']} here, {gaps} by the daemon"
+                )
+            if not sock.poll(POLL_MS):
+                continue
+            frames = sock.recv_multipart()
+            if len(frames) < 4 or len(frames[1]) != 8 or len(frames[2]) != 8:
+                malformed += 1
+                continue
+            kind, t_ns, seq = frames[0], int.from_bytes(frames[1], "little"), int.from_bytes(frames[2], "little")
+            if last_seq and seq > last_seq + 1:
+                gaps += seq - last_seq - 1
+            last_seq = max(last_seq, seq)
+            if first is None:
+                first = time.monotonic()
+                shown = first
+            if kind == b"obs":
+                rec.observation(frames[3:], t_ns)
+            elif kind == b"act":
+                rec.actions(frames[3:], t_ns)
+            elif kind in (b"status", b"event"):
+                try:
+                    doc = json.loads(frames[3])
+                except (ValueError, RecursionError):
+                    malformed += 1
+                    continue
+                (rec.state if kind == b"status" else rec.event)(doc, t_ns)
+            else:
+                malformed += 1
+    finally:
+        sock.close(0)
+        stats = rec.close(summary={"daemon_dropped": gaps, "malformed": malformed})
+    return {**stats, "daemon_dropped": gaps, "malformed": malformed, "tap": tap}

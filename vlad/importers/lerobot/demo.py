@@ -1,0 +1,116 @@
+"""Closed loop of an imported Reacher release: in process and through ``vlad serve``.
+
+The fidelity pair of the closed-loop gate, on its runner (:mod:`vlad.episodes`): the same
+seeded episodes with the release's serving artifact called in process and through a real
+``vlad serve`` subprocess driven in real time, beside the no-motion baseline. Only on the
+instruction the policy was trained on (ACT and Diffusion Policy take no language,
+:mod:`.dataset`): the gate itself runs every instruction of its task.
+
+    python -m vlad.importers.lerobot.demo RELEASE [--episodes 30] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from vlad.importers.lerobot.dataset import INSTRUCTION
+
+
+def closed_loop(
+    release: Path, episodes: int, seed: int, exec_steps: int, keys_dir: str | None, progress=print
+) -> dict[str, Any]:
+    """The fidelity pair and the no-motion baseline on ``episodes`` seeds of ``INSTRUCTION``,
+    on the closed-loop gate's runner (:mod:`vlad.episodes`) and its summaries."""
+    from vlad.client import Client
+    from vlad.episodes import DaemonLink, InProcessLink, NoMotionLink, contract_infer
+    from vlad.gates.closed_loop import episodes as run_episodes
+    from vlad.gates.closed_loop import fidelity, make_task, summarize
+    from vlad.gates.launcher import serve
+    from vlad.gates.plan import ClosedLoopPlan
+    from vlad.gates.subject import open_subject
+    from vlad.plugins import get_backend
+
+    subject = open_subject(release)
+    contract = subject.contract
+    plan = ClosedLoopPlan(episodes=episodes, seed=seed, exec_steps=exec_steps)
+    period_ns = int(contract.timing.control_period_ms * 1e6)
+    chunk = contract.action.chunk_length
+    only = (INSTRUCTION,)
+    task, _ = make_task(plan.task)
+    try:
+        spec = subject.serving
+        session = get_backend(spec.backend).load(subject.artifact_path(spec.artifact), contract, dict(spec.options))
+        try:
+            link = InProcessLink.for_contract(contract, contract_infer(contract, subject.tokenizer(), session))
+            in_process = summarize(run_episodes(task, link, plan, only, period_ns, chunk, "in process", progress), only)
+        finally:
+            session.close()
+        still = NoMotionLink(
+            period_ns,
+            int(contract.timing.action_validity_ms * 1e6),
+            chunk_length=chunk,
+            action_dim=contract.action.dim,
+        )
+        no_motion = summarize(run_episodes(task, still, plan, only, period_ns, chunk, "no motion", progress), only)
+        with serve(subject, keys_dir=keys_dir) as daemon:
+            ready_s = daemon.wait_ready()
+            e = daemon.endpoints
+            with Client(
+                observations=e["observations"], actions=e["actions"], control=e["control"], name="lerobot-demo"
+            ) as client:
+                before = client.status()
+                logs = run_episodes(task, DaemonLink(client), plan, only, period_ns, chunk, "vlad serve", progress)
+                after = client.status()
+        served = summarize(logs, only, before, after)
+    finally:
+        task.close()
+    pair = fidelity(in_process, served, only)
+    for summary in (in_process, served, no_motion):  # per-episode logs: for pairing, not for the file
+        summary.pop("logs", None)
+        summary.pop("episodes", None)
+    return {
+        "in_process": in_process,
+        "through_vlad_serve": served,
+        "no_motion": no_motion,
+        "fidelity": pair,
+        "ready_s": ready_s,
+    }
+
+
+def _line(summary: dict[str, Any]) -> str:
+    row = summary["per_instruction"][INSTRUCTION]
+    return (
+        f"{row['successes']}/{row['episodes']} ({100 * row['rate']:.0f} %), "
+        f"mean final distance {1000 * row['mean_final_distance_m']:.1f} mm"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("release")
+    p.add_argument("--episodes", type=int, default=30)
+    p.add_argument("--seed", type=int, default=10_000, help="first seed (training used 0..)")
+    p.add_argument("--exec-steps", type=int, default=4)
+    p.add_argument("--keys", help="trusted keys: serve the release verified")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    release = Path(args.release)
+    print(
+        f"closed loop: {args.episodes} episodes of {INSTRUCTION!r}, seeds {args.seed}..{args.seed + args.episodes - 1}"
+    )
+    keys = str(Path(args.keys).resolve()) if args.keys else None  # the daemon runs in its own folder
+    result = closed_loop(release, args.episodes, args.seed, args.exec_steps, keys)
+    result.update({"instruction": INSTRUCTION, "seeds": [args.seed, args.seed + args.episodes - 1]})
+    for key in ("in_process", "through_vlad_serve", "no_motion"):
+        print(f"closed loop {key.replace('_', ' ')}: {_line(result[key])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""A simulated robot controller on the daemon's sockets that records every chunk it gets.
+
+:class:`ControllerSim` streams one observation (a golden case's raw observation, see
+:mod:`vlad.testing.golden`) and one heartbeat every control period on its own thread, and
+keeps every chunk that arrives as a :class:`Received`, stamped with this process's
+``time.monotonic()``. The fault, deploy and flood tests and ``scripts/bench_swap.py`` judge
+what a robot would have got from that record: the longest gap between chunks
+(:func:`max_gap`), where each chunk came from, what it commanded;
+:func:`assert_core_unaffected` judges the controller's cadence and the systemd watchdog
+together while something attacks the daemon beside its serving core.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from vlad.testing.daemon import DaemonProcess, NotifyListener
+
+PERIOD_S = 0.02  # the demo contract's control period
+
+
+@dataclass
+class Received:
+    """One chunk as the controller got it."""
+
+    t: float  # time.monotonic() at arrival, in this process
+    source: str
+    state: str
+    actions: np.ndarray
+    interventions: tuple[str, ...]
+    t_issue_ns: int = 0  # the daemon's CLOCK_MONOTONIC, comparable with time.monotonic_ns() here
+    obs_seq: int = 0
+
+
+@dataclass
+class ControllerSim:
+    """Publishes observations and heartbeats every :data:`PERIOD_S` and records every chunk.
+
+    ``case`` is a golden case (``case["raw"]`` is sent); the flags change what is sent while
+    it runs: no observations, no heartbeats, observations a second old (``stale``), or an
+    image of the wrong shape (``bad_shape``).
+    """
+
+    client: Any  # a vlad.client.Client
+    case: Any  # a vlad.testing.golden.GoldenCase
+    send_obs: bool = True
+    send_heartbeat: bool = True
+    stale: bool = False
+    bad_shape: bool = False
+    received: list[Received] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vlad-controller-sim", daemon=True)
+
+    def start(self) -> ControllerSim:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        raw = self.case["raw"]
+        next_t = time.monotonic()
+        seq = 0
+        while not self._stop.is_set():
+            seq += 1
+            if self.send_obs:
+                t_sensor = time.monotonic_ns() - (int(1e9) if self.stale else 0)
+                img = raw.images["overhead"]
+                if self.bad_shape:
+                    img = np.zeros((32, 32, 3), np.uint8)
+                self.client.publish_observation(
+                    {"overhead": img}, proprio=raw.proprio, instruction=raw.instruction, seq=seq, t_sensor_ns=t_sensor
+                )
+            if self.send_heartbeat:
+                self.client.heartbeat()
+            next_t += PERIOD_S
+            while True:
+                chunk = self.client.recv_actions(timeout_ms=max(0, int((next_t - time.monotonic()) * 1000)))
+                if chunk is None:
+                    break
+                self.received.append(
+                    Received(
+                        time.monotonic(),
+                        chunk.source,
+                        chunk.state,
+                        chunk.actions.copy(),
+                        chunk.interventions,
+                        chunk.t_issue_ns,
+                        chunk.obs_seq,
+                    )
+                )
+                if time.monotonic() >= next_t:
+                    break
+
+    def since(self, t0: float) -> list[Received]:
+        """The chunks received at or after ``t0`` (``time.monotonic()``)."""
+        return [r for r in list(self.received) if r.t >= t0]
+
+
+def max_gap(chunks: list[Received]) -> float:
+    """The longest time (s) between two consecutive chunks; inf with fewer than two."""
+    ts = [c.t for c in chunks]
+    return float(max(np.diff(ts))) if len(ts) > 1 else float("inf")
+
+
+# An attack beside the serving core must leave two things as they are: a native controller's
+# cadence and the systemd watchdog. Run the daemon with WATCHDOG_ENV (a 1 s watchdog, pinged
+# every 0.5 s) and check both over the attack's time with assert_core_unaffected:
+#
+# * the watchdog never silent for its limit (1 s);
+# * the controller's cadence: 95 % of the gaps between its chunks within tests/test_faults.py's
+#   bound (3 periods + 10 ms), at least 75 % of the periods with a chunk, and no hole over
+#   0.5 s. A strict "every gap within the bound" holds on a quiet machine (the figures each
+#   test prints), but the 2-core test machine is shared: another job can take both cores for
+#   a scheduler slice or two at any moment. A core held by an endpoint shows as seconds,
+#   not as one slice (issue 22: 6-11 s without a chunk or a watchdog ping).
+WATCHDOG_ENV = {"WATCHDOG_USEC": "1000000"}
+WATCHDOG_LIMIT_S = 1.0
+CADENCE_GAP_S = 3 * PERIOD_S + 0.01
+MAX_HOLE_S = 0.5
+
+
+def watchdog_gap(notify: NotifyListener, t0: float, t1: float) -> float:
+    """The longest time without a WATCHDOG=1 between t0 and t1 (time.monotonic())."""
+    ts = [t0] + [t for t, m in list(notify.messages) if m.get("WATCHDOG") == "1" and t0 <= t <= t1] + [t1]
+    return float(max(np.diff(ts)))
+
+
+def assert_core_unaffected(d: DaemonProcess, ctl: ControllerSim, t0: float, t1: float | None = None) -> str:
+    """The native controller kept its cadence and the watchdog kept pinging from t0 to t1
+    (see above); a one-line summary of the figures for the test's output."""
+    t1 = time.monotonic() if t1 is None else t1
+    ts = [t0] + [c.t for c in ctl.since(t0) if c.t <= t1] + [t1]
+    gaps = np.diff(ts)
+    dog = watchdog_gap(d.notify, t0, t1)
+    periods = (t1 - t0) / PERIOD_S
+    within = float(np.mean(gaps <= CADENCE_GAP_S))
+    summary = (
+        f"{len(ts) - 2} chunks in {t1 - t0:.1f} s ({periods:.0f} periods), gaps p50 {np.median(gaps) * 1e3:.1f} "
+        f"max {gaps.max() * 1e3:.1f} ms ({within:.1%} within {CADENCE_GAP_S * 1e3:.0f} ms), "
+        f"watchdog gap {dog * 1e3:.0f} ms"
+    )
+    assert d.proc.poll() is None, d.log()[-3000:]
+    assert dog <= WATCHDOG_LIMIT_S, f"watchdog silent for {dog * 1e3:.0f} ms: {summary}"
+    assert gaps.max() <= MAX_HOLE_S, summary
+    assert within >= 0.95 and len(ts) - 2 >= 0.75 * periods, summary
+    return summary

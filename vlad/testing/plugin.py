@@ -1,0 +1,252 @@
+"""Faults and delays around a real backend, loaded as a plugin: ``VLAD_PLUGIN_MODULES=vlad.testing.plugin``.
+
+* backend ``wrapped``: loads a real backend (``options.inner``, default ``onnxruntime``) and
+  runs it, with, per inference:
+
+  - ``control_file``: a fault mode read from that file first: ``ok`` (or no file, or an
+    empty one), ``raise`` (a backend error), ``hang`` (a wedged engine: no return while the
+    file says so), ``nan`` (every output NaN), ``oob`` (every output times 1000);
+  - ``delay_ms``: the inference takes at least this long (the real engine, then a sleep for
+    the rest: a slower accelerator, not CPU load that would slow everything else);
+    ``delay_file``: the delay read from that file instead (a number of ms; missing or
+    empty: ``delay_ms``), so one daemon switches speed without a restart;
+
+  every other option goes to the inner backend. Its outputs are the inner engine's.
+* sensor ``injected``: readings from the JSON file named by ``$VLAD_TEST_SENSOR_FILE`` (it
+  stands in for hardware sensors that cannot exist here, behind the real Sensor interface).
+
+:func:`write_fault_rig` is the daemon the fault tests and ``scripts/bench_swap.py`` run: the
+release on ``wrapped`` with a control file, a previous release on real ONNX Runtime and the
+hold posture as its fallback chain, an e-stop file and the injected sensor.
+Nothing in vlad itself imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vlad.backend import Availability, Backend, Session, SessionDescription, Timing
+from vlad.config import (
+    ChainEntry,
+    Config,
+    FallbackConfig,
+    MonitorsConfig,
+    ReleaseConfig,
+    SafetyConfig,
+    ServeConfig,
+)
+from vlad.contract import Contract
+from vlad.errors import BackendError
+from vlad.health.base import Sensor
+from vlad.hookspecs import hookimpl
+from vlad.testing.releases import unsigned_copy
+
+NAME = "wrapped"
+MODES = ("ok", "raise", "hang", "nan", "oob")
+# The environment of a daemon that loads this plugin (vlad is installed: no PYTHONPATH).
+PLUGIN_ENV = {"VLAD_PLUGIN_MODULES": "vlad.testing.plugin"}
+SENSOR_FILE_ENV = "VLAD_TEST_SENSOR_FILE"
+
+
+@dataclass(frozen=True)
+class WrappedOptions:
+    """The wrapper's own options; the rest of the options are the inner backend's."""
+
+    inner: str = "onnxruntime"
+    control_file: Path | None = None
+    delay_ms: float = 0.0
+    delay_file: Path | None = None
+
+    @classmethod
+    def split(cls, name: str, options: Mapping[str, Any] | None) -> tuple[WrappedOptions, dict[str, Any]]:
+        """(the wrapper's options, the inner backend's) from one options table."""
+        rest = dict(options or {})
+        inner = rest.pop("inner", "onnxruntime")
+        control, delay_file = rest.pop("control_file", None), rest.pop("delay_file", None)
+        delay = rest.pop("delay_ms", 0.0)
+        if not isinstance(inner, str) or not inner or inner == name:
+            raise BackendError(f"{name}: options.inner must name another backend, not {inner!r}")
+        for key, value in (("control_file", control), ("delay_file", delay_file)):
+            if value is not None and not (isinstance(value, str) and value):
+                raise BackendError(f"{name}: options.{key} must be a file path, not {value!r}")
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay < 3_600_000:
+            raise BackendError(f"{name}: options.delay_ms must be a number of ms in [0, 3600000), not {delay!r}")
+        return (
+            cls(inner, Path(control) if control else None, float(delay), Path(delay_file) if delay_file else None),
+            rest,
+        )
+
+
+class WrappedSession(Session):
+    """The inner session, with the fault and the delay of :class:`WrappedOptions`."""
+
+    def __init__(self, name: str, inner: Session, options: WrappedOptions) -> None:
+        super().__init__(inner.contract, inner.artifact, {})
+        self.backend_name = name
+        self.inner = inner
+        self.wrap = options
+
+    def mode(self) -> str:
+        """The fault mode the control file asks for now."""
+        if self.wrap.control_file is None:
+            return "ok"
+        try:
+            mode = self.wrap.control_file.read_text().strip() or "ok"
+        except FileNotFoundError:
+            return "ok"
+        if mode not in MODES:
+            raise BackendError(
+                f"{self.backend_name}: {self.wrap.control_file} says {mode!r}; one of {', '.join(MODES)}"
+            )
+        return mode
+
+    def delay_s(self) -> float:
+        """The minimum time of an inference now."""
+        if self.wrap.delay_file is not None:
+            try:
+                text = self.wrap.delay_file.read_text().strip()
+            except FileNotFoundError:
+                text = ""
+            if text:
+                try:
+                    return float(text) / 1000
+                except ValueError:
+                    raise BackendError(
+                        f"{self.backend_name}: {self.wrap.delay_file} does not hold a number of ms"
+                    ) from None
+        return self.wrap.delay_ms / 1000
+
+    def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        t0 = time.perf_counter()
+        mode = self.mode()
+        if mode == "raise":
+            raise BackendError("injected engine failure")
+        if mode == "hang":
+            while self.mode() == "hang":  # a wedged engine: never returns while hanging
+                time.sleep(0.01)
+        out = self.inner.infer(inputs)
+        self.last_timing = self.inner.last_timing
+        if mode == "nan":
+            out = {k: np.full_like(v, np.nan) for k, v in out.items()}
+        elif mode == "oob":
+            out = {k: v * 1000.0 for k, v in out.items()}
+        delay = self.delay_s()
+        if delay > 0:
+            rest = delay - (time.perf_counter() - t0)
+            if rest > 0:
+                time.sleep(rest)  # sleep, not spin: see the module doc
+            self.last_timing = Timing(compute_ms=(time.perf_counter() - t0) * 1000)
+        return out
+
+    def describe(self) -> SessionDescription:
+        d = self.inner.describe()
+        return SessionDescription(
+            backend=self.backend_name,
+            runtime=d.runtime,
+            runtime_version=d.runtime_version,
+            device=d.device,
+            precision=d.precision,
+            providers=d.providers,
+        )
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class WrappedBackend(Backend):
+    """Backend ``wrapped`` (see the module doc); ``name`` gives the same wrapper another name."""
+
+    def __init__(self, name: str = NAME) -> None:
+        self.name = name
+
+    def availability(self) -> Availability:
+        return Availability(usable=True, runtime="faults and delays around a real backend", version="1")
+
+    def load(self, artifact: Path, contract: Contract, options: Mapping[str, Any] | None = None) -> Session:
+        from vlad.plugins import get_backend
+
+        wrap, rest = WrappedOptions.split(self.name, options)
+        inner = get_backend(wrap.inner).load(artifact, contract, rest)
+        return WrappedSession(self.name, inner, wrap)
+
+
+class InjectedSensor(Sensor):
+    name = "injected"
+
+    def read(self) -> dict[str, float]:
+        path = os.environ.get(SENSOR_FILE_ENV)
+        if not path:
+            return {}
+        try:
+            data = json.loads(Path(path).read_text() or "{}")
+            return {str(k): float(v) for k, v in data.items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}  # an unreadable sensor reads nothing (the Sensor interface)
+
+
+@hookimpl
+def vlad_backends() -> list[Backend]:
+    return [WrappedBackend()]
+
+
+@hookimpl
+def vlad_sensors() -> list[Sensor]:
+    return [InjectedSensor()]
+
+
+# -- the fault rig ----------------------------------------------------------------------------
+
+
+@dataclass
+class FaultRig:
+    """A daemon config on the ``wrapped`` backend, and the files that steer it."""
+
+    config: Config
+    control: Path  # write a mode here: ok | raise | hang | nan | oob
+    sensors: Path  # JSON readings of the injected sensor
+    estop: Path  # the e-stop file: "engaged" / "0"
+    primary: Path  # the release folder being served
+    env: dict[str, str]  # the daemon's environment: the plugin and the sensor file
+
+
+def write_fault_rig(folder: Path) -> FaultRig:
+    """The release (an unsigned copy of the demo) on ``wrapped`` with a control file; a
+    previous release (0.9.0, real ONNX Runtime) and the hold posture as its fallback chain;
+    short hang timeout and healthy window, so a scenario takes seconds."""
+    primary = unsigned_copy(folder / "release")
+    previous = unsigned_copy(folder / "previous", version="0.9.0")
+    control, sensors, estop = folder / "fault", folder / "sensors.json", folder / "estop"
+    config = Config(
+        release=ReleaseConfig(
+            path=str(primary),
+            verify=False,
+            backend=NAME,
+            artifact="policy.onnx",
+            options={"control_file": str(control), "intra_op_threads": 1},
+        ),
+        serve=ServeConfig(warmup=3, hang_timeout_s=0.3),
+        fallback=FallbackConfig(
+            healthy_window_s=1.0,
+            chain=(
+                ChainEntry(
+                    kind="release",
+                    path=str(previous),
+                    backend="onnxruntime",
+                    artifact="policy.onnx",
+                    options={"intra_op_threads": 1},
+                ),
+                ChainEntry(kind="hold"),
+            ),
+        ),
+        monitors=MonitorsConfig(artifact_check_interval_s=0.2),
+        safety=SafetyConfig(estop_file=str(estop)),
+    )
+    return FaultRig(config, control, sensors, estop, primary, {**PLUGIN_ENV, SENSOR_FILE_ENV: str(sensors)})
