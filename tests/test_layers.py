@@ -41,7 +41,8 @@ LAYERS: list[tuple[str, ...]] = [
     # testing: runs the daemon as a subprocess for the gates, the benchmarks and the tests.
     # importers: tools that write releases (export, authoring, signing) from other frameworks.
     ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat", "vlad.testing", "vlad.importers"),
-    ("vlad.cli", "vlad.demo"),
+    # vlad.pi0 builds a release from the planner's description with the demo's builders.
+    ("vlad.cli", "vlad.demo", "vlad.pi0"),
 ]
 
 # (importer, imported) -> why an upward import is acceptable. Keep this short.

@@ -181,6 +181,19 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
+class MemoryConfig:
+    """``[memory]``: the memory the loaded policies may hold together (docs/operations.md,
+    "Memory planning"). A deploy, shadow run or canary whose release would not fit beside
+    the loaded ones is refused with the numbers; 0 leaves that kind of memory unchecked."""
+
+    host_budget_mb: float = field(default=0.0, metadata=bounded(0.0))
+    device_budget_mb: float = field(default=0.0, metadata=bounded(0.0))
+    # "fallback": a deploy or rollback that fits only in place of the serving release is
+    # done by serving the fallback chain while the old release is closed and the new loads.
+    swap: Literal["refuse", "fallback"] = "refuse"
+
+
+@dataclass(frozen=True)
 class MonitorsConfig:
     """``[monitors]`` thresholds (documented in docs/health.md)."""
 
@@ -278,6 +291,7 @@ class Config:
     fallback: FallbackConfig = field(default_factory=FallbackConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
     compat: CompatConfig = field(default_factory=CompatConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)

@@ -102,6 +102,11 @@ def test_recorded_evidence_is_signed_and_passes_the_deploy_check(demo_run):
     )
     assert {g.report for g in manifest.gates} == {"gate-report.json"}
     assert manifest.artifact("gate-report.html").role == "report"
+    # the performance gate's measured peak is the release's memory need from now on
+    report = json.loads((release / "gate-report.json").read_text())
+    peak = _gate(report, "performance")["details"]["peak_rss_mib"]
+    assert manifest.memory is not None and manifest.memory.source == "performance-gate"
+    assert manifest.memory.host_bytes == int(peak * 2**20) and manifest.memory.device_bytes == 0
     sign_release(release, DEMO_KEY)
     verified = verify_release(release, KEYS)
     assert check_evidence(verified.manifest, release) == []

@@ -5,7 +5,7 @@
     vladctl plan --model pi0 --hardware b100 --placement edge --network 5g --mode async
     vladctl plan --contract manifests/demo --hardware jetson-thor   # deadline / period
     vladctl plan --model pi0 --plot steps --out steps.png
-    vladctl plan --measure manifests/demo --keys etc/vlad/keys.d [--short]
+    vladctl plan --measure manifests/demo --keys etc/vlad/keys.d [--short] [--calls N --warmup N]
     vladctl plan --list
 
 ``add_plan_commands(subparsers)`` adds the sub-command to an argparse parser (vladctl);
@@ -60,6 +60,8 @@ def add_plan_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="measure an unsigned release folder as it is")
     p.add_argument("--short", action="store_true", help="--measure: small benchmarks and few calls (CI, seconds)")
     p.add_argument("--threads", type=int, help="--measure: threads (default: the release's backend options, else 1)")
+    p.add_argument("--calls", type=int, help="--measure: timed inferences (default 300, --short 50)")
+    p.add_argument("--warmup", type=int, help="--measure: untimed inferences first (default 50, --short 10)")
     p.add_argument("--list", action="store_true", help="list the built-in hardware, networks and models")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plan)
@@ -139,7 +141,14 @@ def _measure(args: argparse.Namespace) -> int:
 
     keys = args.keys or os.environ.get("VLAD_KEYS_DIR")
     m = measure_release(
-        args.measure, model=args.model, keys_dir=keys, verify=not args.no_verify, short=args.short, threads=args.threads
+        args.measure,
+        model=args.model,
+        keys_dir=keys,
+        verify=not args.no_verify,
+        short=args.short,
+        threads=args.threads,
+        calls=args.calls,
+        warmup=args.warmup,
     )
     print(json.dumps(m.to_dict(), indent=2) if args.json else report.format_measurement(m))
     return 0

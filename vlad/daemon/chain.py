@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from vlad.daemon.memory import PolicyMemory
 from vlad.health.policy import HealthPolicy
 from vlad.health.state import StateMachine
 from vlad.logs import context as log_context
@@ -23,10 +24,12 @@ from vlad.serving.policy import ServedPolicy
 
 @dataclass(eq=False)
 class ChainPolicy:
-    """One model of the chain: what was loaded (release, files) and what serves."""
+    """One model of the chain: what was loaded (release, files), what serves, and the
+    memory its load measured (None: not measured)."""
 
     loaded: LoadedPolicy
     served: ServedPolicy
+    memory: PolicyMemory | None = None
 
     @property
     def id(self) -> PolicyId:

@@ -25,6 +25,9 @@
 
 Release operations run one at a time (the control registry holds the release lock);
 store I/O, verification, loading and warm-up all run in worker threads, off the loop.
+Each first checks that the release fits in memory beside what is loaded
+(:mod:`vlad.daemon.memory`): refused with the numbers, or, for a deploy or rollback with
+``memory.swap = "fallback"``, done by serving the fallback chain while it loads.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import anyio
 
 from vlad.config import Config
 from vlad.daemon.chain import ChainPolicy, PolicyChain
+from vlad.daemon.memory import MemoryBudget, Plan, PolicyMemory, measured_load, stated_need, swap_gap
 from vlad.errors import VladError
 from vlad.health.base import Finding
 from vlad.health.state import StateMachine
@@ -121,6 +125,10 @@ class ReleaseManager:
         self.shadow_loaded: LoadedPolicy | None = None
         self.canary: Canary | None = None
         self._seen_findings: set[tuple] = set()
+        m = cfg.memory
+        self.budget = MemoryBudget(m.host_budget_mb, m.device_budget_mb, m.swap)
+        self.shadow_memory: PolicyMemory | None = None
+        self._measured: dict[int, PolicyMemory] = {}  # id(LoadedPolicy) -> its load's figure
         # The release operation in progress, for the status: what, since when, its last step.
         self.operation: dict[str, Any] | None = None
         self.evidence = self._evidence_of(chain.release.loaded)
@@ -164,7 +172,10 @@ class ReleaseManager:
             check_time=check_time,
             verified=verified,
         )
-        policy = await self._in_thread(lambda: load_policy(source, self.cfg.serve.warmup, self._progress))
+        policy, memory = await self._in_thread(
+            lambda: measured_load(lambda: load_policy(source, self.cfg.serve.warmup, self._progress))
+        )
+        self._measured[id(policy)] = memory
         breaking = compatible(self.chain.release.loaded.contract, policy.contract)
         if breaking:
             policy.session.close()
@@ -175,6 +186,57 @@ class ReleaseManager:
         for note in policy.notes:
             self.state.record("release_note", note, release=policy.release_id)
         return policy
+
+    # -- memory ----------------------------------------------------------------------------
+
+    def loaded_memory(self) -> dict[str, PolicyMemory]:
+        """What every loaded policy holds: the chain's and a shadow's (status, planning)."""
+        out = {str(p.id): p.memory or PolicyMemory(0, 0, "not measured") for p in self.chain.policies}
+        if self.shadow is not None and self.shadow_memory is not None:
+            out[str(self.shadow.policy.id)] = self.shadow_memory
+        return out
+
+    def _memory_of(self, policy: LoadedPolicy) -> PolicyMemory | None:
+        return self._measured.pop(id(policy), None)
+
+    async def _plan(self, operation: str, folder: Path, replaces: bool) -> Plan:
+        """Refuse (with the numbers) what would not fit beside the loaded policies; say when
+        the release must be swapped in instead (see :mod:`vlad.daemon.memory`)."""
+        r = self.cfg.release
+        need = await self._in_thread(lambda: stated_need(folder, r.keys_dir if r.verify else None))
+        release = str(self.chain.release.id) if replaces else None
+        return self.budget.plan(operation, str(folder), need, self.loaded_memory(), release)
+
+    async def _swap_out(self, incoming: str) -> tuple[int, ChainPolicy]:
+        """Serve the fallback chain and close the serving release, to make room for ``incoming``."""
+        health, old = self.chain.health, self.chain.release
+        health.quarantined[0] = "memory_swap"  # never re-activated while it is closed
+        t0 = time.monotonic_ns()
+        self.chain.serve(health.best_allowed())
+        self._progress(f"closing {old.id} to make room (memory.swap)")
+        await self._retire(old)
+        serving = health.chain[health.active]
+        self.state.record("memory_swap", f"{old.id} closed to make room for {incoming}; {serving} serves meanwhile")
+        return t0, old
+
+    async def _swap_back(self, swapped: tuple[int, ChainPolicy] | None) -> None:
+        """After a failed swap: load the closed release again (the fallback serves until then)."""
+        if swapped is None:
+            return
+        old = swapped[1]
+        try:
+            loaded = await self._load(old.loaded.folder, check_time=False)
+        except VladError as exc:
+            self.state.record("memory_swap", f"{old.id} could not be loaded again ({exc}); the fallback chain serves")
+            return
+        self.chain.install(ChainPolicy(loaded, self.served(loaded, "release"), self._memory_of(loaded)), "swap failed")
+        self.chain.serve(0)
+
+    def _swapped_in(self, swapped: tuple[int, ChainPolicy]) -> float:
+        self.chain.serve(0)
+        gap = swap_gap(swapped[0])
+        self.state.record("memory_swap", f"{self.chain.release.id} serves after {gap:.3f} s on the fallback chain")
+        return gap
 
     async def _retire(self, policy: ChainPolicy | ShadowRun | None) -> None:
         """Close a policy that no longer serves, once no thread runs it any more."""
@@ -229,6 +291,7 @@ class ReleaseManager:
             self.operation = None
 
     async def _deploy(self, path: str, who: str, why: str, canary: bool, force: bool) -> dict[str, Any]:
+        plan = await self._plan("canary" if canary else "deploy", Path(path), replaces=not canary)
         store = await self._in_thread(self.store)
         staged = await self._in_thread(lambda: store.stage_release(path, progress=self._progress))
         release_id = staged.id
@@ -243,7 +306,12 @@ class ReleaseManager:
             why=why,
             retry=f"vladctl deploy {path} --force --why '...'",
         )
-        loaded = await self._load(staged.path, verified=staged)
+        swapped = await self._swap_out(release_id) if plan.action == "swap" else None
+        try:
+            loaded = await self._load(staged.path, verified=staged)
+        except BaseException:
+            await self._swap_back(swapped)
+            raise
         try:
             if canary and loaded.manifest is None:
                 raise VladError("a canary needs a signed release (its manifest holds the canary thresholds)")
@@ -253,11 +321,18 @@ class ReleaseManager:
             )
         except BaseException:
             loaded.session.close()
+            await self._swap_back(swapped)
             raise
         self._note_forced(entry, "deploy")
-        new = ChainPolicy(loaded, self.served(loaded, "release"))
+        new = ChainPolicy(loaded, self.served(loaded, "release"), self._memory_of(loaded))
         old = self.chain.install(new, f"deploy by {who}: {why}")
         self.evidence = self._evidence_of(loaded, entry)
+        result: dict[str, Any] = {
+            "release": new.id.release,
+            "previous": old.id.release,
+            "canary": canary,
+            "evidence": self.evidence,
+        }
         if canary:
             assert loaded.manifest is not None
             c = loaded.manifest.canary
@@ -267,11 +342,14 @@ class ReleaseManager:
             # The previous release keeps running as a shadow: the divergence reference,
             # and the warm policy an abort swaps back to.
             self._start_shadow(old.served, old.loaded, "canary-reference", thresholds.max_divergence)
+            self.shadow_memory = old.memory
             self.canary = Canary(new.served, old, thresholds)
             self.state.record("canary", f"canary of {new.id.release} for {thresholds.window_s:g} s", **vars(thresholds))
+        elif swapped is not None:
+            result["swap_gap_s"] = self._swapped_in(swapped)
         else:
             await self._retire(old)
-        return {"release": new.id.release, "previous": old.id.release, "canary": canary, "evidence": self.evidence}
+        return result
 
     def _note_forced(self, entry: HistoryEntry, what: str) -> None:
         """An event for every override the store recorded (the journal holds it too)."""
@@ -293,22 +371,38 @@ class ReleaseManager:
         target = store.previous()
         if target is None:
             raise VladError("nothing to roll back to: the store has no previous release")
+        plan = await self._plan("rollback", store.release_path(target), replaces=True)
         self._begin("rollback", target)
         try:
-            loaded = await self._load(store.release_path(target), check_time=False)
+            swapped = await self._swap_out(target) if plan.action == "swap" else None
+            try:
+                loaded = await self._load(store.release_path(target), check_time=False)
+            except BaseException:
+                await self._swap_back(swapped)
+                raise
             try:
                 self._progress("rolling back in the store")
                 entry = await self._in_thread(lambda: store.rollback(who, why, force, verified=loaded.verified))
             except BaseException:
                 loaded.session.close()
+                await self._swap_back(swapped)
                 raise
         finally:
             self.operation = None
         self._note_forced(entry, "rollback")
-        old = self.chain.install(ChainPolicy(loaded, self.served(loaded, "release")), f"rollback by {who}: {why}")
+        new = ChainPolicy(loaded, self.served(loaded, "release"), self._memory_of(loaded))
+        old = self.chain.install(new, f"rollback by {who}: {why}")
         self.evidence = self._evidence_of(loaded, entry)
-        await self._retire(old)
-        return {"release": loaded.release_id, "rolled_back_from": old.id.release, "evidence": self.evidence}
+        result: dict[str, Any] = {
+            "release": loaded.release_id,
+            "rolled_back_from": old.id.release,
+            "evidence": self.evidence,
+        }
+        if swapped is not None:
+            result["swap_gap_s"] = self._swapped_in(swapped)
+        else:
+            await self._retire(old)
+        return result
 
     # -- evidence of the serving release -----------------------------------------------------
 
@@ -364,7 +458,7 @@ class ReleaseManager:
         self.chain.loop.shadow = run
 
     def _stop_shadow(self) -> ShadowRun | None:
-        run, self.shadow = self.shadow, None
+        run, self.shadow, self.shadow_memory = self.shadow, None, None
         if run is not None:
             self.chain.loop.shadow = None
             self.publisher.observers.remove(run.divergence.reference)
@@ -375,7 +469,9 @@ class ReleaseManager:
             raise VladError(
                 f"a shadow of {self.shadow.policy.id.release} is running ({self.shadow.purpose}); stop it first"
             )
+        await self._plan("shadow", Path(path), replaces=False)
         loaded = await self._load(Path(path))
+        self.shadow_memory = self._memory_of(loaded)
         self._start_shadow(self.served(loaded, "shadow"), loaded, "shadow", tolerance)
         self.state.record("shadow", f"shadow run of {loaded.release_id} started")
         return {"shadow": loaded.release_id, "tolerance": tolerance}

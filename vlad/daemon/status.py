@@ -217,7 +217,9 @@ def build(d: Daemon) -> dict[str, Any]:
         "temperatures_c": {k[len("temperature.") :]: v for k, v in d.readings.items() if k.startswith("temperature.")},
         "memory": {
             "host_rss_bytes": int(d.readings.get("memory.rss_bytes", 0))
-            or release.served.session.memory().host_rss_bytes
+            or release.served.session.memory().host_rss_bytes,
+            # Per loaded policy (measured at its load), the sum and the [memory] budget.
+            **d.releases.budget.to_dict(d.releases.loaded_memory()),
         },
         "realtime": d.realtime_report,
         "tap": d.tap.stats() if d.tap is not None else None,

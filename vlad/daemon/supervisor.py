@@ -18,6 +18,7 @@ and ``signals``. Release operations live in :mod:`vlad.daemon.releases`, the cha
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -38,6 +39,7 @@ from vlad.config import Config
 from vlad.contract import Contract
 from vlad.daemon import control, endpoints, status
 from vlad.daemon.chain import ChainPolicy, PolicyChain
+from vlad.daemon.memory import PolicyMemory, measured_load
 from vlad.daemon.releases import ReleaseManager
 from vlad.daemon.safety import EStop
 from vlad.daemon.sockets import Gatekeeper, Principal, bind, load_curve, prepare_ipc
@@ -548,10 +550,13 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
             )
         )
     loaded: list[tuple[str, LoadedPolicy]] = []
+    memory: dict[str, PolicyMemory] = {}
     for name, source in sources:
         notifier.status(f"loading and warming {name} ({source.folder})")
         t0 = time.monotonic()
-        policy = await anyio.to_thread.run_sync(load_policy, source, cfg.serve.warmup, _progress(notifier, name))
+        policy, memory[name] = await anyio.to_thread.run_sync(
+            measured_load, functools.partial(load_policy, source, cfg.serve.warmup, _progress(notifier, name))
+        )
         stack.callback(policy.session.close)
         if loaded:
             breaking = compatible(loaded[0][1].contract, policy.contract)
@@ -632,7 +637,10 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         return ServedPolicy(PolicyId(slot, policy.release_id), policy.contract, policy.session, policy.tokenizer)
 
     chain = PolicyChain(
-        [ChainPolicy(p, served(p, name)) for name, p in loaded], cfg.fallback.healthy_window_ns, state, loop
+        [ChainPolicy(p, served(p, name), memory[name]) for name, p in loaded],
+        cfg.fallback.healthy_window_ns,
+        state,
+        loop,
     )
     chain_ref.append(chain)
     loop.active = chain.release.served

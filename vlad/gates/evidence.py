@@ -53,7 +53,8 @@ def record_evidence(release_dir: str | Path, report_dir: str | Path) -> list[dic
     referenced is kept as ``gate-report-<sha256[:12]>.json`` (and its ``.html``), and an
     entry whose vlad report was made for other artifacts is dropped. Reports no entry
     references any more are removed. So every entry's report says exactly what the entry
-    says. Sign the release again afterwards (``vladctl sign``).
+    says. A performance gate's measured peak memory becomes the manifest's ``[memory]``.
+    Sign the release again afterwards (``vladctl sign``).
     """
     from vlad.release.authoring import refresh_hashes, write_manifest
     from vlad.release.manifest import read_manifest_document
@@ -105,6 +106,12 @@ def record_evidence(release_dir: str | Path, report_dir: str | Path) -> list[dic
         if path.is_file() and path.name not in wanted:
             path.unlink()
     data = refresh_hashes({**doc, "artifacts": artifacts, "gates": gates}, root)
+    perf = [g for g in report["gates"] if isinstance(g, dict) and g.get("gate") == "performance"]
+    if "performance" in ran and perf:  # the measured peak replaces a planned or earlier figure
+        from vlad.gates.performance import measured_memory
+
+        data["memory"] = measured_memory(perf[0].get("details") or {}) or data.get("memory")
+        data = {k: v for k, v in data.items() if v is not None}
     write_manifest(root, data)
     return [g for g in data["gates"] if g["gate"] in ran]
 

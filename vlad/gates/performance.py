@@ -16,7 +16,8 @@ observations at the contract's control rate:
   inside the contract's dynamic profile; the first call after each switch;
 
 plus the daemon's peak resident memory (the kernel's high-water mark) and GPU memory where
-there is a GPU, and the latency planner's feasibility on the plan's target hardware.
+there is a GPU, recorded as the release's memory need (:func:`measured_memory`), and the
+latency planner's feasibility on the plan's target hardware.
 Budgets: the contract's end-to-end deadline (p99) and control period (engine p99), the
 plan's deadline-miss rates (nominal: the warm steady state; stress: bursts, the CPU hog,
 debug logging), cold-start and memory limits. A chunk that never comes counts as a
@@ -421,6 +422,19 @@ def run_performance_gate(candidate: Subject, plan: GatePlan, progress=print, key
         },
     }
     return result
+
+
+def measured_memory(details: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest's ``[memory]`` table from this gate's details: the daemon's peak resident
+    memory and GPU memory while it served the release (``vladctl gate --record`` writes it).
+
+    The whole daemon's peak, so it also counts the runtime's own few hundred MB: planning
+    with it errs on the safe side. None when the gate measured no peak."""
+    peak = details.get("peak_rss_mib")
+    if not peak:
+        return None
+    gpu = details.get("gpu_memory_mib") or 0
+    return {"host_bytes": int(peak * 2**20), "device_bytes": int(gpu * 2**20), "source": "performance-gate"}
 
 
 def _planner(subject: Subject, plan: GatePlan, measured_p50: float | None, result: GateResult) -> list[dict]:

@@ -1,8 +1,8 @@
 """Micro-benchmarks for this machine's own roofline: matmul FLOP/s and memory bandwidth.
 
 Peaks are measured, not taken from a datasheet: the best of several repetitions of a
-square float32 matrix multiply (NumPy's BLAS, and PyTorch when asked) and of a large
-array copy (bytes read + bytes written). Each benchmark runs in a child process whose
+square float32 matrix multiply (NumPy's BLAS, and PyTorch when asked, then also in
+bfloat16) and of a large array copy (bytes read + bytes written). Each benchmark runs in a child process whose
 BLAS / OpenMP thread count is fixed by environment before NumPy loads, because a
 library's thread pool cannot be resized reliably once loaded; the child prints JSON.
 
@@ -32,15 +32,15 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "B
 class Peaks:
     """Measured peaks of this machine at ``threads`` threads."""
 
-    matmul_flops: dict[str, float]  # {"numpy": FLOP/s, "torch": FLOP/s}
+    matmul_flops: dict[str, float]  # {"numpy": FLOP/s, "torch": FLOP/s, "torch_bf16": FLOP/s}
     bandwidth: float  # bytes/s, copy (read + write)
     threads: int
     conditions: dict[str, Any] = field(default_factory=dict)
 
     @property
     def peak_flops(self) -> float:
-        """The best matmul rate measured (the roofline's compute ceiling)."""
-        return max(self.matmul_flops.values())
+        """The best float32 matmul rate measured (the roofline's fp32 compute ceiling)."""
+        return max(v for k, v in self.matmul_flops.items() if not k.endswith("_bf16"))
 
     def hardware(self, memory_bytes: float | None = None) -> Hardware:
         """This machine as planner :class:`Hardware` (fp32 only; no host link: CPU)."""
@@ -48,10 +48,13 @@ class Peaks:
             import psutil
 
             memory_bytes = float(psutil.virtual_memory().total)
+        peaks = {"fp32": self.peak_flops}
+        if "torch_bf16" in self.matmul_flops:
+            peaks["bf16"] = self.matmul_flops["torch_bf16"]
         return Hardware(
             key="this-machine",
             name=f"this machine ({self.threads} thread{'s' * (self.threads > 1)})",
-            peak_flops={"fp32": self.peak_flops},
+            peak_flops=peaks,
             memory_bandwidth=self.bandwidth,
             memory_bytes=memory_bytes,
             kind="measured",
@@ -99,6 +102,9 @@ def _child(size: str, use_torch: bool, threads: int) -> dict[str, Any]:
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
         torch.matmul(ta, tb)
         result["torch"] = 2 * n**3 / _best(lambda: torch.matmul(ta, tb), reps)
+        ha, hb = ta.bfloat16(), tb.bfloat16()
+        torch.matmul(ha, hb)
+        result["torch_bf16"] = 2 * n**3 / _best(lambda: torch.matmul(ha, hb), reps)
         result["torch_version"] = torch.__version__
     return result
 
@@ -120,12 +126,12 @@ def measure_peaks(threads: int = 1, short: bool = False, use_torch: bool = False
         raise PlannerError(f"micro-benchmarks failed: {last}")
     r = json.loads(proc.stdout)
     n, reps, mib, copies = SIZES["short" if short else "full"]
-    flops = {k: r[k] for k in ("numpy", "torch") if k in r}
+    flops = {k: r[k] for k in ("numpy", "torch", "torch_bf16") if k in r}
     conditions = {
         "cpu": _cpu_name(), "logical_cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)),
         "load_avg": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
         "numpy": r.get("numpy_version"), "torch": r.get("torch_version"),
-        "matmul": f"{n}x{n} float32, best of {reps}", "copy": f"{mib} MiB float32, best of {copies}",
+        "matmul": f"{n}x{n} float32 (torch also bfloat16), best of {reps}", "copy": f"{mib} MiB float32, best of {copies}",
     }  # fmt: skip
     return Peaks(matmul_flops=flops, bandwidth=r["bandwidth"], threads=threads, conditions=conditions)
 

@@ -18,6 +18,14 @@
    action expert.)
 
 Efficiency = roofline time / measured time (1.0 would be the machine's peak).
+
+The model description is the one the release carries (an artifact named
+``planner-model.toml``, as :mod:`vlad.pi0.release` writes), else ``--model``, else the
+built-in file listing the contract's ``model.id``. The report also says what the measured
+latency means for a robot executing the release's chunks at its control period,
+synchronously and asynchronously (:mod:`vlad.planner.execution`). ONNX artifacts with
+external data (above 2 GB) are cut without loading their weights into the graph; ONNX
+Runtime reads them from the release folder.
 """
 
 from __future__ import annotations
@@ -32,11 +40,13 @@ from typing import Any
 import numpy as np
 
 from vlad.planner.calibrate import Peaks, measure_peaks
+from vlad.planner.execution import chunk_rate
 from vlad.planner.predict import Prediction, align_to_contract, predict
 from vlad.planner.spec import PlannerError, VLAModel, load_model
 
 COMPONENTS = ("vision", "backbone", "action")
 _PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+RELEASE_MODEL_FILE = "planner-model.toml"  # the description a release carries (vlad.pi0)
 
 
 @dataclass
@@ -52,6 +62,7 @@ class Measurement:
     components: dict[str, float] = field(default_factory=dict)  # measured p50 ms per component
     profile: dict[str, Any] = field(default_factory=dict)  # how the components were measured
     notes: list[str] = field(default_factory=list)
+    execution: dict[str, Any] = field(default_factory=dict)  # chunk execution at the measured p50
 
     def efficiency(self, name: str) -> float | None:
         """Roofline / measured for a component (``"e2e"`` for the whole model)."""
@@ -81,6 +92,7 @@ class Measurement:
             "rows": rows,
             "e2e": {k: round(v, 6) for k, v in self.e2e.items()},
             "profile": self.profile,
+            "execution": self.execution,
             "notes": self.notes,
         }
 
@@ -98,7 +110,10 @@ def _load_release(release: Path, keys_dir: str | Path | None, verify: bool):
     return manifest, load_contract(release / manifest.contract.path)
 
 
-def _precision(contract: Any) -> str:
+def _precision(contract: Any, options: dict[str, Any]) -> str:
+    """What the release computes in: its backend's ``precision`` option, else its inputs' dtype."""
+    if options.get("precision") in ("fp32", "bf16", "fp16"):
+        return str(options["precision"])
     for t in contract.inputs:
         if t.dtype in _PRECISION:
             return _PRECISION[t.dtype]
@@ -181,18 +196,22 @@ def time_components(
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Per-component time: each component's sub-graph cut out of the ONNX artifact at its
     boundary tensors, run alone in ONNX Runtime (same threads) on the boundary values of
-    a full run, p50 of ``calls`` runs."""
+    a full run, p50 of ``calls`` runs. External weights stay in their file: the graphs
+    refer to them and ONNX Runtime reads them from the artifact's folder, one session at
+    a time (a π0-sized graph's weights fit once, not twice)."""
     import onnx
     import onnx.utils
     import onnxruntime as ort
 
     from vlad.backend import example_inputs
 
-    model = onnx.load(str(onnx_path))
+    model = onnx.load(str(onnx_path), load_external_data=False)
     owners = assign_components(model.graph, scopes)
     io = component_graphs(model, owners)
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    # Graphs given as bytes find their external data here (ONNX Runtime >= 1.18).
+    so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(onnx_path.parent))
     feeds = {k: v for k, v in example_inputs(contract).items() if k in {i.name for i in model.graph.input}}
     # One full run that also returns every boundary tensor: the sub-graphs' inputs.
     boundary = sorted(
@@ -208,6 +227,7 @@ def time_components(
     full = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
     values = dict(zip([o.name for o in full.get_outputs()], full.run(None, feeds), strict=True))
     values.update(feeds)
+    del full, probe  # one model's weights in memory at a time
     extractor = onnx.utils.Extractor(model)
     out: dict[str, float] = {}
     info: dict[str, Any] = {
@@ -232,7 +252,32 @@ def time_components(
             times.append((time.perf_counter_ns() - t0) / 1e6)
         out[comp] = float(np.median(times))
         info["boundaries"][comp] = {"inputs": ins, "outputs": outs, "nodes": owners.count(comp)}
+        del sess, sub
     return out, info
+
+
+def release_model(release: Path, manifest: Any) -> Path | None:
+    """The planner description the release carries (artifact ``planner-model.toml``), if any."""
+    for a in manifest.artifacts:
+        if Path(a.path).name == RELEASE_MODEL_FILE:
+            return release / a.path
+    return None
+
+
+def execution(latency_ms: float, contract: Any) -> dict[str, Any]:
+    """What a robot executing the release's chunks gets at ``latency_ms``, sync and async."""
+    t, chunk = contract.timing, contract.action.chunk_length
+    out: dict[str, Any] = {
+        "latency_ms": round(latency_ms, 3),
+        "control_period_ms": t.control_period_ms,
+        "chunk": chunk,
+        "action_validity_ms": t.action_validity_ms,
+    }
+    for mode in ("sync", "async"):
+        out[mode] = chunk_rate(
+            latency_ms, t.control_period_ms, chunk, mode=mode, validity_ms=t.action_validity_ms
+        ).to_dict()
+    return out
 
 
 def measure_release(
@@ -244,22 +289,30 @@ def measure_release(
     short: bool = False,
     threads: int | None = None,
     use_torch: bool | None = None,
+    calls: int | None = None,
+    warmup: int | None = None,
 ) -> Measurement:
-    """Measure ``release`` on this machine against the planner's roofline (see module)."""
+    """Measure ``release`` on this machine against the planner's roofline (see module).
+
+    ``calls`` / ``warmup``: timed and untimed inferences (default 300 / 50, ``short``
+    50 / 10); a π0-sized release on a CPU takes seconds to minutes per call."""
     release = Path(release)
     if not release.is_dir():
         raise PlannerError(f"{release}: no such release folder")
     manifest, contract = _load_release(release, keys_dir, verify)
-    vla = align_to_contract(load_model(model or contract.model.id), contract)
+    vla = align_to_contract(load_model(model or release_model(release, manifest) or contract.model.id), contract)
     options = dict(manifest.backend.options)
     threads = threads or int(options.get("intra_op_threads") or options.get("threads") or 1)
-    peaks = measure_peaks(threads, short=short, use_torch=(not short) if use_torch is None else use_torch)
-    precision = _precision(contract)
+    precision = _precision(contract, options)
+    if use_torch is None:
+        use_torch = not short or precision == "bf16"  # a bf16 peak comes from torch
+    peaks = measure_peaks(threads, short=short, use_torch=use_torch)
     notes = []
     if precision != vla.precision:
         notes.append(f"the release runs {precision}; the model file says {vla.precision}: predicted at {precision}")
     prediction = predict(vla, peaks.hardware(), precision=precision)
-    calls, warmup = (50, 10) if short else (300, 50)
+    calls = calls or (50 if short else 300)
+    warmup = (10 if short else 50) if warmup is None else warmup
     e2e = time_backend(release, manifest, contract, calls, warmup)
     m = Measurement(
         release=manifest.id,
@@ -269,6 +322,7 @@ def measure_release(
         prediction=prediction,
         e2e=e2e,
         notes=notes,
+        execution=execution(e2e["p50_ms"], contract),
     )
     onnx_artifacts = [a.path for a in manifest.artifacts if a.path.endswith(".onnx")]
     if not any(vla.measure_scopes.values()):
@@ -282,9 +336,13 @@ def measure_release(
                 contract,
                 dict(vla.measure_scopes),
                 threads,
-                *((50, 10) if short else (300, 50)),
+                calls,
+                warmup,
             )
             m.profile["artifact"] = onnx_artifacts[0]
         except ImportError as exc:
             notes.append(f"components not measured: {exc.name} is not installed")
+        except Exception as exc:  # e.g. a bf16 graph ONNX Runtime's CPU provider has no kernels for
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            notes.append(f"components not measured: ONNX Runtime cannot run {onnx_artifacts[0]}: {first}")
     return m

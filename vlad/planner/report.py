@@ -160,5 +160,13 @@ def format_measurement(m: Measurement) -> str:
             f"components: {m.profile['method']}, p50 of {m.profile['calls']} runs each; sum "
             f"{sum(m.components.values()):.3f} ms"
         )
+    x = m.execution
+    if x:
+        lines.append(
+            f"a robot at {x['control_period_ms']:g} ms per period executing {x['chunk']}-waypoint chunks "
+            f"(valid {x['action_validity_ms']:g} ms) at this latency gets policy waypoints at "
+            f"{x['sync']['control_hz']:.2f} Hz synchronously, {x['async']['control_hz']:.2f} Hz "
+            f"asynchronously (vlad.client.ChunkExecutor), of the {x['async']['tick_hz']:.0f} Hz it asks for"
+        )
     lines += [f"note: {n}" for n in m.notes]
     return "\n".join(lines)

@@ -78,7 +78,7 @@ def guess_role(relpath: str) -> str | None:
         return "engine"
     if name.endswith((".onnx", ".pt2", ".ts")):
         return "model"
-    if name.endswith((".pt", ".pth", ".safetensors", ".bin", ".ckpt")):
+    if name.endswith((".pt", ".pth", ".safetensors", ".bin", ".ckpt", ".onnx.data")):
         return "weights"
     if name.startswith(("eval", "report", "gate")) or "report" in name:
         return "report"
@@ -214,7 +214,7 @@ def _toml_value(v: Any) -> str:
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
-_TABLE_ORDER = ("release", "contract", "backend", "runtime", "lineage", "canary", "gate_plan")
+_TABLE_ORDER = ("release", "contract", "backend", "runtime", "lineage", "canary", "memory", "gate_plan")
 _ARRAY_ORDER = ("artifacts", "fallback", "gates")
 
 

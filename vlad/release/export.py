@@ -11,17 +11,29 @@ An export that produced a file proves nothing, so every export here is checked:
    approximation.
 
 The exporter, opset, torch, onnx and vlad versions are written into the ONNX metadata.
+
+A model too large to hold twice (a π0-sized release: 6.5 GB in bf16, 13 GB in fp32) is
+exported *streamed* (:func:`export_program_streamed`, :func:`export_onnx_streamed`): traced
+on fake tensors, so no weight is allocated while tracing, then written one tensor at a
+time from a function that produces each weight; ONNX weights go to an external data file
+(a protobuf cannot exceed 2 GB), large tensors at page-aligned offsets so a runtime can
+map them.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import io
+import math
+import os
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
+from contextlib import redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -100,6 +112,15 @@ def _has_dist(name: str) -> bool:
         return False
 
 
+def _traced(contract: Contract, examples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The inputs to trace: a batch of two when the contract opens the batch axis (torch.export
+    specializes a size-1 axis to a constant), else the first example as it is."""
+    if not any(spec.dynamic for spec in contract.inputs):
+        return examples[0]
+    names = _input_names(contract)
+    return {n: np.concatenate([examples[0][n], examples[-1][n]]) for n in names}
+
+
 def _to_torch(inputs: dict[str, np.ndarray], names: list[str]):
     import torch
 
@@ -109,16 +130,16 @@ def _to_torch(inputs: dict[str, np.ndarray], names: list[str]):
 def export_program(model, contract: Contract, example: dict[str, np.ndarray], path: Path) -> None:
     """Save a ``torch.export`` program (``.pt2``) with the contract's dynamic axes.
 
-    ``example`` holds batch-of-one inputs; they are traced as a batch of two, because
-    torch.export specializes a size-1 axis to a constant.
+    ``example`` holds batch-of-one inputs; with a dynamic batch axis they are traced as a
+    batch of two, because torch.export specializes a size-1 axis to a constant.
     """
     import torch
 
     names = _input_names(contract)
     model.eval()
-    batch2 = {n: np.concatenate([example[n], example[n]]) for n in names}
+    traced = _traced(contract, [example])
     try:
-        ep = torch.export.export(model, _to_torch(batch2, names), dynamic_shapes=_dynamic_shapes(contract, True))
+        ep = torch.export.export(model, _to_torch(traced, names), dynamic_shapes=_dynamic_shapes(contract, True))
     except Exception as exc:  # the exporter's errors are long; keep the first line
         raise ExportError(f"torch.export failed: {str(exc).splitlines()[0]}") from exc
     torch.export.save(ep, str(path))
@@ -138,8 +159,6 @@ def _onnx_export(module, args, path: Path, input_names, output_names, dynamic_sh
         try:
             # The exporter prints its own progress; keep it out of the user's terminal
             # unless it fails.
-            from contextlib import redirect_stdout
-
             with redirect_stdout(buf):
                 prog = torch.onnx.export(
                     module,
@@ -185,7 +204,7 @@ def export_onnx(
     example = _to_torch(fixtures[0], names)  # batch of one: every axis at its opt value
     # torch.export specializes a size-1 axis to a constant, so the dynamic export traces
     # a batch of two; the comparisons below then cover both batch sizes.
-    batch2 = {n: np.concatenate([fixtures[0][n], fixtures[-1][n]]) for n in names}
+    batch2 = _traced(contract, [fixtures[0], fixtures[-1]])
 
     with tempfile.TemporaryDirectory() as tmp:
         # 1. Fixed shapes: every dimension at its opt value.
@@ -269,3 +288,223 @@ def _compare_onnx(model, path: Path, names, out_names, fixtures) -> list[Compari
             if n not in worst or c.max_abs > worst[n].max_abs:
                 worst[n] = c
     return list(worst.values())
+
+
+# ---------------------------------------------------------------------------------------
+# Streamed export: models too large to hold twice
+# ---------------------------------------------------------------------------------------
+
+#: ``values(name, shape, dtype) -> torch.Tensor``: the value of one parameter or buffer.
+Values = Callable[[str, tuple[int, ...], Any], Any]
+# Tensors above this size start at a multiple of 64 KiB in the external data file, so a
+# runtime can map them page-aligned (and huge-page friendly) instead of copying.
+ALIGNMENT, ALIGN_ABOVE = 65536, 1 << 20
+
+
+class _Progress:
+    """One line per tenth of the weights written: a streamed export runs for minutes."""
+
+    def __init__(self, total: int, log) -> None:
+        self.total, self.log = total, log  # total 0: not counting yet
+        self.done = 0
+
+    def add(self, nbytes: int) -> None:
+        if self.total <= 0:
+            return
+        before = 10 * self.done // self.total
+        self.done += nbytes
+        after = min(10, 10 * self.done // self.total)
+        if after > before:
+            self.log(f"export: weights {10 * after} % ({self.done / 1e9:.2f} of {self.total / 1e9:.2f} GB)")
+
+
+def _is_fake(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def export_program_streamed(
+    module, contract: Contract, example: dict[str, np.ndarray], path: Path, values: Values, *, log=print
+) -> None:
+    """``torch.export`` of ``module`` whose parameters and buffers are fake tensors (built
+    under a ``FakeTensorMode``, so nothing was allocated), written as a ``.pt2`` whose
+    weights come from ``values`` one tensor at a time.
+
+    The program is traced and saved with empty weight records, then the archive is copied
+    record by record with each weight filled in (torch's own archive writer keeps its
+    alignment). Peak memory: the graph plus the largest single weight.
+    """
+    import torch
+
+    names = _input_names(contract)
+    traced = _traced(contract, [example])
+    try:
+        ep = torch.export.export(module, _to_torch(traced, names), dynamic_shapes=_dynamic_shapes(contract, True))
+    except Exception as exc:
+        raise ExportError(f"torch.export failed: {str(exc).splitlines()[0]}") from exc
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        skeleton = Path(tmp) / "skeleton.pt2"
+        torch.export.save(ep, str(skeleton))
+        partial = Path(tmp) / path.name
+        total = sum(t.numel() * t.element_size() for t in (*ep.state_dict.values(), *ep.constants.values()))
+        _fill_archive(skeleton, partial, values, _Progress(total, log))
+        os.replace(partial, path)
+
+
+def _fill_archive(src: Path, dst: Path, values: Values, progress: _Progress) -> None:
+    """Copy a ``.pt2`` archive, giving every weight and constant its own record filled by ``values``.
+
+    A program traced on fake tensors is saved with every weight pointing at one empty
+    record; each gets its own record (``weight_<i>``, ``tensor_<i>``) and its config entry
+    is rewritten to name it.
+    """
+    import json
+
+    import torch
+    from torch._export.serde.serialize import deserialize_scalar_type
+
+    reader = torch._C.PyTorchFileReader(str(src))
+    writer = torch._C.PyTorchFileWriter(str(dst))
+    replaced = set()
+    for config_name, folder, prefix in (
+        ("data/weights/model_weights_config.json", "data/weights/", "weight_"),
+        ("data/constants/model_constants_config.json", "data/constants/", "tensor_"),
+    ):
+        if config_name not in reader.get_all_records():
+            continue
+        config = json.loads(reader.get_record(config_name))
+        for i, (fqn, meta) in enumerate(config["config"].items()):
+            tm = meta["tensor_meta"]
+            if meta.get("use_pickle") or tm is None:
+                raise ExportError(f"{fqn}: only plain tensors can be streamed into a .pt2")
+            replaced.add(folder + meta["path_name"])
+            shape = tuple(int(s["as_int"]) for s in tm["sizes"])
+            tensor = values(fqn, shape, deserialize_scalar_type(tm["dtype"])).contiguous()
+            if tuple(tensor.shape) != shape:
+                raise ExportError(f"{fqn}: values gave shape {list(tensor.shape)}, the program has {list(shape)}")
+            meta["path_name"] = f"{prefix}{i}"
+            tm["strides"] = [{"as_int": s} for s in tensor.stride()]
+            tm["storage_offset"] = {"as_int": 0}
+            nbytes = tensor.numel() * tensor.element_size()
+            writer.write_record(folder + meta["path_name"], tensor.untyped_storage(), nbytes)
+            progress.add(nbytes)
+            del tensor
+        replaced.add(config_name)
+        data = json.dumps(config).encode()
+        writer.write_record(config_name, data, len(data))
+    for name in reader.get_all_records():
+        if name not in replaced:
+            data = reader.get_record(name)
+            writer.write_record(name, data, len(data))
+    writer.write_end_of_file()
+
+
+def export_onnx_streamed(
+    module, contract: Contract, example: dict[str, np.ndarray], path: Path, values: Values, *, log=print
+) -> Path:
+    """ONNX export of ``module`` built on fake tensors (see :func:`export_program_streamed`),
+    with every weight in the external data file ``<path>.data`` written one tensor at a time
+    from ``values``. Returns that file's path.
+
+    The graph is exported unoptimized (the optimizer would read the fake weights), the
+    fake initializers are replaced by lazily computed ones, and constants are folded then
+    (:func:`_light_optimize`; folding touches only tensors below its size limit). Checked with
+    ``onnx.checker`` (full check, on the file) and against the contract's dynamic axes.
+    """
+    import logging
+
+    import onnx
+    import onnx_ir as ir
+    import torch
+
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    names = _input_names(contract)
+    out_names = [spec.name for spec in contract.outputs]
+    traced = _traced(contract, [example])
+    log("export: ONNX graph (weights not allocated) ...")
+    buf = io.StringIO()
+    with warnings.catch_warnings(), redirect_stdout(buf):
+        warnings.simplefilter("ignore")
+        try:
+            prog = torch.onnx.export(
+                module,
+                _to_torch(traced, names),
+                dynamo=True,
+                opset_version=OPSET,
+                input_names=names,
+                output_names=out_names,
+                dynamic_shapes=_dynamic_shapes(contract, True),
+                optimize=False,
+                verify=False,
+                report=False,
+            )
+        except Exception as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ExportError(f"ONNX export failed (unsupported operator or construct): {first}") from exc
+    if prog is None:
+        raise ExportError("ONNX export returned no program")
+    model = prog.model
+    progress = _Progress(0, log)
+    for name, value in model.graph.initializers.items():
+        tensor = value.const_value
+        raw = getattr(tensor, "raw", None)
+        if tensor is None or raw is None or not _is_fake(raw):
+            continue
+        shape, dtype, kind = tuple(int(d) for d in raw.shape), raw.dtype, type(tensor)
+
+        def produce(name=name, shape=shape, dtype=dtype, kind=kind):
+            t = values(name, shape, dtype)
+            progress.add(t.numel() * t.element_size())
+            return kind(t, name)
+
+        value.const_value = ir.LazyTensor(
+            produce, dtype=tensor.dtype, shape=ir.Shape([int(d) for d in shape]), name=name
+        )
+    log("export: folding constants ...")
+    _light_optimize(model)
+    model.metadata_props.update(
+        {**_torch_versions(), "vlad.contract_model": f"{contract.model.id}@{contract.model.version}"}
+    )
+    data = path.with_name(path.name + ".data")
+    log(f"export: writing {path.name} and its weights to {data.name} ...")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # What is left after folding (dead weights dropped; folding read a few small ones).
+    lazy = [v.const_value for v in model.graph.initializers.values() if isinstance(v.const_value, ir.LazyTensor)]
+    progress.total, progress.done = max(1, int(sum(math.prod(t.shape.numpy()) * t.dtype.itemsize for t in lazy))), 0
+    ir.save(model, str(path), external_data=data.name, alignment=ALIGNMENT, align_threshold=ALIGN_ABOVE)
+    onnx.checker.check_model(str(path), full_check=True)
+    _check_dynamic_axes(onnx.load(str(path), load_external_data=False), contract)
+    return data
+
+
+def _light_optimize(model) -> None:
+    """onnxscript's optimizer without the passes that do not scale to a π0-sized graph.
+
+    Its pattern rewriter is quadratic in the graph's nodes (4,851 nodes: 13 s, 9,015: 55 s,
+    a π0 graph of ~20,000 nodes: most of an hour on two cores), and de-duplicating
+    initializers compares their contents, which would produce every streamed weight once
+    more. What remains (inlining, constant folding with shape inference, dead code and
+    unused opsets removed, constants lifted) is linear; ONNX Runtime's own graph
+    optimizer does the operator fusions at session creation.
+    """
+    import onnx_ir.passes.common as common
+    from onnxscript.optimizer import _constant_folding
+
+    passes = [
+        common.InlinePass(),
+        _constant_folding.FoldConstantsPass(
+            shape_inference=True,
+            input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+            output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
+        ),
+        common.RemoveUnusedNodesPass(),
+        common.RemoveUnusedFunctionsPass(),
+        common.RemoveUnusedOpsetsPass(),
+        common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        common.OutputFixPass(),
+        common.NameFixPass(),
+    ]
+    for p in passes:
+        p(model)

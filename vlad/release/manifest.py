@@ -57,6 +57,7 @@ __all__ = [
     "Lineage",
     "Manifest",
     "ManifestError",
+    "MemoryNeed",
     "ReleaseInfo",
     "RuntimeSpec",
     "MAX_MANIFEST_BYTES",
@@ -207,6 +208,19 @@ class CanaryPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryNeed:
+    """``[memory]``: what the release needs loaded and warm, in bytes, on the host and on
+    the device (0: none there), and where the figure comes from (``MEMORY_SOURCES``)."""
+
+    host_bytes: int
+    device_bytes: int
+    source: str
+
+
+MEMORY_SOURCES = ("planner", "performance-gate", "operator")
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     """A validated release manifest. Build it with :func:`load_manifest`.
 
@@ -226,6 +240,7 @@ class Manifest:
     canary: CanaryPolicy
     # The release's own gate plan (docs/gates.md), checked by vlad.gates.plan when used.
     gate_plan: Mapping[str, Any] | None = None
+    memory: MemoryNeed | None = None  # None: the release does not say (the daemon estimates)
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     path: Path | None = field(default=None, compare=False, repr=False)
 
@@ -287,6 +302,8 @@ class Manifest:
         }
         if self.gate_plan is not None:
             out["gate_plan"] = dict(self.gate_plan)
+        if self.memory is not None:
+            out["memory"] = {k: getattr(self.memory, k) for k in ("host_bytes", "device_bytes", "source")}
         return out
 
 
@@ -621,6 +638,17 @@ def parse_manifest(data: Any, source: str = "<manifest>", *, path: Path | None =
 
     gate_plan = top.get("gate_plan", dict, required=False)
 
+    memory = None
+    if "memory" in top.raw:
+        t = _Table(top.get("memory", dict), "memory", problems)
+        host, device = t.get("host_bytes", int), t.get("device_bytes", int)
+        source = t.choice("source", MEMORY_SOURCES)
+        t.finish()
+        for key, value in (("host_bytes", host), ("device_bytes", device)):
+            if value is not None and value < 0:
+                problems.append(f"memory.{key}: must be >= 0, got {value}")
+        memory = MemoryNeed(host, device, source)
+
     top.finish()
     if problems:
         raise ManifestError(source, problems)
@@ -636,6 +664,7 @@ def parse_manifest(data: Any, source: str = "<manifest>", *, path: Path | None =
         gates=tuple(gates),
         canary=CanaryPolicy(**canary_values),
         gate_plan=gate_plan,
+        memory=memory,
         document=data,
         path=path,
     )

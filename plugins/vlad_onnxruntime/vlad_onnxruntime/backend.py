@@ -44,6 +44,15 @@ Options (all optional):
     loading with ``graph_optimization_level="disable"`` next time).
 ``check_node_placement``
     bool, default true (see 3.).
+``memory_map``
+    bool, default false. A model with external data (``policy.onnx.data``) is read by ONNX
+    Runtime through a memory map; by default its CPU provider then copies the weights of
+    every MatMul into its own packed layout (anonymous memory) and drops the map. With
+    ``memory_map = true`` that packing is off (``session.disable_prepacking``): the
+    weights stay file-backed pages of the map, the session is created in a fraction of
+    the time, and other processes mapping the same file share them. The pages are the
+    kernel's to evict under memory pressure (a re-read is a latency spike): lock them with
+    ``realtime.mlockall`` on a robot. Figures: docs/benchmarks.md, "π0-sized release".
 
 With the TensorRT provider the contract's min/opt/max input shapes become its
 optimization profile (``trt_profile_*_shapes``), so it builds one engine for the whole
@@ -89,6 +98,7 @@ KNOWN_OPTIONS = frozenset(
         "graph_optimization_level",
         "optimized_model_path",
         "check_node_placement",
+        "memory_map",
     }
 )
 
@@ -318,6 +328,11 @@ class OnnxRuntimeSession(Session):
                 if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                     raise _fail(f"option {key} must be a non-negative integer, got {value!r}")
                 setattr(so, attr, value)
+        memory_map = self.options.get("memory_map", False)
+        if not isinstance(memory_map, bool):
+            raise _fail(f"option memory_map must be true or false, got {memory_map!r}")
+        if memory_map:
+            so.add_session_config_entry("session.disable_prepacking", "1")
         path = self.options.get("optimized_model_path")
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -467,6 +482,7 @@ class OnnxRuntimeSession(Session):
                 "intra_op_threads": self.options.get("intra_op_threads", 0),
                 "inter_op_threads": self.options.get("inter_op_threads", 0),
                 "graph_optimization_level": level,
+                "memory_map": bool(self.options.get("memory_map", False)),
             },
         )
 

@@ -6,7 +6,13 @@ on load (torch.load is never called with weights_only disabled).
 
 Options: ``device`` (``"cpu"`` default, ``"cuda"``, ``"cuda:N"``), ``threads``
 (``torch.set_num_threads``; process-wide) and ``precision`` (``"fp32"`` default; on CUDA
-also ``"tf32"``, ``"fp16"`` and ``"bf16"``, see :mod:`vlad_torch.session`).
+also ``"tf32"``, ``"fp16"`` and ``"bf16"``, see :mod:`vlad_torch.session`). A program
+exported with bf16 or fp16 weights computes in that precision on any device, and its
+``precision`` option must name it.
+
+Memory: :func:`torch.export.load` copies each weight record of the archive into its own
+storage (it has no memory-mapped load), so a loaded program holds its weights once, in
+anonymous memory, and a cold start reads the whole file.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from vlad_torch.session import (
     check_options,
     resolve_device,
     resolve_precision,
+    weights_precision,
 )
 
 
@@ -72,7 +79,6 @@ class TorchBackend(Backend):
 
         artifact = Path(artifact)
         device = resolve_device(self.name, options.get("device", "cpu"))
-        precision = resolve_precision(self.name, options.get("precision", "fp32"), device)
         threads = apply_threads(self.name, options.get("threads"))
         try:
             program = torch.export.load(str(artifact))
@@ -80,6 +86,8 @@ class TorchBackend(Backend):
             raise BackendError(f"{self.name}: artifact {artifact} does not exist") from exc
         except Exception as exc:
             raise BackendError(f"{self.name}: {artifact} is not a torch.export program: {_first_line(exc)}") from exc
+        weights = weights_precision(program.state_dict.values())
+        precision = resolve_precision(self.name, options.get("precision", "fp32"), device, weights=weights)
         names = check_names(
             self.name, "inputs", list(program.graph_signature.user_inputs), [s.name for s in contract.inputs]
         )
@@ -105,6 +113,7 @@ class TorchBackend(Backend):
             device=device,
             threads=threads,
             precision=precision,
+            autocast=weights == "fp32",
         )
 
 

@@ -67,21 +67,30 @@ def tf32_state(torch: Any) -> dict[str, str]:
     return {"matmul": "tf32" if matmul.allow_tf32 else "ieee", "cudnn": "tf32" if cudnn.allow_tf32 else "ieee"}
 
 
-def resolve_precision(backend: str, precision: Any, device: Any, *, autocast: bool = True) -> str:
-    """Check the ``precision`` option against the device; returns the label.
+def resolve_precision(
+    backend: str, precision: Any, device: Any, *, autocast: bool = True, weights: str = "fp32"
+) -> str:
+    """Check the ``precision`` option against the device and the weights; returns the label.
 
-    CPU sessions compute in fp32 only; tf32 and bf16 need compute capability >= 8.0;
-    fp16 / bf16 (autocast) only where ``autocast`` is offered (eager torch).
+    A program whose weights are bf16 or fp16 (``weights``) computes in that precision on
+    any device, CPU included: ``precision`` must then say so. With fp32 weights, CPU
+    sessions compute in fp32 only; tf32 and bf16 need compute capability >= 8.0; fp16 /
+    bf16 (autocast) only where ``autocast`` is offered (eager torch).
     """
     if precision not in PRECISIONS:
         raise BackendError(f"{backend}: option precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == "fp32":
+    if weights != "fp32" and precision != weights:
+        raise BackendError(
+            f"{backend}: the program's weights are {weights}, so it computes in {weights}; "
+            f"set option precision = {weights!r}"
+        )
+    if precision == "fp32" or (weights != "fp32" and device.type != "cuda"):
         return precision
     if device.type != "cuda":
         raise BackendError(
             f"{backend}: precision {precision} needs device 'cuda'; on {device.type} sessions compute in fp32"
         )
-    if precision in _AUTOCAST and not autocast:
+    if precision in _AUTOCAST and not autocast and weights == "fp32":
         raise BackendError(
             f"{backend}: precision {precision} is compiled in, not switched at load; export and compile a {precision} program"
         )
@@ -94,6 +103,14 @@ def resolve_precision(backend: str, precision: Any, device: Any, *, autocast: bo
                 f"{backend}: precision {precision} needs compute capability >= 8.0 (Ampere); {device} has {cc[0]}.{cc[1]}"
             )
     return precision
+
+
+def weights_precision(tensors: Any) -> str:
+    """``bf16`` / ``fp16`` when every floating-point weight is of that type, else ``fp32``."""
+    import torch
+
+    kinds = {t.dtype for t in tensors if t.is_floating_point()}
+    return {frozenset({torch.bfloat16}): "bf16", frozenset({torch.float16}): "fp16"}.get(frozenset(kinds), "fp32")
 
 
 def check_options(backend: str, options: Mapping[str, Any], known: frozenset[str]) -> None:
@@ -172,6 +189,7 @@ class TorchSession(Session):
         extra: Mapping[str, Any] | None = None,
         cache_key: str | None = None,
         precision: str = "fp32",
+        autocast: bool = True,
     ) -> None:
         import torch
 
@@ -191,7 +209,8 @@ class TorchSession(Session):
         # Staging buffers per input-shape signature (one set per batch size seen), so the
         # hot path never allocates pinned or device memory after the first call.
         self._buffers: dict[tuple, dict[str, Any]] = {}
-        self._autocast = getattr(torch, _AUTOCAST[precision]) if precision in _AUTOCAST else None
+        # Autocast only where the precision is switched at run time, not compiled into the weights.
+        self._autocast = getattr(torch, _AUTOCAST[precision]) if autocast and precision in _AUTOCAST else None
         if self._cuda:
             self._stream = torch.cuda.Stream(device)
             self._events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
