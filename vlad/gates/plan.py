@@ -66,7 +66,7 @@ class EquivalenceBudget:
 
 
 # Initial budgets, by precision. fp32 is tight on purpose (a TF32 or fp16 computation
-# labelled fp32 fails it); the others follow tests/backends/budgets.py for the output and
+# labelled fp32 fails it); the others follow vlad/testing/golden.py (MAX_ABS) for the output and
 # scale the rest with it. A release's plan owns its approved budget.
 DEFAULT_BUDGETS: dict[str, EquivalenceBudget] = {
     "fp32": EquivalenceBudget(1e-4, 1e-5, 0.99999, 2e-4, 0, 0.01, 2e-3),
