@@ -21,6 +21,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "manifests" / "demo" / "gate-report.json"
+EVAL = ROOT / "manifests" / "demo" / "eval.json"  # written by scripts/train_demo_policy.py
 TARGETS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
 BLOCK = re.compile(r"(<!-- generated: (\S+)[^\n]*-->\n)(.*?)(<!-- end generated -->)", re.S)
 
@@ -108,7 +109,28 @@ def latency(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n\n" + _conditions(report) + "\n"
 
 
-GENERATORS = {"closed-loop": closed_loop, "latency": latency}
+def training_eval(report: dict[str, Any]) -> str:
+    """The in-process evaluation the training script wrote: trained policy, expert, no motion."""
+    ev = json.loads(EVAL.read_text())
+    labels = {"policy": "trained policy (ONNX Runtime, in process)", "expert": "scripted expert", "zero": "no motion"}
+    instructions = list(dict.fromkeys(r["instruction"] for r in ev["results"]))
+    lines = ["| policy | " + " | ".join(f"`{i}`" for i in instructions) + " |", "|---|" + "---|" * len(instructions)]
+    for key, label in labels.items():
+        rows = {r["instruction"]: r for r in ev["results"] if r["policy"] == key}
+        if rows:
+            cells = [
+                f"{_rate(rows[i])}, mean final distance {1000 * rows[i]['mean_final_distance_m']:.1f} mm"
+                for i in instructions
+            ]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return (
+        "\n".join(lines) + f"\n\nSeeds {ev['seeds'].replace('..', '–')} per instruction, success = fingertip within "
+        f"{1000 * ev['success_radius_m']:.0f} mm of the goal after {ev['episode_steps']} periods, each chunk "
+        f"executed for {ev['exec_steps']} periods.\n"
+    )
+
+
+GENERATORS = {"closed-loop": closed_loop, "latency": latency, "training-eval": training_eval}
 
 
 def render(text: str, report: dict[str, Any]) -> str:
