@@ -58,10 +58,11 @@ def main() -> int:
                 for _ in range(args.repeats):
                     wait(client, lambda s: s["state"] == "ACTIVE" and s["serving"].startswith("release"))
                     time.sleep(0.3)
-                    n_swaps = len(client.status()["swaps_ms"])
+                    # status keeps the latest swaps only (a bounded list): wait for a new last one
+                    last = (client.status()["swaps_ms"] or [None])[-1]
                     t0 = time.monotonic()
                     rig.control.write_text(mode)
-                    st = wait(client, lambda s, n=n_swaps: len(s["swaps_ms"]) > n)
+                    st = wait(client, lambda s, last=last: bool(s["swaps_ms"]) and s["swaps_ms"][-1] != last)
                     detect_ms = (time.monotonic() - t0) * 1000  # upper bound: includes status polling
                     time.sleep(0.3)
                     gap = max_gap(ctl.since(t0)) * 1000
