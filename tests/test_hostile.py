@@ -183,8 +183,8 @@ def test_not_a_request_is_refused(daemon, zctx, frame):
 
 
 def test_multipart_request_is_answered(daemon, zctx):
-    """A REQ peer that sends two frames gets an error reply (it used to get none and hang
-    until its own timeout: the ROUTER side only looked for a one-frame body)."""
+    """A REQ peer that sends two frames gets an error reply, not silence until its own
+    timeout (the ROUTER side must parse a multi-frame body, not look for one frame)."""
     rep = raw_request(zctx, daemon.endpoints["control"], [request("ping", {}), b"more"])
     assert rep is not None and rep["ok"] is False and "one frame" in rep["error"], rep
 

@@ -17,7 +17,7 @@ def test_every_backend_honours_a_subset_of_the_shared_labels(module):
 
     honoured = importlib.import_module(module).PRECISIONS
     assert set(honoured) <= set(PRECISIONS), f"{module} knows labels vlad.backend.PRECISIONS lacks"
-    assert "tf32" in honoured  # the label a signed manifest used to be refused for
+    assert "tf32" in honoured  # a label a signed manifest may ask for
 
 
 def test_manifest_and_gates_share_the_label_set():

@@ -58,7 +58,6 @@ CHILD_BASE_FDS = 64 + 2 * ACCEPT_BACKLOG
 START_TIMEOUT_S = 20.0
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 10.0)
 STABLE_S = 30.0  # a child that ran this long restarts from the first backoff again
-OPENPI_PREFIX = "openpi/"
 
 
 def fd_budget(cfg: Config) -> dict[str, int]:

@@ -122,7 +122,6 @@ class ReleaseManager:
         self.state = state
         self.served = served  # LoadedPolicy + slot name -> ServedPolicy (the supervisor's recipe)
         self.shadow: ShadowRun | None = None
-        self.shadow_loaded: LoadedPolicy | None = None
         self.canary: Canary | None = None
         self._seen_findings: set[tuple] = set()
         m = cfg.memory
@@ -453,7 +452,7 @@ class ReleaseManager:
     def _start_shadow(self, served: ServedPolicy, loaded: LoadedPolicy, purpose: str, tolerance: float) -> None:
         run = ShadowRun(served.renamed("shadow"), purpose, tolerance, self.cfg.serve.latency_window)
         run.start()
-        self.shadow, self.shadow_loaded = run, loaded
+        self.shadow = run
         self.publisher.observers.append(run.divergence.reference)
         self.chain.loop.shadow = run
 

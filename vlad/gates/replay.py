@@ -29,8 +29,6 @@ from vlad.gates.metrics import JointErrors
 from vlad.gates.recording import RecordedObservation, Recording
 from vlad.processing import RawObservation, decode_actions, preprocess
 
-Infer = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
-
 
 def raw_observation(obs: RecordedObservation) -> RawObservation:
     """The processing module's view of a recorded observation (same seq: same noise)."""

@@ -105,10 +105,6 @@ class HealthView:
         """The time up to which what controllers sent has been read."""
         return min(self.now_ns, self.socket_read_ns) if self.socket_read_ns else self.now_ns
 
-    @property
-    def heartbeat_seen(self) -> bool:
-        return self.last_heartbeat_ns > 0
-
 
 class Monitor(abc.ABC):
     """One health check. ``check`` must be cheap; it runs every monitor tick (~50 ms)."""

@@ -180,13 +180,6 @@ def init_tensor(name: str, shape: Sequence[int], dtype: torch.dtype, seed: int) 
     return out.to(dtype)
 
 
-def init_weights(module: nn.Module, seed: int) -> None:
-    """Fill every parameter of ``module`` with :func:`init_tensor` (in place, one at a time)."""
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            p.copy_(init_tensor(name, tuple(p.shape), p.dtype, seed))
-
-
 # ---- building blocks ---------------------------------------------------------------------
 
 

@@ -58,10 +58,6 @@ class OpTime:
     def seconds(self) -> float:
         return max(self.compute_s, self.memory_s)
 
-    @property
-    def compute_bound(self) -> bool:
-        return self.compute_s > self.memory_s
-
 
 def op_time(op: Op, hw: Hardware, precision: str) -> OpTime:
     """Roofline time of ``op`` (all repeats) on ``hw`` at ``precision``."""

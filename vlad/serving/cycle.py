@@ -42,7 +42,6 @@ from vlad.serving.tracing import CycleTimes
 
 # The reasons an observation itself is at fault (answered, counted as a rejection).
 INPUT_REASONS = ("stale", "instruction_too_long", "bad_input")
-REASONS = (*INPUT_REASONS, "remote_unavailable", "backend_error", "internal_error")
 
 
 class CycleFailure(Exception):

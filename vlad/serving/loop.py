@@ -194,10 +194,6 @@ class ServingLoop:
                     log.exception("serving thread: unexpected error (%d so far)", self.cycle_errors)
             finally:
                 self.last_progress_ns = time.monotonic_ns()
-        # When the thread last looked at its socket: the health monitors judge heartbeat and
-        # observation ages up to here, not up to now, so an inference longer than the
-        # heartbeat limit (messages waiting unread meanwhile) is no lost controller.
-        self.read_ns = self.last_progress_ns
 
     def _serve_once(self, gen: int, poller: zmq.Poller, timeout_ms: int, busy_ns: int) -> bool:
         """One wake-up: poll, drain, serve the newest observation. False: this thread ends."""

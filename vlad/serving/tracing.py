@@ -43,7 +43,6 @@ STAGES = (
     "publish",
     "e2e",
 )
-HEADER_STAGES = STAGES[:-2]
 
 
 @dataclass(slots=True)

@@ -123,7 +123,7 @@ def max_gap(chunks: list[Received]) -> float:
 #   0.5 s. A strict "every gap within the bound" holds on a quiet machine (the figures each
 #   test prints), but the 2-core test machine is shared: another job can take both cores for
 #   a scheduler slice or two at any moment. A core held by an endpoint shows as seconds,
-#   not as one slice (issue 22: 6-11 s without a chunk or a watchdog ping).
+#   not as one slice (seconds without a chunk or a watchdog ping).
 WATCHDOG_ENV = {"WATCHDOG_USEC": "1000000"}
 WATCHDOG_LIMIT_S = 1.0
 CADENCE_GAP_S = 3 * PERIOD_S + 0.01

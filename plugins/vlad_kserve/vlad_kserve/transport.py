@@ -52,7 +52,6 @@ SERVER_TIME_PARAMETER = "vlad_server_ns"
 # fault, the policy is not to blame); "rejected" and "bad_response" mean the server and the
 # contract disagree (BackendError: a policy fault).
 SYSTEM_KINDS = frozenset({"unavailable", "timeout", "server_error", "auth", "not_found", "deadline"})
-POLICY_KINDS = frozenset({"rejected", "bad_response"})
 
 
 class TransportError(Exception):

@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Literal
 
 from vlad.errors import BackendError
 from vlad_tensorrt.profiles import canonical_json
@@ -41,7 +40,6 @@ KEY_FORMAT = "vlad.tensorrt-key/1"
 SIDECAR_FORMAT = "vlad.tensorrt-engine/1"
 TIMING_FORMAT = "vlad.tensorrt-timing/1"
 DEFAULT_CACHE_DIR = Path("/var/lib/vlad/engines")
-OnMismatch = Literal["error", "rebuild"]
 ON_MISMATCH: tuple[str, ...] = ("error", "rebuild")
 # The ingredients a timing cache depends on (not the model: see timing_cache_key).
 MACHINE_FIELDS = ("tensorrt_version", "gpu_name", "compute_capability", "precision")
@@ -174,15 +172,6 @@ def compare_ingredients(recorded: CacheIngredients, current: CacheIngredients) -
 # ---------------------------------------------------------------------------------------
 # The cache
 # ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class StoredEngine:
-    """An engine read from disk and verified against the current ingredients."""
-
-    path: Path
-    plan: bytes
-    sidecar: dict
 
 
 class EngineCache:

@@ -23,11 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from vlad.errors import BackendError
 
-Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 # Minimum compute capability per precision. fp16 arithmetic is native from sm_53; TF32 and

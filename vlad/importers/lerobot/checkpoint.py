@@ -43,7 +43,6 @@ MAX_STATS_BYTES = 64 << 20
 
 IMAGE_PREFIX = "observation.images."
 STATE = "observation.state"
-ENV_STATE = "observation.environment_state"
 ACTION = "action"
 
 
