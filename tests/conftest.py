@@ -19,6 +19,30 @@ ROOT = REPO
 VLAD = Path(sys.executable).parent / "vlad"  # the daemon's console script in this environment
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="also run the tests marked slow (multi-minute soaks, full-length closed loops), and "
+        "the long versions of the soaks (./scripts/test --slow)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with ./scripts/test --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def slow(request: pytest.FixtureRequest) -> bool:
+    """True under ``--slow``: a test with a short and a long version runs the long one."""
+    return bool(request.config.getoption("slow"))
+
+
 @pytest.fixture(scope="session")
 def demo_dir() -> Path:
     return DEMO

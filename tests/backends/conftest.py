@@ -92,9 +92,7 @@ VARIANTS: dict[str, list[Variant]] = {
 }
 
 # Variants whose 10,000-call soak takes over a minute (eager torch: ~6 ms/call on 2 cores).
-SLOW_SOAK = {"torch", "torch[cuda]"}  # torch[cuda]: eager dispatch of ~1000 ops per call
-SLOW_SOAK |= {"kserve[grpc]", "kserve[http]"}  # a loopback round trip through a Python server: 8-20 ms
-REMOTE_SOAK_ENV = "VLAD_TEST_REMOTE_SOAK"  # the remote soak runs only when asked (~1.5 / 3.5 min)
+REMOTE_SOAK_ENV = "VLAD_TEST_REMOTE_SOAK"  # the remote soak runs only when asked (or with --slow)
 
 
 def choose_engine_cache(env_value: str | None, make_temp) -> Path:
@@ -133,17 +131,19 @@ def all_variants() -> list[Variant]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "variant" not in metafunc.fixturenames:
         return
-    slow = metafunc.function.__name__ == "test_soak"
+    soak = metafunc.function.__name__ == "test_soak"
     params = []
     for v in all_variants():
         marks = [pytest.mark.gpu] if v.gpu else []
-        if slow and v.id in SLOW_SOAK:
-            marks.append(pytest.mark.slow)
-        if slow and v.backend == "kserve" and not os.environ.get(REMOTE_SOAK_ENV):
+        if (
+            soak
+            and v.backend == "kserve"
+            and not (metafunc.config.getoption("slow") or os.environ.get(REMOTE_SOAK_ENV))
+        ):
             marks.append(
                 pytest.mark.skip(
-                    reason=f"10,000 loopback round trips take minutes; set {REMOTE_SOAK_ENV}=1 "
-                    "(tests/kserve soaks 400 gRPC calls)"
+                    reason=f"loopback round trips through a Python server take minutes; ./scripts/test --slow "
+                    f"or {REMOTE_SOAK_ENV}=1 (tests/kserve soaks 400 gRPC calls)"
                 )
             )
         params.append(pytest.param(v, id=v.id, marks=marks))
