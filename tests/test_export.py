@@ -63,6 +63,7 @@ def test_only_contract_axes_are_dynamic(demo_dir, contract):
         assert static == [n for i, n in enumerate(spec.shape) if i not in symbolic], vi.name
 
 
+@pytest.mark.slow  # ~45 s; test_committed_onnx_matches_pytorch_weights checks the shipped export
 def test_fresh_export_is_equivalent(demo_dir, contract, golden, tmp_path):
     """Re-export from the weights: fixed shapes, intermediate prefix and dynamic batch are checked."""
     from vlad.demo.release import load_trained_model

@@ -129,6 +129,9 @@ def drive_to_worst(rig, client, ws) -> tuple[ControllerSim, dict]:
     ws.recv(timeout=10)  # openpi's metadata: the bridge has counted the client
     wait_status(client, lambda st: st["latency_ms"].get("e2e"))
     rig.control.write_text("nan")
+    # Quarantined first: a system fault sent the chain to the fallback before the release
+    # computed a NaN chunk would leave nothing to quarantine.
+    wait_status(client, lambda st: st["quarantined"])
     rig.sensors.write_text(
         json.dumps({"temperature.cpu.0": 97.0, "temperature.gpu.0": 85.0, "memory.board.available_bytes": 1e6})
     )
