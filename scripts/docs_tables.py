@@ -43,10 +43,18 @@ def _conditions(report: dict[str, Any]) -> str:
     load = ", ".join(f"{x:.2f}" for x in c.get("loadavg_1_5_15", []))
     versions = c.get("versions", {})
     ort = versions.get("onnxruntime", "?")
+    after = report.get("conditions_after", {})
+    n = after.get("neighbours_during_run") or {}
+    busy = ""
+    if n.get("share_with_busy_neighbour"):
+        names = ", ".join(f"`{k}`" for k in n.get("peak_cpu_percent", {}))
+        busy = f" Another process was busy during {100 * n['share_with_busy_neighbour']:.0f} % of the run ({names})."
+    end = ", ".join(f"{x:.2f}" for x in after.get("loadavg_1_5_15", []))
     return (
         f"Measured {report['started_at'][:10]} by `vladctl gate` ({report['duration_s'] / 60:.0f} min): "
-        f"{c.get('cpu', '?')}, {c.get('usable_cores', '?')} cores, load average {load} at the start, "
-        f"Python {c.get('python', '?')}, ONNX Runtime {ort}."
+        f"{c.get('cpu', '?')}, {c.get('usable_cores', '?')} cores, load average {load} at the start"
+        + (f" and {end} at the end" if end else "")
+        + f", Python {c.get('python', '?')}, ONNX Runtime {ort}.{busy}"
     )
 
 
