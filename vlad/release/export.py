@@ -145,38 +145,42 @@ def export_program(model, contract: Contract, example: dict[str, np.ndarray], pa
     torch.export.save(ep, str(path))
 
 
-def _onnx_export(module, args, path: Path, input_names, output_names, dynamic_shapes) -> None:
+def _onnx_program(module, args, input_names, output_names, dynamic_shapes, *, optimize: bool) -> Any:
+    """``torch.onnx.export`` (dynamo) of ``module``: its program, or an :class:`ExportError`
+    with the exporter's first line. Its registration warnings and its progress prints are
+    kept out of the user's terminal."""
     import logging
 
     import torch
 
     # The exporter warns about every torchvision operator it cannot register; irrelevant here.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-
     buf = io.StringIO()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), redirect_stdout(buf):
         warnings.simplefilter("ignore")
         try:
-            # The exporter prints its own progress; keep it out of the user's terminal
-            # unless it fails.
-            with redirect_stdout(buf):
-                prog = torch.onnx.export(
-                    module,
-                    args,
-                    dynamo=True,
-                    opset_version=OPSET,
-                    input_names=input_names,
-                    output_names=output_names,
-                    dynamic_shapes=dynamic_shapes,
-                    optimize=True,
-                    verify=False,
-                    report=False,
-                )
+            prog = torch.onnx.export(
+                module,
+                args,
+                dynamo=True,
+                opset_version=OPSET,
+                input_names=input_names,
+                output_names=output_names,
+                dynamic_shapes=dynamic_shapes,
+                optimize=optimize,
+                verify=False,
+                report=False,
+            )
         except Exception as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ExportError(f"ONNX export failed (unsupported operator or construct): {first}") from exc
     if prog is None:
         raise ExportError("ONNX export returned no program")
+    return prog
+
+
+def _onnx_export(module, args, path: Path, input_names, output_names, dynamic_shapes) -> None:
+    prog = _onnx_program(module, args, input_names, output_names, dynamic_shapes, optimize=True)
     prog.save(str(path), external_data=False)
 
 
@@ -413,38 +417,17 @@ def export_onnx_streamed(
     (:func:`_light_optimize`; folding touches only tensors below its size limit). Checked with
     ``onnx.checker`` (full check, on the file) and against the contract's dynamic axes.
     """
-    import logging
 
     import onnx
     import onnx_ir as ir
-    import torch
 
-    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     names = _input_names(contract)
     out_names = [spec.name for spec in contract.outputs]
     traced = _traced(contract, [example])
     log("export: ONNX graph (weights not allocated) ...")
-    buf = io.StringIO()
-    with warnings.catch_warnings(), redirect_stdout(buf):
-        warnings.simplefilter("ignore")
-        try:
-            prog = torch.onnx.export(
-                module,
-                _to_torch(traced, names),
-                dynamo=True,
-                opset_version=OPSET,
-                input_names=names,
-                output_names=out_names,
-                dynamic_shapes=_dynamic_shapes(contract, True),
-                optimize=False,
-                verify=False,
-                report=False,
-            )
-        except Exception as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ExportError(f"ONNX export failed (unsupported operator or construct): {first}") from exc
-    if prog is None:
-        raise ExportError("ONNX export returned no program")
+    prog = _onnx_program(
+        module, _to_torch(traced, names), names, out_names, _dynamic_shapes(contract, True), optimize=False
+    )
     model = prog.model
     progress = _Progress(0, log)
     for name, value in model.graph.initializers.items():
