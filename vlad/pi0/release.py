@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from vlad.planner.spec import PlannerError, VLAModel, load_model
+from vlad.tomlwrite import dumps
 
 CAMERAS = ("base", "left_wrist", "right_wrist")
 INSTRUCTIONS = (
@@ -112,54 +113,45 @@ def model_toml(spec: VLAModel) -> str:
     v, b, a = spec.vision, spec.backbone, spec.action
     assert v.transformer is not None and a.transformer is not None  # a π0 description
 
-    def stack(t) -> list[str]:
-        return [
-            f"layers = {t.layers}",
-            f"hidden = {t.hidden}",
-            f"ffn = {t.ffn}",
-            f"gated_ffn = {str(t.gated_ffn).lower()}",
-            f"heads = {t.heads}",
-            f"kv_heads = {t.kv_heads}",
-            f"head_dim = {t.head_dim}",
-        ]
+    def stack(t: Any) -> dict[str, Any]:
+        keys = ("layers", "hidden", "ffn", "gated_ffn", "heads", "kv_heads", "head_dim")
+        return {k: getattr(t, k) for k in keys}
 
-    lines = [
-        "# Written by vlad.pi0.release: the description this release's model was built from.",
-        "[model]",
-        f"name = {json.dumps(spec.name)}",
-        f"ids = {json.dumps(list(spec.ids))}",
-        f"description = {json.dumps(spec.description)}",
-        f'precision = "{spec.precision}"',
-        f"batch = {spec.batch}",
-        f"source = {json.dumps(spec.source)}",
-        "",
-        "[vision]",
-        'kind = "vit"',
-        f"cameras = {v.cameras}",
-        f"image_height = {v.image_height}",
-        f"image_width = {v.image_width}",
-        f"tokens_per_image = {v.tokens_per_image}",
-        *stack(v.transformer),
-        "",
-        "[backbone]",
-        *stack(b.transformer),
-        f"language_tokens = {b.language_tokens}",
-        f"state_tokens = {b.state_tokens}",
-        f"vocab = {b.vocab}",
-        "",
-        "[action]",
-        'kind = "flow"',
-        *stack(a.transformer),
-        f"chunk = {a.chunk}",
-        f"dof = {a.dof}",
-        f"steps = {a.steps}",
-        f'context = "{a.context}"',
-        f"qkv_passes = {a.qkv_passes}",
-        "",
-        "[measure]",
-        *(f"{k} = {json.dumps(list(v))}" for k, v in spec.measure_scopes.items()),
-    ]
-    return "\n".join(lines) + "\n"
+    data = {
+        "model": {
+            "name": spec.name,
+            "ids": list(spec.ids),
+            "description": spec.description,
+            "precision": spec.precision,
+            "batch": spec.batch,
+            "source": spec.source,
+        },
+        "vision": {
+            "kind": "vit",
+            "cameras": v.cameras,
+            "image_height": v.image_height,
+            "image_width": v.image_width,
+            "tokens_per_image": v.tokens_per_image,
+            **stack(v.transformer),
+        },
+        "backbone": {
+            **stack(b.transformer),
+            "language_tokens": b.language_tokens,
+            "state_tokens": b.state_tokens,
+            "vocab": b.vocab,
+        },
+        "action": {
+            "kind": "flow",
+            **stack(a.transformer),
+            "chunk": a.chunk,
+            "dof": a.dof,
+            "steps": a.steps,
+            "context": a.context,
+            "qkv_passes": a.qkv_passes,
+        },
+        "measure": {k: list(v) for k, v in spec.measure_scopes.items()},
+    }
+    return dumps(data, header="Written by vlad.pi0.release: the description this release's model was built from.")
 
 
 def contract_toml(spec: VLAModel, opts: Pi0Options, tokenizer_sha256: str, tokenizers_version: str) -> str:
