@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import hashlib
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -19,7 +18,7 @@ from typing import Any
 
 from vlad import tomlwrite
 from vlad.errors import VladError
-from vlad.files import open_regular, parse_toml
+from vlad.files import hash_file, parse_toml
 from vlad.release.manifest import (
     CANARY_DEFAULTS,
     MANIFEST_FILE,
@@ -43,16 +42,6 @@ __all__ = [
     "update_hashes",
     "write_manifest",
 ]
-
-
-def hash_file(path: str | Path) -> tuple[int, str]:
-    """``(size, sha256 hex)`` of a regular file (anything else is refused), in 1 MiB blocks."""
-    h, size = hashlib.sha256(), 0
-    with os.fdopen(open_regular(path), "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
 
 
 def guess_role(relpath: str) -> str | None:
