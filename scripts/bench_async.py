@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -60,6 +59,7 @@ from vlad.demo import sim
 from vlad.episodes import DaemonLink, EpisodeLog, run_episode
 from vlad.planner.execution import async_threshold, chunk_rate
 from vlad.testing import DEMO, DEMO_CONFIG, PLUGIN_ENV, DaemonProcess, launch, unsigned_copy
+from vlad.testing.conditions import conditions as shared_conditions
 
 WAIT_FRACTION = 0.8
 
@@ -284,25 +284,7 @@ def _row(
 
 
 def conditions() -> dict:
-    import mujoco
-    import onnxruntime
-
-    return {
-        "date": time.strftime("%Y-%m-%d"),
-        "cpu": _cpu(),
-        "cpus": os.cpu_count(),
-        "load_avg": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "onnxruntime": onnxruntime.__version__,
-        "mujoco": mujoco.__version__,
-    }
-
-
-def _cpu() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
+    return shared_conditions("onnxruntime", "mujoco")
 
 
 COLUMNS = [

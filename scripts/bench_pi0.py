@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -43,6 +41,7 @@ from vlad.contract import load_contract
 from vlad.pi0.release import INSTRUCTIONS
 from vlad.planner.execution import async_threshold, chunk_rate
 from vlad.testing import REPO, start_daemon
+from vlad.testing.conditions import conditions as shared_conditions
 
 ROOT = REPO
 KEYS = ROOT / "etc" / "vlad" / "keys.d"
@@ -50,24 +49,7 @@ GB = 1e9
 
 
 def conditions() -> dict[str, Any]:
-    import psutil
-
-    vm = psutil.virtual_memory()
-    return {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "cpu": platform.processor() or _cpu(),
-        "cpus": os.cpu_count(),
-        "load_avg": [round(x, 2) for x in os.getloadavg()],
-        "memory_available_gb": round(vm.available / GB, 1),
-        "memory_total_gb": round(vm.total / GB, 1),
-    }
-
-
-def _cpu() -> str:
-    for line in open("/proc/cpuinfo", encoding="utf-8"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
+    return shared_conditions("torch", "onnxruntime", "tokenizers")
 
 
 def _proc_memory(pid: int | str = "self") -> dict[str, int]:

@@ -12,7 +12,6 @@ TensorRT fp32/fp16). A candidate that cannot run here is skipped with the reason
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vlad.errors import VladError
+from vlad.files import sha256_file
 from vlad.gates.plan import EngineSpec, GatePlan
 from vlad.gates.results import GateError
 from vlad.gates.subject import Subject
@@ -49,21 +49,13 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def aoti_package(program: Path, device: str = "cpu", compile_now: bool = False, progress=print) -> Path | None:
     """The AOTInductor package of ``program`` from the cache (keyed by the program's sha256,
     torch version and device); compiled when ``compile_now``, else None if not cached."""
     import torch
 
     suffix = "" if device == "cpu" else f"-{device}"
-    name = f"aoti-{_sha256(program)[:16]}-torch{torch.__version__}{suffix}.pt2"
+    name = f"aoti-{sha256_file(program)[:16]}-torch{torch.__version__}{suffix}.pt2"
     out = cache_dir() / "aoti" / name
     # A checkout's own cache (the conformance tests and benchmarks compile there) is as good.
     for found in (out, Path.cwd() / ".cache" / "vlad-aoti" / name):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from vlad.planner.spec import PlannerError, VLAModel, load_model
+from vlad.tomlwrite import dumps
 
 CAMERAS = ("base", "left_wrist", "right_wrist")
 INSTRUCTIONS = (
@@ -112,54 +112,45 @@ def model_toml(spec: VLAModel) -> str:
     v, b, a = spec.vision, spec.backbone, spec.action
     assert v.transformer is not None and a.transformer is not None  # a π0 description
 
-    def stack(t) -> list[str]:
-        return [
-            f"layers = {t.layers}",
-            f"hidden = {t.hidden}",
-            f"ffn = {t.ffn}",
-            f"gated_ffn = {str(t.gated_ffn).lower()}",
-            f"heads = {t.heads}",
-            f"kv_heads = {t.kv_heads}",
-            f"head_dim = {t.head_dim}",
-        ]
+    def stack(t: Any) -> dict[str, Any]:
+        keys = ("layers", "hidden", "ffn", "gated_ffn", "heads", "kv_heads", "head_dim")
+        return {k: getattr(t, k) for k in keys}
 
-    lines = [
-        "# Written by vlad.pi0.release: the description this release's model was built from.",
-        "[model]",
-        f"name = {json.dumps(spec.name)}",
-        f"ids = {json.dumps(list(spec.ids))}",
-        f"description = {json.dumps(spec.description)}",
-        f'precision = "{spec.precision}"',
-        f"batch = {spec.batch}",
-        f"source = {json.dumps(spec.source)}",
-        "",
-        "[vision]",
-        'kind = "vit"',
-        f"cameras = {v.cameras}",
-        f"image_height = {v.image_height}",
-        f"image_width = {v.image_width}",
-        f"tokens_per_image = {v.tokens_per_image}",
-        *stack(v.transformer),
-        "",
-        "[backbone]",
-        *stack(b.transformer),
-        f"language_tokens = {b.language_tokens}",
-        f"state_tokens = {b.state_tokens}",
-        f"vocab = {b.vocab}",
-        "",
-        "[action]",
-        'kind = "flow"',
-        *stack(a.transformer),
-        f"chunk = {a.chunk}",
-        f"dof = {a.dof}",
-        f"steps = {a.steps}",
-        f'context = "{a.context}"',
-        f"qkv_passes = {a.qkv_passes}",
-        "",
-        "[measure]",
-        *(f"{k} = {json.dumps(list(v))}" for k, v in spec.measure_scopes.items()),
-    ]
-    return "\n".join(lines) + "\n"
+    data = {
+        "model": {
+            "name": spec.name,
+            "ids": list(spec.ids),
+            "description": spec.description,
+            "precision": spec.precision,
+            "batch": spec.batch,
+            "source": spec.source,
+        },
+        "vision": {
+            "kind": "vit",
+            "cameras": v.cameras,
+            "image_height": v.image_height,
+            "image_width": v.image_width,
+            "tokens_per_image": v.tokens_per_image,
+            **stack(v.transformer),
+        },
+        "backbone": {
+            **stack(b.transformer),
+            "language_tokens": b.language_tokens,
+            "state_tokens": b.state_tokens,
+            "vocab": b.vocab,
+        },
+        "action": {
+            "kind": "flow",
+            **stack(a.transformer),
+            "chunk": a.chunk,
+            "dof": a.dof,
+            "steps": a.steps,
+            "context": a.context,
+            "qkv_passes": a.qkv_passes,
+        },
+        "measure": {k: list(v) for k, v in spec.measure_scopes.items()},
+    }
+    return dumps(data, header="Written by vlad.pi0.release: the description this release's model was built from.")
 
 
 def contract_toml(spec: VLAModel, opts: Pi0Options, tokenizer_sha256: str, tokenizers_version: str) -> str:
@@ -168,122 +159,100 @@ def contract_toml(spec: VLAModel, opts: Pi0Options, tokenizer_sha256: str, token
     joints = [f"{side}_{j}" for side in SIDES for j in (*ARM, "gripper")]
     if len(joints) != a.dof:
         raise PlannerError(f"the contract describes a 14-joint bimanual arm; the model has {a.dof} action values")
-    out = [
-        "# Written by vlad.pi0.release (docs/contract.md): a pi0-sized policy with random weights.",
-        'format = "vlad.contract/1"',
-        "",
-        "[model]",
-        f"id = {json.dumps(spec.name)}",
-        f'version = "{opts.version}"',
-        'family = "pi0"',
-        f"description = {json.dumps(spec.description)}",
-    ]
-    for cam in CAMERAS:
-        out += [
-            "",
-            "[[cameras]]",
-            f'name = "{cam}"',
-            f'input = "image_{cam}"',
-            "[cameras.raw]",
-            f"height = {v.image_height}",
-            f"width = {v.image_width}",
-            'color_order = "RGB"',
-            'layout = "HWC"',
-            'dtype = "uint8"',
-            "[cameras.model]",
-            f"height = {v.image_height}",
-            f"width = {v.image_width}",
-            'color_order = "RGB"',
-            'layout = "CHW"',
-            'dtype = "float32"',
-            'resize = "none"',
-            'crop = "none"',
-            "scale = 255.0",
-            "mean = [0.5, 0.5, 0.5]   # SigLIP: pixels to [-1, 1]",
-            "std = [0.5, 0.5, 0.5]",
-        ]
     units = ["rad"] * 6 + ["1"]
-    out += [
-        "",
-        "[language]",
-        'input = "tokens"',
-        'tokenizer = "vlad-pi0-wordlevel"',
-        'library = "tokenizers"',
-        f'library_version = "{tokenizers_version}"',
-        'file = "tokenizer.json"',
-        f'sha256 = "{tokenizer_sha256}"',
-        f"max_tokens = {b.language_tokens}",
-        'padding_side = "right"',
-        "pad_id = 0",
-        'truncation = "error"',
-        "",
-        "[proprio]",
-        'input = "state"',
-        f"dim = {len(joints)}",
-        f"names = {json.dumps([f'{j}.position' for j in joints])}",
-        f"units = {json.dumps(units * 2)}",
-        'frame = "joint"',
-        f"mean = {json.dumps([0.0] * len(joints))}",
-        f"std = {json.dumps([1.0] * len(joints))}",
-        "",
-        "[noise]",
-        'input = "noise"',
-        f"shape = [{a.chunk}, {a.dof}]",
-        'dtype = "float32"',
-        'seeding = "philox-sequence"',
-        "seed = 0",
-        f"denoising_steps = {a.steps}",
-        "",
-        "[action]",
-        'output = "actions"',
-        f"chunk_length = {a.chunk}",
-        f"dim = {a.dof}",
-        'frame = "joint"',
-        "scale = 1.0",
-        'on_nonfinite = "hold"',
-        'on_bound_violation = "clamp"',
-        'hold_posture = "hold_position"',
-    ]
-    for j, unit in zip(joints, units * 2, strict=True):
+    image = {"height": v.image_height, "width": v.image_width, "color_order": "RGB"}
+
+    def joint(name: str, unit: str) -> dict[str, Any]:
         # Random weights: actions ~ mean + std * O(1); the bounds hold them with room.
         gripper = unit == "1"
-        out += [
-            "",
-            "[[action.joints]]",
-            f'name = "{j}"',
-            'semantics = "position"',
-            f'unit = "{unit}"',
-            f"mean = {0.5 if gripper else 0.0}",
-            f"std = {0.05 if gripper else 0.1}",
-            f"lower = {0.0 if gripper else -3.14}",
-            f"upper = {1.0 if gripper else 3.14}",
-            f"rate_limit = {0.05 if gripper else 0.1}",
-        ]
-    out += [
-        "",
-        "[timing]",
-        f"control_period_ms = {opts.control_period_ms}",
-        f"max_observation_age_ms = {max(60.0, 3 * opts.control_period_ms)}",
-        f"action_validity_ms = {opts.action_validity_ms}",
-        f"e2e_deadline_ms = {opts.e2e_deadline_ms}",
-    ]
+        return {
+            "name": name,
+            "semantics": "position",
+            "unit": unit,
+            "mean": 0.5 if gripper else 0.0,
+            "std": 0.05 if gripper else 0.1,
+            "lower": 0.0 if gripper else -3.14,
+            "upper": 1.0 if gripper else 3.14,
+            "rate_limit": 0.05 if gripper else 0.1,
+        }
+
     tensors = [(f"image_{c}", "float32", "NCHW", [1, 3, v.image_height, v.image_width]) for c in CAMERAS]
     tensors += [
         ("tokens", "int64", "NL", [1, b.language_tokens]),
         ("state", "float32", "ND", [1, a.dof]),
         ("noise", "float32", "NHD", [1, a.chunk, a.dof]),
     ]
-    for name, dtype, layout, shape in tensors:
-        out += ["", "[[inputs]]", f'name = "{name}"', f'dtype = "{dtype}"', f'layout = "{layout}"', f"shape = {shape}"]
-    out += [
-        "",
-        "[[outputs]]",
-        'name = "actions"',
-        'dtype = "float32"',
-        'layout = "NHD"',
-        f"shape = [1, {a.chunk}, {a.dof}]",
-    ]
-    return "\n".join(out) + "\n"
+    data: dict[str, Any] = {
+        "format": "vlad.contract/1",
+        "model": {"id": spec.name, "version": opts.version, "family": "pi0", "description": spec.description},
+        "cameras": [
+            {
+                "name": cam,
+                "input": f"image_{cam}",
+                "raw": {**image, "layout": "HWC", "dtype": "uint8"},
+                "model": {
+                    **image,
+                    "layout": "CHW",
+                    "dtype": "float32",
+                    "resize": "none",
+                    "crop": "none",
+                    "scale": 255.0,
+                    "mean": [0.5, 0.5, 0.5],  # SigLIP: pixels to [-1, 1]
+                    "std": [0.5, 0.5, 0.5],
+                },
+            }
+            for cam in CAMERAS
+        ],
+        "language": {
+            "input": "tokens",
+            "tokenizer": "vlad-pi0-wordlevel",
+            "library": "tokenizers",
+            "library_version": tokenizers_version,
+            "file": "tokenizer.json",
+            "sha256": tokenizer_sha256,
+            "max_tokens": b.language_tokens,
+            "padding_side": "right",
+            "pad_id": 0,
+            "truncation": "error",
+        },
+        "proprio": {
+            "input": "state",
+            "dim": len(joints),
+            "names": [f"{j}.position" for j in joints],
+            "units": units * 2,
+            "frame": "joint",
+            "mean": [0.0] * len(joints),
+            "std": [1.0] * len(joints),
+        },
+        "noise": {
+            "input": "noise",
+            "shape": [a.chunk, a.dof],
+            "dtype": "float32",
+            "seeding": "philox-sequence",
+            "seed": 0,
+            "denoising_steps": a.steps,
+        },
+        "action": {
+            "output": "actions",
+            "chunk_length": a.chunk,
+            "dim": a.dof,
+            "frame": "joint",
+            "scale": 1.0,
+            "on_nonfinite": "hold",
+            "on_bound_violation": "clamp",
+            "hold_posture": "hold_position",
+            "joints": [joint(j, unit) for j, unit in zip(joints, units * 2, strict=True)],
+        },
+        "timing": {
+            "control_period_ms": opts.control_period_ms,
+            "max_observation_age_ms": max(60.0, 3 * opts.control_period_ms),
+            "action_validity_ms": opts.action_validity_ms,
+            "e2e_deadline_ms": opts.e2e_deadline_ms,
+        },
+        "inputs": [{"name": n, "dtype": d, "layout": lay, "shape": shape} for n, d, lay, shape in tensors],
+        "outputs": [{"name": "actions", "dtype": "float32", "layout": "NHD", "shape": [1, a.chunk, a.dof]}],
+    }
+    return dumps(data, header="Written by vlad.pi0.release (docs/contract.md): a pi0-sized policy with random weights.")
 
 
 def memory_need(spec: VLAModel, device: str) -> dict[str, Any]:

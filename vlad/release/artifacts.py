@@ -17,6 +17,7 @@ start) hashes afresh: what another process hashed is not trusted.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlad.errors import VladError
-from vlad.files import FileRefused, open_beneath
+from vlad.files import FileRefused, hash_fd, open_beneath
 
 Progress = Callable[[str], None]
 
@@ -93,16 +94,6 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
-def _hash_fd(fd: int, name: str, meter: Meter) -> str:
-    h = hashlib.sha256()
-    buf = bytearray(BLOCK)
-    view = memoryview(buf)
-    while n := os.readv(fd, [buf]):
-        h.update(view[:n])
-        meter.add(n, name)
-    return h.hexdigest()
-
-
 @dataclass(frozen=True)
 class HashResult:
     """What :func:`hash_artifacts` / :func:`copy_artifacts` found."""
@@ -153,7 +144,7 @@ def hash_artifacts(
     meter = Meter(what, sum(t[1] for t in todo), progress)
     for path, _size, sha, fd, st in todo:
         try:
-            digest = _hash_fd(fd, path, meter)
+            digest = hash_fd(fd, functools.partial(meter.add, name=path))[1]
         except OSError as exc:
             problems.append(f"{path}: cannot read: {exc.strerror or exc}")
             continue

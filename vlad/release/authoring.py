@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import hashlib
-import json
-import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from vlad import tomlwrite
 from vlad.errors import VladError
-from vlad.files import open_regular, parse_toml
+from vlad.files import hash_file, parse_toml
 from vlad.release.manifest import (
     CANARY_DEFAULTS,
     MANIFEST_FILE,
@@ -32,7 +30,6 @@ from vlad.release.manifest import (
     _drop_none,
     parse_manifest,
     read_manifest_document,
-    rfc3339,
 )
 
 __all__ = [
@@ -45,16 +42,6 @@ __all__ = [
     "update_hashes",
     "write_manifest",
 ]
-
-
-def hash_file(path: str | Path) -> tuple[int, str]:
-    """``(size, sha256 hex)`` of a regular file (anything else is refused), in 1 MiB blocks."""
-    h, size = hashlib.sha256(), 0
-    with os.fdopen(open_regular(path), "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
 
 
 def guess_role(relpath: str) -> str | None:
@@ -196,24 +183,6 @@ def refresh_hashes(data: Mapping[str, Any], release_dir: str | Path) -> dict[str
     return out
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ValueError(f"cannot write non-finite number {v}")
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)  # JSON escapes are valid TOML basic strings
-    if isinstance(v, dt.datetime):
-        return rfc3339(v) if v.tzinfo else v.isoformat()
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, Mapping):
-        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
 _TABLE_ORDER = ("release", "contract", "backend", "runtime", "lineage", "canary", "memory", "gate_plan")
 _ARRAY_ORDER = ("artifacts", "fallback", "gates")
 
@@ -221,29 +190,13 @@ _ARRAY_ORDER = ("artifacts", "fallback", "gates")
 def format_manifest(data: Mapping[str, Any]) -> str:
     """TOML text for manifest ``data`` (tables first, then arrays of tables)."""
     data = dict(data)
-    lines = [
-        "# vlad release manifest (docs/releases.md). Signed: edit, then run",
-        "# `vladctl manifest update-hashes` and `vladctl sign`.",
-        f"format = {_toml_value(data.pop('format', MANIFEST_FORMAT))}",
-    ]
-
-    def table(header: str, body: Mapping[str, Any]) -> None:
-        lines.extend(["", header])
-        subtables = {k: v for k, v in body.items() if isinstance(v, Mapping)}
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in body.items() if k not in subtables)
-        for k, v in subtables.items():
-            table(f"[{header.strip('[]')}.{k}]", v)
-
-    for key in _TABLE_ORDER:
-        if key in data:
-            table(f"[{key}]", data.pop(key))
+    ordered: dict[str, Any] = {"format": data.pop("format", MANIFEST_FORMAT)}
+    ordered.update({k: data.pop(k) for k in _TABLE_ORDER if k in data})
     arrays = {k: data.pop(k) for k in _ARRAY_ORDER if k in data}
-    for key, value in data.items():  # anything else (invalid, but keep it visible)
-        lines.append(f"{key} = {_toml_value(value)}")
-    for key, items in arrays.items():
-        for item in items:
-            table(f"[[{key}]]", item)
-    return "\n".join(lines) + "\n"
+    ordered.update(data)  # anything else (invalid, but keep it visible)
+    ordered.update(arrays)
+    header = "vlad release manifest (docs/releases.md). Signed: edit, then run\n`vladctl manifest update-hashes` and `vladctl sign`."
+    return tomlwrite.dumps(ordered, header=header)
 
 
 def write_manifest(release_dir: str | Path, data: Mapping[str, Any]) -> Manifest:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from vlad.errors import VladError
-from vlad.files import FileRefused, open_regular
+from vlad.files import FileRefused, open_regular, sha256_file
 
 SUPPORTED_TYPES = ("act", "diffusion")
 # Policy types LeRobot 0.4.4 has that the importer refuses, with the reason (docs/lerobot.md).
@@ -120,14 +120,6 @@ def _read_json(path: Path, what: str) -> Any:
         return json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(open_regular(path), "rb", closefd=True) as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def resolve(path: str | Path) -> Path:
@@ -272,7 +264,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     files = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and not p.is_symlink():
-            files[p.relative_to(root).as_posix()] = _sha256(p)
+            files[p.relative_to(root).as_posix()] = sha256_file(p)
     digest = hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in files.items()).encode()).hexdigest()
     return Checkpoint(
         path=root,

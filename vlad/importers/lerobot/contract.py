@@ -31,6 +31,7 @@ import numpy as np
 
 from vlad.contract import KNOWN_UNITS, Contract, parse_contract
 from vlad.importers.lerobot.checkpoint import ACTION, Checkpoint, CheckpointError, DatasetMeta, Feature
+from vlad.tomlwrite import dumps
 
 MAX_BATCH = 8
 
@@ -319,45 +320,5 @@ def build_contract(data: dict[str, Any]) -> Contract:
 
 
 def contract_toml(data: Mapping[str, Any], header: str = "") -> str:
-    """TOML text of contract-shaped ``data`` (scalars, then tables, then arrays of tables)."""
-    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
-
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            import json
-
-            return json.dumps(v, ensure_ascii=False)
-        if isinstance(v, (list, tuple)):
-            if v and all(isinstance(x, Mapping) for x in v):
-                return (
-                    "[" + ", ".join("{ " + ", ".join(f"{k} = {value(x)}" for k, x in d.items()) + " }" for d in v) + "]"
-                )
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-    def is_table_array(v: Any) -> bool:
-        return isinstance(v, list) and bool(v) and all(isinstance(x, Mapping) for x in v)
-
-    def nested(k: str, v: Any) -> bool:  # written as [[path.k]] (``dynamic`` stays inline)
-        return is_table_array(v) and k != "dynamic"
-
-    def emit(path: str, table: Mapping[str, Any]) -> None:
-        for k, v in table.items():
-            if not isinstance(v, Mapping) and not nested(k, v):
-                lines.append(f"{k} = {value(v)}")
-        for k, v in table.items():
-            if isinstance(v, Mapping):
-                lines.extend(["", f"[{path}{k}]"])
-                emit(f"{path}{k}.", v)
-        for k, v in table.items():
-            if nested(k, v):
-                for item in v:
-                    lines.extend(["", f"[[{path}{k}]]"])
-                    emit(f"{path}{k}.", item)
-
-    emit("", data)
-    return "\n".join(lines) + "\n"
+    """TOML text of contract-shaped ``data`` (``dynamic`` stays an inline array)."""
+    return dumps(data, header=header, inline=("dynamic",))
