@@ -285,3 +285,16 @@ def test_import_sign_serve_diffusion_with_history(tmp_path, keys):
         for _ in range(3)
     ]
     assert _serve_and_compare(out, trusted, frames) == 3
+
+
+@pytest.mark.slow  # a closed-loop episode: 8 s on the 2-core dev machine
+def test_a_checkpoint_runs_in_closed_loop_through_lerobots_own_predict_path(tmp_path):
+    """``demo --checkpoint``: the simulator driven by LeRobot's inference, every request answered."""
+    from vlad.importers.lerobot.demo import lerobot_in_process
+
+    summary = lerobot_in_process(make_checkpoint(tmp_path / "act"), 1, 10_000, 4, progress=lambda *a: None)
+    row = summary["per_instruction"]["reach the red target"]
+    assert row["episodes"] == 1 and np.isfinite(row["mean_final_distance_m"])
+    assert summary["held_periods"] == 0 and summary["late_answers"] == 0
+    with pytest.raises(SystemExit, match="ACT checkpoints only"):
+        lerobot_in_process(make_checkpoint(tmp_path / "diffusion", "diffusion"), 1, 10_000, 4)

@@ -81,6 +81,41 @@ def closed_loop(
     }
 
 
+def lerobot_in_process(checkpoint: Path, episodes: int, seed: int, exec_steps: int, progress=print) -> dict[str, Any]:
+    """Closed loop of a LeRobot checkpoint through LeRobot's own ``preprocessor ->
+    predict_action_chunk -> postprocessor`` (no import, no vlad backend): tells a policy that
+    misses from an observation or action mapping that is wrong."""
+    from vlad.episodes import InProcessLink
+    from vlad.gates.closed_loop import episodes as run_episodes
+    from vlad.gates.closed_loop import make_task, summarize
+    from vlad.gates.plan import ClosedLoopPlan
+    from vlad.importers.lerobot.checkpoint import read_checkpoint
+    from vlad.importers.lerobot.policies import Frame, lerobot_reference, load_policy
+
+    ckpt = read_checkpoint(checkpoint)
+    if ckpt.type != "act":
+        raise SystemExit(f"--checkpoint runs ACT checkpoints only; {checkpoint} is {ckpt.type}")
+    policy, pre, post = load_policy(ckpt)
+    period_ns = 20_000_000  # the demo dataset's 50 Hz
+    chunk, dim = ckpt.chunk_length, ckpt.action.shape[0]
+
+    def infer(frame, seq: int):
+        lerobot_frame = Frame(dict(frame.images), frame.proprio)
+        return lerobot_reference(policy, pre, post, ckpt, [lerobot_frame], None).actions
+
+    plan = ClosedLoopPlan(episodes=episodes, seed=seed, exec_steps=exec_steps)
+    only = (INSTRUCTION,)
+    task, _ = make_task(plan.task)
+    try:
+        link = InProcessLink(infer, period_ns, period_ns * ckpt.n_action_steps, chunk_length=chunk, action_dim=dim)
+        summary = summarize(run_episodes(task, link, plan, only, period_ns, chunk, "lerobot", progress), only)
+    finally:
+        task.close()
+    summary.pop("logs", None)
+    summary.pop("episodes", None)
+    return summary
+
+
 def _line(summary: dict[str, Any]) -> str:
     row = summary["per_instruction"][INSTRUCTION]
     return (
@@ -91,17 +126,26 @@ def _line(summary: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("release")
+    p.add_argument("release", nargs="?", help="an imported release (or --checkpoint)")
+    p.add_argument("--checkpoint", help="instead: a LeRobot ACT checkpoint, run in process by LeRobot itself")
     p.add_argument("--episodes", type=int, default=30)
     p.add_argument("--seed", type=int, default=10_000, help="first seed (training used 0..)")
     p.add_argument("--exec-steps", type=int, default=4)
     p.add_argument("--keys", help="trusted keys: serve the release verified")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
-    release = Path(args.release)
     print(
         f"closed loop: {args.episodes} episodes of {INSTRUCTION!r}, seeds {args.seed}..{args.seed + args.episodes - 1}"
     )
+    if args.checkpoint:
+        summary = lerobot_in_process(Path(args.checkpoint), args.episodes, args.seed, args.exec_steps)
+        print(f"closed loop in process (LeRobot's predict path): {_line(summary)}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        return 0
+    if not args.release:
+        p.error("give a release folder or --checkpoint")
+    release = Path(args.release)
     keys = str(Path(args.keys).resolve()) if args.keys else None  # the daemon runs in its own folder
     result = closed_loop(release, args.episodes, args.seed, args.exec_steps, keys)
     result.update({"instruction": INSTRUCTION, "seeds": [args.seed, args.seed + args.episodes - 1]})
