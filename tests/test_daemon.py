@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, VLAD
-from vlad.testing import QUIET_MONITORS, daemon_command, endpoints_in, start_daemon
+from vlad.testing import QUIET_MONITORS, daemon_command, endpoints_in, start_daemon, wait_until, write_fault_rig
 
 VLADCTL = VLAD.parent / "vladctl"
 
@@ -250,6 +251,34 @@ def test_clean_shutdown_on_sigterm(tmp_path, golden):
         assert "Traceback" not in d.log()
     finally:
         c.close()
+        d.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_clean_exit_on_signal_during_warmup(tmp_path, sig):
+    """Signals are handled before loading: a stop during a long warm-up (the wrapped backend,
+    2 s an inference, 30 warm-up inferences) says STOPPING=1, loads and binds nothing more
+    and exits 0 without waiting for the minute-long warm-up."""
+    rig = write_fault_rig(tmp_path)
+    release = dataclasses.replace(rig.config.release, options={**rig.config.release.options, "delay_ms": 2000})
+    config = dataclasses.replace(rig.config, release=release, serve=dataclasses.replace(rig.config.serve, warmup=30))
+    d = start_daemon(tmp_path, config=config, env=rig.env, wait_ready=False)
+    try:
+        loading = "loading release: loading policy.onnx on wrapped"
+        wait_until(
+            lambda: any(m.get("STATUS") == loading for _, m in list(d.notify.messages)) or d.proc.poll() is not None,
+            timeout=60,
+            what="the release load to start",
+        )
+        d.proc.send_signal(sig)
+        rc = d.proc.wait(20)  # the warm-up alone would take 60 s
+        assert rc == 0, d.log()
+        d.notify.wait_for("STOPPING", "1", timeout=1)
+        assert d.notify.count("READY") == 0
+        assert f"{signal.Signals(sig).name} received" in d.log()
+        assert "Traceback" not in d.log(), d.log()
+        assert not any((tmp_path / "run").iterdir())  # nothing was bound
+    finally:
         d.stop()
 
 

@@ -5,18 +5,21 @@ every fallback policy* (a swap never touches disk), binds the sockets, reads the
 once and starts the serving, cadence and e-stop threads; then ``READY=1``.
 :meth:`Daemon.main_loop` runs the event-loop tasks in one task group; shutdown stops
 intake, lets the in-flight inference finish within a bound, publishes a final status and
-closes everything through the exit stack. A second SIGTERM/SIGINT forces the exit.
+closes everything through the exit stack. SIGTERM/SIGINT are handled from before loading
+(:func:`serve`): one during a long load or warm-up stops the start-up with ``STOPPING=1``
+and exit status 0; a second one forces the exit.
 
 Who runs where (docs/DESIGN): the **serving thread** (:mod:`vlad.serving.loop`) owns the
 observation socket and runs the hot path; the **e-stop thread** (:mod:`vlad.daemon.safety`)
 gates the publisher; the **cadence thread** keeps holds going out; the **event loop** runs
 ``control`` (vladctl), ``status``, ``health`` (monitors -> fallback decisions), ``watchdog``
-and ``signals``. Release operations live in :mod:`vlad.daemon.releases`, the chain in
+and ``endpoints``; signals are handled by :func:`serve` around all of it. Release operations live in :mod:`vlad.daemon.releases`, the chain in
 :mod:`vlad.daemon.chain`, control commands in :mod:`vlad.daemon.control`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -129,7 +132,6 @@ class Daemon:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             for name, fn in (
-                ("signals", self._signals_task),
                 ("control", self._control_task),
                 ("status", self._status_task),
                 ("health", self._health_task),
@@ -160,19 +162,6 @@ class Daemon:
             except zmq.ZMQError:
                 pass
             log.info("stopped")
-
-    async def _signals_task(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            task_status.started()
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                log.info("%s received: shutting down", name)
-                self.state.transition(State.STOPPING, f"{name} received")
-                # A second signal while shutting down forces the exit.
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    signal.signal(sig, lambda *_: os._exit(1))
-                assert self._tg is not None
-                self._tg.cancel_scope.cancel()
 
     # -- control ---------------------------------------------------------------------------
 
@@ -555,7 +544,9 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         notifier.status(f"loading and warming {name} ({source.folder})")
         t0 = time.monotonic()
         policy, memory[name] = await anyio.to_thread.run_sync(
-            measured_load, functools.partial(load_policy, source, cfg.serve.warmup, _progress(notifier, name))
+            measured_load,
+            functools.partial(load_policy, source, cfg.serve.warmup, _progress(notifier, name)),
+            abandon_on_cancel=True,  # a stop during a warm-up does not wait for it (see serve)
         )
         stack.callback(policy.session.close)
         if loaded:
@@ -735,13 +726,48 @@ def _realtime_report(cfg: Config) -> dict[str, Any]:
 
 
 def serve(cfg: Config) -> int:
-    """Run the daemon until stopped; expected start-up failures raise :class:`VladError`."""
+    """Run the daemon until stopped; expected start-up failures raise :class:`VladError`.
+
+    SIGTERM/SIGINT are handled before anything loads, so a stop during a minutes-long load
+    or warm-up is clean: ``STOPPING=1`` at once, nothing further loads or binds, whatever
+    was opened is closed by the exit stack, exit status 0 without waiting for the load
+    thread's engine call (which cannot be interrupted)."""
+
+    assembled = False
 
     async def run() -> int:
+        nonlocal assembled
         notifier, state = Notifier(), StateMachine()
         async with AsyncExitStack() as stack:
-            daemon = await assemble(cfg, stack, notifier, state)
-            await daemon.main_loop()
+            with anyio.CancelScope() as scope:
+                _handle_signals(scope, state, notifier)
+                daemon = await assemble(cfg, stack, notifier, state)
+                assembled = True
+                await daemon.main_loop()
         return 0
 
-    return anyio.run(run, backend="asyncio")
+    code = anyio.run(run, backend="asyncio")
+    if not assembled:
+        # Stopped during start-up: the load thread still runs its engine call, which cannot
+        # be interrupted; everything else is closed, so the exit does not wait for it.
+        logging.shutdown()
+        os._exit(code)
+    return code
+
+
+def _handle_signals(scope: anyio.CancelScope, state: StateMachine, notifier: Notifier) -> None:
+    """The first SIGTERM/SIGINT cancels ``scope`` (start-up or the event-loop tasks; the exit
+    stack then shuts down what was started); a second one forces the exit."""
+    loop = asyncio.get_running_loop()
+
+    def stop(signum: int) -> None:
+        name = signal.Signals(signum).name
+        log.info("%s received: shutting down", name)
+        state.transition(State.STOPPING, f"{name} received")
+        notifier.stopping(f"stopping: {name} received")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: os._exit(1))
+        scope.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop, sig)
