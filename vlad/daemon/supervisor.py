@@ -124,13 +124,11 @@ class Daemon:
         self._health: tuple[list[Sensor], list[Monitor]] | None = None
         self._health_prev: dict[str, Any] = {}  # the previous tick's counters (windows)
         self._release_lock = anyio.Lock()
-        self._tg: anyio.abc.TaskGroup | None = None
 
     # -- the event loop ----------------------------------------------------------------------
 
     async def main_loop(self) -> None:
         async with anyio.create_task_group() as tg:
-            self._tg = tg
             for name, fn in (
                 ("control", self._control_task),
                 ("status", self._status_task),
