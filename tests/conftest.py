@@ -19,6 +19,25 @@ ROOT = REPO
 VLAD = Path(sys.executable).parent / "vlad"  # the daemon's console script in this environment
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="also run the tests marked slow (full-length soaks, AOTInductor compiles, long gate runs)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` are opt-in: the default run (CI) skips them with a reason that
+    says how to run them; ``--slow`` runs everything."""
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with ./scripts/test --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def demo_dir() -> Path:
     return DEMO
