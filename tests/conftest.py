@@ -23,12 +23,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--slow",
         action="store_true",
-        help="also run the tests marked slow (multi-minute soaks, full-length closed loops), and "
-        "the long versions of the soaks (./scripts/test --slow)",
+        help="also run the tests marked slow (full-length soaks, AOTInductor compiles, long gate runs)",
     )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` are opt-in: the default run (CI) skips them with a reason that
+    says how to run them; ``--slow`` runs everything."""
     if config.getoption("slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with ./scripts/test --slow")

@@ -236,7 +236,9 @@ def test_clean_shutdown_on_sigterm(tmp_path, golden):
         status = c._ctx.socket(__import__("zmq").SUB)
         status.setsockopt(__import__("zmq").SUBSCRIBE, b"status")
         status.connect(d.endpoints["status"])
-        time.sleep(1.0)  # let the status subscription propagate
+        # the subscription has propagated once the first periodic status arrives
+        assert status.poll(5000), "no status message within 5 s of subscribing"
+        status.recv_multipart()
         d.proc.send_signal(signal.SIGTERM)
         rc = d.proc.wait(10)
         assert rc == 0, d.log()

@@ -51,6 +51,7 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     # TYPE_CHECKING): at run time hookspecs imports nothing from vlad, so a plugin that
     # imports hookspecs does not pull in the health package.
     ("vlad.hookspecs", "vlad.health.base"): "TYPE_CHECKING only: vlad_monitors/vlad_sensors return types",
+    ("vlad.hookspecs", "vlad.episodes"): "TYPE_CHECKING only: the vlad_sim_tasks return type",
 }
 
 

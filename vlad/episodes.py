@@ -88,6 +88,19 @@ class Task(Protocol):
     def outcome(self) -> tuple[bool, float]: ...
 
 
+@dataclass(frozen=True)
+class SimTask:
+    """A simulated task a plugin offers the gates (hook ``vlad_sim_tasks``).
+
+    Both callables import the simulator only when called, so listing the tasks (e.g. on a
+    robot without the simulator installed) imports nothing heavy.
+    """
+
+    name: str  # what a gate plan's ``closed_loop.task`` names
+    instructions: Callable[[], tuple[str, ...]]  # the instructions its episodes cycle through
+    make: Callable[[], Task]  # a fresh task, rendering off
+
+
 class Link(Protocol):
     """How the runner reaches the policy (see module doc)."""
 

@@ -16,6 +16,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from vlad.backend import Backend
+    from vlad.episodes import SimTask
     from vlad.health.base import Monitor, Sensor
 
 PROJECT = "vlad"
@@ -58,4 +59,19 @@ def vlad_sensors() -> list[Sensor]:
 
     Readings are named ``temperature.<where>`` (°C), ``memory.<what>`` (bytes) or
     ``<device>.<what>``; e.g. a board-specific thermal zone or a GPU through NVML.
+    """
+
+
+# ---------------------------------------------------------------------------------------
+# Gate hooks
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec
+def vlad_sim_tasks() -> list[SimTask]:
+    """Return the simulated tasks this plugin offers the closed-loop and equivalence gates.
+
+    Each :class:`vlad.episodes.SimTask` is named (a gate plan's ``closed_loop.task``) and
+    makes its task lazily: listing tasks must not import the simulator. Task names must be
+    unique across all plugins.
     """

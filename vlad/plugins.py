@@ -31,7 +31,7 @@ from vlad import hookspecs
 from vlad.errors import BackendUnavailable, VladError
 
 ENTRY_POINT_GROUP = "vlad"
-DEFAULT_PLUGINS = ("vlad.health.monitors", "vlad.health.sensors")
+DEFAULT_PLUGINS = ("vlad.health.monitors", "vlad.health.sensors", "vlad.demo.tasks")
 # Distribution shown for a plugin registered by import path (VLAD_PLUGIN_MODULES) or by
 # code (pm.register): it came from no installed distribution.
 UNPACKAGED = "(module)"

@@ -32,6 +32,7 @@ from vlad.episodes import (
     InProcessLink,
     Link,
     NoMotionLink,
+    SimTask,
     Task,
     compare,
     contract_infer,
@@ -43,26 +44,36 @@ from vlad.gates.plan import ClosedLoopPlan, GatePlan
 from vlad.gates.results import GateError, GateResult, check
 from vlad.gates.subject import Subject
 
-# The simulated tasks: the demo's Reacher with both instructions, and with only the first
-# (policies without a language input, e.g. a LeRobot ACT trained on that one).
-TASKS = ("reacher", "reacher-target")
+
+def sim_tasks() -> dict[str, SimTask]:
+    """The simulated tasks the installed plugins offer (hook ``vlad_sim_tasks``), by name."""
+    from vlad.plugins import make_plugin_manager
+
+    tasks: dict[str, SimTask] = {}
+    for offered in make_plugin_manager().hook.vlad_sim_tasks():
+        for task in offered:
+            if task.name in tasks:
+                raise GateError(f"simulated task {task.name!r} is offered by two plugins")
+            tasks[task.name] = task
+    return tasks
+
+
+def _sim_task(name: str) -> SimTask:
+    tasks = sim_tasks()
+    if name not in tasks:
+        raise GateError(f"closed_loop.task = {name!r}: unknown task (known: {', '.join(sorted(tasks)) or 'none'})")
+    return tasks[name]
 
 
 def task_instructions(name: str) -> tuple[str, ...]:
     """The instructions a task's episodes cycle through."""
-    if name not in TASKS:
-        raise GateError(f"closed_loop.task = {name!r}: unknown task (known: {', '.join(TASKS)})")
-    from vlad.demo import sim
-
-    return sim.INSTRUCTIONS if name == "reacher" else sim.INSTRUCTIONS[:1]
+    return _sim_task(name).instructions()
 
 
 def make_task(name: str) -> tuple[Any, tuple[str, ...]]:
     """The simulated task (a :class:`vlad.episodes.Task`) and its instructions."""
-    instructions = task_instructions(name)
-    from vlad.demo import sim
-
-    return sim.ReacherTask(render=False), instructions
+    task = _sim_task(name)
+    return task.make(), task.instructions()
 
 
 def seeds(plan: ClosedLoopPlan) -> range:
