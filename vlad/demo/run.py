@@ -269,6 +269,9 @@ def run_demo(args: argparse.Namespace) -> int:
                     flush=True,
                 )
             status = format_status(client.status())
+            # The arm leaves the daemon while the in-process run goes on: a goodbye, so that
+            # its silence is no lost controller (no fallback in the daemon's log).
+            client.heartbeat(bye=True)
             print("\ndemo: the same seeds with the same release in this process (no daemon) ...", flush=True)
             inproc = InProcessLink.for_contract(contract, contract_infer(contract, local.tokenizer, local.session))
             reference = [run(task, inproc, seed, instruction, label="in process") for seed, instruction in plan]
