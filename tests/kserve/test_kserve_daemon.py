@@ -27,7 +27,7 @@ import pytest
 
 from tests.kserve.remote_server import ServerProcess, server_unavailable
 from tests.test_faults import MAX_GAP_S
-from vlad.config import ChainEntry, Config, FallbackConfig, ReleaseConfig, ServeConfig
+from vlad.config import Config, ReleaseConfig, ServeConfig
 from vlad.testing import (
     WATCHDOG_ENV,
     ControllerSim,
@@ -38,6 +38,7 @@ from vlad.testing import (
     unsigned_copy,
 )
 from vlad.testing.kserve import HostileServer
+from vlad.testing.releases import local_fallback
 
 pytestmark = pytest.mark.daemon_remote
 
@@ -63,19 +64,7 @@ def write_config(tmp_path: Path, endpoint: str, options: dict[str, Any] | None =
             path=str(release), verify=False, backend="kserve", artifact="policy.onnx", options=remote
         ),
         serve=ServeConfig(warmup=3),
-        fallback=FallbackConfig(
-            healthy_window_s=1.0,
-            chain=(
-                ChainEntry(
-                    kind="release",
-                    path=str(previous),
-                    backend="onnxruntime",
-                    artifact="policy.onnx",
-                    options={"intra_op_threads": 1},
-                ),
-                ChainEntry(kind="hold"),
-            ),
-        ),
+        fallback=local_fallback(previous),
     )
 
 

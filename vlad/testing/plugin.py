@@ -35,9 +35,7 @@ import numpy as np
 
 from vlad.backend import Availability, Backend, Session, SessionDescription, Timing
 from vlad.config import (
-    ChainEntry,
     Config,
-    FallbackConfig,
     MonitorsConfig,
     ReleaseConfig,
     SafetyConfig,
@@ -47,7 +45,7 @@ from vlad.contract import Contract
 from vlad.errors import BackendError
 from vlad.health.base import Sensor
 from vlad.hookspecs import hookimpl
-from vlad.testing.releases import unsigned_copy
+from vlad.testing.releases import local_fallback, unsigned_copy
 
 NAME = "wrapped"
 MODES = ("ok", "raise", "hang", "nan", "oob")
@@ -233,19 +231,7 @@ def write_fault_rig(folder: Path) -> FaultRig:
             options={"control_file": str(control), "intra_op_threads": 1},
         ),
         serve=ServeConfig(warmup=3, hang_timeout_s=0.3),
-        fallback=FallbackConfig(
-            healthy_window_s=1.0,
-            chain=(
-                ChainEntry(
-                    kind="release",
-                    path=str(previous),
-                    backend="onnxruntime",
-                    artifact="policy.onnx",
-                    options={"intra_op_threads": 1},
-                ),
-                ChainEntry(kind="hold"),
-            ),
-        ),
+        fallback=local_fallback(previous),
         monitors=MonitorsConfig(artifact_check_interval_s=0.2),
         safety=SafetyConfig(estop_file=str(estop)),
     )

@@ -23,8 +23,12 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from vlad.config import ChainEntry, FallbackConfig
+from vlad.tomlwrite import dumps
 
 REPO = Path(__file__).resolve().parents[2]  # the source checkout this package lives in
 DEMO = REPO / "manifests" / "demo"
@@ -33,6 +37,19 @@ DEMO_KEYS = REPO / "etc" / "vlad" / "keys.d"
 
 # What an unsigned copy holds: enough to serve the ONNX model (no manifest, no signature).
 COPIED = ("contract.toml", "tokenizer.json", "policy.onnx")
+
+
+def local_fallback(previous: Path, healthy_window_s: float = 1.0) -> FallbackConfig:
+    """The test rigs' chain: ``previous`` (a release folder) on ONNX Runtime, one thread,
+    then the hold posture."""
+    entry = ChainEntry(
+        kind="release",
+        path=str(previous),
+        backend="onnxruntime",
+        artifact="policy.onnx",
+        options={"intra_op_threads": 1},
+    )
+    return FallbackConfig(healthy_window_s=healthy_window_s, chain=(entry, ChainEntry(kind="hold")))
 
 
 def unsigned_copy(dest: Path, *, version: str | None = None, edits: Mapping[str, str] | None = None) -> Path:
@@ -102,119 +119,91 @@ def demo_payload() -> Payload:
 
 
 def _contract_text() -> str:
-    cams = "".join(
-        f"""
-[[cameras]]
-name = "{c}"
-input = "image_{c}"
+    def tensor(name: str, layout: str, shape: list[int]) -> dict[str, Any]:
+        return {"name": name, "dtype": "float32", "layout": layout, "shape": shape}
 
-[cameras.raw]
-height = {SYN_HW}
-width = {SYN_HW}
-color_order = "RGB"
-layout = "HWC"
-dtype = "uint8"
+    def image(layout: str, dtype: str, **extra: Any) -> dict[str, Any]:
+        return {"height": SYN_HW, "width": SYN_HW, "color_order": "RGB", "layout": layout, "dtype": dtype, **extra}
 
-[cameras.model]
-height = {SYN_HW}
-width = {SYN_HW}
-color_order = "RGB"
-layout = "CHW"
-dtype = "float32"
-resize = "none"
-crop = "none"
-scale = 255.0
-mean = [0.485, 0.456, 0.406]
-std = [0.229, 0.224, 0.225]
-"""
-        for c in SYN_CAMERAS
-    )
-    joints = "".join(
-        f"""
-[[action.joints]]
-name = "joint{j}"
-semantics = "position"
-unit = "rad"
-mean = 0.0
-std = 1.0
-lower = -3.0
-upper = 3.0
-rate_limit = 0.5
-"""
-        for j in range(SYN_DIM)
-    )
-    names = [f"joint{j}.position" for j in range(SYN_DIM)] + ["gripper.opening"]
-    units = ["rad"] * SYN_DIM + ["1"]
-    inputs = "".join(
-        f"""
-[[inputs]]
-name = "image_{c}"
-dtype = "float32"
-layout = "NCHW"
-shape = [1, 3, {SYN_HW}, {SYN_HW}]
-"""
-        for c in SYN_CAMERAS
-    )
-    return f"""# Synthetic benchmark release: two 224x224 RGB cameras (vlad.testing.releases).
-format = "vlad.contract/1"
-
-[model]
-id = "bench-two-cameras"
-version = "1.0.0"
-family = "synthetic"
-description = "benchmark payload: two 224x224 RGB cameras, per-camera mean + linear head"
-{cams}
-[proprio]
-input = "proprio"
-dim = {SYN_PROPRIO}
-names = {names!r}
-units = {units!r}
-frame = "joint"
-mean = {[0.0] * SYN_PROPRIO!r}
-std = {[1.0] * SYN_PROPRIO!r}
-
-[noise]
-input = "noise"
-shape = [{SYN_CHUNK}, {SYN_DIM}]
-dtype = "float32"
-seeding = "philox-sequence"
-seed = 0
-denoising_steps = 1
-
-[action]
-output = "actions"
-chunk_length = {SYN_CHUNK}
-dim = {SYN_DIM}
-frame = "joint"
-scale = 1.0
-on_nonfinite = "hold"
-on_bound_violation = "clamp"
-hold_posture = "hold_position"
-{joints}
-[timing]
-control_period_ms = 20.0
-max_observation_age_ms = 60.0
-action_validity_ms = 200.0
-e2e_deadline_ms = 20.0
-{inputs}
-[[inputs]]
-name = "proprio"
-dtype = "float32"
-layout = "ND"
-shape = [1, {SYN_PROPRIO}]
-
-[[inputs]]
-name = "noise"
-dtype = "float32"
-layout = "NHD"
-shape = [1, {SYN_CHUNK}, {SYN_DIM}]
-
-[[outputs]]
-name = "actions"
-dtype = "float32"
-layout = "NHD"
-shape = [1, {SYN_CHUNK}, {SYN_DIM}]
-"""
+    contract = {
+        "format": "vlad.contract/1",
+        "model": {
+            "id": "bench-two-cameras",
+            "version": "1.0.0",
+            "family": "synthetic",
+            "description": "benchmark payload: two 224x224 RGB cameras, per-camera mean + linear head",
+        },
+        "cameras": [
+            {
+                "name": c,
+                "input": f"image_{c}",
+                "raw": image("HWC", "uint8"),
+                "model": image(
+                    "CHW",
+                    "float32",
+                    resize="none",
+                    crop="none",
+                    scale=255.0,
+                    mean=[0.485, 0.456, 0.406],
+                    std=[0.229, 0.224, 0.225],
+                ),
+            }
+            for c in SYN_CAMERAS
+        ],
+        "proprio": {
+            "input": "proprio",
+            "dim": SYN_PROPRIO,
+            "names": [f"joint{j}.position" for j in range(SYN_DIM)] + ["gripper.opening"],
+            "units": ["rad"] * SYN_DIM + ["1"],
+            "frame": "joint",
+            "mean": [0.0] * SYN_PROPRIO,
+            "std": [1.0] * SYN_PROPRIO,
+        },
+        "noise": {
+            "input": "noise",
+            "shape": [SYN_CHUNK, SYN_DIM],
+            "dtype": "float32",
+            "seeding": "philox-sequence",
+            "seed": 0,
+            "denoising_steps": 1,
+        },
+        "action": {
+            "output": "actions",
+            "chunk_length": SYN_CHUNK,
+            "dim": SYN_DIM,
+            "frame": "joint",
+            "scale": 1.0,
+            "on_nonfinite": "hold",
+            "on_bound_violation": "clamp",
+            "hold_posture": "hold_position",
+            "joints": [
+                {
+                    "name": f"joint{j}",
+                    "semantics": "position",
+                    "unit": "rad",
+                    "mean": 0.0,
+                    "std": 1.0,
+                    "lower": -3.0,
+                    "upper": 3.0,
+                    "rate_limit": 0.5,
+                }
+                for j in range(SYN_DIM)
+            ],
+        },
+        "timing": {
+            "control_period_ms": 20.0,
+            "max_observation_age_ms": 60.0,
+            "action_validity_ms": 200.0,
+            "e2e_deadline_ms": 20.0,
+        },
+        "inputs": [
+            *(tensor(f"image_{c}", "NCHW", [1, 3, SYN_HW, SYN_HW]) for c in SYN_CAMERAS),
+            tensor("proprio", "ND", [1, SYN_PROPRIO]),
+            tensor("noise", "NHD", [1, SYN_CHUNK, SYN_DIM]),
+        ],
+        "outputs": [tensor("actions", "NHD", [1, SYN_CHUNK, SYN_DIM])],
+    }
+    return dumps(contract, header="Synthetic benchmark release: two 224x224 RGB cameras (vlad.testing.releases).")
 
 
 def _onnx_model(path: Path) -> None:
