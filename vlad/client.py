@@ -38,6 +38,9 @@ __all__ = ["ActionChunk", "ChunkExecutor", "Client", "ClientError", "DaemonUnrea
 
 @dataclass(frozen=True)
 class ActionChunk:
+    """One action chunk as the daemon published it (after the guard): received by a
+    controller (``t_receive_ns`` = when it arrived) or read back from a recording (its log time)."""
+
     seq: int
     obs_seq: int
     t_sensor_ns: int

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from vlad import protocol, schema
+from vlad.client import ActionChunk
 from vlad.errors import ProblemsError, VladError
 from vlad.gates.results import GateError
 
@@ -327,6 +328,9 @@ class ChunkHeader:
     interventions: tuple[str, ...] = ()
     timings_ms: dict[str, Any] = field(default_factory=dict)
     advisory: bool = False
+    release: str = field(default="", metadata={"allow_empty": True, "max_len": 256})
+    state: str = field(default="", metadata={"allow_empty": True, "max_len": 64})
+    reason: str = field(default="", metadata={"allow_empty": True, "max_len": 256})
 
 
 @dataclass(frozen=True)
@@ -342,27 +346,6 @@ class RecordedObservation:
     reanchor: bool = False  # the controller announced a joint-state jump (docs/protocol.md)
 
 
-@dataclass(frozen=True)
-class RecordedChunk:
-    """One action chunk as the daemon published it (after the guard)."""
-
-    seq: int
-    obs_seq: int
-    t_sensor_ns: int
-    t_issue_ns: int
-    valid_until_ns: int
-    period_ns: int
-    source: str
-    interventions: tuple[str, ...]
-    timings_ms: dict[str, float]
-    actions: np.ndarray
-    advisory: bool = False  # an advisory hold (docs/protocol.md): controllers keep a valid chunk
-
-    @property
-    def is_hold(self) -> bool:
-        return self.source.startswith("hold")
-
-
 @dataclass
 class Recording:
     """A recording read back: metadata, observations and chunks in log-time order.
@@ -374,7 +357,7 @@ class Recording:
     path: Path
     metadata: dict[str, dict[str, str]]
     observations: list[RecordedObservation] = field(default_factory=list)
-    chunks: list[RecordedChunk] = field(default_factory=list)
+    chunks: list[ActionChunk] = field(default_factory=list)
     states: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     events: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     refused: int = 0
@@ -392,7 +375,7 @@ class Recording:
             raise RecordingError(str(self.path), [f"no observation to replay{why}"])
         return self
 
-    def chunk_for(self) -> dict[int, RecordedChunk]:
+    def chunk_for(self) -> dict[int, ActionChunk]:
         """The policy chunk (not a hold) answering each observation seq."""
         return {c.obs_seq: c for c in self.chunks if not c.is_hold}
 
@@ -536,7 +519,7 @@ def read_recording(
                 rec.observations.append(obs)
         elif topic == TOPIC_ACT:
             try:
-                rec.chunks.append(_chunk(unpack_frames(data), where))
+                rec.chunks.append(_chunk(unpack_frames(data), t, where))
             except RecordingError:
                 raise
             except VladError as exc:  # the daemon published it: malformed means forged or corrupt
@@ -593,7 +576,8 @@ def _observation(frames: list[bytes], t_ns: int, where: str) -> RecordedObservat
     return RecordedObservation(h.seq, h.t_sensor_ns, t_ns, h.instruction, images, msg.tensors.get("proprio"), reanchor)
 
 
-def _chunk(frames: list[bytes], where: str) -> RecordedChunk:
+def _chunk(frames: list[bytes], t_ns: int, where: str) -> ActionChunk:
+    """A recorded chunk as the controller-side type; ``t_receive_ns`` is its log time."""
     msg = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,))
     h = schema.parse(ChunkHeader, _pick(msg.header, ChunkHeader), where, RecordingError)
     timings = {}
@@ -604,18 +588,22 @@ def _chunk(frames: list[bytes], where: str) -> RecordedChunk:
     actions = msg.tensors.get("actions")
     if actions is None or actions.ndim != 2 or actions.dtype != np.float32:
         raise RecordingError(where, ["actions: expected a 2-D float32 tensor"])
-    return RecordedChunk(
-        h.seq,
-        h.obs_seq,
-        h.t_sensor_ns,
-        h.t_issue_ns,
-        h.valid_until_ns,
-        h.period_ns,
-        h.source,
-        h.interventions,
-        timings,
-        np.array(actions),
-        h.advisory,
+    return ActionChunk(
+        seq=h.seq,
+        obs_seq=h.obs_seq,
+        t_sensor_ns=h.t_sensor_ns,
+        t_issue_ns=h.t_issue_ns,
+        valid_until_ns=h.valid_until_ns,
+        period_ns=h.period_ns,
+        release=h.release,
+        state=h.state,
+        source=h.source,
+        interventions=h.interventions,
+        timings_ms=timings,
+        actions=np.array(actions),
+        t_receive_ns=t_ns,
+        advisory=h.advisory,
+        reason=h.reason,
     )
 
 
