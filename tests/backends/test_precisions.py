@@ -34,3 +34,10 @@ def test_manifest_and_gates_share_the_label_set():
     problems = []
     _check_options({"precision": "fp4"}, problems)
     assert problems == ["backend.options.precision: unknown precision 'fp4' (known: " + ", ".join(PRECISIONS) + ")"]
+
+
+def test_the_lerobot_importer_exports_a_subset_of_the_shared_labels():
+    from vlad.backend import PRECISIONS
+    from vlad.importers.lerobot.importer import PRECISIONS as exported
+
+    assert exported and set(exported) <= set(PRECISIONS)
