@@ -230,34 +230,12 @@ def make_noise(contract: Contract, sequence: int, batch: int = 1) -> np.ndarray:
 def preprocess(contract: Contract, tokenizer: Tokenizer | None, obs: RawObservation) -> dict[str, np.ndarray]:
     """Raw observation -> the model's input tensors (batch of one), named as in the contract.
 
-    With ``[history]`` this is a window that starts at ``obs``: every one of its frames is
-    ``obs`` (what :class:`Preprocessor` holds after a restart, and what LeRobot's observation
-    queue holds after a reset). Windows of distinct frames come from :class:`Preprocessor`.
+    One :class:`Preprocessor` (the serving path's own code) used once, so its arrays are the
+    caller's. With ``[history]`` this is a window that starts at ``obs``: every one of its
+    frames is ``obs`` (what :class:`Preprocessor` holds after a restart, and what LeRobot's
+    observation queue holds after a reset).
     """
-    inputs: dict[str, np.ndarray] = {}
-    frames = contract.frames
-    for cam in contract.cameras:
-        img = obs.images.get(cam.name)
-        if img is None:
-            raise ObservationError(f"observation has no image from camera {cam.name!r} (has: {sorted(obs.images)})")
-        inputs[cam.input] = _windowed(preprocess_image(cam, img), frames)
-    if contract.language is not None:
-        if obs.instruction is None:
-            raise ObservationError("observation has no instruction; the contract has a language input")
-        assert tokenizer is not None  # a contract with a language input comes with its tokenizer
-        inputs[contract.language.input] = tokenizer.encode(obs.instruction)[None]
-    if contract.proprio is not None:
-        inputs[contract.proprio.input] = _windowed(preprocess_proprio(contract, obs.proprio), frames)
-    if contract.noise is not None:
-        inputs[contract.noise.input] = make_noise(contract, obs.sequence)
-    return inputs
-
-
-def _windowed(frame: np.ndarray, frames: int) -> np.ndarray:
-    """One frame -> ``[1, *frame]``, or ``[1, frames, *frame]`` (the frame repeated) with history."""
-    if frames == 1:
-        return frame[None]
-    return np.ascontiguousarray(np.broadcast_to(frame, (1, frames, *frame.shape)))
+    return Preprocessor(contract, tokenizer).fill(obs)
 
 
 def decode_actions(contract: Contract, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -265,18 +243,9 @@ def decode_actions(contract: Contract, outputs: Mapping[str, np.ndarray]) -> np.
 
     Unnormalizes per joint (``x * std + mean``) and applies the contract's unit scale. Bounds
     and rate limits are not applied here: that is the final guard's job, which counts them.
+    One :class:`ActionDecoder` (the serving path's own code) used once.
     """
-    spec = contract.action
-    y = outputs.get(spec.output)
-    if y is None:
-        raise ObservationError(f"model produced no output {spec.output!r} (has: {sorted(outputs)})")
-    if y.shape != (1, spec.chunk_length, spec.dim):
-        raise ObservationError(
-            f"output {spec.output!r}: expected [1, {spec.chunk_length}, {spec.dim}], got {list(y.shape)}"
-        )
-    mean = np.asarray([j.mean for j in spec.joints], dtype=np.float32)
-    std = np.asarray([j.std for j in spec.joints], dtype=np.float32)
-    return ((y[0].astype(np.float32) * std + mean) * np.float32(spec.scale)).astype(np.float32)
+    return ActionDecoder(contract).decode(outputs)
 
 
 def normalize_actions(contract: Contract, actions: np.ndarray) -> np.ndarray:
@@ -293,7 +262,7 @@ def normalize_actions(contract: Contract, actions: np.ndarray) -> np.ndarray:
 
 
 class Preprocessor:
-    """:func:`preprocess` for one contract, into buffers allocated once.
+    """Raw observations -> model inputs (:func:`preprocess`) for one contract, into buffers allocated once.
 
     The serving thread calls :meth:`fill` every cycle; it returns the same dict of the
     same arrays each time (the engine reads them before the next call). The results are
@@ -478,7 +447,7 @@ def _channel_lut(cam: CameraSpec) -> np.ndarray | None:
 
 
 class ActionDecoder:
-    """:func:`decode_actions` into a buffer allocated once (bit-identical results).
+    """Model outputs -> actions in contract units (:func:`decode_actions`), into a buffer allocated once.
 
     :meth:`decode` returns the same array every call: a caller that keeps a chunk past
     the next cycle copies it.

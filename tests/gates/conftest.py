@@ -36,7 +36,7 @@ SMALL = [
 def gate_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
     """``vladctl gate ARGS``, as its own process (the real CLI path)."""
     return subprocess.run(
-        [sys.executable, "-m", "vlad.gates.cli", "gate", *args],
+        [sys.executable, "-m", "vlad.cli", "gate", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

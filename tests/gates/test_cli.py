@@ -8,7 +8,8 @@ import pytest
 
 from tests.gates import candidates
 from tests.gates.conftest import RECORDING
-from vlad.gates.cli import add_gate_commands, main
+from vlad.cli import vladctl_main as main
+from vlad.gates.cli import add_gate_commands
 
 
 def test_commands_plug_into_a_parser_and_set_func():

@@ -16,7 +16,7 @@ import pytest
 
 from tests.gates import candidates
 from tests.gates.conftest import gate_cli
-from vlad.gates.cli import main
+from vlad.cli import vladctl_main as main
 
 
 def disagreements(release: Path) -> list[str]:

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import ROOT
 from vlad.testing import DEMO, PERIOD_S, ControllerSim, load_golden, max_gap, start_daemon
 
-VLADCTL = [sys.executable, "-m", "vlad.gates.cli"]
+VLADCTL = [sys.executable, "-m", "vlad.cli"]
 
 
 @pytest.fixture()

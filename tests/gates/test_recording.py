@@ -314,7 +314,7 @@ def test_observations_the_daemon_would_refuse_are_counted_not_fatal(tmp_path):
 
 def test_replay_command_on_a_hostile_file_is_one_line(tmp_path, capsys):
     from tests.gates import candidates
-    from vlad.gates.cli import main
+    from vlad.cli import vladctl_main as main
 
     records = _channel_records(TOPIC_OBS, TOPIC_ACT, TOPIC_STATE) + [_message(2, _forged_act(drop="obs_seq"))]
     path = tmp_path / "bad.mcap"

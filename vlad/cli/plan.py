@@ -21,8 +21,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vlad.errors import VladError
-
 EXIT_FLAGGED = 1
 
 
@@ -192,20 +190,14 @@ def _list(as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m vlad.cli.plan [plan] ...``: the plan command on its own."""
+    from vlad.cli.common import run
+
     parser = argparse.ArgumentParser(prog="vlad.planner")
-    sub = parser.add_subparsers()
-    add_plan_commands(sub)
+    add_plan_commands(parser.add_subparsers())
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] != "plan":
         argv.insert(0, "plan")
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except VladError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run(parser, argv)
 
 
 if __name__ == "__main__":

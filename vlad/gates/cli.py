@@ -8,7 +8,7 @@
     vladctl evidence RELEASE                                             # what deploy would refuse
 
 :func:`add_gate_commands` adds them to any argparse sub-parsers object and sets
-``args.func`` (returning the exit code); ``python -m vlad.gates.cli ...`` runs them alone.
+``args.func`` (returning the exit code); ``vladctl`` (:mod:`vlad.cli`) runs them.
 Exit status of ``gate``: 0 every gate passed, 1 a gate failed, 2 error.
 """
 
@@ -19,8 +19,6 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
-
-from vlad.errors import VladError
 
 EXIT_FAILED = 1
 
@@ -287,24 +285,3 @@ def cmd_evidence(args: argparse.Namespace) -> int:
 
 def _fmt(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.3g}" for v in values) + "]"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the gate commands alone (``python -m vlad.gates.cli gate ...``)."""
-    parser = argparse.ArgumentParser(prog="vladctl", description="vlad release gates")
-    add_gate_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    if not hasattr(args, "func"):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.func(args) or 0)
-    except VladError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -103,14 +103,11 @@ def _position_index(contract: Contract) -> list[int]:
     return [names.index(f"{j.name}.position") if f"{j.name}.position" in names else -1 for j in contract.action.joints]
 
 
-def guard_decisions(contract: Contract, actions: np.ndarray, proprio: np.ndarray | None) -> np.ndarray:
-    """The guard's yes/no decisions for one chunk: ``bool[H, J, 3]`` = below the lower
-    bound, above the upper bound, rate limit exceeded (from the previous waypoint; the
-    first from the measured joint position where the proprio vector has it).
-
-    A decision that differs between reference and candidate is a *flip*: the same
-    observation would be clamped by one and not by the other.
-    """
+def _guard_terms(
+    contract: Contract, actions: np.ndarray, proprio: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(actions, lower, upper, rate limit, previous waypoint)`` as float64 arrays; the
+    first waypoint's previous is the measured joint position where proprio has it, else NaN."""
     spec = contract.action
     a = np.asarray(actions, dtype=np.float64)
     lower = np.asarray([j.lower for j in spec.joints])
@@ -120,7 +117,18 @@ def guard_decisions(contract: Contract, actions: np.ndarray, proprio: np.ndarray
     if proprio is not None:
         idx = _position_index(contract)
         prev = np.asarray([proprio[i] if i >= 0 else np.nan for i in idx], dtype=np.float64)
-    previous = np.vstack([prev[None], a[:-1]])
+    return a, lower, upper, rate, np.vstack([prev[None], a[:-1]])
+
+
+def guard_decisions(contract: Contract, actions: np.ndarray, proprio: np.ndarray | None) -> np.ndarray:
+    """The guard's yes/no decisions for one chunk: ``bool[H, J, 3]`` = below the lower
+    bound, above the upper bound, rate limit exceeded (from the previous waypoint; the
+    first from the measured joint position where the proprio vector has it).
+
+    A decision that differs between reference and candidate is a *flip*: the same
+    observation would be clamped by one and not by the other.
+    """
+    a, lower, upper, rate, previous = _guard_terms(contract, actions, proprio)
     with np.errstate(invalid="ignore"):
         rate_hit = np.abs(a - previous) > rate
     rate_hit &= np.isfinite(previous)
@@ -130,16 +138,7 @@ def guard_decisions(contract: Contract, actions: np.ndarray, proprio: np.ndarray
 def guard_margins(contract: Contract, actions: np.ndarray, proprio: np.ndarray | None) -> np.ndarray:
     """Distance of each decision from its threshold, same layout as :func:`guard_decisions`
     (contract units; how near the boundary the reference is)."""
-    spec = contract.action
-    a = np.asarray(actions, dtype=np.float64)
-    lower = np.asarray([j.lower for j in spec.joints])
-    upper = np.asarray([j.upper for j in spec.joints])
-    rate = np.asarray([j.rate_limit for j in spec.joints])
-    prev = np.full(a.shape[1], np.nan)
-    if proprio is not None:
-        idx = _position_index(contract)
-        prev = np.asarray([proprio[i] if i >= 0 else np.nan for i in idx], dtype=np.float64)
-    previous = np.vstack([prev[None], a[:-1]])
+    a, lower, upper, rate, previous = _guard_terms(contract, actions, proprio)
     rate_margin = np.abs(np.abs(a - previous) - rate)
     rate_margin = np.where(np.isfinite(rate_margin), rate_margin, np.inf)
     return np.stack([np.abs(a - lower), np.abs(upper - a), rate_margin], axis=-1)
