@@ -122,13 +122,8 @@ def hash_artifacts(
     problems: list[str] = []
     todo: list[tuple[str, int, str, int, os.stat_result]] = []
     for path, size, sha in expected:
-        try:
-            fd = open_beneath(folder, path)
-        except FileNotFoundError:
-            problems.append(f"{path}: missing")
-            continue
-        except FileRefused as exc:
-            problems.append(str(exc))
+        fd = _open_listed(folder, path, problems)
+        if fd is None:
             continue
         st = os.fstat(fd)
         if st.st_size != size:  # cheap check first: a different size needs no hashing
@@ -174,13 +169,8 @@ def copy_artifacts(
     buf = bytearray(BLOCK)
     view = memoryview(buf)
     for path, size, sha in expected:
-        try:
-            fin = open_beneath(src, path)
-        except FileNotFoundError:
-            problems.append(f"{path}: missing")
-            continue
-        except FileRefused as exc:
-            problems.append(str(exc))
+        fin = _open_listed(src, path, problems)
+        if fin is None:
             continue
         target = Path(dst) / path
         try:
@@ -232,3 +222,14 @@ def changed(folder: str | Path, checks: Mapping[str, FileCheck]) -> list[str]:
         finally:
             os.close(fd)
     return out
+
+
+def _open_listed(folder: str | Path, path: str, problems: list[str]) -> int | None:
+    """A listed artifact opened beneath ``folder`` (:func:`open_beneath`), or None with the problem recorded."""
+    try:
+        return open_beneath(folder, path)
+    except FileNotFoundError:
+        problems.append(f"{path}: missing")
+    except FileRefused as exc:
+        problems.append(str(exc))
+    return None
