@@ -230,6 +230,13 @@ class Backend(abc.ABC):
         """File suffixes this backend loads (for error messages and manifest checks)."""
         return ()
 
+    def compile(self, source: Path, out: Path, device: str = "cpu") -> Path:
+        """Build this backend's artifact at ``out`` from a portable one at ``source`` (e.g. an
+        AOTInductor package from a ``torch.export`` program); the gates call it to test an
+        engine the release does not ship. A backend that loads portable artifacts as they
+        are has nothing to build."""
+        raise BackendError(f"{self.name}: builds no artifact; it loads its files as they are")
+
 
 def example_inputs(contract: Contract, batch: int | None = None) -> dict[str, np.ndarray]:
     """Deterministic inputs at the contract's opt shape (or with batch axis ``batch``)."""

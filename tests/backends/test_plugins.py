@@ -276,3 +276,14 @@ def test_a_plugin_module_that_raises_on_import_is_one_line(tmp_path, monkeypatch
     monkeypatch.setenv("VLAD_PLUGIN_MODULES", "vlad_raises")
     with pytest.raises(VladError, match=r"cannot import 'vlad_raises': RuntimeError: needs /dev/gpio0"):
         plugins.make_plugin_manager(load_entry_points=False)
+
+
+def test_only_a_backend_that_builds_artifacts_offers_compile(tmp_path):
+    """The gates build an AOTInductor package through the torch-aoti backend's ``compile``
+    (no gate imports a plugin); a backend that loads its files as they are refuses, in one line."""
+    from vlad.errors import BackendError
+    from vlad.plugins import get_backend
+
+    with pytest.raises(BackendError, match="onnxruntime: builds no artifact"):
+        get_backend("onnxruntime").compile(tmp_path / "a.onnx", tmp_path / "b")
+    assert type(get_backend("torch-aoti")).compile is not type(get_backend("onnxruntime")).compile

@@ -63,14 +63,13 @@ def aoti_package(program: Path, device: str = "cpu", compile_now: bool = False, 
             return found
     if not compile_now:
         return None
-    from vlad_torch import compile_aoti
+    from vlad.plugins import get_backend
 
     progress(
         f"  equivalence: compiling {program.name} with AOTInductor for {device} (about a minute, cached in {out.parent})"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    compile_aoti(program, out, device=device)
-    return out
+    return get_backend("torch-aoti").compile(program, out, device)
 
 
 def load_engine(subject: Subject, engine: Engine, progress=print) -> Engine:

@@ -157,6 +157,10 @@ class TorchAOTIBackend(Backend):
 
     name = "torch-aoti"
 
+    def compile(self, source: Path, out: Path, device: str = "cpu") -> Path:
+        """The AOTInductor package of the ``torch.export`` program ``source`` (:func:`compile_aoti`)."""
+        return compile_aoti(source, out, device)
+
     def availability(self) -> Availability:
         """torch importable and a C++ compiler on PATH (AOTInductor compiles with it). With
         CUDA devices but no CUDA headers, CUDA packages still load; ``reason`` says that
