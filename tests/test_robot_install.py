@@ -91,3 +91,32 @@ except SystemExit as exc:
         out = _run_blocked(code)
         assert out.returncode == 0, (argv, out.stderr)
         assert "usage" in out.stdout.lower(), (argv, out.stdout)
+
+
+def test_tool_commands_name_the_extra_they_need():
+    """On the robot a tool command that needs a missing package says, in one line, which
+    extra installs it; never a traceback."""
+    cases = (
+        (["replay", "none.mcap", "--release", "manifests/demo"], "pip install 'vlad[gates]'"),
+        (["plan", "--model", "pi0", "--plot", "steps", "--out", "x.png"], "pip install 'vlad[plot]'"),
+    )
+    for argv, hint in cases:
+        code = f"""
+from vlad.cli import vladctl_main
+sys.exit(vladctl_main({argv!r}))
+"""
+        out = _run_blocked(code)
+        assert out.returncode == 2, (argv, out.stderr)
+        assert hint in out.stderr and "Traceback" not in out.stderr, (argv, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_gate_without_its_packages_names_the_gates_extra(tmp_path):
+    code = f"""
+from vlad.cli import vladctl_main
+sys.exit(vladctl_main(["gate", "manifests/demo", "--baseline", "manifests/demo", "--report", {str(tmp_path)!r}]))
+"""
+    out = _run_blocked(code)
+    assert out.returncode == 1, out.stderr  # a gate failed (in error), the report is written
+    assert "equivalence: this needs torch, which is not installed here: pip install 'vlad[gates]'" in out.stdout + out.stderr
+    assert (tmp_path / "report.json").is_file() or any(tmp_path.iterdir())

@@ -97,3 +97,36 @@ class ClientError(VladError):
 
 class DaemonUnreachable(ClientError):
     """The daemon did not answer in time: not running, busy, or another endpoint."""
+
+
+# The optional packages vlad's tools import, and the extra that installs each (pyproject.toml).
+# The on-robot install has none of them; a tool command that needs one says which extra to add.
+EXTRA_OF_MODULE = {
+    "mcap": "gates",
+    "matplotlib": "plot",
+    "torch": "torch",
+    "torchvision": "lerobot",
+    "mujoco": "sim",
+    "gymnasium": "sim",
+    "onnx": "export",
+    "onnxscript": "export",
+    "onnxruntime": "cpu",
+    "lerobot": "lerobot",
+    "kserve": "kserve-server",
+    "websockets": "openpi",
+    "prometheus_client": "metrics",
+    "systemd": "systemd",
+}
+
+
+def missing_extra(exc: BaseException, extra: str | None = None) -> str | None:
+    """One line for an import of an optional package that is not installed (which extra
+    installs it: ``extra``, else the package's own), or None when ``exc`` is anything else
+    (then it is a bug)."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    top = exc.name.split(".", 1)[0]
+    if top not in EXTRA_OF_MODULE:
+        return None
+    extra = extra or EXTRA_OF_MODULE[top]
+    return f"this needs {top}, which is not installed here: pip install 'vlad[{extra}]'"

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from vlad.errors import DaemonUnreachable, ExitCode, VladError
+from vlad.errors import DaemonUnreachable, ExitCode, VladError, missing_extra
 
 DEFAULT_CONFIG = "/etc/vlad/vlad.toml"
 
@@ -38,6 +38,11 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         return ExitCode.UNREACHABLE
     except VladError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.ERROR
+    except ModuleNotFoundError as exc:
+        if (line := missing_extra(exc)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
         return ExitCode.ERROR
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vlad.errors import VladError
+from vlad.errors import VladError, missing_extra
 from vlad.gates import conditions
 from vlad.gates.plan import GatePlan, load_plan
 from vlad.gates.results import GATE_ORDER, REPORT_FORMAT, GateError, GateResult, Timer
@@ -110,6 +110,10 @@ def run_gates(
                     result = _run_one(gate, cand, base, plan, progress, keys_dir)
                 except VladError as exc:
                     result = GateResult(gate, "error", reasons=[str(exc)])
+                except ModuleNotFoundError as exc:
+                    line = missing_extra(exc, "gates")
+                    reason = f"{gate}: {line}" if line else f"{type(exc).__name__}: {exc}"
+                    result = GateResult(gate, "error", reasons=[reason], details={"traceback": traceback.format_exc()})
                 except Exception as exc:  # a bug in a gate must still leave a report behind
                     result = GateResult(
                         gate,
