@@ -31,7 +31,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -39,37 +38,26 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np
 
 from vlad.cli.daemon import format_status
-from vlad.client import Client, ClientError
+from vlad.client import Client
 from vlad.config import Config, load_config
 from vlad.demo import sim
 from vlad.episodes import DaemonLink, EpisodeLog, InProcessLink, compare, contract_infer, run_episode
 from vlad.release.loading import LoadedPolicy, PolicySource, load_policy
+from vlad.testing.daemon import SOCKETS, DaemonFailed, DaemonProcess, launch
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENPI_PORT = 8000  # openpi's default
 
 
-def start_daemon(config: Path, quiet: bool, settings: list[str] | None = None) -> subprocess.Popen:
-    vlad = Path(sys.executable).parent / "vlad"
-    out = subprocess.DEVNULL if quiet else None
-    sets = [a for item in settings or [] for a in ("--set", item)]
-    return subprocess.Popen([str(vlad), "serve", "--config", str(config), *sets], stdout=out, stderr=out)
-
-
-def wait_ready(client: Client, proc: subprocess.Popen, timeout: float = 90.0, quiet: bool = False) -> dict:
-    why = "; run it without --no-daemon-log to see why" if quiet else " (its log is above)"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"demo: vlad exited with status {proc.returncode} before it was ready{why}")
-        try:
-            st = client.status(timeout_ms=500)
-            if st["state"] == "ACTIVE":
-                return st
-        except ClientError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"demo: vlad did not become ready within {timeout:.0f} s{why}")
+def start_daemon(cfg: Config, config: Path, quiet: bool, settings: list[str] | None = None) -> DaemonProcess:
+    """``vlad serve --config config`` on the config's own sockets (so ``vladctl status`` sees
+    it), its log on this terminal unless ``quiet``; returns once it is ready."""
+    why = "; run it without --no-daemon-log to see why" if quiet else ""
+    try:
+        endpoints = {name: getattr(cfg.sockets, name) for name in SOCKETS}
+        return launch(config, settings=settings or (), endpoints=endpoints, echo=not quiet)
+    except DaemonFailed as exc:
+        raise SystemExit(f"demo: {exc}{why}") from None
 
 
 def port_number(text: str) -> int:
@@ -233,11 +221,11 @@ def run_demo(args: argparse.Namespace) -> int:
 
         settings = [*demo_openpi.OPENPI_SETTINGS, f"compat.openpi.listen='127.0.0.1:{args.port}'"]
         cfg = load_config(args.config, settings)
-    proc = start_daemon(args.config, args.no_daemon_log, settings if openpi else None)
+    daemon = start_daemon(cfg, args.config, args.no_daemon_log, settings if openpi else None)
     client = Client.from_config(cfg, name="mujoco-reacher")
     served: list[EpisodeLog] = []
     try:
-        st = wait_ready(client, proc, quiet=args.no_daemon_log)
+        st = client.status()
         period_ns = int(st["control_period_ms"] * 1e6)
         print(f"demo: vlad is {st['state']}: {st['release']} on {st['backend']['name']} ({st['backend']['runtime']})")
         print(
@@ -295,7 +283,8 @@ def run_demo(args: argparse.Namespace) -> int:
         print(status)
     finally:
         client.close()
-        stop(proc)
+        daemon.stop()
+        daemon.cleanup()
     return 0 if served else 1
 
 

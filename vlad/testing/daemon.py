@@ -111,6 +111,7 @@ class DaemonProcess:
         log_path: Path,
         t_start_ns: int,
         owns_folder: bool,
+        echo: bool = False,
     ) -> None:
         self.proc = proc
         self.folder = folder
@@ -119,6 +120,7 @@ class DaemonProcess:
         self.log_path = log_path
         self.t_start_ns = t_start_ns
         self._owns_folder = owns_folder
+        self.echo = echo  # its log goes to this process's terminal, not to log_path
 
     @property
     def pid(self) -> int:
@@ -151,6 +153,8 @@ class DaemonProcess:
 
     def log_tail(self, lines: int = 3) -> str:
         """The log's last lines, joined for a one-line error."""
+        if self.echo:
+            return "its log is above"
         text = self.log().strip().splitlines()
         return " | ".join(text[-lines:]) or "(empty log)"
 
@@ -256,6 +260,7 @@ def launch(
     timeout: float = 90.0,
     cwd: Path | None = None,
     prefix: Sequence[str] | None = None,
+    echo: bool = False,
 ) -> DaemonProcess:
     """Start ``vlad serve`` on ``config`` (a :class:`~vlad.config.Config`, or a config file) in
     ``folder`` (default: a new temporary folder, removed by :meth:`DaemonProcess.cleanup`).
@@ -264,7 +269,8 @@ def launch(
     ``settings`` are ``--set KEY=VALUE`` overrides; with ``wait_ready`` this returns once the
     notify socket got ``READY=1`` (:class:`DaemonFailed` if it never does). ``prefix`` is a
     command the daemon runs under (``unshare ...``, ``taskset ...``), its last word followed by
-    the ``vlad serve`` command line.
+    the ``vlad serve`` command line. With ``echo`` its log goes to this process's terminal
+    (the demo) instead of ``folder/vlad.log``.
     """
     owns = folder is None
     folder = Path(tempfile.mkdtemp(prefix="vlad-daemon-")) if folder is None else Path(folder)
@@ -290,11 +296,11 @@ def launch(
         proc = subprocess.Popen(
             [*(prefix or ()), *daemon_command(moved, overrides, path)],
             env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            stdout=None if echo else log,
+            stderr=None if echo else subprocess.STDOUT,
             cwd=cwd,
         )
-    daemon = DaemonProcess(proc, folder, eps, notify, log_path, t_start, owns)
+    daemon = DaemonProcess(proc, folder, eps, notify, log_path, t_start, owns, echo)
     if wait_ready:
         try:
             daemon.wait_ready(timeout)
