@@ -50,7 +50,6 @@ import json
 import logging
 import math
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -64,7 +63,9 @@ from pathlib import Path
 import numpy as np
 
 from vlad.config import Config, LoggingConfig, RealtimeConfig, ReleaseConfig, ServeConfig
+from vlad.gates.conditions import busy_processes, cpu_hog
 from vlad.testing import DaemonFailed, launch
+from vlad.testing.conditions import conditions as shared_conditions
 from vlad.testing.releases import Payload, demo_payload, synthetic_payload
 
 SERVERS = ("floor", "openpi-style", "vlad", "vlad+rt", "vlad+rt+spin")
@@ -80,66 +81,23 @@ REPLY_HEADER = 320  # bytes standing in for vlad's action header in the floor's 
 # ---------------------------------------------------------------------------------------
 
 
-def _version(dist: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def conditions() -> dict:
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    gov = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+    """The shared conditions (:func:`vlad.testing.conditions.conditions`) and this benchmark's own."""
     import zmq
 
+    gov = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
     return {
-        "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "usable_cpus": sorted(os.sched_getaffinity(0)),
+        **shared_conditions("numpy", "onnxruntime", "pyzmq", "msgpack", "websockets", "openpi-client"),
         "governor": gov.read_text().strip() if gov.exists() else "not readable",
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "onnxruntime": _version("onnxruntime"),
-        "pyzmq": zmq.__version__,
         "libzmq": zmq.zmq_version(),
-        "msgpack": _version("msgpack"),
-        "websockets": _version("websockets"),
-        "openpi_client": _version("openpi-client"),
-        "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "ort_session": "CPUExecutionProvider, intra_op_num_threads=1, graph_optimization_level=all, batch 1",
         "transport": "vlad and floor: ZeroMQ ipc; openpi-style: websocket on 127.0.0.1",
     }
 
 
-def busy_neighbours(own: set[int]) -> list[str]:
+def busy_neighbours() -> list[str]:
     """Other processes above 20 % CPU over 0.5 s (context for the figures)."""
-    try:
-        import psutil
-    except ImportError:
-        return ["psutil not installed"]
-    procs = [p for p in psutil.process_iter(["pid", "name", "cmdline"]) if p.pid not in own]
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.cpu_percent(None)
-    time.sleep(0.5)
-    out = []
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            pc = p.cpu_percent(None)
-            if pc > 20:
-                out.append(f"{p.info['name']} ({pc:.0f} %): {' '.join(p.info['cmdline'] or [])[:80]}")
-    return out
+    return busy_processes(sample_s=0.5, threshold=20.0)
 
 
 def probe_rt() -> dict:
@@ -741,41 +699,42 @@ def run(args) -> dict:
         for payload in payloads:
             for load in LOADS:
                 loaded = load != "quiet"
-                hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if loaded else None
-                launched: dict = {}
-                try:
-                    if args.parallel_start:  # a smoke run: start every server of the condition at once
+                with cpu_hog() if loaded else contextlib.nullcontext():
+                    launched: dict = {}
+                    try:
+                        if args.parallel_start:  # a smoke run: start every server of the condition at once
+                            for server in servers:
+                                n += 1
+                                launched[server] = make_client(
+                                    server, payload, tmp / f"run{n}", loaded, rt, args.warmup
+                                )
                         for server in servers:
-                            n += 1
-                            launched[server] = make_client(server, payload, tmp / f"run{n}", loaded, rt, args.warmup)
-                    for server in servers:
-                        if server not in launched:
-                            n += 1
-                            launched[server] = make_client(server, payload, tmp / f"run{n}", loaded, rt, args.warmup)
-                        client = launched[server]
-                        try:
-                            client.connect()
-                            drive(client.step, 50, args.warmup_seconds, None)
-                            for rate in RATES:
-                                s = Samples()
-                                load_before = os.getloadavg()[0]
-                                drive(client.step, 50 if rate == "50 Hz" else None, seconds[rate], s)
-                                row = row_of(server, payload, load, rate, s, seconds[rate])
-                                row["loadavg_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-                                rows.append(row)
-                                if not args.json:
-                                    print_row(row)
-                        finally:
-                            launched.pop(server).close()
-                finally:
-                    for client in launched.values():
-                        with contextlib.suppress(Exception):
-                            client.close()
-                    if hog is not None:
-                        hog.kill()
-                        hog.wait()
+                            if server not in launched:
+                                n += 1
+                                launched[server] = make_client(
+                                    server, payload, tmp / f"run{n}", loaded, rt, args.warmup
+                                )
+                            client = launched[server]
+                            try:
+                                client.connect()
+                                drive(client.step, 50, args.warmup_seconds, None)
+                                for rate in RATES:
+                                    s = Samples()
+                                    load_before = os.getloadavg()[0]
+                                    drive(client.step, 50 if rate == "50 Hz" else None, seconds[rate], s)
+                                    row = row_of(server, payload, load, rate, s, seconds[rate])
+                                    row["loadavg_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+                                    rows.append(row)
+                                    if not args.json:
+                                        print_row(row)
+                            finally:
+                                launched.pop(server).close()
+                    finally:
+                        for client in launched.values():
+                            with contextlib.suppress(Exception):
+                                client.close()
         cond["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
-        cond["busy_neighbours_after"] = busy_neighbours({os.getpid()})
+        cond["busy_neighbours_after"] = busy_neighbours()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     add_ratios(rows)

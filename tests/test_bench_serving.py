@@ -69,8 +69,9 @@ def test_floor_and_vlad_rows(result, server, slow):
 
 def test_conditions_and_targets(result):
     c = result["conditions"]
-    for key in ("cpu", "cores", "python", "onnxruntime", "loadavg_before", "loadavg_after", "payloads", "rt_probe"):
+    for key in ("cpu", "cpus", "python", "load_avg", "loadavg_after", "payloads", "rt_probe"):
         assert key in c, key
+    assert c["packages"]["onnxruntime"] != "not installed"
     assert c["payloads"]["synthetic"]["raw_observation_bytes"] > 2 * 224 * 224 * 3
     assert result["targets"], "no target judged"
 

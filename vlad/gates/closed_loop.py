@@ -19,8 +19,7 @@ out-of-bounds chunks, fallbacks and the deadline-miss rate stay within their lim
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import contextlib
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from vlad.episodes import (
     contract_infer,
     run_episode,
 )
+from vlad.gates.conditions import cpu_hog
 from vlad.gates.launcher import serve
 from vlad.gates.metrics import percentiles, wilson_interval
 from vlad.gates.plan import ClosedLoopPlan, GatePlan
@@ -128,9 +128,11 @@ def run_daemon_episodes(
 
     cl = plan.closed_loop
     task, instructions = make_task(cl.task)
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if hog else None
     try:
-        with serve(subject, warmup=plan.performance.warmup, keys_dir=keys_dir) as daemon:
+        with (
+            cpu_hog() if hog else contextlib.nullcontext(),
+            serve(subject, warmup=plan.performance.warmup, keys_dir=keys_dir) as daemon,
+        ):
             daemon.wait_ready()
             e = daemon.endpoints
             with Client(
@@ -151,9 +153,6 @@ def run_daemon_episodes(
                 after = client.status()
     finally:
         task.close()
-        if spinner is not None:
-            spinner.kill()
-            spinner.wait()
     return summarize(logs, instructions, before, after)
 
 

@@ -8,13 +8,16 @@ runs the policy.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,8 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _version(dist: str) -> str | None:
+def version(dist: str) -> str | None:
+    """The installed version of distribution ``dist``, or None."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -100,6 +104,18 @@ def temperatures() -> dict[str, list[float]] | str:
     return found or "no sensors readable"
 
 
+@contextlib.contextmanager
+def cpu_hog() -> Iterator[subprocess.Popen]:
+    """A process spinning one core for the duration: the "busy machine" condition of the
+    closed-loop and performance gates and the serving benchmark."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield spinner
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
 def capture() -> dict[str, Any]:
     """The conditions now, as a JSON-able dict."""
     import psutil
@@ -123,7 +139,7 @@ def capture() -> dict[str, Any]:
         "memory_available_gib": round(psutil.virtual_memory().available / 2**30, 1),
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "versions": {d: v for d in VERSIONED if (v := _version(d))},
+        "versions": {d: v for d in VERSIONED if (v := version(d))},
     }
 
 

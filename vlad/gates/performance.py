@@ -27,14 +27,13 @@ deadline miss.
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
 from vlad.client import ActionChunk
+from vlad.gates.conditions import cpu_hog
 from vlad.gates.controller import Controller
 from vlad.gates.launcher import serve
 from vlad.gates.metrics import percentiles
@@ -303,14 +302,10 @@ def run_performance_gate(candidate: Subject, plan: GatePlan, progress=print, key
             "deadline_ms": round(burst_ms, 3),
         }
         if pp.cpu_hog:
-            hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            try:
+            with cpu_hog():
                 out["cpu_hog"] = stream(
                     ctl, obs, n_side, period_ns, deadline_ms, progress, "with a CPU hog", settle=SETTLE
                 )
-            finally:
-                hog.kill()
-                hog.wait()
         return out
 
     runs = {"info": _serve(candidate, plan, obs, progress, keys_dir, "info", main_scenarios)}

@@ -1,4 +1,5 @@
-"""Measurement conditions for benchmark scripts: what a figure depends on, printed with it.
+"""Measurement conditions for benchmark scripts: what a figure depends on, printed with it
+(the short form of :mod:`vlad.gates.conditions`, which the gates record).
 
 :func:`conditions` gives the shared part (UTC date, host, CPU model, core counts, load
 average, memory, kernel, Python and package versions); each script adds its own extras
@@ -7,33 +8,15 @@ average, memory, kernel, Python and package versions); each script adds its own 
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import socket
 import time
 from typing import Any
 
+from vlad.gates.conditions import cpu_model, version
+
 __all__ = ["conditions", "cpu_model"]
-
-
-def cpu_model() -> str:
-    """The CPU's model name from ``/proc/cpuinfo`` (``platform.processor()`` elsewhere)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def _memory_gb() -> dict[str, float]:
@@ -62,5 +45,5 @@ def conditions(*packages: str) -> dict[str, Any]:
         **_memory_gb(),
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "packages": {p: _version(p) for p in ("vlad", *packages)},
+        "packages": {p: version(p) or "not installed" for p in ("vlad", *packages)},
     }
