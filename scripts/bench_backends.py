@@ -20,11 +20,8 @@ them, numbers are not comparable.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.metadata
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -32,6 +29,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from vlad.files import sha256_file
+from vlad.gates.conditions import capture, version
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "manifests" / "demo"
@@ -45,66 +45,10 @@ ARTIFACTS = {"torch": "policy.pt2", "onnxruntime": "policy.onnx"}
 # ---------------------------------------------------------------------------------------
 
 
-def _read(path: str) -> str | None:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return None
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def conditions(threads: int) -> dict:
-    """What the figures depend on: hardware, clocks, heat, other load, software versions."""
-    import psutil
-
-    cpuinfo = _read("/proc/cpuinfo") or ""
-    model = next(
-        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-        platform.processor(),
-    )
-    temps = {}
-    try:
-        for chip, entries in (psutil.sensors_temperatures() or {}).items():
-            temps[chip] = [round(e.current, 1) for e in entries]
-    except (AttributeError, OSError):
-        pass
-    # Who else is using the CPU (sampled over half a second), since a shared machine skews p99.
-    procs = list(psutil.process_iter(["pid", "name", "cmdline"]))
-    for p in procs:
-        try:
-            p.cpu_percent(None)
-        except psutil.Error:
-            pass
-    time.sleep(0.5)
-    busy = []
-    for p in procs:
-        try:
-            pct = p.cpu_percent(None)
-        except psutil.Error:
-            continue
-        if pct >= 5 and p.pid != os.getpid():
-            busy.append(f"{p.info['name']} ({pct:.0f}%)")
-    return {
-        "cpu": model,
-        "logical_cores": psutil.cpu_count(logical=True),
-        "physical_cores": psutil.cpu_count(logical=False),
-        "affinity_cores": len(os.sched_getaffinity(0)),
-        "threads": threads,
-        "governor": _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor") or "unreadable",
-        "temperatures_c": temps or "no sensors readable",
-        "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
-        "other_busy_processes": busy,
-        "memory_total_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "versions": {d: _version(d) for d in ("vlad", "numpy", "torch", "onnxruntime", "tensorrt")},
-    }
+    """What the figures depend on: hardware, clocks, heat, other load, software versions (the
+    gates' record, :func:`vlad.gates.conditions.capture`), and the session threads."""
+    return {**capture(), "threads": threads}
 
 
 # ---------------------------------------------------------------------------------------
@@ -114,9 +58,9 @@ def conditions(threads: int) -> dict:
 
 def _aoti_package() -> Path:
     source = DEMO / "policy.pt2"
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    digest = sha256_file(source)[:16]
     # The version from metadata, not `import torch`: the cold-start figure includes the import.
-    out = AOTI_CACHE / f"aoti-{digest}-torch{_version('torch')}.pt2"
+    out = AOTI_CACHE / f"aoti-{digest}-torch{version('torch')}.pt2"
     if not out.exists():
         from vlad_torch import compile_aoti
 

@@ -23,26 +23,23 @@ import argparse
 import datetime as dt
 import hashlib
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from vlad.testing.conditions import conditions as shared_conditions
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def conditions(folder: Path) -> str:
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), platform.machine()
-    )
-    mem = {ln.split(":")[0]: int(ln.split()[1]) for ln in open("/proc/meminfo") if ln.split()[1].isdigit()}
+    c = shared_conditions()
     fs = next((ln.split()[2] for ln in open("/proc/mounts") if ln.split()[1] == "/"), "?")
     return (
-        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {cpu}, {os.cpu_count()} cores, load "
-        f"{' '.join(open('/proc/loadavg').read().split()[:3])}, {mem['MemAvailable'] // 2**20} GiB available, "
-        f"root file system {fs} ({folder})"
+        f"{c['date']}, {c['cpu']}, {c['cpus']} cores, load {c['load_avg']}, "
+        f"{c['memory_available_gb']} GB available, root file system {fs} ({folder})"
     )
 
 

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import importlib.metadata
 import os
-import platform
 import shutil
 import socket
 import subprocess
@@ -41,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from vlad.testing import DEMO, load_golden
+from vlad.testing.conditions import conditions as shared_conditions
 
 # ---------------------------------------------------------------------------------------
 # A link emulator: one-way latency + serialisation at a rate, per direction
@@ -202,24 +201,12 @@ def measure(session, feeds, calls: int, warmup: int) -> dict[str, float]:
 
 
 def conditions() -> list[str]:
-    def v(d: str) -> str:
-        try:
-            return importlib.metadata.version(d)
-        except importlib.metadata.PackageNotFoundError:
-            return "-"
-
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    """The shared conditions (:func:`vlad.testing.conditions.conditions`), as report lines."""
+    c = shared_conditions("onnxruntime", "kserve", "tritonclient", "grpcio", "numpy")
+    versions = ", ".join(f"{k} {v}" for k, v in c["packages"].items())
     return [
-        f"CPU: {cpu}; {os.cpu_count()} logical cores; load average {[round(x, 2) for x in os.getloadavg()]}",
-        f"Python {platform.python_version()}; kernel {platform.release()}; onnxruntime {v('onnxruntime')}, "
-        f"kserve {v('kserve')}, tritonclient {v('tritonclient')}, grpcio {v('grpcio')}, numpy {v('numpy')}",
+        f"{c['date']}; CPU: {c['cpu']}; {c['cpus']} logical cores; load average {c['load_avg']}",
+        f"Python {c['python']}; kernel {c['kernel']}; {versions}",
     ]
 
 
