@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 
-from vlad.gates.plan import DEFAULT_BUDGETS, GatePlan, PlanError, load_plan, parse_plan
+from vlad.gates.plan import DEFAULT_BUDGETS, PRECISIONS, EngineSpec, Gate, GatePlan, PlanError, load_plan, parse_plan
 from vlad.gates.results import GATE_ORDER, check
 
 
 def test_defaults_require_every_gate_with_a_budget_per_precision():
     plan = GatePlan()
-    assert plan.required == GATE_ORDER and plan.source == "defaults"
+    assert plan.required == GATE_ORDER == typing.get_args(Gate) and plan.source == "defaults"
     assert set(plan.equivalence.budgets) >= {"fp32", "fp16", "bf16", "int8", "fp8"}
     # Looser precisions get looser budgets, never tighter ones.
     order = ["fp32", "tf32", "fp16", "bf16", "int8"]
@@ -65,6 +67,23 @@ def test_every_problem_is_reported_at_once():
     ):
         assert part in text, part
     assert len(exc.value.problems) == 7
+
+
+def test_candidates_are_auto_or_engine_tables():
+    plan = parse_plan({"equivalence": {"candidates": [{"backend": "onnxruntime", "precision": "fp16"}]}}, "x")
+    assert plan.equivalence.candidates == (EngineSpec("onnxruntime", precision="fp16"),)
+    assert parse_plan({"equivalence": {"candidates": "auto"}}, "x").equivalence.candidates == "auto"
+    with pytest.raises(PlanError) as exc:
+        parse_plan({"equivalence": {"candidates": "all"}}, "x")
+    assert exc.value.problems == ['equivalence.candidates: expected "auto" or an array of engine tables, got a string']
+    with pytest.raises(PlanError) as exc:
+        parse_plan(
+            {"equivalence": {"candidates": [{"artifact": "a.onnx"}, {"backend": "trt", "precision": "fp7"}]}}, "x"
+        )
+    assert exc.value.problems == [
+        "equivalence.candidates[0].backend: missing",
+        f"equivalence.candidates[1].precision: unknown precision 'fp7' (known: {', '.join(PRECISIONS)})",
+    ]
 
 
 def test_overrides_and_budget_lookup():
