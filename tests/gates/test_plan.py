@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import typing
 
 import pytest
@@ -41,6 +42,15 @@ def test_plan_comes_from_the_file_then_the_manifest_then_the_release_folder(tmp_
     plan = load_plan(tmp_path, explicit, doc)
     assert plan.required == ("contract",) and plan.closed_loop.episodes == 50
     assert load_plan(tmp_path / "nothing-here").source == "defaults"
+
+
+def test_a_plan_file_that_is_not_a_plain_toml_file_is_a_one_line_error(tmp_path):
+    fifo, bomb = tmp_path / "fifo.toml", tmp_path / "bomb.toml"
+    os.mkfifo(fifo)  # reading it would wait for a writer forever
+    bomb.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")  # tomllib would overflow the stack
+    for path, why in ((fifo, "not a regular file"), (bomb, "nested deeper than"), (tmp_path / "no", "no such plan")):
+        with pytest.raises(PlanError, match=why):
+            load_plan(tmp_path, path)
 
 
 def test_every_problem_is_reported_at_once():

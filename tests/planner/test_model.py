@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -68,6 +69,16 @@ def test_conv_layers_are_checked_inside_their_array():
     doc["vision"]["conv"] = []
     with pytest.raises(PlannerFileError, match=r"vision.conv: a conv encoder needs at least one \[\[vision.conv\]\]"):
         planner.spec.parse_model(doc, "demo")
+
+
+def test_a_data_file_that_is_not_a_plain_toml_file_is_a_one_line_error(tmp_path):
+    fifo, bomb = tmp_path / "fifo.toml", tmp_path / "bomb.toml"
+    os.mkfifo(fifo)  # reading it would wait for a writer forever
+    bomb.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")  # tomllib would overflow the stack
+    for load in (planner.load_model, planner.load_hardware_file, planner.load_network_file):
+        for path, why in ((fifo, "not a regular file"), (bomb, "nested deeper than")):
+            with pytest.raises(PlannerError, match=why):
+                load(path)
 
 
 def test_broken_hardware_and_network_files_list_every_problem(tmp_path):

@@ -31,7 +31,6 @@ Every key is optional; validation reports every problem at once (:class:`PlanErr
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -41,6 +40,7 @@ from typing import Any, Literal
 from vlad import schema
 from vlad.backend import PRECISIONS
 from vlad.errors import ProblemsError
+from vlad.files import FileRefused, load_toml
 
 __all__ = ["DEFAULT_BUDGETS", "PRECISIONS", "GatePlan", "PlanError", "load_plan", "parse_plan"]
 
@@ -249,10 +249,12 @@ def outside_release(plan: GatePlan, manifest_document: Mapping[str, Any]) -> lis
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return load_toml(path)
     except FileNotFoundError:
         raise PlanError(str(path), ["no such plan file"]) from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except FileRefused as exc:
+        raise PlanError(str(path), [str(exc).removeprefix(f"{path}: ")]) from None
+    except OSError as exc:
         raise PlanError(str(path), [f"cannot read: {exc}"]) from None
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
@@ -19,6 +18,7 @@ from typing import Any, Literal
 
 from vlad import schema
 from vlad.errors import ProblemsError, VladError
+from vlad.files import FileRefused, load_toml
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -518,13 +518,13 @@ def _by_kind(kinds: Mapping[str, type], raw: Any, path: str, problems: list[str]
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return load_toml(path)
     except FileNotFoundError:
         raise PlannerError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except FileRefused as exc:
+        raise PlannerError(str(exc)) from None
+    except OSError as exc:
         raise PlannerError(f"{path}: cannot read: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PlannerError(f"{path}: not valid TOML: {exc}") from None
 
 
 def load_hardware_file(path: str | Path = DATA / "hardware.toml") -> dict[str, Hardware]:
