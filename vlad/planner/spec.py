@@ -529,26 +529,25 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def load_hardware_file(path: str | Path = DATA / "hardware.toml") -> dict[str, Hardware]:
     """Every hardware entry of a file, by key."""
-    path = Path(path)
-    doc = _read_toml(path)
-    problems: list[str] = []
-    conventions = _convert(_HardwareConventions, doc.get("conventions", {}), "conventions", problems)
-    entries = {k: _convert(_HardwareEntry, table, k, problems) for k, table in doc.items() if k != "conventions"}
-    if problems:
-        raise PlannerFileError(str(path), problems)
+    conventions, entries = _load_entries(Path(path), _HardwareConventions, _HardwareEntry)
     return {key: entry.hardware(key, conventions) for key, entry in entries.items()}
 
 
 def load_network_file(path: str | Path = DATA / "networks.toml") -> dict[str, Network]:
     """Every network entry of a file, by key."""
-    path = Path(path)
+    conventions, entries = _load_entries(Path(path), _NetworkConventions, _NetworkEntry)
+    return {key: entry.network(key, conventions) for key, entry in entries.items()}
+
+
+def _load_entries(path: Path, conventions_cls: type, entry_cls: type) -> tuple[Any, dict[str, Any]]:
+    """A file of ``[conventions]`` and one table per entry, parsed (every problem at once)."""
     doc = _read_toml(path)
     problems: list[str] = []
-    conventions = _convert(_NetworkConventions, doc.get("conventions", {}), "conventions", problems)
-    entries = {k: _convert(_NetworkEntry, table, k, problems) for k, table in doc.items() if k != "conventions"}
+    conventions = _convert(conventions_cls, doc.get("conventions", {}), "conventions", problems)
+    entries = {k: _convert(entry_cls, table, k, problems) for k, table in doc.items() if k != "conventions"}
     if problems:
         raise PlannerFileError(str(path), problems)
-    return {key: entry.network(key, conventions) for key, entry in entries.items()}
+    return conventions, entries
 
 
 def parse_model(doc: Mapping[str, Any], source: str, path: Path | None = None) -> VLAModel:
