@@ -73,8 +73,7 @@ class EquivalenceBudget:
     output_mean_abs: float = field(metadata=_AT_LEAST_0)
     min_cosine: float = field(metadata=_AT_LEAST_0)
     action_max_abs: float = field(metadata=_AT_LEAST_0)  # per joint, contract units
-    # guard clamps / rate limits that differ from the reference
-    max_decision_flips: int = field(metadata=_AT_LEAST_0)
+    max_decision_flips: int = field(metadata=_AT_LEAST_0)  # guard clamps / rate limits unlike the reference
     rollout_max_divergence: float = field(metadata=_AT_LEAST_0)  # joint positions, max over joints and time
     replay_max_abs: float = field(metadata=_AT_LEAST_0)  # candidate (guarded) vs the actions recorded on the robot
 
