@@ -40,7 +40,7 @@ from typing import Any, Literal
 from vlad import schema
 from vlad.backend import PRECISIONS
 from vlad.errors import ProblemsError
-from vlad.files import FileRefused, load_toml
+from vlad.files import FileRefused, load_toml, relative_parts
 
 __all__ = ["DEFAULT_BUDGETS", "PRECISIONS", "GatePlan", "PlanError", "load_plan", "parse_plan"]
 
@@ -238,10 +238,12 @@ def outside_release(plan: GatePlan, manifest_document: Mapping[str, Any]) -> lis
     listed = {a.get("path") for a in manifest_document.get("artifacts", []) if isinstance(a, Mapping)}
     problems = []
     for key, value in plan_files(plan):
-        parts = value.split("/")
-        if value.startswith("/") or "\\" in value or any(p in ("", ".", "..") for p in parts):
+        try:
+            relative_parts(value)
+        except FileRefused:
             problems.append(f"{key}: {value!r} lies outside the release folder; copy the file into the release")
-        elif value not in listed:
+            continue
+        if value not in listed:
             problems.append(f"{key}: {value!r} is not an artifact of the release; list it in [[artifacts]]")
     return problems
 
