@@ -93,3 +93,4 @@ _.intra_op_num_threads  # unused attribute (vlad/testing/kserve.py:181)
 _.ir_version  # unused attribute (vlad/testing/releases.py:255)
 pytest_addoption  # pytest hook (tests/conftest.py)
 pytest_collection_modifyitems  # pytest hook (tests/conftest.py)
+host_link_source  # unused variable (vlad/planner/spec.py): a hardware.toml key kept for its readers

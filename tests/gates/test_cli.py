@@ -48,7 +48,7 @@ def test_expected_failures_are_one_line(tmp_path, capsys):
         )
         == 2
     )
-    assert "performance.warm_calls: expected int" in capsys.readouterr().err
+    assert "performance.warm_calls: expected an integer, got a string" in capsys.readouterr().err
 
 
 def test_evidence_command_and_deploy_enforcement_on_the_demo(capsys):

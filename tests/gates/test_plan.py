@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import typing
+
 import pytest
 
-from vlad.gates.plan import DEFAULT_BUDGETS, GatePlan, PlanError, load_plan, parse_plan
+from vlad.gates.plan import DEFAULT_BUDGETS, PRECISIONS, EngineSpec, Gate, GatePlan, PlanError, load_plan, parse_plan
 from vlad.gates.results import GATE_ORDER, check
 
 
 def test_defaults_require_every_gate_with_a_budget_per_precision():
     plan = GatePlan()
-    assert plan.required == GATE_ORDER and plan.source == "defaults"
+    assert plan.required == GATE_ORDER == typing.get_args(Gate) and plan.source == "defaults"
     assert set(plan.equivalence.budgets) >= {"fp32", "fp16", "bf16", "int8", "fp8"}
     # Looser precisions get looser budgets, never tighter ones.
     order = ["fp32", "tf32", "fp16", "bf16", "int8"]
@@ -41,6 +44,15 @@ def test_plan_comes_from_the_file_then_the_manifest_then_the_release_folder(tmp_
     assert load_plan(tmp_path / "nothing-here").source == "defaults"
 
 
+def test_a_plan_file_that_is_not_a_plain_toml_file_is_a_one_line_error(tmp_path):
+    fifo, bomb = tmp_path / "fifo.toml", tmp_path / "bomb.toml"
+    os.mkfifo(fifo)  # reading it would wait for a writer forever
+    bomb.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")  # tomllib would overflow the stack
+    for path, why in ((fifo, "not a regular file"), (bomb, "nested deeper than"), (tmp_path / "no", "no such plan")):
+        with pytest.raises(PlanError, match=why):
+            load_plan(tmp_path, path)
+
+
 def test_every_problem_is_reported_at_once():
     with pytest.raises(PlanError) as exc:
         parse_plan(
@@ -65,6 +77,23 @@ def test_every_problem_is_reported_at_once():
     ):
         assert part in text, part
     assert len(exc.value.problems) == 7
+
+
+def test_candidates_are_auto_or_engine_tables():
+    plan = parse_plan({"equivalence": {"candidates": [{"backend": "onnxruntime", "precision": "fp16"}]}}, "x")
+    assert plan.equivalence.candidates == (EngineSpec("onnxruntime", precision="fp16"),)
+    assert parse_plan({"equivalence": {"candidates": "auto"}}, "x").equivalence.candidates == "auto"
+    with pytest.raises(PlanError) as exc:
+        parse_plan({"equivalence": {"candidates": "all"}}, "x")
+    assert exc.value.problems == ['equivalence.candidates: expected "auto" or an array of engine tables, got a string']
+    with pytest.raises(PlanError) as exc:
+        parse_plan(
+            {"equivalence": {"candidates": [{"artifact": "a.onnx"}, {"backend": "trt", "precision": "fp7"}]}}, "x"
+        )
+    assert exc.value.problems == [
+        "equivalence.candidates[0].backend: missing",
+        f"equivalence.candidates[1].precision: unknown precision 'fp7' (known: {', '.join(PRECISIONS)})",
+    ]
 
 
 def test_overrides_and_budget_lookup():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -52,6 +53,72 @@ def test_a_broken_model_file_lists_every_problem(tmp_path):
     ):
         assert part in msg
     assert "\n" not in msg
+
+
+def test_conv_layers_are_checked_inside_their_array():
+    import tomllib
+
+    doc = tomllib.loads((planner.spec.DATA / "models" / "vlad-demo.toml").read_text())
+    doc["vision"]["conv"][1].update(kernel=0, padding=-1)
+    with pytest.raises(PlannerFileError) as exc:
+        planner.spec.parse_model(doc, "demo")
+    assert sorted(exc.value.problems) == [
+        "vision.conv[1].kernel: must be > 0, got 0",
+        "vision.conv[1].padding: must be >= 0, got -1",
+    ]
+    doc["vision"]["conv"] = []
+    with pytest.raises(PlannerFileError, match=r"vision.conv: a conv encoder needs at least one \[\[vision.conv\]\]"):
+        planner.spec.parse_model(doc, "demo")
+
+
+def test_a_data_file_that_is_not_a_plain_toml_file_is_a_one_line_error(tmp_path):
+    fifo, bomb = tmp_path / "fifo.toml", tmp_path / "bomb.toml"
+    os.mkfifo(fifo)  # reading it would wait for a writer forever
+    bomb.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")  # tomllib would overflow the stack
+    for load in (planner.load_model, planner.load_hardware_file, planner.load_network_file):
+        for path, why in ((fifo, "not a regular file"), (bomb, "nested deeper than")):
+            with pytest.raises(PlannerError, match=why):
+                load(path)
+
+
+@pytest.mark.parametrize(
+    "load, text, problems",
+    [
+        (
+            planner.load_hardware_file,
+            "[conventions]\nbytes_per_gb = 0\n"
+            "[gpu]\ntflops = { fp16 = 1 }\nmemory_gb = 1\nbandwidth_gb_s = -1\nbandwith = 2\n"
+            '[tpu]\ntflops = { fp7 = 1, fp16 = 0, bf16 = "x" }\nmemory_gb = 8\nbandwidth_gb_s = 100\n'
+            "[npu]\ntflops = {}\nmemory_gb = 8\nbandwidth_gb_s = 100\n",
+            [
+                "conventions.bytes_per_gb: must be > 0, got 0",
+                "gpu.bandwidth_gb_s: must be > 0, got -1",
+                "gpu.bandwith: unknown key (did you mean 'bandwidth_gb_s'?)",
+                "npu.tflops: no compute peak given",
+                "tpu.tflops.bf16: expected a number, got a string",
+                "tpu.tflops.fp16: must be > 0, got 0",
+                "tpu.tflops.fp7: unknown precision (known: fp32, tf32, bf16, fp16, fp8, int8, fp4, int4)",
+            ],
+        ),
+        (
+            planner.load_network_file,
+            "[conventions]\njpeg_ratio = 0\n[lan]\nupload_mbps = 0\ndownload_mbps = true\nlatency_ms = -1\n",
+            [
+                "conventions.jpeg_ratio: must be > 0, got 0",
+                "lan.download_mbps: expected a number, got a boolean",
+                "lan.latency_ms: must be >= 0, got -1.0",
+                "lan.upload_mbps: must be > 0, got 0",
+            ],
+        ),
+    ],
+    ids=["hardware", "networks"],
+)
+def test_broken_hardware_and_network_files_list_every_problem(tmp_path, load, text, problems):
+    f = tmp_path / "data.toml"
+    f.write_text(text)
+    with pytest.raises(PlannerFileError) as exc:
+        load(f)
+    assert sorted(exc.value.problems) == problems
 
 
 def test_overrides_and_sweeps_move_the_right_component():

@@ -31,21 +31,34 @@ Every key is optional; validation reports every problem at once (:class:`PlanErr
 from __future__ import annotations
 
 import dataclasses
-import tomllib
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from vlad import schema
 from vlad.backend import PRECISIONS
 from vlad.errors import ProblemsError
-from vlad.gates.results import GATE_ORDER
+from vlad.files import FileRefused, load_toml, relative_parts
 
 __all__ = ["DEFAULT_BUDGETS", "PRECISIONS", "GatePlan", "PlanError", "load_plan", "parse_plan"]
+
+#: A gate's name, as ``required`` lists them (vlad.gates.results.GATE_ORDER, in its order).
+Gate = Literal["contract", "equivalence", "performance", "closed_loop"]
+# Every count, rate and limit of a plan is >= 0.
+_AT_LEAST_0 = schema.bounded(0)
+# Filled in by parse_plan itself, not read by the schema (see _budgets, _candidates).
+_OWN = {"internal": True}
 
 
 class PlanError(ProblemsError):
     """A gate plan is unreadable or invalid; ``problems`` lists every problem."""
+
+
+def _limit(default: Any) -> Any:
+    """A plan field holding a number >= 0."""
+    return field(default=default, metadata=_AT_LEAST_0)
 
 
 @dataclass(frozen=True)
@@ -56,13 +69,13 @@ class EquivalenceBudget:
     rollout divergence in the contract's physical units (rad for the demo's joints).
     """
 
-    output_max_abs: float
-    output_mean_abs: float
-    min_cosine: float
-    action_max_abs: float  # per joint, contract units
-    max_decision_flips: int  # guard clamps / rate limits that differ from the reference
-    rollout_max_divergence: float  # joint positions, max over joints and time
-    replay_max_abs: float  # candidate (guarded) vs the actions recorded on the robot
+    output_max_abs: float = field(metadata=_AT_LEAST_0)
+    output_mean_abs: float = field(metadata=_AT_LEAST_0)
+    min_cosine: float = field(metadata=_AT_LEAST_0)
+    action_max_abs: float = field(metadata=_AT_LEAST_0)  # per joint, contract units
+    max_decision_flips: int = field(metadata=_AT_LEAST_0)  # guard clamps / rate limits unlike the reference
+    rollout_max_divergence: float = field(metadata=_AT_LEAST_0)  # joint positions, max over joints and time
+    replay_max_abs: float = field(metadata=_AT_LEAST_0)  # candidate (guarded) vs the actions recorded on the robot
 
 
 # Initial budgets, by precision. fp32 is tight on purpose (a TF32 or fp16 computation
@@ -85,41 +98,41 @@ class EngineSpec:
     its budget is looked up by; empty: what the loaded session reports)."""
 
     backend: str
-    artifact: str = ""
+    artifact: str = field(default="", metadata={"allow_empty": True})
     options: Mapping[str, Any] = field(default_factory=dict)
-    precision: str = ""
+    precision: str = field(default="", metadata={"allow_empty": True})
 
 
 @dataclass(frozen=True)
 class EquivalencePlan:
     reference: EngineSpec = EngineSpec("torch", "", {"threads": 1})
-    candidates: tuple[EngineSpec, ...] | str = "auto"
-    golden: str = ""
+    candidates: tuple[EngineSpec, ...] | str = field(default="auto", metadata=_OWN)  # "auto" or engines
+    golden: str = field(default="", metadata={"allow_empty": True})
     check_golden_outputs: bool = True
     recordings: tuple[str, ...] = ()
-    replay_limit: int = 0  # observations per recording; 0 = all
-    rollout_episodes: int = 2  # per instruction
-    rollout_seed: int = 30_000
+    replay_limit: int = _limit(0)  # observations per recording; 0 = all
+    rollout_episodes: int = _limit(2)  # per instruction
+    rollout_seed: int = _limit(30_000)
     compile_aoti: bool = False  # torch-aoti needs a ~1 min AOTInductor compile (cached)
-    budgets: Mapping[str, EquivalenceBudget] = field(default_factory=lambda: dict(DEFAULT_BUDGETS))
+    budgets: Mapping[str, EquivalenceBudget] = field(default_factory=lambda: dict(DEFAULT_BUDGETS), metadata=_OWN)
 
 
 @dataclass(frozen=True)
 class PerformancePlan:
-    memory_limit_mib: float = 2048.0
-    gpu_memory_limit_mib: float = 0.0  # 0: not judged
-    p99_e2e_ms: float = 0.0  # 0: the contract's e2e deadline
-    max_engine_p99_ms: float = 0.0  # 0: the contract's control period
-    max_deadline_miss_rate: float = 0.01  # warm steady state
-    max_stress_miss_rate: float = 0.05  # bursts, CPU hog, debug logging
-    max_cold_start_s: float = 30.0
-    warmup: int = 10  # the daemon's warm-up inferences before READY
-    warm_calls: int = 1500  # observations at the control rate (30 s at 50 Hz)
-    bursts: int = 50
-    burst_size: int = 8
+    memory_limit_mib: float = _limit(2048.0)
+    gpu_memory_limit_mib: float = _limit(0.0)  # 0: not judged
+    p99_e2e_ms: float = _limit(0.0)  # 0: the contract's e2e deadline
+    max_engine_p99_ms: float = _limit(0.0)  # 0: the contract's control period
+    max_deadline_miss_rate: float = _limit(0.01)  # warm steady state
+    max_stress_miss_rate: float = _limit(0.05)  # bursts, CPU hog, debug logging
+    max_cold_start_s: float = _limit(30.0)
+    warmup: int = _limit(10)  # the daemon's warm-up inferences before READY
+    warm_calls: int = _limit(1500)  # observations at the control rate (30 s at 50 Hz)
+    bursts: int = _limit(50)
+    burst_size: int = _limit(8)
     cpu_hog: bool = True
     debug_logging: bool = True
-    shape_switch_calls: int = 20  # per shape, engine only
+    shape_switch_calls: int = _limit(20)  # per shape, engine only
     target_hardware: tuple[str, ...] = ()
     placement: str = "on-device"
     mode: str = "sync"
@@ -128,19 +141,19 @@ class PerformancePlan:
 @dataclass(frozen=True)
 class ClosedLoopPlan:
     task: str = "reacher"
-    episodes: int = 50  # per instruction, per policy
-    seed: int = 10_000
-    exec_steps: int = 4
-    min_success_rate: float = 0.5
-    min_margin_over_no_motion: float = 0.2
-    max_regression_vs_baseline: float = 0.25
-    max_out_of_bounds: int = 0
-    max_fallbacks: int = 0
-    max_deadline_miss_rate: float = 0.02
+    episodes: int = _limit(50)  # per instruction, per policy
+    seed: int = _limit(10_000)
+    exec_steps: int = _limit(4)
+    min_success_rate: float = _limit(0.5)
+    min_margin_over_no_motion: float = _limit(0.2)
+    max_regression_vs_baseline: float = _limit(0.25)
+    max_out_of_bounds: int = _limit(0)
+    max_fallbacks: int = _limit(0)
+    max_deadline_miss_rate: float = _limit(0.02)
     # Through vlad vs the same artifact in process, paired on the same seeds: at most this
     # much lower success rate per instruction (0.03: 3 points), on a quiet machine and, with
     # fidelity_under_hog, again beside a process spinning one core.
-    max_fidelity_drop: float = 0.03
+    max_fidelity_drop: float = _limit(0.03)
     fidelity_under_hog: bool = True
 
 
@@ -148,12 +161,12 @@ class ClosedLoopPlan:
 class GatePlan:
     """Everything the gates are judged by; ``source`` says where it was read from."""
 
-    required: tuple[str, ...] = GATE_ORDER
+    required: tuple[Gate, ...] = typing.get_args(Gate)
     equivalence: EquivalencePlan = EquivalencePlan()
     performance: PerformancePlan = PerformancePlan()
     closed_loop: ClosedLoopPlan = ClosedLoopPlan()
-    source: str = "defaults"
-    base_dir: Path | None = None
+    source: str = field(default="defaults", metadata=_OWN)
+    base_dir: Path | None = field(default=None, metadata=_OWN)
 
     def path(self, value: str) -> Path | None:
         """A plan path resolved against the plan's folder; None for an empty value."""
@@ -225,20 +238,24 @@ def outside_release(plan: GatePlan, manifest_document: Mapping[str, Any]) -> lis
     listed = {a.get("path") for a in manifest_document.get("artifacts", []) if isinstance(a, Mapping)}
     problems = []
     for key, value in plan_files(plan):
-        parts = value.split("/")
-        if value.startswith("/") or "\\" in value or any(p in ("", ".", "..") for p in parts):
+        try:
+            relative_parts(value)
+        except FileRefused:
             problems.append(f"{key}: {value!r} lies outside the release folder; copy the file into the release")
-        elif value not in listed:
+            continue
+        if value not in listed:
             problems.append(f"{key}: {value!r} is not an artifact of the release; list it in [[artifacts]]")
     return problems
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return load_toml(path)
     except FileNotFoundError:
         raise PlanError(str(path), ["no such plan file"]) from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except FileRefused as exc:
+        raise PlanError(str(path), [str(exc).removeprefix(f"{path}: ")]) from None
+    except OSError as exc:
         raise PlanError(str(path), [f"cannot read: {exc}"]) from None
 
 
@@ -246,91 +263,57 @@ def parse_plan(data: Mapping[str, Any], source: str, base_dir: Path | None = Non
     """Validate plan ``data`` (the TOML table); every problem in one :class:`PlanError`."""
     problems: list[str] = []
     data = dict(data)
-    required = data.pop("required", list(GATE_ORDER))
-    if not isinstance(required, list) or any(g not in GATE_ORDER for g in required):
-        problems.append(f"required: expected a list of {', '.join(GATE_ORDER)}, got {required!r}")
-        required = list(GATE_ORDER)
-    eq = dict(data.pop("equivalence", {}) or {})
-    budgets = dict(DEFAULT_BUDGETS)
-    for precision, table in (eq.pop("budgets", {}) or {}).items():
-        if precision not in PRECISIONS:
-            problems.append(f"equivalence.budgets.{precision}: unknown precision (known: {', '.join(PRECISIONS)})")
-            continue
-        base = DEFAULT_BUDGETS.get(precision, DEFAULT_BUDGETS["fp32"])
-        budgets[precision] = _struct(EquivalenceBudget, table, f"equivalence.budgets.{precision}", problems, base)
-    reference = eq.pop("reference", None)
-    candidates = eq.pop("candidates", "auto")
-    equivalence = _struct(EquivalencePlan, eq, "equivalence", problems, EquivalencePlan())
-    equivalence = replace(equivalence, budgets=budgets)
-    if reference is not None:
-        equivalence = replace(equivalence, reference=_engine(reference, "equivalence.reference", problems))
-    if candidates != "auto":
-        if not isinstance(candidates, list):
-            problems.append('equivalence.candidates: expected "auto" or a list of { backend, artifact, options }')
-        else:
-            equivalence = replace(
-                equivalence,
-                candidates=tuple(
-                    _engine(c, f"equivalence.candidates[{i}]", problems) for i, c in enumerate(candidates)
-                ),
-            )
-    performance = _struct(
-        PerformancePlan, data.pop("performance", {}) or {}, "performance", problems, PerformancePlan()
-    )
-    closed_loop = _struct(ClosedLoopPlan, data.pop("closed_loop", {}) or {}, "closed_loop", problems, ClosedLoopPlan())
-    for key in data:
-        problems.append(f"{key}: unknown key (known: required, equivalence, performance, closed_loop)")
+    budgets: dict[str, EquivalenceBudget] = dict(DEFAULT_BUDGETS)
+    candidates: tuple[EngineSpec, ...] | str = "auto"
+    if isinstance(data.get("equivalence"), dict):  # else the schema reports it
+        eq = data["equivalence"] = dict(data["equivalence"])
+        budgets = _budgets(eq.pop("budgets", {}), problems)
+        candidates = _candidates(eq.pop("candidates", "auto"), problems)
+    plan = schema.convert(GatePlan, data, "", problems, checks=_CHECKS)
     if problems:
         raise PlanError(source, problems)
-    return GatePlan(tuple(required), equivalence, performance, closed_loop, source, base_dir)
+    equivalence = replace(plan.equivalence, budgets=budgets, candidates=candidates)
+    return replace(plan, equivalence=equivalence, source=source, base_dir=base_dir)
 
 
-def _engine(raw: Any, where: str, problems: list[str]) -> EngineSpec:
-    if not isinstance(raw, Mapping) or not isinstance(raw.get("backend"), str):
-        problems.append(f'{where}: expected {{ backend = "...", artifact = "...", options = {{...}} }}')
-        return EngineSpec("?")
-    return _struct(EngineSpec, raw, where, problems, EngineSpec(raw["backend"]))
-
-
-def _struct(cls: type, table: Any, where: str, problems: list[str], base: Any) -> Any:
-    """``base`` with the fields of ``table`` (type-checked against the defaults) replaced."""
-    if not isinstance(table, Mapping):
-        problems.append(f"{where}: expected a table, got {type(table).__name__}")
-        return base
-    known = {f.name: f for f in fields(cls)}
-    values: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in known:
-            problems.append(f"{where}.{key}: unknown key (known: {', '.join(known)})")
+def _budgets(raw: Any, problems: list[str]) -> dict[str, EquivalenceBudget]:
+    """The default budgets with the plan's tables laid over them, key by key: a plan that
+    sets one key of a precision keeps that precision's defaults for the others (a table
+    keyed by precision, each over its own defaults: more than the schema's free-form Mapping)."""
+    budgets = dict(DEFAULT_BUDGETS)
+    tables = schema.convert(Mapping[str, Any], raw, "equivalence.budgets", problems)
+    for precision, table in tables.items() if isinstance(tables, dict) else ():
+        path = f"equivalence.budgets.{precision}"
+        if precision not in PRECISIONS:
+            problems.append(f"{path}: unknown precision (known: {', '.join(PRECISIONS)})")
             continue
-        default = getattr(base, key)
-        ok, value = _coerce(value, default)
-        if not ok:
-            problems.append(f"{where}.{key}: expected {type(default).__name__}, got {value!r}")
-            continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-            problems.append(f"{where}.{key}: must be >= 0, got {value}")
-            continue
-        values[key] = value
-    return replace(base, **values)
+        base = dataclasses.asdict(DEFAULT_BUDGETS.get(precision, DEFAULT_BUDGETS["fp32"]))
+        budget = schema.convert(
+            EquivalenceBudget, {**base, **table} if isinstance(table, dict) else table, path, problems
+        )
+        if isinstance(budget, EquivalenceBudget):
+            budgets[precision] = budget
+    return budgets
 
 
-def _coerce(value: Any, default: Any) -> tuple[bool, Any]:
-    if isinstance(default, bool):
-        return isinstance(value, bool), value
-    if isinstance(default, float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return ok, float(value) if ok else value
-    if isinstance(default, int):
-        return isinstance(value, int) and not isinstance(value, bool), value
-    if isinstance(default, str):
-        return isinstance(value, str), value
-    if isinstance(default, tuple):
-        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-        return ok, tuple(value) if ok else value
-    if isinstance(default, Mapping):
-        return isinstance(value, Mapping), dict(value) if isinstance(value, Mapping) else value
-    return False, value
+def _candidates(raw: Any, problems: list[str]) -> tuple[EngineSpec, ...] | str:
+    """``"auto"`` or the engines an array of tables names (the schema has no "this string
+    or an array" type)."""
+    if raw == "auto":
+        return "auto"
+    if not isinstance(raw, list):
+        problems.append(f'equivalence.candidates: expected "auto" or an array of engine tables, got {schema.kind(raw)}')
+        return "auto"
+    engines = schema.convert(tuple[EngineSpec, ...], raw, "equivalence.candidates", problems, checks=_CHECKS)
+    return engines if isinstance(engines, tuple) else "auto"
+
+
+def _check_engine(spec: EngineSpec, path: str, problems: list[str]) -> None:
+    if spec.precision and spec.precision not in PRECISIONS:
+        problems.append(f"{path}.precision: unknown precision {spec.precision!r} (known: {', '.join(PRECISIONS)})")
+
+
+_CHECKS: dict[type, schema.Check] = {EngineSpec: _check_engine}
 
 
 def _plain(v: Any) -> Any:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from vlad import schema
 from vlad.errors import ProblemsError, VladError
+from vlad.files import FileRefused, load_toml
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -33,6 +35,15 @@ BYTES_PER_ELEMENT = {
 }
 # A precision missing from a hardware table may use another of the same width and kind.
 _ALIASES = {"bf16": ("fp16",), "fp16": ("bf16",), "tf32": ("fp32",), "fp32": ("tf32",)}
+# Field metadata of the files' numbers: counts >= 0, and sizes and rates > 0 (checked by
+# _not_positive: the schema's bounds are inclusive).
+_AT_LEAST_0 = schema.bounded(0)
+_TEXT = {"allow_empty": True}
+
+
+def _positive(default: Any = MISSING) -> Any:
+    """A field holding a number > 0."""
+    return field(default=default, metadata={"positive": True})
 
 
 class PlannerError(VladError):
@@ -141,10 +152,10 @@ class Transformer:
 class ConvLayer:
     """One 2-D convolution of a convolutional image encoder."""
 
-    out_channels: int
-    kernel: int
-    stride: int = 1
-    padding: int = 0
+    out_channels: int = _positive()
+    kernel: int = _positive()
+    stride: int = _positive(1)
+    padding: int = field(default=0, metadata=_AT_LEAST_0)
 
 
 @dataclass(frozen=True)
@@ -257,221 +268,309 @@ class VLAModel:
 # ---- loading --------------------------------------------------------------------------
 
 
-class _Fields:
-    """Typed reads from one TOML table that record problems instead of raising."""
+@dataclass(frozen=True)
+class _HardwareConventions:
+    bytes_per_gb: float = _positive(1e9)
+    onchip_gb_s: float = _positive(math.inf)
 
-    def __init__(self, table: Any, where: str, problems: list[str]) -> None:
-        self.where, self.problems = where, problems
-        if not isinstance(table, Mapping):
-            problems.append(f"{where}: must be a table")
-            table = {}
-        self.table = table
-        self.used: set[str] = set()
 
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., *, positive: bool = False) -> Any:
-        self.used.add(key)
-        if key not in self.table:
-            if default is ...:
-                self.problems.append(f"{self.where}.{key}: missing")
-                return kind[0]() if isinstance(kind, tuple) else kind()
-            return default
-        value = self.table[key]
-        ok = isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, float, (int, float)))
-        if not ok:
-            want = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-            self.problems.append(f"{self.where}.{key}: expected {want}, got {type(value).__name__}")
-            return default if default is not ... else (kind[0]() if isinstance(kind, tuple) else kind())
-        if positive and not value > 0:
-            self.problems.append(f"{self.where}.{key}: must be > 0, got {value}")
-        return value
+@dataclass(frozen=True)
+class _HardwareEntry:
+    """One table of a hardware file, in its units (TFLOP/s, GB, GB/s)."""
 
-    def choice(self, key: str, choices: tuple[str, ...], default: Any = ...) -> str:
-        value = self.get(key, str, default)
-        if value not in choices:
-            self.problems.append(f"{self.where}.{key}: {value!r} is not one of {', '.join(choices)}")
-        return value
+    tflops: Mapping[str, Any]  # precision -> dense TFLOP/s (see _check_hardware)
+    memory_gb: float = _positive()
+    bandwidth_gb_s: float = _positive()
+    name: str = ""  # default: the table's key
+    kind: str = field(default="", metadata=_TEXT)
+    onchip_gb_s: float | None = _positive(None)  # default: the conventions'
+    host_link_gb_s: float | None = _positive(None)  # None: unified memory
+    source: str = field(default="", metadata=_TEXT)
+    host_link_source: str = field(default="", metadata=_TEXT)  # for readers of the file
 
-    def check_unused(self) -> None:
-        for key in self.table:
-            if key not in self.used:
-                self.problems.append(f"{self.where}.{key}: unknown key")
+    def hardware(self, key: str, conventions: _HardwareConventions) -> Hardware:
+        gb = conventions.bytes_per_gb
+        onchip = conventions.onchip_gb_s if self.onchip_gb_s is None else self.onchip_gb_s
+        return Hardware(
+            key=key, name=self.name or key, kind=self.kind,
+            peak_flops={p: float(v) * 1e12 for p, v in self.tflops.items()},
+            memory_bytes=self.memory_gb * gb, memory_bandwidth=self.bandwidth_gb_s * gb, onchip_bandwidth=onchip * gb,
+            host_link_bandwidth=None if self.host_link_gb_s is None else self.host_link_gb_s * gb,
+            source=self.source, gb=float(gb),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _NetworkConventions:
+    protocol_overhead: float = _positive(1.05)
+    jpeg_ratio: float = _positive(0.1)
+    action_bytes_per_value: int = _positive(4)
+
+
+@dataclass(frozen=True)
+class _NetworkEntry:
+    """One table of a network file."""
+
+    latency_ms: float = field(metadata=_AT_LEAST_0)
+    upload_mbps: float = _positive()
+    download_mbps: float = _positive()
+    name: str = ""  # default: the table's key
+    source: str = field(default="", metadata=_TEXT)
+
+    def network(self, key: str, conventions: _NetworkConventions) -> Network:
+        return Network(
+            key, self.name or key, self.upload_mbps, self.download_mbps, self.latency_ms, self.source,
+            **dataclasses.asdict(conventions),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class _StackKeys:
+    """A transformer stack, its keys written flat in its component's table."""
+
+    layers: int = _positive()
+    hidden: int = _positive()
+    ffn: int = _positive()
+    heads: int = _positive()
+    kv_heads: int = _positive()
+    head_dim: int | None = _positive(None)  # default: hidden / heads
+    gated_ffn: bool = False
+
+    def stack(self) -> Transformer:
+        head_dim = self.hidden // self.heads if self.head_dim is None else self.head_dim
+        return Transformer(self.layers, self.hidden, self.ffn, self.heads, self.kv_heads, head_dim, self.gated_ffn)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ImageKeys:
+    """The ``[vision]`` keys of every kind of encoder."""
+
+    kind: Literal["vit", "conv"]
+    cameras: int = _positive()
+    image_height: int = _positive()
+    image_width: int = _positive()
+    tokens_per_image: int = _positive()
+
+    def image(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("kind", "cameras", "image_height", "image_width", "tokens_per_image")}
+
+
+@dataclass(frozen=True, kw_only=True)
+class _VitKeys(_StackKeys, _ImageKeys):
+    def vision(self) -> Vision:
+        return Vision(**self.image(), transformer=self.stack())
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ConvKeys(_ImageKeys):
+    in_channels: int = _positive(3)
+    conv: tuple[ConvLayer, ...] = ()
+
+    def vision(self) -> Vision:
+        return Vision(**self.image(), in_channels=self.in_channels, conv=self.conv)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _BackboneKeys(_StackKeys):
+    language_tokens: int = field(default=0, metadata=_AT_LEAST_0)
+    state_tokens: int = field(default=0, metadata=_AT_LEAST_0)
+    vocab: int = field(default=0, metadata=_AT_LEAST_0)
+
+    def backbone(self) -> Backbone:
+        return Backbone(self.stack(), self.language_tokens, self.state_tokens, self.vocab)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _HeadKeys:
+    """The ``[action]`` keys of every kind of head."""
+
+    kind: Literal["flow", "autoregressive"]
+    chunk: int = _positive()
+    dof: int = _positive()
+
+
+@dataclass(frozen=True, kw_only=True)
+class _FlowKeys(_StackKeys, _HeadKeys):
+    steps: int = _positive()
+    context: Literal["kv_cache", "cross_attention"] = "kv_cache"
+    qkv_passes: int = _positive(1)
+
+    def head(self) -> ActionHead:
+        return ActionHead(
+            self.kind, self.chunk, self.dof, self.steps, self.stack(), context=self.context, qkv_passes=self.qkv_passes
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _AutoregressiveKeys(_HeadKeys):
+    tokens: int = field(default=0, metadata=_AT_LEAST_0)
+    vocab: int = field(default=0, metadata=_AT_LEAST_0)
+
+    def head(self) -> ActionHead:
+        return ActionHead(self.kind, self.chunk, self.dof, tokens=self.tokens, vocab=self.vocab)
+
+
+# The keys of [vision] and [action] by their kind; the first stands in for a kind that is
+# not given or not known (that problem is reported with the ones of its keys).
+_VISION_KINDS: dict[str, type] = {"vit": _VitKeys, "conv": _ConvKeys}
+_ACTION_KINDS: dict[str, type] = {"autoregressive": _AutoregressiveKeys, "flow": _FlowKeys}
+
+
+@dataclass(frozen=True)
+class _ModelKeys:
+    name: str
+    precision: str = "bf16"  # a key of BYTES_PER_ELEMENT
+    batch: int = _positive(1)
+    ids: tuple[str, ...] = ()
+    description: str = field(default="", metadata=_TEXT)
+    source: str = field(default="", metadata=_TEXT)
+
+
+@dataclass(frozen=True)
+class _MeasureKeys:
+    vision: tuple[str, ...] = ()
+    backbone: tuple[str, ...] = ()
+    action: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _ModelFile:
+    """A model file (``data/models/*.toml``)."""
+
+    model: _ModelKeys
+    vision: Mapping[str, Any]  # read by its kind (_VISION_KINDS)
+    backbone: _BackboneKeys
+    action: Mapping[str, Any]  # read by its kind (_ACTION_KINDS)
+    measure: _MeasureKeys = _MeasureKeys()
+
+
+def _check_stack(s: _StackKeys, path: str, problems: list[str]) -> None:
+    if s.heads > 0 and s.kv_heads > 0 and s.heads % s.kv_heads:
+        problems.append(f"{path}: heads ({s.heads}) must be a multiple of kv_heads ({s.kv_heads})")
+
+
+def _check_conv(v: _ConvKeys, path: str, problems: list[str]) -> None:
+    if not v.conv:
+        problems.append(f"{path}.conv: a conv encoder needs at least one [[{path}.conv]] layer")
+
+
+def _check_model(m: _ModelKeys, path: str, problems: list[str]) -> None:
+    if m.precision not in BYTES_PER_ELEMENT:
+        problems.append(f"{path}.precision: unknown precision {m.precision!r} (known: {', '.join(BYTES_PER_ELEMENT)})")
+
+
+def _check_hardware(h: _HardwareEntry, path: str, problems: list[str]) -> None:
+    if not h.tflops:
+        problems.append(f"{path}.tflops: no compute peak given")
+    for precision, value in h.tflops.items():
+        where = f"{path}.tflops.{precision}"
+        if precision not in BYTES_PER_ELEMENT:
+            problems.append(f"{where}: unknown precision (known: {', '.join(BYTES_PER_ELEMENT)})")
+        elif isinstance(peak := schema.convert(float, value, where, problems), float) and peak <= 0:
+            problems.append(f"{where}: must be > 0, got {value}")
+
+
+_CHECKS: dict[type, schema.Check] = {
+    _VitKeys: _check_stack,
+    _BackboneKeys: _check_stack,
+    _FlowKeys: _check_stack,
+    _ConvKeys: _check_conv,
+    _ModelKeys: _check_model,
+    _HardwareEntry: _check_hardware,
+}
+
+
+def _convert(cls: type, raw: Any, path: str, problems: list[str]) -> Any:
+    """``raw`` as ``cls`` by the schema, and the > 0 rule of its fields; None if broken."""
+    value = schema.convert(cls, raw, path, problems, checks=_CHECKS)
+    _not_positive(cls, raw, path, problems)
+    return value if isinstance(value, cls) else None
+
+
+def _not_positive(cls: type, raw: Any, path: str, problems: list[str]) -> None:
+    """A problem for each number <= 0 in a field of ``cls`` (or of its nested tables) made
+    with :func:`_positive`, read off the raw table so that it is listed with the table's
+    other problems, whatever they are."""
+    if not isinstance(raw, dict):
+        return
+    types = schema.hints(cls)
+    for f in dataclasses.fields(cls):
+        value, where, tp = raw.get(f.name), schema.join(path, f.name), types[f.name]
+        if f.metadata.get("positive"):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value <= 0:
+                problems.append(f"{where}: must be > 0, got {value}")
+        elif dataclasses.is_dataclass(tp):
+            _not_positive(typing.cast(type, tp), value, where, problems)
+        elif typing.get_origin(tp) is tuple and isinstance(value, list):
+            item = typing.get_args(tp)[0]
+            for i, v in enumerate(value if dataclasses.is_dataclass(item) else ()):
+                _not_positive(item, v, f"{where}[{i}]", problems)
+
+
+def _by_kind(kinds: Mapping[str, type], raw: Any, path: str, problems: list[str]) -> Any:
+    """A ``[vision]`` or ``[action]`` table read as its ``kind`` says (None if broken or
+    not a table: the file's schema reports that)."""
+    if not isinstance(raw, dict):
+        return None
+    kind, fallback = raw.get("kind"), next(iter(kinds.values()))
+    return _convert(kinds.get(kind, fallback) if isinstance(kind, str) else fallback, raw, path, problems)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return load_toml(path)
     except FileNotFoundError:
         raise PlannerError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except FileRefused as exc:
+        raise PlannerError(str(exc)) from None
+    except OSError as exc:
         raise PlannerError(f"{path}: cannot read: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PlannerError(f"{path}: not valid TOML: {exc}") from None
 
 
 def load_hardware_file(path: str | Path = DATA / "hardware.toml") -> dict[str, Hardware]:
     """Every hardware entry of a file, by key."""
-    path = Path(path)
-    doc = _read_toml(path)
-    problems: list[str] = []
-    conv = _Fields(doc.get("conventions", {}), "conventions", problems)
-    gb = conv.get("bytes_per_gb", (int, float), 1e9, positive=True)
-    onchip = conv.get("onchip_gb_s", (int, float), math.inf, positive=True)
-    conv.check_unused()
-    out = {}
-    for key, table in doc.items():
-        if key == "conventions":
-            continue
-        f = _Fields(table, key, problems)
-        tflops = f.get("tflops", dict, {})
-        peaks = {}
-        for p, v in tflops.items():
-            if p not in BYTES_PER_ELEMENT or isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                problems.append(f"{key}.tflops.{p}: expected a known precision with a number > 0")
-            else:
-                peaks[p] = float(v) * 1e12
-        if not peaks:
-            problems.append(f"{key}.tflops: no compute peak given")
-        link = f.get("host_link_gb_s", (int, float), None, positive=True)
-        out[key] = Hardware(
-            key=key, name=f.get("name", str, key), kind=f.get("kind", str, ""), peak_flops=peaks,
-            memory_bytes=f.get("memory_gb", (int, float), positive=True) * gb,
-            memory_bandwidth=f.get("bandwidth_gb_s", (int, float), positive=True) * gb,
-            onchip_bandwidth=f.get("onchip_gb_s", (int, float), onchip, positive=True) * gb,
-            host_link_bandwidth=None if link is None else link * gb,
-            source=f.get("source", str, ""), gb=float(gb),
-        )  # fmt: skip
-        f.get("host_link_source", str, "")
-        f.check_unused()
-    if problems:
-        raise PlannerFileError(str(path), problems)
-    return out
+    conventions, entries = _load_entries(Path(path), _HardwareConventions, _HardwareEntry)
+    return {key: entry.hardware(key, conventions) for key, entry in entries.items()}
 
 
 def load_network_file(path: str | Path = DATA / "networks.toml") -> dict[str, Network]:
     """Every network entry of a file, by key."""
-    path = Path(path)
+    conventions, entries = _load_entries(Path(path), _NetworkConventions, _NetworkEntry)
+    return {key: entry.network(key, conventions) for key, entry in entries.items()}
+
+
+def _load_entries(path: Path, conventions_cls: type, entry_cls: type) -> tuple[Any, dict[str, Any]]:
+    """A file of ``[conventions]`` and one table per entry, parsed (every problem at once)."""
     doc = _read_toml(path)
     problems: list[str] = []
-    conv = _Fields(doc.get("conventions", {}), "conventions", problems)
-    defaults = {
-        "protocol_overhead": conv.get("protocol_overhead", (int, float), 1.05, positive=True),
-        "jpeg_ratio": conv.get("jpeg_ratio", (int, float), 0.1, positive=True),
-        "action_bytes_per_value": conv.get("action_bytes_per_value", int, 4, positive=True),
-    }
-    conv.check_unused()
-    out = {}
-    for key, table in doc.items():
-        if key == "conventions":
-            continue
-        f = _Fields(table, key, problems)
-        out[key] = Network(
-            key=key,
-            name=f.get("name", str, key),
-            upload_mbps=f.get("upload_mbps", (int, float), positive=True),
-            download_mbps=f.get("download_mbps", (int, float), positive=True),
-            latency_ms=f.get("latency_ms", (int, float)),
-            source=f.get("source", str, ""),
-            **defaults,
-        )
-        f.check_unused()
+    conventions = _convert(conventions_cls, doc.get("conventions", {}), "conventions", problems)
+    entries = {k: _convert(entry_cls, table, k, problems) for k, table in doc.items() if k != "conventions"}
     if problems:
         raise PlannerFileError(str(path), problems)
-    return out
-
-
-_TRANSFORMER_KEYS = ("layers", "hidden", "ffn", "heads", "kv_heads")
-
-
-def _transformer(f: _Fields) -> Transformer:
-    layers, hidden, ffn, heads, kv = (f.get(k, int, positive=True) for k in _TRANSFORMER_KEYS)
-    head_dim = f.get("head_dim", int, (hidden // heads) if heads else 0, positive=True)
-    if heads and kv and heads % kv:
-        f.problems.append(f"{f.where}: heads ({heads}) must be a multiple of kv_heads ({kv})")
-    return Transformer(layers, hidden, ffn, heads, kv, head_dim, f.get("gated_ffn", bool, False))
+    return conventions, entries
 
 
 def parse_model(doc: Mapping[str, Any], source: str, path: Path | None = None) -> VLAModel:
     """A :class:`VLAModel` from a parsed model file (see ``data/models/*.toml``)."""
     problems: list[str] = []
-    m = _Fields(doc.get("model", {}), "model", problems)
-    name = m.get("name", str)
-    precision = m.choice("precision", tuple(BYTES_PER_ELEMENT), "bf16")
-    batch = m.get("batch", int, 1, positive=True)
-    ids = tuple(m.get("ids", list, []))
-    description, src = m.get("description", str, ""), m.get("source", str, "")
-    m.check_unused()
-
-    v = _Fields(doc.get("vision", {}), "vision", problems)
-    kind = v.choice("kind", ("vit", "conv"))
-    common = dict(
-        cameras=v.get("cameras", int, positive=True),
-        image_height=v.get("image_height", int, positive=True),
-        image_width=v.get("image_width", int, positive=True),
-        tokens_per_image=v.get("tokens_per_image", int, positive=True),
-    )
-    if kind == "conv":
-        layers = []
-        for i, t in enumerate(v.get("conv", list, [])):
-            c = _Fields(t, f"vision.conv[{i}]", problems)
-            layers.append(
-                ConvLayer(
-                    c.get("out_channels", int, positive=True),
-                    c.get("kernel", int, positive=True),
-                    c.get("stride", int, 1, positive=True),
-                    c.get("padding", int, 0),
-                )
-            )
-            c.check_unused()
-        if not layers:
-            problems.append("vision.conv: a conv encoder needs at least one [[vision.conv]] layer")
-        vision = Vision(kind, **common, in_channels=v.get("in_channels", int, 3, positive=True), conv=tuple(layers))
-    else:
-        vision = Vision(kind, **common, transformer=_transformer(v))
-    v.check_unused()
-
-    b = _Fields(doc.get("backbone", {}), "backbone", problems)
-    backbone = Backbone(
-        _transformer(b), b.get("language_tokens", int, 0), b.get("state_tokens", int, 0), b.get("vocab", int, 0)
-    )
-    b.check_unused()
-
-    a = _Fields(doc.get("action", {}), "action", problems)
-    akind = a.choice("kind", ("flow", "autoregressive"))
-    head = dict(chunk=a.get("chunk", int, positive=True), dof=a.get("dof", int, positive=True))
-    if akind == "flow":
-        action = ActionHead(
-            akind,
-            **head,
-            steps=a.get("steps", int, positive=True),
-            transformer=_transformer(a),
-            context=a.choice("context", ("kv_cache", "cross_attention"), "kv_cache"),
-            qkv_passes=a.get("qkv_passes", int, 1, positive=True),
-        )
-    else:
-        action = ActionHead(akind, **head, tokens=a.get("tokens", int, 0), vocab=a.get("vocab", int, 0))
-    a.check_unused()
-
-    scopes = {}
-    ms = _Fields(doc.get("measure", {}), "measure", problems)
-    for comp in ("vision", "backbone", "action"):
-        scopes[comp] = tuple(ms.get(comp, list, []))
-    ms.check_unused()
-    for key in doc:
-        if key not in ("model", "vision", "backbone", "action", "measure"):
-            problems.append(f"{key}: unknown table")
+    doc = dict(doc)
+    top = _convert(_ModelFile, doc, "", problems)
+    vision = _by_kind(_VISION_KINDS, doc.get("vision"), "vision", problems)
+    action = _by_kind(_ACTION_KINDS, doc.get("action"), "action", problems)
     if problems:
         raise PlannerFileError(source, problems)
+    m = top.model
     return VLAModel(
-        name=name,
-        vision=vision,
-        backbone=backbone,
-        action=action,
-        precision=precision,
-        batch=batch,
-        ids=ids,
-        description=description,
-        source=src,
-        measure_scopes=scopes,
+        name=m.name,
+        vision=vision.vision(),
+        backbone=top.backbone.backbone(),
+        action=action.head(),
+        precision=m.precision,
+        batch=m.batch,
+        ids=m.ids,
+        description=m.description,
+        source=m.source,
+        measure_scopes=dataclasses.asdict(top.measure),
         path=path,
     )
 
