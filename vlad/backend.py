@@ -21,12 +21,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from vlad import schema
 from vlad.contract import Contract, TensorSpec
 from vlad.errors import BackendError, InputRejected
+
+OptionsT = TypeVar("OptionsT")
 
 #: Every precision label there is: what a release's manifest may ask for (backend option
 #: ``precision``), what a session reports in :class:`SessionDescription`, what the gates
@@ -236,6 +239,23 @@ class Backend(abc.ABC):
         engine the release does not ship. A backend that loads portable artifacts as they
         are has nothing to build."""
         raise BackendError(f"{self.name}: builds no artifact; it loads its files as they are")
+
+
+def parse_options(
+    backend: str,
+    cls: type[OptionsT],
+    options: Mapping[str, Any] | None,
+    check: schema.Check | None = None,
+) -> OptionsT:
+    """A backend's ``options`` table (manifest or config) as the backend's frozen dataclass
+    ``cls``, through :mod:`vlad.schema` (types, bounds, unknown keys with a "did you mean");
+    ``check(obj, path, problems)`` adds the backend's own rules. Every problem at once, as one
+    :class:`BackendError` line naming the backend."""
+    problems: list[str] = []
+    value = schema.convert(cls, dict(options or {}), "options", problems, checks={cls: check} if check else {})
+    if problems or value is schema.BROKEN:
+        raise BackendError(f"{backend}: " + "; ".join(problems or ["invalid options"]))
+    return value
 
 
 def example_inputs(contract: Contract, batch: int | None = None) -> dict[str, np.ndarray]:

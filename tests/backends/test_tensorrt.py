@@ -535,7 +535,7 @@ def test_file_sha256_matches_hashlib(tmp_path):
 def test_options_defaults():
     opts = TensorRTOptions.parse(None)
     assert opts.precision == "fp32"
-    assert opts.cache_dir == Path("/var/lib/vlad/engines")
+    assert opts.cache_dir == "/var/lib/vlad/engines"
     assert opts.on_mismatch == "error"
     assert opts.profile_max_batch is None and opts.cuda_graph is False and opts.allow_build is True
 
@@ -547,13 +547,22 @@ def test_options_report_every_problem_at_once():
         )
     msg = str(info.value)
     for part in (
-        "unknown option 'cache_dri'",
-        "precision: 'int8'",
-        "cuda_graph must be bool",
-        "profile_max_batch: must be >= 1",
-        "device must be int",
+        "options.cache_dri: unknown key (did you mean 'cache_dir'?)",
+        "options.precision: unknown value 'int8'",
+        "options.cuda_graph: expected true or false, got a string",
+        "options.profile_max_batch: must be >= 1",
+        "options.device: expected an integer, got a boolean",
     ):
-        assert part in msg
+        assert part in msg, msg
+    assert msg.startswith("tensorrt: ") and "\n" not in msg
+
+
+def test_the_options_precision_labels_are_the_backends():
+    import typing
+
+    from vlad_tensorrt.precision import PRECISIONS
+
+    assert typing.get_args(typing.get_type_hints(TensorRTOptions)["precision"]) == PRECISIONS
 
 
 def test_plugin_registers_through_the_entry_point():
@@ -615,7 +624,7 @@ def test_availability_on_this_machine_gives_a_clear_reason():
 
 def test_load_without_runtime_raises_unavailable_after_checking_options(contract, tmp_path):
     backend = TensorRTBackend()
-    with pytest.raises(BackendError, match="unknown option 'precison'"):
+    with pytest.raises(BackendError, match="options.precison: unknown key"):
         backend.load(DEMO_ONNX, contract, {"precison": "fp16"})
     if backend.availability().usable:
         pytest.skip("TensorRT is usable here; the unavailable path is covered by the monkeypatched tests")
@@ -630,7 +639,7 @@ def test_build_cli_reports_one_line_errors(capsys, tmp_path):
 
     demo = ["--contract", str(DEMO_DIR / "contract.toml"), "--onnx", str(DEMO_ONNX), "--cache-dir", str(tmp_path)]
     assert main(["build", *demo, "--profile-max-batch", "0"]) == 1
-    assert capsys.readouterr().err.strip() == "vlad_tensorrt: tensorrt options: profile_max_batch: must be >= 1"
+    assert capsys.readouterr().err.strip() == "vlad_tensorrt: tensorrt: options.profile_max_batch: must be >= 1, got 0"
     avail = TensorRTBackend().availability()
     if avail.usable:
         return

@@ -14,10 +14,12 @@ from .conftest import DEMO  # noqa: E402
 
 
 def test_unknown_option_and_bad_threads_are_refused(contract):
-    with pytest.raises(BackendError, match="unknown option"):
+    with pytest.raises(BackendError, match=r"torch: options.thread: unknown key \(did you mean 'threads'\?\)"):
         TorchBackend().load(DEMO / "policy.pt2", contract, {"thread": 1})
-    with pytest.raises(BackendError, match="threads must be a positive integer"):
+    with pytest.raises(BackendError, match="torch: options.threads: must be >= 1, got 0"):
         TorchBackend().load(DEMO / "policy.pt2", contract, {"threads": 0})
+    with pytest.raises(BackendError, match="torch-aoti: options.threads: expected an integer, got a boolean"):
+        TorchAOTIBackend().load(DEMO / "policy.pt2", contract, {"threads": True})
 
 
 def test_missing_cuda_is_refused():

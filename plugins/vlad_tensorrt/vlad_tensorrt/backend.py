@@ -27,23 +27,22 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from vlad.backend import Availability, Backend, Session
+from vlad.backend import Availability, Backend, Session, parse_options
 from vlad.contract import Contract
 from vlad.errors import BackendError, BackendUnavailable
+from vlad.schema import bounded
 from vlad_tensorrt.cache import (
     DEFAULT_CACHE_DIR,
-    ON_MISMATCH,
     CacheIngredients,
     EngineCache,
     file_sha256,
     prepare_engine,
 )
 from vlad_tensorrt.precision import (
-    PRECISIONS,
     format_cc,
     require_fp8_qdq,
     scan_onnx_qdq,
@@ -56,53 +55,23 @@ RUNTIME = "tensorrt"
 
 @dataclass(frozen=True, slots=True)
 class TensorRTOptions:
-    """The backend options of one release, validated once (unknown keys are errors)."""
+    """The backend options of one release, parsed once by :func:`vlad.backend.parse_options`
+    (unknown keys and wrong types are errors, every one at once)."""
 
-    precision: str = "fp32"
-    cache_dir: Path = DEFAULT_CACHE_DIR
-    on_mismatch: str = "error"
-    profile_max_batch: int | None = None
+    precision: Literal["fp32", "tf32", "fp16", "bf16", "fp8"] = "fp32"  # vlad_tensorrt.precision.PRECISIONS
+    cache_dir: str = str(DEFAULT_CACHE_DIR)
+    on_mismatch: Literal["error", "rebuild"] = "error"  # vlad_tensorrt.cache.ON_MISMATCH
+    profile_max_batch: int | None = field(default=None, metadata=bounded(1))
     cuda_graph: bool = False
     allow_build: bool = True
-    engine: Path | None = None
-    device: int = 0
+    engine: str | None = None  # a pinned engine file instead of the cache
+    device: int = field(default=0, metadata=bounded(0))
     progress: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None) -> TensorRTOptions:
         """Validate a TOML-shaped options table; every problem is reported at once."""
-        options = dict(options or {})
-        known = {f.name for f in fields(cls)}
-        problems = [f"unknown option {k!r}" for k in sorted(set(options) - known)]
-        values: dict[str, Any] = {}
-
-        def take(name: str, kinds: tuple[type, ...], check=None, convert=None) -> None:
-            if name not in options:
-                return
-            v = options[name]
-            if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
-                problems.append(f"{name} must be {' or '.join(k.__name__ for k in kinds)}, got {v!r}")
-                return
-            if check is not None and (msg := check(v)):
-                problems.append(f"{name}: {msg}")
-                return
-            values[name] = convert(v) if convert else v
-
-        def one_of(choices: tuple[str, ...]):
-            return lambda v: None if v in choices else f"{v!r} is not one of {', '.join(choices)}"
-
-        take("precision", (str,), one_of(PRECISIONS))
-        take("cache_dir", (str, Path), convert=Path)
-        take("on_mismatch", (str,), one_of(ON_MISMATCH))
-        take("profile_max_batch", (int,), lambda v: None if v >= 1 else "must be >= 1")
-        take("cuda_graph", (bool,))
-        take("allow_build", (bool,))
-        take("engine", (str, Path), convert=Path)
-        take("device", (int,), lambda v: None if v >= 0 else "must be >= 0")
-        take("progress", (bool,))
-        if problems:
-            raise BackendError("tensorrt options: " + "; ".join(problems))
-        return cls(**values)
+        return parse_options(RUNTIME, cls, options)
 
 
 class TensorRTBackend(Backend):
@@ -162,11 +131,11 @@ class TensorRTBackend(Backend):
             progress=progress,
         )
         prepared = prepare_engine(
-            EngineCache(opts.cache_dir),
+            EngineCache(Path(opts.cache_dir)),
             ingredients,
             build,
             on_mismatch=opts.on_mismatch,
-            pinned=opts.engine,
+            pinned=Path(opts.engine) if opts.engine is not None else None,
             allow_build=opts.allow_build,
         )
         return trt_engine.TensorRTSession(

@@ -31,11 +31,10 @@ from vlad.errors import BackendError
 from vlad.files import sha256_file
 from vlad_torch.backend import _first_line, require, torch_availability
 from vlad_torch.session import (
-    COMMON_OPTIONS,
+    TorchOptions,
     TorchSession,
     apply_threads,
     check_names,
-    check_options,
     resolve_device,
     resolve_precision,
     set_tf32,
@@ -193,7 +192,7 @@ class TorchAOTIBackend(Backend):
     def load(self, artifact: Path, contract: Contract, options: Mapping[str, Any] | None = None) -> TorchSession:
         """Load a package made by :func:`compile_aoti`; refuses one for another torch or device."""
         options = dict(options or {})
-        check_options(self.name, options, COMMON_OPTIONS)
+        opts = TorchOptions.parse(self.name, options)
         require(self.availability())
         import torch
         import torch._inductor
@@ -201,9 +200,9 @@ class TorchAOTIBackend(Backend):
         artifact = Path(artifact)
         if not artifact.is_file():
             raise BackendError(f"{self.name}: artifact {artifact} does not exist")
-        device = resolve_device(self.name, options.get("device", "cpu"))
-        precision = resolve_precision(self.name, options.get("precision", "fp32"), device, autocast=False)
-        threads = apply_threads(self.name, options.get("threads"))
+        device = resolve_device(self.name, opts.device)
+        precision = resolve_precision(self.name, opts.precision, device, autocast=False)
+        threads = apply_threads(opts.threads)
         try:
             model = torch._inductor.aoti_load_package(
                 str(artifact), device_index=device.index if device.index is not None else -1

@@ -26,11 +26,10 @@ from vlad.backend import Availability, Backend
 from vlad.contract import Contract
 from vlad.errors import BackendError, BackendUnavailable
 from vlad_torch.session import (
-    COMMON_OPTIONS,
+    TorchOptions,
     TorchSession,
     apply_threads,
     check_names,
-    check_options,
     resolve_device,
     resolve_precision,
     weights_precision,
@@ -73,13 +72,13 @@ class TorchBackend(Backend):
     def load(self, artifact: Path, contract: Contract, options: Mapping[str, Any] | None = None) -> TorchSession:
         """Load the program, move it to the requested device and check its signature."""
         options = dict(options or {})
-        check_options(self.name, options, COMMON_OPTIONS)
+        opts = TorchOptions.parse(self.name, options)
         require(self.availability())
         import torch
 
         artifact = Path(artifact)
-        device = resolve_device(self.name, options.get("device", "cpu"))
-        threads = apply_threads(self.name, options.get("threads"))
+        device = resolve_device(self.name, opts.device)
+        threads = apply_threads(opts.threads)
         try:
             program = torch.export.load(str(artifact))
         except FileNotFoundError as exc:
@@ -87,7 +86,7 @@ class TorchBackend(Backend):
         except Exception as exc:
             raise BackendError(f"{self.name}: {artifact} is not a torch.export program: {_first_line(exc)}") from exc
         weights = weights_precision(program.state_dict.values())
-        precision = resolve_precision(self.name, options.get("precision", "fp32"), device, weights=weights)
+        precision = resolve_precision(self.name, opts.precision, device, weights=weights)
         names = check_names(
             self.name, "inputs", list(program.graph_signature.user_inputs), [s.name for s in contract.inputs]
         )

@@ -20,18 +20,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vlad.backend import MemoryStats, Session, SessionDescription, Timing, host_rss_bytes
+from vlad.backend import MemoryStats, Session, SessionDescription, Timing, host_rss_bytes, parse_options
 from vlad.contract import Contract
 from vlad.errors import BackendError
+from vlad.schema import bounded
 
 #: Options every torch session understands; anything else is refused (a typo must not
 #: silently fall back to a default).
-COMMON_OPTIONS = frozenset({"device", "threads", "precision"})
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 _AUTOCAST = {"fp16": "float16", "bf16": "bfloat16"}
 
@@ -113,11 +114,17 @@ def weights_precision(tensors: Any) -> str:
     return {frozenset({torch.bfloat16}): "bf16", frozenset({torch.float16}): "fp16"}.get(frozenset(kinds), "fp32")
 
 
-def check_options(backend: str, options: Mapping[str, Any], known: frozenset[str]) -> None:
-    """Refuse option keys this backend does not know."""
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise BackendError(f"{backend}: unknown option(s) {unknown}; known: {sorted(known)}")
+@dataclass(frozen=True)
+class TorchOptions:
+    """The options of the ``torch`` and ``torch-aoti`` backends (:func:`vlad.backend.parse_options`)."""
+
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
+    threads: int | None = field(default=None, metadata=bounded(1))  # torch intra-op threads (process-wide)
+    precision: str = "fp32"  # checked against the device and the weights by resolve_precision
+
+    @classmethod
+    def parse(cls, backend: str, options: Mapping[str, Any] | None) -> TorchOptions:
+        return parse_options(backend, cls, options)
 
 
 def resolve_device(backend: str, requested: str) -> Any:
@@ -144,7 +151,7 @@ def resolve_device(backend: str, requested: str) -> Any:
     return device
 
 
-def apply_threads(backend: str, threads: Any) -> int:
+def apply_threads(threads: int | None) -> int:
     """Set torch's intra-op thread count if asked; returns the count in effect.
 
     ``torch.set_num_threads`` is process-wide: the last session loaded wins. On a loaded
@@ -154,8 +161,6 @@ def apply_threads(backend: str, threads: Any) -> int:
     import torch
 
     if threads is not None:
-        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-            raise BackendError(f"{backend}: option threads must be a positive integer, got {threads!r}")
         torch.set_num_threads(threads)
     return torch.get_num_threads()
 
