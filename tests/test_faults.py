@@ -21,11 +21,11 @@ import pytest
 from vlad.testing import PERIOD_S, ControllerSim, Received, load_golden, max_gap, start_daemon, write_fault_rig
 
 # What "no gap" is checked as on a shared 2-core test machine: a chunk at least every 3
-# control periods (+10 ms). The daemon bridges a silent policy after 1.5 periods (measured
-# max gap 31-42 ms, also beside a 2-process CPU hog; docs/benchmarks.md); the rest is
-# scheduling jitter: one fresh-clone CI run saw 67.5 ms while the whole suite ran. Each
-# chunk is valid for 8 periods, so the controller always holds a valid command; without
-# bridging the gap would last until the inference deadline moved down the chain.
+# control periods (+10 ms). The daemon bridges a silent policy after 1.5 periods (longest
+# gap between chunks 21-35 ms on a quiet machine: docs/benchmarks.md, "Hot-swap"); the rest
+# is scheduling jitter while the whole suite runs beside it. Each chunk is valid for 8
+# periods, so the controller always holds a valid command; without bridging the gap would
+# last until the inference deadline moved down the chain.
 MAX_GAP_S = 3 * PERIOD_S + 0.01
 
 
