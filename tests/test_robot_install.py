@@ -118,5 +118,8 @@ sys.exit(vladctl_main(["gate", "manifests/demo", "--baseline", "manifests/demo",
 """
     out = _run_blocked(code)
     assert out.returncode == 1, out.stderr  # a gate failed (in error), the report is written
-    assert "equivalence: this needs torch, which is not installed here: pip install 'vlad[gates]'" in out.stdout + out.stderr
+    assert (
+        "equivalence: this needs torch, which is not installed here: pip install 'vlad[gates]'"
+        in out.stdout + out.stderr
+    )
     assert (tmp_path / "report.json").is_file() or any(tmp_path.iterdir())
