@@ -526,6 +526,37 @@ def _opened_paths(monkeypatch) -> list[str]:
     return seen
 
 
+def test_update_hashes_parses_the_manifest_before_it_opens_a_file(release, monkeypatch):
+    """Authoring reads hand-edited manifests: a malformed one gets problems (never a crash),
+    and a path outside the release or a symbolic link is refused before anything is opened."""
+    from vlad.release.authoring import refresh_hashes
+
+    doc = read_manifest_document(release)
+    for edit, problem in [
+        (lambda d: d["artifacts"].__setitem__(0, "x"), "artifacts[0]: expected a table, got a string"),
+        (lambda d: d["artifacts"][0].pop("path"), "artifacts[0].path: missing"),
+        (lambda d: d.__setitem__("contract", "x"), "contract: expected a table, got a string"),
+        (lambda d: d["gates"].__setitem__(0, 1), "gates[0]: expected a table, got an integer"),
+        (lambda d: d["artifacts"][0].update(path="../../etc/hostname"), "must be a plain relative path inside"),
+    ]:
+        data = json.loads(json.dumps(doc, default=str))
+        edit(data)
+        opened = _opened_paths(monkeypatch)
+        with pytest.raises(ManifestError, match=re.escape(problem)):
+            refresh_hashes(data, release)
+        assert opened == []
+        monkeypatch.undo()
+    stale = json.loads(json.dumps(doc, default=str))
+    for a in stale["artifacts"]:
+        a.update(size=1, sha256="")
+    stale["gates"][0]["sha256"] = ""
+    assert refresh_hashes(stale, release) == json.loads(json.dumps(doc, default=str))
+    (release / "model_config.json").unlink()
+    (release / "model_config.json").symlink_to(release / "eval.json")
+    with pytest.raises(ManifestError, match="model_config.json: cannot hash: .*symbolic link"):
+        refresh_hashes(doc, release)
+
+
 def test_symlinked_subfolder_is_refused_before_anything_behind_it_is_opened(tmp_path, keys, monkeypatch):
     """An artifact in a sub-folder that is later swapped for a link to a folder outside
     (holding an identical file): verification refuses the link and opens nothing outside."""
