@@ -102,7 +102,6 @@ ROLES: tuple[str, ...] = typing.get_args(Role)
 FALLBACK_KINDS: tuple[str, ...] = typing.get_args(FallbackKind)
 CHANGE_KINDS: tuple[str, ...] = typing.get_args(ChangeKind)
 GATES: tuple[str, ...] = typing.get_args(GateName)
-MEMORY_SOURCES: tuple[str, ...] = typing.get_args(MemorySource)
 # Release ids name directories in the store; "active"/"previous" are its pointers.
 RELEASE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 RESERVED_IDS = ("active", "previous", "current")
@@ -223,7 +222,7 @@ CANARY_DEFAULTS: dict[str, float | int] = asdict(CanaryPolicy())
 @dataclass(frozen=True, slots=True)
 class MemoryNeed:
     """``[memory]``: what the release needs loaded and warm, in bytes, on the host and on
-    the device (0: none there), and where the figure comes from (``MEMORY_SOURCES``)."""
+    the device (0: none there), and where the figure comes from (``MemorySource``)."""
 
     host_bytes: int = field(metadata=schema.bounded(0))
     device_bytes: int = field(metadata=schema.bounded(0))
