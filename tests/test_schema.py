@@ -86,3 +86,20 @@ def test_a_partial_check_sees_past_a_broken_item_and_a_plain_check_does_not():
     plain = _problems(data, {Doc: lambda doc, path, problems: problems.append("ran")})
     assert "ran" not in plain and len(plain) == 2
     assert "ref: 'y' is not an item" not in _problems({**data, "ref": "y"}, {Doc: schema.on_partial(_refs_listed)})
+
+
+@dataclass(frozen=True)
+class Rate:
+    hz: float = field(metadata={"positive": True})
+    count: int = field(default=1, metadata={"positive": True})
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [({"hz": 0}, "hz: must be > 0, got 0.0"), ({"hz": 1, "count": -2}, "count: must be > 0, got -2")],
+)
+def test_positive_is_strictly_above_zero(data, problem):
+    with pytest.raises(Bad) as info:
+        schema.parse(Rate, data, "r", Bad)
+    assert info.value.problems == [problem]
+    assert schema.parse(Rate, {"hz": 1e-9}, "r", Bad).hz == 1e-9

@@ -13,7 +13,7 @@ options, whose values the owner checks). Unknown keys are problems with a "did y
 hint; a dataclass may name keys it refuses with a reason in a ``REFUSED_KEYS`` class
 variable (``{"signature": "signatures are detached ..."}``). Field metadata: ``internal``
 (not read from data), ``allow_empty``, ``max_len``, ``min`` / ``max`` bounds for numbers
-(:func:`bounded`), and for strings :func:`sha256` (64 lowercase hex digits) and
+(:func:`bounded`, inclusive), ``positive`` (a number > 0), and for strings :func:`sha256` (64 lowercase hex digits) and
 :func:`relpath` (a plain relative path inside a folder, not naming its reserved files).
 
 After a dataclass parsed, an optional check ``checks[cls](obj, path, problems)`` runs its
@@ -308,6 +308,9 @@ def relpath_problem(value: str, folder: str, reserved: tuple[str, ...] = ()) -> 
 
 
 def _bounded(value: Any, path: str, problems: list[str], meta: Any) -> Any:
+    if meta and meta.get("positive") and value <= 0:
+        problems.append(f"{path}: must be > 0, got {value}")
+        return BROKEN
     if meta:
         lo, hi = meta.get("min"), meta.get("max")
         if lo is not None and value < lo:
