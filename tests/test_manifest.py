@@ -158,6 +158,82 @@ def test_every_problem_is_reported_at_once(release):
         assert needle in text
 
 
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda d: d.update(signature="abc"), "signature: signatures are detached (manifest.sig)"),
+        (lambda d: d.update(format="vlad.manifest/2"), "format: unsupported format 'vlad.manifest/2'"),
+        (lambda d: d["artifacts"][0].update(path="manifest.sig"), "artifacts[0].path: 'manifest.sig' is one of"),
+        (lambda d: d["artifacts"][0].update(sha256="AB" * 32), "artifacts[0].sha256: expected 64 lowercase hex"),
+        (lambda d: d["artifacts"].append(dict(d["artifacts"][0])), "artifacts[5].path: duplicate artifact"),
+        (lambda d: d["contract"].update(path="eval.json"), "contract.path: artifact 'eval.json' has role 'report'"),
+        (lambda d: d["release"].update(id="active"), "release.id: 'active' must match"),
+        (lambda d: d["release"].update(expires=T0), "release.expires: must be later than release.not_before"),
+        (lambda d: d["release"].update(version_code=-1), "release.version_code: must be >= 0, got -1"),
+        (lambda d: d.update(fallback=[{"kind": "policy"}, {"kind": "hold"}]), "fallback[0].release: a 'policy' entry"),
+        (lambda d: d.update(fallback=[{"kind": "hold", "release": "r0"}]), "fallback[0].release: only a 'policy'"),
+        (lambda d: d.update(lineage={"change": "lora_adapter", "parent": "r0"}), "lineage.adapter: a 'lora_adapter'"),
+        (lambda d: d["gates"][0].update(sha256="0" * 64), "gates[0].sha256: differs from artifact 'eval.json'"),
+        (lambda d: d["canary"].update(max_deadline_miss_rate=1.5), "canary.max_deadline_miss_rate: must be <= 1"),
+        (lambda d: d["backend"]["options"].update(intra_op_threads=-1), "backend.options.intra_op_threads: expected"),
+        (lambda d: d["backend"]["options"].update(providers="CPU"), "backend.options.providers: expected an array"),
+    ],
+)
+def test_each_rule_names_its_key(release, edit, problem):
+    data = read_manifest_document(release)
+    edit(data)
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(data, "m.toml")
+    assert len(info.value.problems) == 1 and info.value.problems[0].startswith(problem), info.value.problems
+
+
+def test_an_empty_artifact_list_is_refused_with_what_it_leaves_unlisted(release):
+    data = read_manifest_document(release)
+    data["artifacts"] = []
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(data, "m.toml")
+    assert info.value.problems == [
+        "artifacts: a release needs at least one artifact",
+        "contract.path: 'contract.toml' is not listed in [[artifacts]]",
+        "backend.artifact: 'policy.onnx' is not listed in [[artifacts]]",
+        "gates[0].report: 'eval.json' is not listed in [[artifacts]]",
+    ]
+
+
+def test_any_value_anywhere_gets_problems_never_a_crash(release):
+    """Every key of a real manifest replaced by a value of another kind, or removed: the
+    parser (its checks run on partly parsed data) answers with a ManifestError or a manifest."""
+    import random
+
+    doc = read_manifest_document(release)
+    doc["memory"] = {"host_bytes": 1, "device_bytes": 0, "source": "operator"}
+    doc["fallback"].insert(0, {"kind": "policy", "release": "r0"})
+    doc["lineage"].update(parent="r0", adapter="policy.onnx")
+    hostile = ["", "x", "../x", "manifest.toml", -1, 1.5, float("nan"), True, [], {}, [{}], [1], {"a": {}}, T0, "DEL"]
+
+    def keys(node, prefix=()):
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            yield (*prefix, k)
+            yield from keys(v, (*prefix, k))
+
+    rng = random.Random(24)
+    cases = [(k, v) for k in keys(doc) for v in hostile]
+    for path, value in rng.sample(cases, 400):
+        data = json.loads(json.dumps(doc, default=str))
+        node = data
+        for k in path[:-1]:
+            node = node[k]
+        if value == "DEL":
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+        try:
+            parse_manifest(data, "m.toml")
+        except ManifestError as exc:
+            assert exc.problems and all("\n" not in p for p in exc.problems)
+
+
 def test_paths_must_stay_inside_the_release(release):
     data = read_manifest_document(release)
     data["artifacts"][0]["path"] = "../etc/passwd"
@@ -448,6 +524,37 @@ def _opened_paths(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(os, "open", spy)
     return seen
+
+
+def test_update_hashes_parses_the_manifest_before_it_opens_a_file(release, monkeypatch):
+    """Authoring reads hand-edited manifests: a malformed one gets problems (never a crash),
+    and a path outside the release or a symbolic link is refused before anything is opened."""
+    from vlad.release.authoring import refresh_hashes
+
+    doc = read_manifest_document(release)
+    for edit, problem in [
+        (lambda d: d["artifacts"].__setitem__(0, "x"), "artifacts[0]: expected a table, got a string"),
+        (lambda d: d["artifacts"][0].pop("path"), "artifacts[0].path: missing"),
+        (lambda d: d.__setitem__("contract", "x"), "contract: expected a table, got a string"),
+        (lambda d: d["gates"].__setitem__(0, 1), "gates[0]: expected a table, got an integer"),
+        (lambda d: d["artifacts"][0].update(path="../../etc/hostname"), "must be a plain relative path inside"),
+    ]:
+        data = json.loads(json.dumps(doc, default=str))
+        edit(data)
+        opened = _opened_paths(monkeypatch)
+        with pytest.raises(ManifestError, match=re.escape(problem)):
+            refresh_hashes(data, release)
+        assert opened == []
+        monkeypatch.undo()
+    stale = json.loads(json.dumps(doc, default=str))
+    for a in stale["artifacts"]:
+        a.update(size=1, sha256="")
+    stale["gates"][0]["sha256"] = ""
+    assert refresh_hashes(stale, release) == json.loads(json.dumps(doc, default=str))
+    (release / "model_config.json").unlink()
+    (release / "model_config.json").symlink_to(release / "eval.json")
+    with pytest.raises(ManifestError, match="model_config.json: cannot hash: .*symbolic link"):
+        refresh_hashes(doc, release)
 
 
 def test_symlinked_subfolder_is_refused_before_anything_behind_it_is_opened(tmp_path, keys, monkeypatch):

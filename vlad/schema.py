@@ -10,11 +10,18 @@ Supported field types: ``str`` (non-empty unless ``metadata={"allow_empty": True
 nested dataclasses (from a table), ``datetime`` (TOML datetime or RFC 3339 string, with a
 UTC offset) and ``Mapping[str, Any]`` / ``dict[str, Any]`` (a free-form table, e.g. backend
 options, whose values the owner checks). Unknown keys are problems with a "did you mean"
-hint. Field metadata: ``internal`` (not read from data), ``allow_empty``, and ``min`` /
-``max`` bounds for numbers.
+hint; a dataclass may name keys it refuses with a reason in a ``REFUSED_KEYS`` class
+variable (``{"signature": "signatures are detached ..."}``). Field metadata: ``internal``
+(not read from data), ``allow_empty``, ``max_len``, ``min`` / ``max`` bounds for numbers
+(:func:`bounded`, inclusive), ``positive`` (a number > 0), and for strings :func:`sha256` (64 lowercase hex digits) and
+:func:`relpath` (a plain relative path inside a folder, not naming its reserved files).
 
 After a dataclass parsed, an optional check ``checks[cls](obj, path, problems)`` runs its
-cross-field rules. :func:`parse` raises ``error(source, problems)``.
+cross-field rules. A check marked with :func:`on_partial` also runs when part of the
+dataclass did not parse: it then receives a partial object whose broken or missing fields
+are None (a partial array holds None for its broken items), so a rule between sections
+still reports what it can see and every problem is listed at once. A partial object never
+leaves the parser. :func:`parse` raises ``error(source, problems)``.
 """
 
 from __future__ import annotations
@@ -23,20 +30,37 @@ import collections.abc
 import datetime as dt
 import difflib
 import math
+import re
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, Literal, TypeVar
 
 from vlad.errors import ProblemsError
+from vlad.files import FileRefused, relative_parts
 
 T = TypeVar("T")
 Check = Callable[[Any, str, list[str]], None]
 
-# Sentinel for a value that failed to parse; its problem is already recorded.
-BROKEN: Any = object()
+
+class Broken:
+    """A value that failed to parse; its problems are already recorded.
+
+    ``partial`` keeps what did parse (see the module docstring), None when nothing did.
+    """
+
+    __slots__ = ("partial",)
+
+    def __init__(self, partial: Any = None) -> None:
+        self.partial = partial
+
+
+# The plain failed value: nothing of it can be salvaged.
+BROKEN: Any = Broken()
 _HINTS: dict[type, dict[str, Any]] = {}
+_ON_PARTIAL: set[Check] = set()  # checks marked with on_partial()
 _UnionType = type(int | None)
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # TOML nests at most this deep in any of our files; deeper is hostile input.
 MAX_DEPTH = 32
 
@@ -49,7 +73,7 @@ def parse(
     if not isinstance(data, dict):
         raise error(source, [f"expected a table at top level, got {kind(data)}"])
     value = convert(cls, data, "", problems, checks=checks or {})
-    if problems or value is BROKEN:
+    if problems or isinstance(value, Broken):
         raise error(source, problems or ["invalid"])
     return typing.cast(T, value)
 
@@ -87,8 +111,17 @@ def parse_fields(
     cls: type, raw: Mapping[str, Any], path: str, problems: list[str], checks: Mapping[type, Check], depth: int = 0
 ) -> tuple[dict[str, Any], bool]:
     """Convert the keys of ``raw`` to ``cls``'s fields; returns (good values, all good)."""
+    values, _, complete = _parse_fields(cls, raw, path, problems, checks, depth)
+    return values, complete
+
+
+def _parse_fields(
+    cls: type, raw: Mapping[str, Any], path: str, problems: list[str], checks: Mapping[type, Check], depth: int
+) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(good values, partial values of the broken fields, all good)."""
     types = hints(cls)
     values: dict[str, Any] = {}
+    salvaged: dict[str, Any] = {}
     complete = True
     known = [f.name for f in fields(cls) if not f.metadata.get("internal") and f.init]
     for f in fields(cls):
@@ -108,17 +141,22 @@ def parse_fields(
                 complete = False
             continue
         value = convert(tp, raw[f.name], fpath, problems, f.metadata, checks, depth + 1)
-        if value is BROKEN:
+        if isinstance(value, Broken):
             complete = False
+            salvaged[f.name] = value.partial
         else:
             values[f.name] = value
+    refused: Mapping[str, str] = getattr(cls, "REFUSED_KEYS", {})
     for key in raw:
-        if key not in known:
+        if key in refused:
+            problems.append(f"{join(path, str(key))}: {refused[key]}")
+            complete = False
+        elif key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
             problems.append(f"{join(path, str(key))}: unknown key ({hint})")
             complete = False
-    return values, complete
+    return values, salvaged, complete
 
 
 def optional_arg(tp: Any) -> Any:
@@ -163,7 +201,9 @@ def convert(
             problems.append(f"{path}: expected an array, got {kind(value)}")
             return BROKEN
         items = [convert(item_tp, v, f"{path}[{i}]", problems, None, checks, depth + 1) for i, v in enumerate(value)]
-        return BROKEN if any(i is BROKEN for i in items) else tuple(items)
+        if any(isinstance(i, Broken) for i in items):
+            return Broken(tuple(i.partial if isinstance(i, Broken) else i for i in items))
+        return tuple(items)
     if origin in (dict, collections.abc.Mapping) or tp in (dict, Mapping):
         if not isinstance(value, dict):
             problems.append(f"{path}: expected a table, got {kind(value)}")
@@ -176,11 +216,14 @@ def convert(
         if not isinstance(value, dict):
             problems.append(f"{path}: expected a table, got {kind(value)}")
             return BROKEN
-        values, complete = parse_fields(typing.cast(type, tp), value, path, problems, checks, depth)
-        if not complete:
-            return BROKEN
-        obj = typing.cast(Callable[..., Any], tp)(**values)
+        values, salvaged, complete = _parse_fields(typing.cast(type, tp), value, path, problems, checks, depth)
         check = checks.get(typing.cast(type, tp))
+        if not complete:
+            partial = _partial(typing.cast(type, tp), {**values, **salvaged})
+            if partial is not None and check is not None and check in _ON_PARTIAL:
+                check(partial, path, problems)
+            return Broken(partial)
+        obj = typing.cast(Callable[..., Any], tp)(**values)
         if check is not None:
             check(obj, path, problems)
         return obj
@@ -197,6 +240,14 @@ def convert(
         if meta and meta.get("max_len") is not None and len(value) > meta["max_len"]:
             problems.append(f"{path}: longer than {meta['max_len']} characters")
             return BROKEN
+        if meta and meta.get("sha256") and not _SHA256_RE.fullmatch(value):
+            problems.append(f"{path}: expected 64 lowercase hex digits, got {value!r}")
+            return BROKEN
+        if meta and meta.get("relpath") is not None:
+            problem = relpath_problem(value, meta["relpath"], meta.get("reserved", ()))
+            if problem:
+                problems.append(f"{path}: {problem}")
+                return BROKEN
         return value
     if tp is bool:
         if not isinstance(value, bool):
@@ -236,7 +287,30 @@ def convert(
     raise TypeError(f"schema uses an unsupported type {tp!r} at {path}")
 
 
+def _partial(cls: type, values: Mapping[str, Any]) -> Any:
+    """``cls`` built from what parsed, None for every other field (None if it cannot be built)."""
+    kwargs = {f.name: values.get(f.name) for f in fields(cls) if f.init and not f.metadata.get("internal")}
+    try:
+        return typing.cast(Callable[..., Any], cls)(**kwargs)
+    except Exception:  # a __post_init__ refusing None: nothing to salvage, the problems stand
+        return None
+
+
+def relpath_problem(value: str, folder: str, reserved: tuple[str, ...] = ()) -> str | None:
+    """Why ``value`` is not a plain relative path inside ``folder`` naming none of ``reserved``."""
+    try:
+        relative_parts(value)
+    except FileRefused:
+        return f"must be a plain relative path inside {folder}, got {value!r}"
+    if value in reserved:
+        return f"{value!r} is one of the reserved files of {folder} ({', '.join(reserved)})"
+    return None
+
+
 def _bounded(value: Any, path: str, problems: list[str], meta: Any) -> Any:
+    if meta and meta.get("positive") and value <= 0:
+        problems.append(f"{path}: must be > 0, got {value}")
+        return BROKEN
     if meta:
         lo, hi = meta.get("min"), meta.get("max")
         if lo is not None and value < lo:
@@ -266,3 +340,21 @@ def _depth(value: Any, limit: int = MAX_DEPTH + 1) -> int:
 def bounded(lo: float | None = None, hi: float | None = None, **extra: Any) -> dict[str, Any]:
     """Field metadata for a number range: ``field(default=5, metadata=bounded(1))``."""
     return {"min": lo, "max": hi, **extra}
+
+
+def sha256(**extra: Any) -> dict[str, Any]:
+    """Field metadata for a hex sha256 digest: ``field(metadata=sha256())``."""
+    return {"sha256": True, **extra}
+
+
+def relpath(folder: str, reserved: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
+    """Field metadata for a file named by a plain relative path inside ``folder`` (no ``..``,
+    ``.``, empty component, leading ``/`` or backslash), none of the ``reserved`` names."""
+    return {"relpath": folder, "reserved": reserved, **extra}
+
+
+def on_partial(check: Check) -> Check:
+    """Mark ``check`` to run also on a partial object (see the module docstring): its rules
+    must read every field as possibly None."""
+    _ON_PARTIAL.add(check)
+    return check

@@ -91,8 +91,8 @@ def test_a_data_file_that_is_not_a_plain_toml_file_is_a_one_line_error(tmp_path)
             '[tpu]\ntflops = { fp7 = 1, fp16 = 0, bf16 = "x" }\nmemory_gb = 8\nbandwidth_gb_s = 100\n'
             "[npu]\ntflops = {}\nmemory_gb = 8\nbandwidth_gb_s = 100\n",
             [
-                "conventions.bytes_per_gb: must be > 0, got 0",
-                "gpu.bandwidth_gb_s: must be > 0, got -1",
+                "conventions.bytes_per_gb: must be > 0, got 0.0",
+                "gpu.bandwidth_gb_s: must be > 0, got -1.0",
                 "gpu.bandwith: unknown key (did you mean 'bandwidth_gb_s'?)",
                 "npu.tflops: no compute peak given",
                 "tpu.tflops.bf16: expected a number, got a string",
@@ -104,10 +104,10 @@ def test_a_data_file_that_is_not_a_plain_toml_file_is_a_one_line_error(tmp_path)
             planner.load_network_file,
             "[conventions]\njpeg_ratio = 0\n[lan]\nupload_mbps = 0\ndownload_mbps = true\nlatency_ms = -1\n",
             [
-                "conventions.jpeg_ratio: must be > 0, got 0",
+                "conventions.jpeg_ratio: must be > 0, got 0.0",
                 "lan.download_mbps: expected a number, got a boolean",
                 "lan.latency_ms: must be >= 0, got -1.0",
-                "lan.upload_mbps: must be > 0, got 0",
+                "lan.upload_mbps: must be > 0, got 0.0",
             ],
         ),
     ],

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
@@ -35,8 +34,7 @@ BYTES_PER_ELEMENT = {
 }
 # A precision missing from a hardware table may use another of the same width and kind.
 _ALIASES = {"bf16": ("fp16",), "fp16": ("bf16",), "tf32": ("fp32",), "fp32": ("tf32",)}
-# Field metadata of the files' numbers: counts >= 0, and sizes and rates > 0 (checked by
-# _not_positive: the schema's bounds are inclusive).
+# Field metadata of the files' numbers: counts >= 0, and sizes and rates > 0.
 _AT_LEAST_0 = schema.bounded(0)
 _TEXT = {"allow_empty": True}
 
@@ -481,30 +479,9 @@ _CHECKS: dict[type, schema.Check] = {
 
 
 def _convert(cls: type, raw: Any, path: str, problems: list[str]) -> Any:
-    """``raw`` as ``cls`` by the schema, and the > 0 rule of its fields; None if broken."""
+    """``raw`` as ``cls`` by the schema; None if broken."""
     value = schema.convert(cls, raw, path, problems, checks=_CHECKS)
-    _not_positive(cls, raw, path, problems)
     return value if isinstance(value, cls) else None
-
-
-def _not_positive(cls: type, raw: Any, path: str, problems: list[str]) -> None:
-    """A problem for each number <= 0 in a field of ``cls`` (or of its nested tables) made
-    with :func:`_positive`, read off the raw table so that it is listed with the table's
-    other problems, whatever they are."""
-    if not isinstance(raw, dict):
-        return
-    types = schema.hints(cls)
-    for f in dataclasses.fields(cls):
-        value, where, tp = raw.get(f.name), schema.join(path, f.name), types[f.name]
-        if f.metadata.get("positive"):
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value <= 0:
-                problems.append(f"{where}: must be > 0, got {value}")
-        elif dataclasses.is_dataclass(tp):
-            _not_positive(typing.cast(type, tp), value, where, problems)
-        elif typing.get_origin(tp) is tuple and isinstance(value, list):
-            item = typing.get_args(tp)[0]
-            for i, v in enumerate(value if dataclasses.is_dataclass(item) else ()):
-                _not_positive(item, v, f"{where}[{i}]", problems)
 
 
 def _by_kind(kinds: Mapping[str, type], raw: Any, path: str, problems: list[str]) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 
 from vlad import tomlwrite
 from vlad.errors import VladError
-from vlad.files import hash_file, parse_toml
+from vlad.files import hash_fd, hash_file, open_beneath, parse_toml
 from vlad.release.manifest import (
     CANARY_DEFAULTS,
     MANIFEST_FILE,
@@ -161,26 +161,52 @@ def new_manifest_data(
 def refresh_hashes(data: Mapping[str, Any], release_dir: str | Path) -> dict[str, Any]:
     """A copy of manifest ``data`` with artifact sizes/hashes, contract and gate hashes recomputed.
 
-    Raises :class:`ManifestError` naming every listed artifact that is missing.
+    ``data`` is first parsed like any manifest, its sizes and hashes aside (they may be
+    stale or empty: that is what is recomputed), so what it names is known to be a plain
+    path inside the folder before a file is opened. Files are opened beneath the folder,
+    never through a symbolic link. Raises :class:`ManifestError` listing every problem of
+    ``data`` or, once it parses, every listed artifact that cannot be hashed.
     """
     root = Path(release_dir)
     out: dict[str, Any] = copy.deepcopy(dict(data))
+    manifest = parse_manifest(_without_hashes(out), str(root / MANIFEST_FILE))
     problems, hashes = [], {}
-    for a in out.get("artifacts", []):
+    for entry, a in zip(out["artifacts"], manifest.artifacts, strict=True):
         try:
-            a["size"], a["sha256"] = hash_file(root / a["path"])
-            hashes[a["path"]] = a["sha256"]
+            fd = open_beneath(root, a.path)
+            try:
+                entry["size"], entry["sha256"] = hash_fd(fd)
+            finally:
+                os.close(fd)
+            hashes[a.path] = entry["sha256"]
         except (OSError, VladError) as exc:
-            problems.append(f"{a.get('path')}: cannot hash: {getattr(exc, 'strerror', None) or exc}")
+            problems.append(f"{a.path}: cannot hash: {getattr(exc, 'strerror', None) or exc}")
     if problems:
         raise ManifestError(str(root), problems)
-    contract = out.get("contract", {})
-    if contract.get("path"):
-        contract["sha256"] = _contract_sha256(root, contract["path"])
-    for g in out.get("gates", []):
-        if g.get("report") in hashes:
-            g["sha256"] = hashes[g["report"]]
+    out["contract"]["sha256"] = _contract_sha256(root, manifest.contract.path)
+    for entry, g in zip(out.get("gates", []), manifest.gates, strict=True):
+        entry["sha256"] = hashes[g.report]  # the parse checked that every report is listed
     return out
+
+
+# Stands in for every size and sha256 that refresh_hashes recomputes, so that parsing
+# judges all the rest of the data (any well-formed digest would do).
+_PLACEHOLDER = {"size": 0, "sha256": "0" * 64}
+
+
+def _without_hashes(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of manifest ``data`` whose sizes and hashes are placeholders (see refresh_hashes)."""
+    probe = copy.deepcopy(dict(data))
+    artifacts, gates = probe.get("artifacts"), probe.get("gates")
+    for entry in artifacts if isinstance(artifacts, list) else []:
+        if isinstance(entry, dict):
+            entry.update(_PLACEHOLDER)
+    for entry in gates if isinstance(gates, list) else []:
+        if isinstance(entry, dict):
+            entry["sha256"] = _PLACEHOLDER["sha256"]
+    if isinstance(probe.get("contract"), dict):
+        probe["contract"]["sha256"] = _PLACEHOLDER["sha256"]
+    return probe
 
 
 _TABLE_ORDER = ("release", "contract", "backend", "runtime", "lineage", "canary", "memory", "gate_plan")

@@ -1,7 +1,8 @@
 """The release manifest: what one release is, artifact by artifact.
 
-A manifest is ``manifest.toml`` in the release folder (format ``vlad.release.manifest/1``,
-documented in docs/releases.md), parsed once into frozen dataclasses. It names the
+A manifest is ``manifest.toml`` in the release folder (format ``vlad.manifest/1``,
+documented in docs/releases.md), parsed once by the one schema parser (:mod:`vlad.schema`)
+into the frozen dataclasses below, the rules between fields being its checks. It names the
 contract (by path and the sha256 of its canonical bytes), every artifact with size,
 sha256 and role, the backend and its options, the runtime it was validated on, the
 fallback chain, the lineage (parent release, change kind), the gate evidence, the canary
@@ -31,11 +32,13 @@ import hashlib
 import json
 import math
 import re
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
+from vlad import schema
 from vlad.backend import PRECISIONS
 from vlad.errors import ProblemsError, VladError
 from vlad.files import FileRefused, parse_toml, read_bytes, read_bytes_beneath
@@ -77,7 +80,7 @@ SIGNATURE_FILE = "manifest.sig"
 # and the detached signature is written after the manifest.
 RESERVED_FILES = (MANIFEST_FILE, SIGNATURE_FILE)
 
-ROLES = (
+Role = Literal[
     "model",
     "tokenizer",
     "contract",
@@ -90,24 +93,25 @@ ROLES = (
     "report",
     "fixture",  # golden fixtures the gates check against (docs/gates.md)
     "recording",  # sensor recordings (MCAP) the gates replay
-)
-FALLBACK_KINDS = ("previous_release", "policy", "hold")
-CHANGE_KINDS = ("retrain", "quantization", "distillation", "lora_adapter", "export_only")
-GATES = ("contract", "equivalence", "performance", "closed_loop")
-RUNTIME_KEYS = ("python", "torch", "onnxruntime", "tensorrt", "cuda", "gpu")
-CANARY_DEFAULTS: dict[str, float | int] = {
-    "window_s": 600.0,
-    "max_deadline_miss_rate": 0.01,
-    "max_interventions": 0,
-    "max_divergence": 0.05,
-    "max_heartbeat_faults": 3,
-}
+]
+FallbackKind = Literal["previous_release", "policy", "hold"]
+ChangeKind = Literal["retrain", "quantization", "distillation", "lora_adapter", "export_only"]
+GateName = Literal["contract", "equivalence", "performance", "closed_loop"]
+MemorySource = Literal["planner", "performance-gate", "operator"]
+ROLES: tuple[str, ...] = typing.get_args(Role)
+FALLBACK_KINDS: tuple[str, ...] = typing.get_args(FallbackKind)
+CHANGE_KINDS: tuple[str, ...] = typing.get_args(ChangeKind)
+GATES: tuple[str, ...] = typing.get_args(GateName)
 # Release ids name directories in the store; "active"/"previous" are its pointers.
 RELEASE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 RESERVED_IDS = ("active", "previous", "current")
 # A real manifest is a few KiB; anything near this is not a manifest.
 MAX_MANIFEST_BYTES = 1 << 20
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+# Field metadata of every file a manifest names: a plain relative path inside the release
+# folder, never the manifest or its signature.
+_FILE = schema.relpath("the release folder", RESERVED_FILES)
+_SHA256 = schema.sha256()
 
 
 class ManifestError(ProblemsError):
@@ -115,6 +119,8 @@ class ManifestError(ProblemsError):
 
 
 # ---- the typed manifest ---------------------------------------------------------------
+# Parsed by vlad.schema from these type hints and field metadata; the rules between
+# fields are the checks in CHECKS below.
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +129,7 @@ class ReleaseInfo:
 
     id: str
     version: str
-    version_code: int
+    version_code: int = field(metadata=schema.bounded(0))
     not_before: dt.datetime
     expires: dt.datetime
     description: str = ""
@@ -133,18 +139,18 @@ class ReleaseInfo:
 class ContractRef:
     """``[contract]``: the contract file and the sha256 of its canonical bytes."""
 
-    path: str
-    sha256: str
+    path: str = field(metadata=_FILE)
+    sha256: str = field(metadata=_SHA256)
 
 
 @dataclass(frozen=True, slots=True)
 class Artifact:
     """One ``[[artifacts]]`` entry: a file of the release, relative to its folder."""
 
-    path: str
-    role: str
-    size: int
-    sha256: str
+    path: str = field(metadata=_FILE)
+    role: Role
+    size: int = field(metadata=schema.bounded(0))
+    sha256: str = field(metadata=_SHA256)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +158,7 @@ class BackendSpec:
     """``[backend]``: backend plugin name, the artifact it loads, options passed as is."""
 
     name: str
-    artifact: str
+    artifact: str = field(metadata=_FILE)
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -168,11 +174,14 @@ class RuntimeSpec:
     gpu: str | None = None
 
 
+RUNTIME_KEYS = tuple(f.name for f in fields(RuntimeSpec))
+
+
 @dataclass(frozen=True, slots=True)
 class FallbackEntry:
     """One ``[[fallback]]`` step; ``release`` (id or path) only for kind ``policy``."""
 
-    kind: str
+    kind: FallbackKind
     release: str | None = None
 
 
@@ -180,19 +189,19 @@ class FallbackEntry:
 class Lineage:
     """``[lineage]``: where this release comes from; every derived model is a release."""
 
-    change: str
+    change: ChangeKind
     parent: str | None = None
-    adapter: str | None = None
-    calibration: str | None = None
+    adapter: str | None = field(default=None, metadata=_FILE)
+    calibration: str | None = field(default=None, metadata=_FILE)
 
 
 @dataclass(frozen=True, slots=True)
 class GateEvidence:
     """One ``[[gates]]`` entry: a release gate, its report artifact and the verdict."""
 
-    gate: str
-    report: str
-    sha256: str
+    gate: GateName
+    report: str = field(metadata=_FILE)
+    sha256: str = field(metadata=_SHA256)
     passed: bool
 
 
@@ -200,27 +209,27 @@ class GateEvidence:
 class CanaryPolicy:
     """``[canary]``: observation window and the thresholds that abort a canary."""
 
-    window_s: float
-    max_deadline_miss_rate: float
-    max_interventions: int
-    max_divergence: float
-    max_heartbeat_faults: int
+    window_s: float = field(default=600.0, metadata=schema.bounded(0))
+    max_deadline_miss_rate: float = field(default=0.01, metadata=schema.bounded(0, 1))
+    max_interventions: int = field(default=0, metadata=schema.bounded(0))
+    max_divergence: float = field(default=0.05, metadata=schema.bounded(0))
+    max_heartbeat_faults: int = field(default=3, metadata=schema.bounded(0))
+
+
+CANARY_DEFAULTS: dict[str, float | int] = asdict(CanaryPolicy())
 
 
 @dataclass(frozen=True, slots=True)
 class MemoryNeed:
     """``[memory]``: what the release needs loaded and warm, in bytes, on the host and on
-    the device (0: none there), and where the figure comes from (``MEMORY_SOURCES``)."""
+    the device (0: none there), and where the figure comes from (``MemorySource``)."""
 
-    host_bytes: int
-    device_bytes: int
-    source: str
-
-
-MEMORY_SOURCES = ("planner", "performance-gate", "operator")
+    host_bytes: int = field(metadata=schema.bounded(0))
+    device_bytes: int = field(metadata=schema.bounded(0))
+    source: MemorySource
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Manifest:
     """A validated release manifest. Build it with :func:`load_manifest`.
 
@@ -228,21 +237,25 @@ class Manifest:
     Neither takes part in equality.
     """
 
+    REFUSED_KEYS: ClassVar[Mapping[str, str]] = {
+        "signature": "signatures are detached (manifest.sig), not part of the manifest"
+    }
+
     format: str
     release: ReleaseInfo
     contract: ContractRef
-    artifacts: tuple[Artifact, ...]
+    artifacts: tuple[Artifact, ...] = ()  # empty is refused by the check, with its reason
     backend: BackendSpec
-    runtime: RuntimeSpec
-    fallback: tuple[FallbackEntry, ...]
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+    fallback: tuple[FallbackEntry, ...] = ()  # so is a chain that does not end in "hold"
     lineage: Lineage
-    gates: tuple[GateEvidence, ...]
-    canary: CanaryPolicy
+    gates: tuple[GateEvidence, ...] = ()
+    canary: CanaryPolicy = field(default_factory=CanaryPolicy)
     # The release's own gate plan (docs/gates.md), checked by vlad.gates.plan when used.
     gate_plan: Mapping[str, Any] | None = None
     memory: MemoryNeed | None = None  # None: the release does not say (the daemon estimates)
-    document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    path: Path | None = field(default=None, compare=False, repr=False)
+    document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False, metadata={"internal": True})
+    path: Path | None = field(default=None, compare=False, repr=False, metadata={"internal": True})
 
     @property
     def id(self) -> str:
@@ -404,276 +417,37 @@ def load_manifest(path: str | Path) -> Manifest:
     return parse_manifest(read_manifest_document(path), str(path), path=path.resolve())
 
 
-class _Table:
-    """Typed access to one TOML table that records problems instead of raising."""
-
-    def __init__(self, raw: Any, path: str, problems: list[str]) -> None:
-        self.path, self.problems = path, problems
-        if raw is None:  # the table itself is missing; that problem is already recorded
-            raw = {}
-        elif not isinstance(raw, dict):
-            problems.append(f"{path or 'manifest'}: expected a table, got {type(raw).__name__}")
-            raw = {}
-        self.raw, self.used = raw, set[str]()
-
-    def _key(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def get(self, key: str, types: type | tuple[type, ...], required: bool = True) -> Any:
-        self.used.add(key)
-        if key not in self.raw:
-            if required:
-                self.problems.append(f"{self._key(key)}: missing")
-            return None
-        value = self.raw[key]
-        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-            ok = False  # `true` is an int to Python, never a meaningful number here
-        else:
-            ok = isinstance(value, types)
-        if not ok:
-            names = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
-            self.problems.append(f"{self._key(key)}: expected {names}, got {type(value).__name__} {value!r}")
-            return None
-        if isinstance(value, str) and not value.strip():
-            self.problems.append(f"{self._key(key)}: must not be empty")
-            return None
-        if isinstance(value, float) and not math.isfinite(value):
-            self.problems.append(f"{self._key(key)}: must be finite")
-            return None
-        return value
-
-    def choice(self, key: str, allowed: tuple[str, ...], required: bool = True) -> Any:
-        value = self.get(key, str, required)
-        if value is not None and value not in allowed:
-            self.problems.append(f"{self._key(key)}: unknown value {value!r} (known: {', '.join(allowed)})")
-            return None
-        return value
-
-    def sha256(self, key: str) -> Any:
-        value = self.get(key, str)
-        if value is not None and not _SHA256_RE.fullmatch(value):
-            self.problems.append(f"{self._key(key)}: expected 64 lowercase hex digits, got {value!r}")
-            return None
-        return value
-
-    def time(self, key: str) -> Any:
-        value = self.get(key, (dt.datetime, str))
-        if isinstance(value, str):
-            try:
-                value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-            except ValueError:
-                self.problems.append(f"{self._key(key)}: not an RFC 3339 timestamp: {value!r}")
-                return None
-        if isinstance(value, dt.datetime) and value.tzinfo is None:
-            self.problems.append(f"{self._key(key)}: needs a UTC offset (e.g. 2025-01-01T00:00:00Z)")
-            return None
-        return value.astimezone(dt.UTC) if value is not None else None
-
-    def relpath(self, key: str, required: bool = True) -> Any:
-        value = self.get(key, str, required)
-        if value is not None:
-            problem = _relpath_problem(value)
-            if problem:
-                self.problems.append(f"{self._key(key)}: {problem}")
-                return None
-        return value
-
-    def array(self, key: str) -> list[Any]:
-        value = self.get(key, list, required=False)
-        return value or []
-
-    def finish(self) -> None:
-        for key in self.raw:
-            if key not in self.used:
-                self.problems.append(f"{self._key(key)}: unknown key")
-
-
-def _relpath_problem(value: str) -> str | None:
-    p = PurePosixPath(value)
-    if p.is_absolute() or "\\" in value or value != str(p) or any(part in ("..", ".") for part in p.parts):
-        return f"must be a plain relative path inside the release folder, got {value!r}"
-    if value in RESERVED_FILES:
-        return f"{value!r} is not an artifact"
-    return None
-
-
 def parse_manifest(data: Any, source: str = "<manifest>", *, path: Path | None = None) -> Manifest:
     """Validate TOML-shaped ``data`` and build a :class:`Manifest`.
 
     Raises :class:`ManifestError` listing every problem (missing or unknown keys, bad
     values, references to artifacts that are not listed, inconsistent lineage or gates).
     """
-    problems: list[str] = []
-    top = _Table(data, "", problems)
-    fmt = top.get("format", str)
-    if fmt is not None and fmt != MANIFEST_FORMAT:
-        problems.append(f"format: unsupported format {fmt!r} (this vlad reads: {MANIFEST_FORMAT})")
-    if "signature" in top.raw:
-        top.used.add("signature")
-        problems.append("signature: signatures are detached (manifest.sig), not part of the manifest")
+    manifest = schema.parse(Manifest, data, source, ManifestError, CHECKS)
+    return replace(manifest, document=data, path=path)
 
-    t = _Table(top.get("release", dict), "release", problems)
-    release = ReleaseInfo(
-        id=t.get("id", str),
-        version=t.get("version", str),
-        version_code=t.get("version_code", int),
-        not_before=t.time("not_before"),
-        expires=t.time("expires"),
-        description=t.get("description", str, required=False) or "",
-    )
-    t.finish()
-    if release.id is not None and (not RELEASE_ID_RE.fullmatch(release.id) or release.id in RESERVED_IDS):
+
+# ---- rules between fields (vlad.schema checks) ----------------------------------------
+
+
+def _check_release(r: ReleaseInfo, path: str, problems: list[str]) -> None:
+    if r.id is not None and (not RELEASE_ID_RE.fullmatch(r.id) or r.id in RESERVED_IDS):
         problems.append(
-            f"release.id: {release.id!r} must match {RELEASE_ID_RE.pattern} and not be one of {', '.join(RESERVED_IDS)}"
+            f"{path}.id: {r.id!r} must match {RELEASE_ID_RE.pattern} and not be one of {', '.join(RESERVED_IDS)}"
         )
-    if release.version_code is not None and release.version_code < 0:
-        problems.append(f"release.version_code: must be >= 0, got {release.version_code}")
-    if release.not_before and release.expires and release.expires <= release.not_before:
-        problems.append("release.expires: must be later than release.not_before")
-
-    t = _Table(top.get("contract", dict), "contract", problems)
-    contract = ContractRef(path=t.relpath("path"), sha256=t.sha256("sha256"))
-    t.finish()
-
-    artifacts: list[Artifact] = []
-    for i, raw in enumerate(top.array("artifacts")):
-        t = _Table(raw, f"artifacts[{i}]", problems)
-        a = Artifact(
-            path=t.relpath("path"), role=t.choice("role", ROLES), size=t.get("size", int), sha256=t.sha256("sha256")
-        )
-        t.finish()
-        if a.size is not None and a.size < 0:
-            problems.append(f"artifacts[{i}].size: must be >= 0")
-        artifacts.append(a)
-    if not artifacts:
-        problems.append("artifacts: a release needs at least one artifact")
-    by_path: dict[str, Artifact] = {}
-    for i, a in enumerate(artifacts):
-        if a.path in by_path:
-            problems.append(f"artifacts[{i}].path: duplicate artifact {a.path!r}")
-        by_path.setdefault(a.path, a)
-
-    def listed(ref: str | None, where: str, role: tuple[str, ...] | None = None) -> None:
-        if ref is None:
-            return
-        if ref not in by_path:
-            problems.append(f"{where}: {ref!r} is not listed in [[artifacts]]")
-        elif role and by_path[ref].role not in role:
-            problems.append(f"{where}: artifact {ref!r} has role {by_path[ref].role!r}, expected {' or '.join(role)}")
-
-    listed(contract.path, "contract.path", ("contract",))
-
-    t = _Table(top.get("backend", dict), "backend", problems)
-    options = t.get("options", dict, required=False) or {}
-    backend = BackendSpec(name=t.get("name", str), artifact=t.relpath("artifact"), options=options)
-    t.finish()
-    _check_options(options, problems)
-    listed(backend.artifact, "backend.artifact")
-
-    t = _Table(top.get("runtime", dict, required=False) or {}, "runtime", problems)
-    runtime = RuntimeSpec(**{k: t.get(k, str, required=False) for k in RUNTIME_KEYS})
-    t.finish()
-
-    fallback: list[FallbackEntry] = []
-    for i, raw in enumerate(top.array("fallback")):
-        t = _Table(raw, f"fallback[{i}]", problems)
-        kind = t.choice("kind", FALLBACK_KINDS)
-        ref = t.get("release", str, required=kind == "policy")
-        t.finish()
-        if kind != "policy" and ref is not None:
-            problems.append(f"fallback[{i}].release: only a 'policy' entry names a release")
-        fallback.append(FallbackEntry(kind=kind, release=ref))
-    # The chain must end in a posture that needs no model: an exhausted chain has
-    # nowhere else to go, and entries after "hold" could never be reached.
-    kinds = [f.kind for f in fallback]
-    if not fallback or kinds[-1] != "hold":
-        problems.append('fallback: the chain must end with {kind = "hold"}')
-    if "hold" in kinds[:-1]:
-        problems.append("fallback: entries after the first 'hold' can never be reached")
-
-    t = _Table(top.get("lineage", dict), "lineage", problems)
-    lineage = Lineage(
-        change=t.choice("change", CHANGE_KINDS),
-        parent=t.get("parent", str, required=False),
-        adapter=t.relpath("adapter", required=False),
-        calibration=t.relpath("calibration", required=False),
-    )
-    t.finish()
-    if lineage.change not in (None, "retrain") and lineage.parent is None:
-        problems.append(f"lineage.parent: a {lineage.change!r} release derives from a parent; name it")
-    if lineage.change == "lora_adapter" and lineage.adapter is None:
-        problems.append("lineage.adapter: a 'lora_adapter' release names its adapter artifact")
-    listed(lineage.adapter, "lineage.adapter", ("adapter",))
-    listed(lineage.calibration, "lineage.calibration", ("calibration",))
-
-    gates: list[GateEvidence] = []
-    for i, raw in enumerate(top.array("gates")):
-        t = _Table(raw, f"gates[{i}]", problems)
-        g = GateEvidence(
-            gate=t.choice("gate", GATES),
-            report=t.relpath("report"),
-            sha256=t.sha256("sha256"),
-            passed=t.get("passed", bool),
-        )
-        t.finish()
-        listed(g.report, f"gates[{i}].report", ("report",))
-        if g.report in by_path and g.sha256 and by_path[g.report].sha256 != g.sha256:
-            problems.append(f"gates[{i}].sha256: differs from artifact {g.report!r}")
-        gates.append(g)
-
-    t = _Table(top.get("canary", dict, required=False) or {}, "canary", problems)
-    canary_values: dict[str, Any] = {}
-    for key, default in CANARY_DEFAULTS.items():
-        value = t.get(key, (int, float) if isinstance(default, float) else int, required=False)
-        value = default if value is None else value
-        if not math.isfinite(value):
-            problems.append(f"canary.{key}: must be a finite number, got {value}")
-            value = default
-        elif value < 0:
-            problems.append(f"canary.{key}: must be >= 0, got {value}")
-        canary_values[key] = float(value) if isinstance(default, float) else value
-    t.finish()
-    if not 0 <= canary_values["max_deadline_miss_rate"] <= 1:
-        problems.append("canary.max_deadline_miss_rate: a rate, must be within [0, 1]")
-
-    gate_plan = top.get("gate_plan", dict, required=False)
-
-    memory = None
-    if "memory" in top.raw:
-        t = _Table(top.get("memory", dict), "memory", problems)
-        host, device = t.get("host_bytes", int), t.get("device_bytes", int)
-        source = t.choice("source", MEMORY_SOURCES)
-        t.finish()
-        for key, value in (("host_bytes", host), ("device_bytes", device)):
-            if value is not None and value < 0:
-                problems.append(f"memory.{key}: must be >= 0, got {value}")
-        memory = MemoryNeed(host, device, source)
-
-    top.finish()
-    if problems:
-        raise ManifestError(source, problems)
-    return Manifest(
-        format=fmt,
-        release=release,
-        contract=contract,
-        artifacts=tuple(artifacts),
-        backend=backend,
-        runtime=runtime,
-        fallback=tuple(fallback),
-        lineage=lineage,
-        gates=tuple(gates),
-        canary=CanaryPolicy(**canary_values),
-        gate_plan=gate_plan,
-        memory=memory,
-        document=data,
-        path=path,
-    )
+    if r.not_before is not None and r.expires is not None and r.expires <= r.not_before:
+        problems.append(f"{path}.expires: must be later than {path}.not_before")
 
 
-def _check_options(options: Mapping[str, Any], problems: list[str]) -> None:
+def _check_backend(b: BackendSpec, path: str, problems: list[str]) -> None:
+    if b.options is not None:
+        _check_options(b.options, problems, path)
+
+
+def _check_options(options: Mapping[str, Any], problems: list[str], path: str = "backend") -> None:
     """Options go to the backend as is; the well-known ones are type-checked here."""
     for key, value in options.items():
-        where = f"backend.options.{key}"
+        where = f"{path}.options.{key}"
         if isinstance(value, float) and not math.isfinite(value):
             problems.append(f"{where}: must be a finite number")
         elif isinstance(value, (dict, dt.datetime, dt.date, dt.time)):
@@ -684,3 +458,80 @@ def _check_options(options: Mapping[str, Any], problems: list[str]) -> None:
             problems.append(f"{where}: expected an array of provider names, in preference order")
         elif key == "precision" and value not in PRECISIONS:
             problems.append(f"{where}: unknown precision {value!r} (known: {', '.join(PRECISIONS)})")
+
+
+def _check_fallback_entry(f: FallbackEntry, path: str, problems: list[str]) -> None:
+    if f.kind == "policy" and f.release is None:
+        problems.append(f"{path}.release: a 'policy' entry names the release (id or path) to fall back to")
+    elif f.kind != "policy" and f.release is not None:
+        problems.append(f"{path}.release: only a 'policy' entry names a release")
+
+
+def _check_lineage(ln: Lineage, path: str, problems: list[str]) -> None:
+    if ln.change != "retrain" and ln.parent is None:
+        problems.append(f"{path}.parent: a {ln.change!r} release derives from a parent; name it")
+    if ln.change == "lora_adapter" and ln.adapter is None:
+        problems.append(f"{path}.adapter: a 'lora_adapter' release names its adapter artifact")
+
+
+def _check_manifest(m: Manifest, path: str, problems: list[str]) -> None:
+    """The rules between sections. Also runs on a partial manifest (a section that did not
+    parse is None, an array's broken entry is None), so they report what they can see."""
+    if m.format is not None and m.format != MANIFEST_FORMAT:
+        problems.append(f"format: unsupported format {m.format!r} (this vlad reads: {MANIFEST_FORMAT})")
+
+    if m.artifacts == ():
+        problems.append("artifacts: a release needs at least one artifact")
+    by_path: dict[str, Artifact] = {}
+    for i, a in enumerate(m.artifacts or ()):
+        if a is None or a.path is None:
+            continue
+        if a.path in by_path:
+            problems.append(f"artifacts[{i}].path: duplicate artifact {a.path!r}")
+        by_path.setdefault(a.path, a)
+
+    # An entry whose path did not parse may be the one a reference names: then "not
+    # listed" would be a guess, and the entry's own problem is already reported.
+    every_path = m.artifacts is not None and all(a is not None and a.path is not None for a in m.artifacts)
+
+    def listed(ref: str | None, where: str, roles: tuple[str, ...] = ()) -> None:
+        if ref is None:
+            return
+        a = by_path.get(ref)
+        if a is None:
+            if every_path:
+                problems.append(f"{where}: {ref!r} is not listed in [[artifacts]]")
+        elif roles and a.role is not None and a.role not in roles:
+            problems.append(f"{where}: artifact {ref!r} has role {a.role!r}, expected {' or '.join(roles)}")
+
+    if m.contract is not None:
+        listed(m.contract.path, "contract.path", ("contract",))
+    if m.backend is not None:
+        listed(m.backend.artifact, "backend.artifact")
+    if m.lineage is not None:
+        listed(m.lineage.adapter, "lineage.adapter", ("adapter",))
+        listed(m.lineage.calibration, "lineage.calibration", ("calibration",))
+    for i, g in enumerate(m.gates or ()):
+        if g is None:
+            continue
+        listed(g.report, f"gates[{i}].report", ("report",))
+        if g.report in by_path and g.sha256 is not None and by_path[g.report].sha256 not in (None, g.sha256):
+            problems.append(f"gates[{i}].sha256: differs from artifact {g.report!r}")
+
+    # The chain must end in a posture that needs no model: an exhausted chain has
+    # nowhere else to go, and entries after "hold" could never be reached.
+    if m.fallback is not None:
+        kinds = [f.kind if f is not None else None for f in m.fallback]
+        if not kinds or kinds[-1] != "hold":
+            problems.append('fallback: the chain must end with {kind = "hold"}')
+        if "hold" in kinds[:-1]:
+            problems.append("fallback: entries after the first 'hold' can never be reached")
+
+
+CHECKS: dict[type, schema.Check] = {
+    ReleaseInfo: schema.on_partial(_check_release),
+    BackendSpec: schema.on_partial(_check_backend),
+    FallbackEntry: _check_fallback_entry,
+    Lineage: _check_lineage,
+    Manifest: schema.on_partial(_check_manifest),
+}
