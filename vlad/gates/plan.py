@@ -35,17 +35,18 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from vlad import schema
 from vlad.backend import PRECISIONS
 from vlad.errors import ProblemsError
 from vlad.files import FileRefused, load_toml, relative_parts
+from vlad.release.manifest import GateName
 
 __all__ = ["DEFAULT_BUDGETS", "PRECISIONS", "GatePlan", "PlanError", "load_plan", "parse_plan"]
 
 #: A gate's name, as ``required`` lists them (vlad.gates.results.GATE_ORDER, in its order).
-Gate = Literal["contract", "equivalence", "performance", "closed_loop"]
+Gate = GateName  # the gate names a manifest records evidence for
 # Every count, rate and limit of a plan is >= 0.
 _AT_LEAST_0 = schema.bounded(0)
 # Filled in by parse_plan itself, not read by the schema (see _budgets, _candidates).
