@@ -138,3 +138,27 @@ def test_a_release_plan_naming_files_outside_the_release_is_refused(tmp_path):
     text = str(exc.value)
     assert "equivalence.golden: '../../elsewhere/golden.npz' lies outside the release folder" in text
     assert "equivalence.recordings[0]: 'unlisted.mcap' is not an artifact of the release" in text
+
+
+def test_recording_refuses_a_malformed_report_or_manifest_in_one_line(tmp_path):
+    """A report without its candidate, or a manifest whose artifact entry lost its path, is a
+    one-line error (GateError / ManifestError), never a KeyError from deep inside."""
+    from vlad import tomlwrite
+    from vlad.gates.evidence import record_evidence
+    from vlad.gates.results import REPORT_FORMAT, GateError
+    from vlad.release.manifest import ManifestError
+
+    release, reports = tmp_path / "release", tmp_path / "reports"
+    shutil.copytree(candidates.DEMO, release)
+    reports.mkdir()
+    (reports / "report.json").write_text(json.dumps({"format": REPORT_FORMAT, "gates": []}))
+    with pytest.raises(GateError, match="not a vlad gate report"):
+        record_evidence(release, reports)
+
+    report = {"format": REPORT_FORMAT, "gates": [], "candidate": {"path": str(release), "artifacts": {}}}
+    (reports / "report.json").write_text(json.dumps(report))
+    doc = _doc(release)
+    del doc["artifacts"][0]["path"]
+    (release / "manifest.toml").write_text(tomlwrite.dumps(doc))  # unvalidated, as a hand edit would
+    with pytest.raises(ManifestError, match=r"artifacts\[0\].path: missing"):
+        record_evidence(release, reports)

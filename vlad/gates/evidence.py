@@ -57,7 +57,7 @@ def record_evidence(release_dir: str | Path, report_dir: str | Path) -> list[dic
     Sign the release again afterwards (``vladctl sign``).
     """
     from vlad.release.authoring import refresh_hashes, write_manifest
-    from vlad.release.manifest import read_manifest_document
+    from vlad.release.manifest import MANIFEST_FILE, parse_manifest, read_manifest_document
 
     root, src = Path(release_dir), Path(report_dir)
     report_path = src / "report.json"
@@ -67,12 +67,20 @@ def record_evidence(release_dir: str | Path, report_dir: str | Path) -> list[dic
         raise GateError(f"{report_path}: cannot read the gate report ({exc}); run `vladctl gate` first") from None
     if not isinstance(report, dict) or report.get("format") != REPORT_FORMAT:
         raise GateError(f"{report_path}: not a vlad gate report")
-    tested = Path(report["candidate"]["path"]).resolve()
+    candidate = report.get("candidate")
+    if (
+        not isinstance(candidate, dict)
+        or not isinstance(candidate.get("path"), str)
+        or not isinstance(candidate.get("artifacts"), dict)
+    ):
+        raise GateError(f"{report_path}: not a vlad gate report (no candidate path and artifacts)")
+    tested = Path(candidate["path"]).resolve()
     if tested != root.resolve():
         raise GateError(f"{report_path} judged {tested}, not {root.resolve()}: record a release's own report")
     doc = read_manifest_document(root)
+    parse_manifest(doc, str(root / MANIFEST_FILE))  # every key below is then known to be there
     current = {a["path"]: a["sha256"] for a in doc.get("artifacts", [])}
-    changed = [p for p, sha in report["candidate"]["artifacts"].items() if current.get(p) != sha]
+    changed = [p for p, sha in candidate["artifacts"].items() if current.get(p) != sha]
     if changed:
         raise GateError(f"the release changed since it was gated ({', '.join(changed)}): run the gates again")
     ran = {gate: status for gate, status in report_verdicts(report).items() if status != "skipped"}
