@@ -13,8 +13,12 @@ Who runs where (docs/DESIGN): the **serving thread** (:mod:`vlad.serving.loop`) 
 observation socket and runs the hot path; the **e-stop thread** (:mod:`vlad.daemon.safety`)
 gates the publisher; the **cadence thread** keeps holds going out; the **event loop** runs
 ``control`` (vladctl), ``status``, ``health`` (monitors -> fallback decisions), ``watchdog``
-and ``endpoints``; signals are handled by :func:`serve` around all of it. Release operations live in :mod:`vlad.daemon.releases`, the chain in
-:mod:`vlad.daemon.chain`, control commands in :mod:`vlad.daemon.control`.
+and ``endpoints``; signals are handled by :func:`serve` around all of it. Release
+operations live in :mod:`vlad.daemon.releases`, the chain in :mod:`vlad.daemon.chain`, the
+control server and its commands in :mod:`vlad.daemon.control`, the status in
+:mod:`vlad.daemon.status`. Those components receive the parts they use (the control
+server a :class:`~vlad.daemon.control.ControlPort`), never the :class:`Daemon`: only this
+module and the CLI that starts it know it.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from vlad.daemon.safety import EStop
 from vlad.daemon.sockets import Gatekeeper, Principal, bind, load_curve, prepare_ipc
 from vlad.daemon.systemd import Notifier
 from vlad.daemon.tap import Tap, tap_endpoint
-from vlad.errors import StartupError, VladError
+from vlad.errors import StartupError
 from vlad.health.base import Finding, HealthView, InFlight, Monitor, Sensor
 from vlad.health.state import State, StateMachine
 from vlad.logs import context as log_context
@@ -91,6 +95,8 @@ class Daemon:
         status_sock: zmq.asyncio.Socket,
         served: Callable[[LoadedPolicy, str], ServedPolicy],
         realtime_report: dict[str, Any],
+        tap: Tap | None,
+        endpoint_processes: endpoints.Endpoints,
     ) -> None:
         self.cfg = cfg
         self.notifier = notifier
@@ -105,32 +111,56 @@ class Daemon:
         self.cadence = cadence
         self.estop = estop
         self.gatekeeper = gatekeeper
-        self.control_sock = control_sock
         self.status_sock = status_sock
-        self.realtime_report = realtime_report
+        self.tap = tap  # the recording tap (vlad.daemon.tap), when it has an endpoint
+        self.endpoints = endpoint_processes
         self.contract: Contract = chain.release.loaded.contract
         self.period_ns = int(self.contract.timing.control_period_ms * 1e6)
+        heartbeat_limit_ns = cfg.monitors.heartbeat_missing_periods * self.period_ns
         self.releases = ReleaseManager(cfg, chain, publisher, state, served)
-        self.started_ns = time.monotonic_ns()
-        self.rates = status.Rates()
-        self.findings: list[Finding] = []
-        self.readings: dict[str, float] = {}
-        self.control_rejected: Counter[str] = Counter()
+        self.health_out = status.HealthReadout()  # the last health tick's findings and readings
+        control_rejected: Counter[str] = Counter()
+        # The components on the event loop get the parts they use, never the Daemon.
+        self.status_model = status.StatusModel(
+            chain=chain,
+            state=state,
+            intake=intake,
+            publisher=publisher,
+            guard=guard,
+            stats=stats,
+            cadence=cadence,
+            loop=loop,
+            estop=estop,
+            gatekeeper=gatekeeper,
+            releases=self.releases,
+            health=self.health_out,
+            control_rejected=control_rejected,
+            endpoints=endpoint_processes,
+            tap=tap,
+            control_period_ms=self.contract.timing.control_period_ms,
+            heartbeat_limit_ns=heartbeat_limit_ns,
+            realtime_report=realtime_report,
+        )
+        controls = control.DaemonControls(
+            releases=self.releases,
+            status=self.status_model.build,
+            state=state,
+            health=chain.health,
+            controllers=intake.controllers,
+            heartbeat_limit_ns=heartbeat_limit_ns,
+        )
+        self.control = control.ControlServer(control_sock, cfg.sockets, controls, control_rejected)
         self.status_seq = 0
-        self.tap: Tap | None = None  # the recording tap (vlad.daemon.tap), when it has an endpoint
-        self.tallies = status.Tallies(self.started_ns)  # cumulative figures the status carries
-        self.endpoints = endpoints.Endpoints({})  # the endpoint processes (set by assemble)
         self.state_before_estop = State.ACTIVE
         self._health: tuple[list[Sensor], list[Monitor]] | None = None
         self._health_prev: dict[str, Any] = {}  # the previous tick's counters (windows)
-        self._release_lock = anyio.Lock()
 
     # -- the event loop ----------------------------------------------------------------------
 
     async def main_loop(self) -> None:
         async with anyio.create_task_group() as tg:
             for name, fn in (
-                ("control", self._control_task),
+                ("control", self.control.run),
                 ("status", self._status_task),
                 ("health", self._health_task),
                 ("watchdog", self._watchdog_task),
@@ -161,92 +191,10 @@ class Daemon:
                 pass
             log.info("stopped")
 
-    # -- control ---------------------------------------------------------------------------
-
-    async def _control_task(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Control requests on a ROUTER socket (REQ clients see plain REP behaviour), each
-        answered in its own task so ``status`` answers while a deploy warms a release.
-        Bounded: at most ``control_in_flight_per_peer`` per peer and ``control_in_flight``
-        in all; beyond that a request is answered "busy" at once, never queued."""
-        s = self.cfg.sockets
-        in_flight: Counter[bytes] = Counter()
-        async with anyio.create_task_group() as tg:
-            task_status.started()
-            while True:
-                frames = await self.control_sock.recv_multipart()
-                delimiter = frames.index(b"", 1) if b"" in frames[1:] else 0
-                if not delimiter:
-                    self.control_rejected["malformed"] += 1  # not a REQ envelope: nothing to answer
-                    continue
-                envelope, body, peer = frames[: delimiter + 1], frames[delimiter + 1 :], frames[0]
-                if len(body) != 1:  # a REQ peer that sent a multipart request: answer, never leave it waiting
-                    self.control_rejected["malformed"] += 1
-                    await self._reply(
-                        envelope,
-                        protocol.encode_reply(
-                            False, error=f"malformed: a control request is one frame, got {len(body)}"
-                        ),
-                    )
-                    continue
-                frame = body[0]
-                if in_flight[peer] >= s.control_in_flight_per_peer or sum(in_flight.values()) >= s.control_in_flight:
-                    self.control_rejected["busy"] += 1
-                    await self._reply(
-                        envelope, protocol.encode_reply(False, error="busy: too many requests in flight; try again")
-                    )
-                    continue
-                in_flight[peer] += 1
-                tg.start_soon(self._answer, envelope, frame, peer, in_flight)
-
-    async def _answer(self, envelope: list[bytes], frame: bytes, peer: bytes, in_flight: Counter[bytes]) -> None:
-        s = self.cfg.sockets
-        try:
-            try:
-                cmd, args = control.parse_request(frame)
-                if cmd.release_op:
-                    # Release operations run one at a time and to the end once started
-                    # (cancelling a half-loaded release would leak it); only the wait for
-                    # the lock is bounded.
-                    with anyio.fail_after(s.release_op_timeout_s):
-                        await self._release_lock.acquire()
-                    try:
-                        result = await cmd.handler(self, args)
-                    finally:
-                        self._release_lock.release()
-                else:
-                    with anyio.fail_after(s.control_timeout_s):
-                        result = await cmd.handler(self, args)
-                reply = protocol.encode_reply(True, result)
-            except TimeoutError:
-                self.control_rejected["timeout"] += 1
-                reply = protocol.encode_reply(False, error="timed out; the daemon is busy, try again")
-            except VladError as exc:
-                self.control_rejected[control.error_reason(exc)] += 1
-                reply = protocol.encode_reply(False, error=str(exc))
-            except OSError as exc:  # the file system said no (a path, permissions): a refusal, not a bug
-                self.control_rejected["refused"] += 1
-                where = f" ({exc.filename})" if exc.filename else ""
-                reply = protocol.encode_reply(False, error=f"refused: {exc.strerror or exc}{where}")
-            except Exception:  # a bug: answered and logged, never the end of the daemon
-                self.control_rejected["internal_error"] += 1
-                log.exception("control request failed")
-                reply = protocol.encode_reply(False, error="internal error (see the daemon's log)")
-            await self._reply(envelope, reply)
-        finally:
-            in_flight[peer] -= 1
-            if in_flight[peer] <= 0:
-                del in_flight[peer]
-
-    async def _reply(self, envelope: list[bytes], reply: bytes) -> None:
-        try:
-            await self.control_sock.send_multipart([*envelope, reply], flags=zmq.NOBLOCK)
-        except zmq.Again:
-            self.control_rejected["reply_dropped"] += 1  # the peer does not read its replies
-
     # -- status ----------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        return status.build(self)
+        return self.status_model.build()
 
     async def _status_task(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         period = 1.0 / self.cfg.serve.status_hz
@@ -290,7 +238,7 @@ class Daemon:
             await anyio.sleep(max(300_000, min(wake, deadline) - now) / 1e9)
 
     async def _publish_status(self) -> None:
-        self.tallies.fold(self)
+        self.status_model.fold()
         st = self.status()
         if self.tap is not None and self.tap.subscribed:
             self.tap.tick(st, self.state.recent(100))
@@ -381,7 +329,7 @@ class Daemon:
             socket_read_ns=self.loop.read_ns,
             in_flight=_in_flight(self.loop),
             hang_timeout_ns=self.cfg.serve.hang_timeout_ns,
-            readings=self.readings,
+            readings=self.health_out.readings,
             backend_stats={p.id: p.served.session.stats() for p in self.chain.policies},
             release_dir=self.chain.release.loaded.folder,
             artifacts=self.chain.release.loaded.artifacts,
@@ -390,7 +338,7 @@ class Daemon:
         return view
 
     async def _decide(self, findings: list[Finding], readings: dict[str, float]) -> None:
-        self.findings, self.readings = findings, readings
+        self.health_out.findings, self.health_out.readings = findings, readings
         health = self.chain.health
         before = health.active
         decision = health.update(findings, time.monotonic_ns())
@@ -642,6 +590,8 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         lambda engaged, reason: daemon_ref[0].estop_changed(engaged, reason) if daemon_ref else None,
     )
     cadence = HoldKeeper(loop, period_ns)
+    # The openpi and metrics endpoints: child processes on the daemon's own sockets.
+    endpoint_processes = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve)
     daemon = Daemon(
         cfg,
         notifier=notifier,
@@ -660,15 +610,15 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         status_sock=status_sock,
         served=served,
         realtime_report=_realtime_report(cfg),
+        tap=tap,
+        endpoint_processes=endpoint_processes,
     )
     daemon_ref.append(daemon)
     if tap is not None:  # the recording tap: fed from what the serving path already holds
-        daemon.tap, loop.tap, publisher.tap = tap, tap.observation, tap.actions
+        loop.tap, publisher.tap = tap.observation, tap.actions
         tap.start()
         stack.callback(tap.stop)
-    # The openpi and metrics endpoints: child processes on the daemon's own sockets.
-    daemon.endpoints = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve)
-    stack.push_async_callback(daemon.endpoints.stop)
+    stack.push_async_callback(endpoint_processes.stop)
     notifier.status("starting the endpoint processes")
     await daemon.endpoints.start()
     await daemon.first_decision()  # e.g. a remote release unreachable at start: FALLBACK from the start
