@@ -339,19 +339,15 @@ class Daemon:
 
     async def _decide(self, findings: list[Finding], readings: dict[str, float]) -> None:
         self.health_out.findings, self.health_out.readings = findings, readings
-        health = self.chain.health
-        before = health.active
-        decision = health.update(findings, time.monotonic_ns())
-        if decision.target != before:
-            health.active = before
-            self.chain.serve(decision.target)
+        decision = self.chain.follow_health(findings, time.monotonic_ns())
         self._unstick()
         await self.releases.check_canary(findings)
-        if health.active != decision.target:  # a canary abort swapped back meanwhile
+        active = self.chain.active
+        if active != decision.target:  # a canary abort swapped back meanwhile
             decision = dataclasses.replace(
                 decision,
-                target=health.active,
-                state=State.ACTIVE if health.active == 0 else State.FALLBACK,
+                target=active,
+                state=State.ACTIVE if active == 0 else State.FALLBACK,
                 reason="canary aborted: previous release restored",
             )
         if self.estop.engaged:
