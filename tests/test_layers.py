@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # robot and model are what the gates drive; its release builder and its runner sit on top).
 LAYERS: list[tuple[str, ...]] = [
     ("vlad", "vlad.errors"),  # the package root holds only __version__
-    ("vlad.files", "vlad.schema", "vlad.logs", "vlad.tomlwrite"),
+    ("vlad.files", "vlad.schema", "vlad.logs", "vlad.tomlwrite", "vlad.threads"),
     ("vlad.config", "vlad.contract"),
     ("vlad.processing", "vlad.backend", "vlad.protocol", "vlad.hookspecs", "vlad.plugins"),
     (
