@@ -73,7 +73,10 @@ SMALL_MESSAGE = 4096  # largest frame a peer may send on the action, status and 
 
 
 class Daemon:
-    """The running supervisor. Built by :func:`assemble`; every part is given, none optional."""
+    """The running supervisor. Built by :func:`assemble`; every part is given, none optional.
+
+    It hands each component the parts that component uses (see the module doc) and keeps
+    what its own tasks need: the status socket, the watchdog's threads, shutdown."""
 
     def __init__(
         self,
@@ -81,7 +84,6 @@ class Daemon:
         *,
         notifier: Notifier,
         state: StateMachine,
-        ctx: zmq.Context,
         chain: PolicyChain,
         loop: ServingLoop,
         publisher: Publisher,
@@ -101,16 +103,10 @@ class Daemon:
         self.cfg = cfg
         self.notifier = notifier
         self.state = state
-        self.ctx = ctx
         self.chain = chain
         self.loop = loop
-        self.publisher = publisher
-        self.intake = intake
-        self.guard = guard
-        self.stats = stats
         self.cadence = cadence
         self.estop = estop
-        self.gatekeeper = gatekeeper
         self.status_sock = status_sock
         self.tap = tap  # the recording tap (vlad.daemon.tap), when it has an endpoint
         self.endpoints = endpoint_processes
@@ -423,7 +419,6 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         cfg,
         notifier=notifier,
         state=state,
-        ctx=ctx,
         chain=chain,
         loop=loop,
         publisher=publisher,
