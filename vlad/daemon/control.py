@@ -120,26 +120,17 @@ class ControlPort(Protocol):
     def resume(self, who: str, why: str) -> dict[str, Any]: ...
 
 
+@dataclass(eq=False, kw_only=True)
 class DaemonControls:
     """The :class:`ControlPort` of the running daemon, built by the supervisor from the
     parts the commands touch."""
 
-    def __init__(
-        self,
-        *,
-        releases: ReleaseOps,
-        status: Callable[[], dict[str, Any]],
-        state: StateMachine,
-        health: HealthPolicy,
-        controllers: Controllers,
-        heartbeat_limit_ns: int,
-    ) -> None:
-        self.releases = releases
-        self.status = status
-        self.state = state
-        self.health = health
-        self.controllers = controllers
-        self.heartbeat_limit_ns = heartbeat_limit_ns
+    releases: ReleaseOps
+    status: Callable[[], dict[str, Any]]
+    state: StateMachine
+    health: HealthPolicy
+    controllers: Controllers
+    heartbeat_limit_ns: int
 
     def events(self, limit: int) -> list[dict[str, Any]]:
         return [e.to_dict() for e in self.state.recent(limit)]

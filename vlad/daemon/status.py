@@ -146,52 +146,34 @@ class HealthReadout:
     readings: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(eq=False, kw_only=True)
 class StatusModel:
     """The status: built from the components it reports on, given by the supervisor."""
 
-    def __init__(
-        self,
-        *,
-        chain: PolicyChain,
-        state: StateMachine,
-        intake: Intake,
-        publisher: Publisher,
-        guard: ActionGuard,
-        stats: LatencyStats,
-        cadence: HoldKeeper,
-        loop: ServingLoop,
-        estop: EStop,
-        gatekeeper: Gatekeeper,
-        releases: ReleaseManager,
-        health: HealthReadout,
-        control_rejected: Mapping[str, int],
-        endpoints: Endpoints,
-        tap: Tap | None,
-        control_period_ms: float,
-        heartbeat_limit_ns: int,
-        realtime_report: dict[str, Any],
-    ) -> None:
-        self.chain = chain
-        self.state = state
-        self.intake = intake
-        self.publisher = publisher
-        self.guard = guard
-        self.stats = stats
-        self.cadence = cadence
-        self.loop = loop
-        self.estop = estop
-        self.gatekeeper = gatekeeper
-        self.releases = releases
-        self.health = health
-        self.control_rejected = control_rejected
-        self.endpoints = endpoints
-        self.tap = tap
-        self.control_period_ms = control_period_ms
-        self.heartbeat_limit_ns = heartbeat_limit_ns
-        self.realtime_report = realtime_report
-        self.started_ns = time.monotonic_ns()
-        self.rates = Rates()
-        self.tallies = Tallies(self.started_ns)  # cumulative figures the status carries
+    chain: PolicyChain
+    state: StateMachine
+    intake: Intake
+    publisher: Publisher
+    guard: ActionGuard
+    stats: LatencyStats
+    cadence: HoldKeeper
+    loop: ServingLoop
+    estop: EStop
+    gatekeeper: Gatekeeper
+    releases: ReleaseManager
+    health: HealthReadout
+    control_rejected: Mapping[str, int]
+    endpoints: Endpoints
+    tap: Tap | None
+    control_period_ms: float
+    heartbeat_limit_ns: int
+    realtime_report: dict[str, Any]
+    started_ns: int = field(init=False, default_factory=time.monotonic_ns)
+    rates: Rates = field(init=False, default_factory=Rates)
+    tallies: Tallies = field(init=False)  # cumulative figures the status carries
+
+    def __post_init__(self) -> None:
+        self.tallies = Tallies(self.started_ns)
 
     def fold(self) -> None:
         """Fold what the latency windows and the event history gained into the tallies
