@@ -1,8 +1,9 @@
 """What ``vladctl status`` shows and the status socket publishes: one JSON-able dict.
 
 :class:`StatusModel` builds it from the components it reports on, which the supervisor
-hands it (the chain, the serving parts, the release manager, the e-stop ...). Built on the event loop from snapshots of the serving thread's counters (no locks on the
-hot path). The ``counters`` map keeps the flat names earlier versions published
+hands it (the chain, the serving parts, the release manager, the e-stop ...). Built on the
+event loop from snapshots of the serving thread's counters (no locks on the hot path). The
+``counters`` map keeps the flat names earlier versions published
 (``published``, ``stale``, ``superseded``, ``rejected`` by reason ...), so dashboards and
 scripts keep working; ``policies`` has every loaded policy's own counters.
 
