@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # robot and model are what the gates drive; its release builder and its runner sit on top).
 LAYERS: list[tuple[str, ...]] = [
     ("vlad", "vlad.errors"),  # the package root holds only __version__
-    ("vlad.files", "vlad.schema", "vlad.logs", "vlad.tomlwrite"),
+    ("vlad.files", "vlad.schema", "vlad.logs", "vlad.tomlwrite", "vlad.threads"),
     ("vlad.config", "vlad.contract"),
     ("vlad.processing", "vlad.backend", "vlad.protocol", "vlad.hookspecs", "vlad.plugins"),
     (
@@ -164,6 +164,23 @@ def test_no_import_cycles_at_import_time():
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
+ENTRY_POINT = "vlad.daemon.supervisor"  # the Daemon's module: `vlad serve` starts it
+
+
+def entry_point_importers(modules: dict[str, Path]) -> list[str]:
+    """Modules other than the CLI that import the supervisor, at any level."""
+    return sorted(
+        m for m in modules if m != "vlad.cli" and not m.startswith("vlad.cli.") and ENTRY_POINT in imports(modules, m)
+    )
+
+
+def test_only_the_cli_imports_the_supervisor():
+    """The daemon's components (status, control, releases, endpoints, compat) receive the
+    parts they use, never the whole ``Daemon``: only the CLI that starts it may import it."""
+    importers = entry_point_importers(MODULES)
+    assert not importers, f"{', '.join(importers)} import {ENTRY_POINT}: give them a narrow port instead"
+
+
 def test_plugins_use_only_the_plugin_facing_layers():
     """The backend plugins build on the plugin API (errors, contract, backend, hookspecs, the
     health interface), never on the daemon, the release store or the CLI: a plugin must
@@ -209,6 +226,7 @@ def test_the_checks_see_violations(tmp_path):
         "vlad.errors (layer 0) imports vlad.daemon.supervisor (layer 6)",
     ]
     assert import_cycle(modules) == ["vlad.cli.main", "vlad.daemon.supervisor", "vlad.cli.main"]
+    assert entry_point_importers(modules) == ["vlad.errors"]  # the CLI's import is the allowed one
 
 
 # -- nothing in vlad executes code that came with a model ------------------------------------

@@ -60,14 +60,13 @@ def _code_reasons() -> tuple[set[str], set[str]]:
 
     observations |= set(INPUT_REASONS) - {"stale"}
     observations |= set(re.findall(r'ProtocolError\(\s*"(\w+)"', (vlad / "health" / "liveness.py").read_text()))
-    supervisor = (vlad / "daemon" / "supervisor.py").read_text()
     control_src = (vlad / "daemon" / "control.py").read_text()
     request_path = (
         protocol[protocol.index("def _unpack") : protocol.index("def is_version")]
         + protocol[protocol.index("def check_text") : protocol.index("def decode(")]
         + protocol[protocol.index("def decode_request") : protocol.index("def encode_reply")]
     )
-    control = set(re.findall(r'control_rejected\["(\w+)"\]', supervisor))
+    control = set(re.findall(r'self\.rejected\["(\w+)"\]', control_src))
     control |= set(re.findall(r'return "(\w+)"', control_src[control_src.index("def error_reason") :]))
     control |= set(re.findall(r'ProtocolError\(\s*"(\w+)"', control_src + request_path))
     # nothing else in vlad/ produces a reason

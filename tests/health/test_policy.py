@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vlad.health.base import Finding
-from vlad.health.policy import HealthPolicy
+from vlad.health.policy import HealthPolicy, Standing, decide
 from vlad.health.state import State, StateMachine
 from vlad.serving.counters import HOLD, PolicyId
 
@@ -117,3 +121,61 @@ def test_each_controller_is_its_own_fault_episode(policy):
     policy.update([a], NOW)
     policy.update([a, b], NOW + 1)
     assert [e.reason for e in policy.events.events if e.kind == "fault"] == ["a gone", "b gone"]
+
+
+# -- the decision as a pure function -----------------------------------------------------------
+
+C = PolicyId("fallback2", "c@1")
+CHAIN = (A, B, C, HOLD)
+SCOPES = ("policy", "system", "controller", "input")
+
+findings_strategy = st.lists(
+    st.builds(
+        Finding,
+        monitor=st.sampled_from(("m1", "m2")),
+        code=st.sampled_from(("nonfinite_output", "temperature_high", "sensor_stall")),
+        severity=st.sampled_from(("fault", "warn")),
+        scope=st.sampled_from(SCOPES),
+        message=st.sampled_from(("x", "y")),
+        policy=st.sampled_from((None, A, B, C, PolicyId("release", "gone@0"))),
+        healthy_window_ns=st.sampled_from((None, 0, 5)),
+    ),
+    max_size=5,
+)
+standing_strategy = st.builds(
+    Standing,
+    chain=st.just(CHAIN),
+    active=st.integers(0, 3),
+    position=st.integers(0, 3),
+    decided=st.integers(0, 3),
+    quarantined=st.dictionaries(st.integers(0, 2), st.just("code"), max_size=3),
+    ready_ns=st.integers(0, 20),
+    last_fault_reason=st.sampled_from(("", "earlier")),
+    healthy_window_ns=st.integers(0, 10),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(findings=findings_strategy, now=st.integers(0, 30), standing=standing_strategy)
+def test_decide_is_pure_and_never_serves_a_quarantined_policy(findings, now, standing):
+    before = copy.deepcopy(standing)
+    verdict = decide(findings, now, standing)
+    assert standing == before  # nothing it was given changed
+    assert decide(findings, now, standing) == verdict  # same inputs, same decision
+    d = verdict.decision
+    hold = len(CHAIN) - 1
+    quarantined = set(standing.quarantined) | {i for i, _ in verdict.quarantine}
+    assert 0 <= d.target <= hold and (d.target == hold or d.target not in quarantined)
+    assert (d.state == State.FALLBACK) == (d.target != 0)
+    if any(f.severity == "fault" and f.scope in ("controller", "input") for f in findings):
+        assert d.target == hold  # without trustworthy input, hold still
+    assert all(i != hold and i not in standing.quarantined for i, _ in verdict.quarantine)
+
+
+def test_health_policy_applies_the_decision(policy):
+    """The policy object keeps the standing between ticks and records what the verdict says."""
+    f = _finding("nonfinite_output", "policy", policy=A)
+    expected = decide([f], NOW, Standing(tuple(policy.chain), 0, 0, 0, {}, 0, "", policy.healthy_window_ns))
+    assert policy.update([f], NOW) == expected.decision
+    assert policy.quarantined == {0: "nonfinite_output"} and policy.position == expected.position == 1
+    assert [e.kind for e in policy.events.events] == ["fault", "quarantine"]

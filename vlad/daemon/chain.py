@@ -4,7 +4,8 @@
 warm from the start, so :meth:`PolicyChain.serve` is a pointer change on the serving
 thread plus a wake-up (the newest observation is answered by the new policy at once);
 :meth:`PolicyChain.install` puts a newly deployed or rolled-back release in first place.
-The :class:`~vlad.health.policy.HealthPolicy` over the chain decides the position.
+The :class:`~vlad.health.policy.HealthPolicy` over the chain decides the position each
+health tick and :meth:`PolicyChain.follow_health` moves there.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import time
 from dataclasses import dataclass
 
 from vlad.daemon.memory import PolicyMemory
-from vlad.health.policy import HealthPolicy
+from vlad.health.base import Finding
+from vlad.health.policy import Decision, HealthPolicy
 from vlad.health.state import StateMachine
 from vlad.logs import context as log_context
 from vlad.release.loading import LoadedPolicy
@@ -71,6 +73,15 @@ class PolicyChain:
         return self.policies[position] if position < len(self.policies) else None
 
     # -- changing --------------------------------------------------------------------------
+
+    def follow_health(self, findings: list[Finding], now_ns: int) -> Decision:
+        """Decide this health tick (:func:`vlad.health.policy.decide`) and move to its target."""
+        before = self.health.active
+        decision = self.health.update(findings, now_ns)
+        if decision.target != before:
+            self.health.active = before  # the swap is recorded from where the chain was
+            self.serve(decision.target)
+        return decision
 
     def serve(self, target: int) -> None:
         """Route to chain position ``target`` (a pointer change; every policy is warm)."""

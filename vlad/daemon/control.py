@@ -1,4 +1,7 @@
-"""Control commands: one registry of name, argument schema, release lock and handler.
+"""Control commands and the server that answers them on the control socket.
+
+One registry of name, argument schema, release lock and handler (:data:`COMMANDS`), and
+:class:`ControlServer`, the component that reads the ROUTER socket and answers each request.
 
 A request is ``{"v": 1, "cmd": NAME, "args": {...}}`` (docs/protocol.md). Its arguments are
 parsed by :mod:`vlad.schema` into the command's frozen argument class before anything
@@ -8,26 +11,41 @@ over 255 bytes, the whole over 4095) is a reply ``{"ok": false, "error": "..."}`
 an exception in the daemon. ``vladctl`` and the protocol page's command table follow
 :data:`COMMANDS`.
 
-Handlers are ``async def handler(daemon, args) -> JSON-able result``; commands that change
-releases take the release lock (one at a time) and have the longer release-operation
-time limit.
+Handlers are ``async def handler(port, args) -> JSON-able result``, where ``port`` is a
+:class:`ControlPort`: the status, the event history, the operator's resume and the release
+operations, all a command may reach (the supervisor builds :class:`DaemonControls`).
+Commands that change releases take the release lock (one at a time) and have the longer
+release-operation time limit.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 import unicodedata
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+import zmq
+from anyio.abc import TaskStatus
 
 from vlad import __version__, protocol, schema
 from vlad.errors import ProblemsError, VladError
 
 if TYPE_CHECKING:
-    from vlad.daemon.supervisor import Daemon
+    import zmq.asyncio
+
+    from vlad.config import SocketsConfig
+    from vlad.health.liveness import Controllers
+    from vlad.health.policy import HealthPolicy
+    from vlad.health.state import StateMachine
+
+log = logging.getLogger("vlad.daemon")
 
 _TEXT = {"max_len": 1024}
 _PATH = {"max_len": 4096, "path": True}
@@ -81,7 +99,57 @@ class ShadowStartArgs:
     tolerance: float = field(default=0.05, metadata=schema.bounded(0.0, 1e6))
 
 
-Handler = Callable[["Daemon", Any], Awaitable[Any]]
+class ReleaseOps(Protocol):
+    """The release operations a command runs (:class:`vlad.daemon.releases.ReleaseManager`)."""
+
+    async def deploy(self, path: str, who: str, why: str, canary: bool, force: bool) -> dict[str, Any]: ...
+    async def rollback(self, who: str, why: str, force: bool = False) -> dict[str, Any]: ...
+    async def history(self) -> list[dict[str, Any]]: ...
+    async def shadow_start(self, path: str, tolerance: float) -> dict[str, Any]: ...
+    def shadow_report(self) -> dict[str, Any]: ...
+    async def shadow_stop(self) -> dict[str, Any]: ...
+
+
+class ControlPort(Protocol):
+    """Everything a control command may read or change in the daemon."""
+
+    @property
+    def releases(self) -> ReleaseOps: ...
+    def status(self) -> dict[str, Any]: ...
+    def events(self, limit: int) -> list[dict[str, Any]]: ...
+    def resume(self, who: str, why: str) -> dict[str, Any]: ...
+
+
+@dataclass(eq=False, kw_only=True)
+class DaemonControls:
+    """The :class:`ControlPort` of the running daemon, built by the supervisor from the
+    parts the commands touch."""
+
+    releases: ReleaseOps
+    status: Callable[[], dict[str, Any]]
+    state: StateMachine
+    health: HealthPolicy
+    controllers: Controllers
+    heartbeat_limit_ns: int
+
+    def events(self, limit: int) -> list[dict[str, Any]]:
+        return [e.to_dict() for e in self.state.recent(limit)]
+
+    def resume(self, who: str, why: str) -> dict[str, Any]:
+        """Clear every quarantine; controllers silent past the heartbeat limit are forgotten
+        (gone without a goodbye: the operator says so)."""
+        now = time.monotonic_ns()
+        silent = [n for n, b in self.controllers.snapshot().items() if now - b.last_ns > self.heartbeat_limit_ns]
+        forgotten = self.controllers.forget(silent)
+        self.health.resume(who, why)
+        if forgotten:
+            self.state.record(
+                "operator", f"controllers forgotten by {who}: {', '.join(forgotten)}", forgotten=forgotten
+            )
+        return {"quarantined": [], "forgotten_controllers": forgotten, "state": self.state.state.value}
+
+
+Handler = Callable[[ControlPort, Any], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -93,51 +161,44 @@ class Command:
     release_op: bool = False  # takes the release lock and the release-operation time limit
 
 
-async def _ping(d: Daemon, a: NoArgs) -> Any:
+async def _ping(p: ControlPort, a: NoArgs) -> Any:
     return {"pong": True, "pid": os.getpid(), "version": __version__}
 
 
-async def _status(d: Daemon, a: NoArgs) -> Any:
-    return d.status()
+async def _status(p: ControlPort, a: NoArgs) -> Any:
+    return p.status()
 
 
-async def _events(d: Daemon, a: EventsArgs) -> Any:
-    return [e.to_dict() for e in d.state.recent(a.limit)]
+async def _events(p: ControlPort, a: EventsArgs) -> Any:
+    return p.events(a.limit)
 
 
-async def _resume(d: Daemon, a: OperatorArgs) -> Any:
-    limit = d.cfg.monitors.heartbeat_missing_periods * d.period_ns
-    now = time.monotonic_ns()
-    silent = [n for n, b in d.intake.controllers.snapshot().items() if now - b.last_ns > limit]
-    forgotten = d.intake.controllers.forget(silent)  # gone without a goodbye: the operator says so
-    d.chain.health.resume(a.who, a.why)
-    if forgotten:
-        d.state.record("operator", f"controllers forgotten by {a.who}: {', '.join(forgotten)}", forgotten=forgotten)
-    return {"quarantined": [], "forgotten_controllers": forgotten, "state": d.state.state.value}
+async def _resume(p: ControlPort, a: OperatorArgs) -> Any:
+    return p.resume(a.who, a.why)
 
 
-async def _deploy(d: Daemon, a: DeployArgs) -> Any:
-    return await d.releases.deploy(a.path, a.who, a.why, a.canary, a.force)
+async def _deploy(p: ControlPort, a: DeployArgs) -> Any:
+    return await p.releases.deploy(a.path, a.who, a.why, a.canary, a.force)
 
 
-async def _rollback(d: Daemon, a: RollbackArgs) -> Any:
-    return await d.releases.rollback(a.who, a.why, a.force)
+async def _rollback(p: ControlPort, a: RollbackArgs) -> Any:
+    return await p.releases.rollback(a.who, a.why, a.force)
 
 
-async def _history(d: Daemon, a: NoArgs) -> Any:
-    return await d.releases.history()
+async def _history(p: ControlPort, a: NoArgs) -> Any:
+    return await p.releases.history()
 
 
-async def _shadow_start(d: Daemon, a: ShadowStartArgs) -> Any:
-    return await d.releases.shadow_start(a.path, a.tolerance)
+async def _shadow_start(p: ControlPort, a: ShadowStartArgs) -> Any:
+    return await p.releases.shadow_start(a.path, a.tolerance)
 
 
-async def _shadow_report(d: Daemon, a: NoArgs) -> Any:
-    return d.releases.shadow_report()
+async def _shadow_report(p: ControlPort, a: NoArgs) -> Any:
+    return p.releases.shadow_report()
 
 
-async def _shadow_stop(d: Daemon, a: NoArgs) -> Any:
-    return await d.releases.shadow_stop()
+async def _shadow_stop(p: ControlPort, a: NoArgs) -> Any:
+    return await p.releases.shadow_stop()
 
 
 COMMANDS: dict[str, Command] = {
@@ -212,3 +273,97 @@ def error_reason(exc: VladError) -> str:
     if isinstance(exc, BadArguments):
         return "bad_arguments"
     return "refused"
+
+
+class ControlServer:
+    """Control requests on a ROUTER socket (REQ clients see plain REP behaviour), each
+    answered in its own task so ``status`` answers while a deploy warms a release.
+
+    Bounded: at most ``control_in_flight_per_peer`` per peer and ``control_in_flight`` in
+    all; beyond that a request is answered "busy" at once, never queued. Every refusal is
+    counted in :attr:`rejected` by reason (the status shows them as ``control_*``)."""
+
+    def __init__(
+        self, sock: zmq.asyncio.Socket, limits: SocketsConfig, port: ControlPort, rejected: Counter[str]
+    ) -> None:
+        self.sock = sock
+        self.limits = limits
+        self.port = port
+        self.rejected = rejected  # shared with the status, which shows it
+        self._release_lock = anyio.Lock()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        s = self.limits
+        in_flight: Counter[bytes] = Counter()
+        async with anyio.create_task_group() as tg:
+            task_status.started()
+            while True:
+                frames = await self.sock.recv_multipart()
+                delimiter = frames.index(b"", 1) if b"" in frames[1:] else 0
+                if not delimiter:
+                    self.rejected["malformed"] += 1  # not a REQ envelope: nothing to answer
+                    continue
+                envelope, body, peer = frames[: delimiter + 1], frames[delimiter + 1 :], frames[0]
+                if len(body) != 1:  # a REQ peer that sent a multipart request: answer, never leave it waiting
+                    self.rejected["malformed"] += 1
+                    await self._reply(
+                        envelope,
+                        protocol.encode_reply(
+                            False, error=f"malformed: a control request is one frame, got {len(body)}"
+                        ),
+                    )
+                    continue
+                frame = body[0]
+                if in_flight[peer] >= s.control_in_flight_per_peer or sum(in_flight.values()) >= s.control_in_flight:
+                    self.rejected["busy"] += 1
+                    await self._reply(
+                        envelope, protocol.encode_reply(False, error="busy: too many requests in flight; try again")
+                    )
+                    continue
+                in_flight[peer] += 1
+                tg.start_soon(self._answer, envelope, frame, peer, in_flight)
+
+    async def _answer(self, envelope: list[bytes], frame: bytes, peer: bytes, in_flight: Counter[bytes]) -> None:
+        s = self.limits
+        try:
+            try:
+                cmd, args = parse_request(frame)
+                if cmd.release_op:
+                    # Release operations run one at a time and to the end once started
+                    # (cancelling a half-loaded release would leak it); only the wait for
+                    # the lock is bounded.
+                    with anyio.fail_after(s.release_op_timeout_s):
+                        await self._release_lock.acquire()
+                    try:
+                        result = await cmd.handler(self.port, args)
+                    finally:
+                        self._release_lock.release()
+                else:
+                    with anyio.fail_after(s.control_timeout_s):
+                        result = await cmd.handler(self.port, args)
+                reply = protocol.encode_reply(True, result)
+            except TimeoutError:
+                self.rejected["timeout"] += 1
+                reply = protocol.encode_reply(False, error="timed out; the daemon is busy, try again")
+            except VladError as exc:
+                self.rejected[error_reason(exc)] += 1
+                reply = protocol.encode_reply(False, error=str(exc))
+            except OSError as exc:  # the file system said no (a path, permissions): a refusal, not a bug
+                self.rejected["refused"] += 1
+                where = f" ({exc.filename})" if exc.filename else ""
+                reply = protocol.encode_reply(False, error=f"refused: {exc.strerror or exc}{where}")
+            except Exception:  # a bug: answered and logged, never the end of the daemon
+                self.rejected["internal_error"] += 1
+                log.exception("control request failed")
+                reply = protocol.encode_reply(False, error="internal error (see the daemon's log)")
+            await self._reply(envelope, reply)
+        finally:
+            in_flight[peer] -= 1
+            if in_flight[peer] <= 0:
+                del in_flight[peer]
+
+    async def _reply(self, envelope: list[bytes], reply: bytes) -> None:
+        try:
+            await self.sock.send_multipart([*envelope, reply], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.rejected["reply_dropped"] += 1  # the peer does not read its replies

@@ -17,7 +17,6 @@ Who may publish on the e-stop endpoint is enforced at connection time
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from vlad import protocol
 from vlad.config import SafetyConfig
 from vlad.files import FileRefused, read_bytes
 from vlad.serving.publisher import Publisher
+from vlad.threads import Worker
 
 log = logging.getLogger("vlad.safety")
 
@@ -38,7 +38,7 @@ BATCH = 32
 IDLE_WAIT_MS = 100
 
 
-class EStop:
+class EStop(Worker):
     """The e-stop reader thread (see module docstring)."""
 
     def __init__(
@@ -49,6 +49,7 @@ class EStop:
         period_ns: int,
         on_change: Callable[[bool, str], None],
     ) -> None:
+        super().__init__("vlad-estop")
         self.cfg = cfg
         self.sock = sock
         self.publisher = publisher
@@ -61,27 +62,17 @@ class EStop:
         self.counts: Counter[str] = Counter()  # messages, engaged, released, garbled
         self._bridge_engaged = False
         self._file = Path(cfg.estop_file) if cfg.estop_file else None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vlad-estop", daemon=True)
         self.started_ns = time.monotonic_ns()
 
     def start(self) -> None:
         # The first reading happens before serving starts: a robot booted with the e-stop
         # engaged never publishes a policy chunk, not even one.
         self.poll_once(0)
-        self._thread.start()
+        super().start()
 
-    def stop(self, timeout: float = 1.0) -> None:
-        self._stop.set()
-        self._thread.join(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def _run(self) -> None:
+    def run(self) -> None:
         quarter_ms = max(1, self.period_ns // 4_000_000)
-        while not self._stop.is_set():
+        while not self.stopping:
             timeout_ms = quarter_ms
             try:
                 timeout_ms = self._wait_ms(quarter_ms)
@@ -116,7 +107,7 @@ class EStop:
                         break
                     self._message(frames)
         elif timeout_ms:
-            self._stop.wait(timeout_ms / 1000)
+            self.wait(timeout_ms / 1000)
         engaged, reason = self._bridge_engaged, f"e-stop engaged ({self.source or 'bridge'})"
         cfg = self.cfg
         now = time.monotonic_ns()

@@ -23,7 +23,6 @@ import os
 import pwd
 import socket
 import stat
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import zmq
 from zmq.utils import z85
 
 from vlad.errors import StartupError
+from vlad.threads import Worker
 
 log = logging.getLogger("vlad.sockets")
 
@@ -139,7 +139,7 @@ class Principal:
         return False
 
 
-class Gatekeeper:
+class Gatekeeper(Worker):
     """ZAP handler thread: admits a connection when its socket role's allow list does.
 
     ``allow`` maps a role (the bound socket's ZAP domain) to its principals; a role not
@@ -148,6 +148,7 @@ class Gatekeeper:
     """
 
     def __init__(self, ctx: zmq.Context, allow: dict[str, list[Principal]], curve_keys: set[bytes]) -> None:
+        super().__init__("vlad-zap")
         self.allow = allow
         self.curve_keys = curve_keys
         self.denied: Counter[str] = Counter()  # by role
@@ -159,19 +160,14 @@ class Gatekeeper:
         self._sock = ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(ZAP_ENDPOINT)
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="vlad-zap", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop = True
-        self._thread.join(1.0)
+    def stop(self, timeout: float = 1.0) -> bool:
+        ended = super().stop(timeout)
         self._sock.close(0)
+        return ended
 
-    def _run(self) -> None:
-        while not self._stop:
+    def run(self) -> None:
+        while not self.stopping:
             try:
                 if not self._sock.poll(100):
                     continue

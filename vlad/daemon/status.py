@@ -1,7 +1,9 @@
 """What ``vladctl status`` shows and the status socket publishes: one JSON-able dict.
 
-Built on the event loop from snapshots of the serving thread's counters (no locks on the
-hot path). The ``counters`` map keeps the flat names earlier versions published
+:class:`StatusModel` builds it from the components it reports on, which the supervisor
+hands it (the chain, the serving parts, the release manager, the e-stop ...). Built on the
+event loop from snapshots of the serving thread's counters (no locks on the hot path). The
+``counters`` map keeps the flat names earlier versions published
 (``published``, ``stale``, ``superseded``, ``rejected`` by reason ...), so dashboards and
 scripts keep working; ``policies`` has every loaded policy's own counters.
 
@@ -16,6 +18,8 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +28,20 @@ from vlad import __version__
 from vlad.serving.tracing import STAGES
 
 if TYPE_CHECKING:
-    from vlad.daemon.supervisor import Daemon
+    from vlad.daemon.chain import PolicyChain
+    from vlad.daemon.endpoints import Endpoints
+    from vlad.daemon.releases import ReleaseManager
+    from vlad.daemon.safety import EStop
+    from vlad.daemon.sockets import Gatekeeper
+    from vlad.daemon.tap import Tap
+    from vlad.health.base import Finding
+    from vlad.health.state import StateMachine
+    from vlad.serving.cadence import HoldKeeper
+    from vlad.serving.guard import ActionGuard
+    from vlad.serving.intake import Intake
+    from vlad.serving.loop import ServingLoop
+    from vlad.serving.publisher import Publisher
+    from vlad.serving.tracing import LatencyStats
 
 
 class Rates:
@@ -89,9 +106,9 @@ class Tallies:
         self.transitions: Counter[str] = Counter()
         self.last_event_ns = started_ns - 1
 
-    def fold(self, d: Daemon) -> None:
+    def fold(self, stats: LatencyStats, state: StateMachine) -> None:
         for stage in STAGES:
-            samples, total, lost = d.stats.since(stage, self.seen[stage])
+            samples, total, lost = stats.since(stage, self.seen[stage])
             self.seen[stage] = total
             self.lost[stage] += lost
             if samples.size:
@@ -99,7 +116,7 @@ class Tallies:
                 self.buckets[stage] += np.bincount(idx, minlength=len(BUCKETS_S) + 1)
                 self.sum_s[stage] += float(samples.sum()) / 1e3
                 self.count[stage] += int(samples.size)
-        for ev in d.state.recent(10_000):
+        for ev in state.recent(10_000):
             if ev.monotonic_ns <= self.last_event_ns:
                 continue
             self.last_event_ns = ev.monotonic_ns
@@ -122,112 +139,157 @@ class Tallies:
         return out
 
 
-def counters(d: Daemon) -> dict[str, Any]:
-    """The flat counter map (names kept stable across versions)."""
-    intake, pub = d.intake.counts.snapshot(), d.publisher.counts.snapshot()
-    policies = [p.served.counts for p in d.chain.policies]
-    out: dict[str, Any] = {
-        "messages": intake.messages,
-        "observations": intake.observations,
-        "heartbeats": intake.heartbeats,
-        "superseded": intake.superseded,
-        "input_rejected": intake.input_rejected,
-        "reanchors": intake.reanchors + d.guard.reanchors,
-        "reanchors_announced": d.intake.trusted.announced,
-        "published": pub.policy_chunks,
-        "published_hold": sum(pub.holds.values()),
-        "holds": dict(pub.holds),
-        "interventions": pub.interventions,
-        "deadline_misses": pub.deadline_misses,
-        "bridged": d.cadence.bridged,
-        "cycle_errors": d.loop.cycle_errors + sum(c.cycle_errors for c in policies),
-    }
-    for attr in ("stale", "backend_errors", "remote_errors", "expired", "estop_blocked"):
-        out[attr] = sum(getattr(c, attr) for c in policies)
-    for kind, n in d.guard.counts.items():
-        out[f"guard_{kind}"] = n
-    rejected = dict(intake.rejected)
-    for role, n in d.gatekeeper.denied.items():
-        rejected[f"unauthorized_{role}"] = n
-    rejected.update({f"control_{k}": v for k, v in d.control_rejected.items()})
-    if d.estop.counts.get("garbled"):
-        rejected["estop_garbled"] = d.estop.counts["garbled"]
-    out["rejected"] = rejected
-    return out
+@dataclass
+class HealthReadout:
+    """The last health tick's outcome: written by the health task, shown by the status."""
+
+    findings: list[Finding] = field(default_factory=list)
+    readings: dict[str, float] = field(default_factory=dict)
 
 
-def build(d: Daemon) -> dict[str, Any]:
-    now = time.monotonic_ns()
-    c = counters(d)
-    rates = d.rates.update(now, c["observations"], c["published"] + c["published_hold"])
-    release = d.chain.release
-    desc = release.served.session.describe()
-    latency = d.stats.summary()
-    health = d.chain.health
-    serving = d.chain.serving
-    policies = {str(p.id): p.served.counts.to_dict() for p in d.chain.policies}
-    backend_stats = {str(p.id): dict(p.served.session.stats()) for p in d.chain.policies}
-    return {
-        "version": __version__,
-        "pid": os.getpid(),
-        "state": d.state.state.value,
-        "state_since_s": round((now - d.state.since_ns) / 1e9, 3),
-        "uptime_s": round((now - d.started_ns) / 1e9, 3),
-        "release": release.id.release,
-        "evidence": d.releases.evidence_status(),
-        "operation": d.releases.operation_status(now),
-        "serving": str(health.chain[health.active]),
-        "serving_backend": serving.served.session.describe().backend if serving else "hold",
-        "chain": [str(p) for p in health.chain],
-        "quarantined": {str(health.chain[i]): code for i, code in health.quarantined.items()},
-        "estop": {
-            "engaged": d.estop.engaged,
-            "source": d.estop.source,
-            "reason": d.estop.reason,
-            "counts": dict(d.estop.counts),
-        },
-        "findings": [f.to_dict() for f in d.findings],
-        "swaps_ms": list(d.publisher.swap_ms),
-        "shadow": d.releases.shadow.report() if d.releases.shadow else None,
-        "canary": d.releases.canary.report(now) if d.releases.canary else None,
-        "backend": {
-            "name": desc.backend,
-            "runtime": f"{desc.runtime} {desc.runtime_version}",
-            "device": desc.device,
-            "providers": list(desc.providers),
-            "precision": desc.precision,
-            "stats": backend_stats.get(str(release.id), {}),
-        },
-        "backend_stats": backend_stats,
-        "control_period_ms": d.contract.timing.control_period_ms,
-        "rates": rates,
-        "counters": c,
-        "policies": policies,
-        "heartbeat_age_s": round((now - d.intake.last_heartbeat_ns) / 1e9, 3) if d.intake.last_heartbeat_ns else None,
-        "controllers": {
-            name: {
-                "heartbeat_age_s": round(max(0, now - beat.last_ns) / 1e9, 3),
-                "alive": now - beat.last_ns <= d.cfg.monitors.heartbeat_missing_periods * d.period_ns,
-                "cadence": beat.cadence,
-            }
-            for name, beat in sorted(d.intake.controllers.snapshot().items())
-        },
-        "latency_ms": latency,
-        "engine_ms": latency.get("engine"),
-        "temperatures_c": {k[len("temperature.") :]: v for k, v in d.readings.items() if k.startswith("temperature.")},
-        "memory": {
-            "host_rss_bytes": int(d.readings.get("memory.rss_bytes", 0))
-            or release.served.session.memory().host_rss_bytes,
-            # Per loaded policy (measured at its load), the sum and the [memory] budget.
-            **d.releases.budget.to_dict(d.releases.loaded_memory()),
-        },
-        "realtime": d.realtime_report,
-        "tap": d.tap.stats() if d.tap is not None else None,
-        "monotonic_ns": now,  # the daemon's clock when this was built (the metrics' status age)
-        "readings": dict(d.readings),
-        "bucket_edges_s": list(BUCKETS_S),
-        "histograms": d.tallies.histograms(),
-        "event_counts": dict(d.tallies.events),
-        "transition_counts": dict(d.tallies.transitions),
-        **d.endpoints.status(),  # "openpi", "metrics": each endpoint process's report, or None
-    }
+@dataclass(eq=False, kw_only=True)
+class StatusModel:
+    """The status: built from the components it reports on, given by the supervisor."""
+
+    chain: PolicyChain
+    state: StateMachine
+    intake: Intake
+    publisher: Publisher
+    guard: ActionGuard
+    stats: LatencyStats
+    cadence: HoldKeeper
+    loop: ServingLoop
+    estop: EStop
+    gatekeeper: Gatekeeper
+    releases: ReleaseManager
+    health: HealthReadout
+    control_rejected: Mapping[str, int]
+    endpoints: Endpoints
+    tap: Tap | None
+    control_period_ms: float
+    heartbeat_limit_ns: int
+    realtime_report: dict[str, Any]
+    started_ns: int = field(init=False, default_factory=time.monotonic_ns)
+    rates: Rates = field(init=False, default_factory=Rates)
+    tallies: Tallies = field(init=False)  # cumulative figures the status carries
+
+    def __post_init__(self) -> None:
+        self.tallies = Tallies(self.started_ns)
+
+    def fold(self) -> None:
+        """Fold what the latency windows and the event history gained into the tallies
+        (once per published status)."""
+        self.tallies.fold(self.stats, self.state)
+
+    def counters(self) -> dict[str, Any]:
+        """The flat counter map (names kept stable across versions)."""
+        intake, pub = self.intake.counts.snapshot(), self.publisher.counts.snapshot()
+        policies = [p.served.counts for p in self.chain.policies]
+        out: dict[str, Any] = {
+            "messages": intake.messages,
+            "observations": intake.observations,
+            "heartbeats": intake.heartbeats,
+            "superseded": intake.superseded,
+            "input_rejected": intake.input_rejected,
+            "reanchors": intake.reanchors + self.guard.reanchors,
+            "reanchors_announced": self.intake.trusted.announced,
+            "published": pub.policy_chunks,
+            "published_hold": sum(pub.holds.values()),
+            "holds": dict(pub.holds),
+            "interventions": pub.interventions,
+            "deadline_misses": pub.deadline_misses,
+            "bridged": self.cadence.bridged,
+            "cycle_errors": self.loop.cycle_errors + sum(c.cycle_errors for c in policies),
+        }
+        for attr in ("stale", "backend_errors", "remote_errors", "expired", "estop_blocked"):
+            out[attr] = sum(getattr(c, attr) for c in policies)
+        for kind, n in self.guard.counts.items():
+            out[f"guard_{kind}"] = n
+        rejected = dict(intake.rejected)
+        for role, n in self.gatekeeper.denied.items():
+            rejected[f"unauthorized_{role}"] = n
+        rejected.update({f"control_{k}": v for k, v in self.control_rejected.items()})
+        if self.estop.counts.get("garbled"):
+            rejected["estop_garbled"] = self.estop.counts["garbled"]
+        out["rejected"] = rejected
+        return out
+
+    def build(self) -> dict[str, Any]:
+        now = time.monotonic_ns()
+        c = self.counters()
+        rates = self.rates.update(now, c["observations"], c["published"] + c["published_hold"])
+        release = self.chain.release
+        desc = release.served.session.describe()
+        latency = self.stats.summary()
+        health = self.chain.health
+        serving = self.chain.serving
+        policies = {str(p.id): p.served.counts.to_dict() for p in self.chain.policies}
+        backend_stats = {str(p.id): dict(p.served.session.stats()) for p in self.chain.policies}
+        last_beat = self.intake.last_heartbeat_ns
+        readings = self.health.readings
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "state": self.state.state.value,
+            "state_since_s": round((now - self.state.since_ns) / 1e9, 3),
+            "uptime_s": round((now - self.started_ns) / 1e9, 3),
+            "release": release.id.release,
+            "evidence": self.releases.evidence_status(),
+            "operation": self.releases.operation_status(now),
+            "serving": str(health.chain[health.active]),
+            "serving_backend": serving.served.session.describe().backend if serving else "hold",
+            "chain": [str(p) for p in health.chain],
+            "quarantined": {str(health.chain[i]): code for i, code in health.quarantined.items()},
+            "estop": {
+                "engaged": self.estop.engaged,
+                "source": self.estop.source,
+                "reason": self.estop.reason,
+                "counts": dict(self.estop.counts),
+            },
+            "findings": [f.to_dict() for f in self.health.findings],
+            "swaps_ms": list(self.publisher.swap_ms),
+            "shadow": self.releases.shadow.report() if self.releases.shadow else None,
+            "canary": self.releases.canary.report(now) if self.releases.canary else None,
+            "backend": {
+                "name": desc.backend,
+                "runtime": f"{desc.runtime} {desc.runtime_version}",
+                "device": desc.device,
+                "providers": list(desc.providers),
+                "precision": desc.precision,
+                "stats": backend_stats.get(str(release.id), {}),
+            },
+            "backend_stats": backend_stats,
+            "control_period_ms": self.control_period_ms,
+            "rates": rates,
+            "counters": c,
+            "policies": policies,
+            "heartbeat_age_s": round((now - last_beat) / 1e9, 3) if last_beat else None,
+            "controllers": {
+                name: {
+                    "heartbeat_age_s": round(max(0, now - beat.last_ns) / 1e9, 3),
+                    "alive": now - beat.last_ns <= self.heartbeat_limit_ns,
+                    "cadence": beat.cadence,
+                }
+                for name, beat in sorted(self.intake.controllers.snapshot().items())
+            },
+            "latency_ms": latency,
+            "engine_ms": latency.get("engine"),
+            "temperatures_c": {
+                k[len("temperature.") :]: v for k, v in readings.items() if k.startswith("temperature.")
+            },
+            "memory": {
+                "host_rss_bytes": int(readings.get("memory.rss_bytes", 0))
+                or release.served.session.memory().host_rss_bytes,
+                # Per loaded policy (measured at its load), the sum and the [memory] budget.
+                **self.releases.budget.to_dict(self.releases.loaded_memory()),
+            },
+            "realtime": self.realtime_report,
+            "tap": self.tap.stats() if self.tap is not None else None,
+            "monotonic_ns": now,  # the daemon's clock when this was built (the metrics' status age)
+            "readings": dict(readings),
+            "bucket_edges_s": list(BUCKETS_S),
+            "histograms": self.tallies.histograms(),
+            "event_counts": dict(self.tallies.events),
+            "transition_counts": dict(self.tallies.transitions),
+            **self.endpoints.status(),  # "openpi", "metrics": each endpoint process's report, or None
+        }

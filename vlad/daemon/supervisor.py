@@ -13,14 +13,18 @@ Who runs where (docs/DESIGN): the **serving thread** (:mod:`vlad.serving.loop`) 
 observation socket and runs the hot path; the **e-stop thread** (:mod:`vlad.daemon.safety`)
 gates the publisher; the **cadence thread** keeps holds going out; the **event loop** runs
 ``control`` (vladctl), ``status``, ``health`` (monitors -> fallback decisions), ``watchdog``
-and ``endpoints``; signals are handled by :func:`serve` around all of it. Release operations live in :mod:`vlad.daemon.releases`, the chain in
-:mod:`vlad.daemon.chain`, control commands in :mod:`vlad.daemon.control`.
+and ``endpoints``; signals are handled by :func:`serve` around all of it. Release
+operations live in :mod:`vlad.daemon.releases`, the chain in :mod:`vlad.daemon.chain`, the
+control server and its commands in :mod:`vlad.daemon.control`, the status in
+:mod:`vlad.daemon.status`, the health task and the state it decides in
+:mod:`vlad.daemon.health`. Those components receive the parts they use (the control
+server a :class:`~vlad.daemon.control.ControlPort`), never the :class:`Daemon`: only this
+module and the CLI that starts it know it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import os
@@ -42,19 +46,19 @@ from vlad.config import Config
 from vlad.contract import Contract
 from vlad.daemon import control, endpoints, status
 from vlad.daemon.chain import ChainPolicy, PolicyChain
+from vlad.daemon.health import HealthService, between_cycles
 from vlad.daemon.memory import PolicyMemory, measured_load
 from vlad.daemon.releases import ReleaseManager
 from vlad.daemon.safety import EStop
 from vlad.daemon.sockets import Gatekeeper, Principal, bind, load_curve, prepare_ipc
 from vlad.daemon.systemd import Notifier
 from vlad.daemon.tap import Tap, tap_endpoint
-from vlad.errors import StartupError, VladError
-from vlad.health.base import Finding, HealthView, InFlight, Monitor, Sensor
+from vlad.errors import StartupError
 from vlad.health.state import State, StateMachine
 from vlad.logs import context as log_context
 from vlad.release.loading import LoadedPolicy, PolicySource, compatible, load_policy
 from vlad.serving.cadence import HoldKeeper
-from vlad.serving.counters import IntakeCounts, PolicyCounts, PolicyId, PublishCounts
+from vlad.serving.counters import IntakeCounts, PolicyId, PublishCounts
 from vlad.serving.guard import ActionGuard, TrustedState
 from vlad.serving.intake import Intake
 from vlad.serving.loop import ServingLoop
@@ -69,7 +73,10 @@ SMALL_MESSAGE = 4096  # largest frame a peer may send on the action, status and 
 
 
 class Daemon:
-    """The running supervisor. Built by :func:`assemble`; every part is given, none optional."""
+    """The running supervisor. Built by :func:`assemble`; every part is given, none optional.
+
+    It hands each component the parts that component uses (see the module doc) and keeps
+    what its own tasks need: the status socket, the watchdog's threads, shutdown."""
 
     def __init__(
         self,
@@ -77,7 +84,6 @@ class Daemon:
         *,
         notifier: Notifier,
         state: StateMachine,
-        ctx: zmq.Context,
         chain: PolicyChain,
         loop: ServingLoop,
         publisher: Publisher,
@@ -91,48 +97,77 @@ class Daemon:
         status_sock: zmq.asyncio.Socket,
         served: Callable[[LoadedPolicy, str], ServedPolicy],
         realtime_report: dict[str, Any],
+        tap: Tap | None,
+        endpoint_processes: endpoints.Endpoints,
     ) -> None:
         self.cfg = cfg
         self.notifier = notifier
         self.state = state
-        self.ctx = ctx
         self.chain = chain
         self.loop = loop
-        self.publisher = publisher
-        self.intake = intake
-        self.guard = guard
-        self.stats = stats
         self.cadence = cadence
         self.estop = estop
-        self.gatekeeper = gatekeeper
-        self.control_sock = control_sock
         self.status_sock = status_sock
-        self.realtime_report = realtime_report
+        self.tap = tap  # the recording tap (vlad.daemon.tap), when it has an endpoint
+        self.endpoints = endpoint_processes
         self.contract: Contract = chain.release.loaded.contract
         self.period_ns = int(self.contract.timing.control_period_ms * 1e6)
+        heartbeat_limit_ns = cfg.monitors.heartbeat_missing_periods * self.period_ns
         self.releases = ReleaseManager(cfg, chain, publisher, state, served)
-        self.started_ns = time.monotonic_ns()
-        self.rates = status.Rates()
-        self.findings: list[Finding] = []
-        self.readings: dict[str, float] = {}
-        self.control_rejected: Counter[str] = Counter()
+        self.health_out = status.HealthReadout()  # the last health tick's findings and readings
+        control_rejected: Counter[str] = Counter()
+        # The components on the event loop get the parts they use, never the Daemon.
+        self.status_model = status.StatusModel(
+            chain=chain,
+            state=state,
+            intake=intake,
+            publisher=publisher,
+            guard=guard,
+            stats=stats,
+            cadence=cadence,
+            loop=loop,
+            estop=estop,
+            gatekeeper=gatekeeper,
+            releases=self.releases,
+            health=self.health_out,
+            control_rejected=control_rejected,
+            endpoints=endpoint_processes,
+            tap=tap,
+            control_period_ms=self.contract.timing.control_period_ms,
+            heartbeat_limit_ns=heartbeat_limit_ns,
+            realtime_report=realtime_report,
+        )
+        controls = control.DaemonControls(
+            releases=self.releases,
+            status=self.status_model.build,
+            state=state,
+            health=chain.health,
+            controllers=intake.controllers,
+            heartbeat_limit_ns=heartbeat_limit_ns,
+        )
+        self.control = control.ControlServer(control_sock, cfg.sockets, controls, control_rejected)
+        self.health = HealthService(
+            cfg,
+            chain=chain,
+            loop=loop,
+            stats=stats,
+            releases=self.releases,
+            estop=estop,
+            state=state,
+            readout=self.health_out,
+            period_ns=self.period_ns,
+            deadline_ns=int(self.contract.timing.e2e_deadline_ms * 1e6),
+        )
         self.status_seq = 0
-        self.tap: Tap | None = None  # the recording tap (vlad.daemon.tap), when it has an endpoint
-        self.tallies = status.Tallies(self.started_ns)  # cumulative figures the status carries
-        self.endpoints = endpoints.Endpoints({})  # the endpoint processes (set by assemble)
-        self.state_before_estop = State.ACTIVE
-        self._health: tuple[list[Sensor], list[Monitor]] | None = None
-        self._health_prev: dict[str, Any] = {}  # the previous tick's counters (windows)
-        self._release_lock = anyio.Lock()
 
     # -- the event loop ----------------------------------------------------------------------
 
     async def main_loop(self) -> None:
         async with anyio.create_task_group() as tg:
             for name, fn in (
-                ("control", self._control_task),
+                ("control", self.control.run),
                 ("status", self._status_task),
-                ("health", self._health_task),
+                ("health", self.health.run),
                 ("watchdog", self._watchdog_task),
                 ("endpoints", self.endpoints.run),
             ):
@@ -161,136 +196,24 @@ class Daemon:
                 pass
             log.info("stopped")
 
-    # -- control ---------------------------------------------------------------------------
-
-    async def _control_task(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Control requests on a ROUTER socket (REQ clients see plain REP behaviour), each
-        answered in its own task so ``status`` answers while a deploy warms a release.
-        Bounded: at most ``control_in_flight_per_peer`` per peer and ``control_in_flight``
-        in all; beyond that a request is answered "busy" at once, never queued."""
-        s = self.cfg.sockets
-        in_flight: Counter[bytes] = Counter()
-        async with anyio.create_task_group() as tg:
-            task_status.started()
-            while True:
-                frames = await self.control_sock.recv_multipart()
-                delimiter = frames.index(b"", 1) if b"" in frames[1:] else 0
-                if not delimiter:
-                    self.control_rejected["malformed"] += 1  # not a REQ envelope: nothing to answer
-                    continue
-                envelope, body, peer = frames[: delimiter + 1], frames[delimiter + 1 :], frames[0]
-                if len(body) != 1:  # a REQ peer that sent a multipart request: answer, never leave it waiting
-                    self.control_rejected["malformed"] += 1
-                    await self._reply(
-                        envelope,
-                        protocol.encode_reply(
-                            False, error=f"malformed: a control request is one frame, got {len(body)}"
-                        ),
-                    )
-                    continue
-                frame = body[0]
-                if in_flight[peer] >= s.control_in_flight_per_peer or sum(in_flight.values()) >= s.control_in_flight:
-                    self.control_rejected["busy"] += 1
-                    await self._reply(
-                        envelope, protocol.encode_reply(False, error="busy: too many requests in flight; try again")
-                    )
-                    continue
-                in_flight[peer] += 1
-                tg.start_soon(self._answer, envelope, frame, peer, in_flight)
-
-    async def _answer(self, envelope: list[bytes], frame: bytes, peer: bytes, in_flight: Counter[bytes]) -> None:
-        s = self.cfg.sockets
-        try:
-            try:
-                cmd, args = control.parse_request(frame)
-                if cmd.release_op:
-                    # Release operations run one at a time and to the end once started
-                    # (cancelling a half-loaded release would leak it); only the wait for
-                    # the lock is bounded.
-                    with anyio.fail_after(s.release_op_timeout_s):
-                        await self._release_lock.acquire()
-                    try:
-                        result = await cmd.handler(self, args)
-                    finally:
-                        self._release_lock.release()
-                else:
-                    with anyio.fail_after(s.control_timeout_s):
-                        result = await cmd.handler(self, args)
-                reply = protocol.encode_reply(True, result)
-            except TimeoutError:
-                self.control_rejected["timeout"] += 1
-                reply = protocol.encode_reply(False, error="timed out; the daemon is busy, try again")
-            except VladError as exc:
-                self.control_rejected[control.error_reason(exc)] += 1
-                reply = protocol.encode_reply(False, error=str(exc))
-            except OSError as exc:  # the file system said no (a path, permissions): a refusal, not a bug
-                self.control_rejected["refused"] += 1
-                where = f" ({exc.filename})" if exc.filename else ""
-                reply = protocol.encode_reply(False, error=f"refused: {exc.strerror or exc}{where}")
-            except Exception:  # a bug: answered and logged, never the end of the daemon
-                self.control_rejected["internal_error"] += 1
-                log.exception("control request failed")
-                reply = protocol.encode_reply(False, error="internal error (see the daemon's log)")
-            await self._reply(envelope, reply)
-        finally:
-            in_flight[peer] -= 1
-            if in_flight[peer] <= 0:
-                del in_flight[peer]
-
-    async def _reply(self, envelope: list[bytes], reply: bytes) -> None:
-        try:
-            await self.control_sock.send_multipart([*envelope, reply], flags=zmq.NOBLOCK)
-        except zmq.Again:
-            self.control_rejected["reply_dropped"] += 1  # the peer does not read its replies
-
     # -- status ----------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        return status.build(self)
+        return self.status_model.build()
 
     async def _status_task(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         period = 1.0 / self.cfg.serve.status_hz
         task_status.started()
         while True:
-            await self._between_cycles()
+            await between_cycles(self.loop, self.period_ns)
             try:
                 await self._publish_status()
             except Exception:  # a bug in status must not stop serving
                 log.exception("status failed")
             await anyio.sleep(period)
 
-    async def _between_cycles(self) -> None:
-        """Wait, at most one control period and four looks, for the serving thread's idle gap.
-
-        The health tick and the status build are ~1 ms of Python each (more on cold
-        caches). Run while a serving cycle is under way, they hold the GIL the serving
-        thread needs between its engine call and its publish, which showed as the
-        overhead's tail (docs/benchmarks.md). Just after a chunk went out, the thread has
-        most of a period with nothing to do; with no controller there is nothing to avoid.
-        """
-        period = self.period_ns
-        # Not at once after the chunk either: its bytes are still on their way out (the
-        # ZeroMQ I/O thread) and the controller is being woken, on the same 2 cores.
-        settle = min(2_000_000, period // 8)
-        deadline = time.monotonic_ns() + period
-        for _ in range(4):  # a controller in lock-step leaves no gap: then go ahead anyway
-            now = time.monotonic_ns()
-            last = self.publisher.last_publish_ns
-            since = now - last
-            if now >= deadline or now - self.intake.last_seen_ns > 2 * period:
-                return
-            if settle <= since < period // 2 and self.loop.in_flight is None:
-                return  # the next observation is still about half a period away
-            if since < settle:
-                wake = last + settle  # just after the last chunk
-            elif since < period:
-                wake = last + period + settle  # just after the next one, about a period later
-            else:
-                wake = now + 1_000_000  # the next one is late: look again soon
-            await anyio.sleep(max(300_000, min(wake, deadline) - now) / 1e9)
-
     async def _publish_status(self) -> None:
-        self.tallies.fold(self)
+        self.status_model.fold()
         st = self.status()
         if self.tap is not None and self.tap.subscribed:
             self.tap.tick(st, self.state.recent(100))
@@ -304,134 +227,6 @@ class Daemon:
         e2e = st["latency_ms"].get("e2e")
         p99 = f", e2e p99 {e2e['p99']:.2f} ms" if e2e else ""
         self.notifier.status(f"{st['state']} {st['serving']}, {st['rates']['actions_hz']:.1f} actions/s{p99}")
-
-    # -- health ----------------------------------------------------------------------------
-
-    def _health_parts(self) -> tuple[list[Sensor], list[Monitor]]:
-        """The sensors and monitors, made once (monitors keep windows between ticks)."""
-        if self._health is None:
-            from dataclasses import asdict
-
-            from vlad.plugins import monitors, sensors
-
-            monitor_list: list[Monitor] = monitors(asdict(self.cfg.monitors))
-            if self.cfg.monitors.enabled:
-                monitor_list = [m for m in monitor_list if m.name in self.cfg.monitors.enabled]
-            self._health = (sensors(), monitor_list)
-        return self._health
-
-    async def first_decision(self) -> None:
-        """One health check before serving starts: when something already faults (a remote
-        release whose server does not answer, heat), the fallback serves from the first
-        observation on and the state says why."""
-        try:
-            sensor_list, monitor_list = self._health_parts()
-            view = self._view(self._health_prev)
-            readings, findings = await anyio.to_thread.run_sync(_check, view, sensor_list, monitor_list)
-            if any(f.severity == "fault" for f in findings):
-                await self._decide(findings, readings)
-        except Exception:  # a bug here must not stop the start: the health task decides from its first tick
-            log.exception("first health check failed")
-
-    async def _health_task(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        sensor_list, monitor_list = self._health_parts()
-        period = 1.0 / self.cfg.fallback.monitor_hz
-        prev = self._health_prev
-        task_status.started()
-        while True:
-            await anyio.sleep(period)
-            await self._between_cycles()
-            try:
-                view = self._view(prev)
-                # Sensors and monitors (file hashing, psutil, NVML) run off the event loop.
-                readings, findings = await anyio.to_thread.run_sync(_check, view, sensor_list, monitor_list)
-                await self._decide(findings, readings)
-            except Exception:  # a bug here must not take the daemon down with it
-                log.exception("health tick failed")
-
-    def _view(self, prev: dict[str, Any]) -> HealthView:
-        now = time.monotonic_ns()
-        intake = self.intake.counts.snapshot()
-        publish = self.publisher.counts.snapshot()
-        policies: dict[PolicyId, PolicyCounts] = {p.id: p.served.counts.snapshot() for p in self.chain.policies}
-        shadow = self.releases.shadow
-        if shadow is not None:
-            policies[shadow.policy.id] = shadow.policy.counts.snapshot()
-        before = prev.get("policies", {})
-        view = HealthView(
-            now_ns=now,
-            period_ns=self.period_ns,
-            deadline_ns=int(self.contract.timing.e2e_deadline_ms * 1e6),
-            thresholds=self.cfg.monitors,
-            intake=intake,
-            intake_window=intake.minus(prev.get("intake")),
-            publish=publish,
-            publish_window=publish.minus(prev.get("publish")),
-            policies=policies,
-            policies_window={k: v.minus(before.get(k)) for k, v in policies.items()},
-            serving=self.chain.serving.id if self.chain.serving else None,
-            release=self.chain.release.id,
-            # Only e2e: the monitors read nothing else, and percentiles of every stage at
-            # the monitor rate held the GIL ~0.5 ms per tick against the serving thread.
-            latency=self.stats.summary(("e2e",)),
-            last_observation_ns=self.intake.last_observation_ns,
-            last_heartbeat_ns=self.intake.last_heartbeat_ns,
-            controllers=self.intake.controllers.snapshot(),
-            controllers_left_ns=self.intake.controllers.left_ns,
-            socket_read_ns=self.loop.read_ns,
-            in_flight=_in_flight(self.loop),
-            hang_timeout_ns=self.cfg.serve.hang_timeout_ns,
-            readings=self.readings,
-            backend_stats={p.id: p.served.session.stats() for p in self.chain.policies},
-            release_dir=self.chain.release.loaded.folder,
-            artifacts=self.chain.release.loaded.artifacts,
-        )
-        prev.update(intake=intake, publish=publish, policies=policies)
-        return view
-
-    async def _decide(self, findings: list[Finding], readings: dict[str, float]) -> None:
-        self.findings, self.readings = findings, readings
-        health = self.chain.health
-        before = health.active
-        decision = health.update(findings, time.monotonic_ns())
-        if decision.target != before:
-            health.active = before
-            self.chain.serve(decision.target)
-        self._unstick()
-        await self.releases.check_canary(findings)
-        if health.active != decision.target:  # a canary abort swapped back meanwhile
-            decision = dataclasses.replace(
-                decision,
-                target=health.active,
-                state=State.ACTIVE if health.active == 0 else State.FALLBACK,
-                reason="canary aborted: previous release restored",
-            )
-        if self.estop.engaged:
-            self.state_before_estop = decision.state
-        elif decision.state != self.state.state:
-            self.state.transition(decision.state, decision.reason)
-
-    def _unstick(self) -> None:
-        """A policy hung in its engine holds the serving thread; once the health policy moved
-        off it, serving continues on a fresh thread (the hung one can never send again)."""
-        running = self.loop.in_flight
-        if running is None or running.policy is self.loop.active:
-            return
-        if time.monotonic_ns() - running.since_ns > self.cfg.serve.hang_timeout_ns:
-            self.loop.replace_thread()
-
-    # -- e-stop ----------------------------------------------------------------------------
-
-    def estop_changed(self, engaged: bool, reason: str) -> None:
-        """Called on the e-stop thread after the publisher's gate changed."""
-        if engaged:
-            current = self.state.state
-            self.state_before_estop = current if current not in (State.ESTOPPED, State.STARTING) else State.ACTIVE
-            self.state.transition(State.ESTOPPED, reason)
-            self.publisher.publish_hold("estop")
-        else:
-            self.state.transition(self.state_before_estop, reason)
-            self.loop.wake()  # serve the newest observation again at once
 
     # -- systemd watchdog ------------------------------------------------------------------
 
@@ -462,30 +257,6 @@ class Daemon:
         if running is not None and now - running.since_ns > 2 * hang:
             return False  # the monitors did not get it unstuck
         return running is not None or now - self.loop.last_progress_ns < hang
-
-
-def _in_flight(loop: ServingLoop) -> InFlight | None:
-    running = loop.in_flight
-    return InFlight(running.policy.id, running.since_ns) if running is not None else None
-
-
-def _check(
-    view: HealthView, sensor_list: list[Sensor], monitor_list: list[Monitor]
-) -> tuple[dict[str, float], list[Finding]]:
-    readings: dict[str, float] = {}
-    for s in sensor_list:
-        try:
-            readings.update(s.read())
-        except Exception:
-            log.exception("sensor %s failed", s.name)
-    view = dataclasses.replace(view, readings=readings)
-    findings: list[Finding] = []
-    for m in monitor_list:
-        try:
-            findings.extend(m.check(view))
-        except Exception:
-            log.exception("monitor %s failed", m.name)
-    return readings, findings
 
 
 # ---------------------------------------------------------------------------------------
@@ -639,14 +410,15 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         estop_sock,
         publisher,
         period_ns,
-        lambda engaged, reason: daemon_ref[0].estop_changed(engaged, reason) if daemon_ref else None,
+        lambda engaged, reason: daemon_ref[0].health.estop_changed(engaged, reason) if daemon_ref else None,
     )
     cadence = HoldKeeper(loop, period_ns)
+    # The openpi and metrics endpoints: child processes on the daemon's own sockets.
+    endpoint_processes = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve)
     daemon = Daemon(
         cfg,
         notifier=notifier,
         state=state,
-        ctx=ctx,
         chain=chain,
         loop=loop,
         publisher=publisher,
@@ -660,18 +432,18 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         status_sock=status_sock,
         served=served,
         realtime_report=_realtime_report(cfg),
+        tap=tap,
+        endpoint_processes=endpoint_processes,
     )
     daemon_ref.append(daemon)
     if tap is not None:  # the recording tap: fed from what the serving path already holds
-        daemon.tap, loop.tap, publisher.tap = tap, tap.observation, tap.actions
+        loop.tap, publisher.tap = tap.observation, tap.actions
         tap.start()
         stack.callback(tap.stop)
-    # The openpi and metrics endpoints: child processes on the daemon's own sockets.
-    daemon.endpoints = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve)
-    stack.push_async_callback(daemon.endpoints.stop)
+    stack.push_async_callback(endpoint_processes.stop)
     notifier.status("starting the endpoint processes")
     await daemon.endpoints.start()
-    await daemon.first_decision()  # e.g. a remote release unreachable at start: FALLBACK from the start
+    await daemon.health.first_decision()  # e.g. a remote release unreachable at start: FALLBACK from the start
     # The e-stop is read once before serving starts: a robot booted with it engaged never
     # sees a single policy chunk.
     estop.start()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -33,6 +32,8 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import zmq
+
+from vlad.threads import Worker
 
 log = logging.getLogger("vlad.tap")
 
@@ -55,11 +56,12 @@ def tap_endpoint(tap: str, control: str) -> str | None:
     return None
 
 
-class Tap:
+class Tap(Worker):
     """The daemon side: :meth:`observation` and :meth:`actions` from any thread, never
     blocking; :meth:`status` and :meth:`event` from the event loop."""
 
     def __init__(self, sock: zmq.Socket, endpoint: str, observation_bytes: int) -> None:
+        super().__init__("vlad-tap")
         self.sock = sock
         self.endpoint = endpoint
         # Bounded by items (a length check is atomic; a byte count shared by three threads
@@ -75,15 +77,6 @@ class Tap:
         self.dropped = {"observations": 0, "actions": 0, "status": 0}  # one writer each (see above)
         self.dropped_socket = 0
         self._last_event_ns = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vlad-tap", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 1.0) -> None:
-        self._stop.set()
-        self._thread.join(timeout)
 
     # -- offered by the serving, cadence and e-stop threads ---------------------------------
 
@@ -128,17 +121,17 @@ class Tap:
 
     # -- the tap's thread --------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def run(self) -> None:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
-        while not self._stop.is_set():
+        while not self.stopping:
             try:
                 ready = dict(poller.poll(BUSY_POLL_MS if self.subscribed else IDLE_POLL_MS))
                 if ready:
                     self._subscriptions()
                 self._drain()
             except zmq.ZMQError as exc:
-                if exc.errno == zmq.ETERM or self._stop.is_set():
+                if exc.errno == zmq.ETERM or self.stopping:
                     return
                 log.exception("tap: %s", exc)
                 time.sleep(0.1)

@@ -24,10 +24,16 @@ flapping fault cannot flap the robot between policies (hysteresis). A remote lin
 findings carry a window of 0: the link's prober already requires a run of in-deadline
 answers before it calls the link healthy (``vlad_kserve``). Warnings alone only mark the
 release DEGRADED.
+
+The decision itself is :func:`decide`, a pure function of the findings, the time and where
+the chain stands (:class:`Standing`); :class:`HealthPolicy` keeps that standing between
+ticks, journals the findings and applies the :class:`Verdict`, and the policy chain
+(:meth:`vlad.daemon.chain.PolicyChain.follow_health`) moves to its target.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from vlad.health.base import Finding
@@ -40,6 +46,91 @@ class Decision:
     target: int  # position in the chain that should serve now
     state: State  # ACTIVE, DEGRADED or FALLBACK (the e-stop is handled apart)
     reason: str
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where the chain stands before a tick: all :func:`decide` reads besides the findings."""
+
+    chain: Sequence[PolicyId]  # the last one is the hold posture
+    active: int  # the position serving now
+    position: int  # where policy and system faults put the chain (hold for input aside)
+    decided: int  # the last active decided: another ``active`` was set from outside
+    quarantined: Mapping[int, str]  # chain position -> the fault code that caused it
+    ready_ns: int  # no going back up the chain before this (healthy windows)
+    last_fault_reason: str
+    healthy_window_ns: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one tick decided: the decision and the standing it leaves."""
+
+    decision: Decision
+    position: int
+    ready_ns: int
+    last_fault_reason: str
+    quarantine: tuple[tuple[int, Finding], ...]  # positions newly quarantined, each by its finding
+
+
+def _next_allowed(quarantined: Mapping[int, str], length: int, after: int) -> int:
+    """The first position after ``after`` that is not quarantined (the hold posture, last, never is)."""
+    for i in range(after + 1, length):
+        if i not in quarantined:
+            return i
+    return length - 1
+
+
+def decide(findings: Sequence[Finding], now_ns: int, standing: Standing) -> Verdict:
+    """The tick's decision (module doc): a pure function, nothing it is given changes."""
+    st = standing
+    hold = len(st.chain) - 1
+    quarantined = dict(st.quarantined)
+    new: list[tuple[int, Finding]] = []
+
+    def next_allowed(after: int) -> int:
+        return _next_allowed(quarantined, len(st.chain), after)
+
+    def index_of(policy: PolicyId | None) -> int | None:
+        return st.chain.index(policy) if policy in st.chain else None
+
+    faults = [f for f in findings if f.severity == "fault"]
+    position = st.active if st.active != st.decided else st.position  # a deploy, rollback or canary abort moved it
+    target, ready_ns, last_fault_reason = position, st.ready_ns, st.last_fault_reason
+    chain_faults, holds = [], []
+    for f in faults:
+        if f.scope in ("controller", "input"):
+            holds.append(f.message)
+            continue
+        window = st.healthy_window_ns if f.healthy_window_ns is None else f.healthy_window_ns
+        ready_ns = max(ready_ns, now_ns + window)
+        chain_faults.append(f.message)
+        if f.scope == "policy":
+            culprit = index_of(f.policy) if f.policy else st.active
+            if culprit is not None and culprit != hold and culprit not in quarantined:
+                quarantined[culprit] = f.code
+                new.append((culprit, f))
+        else:  # system
+            named = index_of(f.policy) if f.policy else None
+            below = named if named is not None else 0
+            target = max(target, next_allowed(below))
+    if target in quarantined:
+        target = next_allowed(target)
+    reasons = list(chain_faults)
+    if chain_faults:
+        last_fault_reason = "; ".join(chain_faults)
+    elif now_ns >= ready_ns and target > next_allowed(-1):
+        target = next_allowed(-1)
+        reasons.append("healthy again")
+    active = hold if holds else target
+    if active == 0:
+        warn = [f.message for f in findings if f.severity == "warn"]
+        state = State.DEGRADED if warn else State.ACTIVE
+        reason = "; ".join(warn) if warn else "; ".join(reasons) or "healthy"
+    else:
+        state = State.FALLBACK
+        reason = "; ".join(holds + reasons) or last_fault_reason
+    return Verdict(Decision(active, state, reason), target, ready_ns, last_fault_reason, tuple(new))
 
 
 class HealthPolicy:
@@ -59,10 +150,7 @@ class HealthPolicy:
         self.last_fault_reason = ""
 
     def _next_allowed(self, after: int) -> int:
-        for i in range(after + 1, len(self.chain)):
-            if i not in self.quarantined:
-                return i
-        return self.hold
+        return _next_allowed(self.quarantined, len(self.chain), after)
 
     def index_of(self, policy: PolicyId | None) -> int | None:
         """Chain position of a policy; None when it is no longer in the chain (a deployed or
@@ -89,50 +177,32 @@ class HealthPolicy:
                 self.events.record("cleared", f"{f.code} cleared", monitor=f.monitor, code=f.code)
         self.findings = current
 
-        faults = [f for f in findings if f.severity == "fault"]
-        if self.active != self._decided:  # a deploy, rollback or canary abort moved it meanwhile
-            self.position = self.active
-        target = self.position
-        chain_faults, holds = [], []
-        for f in faults:
-            if f.scope in ("controller", "input"):
-                holds.append(f.message)
-                continue
-            window = self.healthy_window_ns if f.healthy_window_ns is None else f.healthy_window_ns
-            self.ready_ns = max(self.ready_ns, now_ns + window)
-            chain_faults.append(f.message)
-            if f.scope == "policy":
-                culprit = self.index_of(f.policy) if f.policy else self.active
-                if culprit is not None and culprit != self.hold and culprit not in self.quarantined:
-                    self.quarantined[culprit] = f.code
-                    self.events.record(
-                        "quarantine",
-                        f"{self.chain[culprit]} quarantined: {f.message}",
-                        policy=str(self.chain[culprit]),
-                        code=f.code,
-                    )
-            else:  # system
-                named = self.index_of(f.policy) if f.policy else None
-                below = named if named is not None else 0
-                target = max(target, self._next_allowed(below))
-        if target in self.quarantined:
-            target = self._next_allowed(target)
-        reasons = list(chain_faults)
-        if chain_faults:
-            self.last_fault_reason = "; ".join(chain_faults)
-        elif now_ns >= self.ready_ns and target > self.best_allowed():
-            target = self.best_allowed()
-            reasons.append("healthy again")
-        self.position = target
-        self.active = self._decided = self.hold if holds else target
-        if self.active == 0:
-            warn = [f.message for f in findings if f.severity == "warn"]
-            state = State.DEGRADED if warn else State.ACTIVE
-            reason = "; ".join(warn) if warn else "; ".join(reasons) or "healthy"
-        else:
-            state = State.FALLBACK
-            reason = "; ".join(holds + reasons) or self.last_fault_reason
-        return Decision(self.active, state, reason)
+        verdict = decide(
+            findings,
+            now_ns,
+            Standing(
+                chain=tuple(self.chain),
+                active=self.active,
+                position=self.position,
+                decided=self._decided,
+                quarantined=dict(self.quarantined),
+                ready_ns=self.ready_ns,
+                last_fault_reason=self.last_fault_reason,
+                healthy_window_ns=self.healthy_window_ns,
+            ),
+        )
+        for culprit, f in verdict.quarantine:
+            self.quarantined[culprit] = f.code
+            self.events.record(
+                "quarantine",
+                f"{self.chain[culprit]} quarantined: {f.message}",
+                policy=str(self.chain[culprit]),
+                code=f.code,
+            )
+        self.position, self.ready_ns = verdict.position, verdict.ready_ns
+        self.last_fault_reason = verdict.last_fault_reason
+        self.active = self._decided = verdict.decision.target
+        return verdict.decision
 
     def resume(self, who: str, why: str) -> None:
         """Operator command: clear every quarantine (recorded with who and why)."""

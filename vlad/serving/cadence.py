@@ -28,33 +28,25 @@ the last chunk left and publishes the hold posture when
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 from vlad.serving.loop import ServingLoop
+from vlad.threads import Worker
 
 log = logging.getLogger("vlad.cadence")
 
 
-class HoldKeeper:
+class HoldKeeper(Worker):
     def __init__(self, loop: ServingLoop, period_ns: int) -> None:
+        super().__init__("vlad-cadence")
         self.loop = loop
         self.period_ns = period_ns
         self.bridged = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vlad-cadence", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 1.0) -> None:
-        self._stop.set()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
+    def run(self) -> None:
         quarter = self.period_ns // 4
         wait_ns = quarter
-        while not self._stop.wait(wait_ns / 1e9):
+        while not self.wait(wait_ns / 1e9):
             try:
                 now = time.monotonic_ns()
                 self.tick(now)

@@ -23,6 +23,7 @@ from vlad.processing import RawObservation
 from vlad.serving.cycle import CycleFailure, run_cycle
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.tracing import CycleTimes, LatencyStats
+from vlad.threads import Worker
 
 log = logging.getLogger("vlad.shadow")
 
@@ -82,10 +83,11 @@ class Divergence:
             }
 
 
-class ShadowRun:
+class ShadowRun(Worker):
     """A candidate policy on its own thread (see module docstring)."""
 
     def __init__(self, policy: ServedPolicy, purpose: str, tolerance: float, window: int = 2000) -> None:
+        super().__init__(f"vlad-shadow-{policy.id.release}")
         self.policy = policy
         self.purpose = purpose  # "shadow" or "canary-reference"
         self.divergence = Divergence(policy.contract.action.dim, tolerance)
@@ -94,12 +96,7 @@ class ShadowRun:
         self.outputs = 0
         self._cond = threading.Condition()
         self._item: tuple[RawObservation, int] | None = None
-        self._stop = False
         self._times = CycleTimes()
-        self._thread = threading.Thread(target=self._run, name=f"vlad-shadow-{policy.id.release}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
 
     def offer(self, obs: RawObservation, receive_ns: int) -> None:
         """Hand over an observation (the newest wins; never blocks the serving thread)."""
@@ -107,20 +104,16 @@ class ShadowRun:
             self._item = (obs, receive_ns)
             self._cond.notify()
 
-    def stop(self, timeout: float) -> bool:
-        """Stop; True when the in-flight cycle finished within ``timeout``."""
+    def wake(self) -> None:
         with self._cond:
-            self._stop = True
             self._cond.notify_all()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
 
-    def _run(self) -> None:
+    def run(self) -> None:
         while True:
             with self._cond:
-                while self._item is None and not self._stop:
+                while self._item is None and not self.stopping:
                     self._cond.wait()
-                if self._stop:
+                if self.stopping:
                     return
                 assert self._item is not None  # the wait ends on an item or on stop
                 (obs, receive_ns), self._item = self._item, None
