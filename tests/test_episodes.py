@@ -18,7 +18,7 @@ from vlad.testing import start_daemon
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 PERIOD = 20_000_000
-SEEDS = (43000, 43001, 43002)
+SEEDS = (43000, 43001)  # x both instructions: four episodes through the daemon
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 One separate process floods the observation socket with junk (random bytes, malformed
 msgpack, frames beyond ZMQ_MAXMSGSIZE, valid-looking observations with bad shapes, NaN,
 forged or out-of-limit joint states) and the control socket with junk requests, as fast
-as it can, for the whole test. Meanwhile a good controller runs at 50 Hz
+as it can, for the whole test (8 s by default, 22 s under ``--slow``). Meanwhile a good controller runs at 50 Hz
 (:class:`~vlad.testing.ControllerSim`), an observer records *every* chunk on the
 action socket, a status poller asks ``status`` twice a second, and the safety bridge
 engages and then releases the e-stop over ZeroMQ (``safety.estop_endpoint``).
@@ -32,11 +32,18 @@ import zmq
 from vlad.testing import PERIOD_S, ControllerSim, load_golden, start_daemon
 
 E_STOP_SLACK_S = 0.030
-FLOOD_S = 22.0
+# How long the flood lasts at least: the default run floods through the e-stop, the release
+# and a few seconds more (enough status polls to judge "answered throughout"); --slow keeps
+# it up for the full soak.
+FLOOD_S = 8.0
+FLOOD_SLOW_S = 22.0
+FLOOD_MAX_S = 120.0  # the flooding process stops by itself if the test never tells it to
+ESTOP_WINDOW_S = 2.0  # how long the e-stop holds under the flood while every chunk is watched
 
 
-def flood(endpoints: dict[str, str], seconds: float, seed: int, counts) -> None:
-    """The flooding process: junk on the observation and control sockets until ``seconds``."""
+def flood(endpoints: dict[str, str], stop, seconds: float, seed: int, counts) -> None:
+    """The flooding process: junk on the observation and control sockets until ``stop`` is set
+    (or ``seconds`` pass)."""
     from vlad.testing import fuzz as ft
 
     rng = random.Random(seed)
@@ -67,7 +74,11 @@ def flood(endpoints: dict[str, str], seconds: float, seed: int, counts) -> None:
     }
     end = time.monotonic() + seconds
     n_obs = n_ctl = 0
+    i = 0
     while time.monotonic() < end:
+        i += 1
+        if i % 256 == 0 and stop.is_set():
+            break
         r = rng.random()
         try:
             if r < 0.3:
@@ -219,7 +230,7 @@ def _wait(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_flood_with_estop(daemon):
+def test_flood_with_estop(daemon, slow):
     client = daemon.client("good-controller")
     observer = Observer(daemon.endpoints["actions"])
     bridge = Bridge(daemon.endpoints_estop)
@@ -242,19 +253,28 @@ def test_flood_with_estop(daemon):
         _wait(lambda: any(c.source == "release" for c in observer.chunks), 10, "policy chunks")
         before = client.status()["counters"]
 
-        counts = multiprocessing.get_context("spawn").Manager().dict()
-        proc = multiprocessing.get_context("spawn").Process(target=flood, args=(daemon.endpoints, FLOOD_S, 9, counts))
+        spawn = multiprocessing.get_context("spawn")
+        counts = spawn.Manager().dict()
+        stop_flood = spawn.Event()
+        proc = spawn.Process(target=flood, args=(daemon.endpoints, stop_flood, FLOOD_MAX_S, 9, counts))
         proc.start()
         poller = threading.Thread(target=poll_status, daemon=True)
         poller.start()
         t_flood = time.monotonic()
-        time.sleep(4.0)
+
+        def rejected_since_before(control: bool) -> int:
+            now = client.status(timeout_ms=5000)["counters"]["rejected"]
+            return sum(v - before["rejected"].get(k, 0) for k, v in now.items() if k.startswith("control_") == control)
+
+        # the flood reaches both sockets before the e-stop is engaged
+        _wait(lambda: rejected_since_before(False) > 200, 20, "the flood's observations to be rejected")
+        _wait(lambda: rejected_since_before(True) > 20, 20, "the flood's control requests to be rejected")
 
         # e-stop engaged under the flood
         bridge.set(True)
         t_engaged_ns = bridge.first_engaged_ns
         _wait(lambda: client.status()["state"] == "ESTOPPED", 5, "ESTOPPED")
-        time.sleep(3.0)
+        time.sleep(ESTOP_WINDOW_S)  # an observation window: every chunk issued meanwhile is checked below
         late = [
             c
             for c in list(observer.chunks)
@@ -271,7 +291,10 @@ def test_flood_with_estop(daemon):
             8,
             "policy chunks after the release",
         )
-        proc.join(FLOOD_S + 30)
+        # the flood goes on (soak) until its duration is reached, then stops
+        time.sleep(max(0.0, t_flood + (FLOOD_SLOW_S if slow else FLOOD_S) - time.monotonic()))
+        stop_flood.set()
+        proc.join(30)
         t_end = time.monotonic()
         assert proc.exitcode == 0
         stop_status.set()

@@ -4,7 +4,6 @@ prometheus_client's own parser."""
 from __future__ import annotations
 
 import socket
-import time
 import urllib.request
 
 import pytest
@@ -17,6 +16,7 @@ from vlad.testing import (  # noqa: E402
     ControllerSim,
     load_golden,  # noqa: E402
     start_daemon,
+    wait_until,
 )
 
 
@@ -41,6 +41,44 @@ def value(fams: dict, family: str, sample: str | None = None, **labels: str) -> 
     raise KeyError((family, sample, labels))
 
 
+FAMILIES = {
+    "vlad_up": "gauge",
+    "vlad_state": "gauge",
+    "vlad_release_info": "gauge",
+    "vlad_estop_engaged": "gauge",
+    "vlad_latency_seconds": "histogram",
+    "vlad_published": "counter",
+    "vlad_observations": "counter",
+    "vlad_holds": "counter",
+    "vlad_rejections": "counter",
+    "vlad_deadline_misses": "counter",
+    "vlad_interventions": "counter",
+    "vlad_state_transitions": "counter",
+    "vlad_events": "counter",
+    "vlad_memory_bytes": "gauge",
+    "vlad_temperature_celsius": "gauge",
+    "vlad_latency_window_seconds": "gauge",
+    "vlad_policy_cycles": "counter",
+    "vlad_fallback_active": "gauge",
+}
+STAGES = ("e2e", "engine", "transport", "preprocess", "decode", "guard", "publish")
+
+
+def _has(fams: dict, family: str, sample: str | None = None, **labels: str) -> bool:
+    try:
+        value(fams, family, sample, **labels)
+    except KeyError:
+        return False
+    return True
+
+
+def _count(fams: dict, stage: str) -> float:
+    """Chunks timed so far at ``stage`` (0 before the first)."""
+    if not _has(fams, "vlad_latency_seconds", "vlad_latency_seconds_count", stage=stage):
+        return 0
+    return value(fams, "vlad_latency_seconds", "vlad_latency_seconds_count", stage=stage)
+
+
 def test_metrics_endpoint_families_and_counts_move(tmp_path):
     port = free_port()
     d = start_daemon(
@@ -59,36 +97,41 @@ def test_metrics_endpoint_families_and_counts_move(tmp_path):
     url = f"http://127.0.0.1:{port}/metrics"
     client = d.client()
     sim = ControllerSim(client, load_golden()[0]).start()
+    scrapes: list[dict] = []
+
+    def scraped(pred) -> bool:
+        scrapes.append(scrape(url))
+        return pred(scrapes[-1])
+
     try:
-        time.sleep(1.5)
-        first = scrape(url)
+        # serving: every stage has timed a chunk
+        wait_until(
+            lambda: scraped(lambda f: all(_count(f, s) > 0 for s in STAGES)),
+            20,
+            "a chunk timed at every stage",
+            poll=0.1,
+        )
+        first = scrapes[-1]
         client.send_raw([b"obs", b"\xc1garbage"])  # one malformed message: a rejection by reason
-        time.sleep(1.5)
-        second = scrape(url)
+        wait_until(
+            lambda: scraped(
+                lambda f: (
+                    _has(f, "vlad_rejections", reason="malformed")
+                    and _has(f, "vlad_memory_bytes", kind="rss")
+                    and value(f, "vlad_published") > value(first, "vlad_published")
+                    and all(_count(f, s) > _count(first, s) for s in STAGES)
+                )
+            ),
+            20,
+            "the counters to move past the first scrape",
+            poll=0.1,
+        )
+        second = scrapes[-1]
     finally:
         sim.stop()
         client.close()
         d.stop()
-    for fam, kind in (
-        ("vlad_up", "gauge"),
-        ("vlad_state", "gauge"),
-        ("vlad_release_info", "gauge"),
-        ("vlad_estop_engaged", "gauge"),
-        ("vlad_latency_seconds", "histogram"),
-        ("vlad_published", "counter"),
-        ("vlad_observations", "counter"),
-        ("vlad_holds", "counter"),
-        ("vlad_rejections", "counter"),
-        ("vlad_deadline_misses", "counter"),
-        ("vlad_interventions", "counter"),
-        ("vlad_state_transitions", "counter"),
-        ("vlad_events", "counter"),
-        ("vlad_memory_bytes", "gauge"),
-        ("vlad_temperature_celsius", "gauge"),
-        ("vlad_latency_window_seconds", "gauge"),
-        ("vlad_policy_cycles", "counter"),
-        ("vlad_fallback_active", "gauge"),
-    ):
+    for fam, kind in FAMILIES.items():
         assert fam in second, f"{fam} missing; have {sorted(second)}"
         assert second[fam]["type"] == kind, (fam, second[fam]["type"])
     # Exactly one state is current (DEGRADED possible on a loaded machine: deadline warnings).
@@ -100,9 +143,8 @@ def test_metrics_endpoint_families_and_counts_move(tmp_path):
     # Counters move between scrapes; the histogram counts every published chunk's e2e.
     assert value(second, "vlad_published") > value(first, "vlad_published") > 0
     assert value(second, "vlad_rejections", reason="malformed") >= 1
-    for stage in ("e2e", "engine", "transport", "preprocess", "decode", "guard", "publish"):
-        n1 = value(first, "vlad_latency_seconds", "vlad_latency_seconds_count", stage=stage)
-        n2 = value(second, "vlad_latency_seconds", "vlad_latency_seconds_count", stage=stage)
+    for stage in STAGES:
+        n1, n2 = _count(first, stage), _count(second, stage)
         assert n2 > n1 > 0, stage
         inf = value(second, "vlad_latency_seconds", "vlad_latency_seconds_bucket", stage=stage, le="+Inf")
         assert inf == n2

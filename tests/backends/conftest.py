@@ -147,6 +147,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("variant", params, scope="session")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the variant tests variant by variant (each in its collected order, in the slots
+    they held), so each variant's session is loaded once: with tests parametrized on more
+    than the variant, pytest's own ordering switches variants back and forth and reloads a
+    session each time (the torch program takes seconds to load)."""
+    slots = [i for i, item in enumerate(items) if "variant" in getattr(getattr(item, "callspec", None), "params", {})]
+    order: dict[str, int] = {}
+    for i in slots:
+        order.setdefault(items[i].callspec.params["variant"].id, len(order))
+    grouped = sorted((items[i] for i in slots), key=lambda item: order[item.callspec.params["variant"].id])
+    for i, item in zip(slots, grouped, strict=True):
+        items[i] = item
+
+
 def variant_unavailable(variant: Variant) -> str | None:
     """Why a GPU variant cannot run here (its backend's own availability is checked apart)."""
     if not variant.gpu or variant.backend == "tensorrt":

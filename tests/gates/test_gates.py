@@ -39,13 +39,15 @@ def _why(report: dict) -> str:
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """``vladctl gate`` on a copy of the demo release against the demo, with --record."""
+    """``vladctl gate`` on a copy of the demo release with itself as the baseline (as the demo
+    is gated, docs/gates.md), with --record. The closed-loop gate then takes the candidate's
+    episodes as the baseline's; a baseline served by its own daemon is the no-language test's."""
     tmp = tmp_path_factory.mktemp("demo-gate")
     release = candidates.demo_copy(tmp / "release")
     out = gate_cli(
         str(release),
         "--baseline",
-        str(candidates.DEMO),
+        str(release),
         "--plan",
         str(DEMO_PLAN),
         "--report",
@@ -82,6 +84,7 @@ def test_demo_release_passes_every_gate(demo_run):
     eq = _gate(report, "equivalence")["details"]
     assert "tensorrt" in eq["skipped"]  # skipped with the reason, not silently
     cl = _gate(report, "closed_loop")["details"]
+    assert cl["baseline_is_candidate"]  # its own baseline: no second daemon for the same episodes
     assert all(
         0 <= r["wilson95"][0] <= r["rate"] <= r["wilson95"][1] <= 1 for r in cl["candidate"]["per_instruction"].values()
     )
@@ -238,20 +241,21 @@ def test_slowed_backend_fails_the_performance_gate(built):
         str(DEMO_PLAN),
         "--report",
         str(built / "slow-report"),
+        # the gate at stake: its outputs are the demo's (the wrapper only waits), so the
+        # equivalence gate has nothing to find here, and the HTML report is the demo test's
+        "--gates",
+        "contract,performance",
+        "--no-html",
         "--perf-calls",
         "40",
         "--bursts",
         "5",
-        "--replay-limit",
-        "10",
-        "--rollout-episodes",
-        "1",
         "--no-hog",
         env=candidates.SLOW_ENV,
     )
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((built / "slow-report" / "report.json").read_text())
-    assert [g["status"] for g in report["gates"]] == ["passed", "passed", "failed", "skipped"], _why(report)
+    assert [g["status"] for g in report["gates"]] == ["passed", "failed"], _why(report)
     perf = _gate(report, "performance")
     assert perf["reasons"][0].startswith("warm: end-to-end p99")
     warm = next(c for c in perf["checks"] if c["name"] == "warm: end-to-end p99")
@@ -271,8 +275,9 @@ def test_policy_ignoring_the_instruction_fails_the_closed_loop_gate(built, ignor
         release,
         candidates.DEMO,
         built / "no-language-report",
-        # the CPU-hog run is the demo test's: here only the verdict on the instruction matters
-        plan=small_plan({"closed_loop": {"fidelity_under_hog": False}}, plan_file=plan_file),
+        # the CPU-hog run is the demo test's: here only the verdict on the instruction matters,
+        # and two seeds per instruction decide it (0 of 2 where the demo reaches 2 of 2)
+        plan=small_plan({"closed_loop": {"fidelity_under_hog": False, "episodes": 2}}, plan_file=plan_file),
         gates=["contract", "equivalence", "closed_loop"],
         progress=lambda m: None,
         html=False,
@@ -280,6 +285,7 @@ def test_policy_ignoring_the_instruction_fails_the_closed_loop_gate(built, ignor
     assert [g["status"] for g in report["gates"]] == ["passed", "passed", "failed"], _why(report)
     cl = _gate(report, "closed_loop")
     assert any(r.startswith("success rate 'reach the point opposite the red target': 0") for r in cl["reasons"])
+    assert cl["details"]["baseline_is_candidate"] is False  # the baseline served by its own daemon
     per = cl["details"]["candidate"]["per_instruction"]
     assert per["reach the red target"]["rate"] >= 0.5  # it does follow the one instruction it hears
     assert cl["details"]["baseline"]["per_instruction"]["reach the point opposite the red target"]["rate"] >= 0.5
