@@ -27,7 +27,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa:
 from vlad.demo import openpi as demo_openpi  # noqa: E402
 from vlad.demo import sim  # noqa: E402
 from vlad.episodes import DaemonLink, run_episode  # noqa: E402
-from vlad.testing import start_daemon  # noqa: E402
+from vlad.testing import start_daemon, wait_until  # noqa: E402
 
 # 12 real-time episodes per client (~30 s in all). The flow-matching noise is seeded by the
 # observation sequence, which the endpoint numbers itself, so outcomes differ per episode.
@@ -210,7 +210,19 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         with pytest.raises(ConnectionClosed):
             policy.infer({**obs, "junk": np.zeros(2 * 2**20, np.uint8)})
         policy = reconnect(port)  # the endpoint lives on
-        assert policy.infer(obs)["actions"].shape == (8, 2)
+
+        # The closed connection sent no goodbye: if the reconnect took longer than the
+        # heartbeat limit, the daemon held for a lost controller (docs/health.md) and serves
+        # again once the client is back in its slot.
+        def serves() -> bool:
+            try:
+                return policy.infer(obs)["actions"].shape == (8, 2)
+            except RuntimeError as exc:  # an answer naming why there is no chunk yet (hold, stale, expired)
+                if "Error in inference server" not in str(exc):
+                    raise
+                return False
+
+        wait_until(serves, 10, "the daemon serving the reconnected client", poll=0.02)
         client = d.client()
         sent, answered = set(), []
         for _ in range(10):
@@ -229,6 +241,7 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
             client,
             lambda st: (
                 st["counters"]["rejected"].get("unauthorized_observations", 0) >= 1
+                and st["openpi"].get("replies", 0) >= 4
                 and all(st["openpi"].get("errors", {}).get(r, 0) >= 1 for r in reasons)
             ),
         )

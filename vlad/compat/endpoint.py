@@ -31,7 +31,7 @@ import resource
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +146,21 @@ def connect(ctx: zmq.asyncio.Context, kind: int, endpoint: str, curve: dict[str,
 
 
 # -- the process -------------------------------------------------------------------------------
+
+
+async def status_updates(sock: zmq.asyncio.Socket) -> AsyncIterator[dict[str, Any]]:
+    """Every status the daemon publishes on ``sock`` (a SUB on its status socket), as a dict;
+    a message that is not one is skipped (the daemon is the only publisher there)."""
+    from vlad import protocol
+
+    while True:
+        frames = await sock.recv_multipart()
+        try:
+            st = protocol.decode(frames, expect=(protocol.TOPIC_STATUS,)).header["status"]
+        except (protocol.ProtocolError, KeyError):
+            continue
+        if isinstance(st, dict):
+            yield st
 
 
 def _emit(doc: dict[str, Any]) -> None:

@@ -32,7 +32,16 @@ import zmq
 import zmq.asyncio
 
 from vlad import protocol
-from vlad.compat.endpoint import ACCEPT_BACKLOG, Admission, Endpoint, EndpointStartError, Spec, connect, peer_of
+from vlad.compat.endpoint import (
+    ACCEPT_BACKLOG,
+    Admission,
+    Endpoint,
+    EndpointStartError,
+    Spec,
+    connect,
+    peer_of,
+    status_updates,
+)
 from vlad.config import parse_listen
 
 log = logging.getLogger("vlad.metrics")
@@ -305,14 +314,8 @@ class MetricsEndpoint(Endpoint):
         return str(self.listen)
 
     async def _read_status(self) -> None:
-        while True:
-            frames = await self._st.recv_multipart()
-            try:
-                st = protocol.decode(frames, expect=(protocol.TOPIC_STATUS,)).header["status"]
-            except (protocol.ProtocolError, KeyError):
-                continue
-            if isinstance(st, dict):
-                self.status, self.status_at, self._text = st, time.monotonic(), None
+        async for st in status_updates(self._st):
+            self.status, self.status_at, self._text = st, time.monotonic(), None
 
     def page(self) -> bytes:
         """``/metrics``: the rendered status and the live ``vlad_up`` / ``vlad_status_age_seconds``."""

@@ -55,7 +55,16 @@ import zmq.asyncio
 import zmq.utils.monitor
 
 from vlad import __version__, protocol
-from vlad.compat.endpoint import ACCEPT_BACKLOG, Admission, Endpoint, EndpointStartError, Spec, connect, peer_of
+from vlad.compat.endpoint import (
+    ACCEPT_BACKLOG,
+    Admission,
+    Endpoint,
+    EndpointStartError,
+    Spec,
+    connect,
+    peer_of,
+    status_updates,
+)
 from vlad.compat.msgpack_numpy import BadRequest, pack, unpack
 from vlad.config import parse_listen
 
@@ -508,15 +517,9 @@ class OpenPIEndpoint(Endpoint):
             self._resolve(key, msg)
 
     async def _read_status(self) -> None:
-        while True:
-            frames = await self._st.recv_multipart()
-            try:
-                st = protocol.decode(frames, expect=(protocol.TOPIC_STATUS,)).header["status"]
-            except (protocol.ProtocolError, KeyError):
-                continue
-            if isinstance(st, dict):
-                self.status = st
-                self.metadata["release"] = st.get("release", self.metadata["release"])
+        async for st in status_updates(self._st):
+            self.status = st
+            self.metadata["release"] = st.get("release", self.metadata["release"])
 
     def _resolve(self, key: tuple[Any, Any], result: Any) -> None:
         future = self._waiters.get(key)
