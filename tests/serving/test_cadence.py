@@ -56,7 +56,9 @@ def test_a_chunk_executing_controller_gets_no_bridge_between_its_requests(rig):
         assert rig.recv(0.0) is None  # nothing went out between the requests
         _sleep_until(t_ask + 4 * period)
     assert rig.publisher.counts.holds["bridge"] == 0 and keeper.bridged == 0
-    assert rig.intake.observation_interval_ns >= 4 * period
+    # The intake times the requests at receive (about 4 periods apart; a late wake-up of the
+    # previous receive shortens the measured gap by that much), never the half-period heartbeats.
+    assert rig.intake.observation_interval_ns > 3 * period
 
 
 def test_a_streaming_controller_is_bridged_while_its_inference_is_late(rig):
