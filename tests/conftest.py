@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -12,6 +13,12 @@ import pytest
 
 from vlad.testing.golden import GOLDEN, GoldenCase, load_golden
 from vlad.testing.releases import DEMO, REPO
+
+# A background job of a non-interactive shell (`./.ci/run &`) starts with SIGINT ignored, and
+# every process the tests start would inherit that: the Ctrl-C tests (demo, watch) need it
+# delivered. A handler (not SIG_IGN) here makes the children start with the default again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 __all__ = ["DEMO", "GOLDEN", "ROOT", "VLAD", "load_golden"]
 
