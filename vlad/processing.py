@@ -265,11 +265,11 @@ class Preprocessor:
     """Raw observations -> model inputs (:func:`preprocess`) for one contract, into buffers allocated once.
 
     The serving thread calls :meth:`fill` every cycle; it returns the same dict of the
-    same arrays each time (the engine reads them before the next call). The results are
-    bit-identical to :func:`preprocess` (the golden fixtures check both): an 8-bit camera
-    that needs no crop or resize goes through a per-channel lookup table built with the
-    very same float32 operations, which also does the layout change in the same pass;
-    other cameras take :func:`preprocess_image` and a copy.
+    same arrays each time (the engine reads them before the next call). An 8-bit camera
+    that needs no crop or resize goes through a per-channel lookup table built with
+    :func:`preprocess_image`'s very same float32 operations (bit-identical; the golden
+    fixtures check it), which also does the layout change in the same pass; other cameras
+    take :func:`preprocess_image` and a copy.
 
     With ``[history]`` (``frames`` > 1) it also holds the observation window: the camera and
     proprio inputs are the last ``frames`` observations passed to :meth:`fill`, oldest first.

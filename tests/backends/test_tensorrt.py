@@ -557,14 +557,6 @@ def test_options_report_every_problem_at_once():
     assert msg.startswith("tensorrt: ") and "\n" not in msg
 
 
-def test_the_options_precision_labels_are_the_backends():
-    import typing
-
-    from vlad_tensorrt.precision import PRECISIONS
-
-    assert typing.get_args(typing.get_type_hints(TensorRTOptions)["precision"]) == PRECISIONS
-
-
 def test_plugin_registers_through_the_entry_point():
     from vlad.plugins import backends, make_plugin_manager
 

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from vlad.backend import Availability, Backend, Session, parse_options
 from vlad.contract import Contract
@@ -39,10 +39,12 @@ from vlad_tensorrt.cache import (
     DEFAULT_CACHE_DIR,
     CacheIngredients,
     EngineCache,
+    OnMismatch,
     file_sha256,
     prepare_engine,
 )
 from vlad_tensorrt.precision import (
+    Precision,
     format_cc,
     require_fp8_qdq,
     scan_onnx_qdq,
@@ -58,9 +60,9 @@ class TensorRTOptions:
     """The backend options of one release, parsed once by :func:`vlad.backend.parse_options`
     (unknown keys and wrong types are errors, every one at once)."""
 
-    precision: Literal["fp32", "tf32", "fp16", "bf16", "fp8"] = "fp32"  # vlad_tensorrt.precision.PRECISIONS
+    precision: Precision = "fp32"
     cache_dir: str = str(DEFAULT_CACHE_DIR)
-    on_mismatch: Literal["error", "rebuild"] = "error"  # vlad_tensorrt.cache.ON_MISMATCH
+    on_mismatch: OnMismatch = "error"
     profile_max_batch: int | None = field(default=None, metadata=bounded(1))
     cuda_graph: bool = False
     allow_build: bool = True

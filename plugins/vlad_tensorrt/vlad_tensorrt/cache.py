@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Literal, get_args
 
 from vlad.errors import BackendError
 from vlad_tensorrt.profiles import canonical_json
@@ -40,7 +41,8 @@ KEY_FORMAT = "vlad.tensorrt-key/1"
 SIDECAR_FORMAT = "vlad.tensorrt-engine/1"
 TIMING_FORMAT = "vlad.tensorrt-timing/1"
 DEFAULT_CACHE_DIR = Path("/var/lib/vlad/engines")
-ON_MISMATCH: tuple[str, ...] = ("error", "rebuild")
+OnMismatch = Literal["error", "rebuild"]  # a stored engine whose sidecar does not match this machine
+ON_MISMATCH: tuple[str, ...] = get_args(OnMismatch)
 # The ingredients a timing cache depends on (not the model: see timing_cache_key).
 MACHINE_FIELDS = ("tensorrt_version", "gpu_name", "compute_capability", "precision")
 

@@ -23,10 +23,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 from vlad.errors import BackendError
 
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
+# The labels a TensorRT engine is built for (TensorRTOptions.precision takes exactly these).
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 # Minimum compute capability per precision. fp16 arithmetic is native from sm_53; TF32 and
 # bf16 tensor cores arrived with Ampere (8.0); fp8 tensor cores with Ada (8.9) and Hopper (9.0).
