@@ -1,7 +1,8 @@
 """One small base for the daemon's own threads: named, started once, stopped on request.
 
-The e-stop reader, the ZAP handler, the recording tap, the cadence thread and a shadow run
-each loop on their own thread until they are asked to stop. :class:`Worker` holds what
+The serving thread (one per generation), the e-stop reader, the ZAP handler, the recording
+tap, the cadence thread, a shadow run and the gates' neighbour watch each loop on their own
+thread until they are asked to stop. :class:`Worker` holds what
 they share: the thread (a daemon thread, so a thread stuck in a library call never holds
 the process's exit), the stop request, a bounded join, and ``alive`` for the watchdog.
 A subclass writes :meth:`Worker.run`, checks :attr:`Worker.stopping` or sleeps with

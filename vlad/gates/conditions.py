@@ -15,11 +15,12 @@ import platform
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from vlad.threads import Worker
 
 VERSIONED = ("vlad", "numpy", "torch", "onnxruntime", "onnxruntime-gpu", "tensorrt", "pyzmq", "mujoco", "tokenizers")
 
@@ -157,25 +158,24 @@ def capture_after() -> dict[str, Any]:
     }
 
 
-class NeighbourWatch:
+class NeighbourWatch(Worker):
     """Samples, while a run goes on, which processes outside this one's own tree (the gate,
     its daemons, its CPU hog) use the CPU: a neighbour that comes and goes mid-run skews
     tail latency and would otherwise stay invisible in the report."""
 
     def __init__(self, every_s: float = 2.0, threshold: float = 20.0) -> None:
+        super().__init__("gate-neighbours")
         self.every_s, self.threshold = every_s, threshold
         self.peaks: dict[str, float] = {}
         self.samples = 0
         self.busy_samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gate-neighbours", daemon=True)
 
-    def _run(self) -> None:
+    def run(self) -> None:
         import psutil
 
         me = psutil.Process()
         known: dict[int, psutil.Process] = {}
-        while not self._stop.wait(self.every_s):
+        while not self.wait(self.every_s):
             try:
                 own = {me.pid} | {c.pid for c in me.children(recursive=True)}
             except psutil.Error:
@@ -197,12 +197,11 @@ class NeighbourWatch:
             self.busy_samples += busy
 
     def __enter__(self) -> NeighbourWatch:
-        self._thread.start()
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
+        self.stop(5)
 
     def summary(self) -> dict[str, Any]:
         """Share of samples with a busy neighbour, and each neighbour's peak CPU %."""

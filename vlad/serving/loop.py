@@ -38,6 +38,7 @@ from vlad.serving.publisher import Publisher
 from vlad.serving.realtime import apply_thread_knobs
 from vlad.serving.shadow import ShadowRun
 from vlad.serving.tracing import CycleTimes
+from vlad.threads import Worker
 
 log = logging.getLogger("vlad.serving")
 
@@ -99,7 +100,7 @@ class ServingLoop:
         self._times = CycleTimes()
         self._spin = False  # busy-poll before the next blocking poll (see _serve_once)
         self._alloc = alloctrace.from_env()  # None unless VLAD_ALLOC_TRACE is set (scripts/soak.py)
-        self._thread: threading.Thread | None = None
+        self._thread: _ServingThread | None = None
         self._started = threading.Event()
         self._start_error: BaseException | None = None
 
@@ -113,8 +114,7 @@ class ServingLoop:
             raise self._start_error
 
     def _spawn(self) -> None:
-        gen = self.generation
-        self._thread = threading.Thread(target=self._run, args=(gen,), name=f"vlad-serving-{gen}", daemon=True)
+        self._thread = _ServingThread(self, self.generation)
         self._thread.start()
 
     def replace_thread(self) -> None:
@@ -138,12 +138,7 @@ class ServingLoop:
     def stop(self, timeout: float) -> bool:
         """Stop serving; True when the thread finished its cycle within ``timeout``."""
         self._stopping = True
-        self.wake()
-        t = self._thread
-        if t is not None:
-            t.join(timeout)
-            return not t.is_alive()
-        return True
+        return self._thread.stop(timeout) if self._thread is not None else True
 
     def wait_not_running(self, policy: ServedPolicy, timeout: float) -> bool:
         """Wait until no inference of ``policy`` is in flight (before closing its session)."""
@@ -163,7 +158,7 @@ class ServingLoop:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.alive
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -336,3 +331,19 @@ class ServingLoop:
                 failure,
                 exc_info=failure.__cause__ if reason == "internal_error" else None,
             )
+
+
+class _ServingThread(Worker):
+    """One generation of the serving thread: :meth:`ServingLoop.replace_thread` starts a
+    new one beside a thread hung in an engine call, so the loop holds one per generation;
+    it ends when the loop stops or moves to a newer generation (checked every wake-up)."""
+
+    def __init__(self, loop: ServingLoop, generation: int) -> None:
+        super().__init__(f"vlad-serving-{generation}")
+        self.loop, self.generation = loop, generation
+
+    def run(self) -> None:
+        self.loop._run(self.generation)
+
+    def wake(self) -> None:
+        self.loop.wake()
