@@ -23,14 +23,13 @@ Benchmarks print; they never assert timings.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 
 import numpy as np
 
 from vlad.testing import DEMO
+from vlad.testing.conditions import conditions
 
 
 def session(endpoint: str, probe_ms: float, recover_after: int):
@@ -123,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from vlad.testing.kserve import HostileServer
 
-    load = os.getloadavg()
+    c = conditions("onnxruntime")
     print(
-        f"conditions: {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, {os.cpu_count()} CPUs, "
-        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; HTTP to 127.0.0.1, demo model (ONNX Runtime, "
-        f"1 thread) answering in ~2 ms; probe_interval_ms {args.probe_ms:g}, recover_after {args.recover_after}"
+        f"conditions: {c['date']}, {c['host']}, {c['cpu']}, {c['cpus']} CPUs, load average {c['load_avg']}; "
+        f"HTTP to 127.0.0.1, demo model (ONNX Runtime, 1 thread) answering in ~2 ms; "
+        f"probe_interval_ms {args.probe_ms:g}, recover_after {args.recover_after}"
     )
     server = HostileServer()
     try:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlad.gates.conditions import cpu_model
 from vlad.planner.spec import Hardware, PlannerError
 
 # (matrix size, repetitions, copy MiB, repetitions): short keeps a CI run under a second.
@@ -128,22 +129,12 @@ def measure_peaks(threads: int = 1, short: bool = False, use_torch: bool = False
     n, reps, mib, copies = SIZES["short" if short else "full"]
     flops = {k: r[k] for k in ("numpy", "torch", "torch_bf16") if k in r}
     conditions = {
-        "cpu": _cpu_name(), "logical_cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)),
+        "cpu": cpu_model(), "logical_cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)),
         "load_avg": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
         "numpy": r.get("numpy_version"), "torch": r.get("torch_version"),
         "matmul": f"{n}x{n} float32 (torch also bfloat16), best of {reps}", "copy": f"{mib} MiB float32, best of {copies}",
     }  # fmt: skip
     return Peaks(matmul_flops=flops, bandwidth=r["bandwidth"], threads=threads, conditions=conditions)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
