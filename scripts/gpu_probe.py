@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.metadata
-import importlib.util
 import json
 import os
 import shutil
@@ -513,20 +511,14 @@ def check_cold(targets: list[Target]) -> tuple[list[Row], dict[str, dict]]:
 
 
 def conditions() -> dict:
-    cond: dict[str, Any] = {"cpu_count": os.cpu_count()}
-    if hasattr(os, "getloadavg"):
-        cond["load_avg"] = list(os.getloadavg())
+    """The gates' record of the conditions (:func:`vlad.gates.conditions.capture`: CPU, GPU
+    clocks, temperature, power and memory, load, versions of the GPU stack), the other
+    processes on the GPU, and how the figures were measured."""
+    from vlad.gates.conditions import capture
+
+    cond: dict[str, Any] = capture()
     smi = shutil.which("nvidia-smi")
     if smi:
-        q = "clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw,power.limit,pstate,persistence_mode"
-        out = subprocess.run(
-            [smi, f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True, check=False
-        )
-        cond["gpu_state"] = (
-            dict(zip(q.split(","), (v.strip() for v in out.stdout.splitlines()[0].split(",")), strict=False))
-            if out.stdout.strip()
-            else out.stderr.strip()
-        )
         procs = subprocess.run(
             [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
             capture_output=True,
@@ -534,24 +526,6 @@ def conditions() -> dict:
             check=False,
         )
         cond["other_gpu_processes"] = [p.strip() for p in procs.stdout.splitlines() if str(os.getpid()) not in p]
-    versions = {}
-    for dist in (
-        "numpy",
-        "torch",
-        "onnxruntime-gpu",
-        "onnxruntime",
-        "tensorrt-cu13",
-        "tensorrt-cu12",
-        "cuda-python",
-        "cuda-bindings",
-        "nvidia-cudnn-cu13",
-        "nvidia-cudnn-cu12",
-    ):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    cond["versions"] = versions
     cond["method"] = (
         f"golden fixtures (batch 1) for errors; warm latency: {WARMUP} warm-up then {CALLS} calls of "
         f"Session.infer at batch 1, wall clock per call; cold: a fresh process per target"

@@ -22,7 +22,25 @@ from typing import Any
 
 from vlad.threads import Worker
 
-VERSIONED = ("vlad", "numpy", "torch", "onnxruntime", "onnxruntime-gpu", "tensorrt", "pyzmq", "mujoco", "tokenizers")
+# The distributions a figure depends on (those installed are recorded): the serving stack,
+# and the GPU stack under the names its wheels carry per CUDA major.
+VERSIONED = (
+    "vlad",
+    "numpy",
+    "torch",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "tensorrt",
+    "tensorrt-cu13",
+    "tensorrt-cu12",
+    "cuda-python",
+    "cuda-bindings",
+    "nvidia-cudnn-cu13",
+    "nvidia-cudnn-cu12",
+    "pyzmq",
+    "mujoco",
+    "tokenizers",
+)
 
 
 def _read(path: str) -> str | None:
