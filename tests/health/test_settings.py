@@ -99,6 +99,7 @@ def test_a_config_built_in_code_round_trips_through_toml():
     assert tomllib.loads(text)["monitors"]["grip"] == {"mode": "soft", "limit_n": 5.0}
     again = parse_config(tomllib.loads(text), "<text>", OFFERED)
     assert again.monitors.settings["grip"] == GripSettings(limit_n=5.0) and again.monitors.max_rss_mb == 100.0
+    assert again.monitors.settings["grip"].limit_n == 5.0
 
 
 def test_the_loaded_plugins_declare_their_tables():

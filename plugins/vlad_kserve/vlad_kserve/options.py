@@ -101,10 +101,6 @@ class RemoteOptions:
         """The endpoint in the form the clients take (host:port)."""
         return f"{self.host}:{self.port}"
 
-    @property
-    def loopback(self) -> bool:
-        return _loopback(self.host)
-
 
 def split_endpoint(endpoint: str) -> tuple[Protocol, bool, str, int]:
     """(protocol, TLS, host, port) of an endpoint; ValueError with the reason."""
