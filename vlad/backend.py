@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
 
@@ -35,7 +35,8 @@ OptionsT = TypeVar("OptionsT")
 #: ``precision``), what a session reports in :class:`SessionDescription`, what the gates
 #: hold budgets for. Each backend honours a subset and refuses the rest when it loads
 #: (tests/backends/test_precisions.py checks every backend's subset against this set).
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "mixed")
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "int8", "fp8", "mixed"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 @dataclass(frozen=True)

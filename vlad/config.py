@@ -10,8 +10,10 @@ nanoseconds once, here (the ``*_ns`` attributes), so nothing downstream converts
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -195,7 +197,9 @@ class MemoryConfig:
 
 @dataclass(frozen=True)
 class MonitorsConfig:
-    """``[monitors]`` thresholds (documented in docs/health.md)."""
+    """``[monitors]``: the built-in monitors' thresholds (documented in docs/health.md), which
+    monitors run, and a table per plugin monitor that declares one (``[monitors.<name>]``,
+    :func:`parse_monitor_tables`)."""
 
     cpu_temp_warn_c: float = 85.0
     cpu_temp_fault_c: float = 95.0
@@ -215,6 +219,10 @@ class MonitorsConfig:
     p99_budget_fraction: float = field(default=1.0, metadata=bounded(0.0))
     artifact_check_interval_s: float = field(default=5.0, metadata=bounded(0.05))
     enabled: tuple[str, ...] = ()  # monitor names to run; empty: all
+    # Monitor name -> its own table, ``[monitors.<name>]``: parsed into the dataclass the
+    # monitor declares (Monitor.Settings) when the parser is given the monitors (the daemon's
+    # start), else the table as it is.
+    settings: Mapping[str, Any] = field(default_factory=dict, metadata={"internal": True, "tables": True})
 
 
 @dataclass(frozen=True)
@@ -431,16 +439,95 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
-    """Validate a config mapping into :class:`Config` (every problem reported at once)."""
-    cfg = schema.parse(Config, data, source, ConfigError, CHECKS)
-    return replace(cfg, source=source)
+def parse_monitor_tables(
+    tables: Mapping[str, Any],
+    monitors: Mapping[str, type | None],
+    enabled: tuple[str, ...] = (),
+    problems: list[str] | None = None,
+) -> dict[str, Any]:
+    """Each ``[monitors.<name>]`` table parsed into the dataclass its monitor declares.
+
+    ``monitors``: every monitor offered, name -> its settings dataclass (None: it takes no
+    table), as the monitors themselves say (:func:`vlad.plugins.monitor_settings`). A table
+    for no such monitor, or ``enabled`` naming one that is not offered, is a problem (with
+    the closest name); a monitor with settings and no table gets its defaults. A table that
+    is already its dataclass (a config built in code) is kept. Problems are appended to
+    ``problems`` (raised as one :class:`ConfigError` when it is None).
+    """
+    found: list[str] = [] if problems is None else problems
+    out: dict[str, Any] = {}
+    takes = sorted(name for name, tp in monitors.items() if tp is not None)
+    for name, table in tables.items():
+        path = f"monitors.{schema.shown(name)[1:-1]}"
+        tp = monitors.get(name)
+        if tp is None:
+            close = difflib.get_close_matches(str(name), takes, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"monitors with settings: {', '.join(takes) or 'none'}"
+            what = "takes no settings" if name in monitors else "is not a monitor offered by the loaded plugins"
+            found.append(f"{path}: {schema.shown(name)} {what} ({hint})")
+        elif isinstance(table, tp):
+            out[name] = table
+        else:
+            value = schema.convert(tp, table, path, found)
+            if not isinstance(value, schema.Broken):
+                out[name] = value
+    for name, tp in monitors.items():
+        if tp is not None and name not in tables:
+            out[name] = tp()
+    for i, name in enumerate(enabled):
+        if name not in monitors:
+            close = difflib.get_close_matches(name, list(monitors), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"offered: {', '.join(sorted(monitors))}"
+            found.append(f"monitors.enabled[{i}]: no monitor named {schema.shown(name)} ({hint})")
+    if problems is None and found:
+        raise ConfigError("[monitors]", found)
+    return out
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+def _split_monitor_tables(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(``data`` without the per-monitor tables, those tables): a table under ``[monitors]``
+    whose name is not one of :class:`MonitorsConfig`'s keys is a monitor's own table."""
+    section = data.get("monitors")
+    if not isinstance(section, dict):
+        return data, {}
+    own = {f.name for f in fields(MonitorsConfig) if not f.metadata.get("internal")}
+    tables = {k: v for k, v in section.items() if k not in own and isinstance(v, dict)}
+    if not tables:
+        return data, {}
+    return {**data, "monitors": {k: v for k, v in section.items() if k not in tables}}, tables
+
+
+def parse_config(
+    data: dict[str, Any], source: str = "<config>", monitors: Mapping[str, type | None] | None = None
+) -> Config:
+    """Validate a config mapping into :class:`Config` (every problem reported at once).
+
+    ``monitors`` (every monitor offered: name -> its settings dataclass or None, see
+    :func:`parse_monitor_tables`) parses the ``[monitors.<name>]`` tables and checks
+    ``monitors.enabled``; without it (a tool that reads the config for its sockets) those
+    tables are kept as they are, for the daemon to parse.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"expected a table at top level, got {schema.kind(data)}"])
+    data, tables = _split_monitor_tables(data)
+    problems: list[str] = []
+    cfg = schema.convert(Config, data, "", problems, checks=CHECKS)
+    settings: Mapping[str, Any] = tables
+    if monitors is not None:
+        enabled = cfg.monitors.enabled if not isinstance(cfg, schema.Broken) else ()
+        settings = parse_monitor_tables(tables, monitors, enabled, problems)
+    if problems or isinstance(cfg, schema.Broken):
+        raise ConfigError(source, problems or ["invalid"])
+    return replace(cfg, source=source, monitors=replace(cfg.monitors, settings=settings))
+
+
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None, monitors: Mapping[str, type | None] | None = None
+) -> Config:
     """Read ``path`` (``None``: defaults only), apply ``overrides``, validate.
 
-    Relative paths in the file resolve against the file's folder.
+    Relative paths in the file resolve against the file's folder. ``monitors``: see
+    :func:`parse_config` (the daemon passes :func:`vlad.plugins.monitor_settings`).
     """
     data: dict[str, Any] = {}
     source = "<defaults>"
@@ -456,7 +543,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(source, [str(exc).removeprefix(f"{source}: ")]) from None
         base = p.resolve().parent
     apply_overrides(data, overrides or [])
-    cfg = parse_config(data, source)
+    cfg = parse_config(data, source, monitors)
 
     def resolve(p: str) -> str:
         return p if not p or Path(p).is_absolute() else str((base / p).resolve())

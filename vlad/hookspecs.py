@@ -48,8 +48,11 @@ def vlad_backends() -> list[Backend]:
 def vlad_monitors(config: dict) -> list[Monitor]:
     """Return the health monitors this plugin provides.
 
-    :param config: the ``[monitors]`` table of the daemon configuration (read-only), so a
-        plugin can take its thresholds from there.
+    A monitor with thresholds of its own declares them as ``Monitor.Settings``; the daemon
+    parses its ``[monitors.<name>]`` table with it and sets ``monitor.settings``.
+
+    :param config: the ``[monitors]`` table of the daemon configuration (read-only): the
+        built-in monitors' thresholds, which a plugin may reuse.
     """
 
 

@@ -218,6 +218,20 @@ def monitors(config: dict, pm: pluggy.PluginManager | None = None) -> list:
     return [m for result in pm.hook.vlad_monitors(config=config) for m in (result or ())]
 
 
+def monitor_settings(pm: pluggy.PluginManager | None = None) -> dict[str, type | None]:
+    """Every monitor the loaded plugins offer: its name -> the dataclass of its own config
+    table ``[monitors.<name>]`` (its ``Settings``; None: it takes none). What the config
+    parser reads the monitors' tables with (:func:`vlad.config.parse_monitor_tables`): the
+    monitors declare them, no second list does. The monitors are made once to be asked,
+    with the default thresholds (making one must be cheap and do nothing)."""
+    from dataclasses import asdict
+
+    from vlad.config import MonitorsConfig
+
+    offered = monitors(asdict(MonitorsConfig()), pm)
+    return {m.name: getattr(m, "Settings", None) for m in offered}
+
+
 def sensors(pm: pluggy.PluginManager | None = None) -> list:
     pm = pm or plugin_manager()
     return [s for result in pm.hook.vlad_sensors() for s in (result or ())]

@@ -154,7 +154,7 @@ def _parse_fields(
         elif key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
-            problems.append(f"{join(path, str(key))}: unknown key ({hint})")
+            problems.append(f"{join(path, shown(key)[1:-1])}: unknown key ({hint})")
             complete = False
     return values, salvaged, complete
 
@@ -192,7 +192,7 @@ def convert(
             problems.append(f"{path}: expected a string, got {kind(value)}")
             return BROKEN
         if value not in allowed:
-            problems.append(f"{path}: unknown value {value!r} (known: {', '.join(allowed)})")
+            problems.append(f"{path}: unknown value {shown(value)} (known: {', '.join(allowed)})")
             return BROKEN
         return value
     if origin is tuple:
@@ -241,7 +241,7 @@ def convert(
             problems.append(f"{path}: longer than {meta['max_len']} characters")
             return BROKEN
         if meta and meta.get("sha256") and not _SHA256_RE.fullmatch(value):
-            problems.append(f"{path}: expected 64 lowercase hex digits, got {value!r}")
+            problems.append(f"{path}: expected 64 lowercase hex digits, got {shown(value)}")
             return BROKEN
         if meta and meta.get("relpath") is not None:
             problem = relpath_problem(value, meta["relpath"], meta.get("reserved", ()))
@@ -273,7 +273,7 @@ def convert(
             try:
                 value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
             except ValueError:
-                problems.append(f"{path}: not an RFC 3339 timestamp: {value!r}")
+                problems.append(f"{path}: not an RFC 3339 timestamp: {shown(value)}")
                 return BROKEN
         if not isinstance(value, dt.datetime):
             problems.append(f"{path}: expected a datetime, got {kind(value)}")
@@ -296,14 +296,21 @@ def _partial(cls: type, values: Mapping[str, Any]) -> Any:
         return None
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a problem names hostile input, it does not
+    echo all of it."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-1]}"
+
+
 def relpath_problem(value: str, folder: str, reserved: tuple[str, ...] = ()) -> str | None:
     """Why ``value`` is not a plain relative path inside ``folder`` naming none of ``reserved``."""
     try:
         relative_parts(value)
     except FileRefused:
-        return f"must be a plain relative path inside {folder}, got {value!r}"
+        return f"must be a plain relative path inside {folder}, got {shown(value)}"
     if value in reserved:
-        return f"{value!r} is one of the reserved files of {folder} ({', '.join(reserved)})"
+        return f"{shown(value)} is one of the reserved files of {folder} ({', '.join(reserved)})"
     return None
 
 

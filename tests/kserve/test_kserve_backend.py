@@ -31,13 +31,13 @@ def load(contract, endpoint: str, **options):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({}, "option endpoint is required"),
+        ({}, "options.endpoint: required, e.g. endpoint = "),
         ({"endpoint": "ftp://h:1"}, "scheme must be grpc, grpcs, http or https"),
         ({"endpoint": "grpc://h"}, "needs a host and a port"),
         ({"endpoint": "grpc://h:1", "protocol": "http"}, "is grpc"),
         ({"endpoint": "grpc://h:1", "token": "secret"}, "must not be inline"),
-        ({"endpoint": "grpc://h:1", "timout_ms": 5}, "unknown option"),
-        ({"endpoint": "grpc://h:1", "timeout_ms": -1}, "timeout_ms must be a number"),
+        ({"endpoint": "grpc://h:1", "timout_ms": 5}, r"options.timout_ms: unknown key \(did you mean 'timeout_ms'\?\)"),
+        ({"endpoint": "grpc://h:1", "timeout_ms": -1}, "options.timeout_ms: must be >= 0.1, got -1"),
         ({"endpoint": "grpc://h:1", "tls_ca_file": "/nonexistent"}, "does not exist"),
     ],
 )

@@ -171,7 +171,7 @@ def test_onnx_runtime_keeps_the_weights_memory_mapped_when_asked(small_release):
         # packed copies replace the mapped MatMul weights; without packing they stay mapped
         assert (mapped > 0.8 * size) if memory_map else (mapped < 0.2 * size), (memory_map, mapped, size)
     assert np.allclose(results[True], results[False], atol=1e-5)
-    with pytest.raises(BackendError, match="memory_map must be true or false"):
+    with pytest.raises(BackendError, match="options.memory_map: expected true or false, got a string"):
         backend.load(out / "policy.onnx", contract, {"memory_map": "yes"})
 
 

@@ -49,8 +49,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vlad.config import load_config
     from vlad.daemon.supervisor import serve
     from vlad.logs import setup_logging
+    from vlad.plugins import monitor_settings
 
-    cfg = load_config(args.config, args.set)
+    # The monitors' own tables ([monitors.<name>]) are checked with the rest of the file.
+    cfg = load_config(args.config, args.set, monitor_settings())
     setup_logging(cfg.logging.level, cfg.logging.journald)
     return serve(cfg)
 

@@ -72,9 +72,17 @@ class HealthService:
         if self._parts is None:
             from dataclasses import asdict
 
+            from vlad.config import parse_monitor_tables
             from vlad.plugins import monitors, sensors
 
             monitor_list: list[Monitor] = monitors(asdict(self.cfg.monitors))
+            # Parsed at load already (vlad serve); a config built in code is parsed here.
+            tables = parse_monitor_tables(
+                self.cfg.monitors.settings, {m.name: m.Settings for m in monitor_list}, self.cfg.monitors.enabled
+            )
+            for m in monitor_list:
+                if m.Settings is not None:
+                    m.settings = tables[m.name]
             if self.cfg.monitors.enabled:
                 monitor_list = [m for m in monitor_list if m.name in self.cfg.monitors.enabled]
             self._parts = (sensors(), monitor_list)

@@ -20,7 +20,7 @@ import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from vlad.config import MonitorsConfig
 from vlad.health.liveness import Beat
@@ -107,9 +107,22 @@ class HealthView:
 
 
 class Monitor(abc.ABC):
-    """One health check. ``check`` must be cheap; it runs every monitor tick (~50 ms)."""
+    """One health check. ``check`` must be cheap; it runs every monitor tick (~50 ms).
+
+    A monitor with thresholds of its own declares them as a frozen dataclass, ``Settings``
+    (every field with a default; :mod:`vlad.schema` types, bounds and ``Literal`` choices):
+    the daemon's config parser reads the ``[monitors.<name>]`` table with it, so an unknown
+    key, a wrong type or a value out of bounds refuses the start in one line naming the
+    key, and the daemon hands the parsed table to :attr:`settings` before the first check.
+    The built-in monitors read the shared ``[monitors]`` thresholds from the view instead.
+    """
 
     name: str = "?"
+    #: The dataclass of this monitor's ``[monitors.<name>]`` table; None: it takes none.
+    Settings: ClassVar[type | None] = None
+    #: The parsed table (a ``Settings``), set by the daemon; a monitor made in code sets
+    #: its own (e.g. ``Settings()``'s defaults).
+    settings: Any = None
 
     @abc.abstractmethod
     def check(self, view: HealthView) -> list[Finding]:

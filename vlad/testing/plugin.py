@@ -27,13 +27,13 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vlad.backend import Availability, Backend, Session, SessionDescription, Timing
+from vlad.backend import Availability, Backend, Session, SessionDescription, Timing, parse_options
 from vlad.config import (
     Config,
     MonitorsConfig,
@@ -45,6 +45,7 @@ from vlad.contract import Contract
 from vlad.errors import BackendError
 from vlad.health.base import Sensor
 from vlad.hookspecs import hookimpl
+from vlad.schema import bounded, shown
 from vlad.testing.releases import local_fallback, unsigned_copy
 
 NAME = "wrapped"
@@ -56,31 +57,26 @@ SENSOR_FILE_ENV = "VLAD_TEST_SENSOR_FILE"
 
 @dataclass(frozen=True)
 class WrappedOptions:
-    """The wrapper's own options; the rest of the options are the inner backend's."""
+    """The wrapper's own options (its fields); the rest of the options are the inner backend's."""
 
-    inner: str = "onnxruntime"
-    control_file: Path | None = None
-    delay_ms: float = 0.0
-    delay_file: Path | None = None
+    inner: str = field(default="onnxruntime", metadata={"allow_empty": True})  # checked by split()
+    control_file: str | None = None
+    delay_ms: float = field(default=0.0, metadata=bounded(0.0, 3_600_000.0))
+    delay_file: str | None = None
 
     @classmethod
     def split(cls, name: str, options: Mapping[str, Any] | None) -> tuple[WrappedOptions, dict[str, Any]]:
-        """(the wrapper's options, the inner backend's) from one options table."""
-        rest = dict(options or {})
-        inner = rest.pop("inner", "onnxruntime")
-        control, delay_file = rest.pop("control_file", None), rest.pop("delay_file", None)
-        delay = rest.pop("delay_ms", 0.0)
-        if not isinstance(inner, str) or not inner or inner == name:
-            raise BackendError(f"{name}: options.inner must name another backend, not {inner!r}")
-        for key, value in (("control_file", control), ("delay_file", delay_file)):
-            if value is not None and not (isinstance(value, str) and value):
-                raise BackendError(f"{name}: options.{key} must be a file path, not {value!r}")
-        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay < 3_600_000:
-            raise BackendError(f"{name}: options.delay_ms must be a number of ms in [0, 3600000), not {delay!r}")
-        return (
-            cls(inner, Path(control) if control else None, float(delay), Path(delay_file) if delay_file else None),
-            rest,
-        )
+        """(the wrapper's options, parsed by :func:`vlad.backend.parse_options`; the inner
+        backend's) from one options table."""
+        table = dict(options or {})
+        own = {f.name for f in fields(cls)}
+
+        def check(o: WrappedOptions, path: str, problems: list[str]) -> None:
+            if not o.inner or o.inner == name:
+                problems.append(f"{path}.inner: must name another backend, not {shown(o.inner)}")
+
+        wrap = parse_options(name, cls, {k: v for k, v in table.items() if k in own}, check)
+        return wrap, {k: v for k, v in table.items() if k not in own}
 
 
 class WrappedSession(Session):
@@ -97,7 +93,7 @@ class WrappedSession(Session):
         if self.wrap.control_file is None:
             return "ok"
         try:
-            mode = self.wrap.control_file.read_text().strip() or "ok"
+            mode = Path(self.wrap.control_file).read_text().strip() or "ok"
         except FileNotFoundError:
             return "ok"
         if mode not in MODES:
@@ -110,7 +106,7 @@ class WrappedSession(Session):
         """The minimum time of an inference now."""
         if self.wrap.delay_file is not None:
             try:
-                text = self.wrap.delay_file.read_text().strip()
+                text = Path(self.wrap.delay_file).read_text().strip()
             except FileNotFoundError:
                 text = ""
             if text:

@@ -20,11 +20,15 @@ __all__ = ["config_toml", "dumps"]
 def _as_mapping(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         # None has no TOML form: such a field is left out (its default, None, applies).
-        return {
+        out = {
             f.name: _as_mapping(getattr(obj, f.name))
             for f in dataclasses.fields(obj)
             if not f.metadata.get("internal") and getattr(obj, f.name) is not None
         }
+        for f in dataclasses.fields(obj):
+            if f.metadata.get("tables"):  # a mapping of sub-tables ([monitors.<name>]), written as such
+                out.update(_as_mapping(getattr(obj, f.name)))
+        return out
     if isinstance(obj, (list, tuple)):
         return [_as_mapping(v) for v in obj]
     if isinstance(obj, Mapping):

@@ -27,5 +27,6 @@ def vlad_backends() -> list:
 
 @hookimpl
 def vlad_monitors(config: dict) -> list:
-    """The remote-link monitor (it looks only at remote policies' session stats)."""
+    """The remote-link monitor (it looks only at remote policies' session stats); its
+    thresholds: ``[monitors.remote]`` (:class:`vlad_kserve.monitor.RemoteLinkSettings`)."""
     return [RemoteLinkMonitor()]

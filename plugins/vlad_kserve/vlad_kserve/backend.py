@@ -346,7 +346,7 @@ class KServeSession(Session):
             runtime_version=md.get("platform") or "v2",
             device=f"remote:{self.opts.endpoint}",
             precision=self.opts.precision,
-            providers=(self.opts.protocol,),
+            providers=(str(self.opts.protocol),),  # set from the endpoint by parse_options
             cache_key=f"{digest}-{self.opts.model_name}@{self.opts.model_version or 'any'}",
             artifact=str(self.artifact),
             extra={

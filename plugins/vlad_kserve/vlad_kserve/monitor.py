@@ -13,31 +13,48 @@ the hysteresis, so the remote policy serves again at the next monitor tick.
 * ``remote_slow`` (warn): rolling network p99 above ``slow_fraction`` of the contract's
   end-to-end deadline (the network alone eats most of the budget);
 * ``remote_errors`` (warn): more than ``error_rate_warn`` of the recent requests failed.
+
+Its thresholds are the ``[monitors.remote]`` table of the daemon config
+(:class:`RemoteLinkSettings`, parsed by the config parser like every section).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from vlad.health.base import Finding, HealthView, Monitor
+from vlad.schema import bounded
+
+
+@dataclass(frozen=True)
+class RemoteLinkSettings:
+    """``[monitors.remote]``: when a reachable link is slow or failing (warnings)."""
+
+    # Network p99 above this fraction of the contract's end-to-end deadline: remote_slow.
+    slow_fraction: float = field(default=0.5, metadata=bounded(0.01, 10.0))
+    # More than this fraction of the recent requests failed: remote_errors.
+    error_rate_warn: float = field(default=0.05, metadata=bounded(0.0, 1.0))
+    # Requests in the link's window before either rate is judged.
+    min_samples: int = field(default=20, metadata=bounded(1, 1_000_000))
 
 
 class RemoteLinkMonitor(Monitor):
     """Remote-link findings from each remote policy's session stats."""
 
     name = "remote"
+    Settings = RemoteLinkSettings
 
-    def __init__(self, slow_fraction: float = 0.5, error_rate_warn: float = 0.05, min_samples: int = 20) -> None:
-        self.slow_fraction = slow_fraction
-        self.error_rate_warn = error_rate_warn
-        self.min_samples = min_samples
+    def __init__(self, settings: RemoteLinkSettings | None = None) -> None:
+        self.settings: RemoteLinkSettings = settings or RemoteLinkSettings()
 
     def check(self, view: HealthView) -> list[Finding]:
         """Findings for every remote policy whose link is lost, slow or failing."""
         out: list[Finding] = []
+        t = self.settings
         stats: Mapping[Any, Mapping[str, Any]] = view.backend_stats
-        budget_ms = view.deadline_ns / 1e6 * self.slow_fraction
+        budget_ms = view.deadline_ns / 1e6 * t.slow_fraction
         for pid, s in stats.items():
             if s.get("kind") != "remote":
                 continue
@@ -59,14 +76,14 @@ class RemoteLinkMonitor(Monitor):
                 )
                 continue
             net = s.get("network_ms") or s.get("round_trip_ms")
-            if net and net.get("count", 0) >= self.min_samples and net["p99"] > budget_ms:
+            if net and net.get("count", 0) >= t.min_samples and net["p99"] > budget_ms:
                 out.append(
                     Finding(
                         self.name,
                         "remote_slow",
                         "warn",
                         "system",
-                        f"{who}: network p99 {net['p99']:.1f} ms to {where}, over {self.slow_fraction:.0%} of the "
+                        f"{who}: network p99 {net['p99']:.1f} ms to {where}, over {t.slow_fraction:.0%} of the "
                         f"{view.deadline_ns / 1e6:g} ms deadline",
                         net["p99"],
                         budget_ms,
@@ -74,7 +91,7 @@ class RemoteLinkMonitor(Monitor):
                     )
                 )
             rate = s.get("error_rate", 0.0)
-            if s.get("window", 0) >= self.min_samples and rate > self.error_rate_warn:
+            if s.get("window", 0) >= t.min_samples and rate > t.error_rate_warn:
                 out.append(
                     Finding(
                         self.name,
@@ -83,7 +100,7 @@ class RemoteLinkMonitor(Monitor):
                         "system",
                         f"{who}: {rate:.0%} of the last {s['window']} requests to {where} failed",
                         rate,
-                        self.error_rate_warn,
+                        t.error_rate_warn,
                         policy=who,
                     )
                 )

@@ -32,6 +32,7 @@ import ssl
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 
@@ -323,7 +324,9 @@ class HttpTransport:
             self._ssl.sslsocket_class = _DeadlineSSLSocket
             if opts.tls_cert_file:
                 self._ssl.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
-        base = f"/v2/models/{opts.model_name}" + (f"/versions/{opts.model_version}" if opts.model_version else "")
+        # Quoted: a contract's model id (the default name) may hold any character.
+        name, version = quote(opts.model_name, safe=""), quote(opts.model_version, safe="")
+        base = f"/v2/models/{name}" + (f"/versions/{version}" if version else "")
         self._paths = {"metadata": base, "ready": f"{base}/ready", "infer": f"{base}/infer"}
 
     def _connect(self, deadline: float) -> http.client.HTTPConnection:

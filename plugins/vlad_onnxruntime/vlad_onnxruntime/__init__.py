@@ -7,9 +7,10 @@ this package does not import onnxruntime; the backend imports it when asked to.
 from __future__ import annotations
 
 from vlad.hookspecs import hookimpl
-from vlad_onnxruntime.backend import OnnxRuntimeBackend, OnnxRuntimeSession, parse_providers
+from vlad_onnxruntime.backend import OnnxRuntimeBackend, OnnxRuntimeSession
+from vlad_onnxruntime.options import OrtOptions
 
-__all__ = ["OnnxRuntimeBackend", "OnnxRuntimeSession", "parse_providers", "vlad_backends"]
+__all__ = ["OnnxRuntimeBackend", "OnnxRuntimeSession", "OrtOptions", "vlad_backends"]
 
 
 @hookimpl

@@ -20,7 +20,8 @@ start instead:
    ORT places on the CPU on purpose, are allowed there (``session.disable_cpu_ep_fallback``
    is not used: it refuses those too, and with them models such as the demo policy).
 
-Options (all optional):
+Options (all optional; parsed once into :class:`vlad_onnxruntime.options.OrtOptions`, every
+problem at once):
 
 ``providers``
     ordered list; items are a provider name or ``[name, {provider options}]``.
@@ -82,32 +83,10 @@ from vlad.backend import Availability, Backend, Session, SessionDescription, Tim
 from vlad.contract import Contract
 from vlad.errors import BackendError, BackendUnavailable
 from vlad_onnxruntime import gpu as gpu_paths
+from vlad_onnxruntime.options import CPU, OPT_LEVELS, OrtOptions
 from vlad_onnxruntime.placement import Placement, judge_placement
 
-CPU = "CPUExecutionProvider"
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider")
-
-KNOWN_OPTIONS = frozenset(
-    {
-        "providers",
-        "provider_options",
-        "precision",
-        "cache_dir",
-        "intra_op_threads",
-        "inter_op_threads",
-        "graph_optimization_level",
-        "optimized_model_path",
-        "check_node_placement",
-        "memory_map",
-    }
-)
-
-_OPT_LEVELS = {
-    "disable": "ORT_DISABLE_ALL",
-    "basic": "ORT_ENABLE_BASIC",
-    "extended": "ORT_ENABLE_EXTENDED",
-    "all": "ORT_ENABLE_ALL",
-}
 
 
 def _first_line(exc: BaseException) -> str:
@@ -117,39 +96,6 @@ def _first_line(exc: BaseException) -> str:
 
 def _fail(msg: str) -> BackendError:
     return BackendError(f"onnxruntime: {msg}")
-
-
-def parse_providers(options: Mapping[str, Any]) -> tuple[list[str], list[dict[str, str]]]:
-    """The requested providers in order, and one options dict per provider (strings, as ORT wants)."""
-    raw = options.get("providers", [CPU])
-    if isinstance(raw, str) or not isinstance(raw, (list, tuple)) or not raw:
-        raise _fail(f"option providers must be a non-empty list of provider names, got {raw!r}")
-    extra = options.get("provider_options", {}) or {}
-    if not isinstance(extra, Mapping):
-        raise _fail(f"option provider_options must be a table {{provider: {{option: value}}}}, got {extra!r}")
-    names: list[str] = []
-    opts: list[dict[str, str]] = []
-    for item in raw:
-        if isinstance(item, str):
-            name, inline = item, {}
-        elif (
-            isinstance(item, (list, tuple))
-            and len(item) == 2
-            and isinstance(item[0], str)
-            and isinstance(item[1], Mapping)
-        ):
-            name, inline = item[0], dict(item[1])
-        else:
-            raise _fail(f"providers entry {item!r} is neither a name nor [name, {{options}}]")
-        if name in names:
-            raise _fail(f"provider {name} is listed twice")
-        merged = {**inline, **dict(extra.get(name, {}))}
-        names.append(name)
-        opts.append({str(k): str(v) for k, v in merged.items()})
-    unknown = sorted(set(extra) - set(names))
-    if unknown:
-        raise _fail(f"provider_options given for {unknown}, which are not in providers {names}")
-    return names, opts
 
 
 class OnnxRuntimeBackend(Backend):
@@ -189,14 +135,11 @@ class OnnxRuntimeBackend(Backend):
 
     def load(self, artifact: Path, contract: Contract, options: Mapping[str, Any] | None = None) -> OnnxRuntimeSession:
         """Create an ORT session on exactly the requested providers, or refuse with the reason."""
-        options = dict(options or {})
-        unknown = sorted(set(options) - KNOWN_OPTIONS)
-        if unknown:
-            raise _fail(f"unknown option(s) {unknown}; known: {sorted(KNOWN_OPTIONS)}")
+        opts = OrtOptions.parse(options)
         availability = self.availability()
         if not availability.usable:
             raise BackendUnavailable(f"onnxruntime: {availability.reason}")
-        return OnnxRuntimeSession(contract, Path(artifact), options)
+        return OnnxRuntimeSession(contract, Path(artifact), dict(options or {}), opts)
 
 
 class OnnxRuntimeSession(Session):
@@ -204,16 +147,16 @@ class OnnxRuntimeSession(Session):
 
     backend_name = "onnxruntime"
 
-    def __init__(self, contract: Contract, artifact: Path, options: Mapping[str, Any]) -> None:
+    def __init__(self, contract: Contract, artifact: Path, options: Mapping[str, Any], opts: OrtOptions) -> None:
         import onnxruntime as ort
 
         super().__init__(contract, artifact, options)
+        self.opts = opts
         self._ort = ort
         self._sess = None
         if not self.artifact.is_file():
             raise _fail(f"artifact {self.artifact} does not exist")
-        names, provider_opts = parse_providers(self.options)
-        gpu_paths.check_no_conflicts(names, provider_opts)
+        names, provider_opts = opts.provider_list()
         self.requested = names
         all_known = set(ort.get_all_providers())
         available = ort.get_available_providers()
@@ -232,8 +175,7 @@ class OnnxRuntimeSession(Session):
         self.precision, self.trt_cache_key, self.trt_cache_dir = self._plan_providers(names, provider_opts)
         library_notes = gpu_paths.prepare_gpu_libraries(ort, names) if any(n in GPU_PROVIDERS for n in names) else ""
         so = self._session_options()
-        check_placement = bool(self.options.get("check_node_placement", True))
-        profile_dir = tempfile.mkdtemp(prefix="vlad-ort-profile-") if check_placement else None
+        profile_dir = tempfile.mkdtemp(prefix="vlad-ort-profile-") if opts.check_node_placement else None
         if profile_dir:
             so.enable_profiling = True
             so.profile_file_prefix = os.path.join(profile_dir, "load")
@@ -282,18 +224,13 @@ class OnnxRuntimeSession(Session):
         """Fill in the provider options that make the precision label true, and for the
         TensorRT provider its profile and keyed engine cache. Returns (label, cache key,
         cache folder)."""
-        precision = self.options.get("precision", "fp32")
-        if not isinstance(precision, str):
-            raise _fail(f"option precision must be a string, got {precision!r}")
+        precision = self.opts.precision
         needs_gpu_identity = names[0] == gpu_paths.TENSORRT or (self._gpu and precision != "fp32")
         gpu = gpu_paths.gpu_identity(self._device_id) if needs_gpu_identity else None
         label, extra = gpu_paths.precision_plan(names, precision, gpu)
         key = folder = None
         if gpu_paths.TENSORRT in names:
             profile = gpu_paths.trt_profile_options(self.contract)
-            cache_dir = self.options.get("cache_dir", str(gpu_paths.DEFAULT_CACHE_DIR))
-            if not isinstance(cache_dir, (str, Path)):
-                raise _fail(f"option cache_dir must be a path, got {cache_dir!r}")
             if gpu is None:
                 raise _fail(
                     "cannot identify the GPU for the TensorRT engine cache key; install nvidia-ml-py (pip install 'vlad[gpu]')"
@@ -306,7 +243,7 @@ class OnnxRuntimeSession(Session):
                 label,
                 profile,
             )
-            cache = gpu_paths.trt_cache_options(Path(cache_dir), key)
+            cache = gpu_paths.trt_cache_options(Path(self.opts.cache_dir), key)
             folder = cache["trt_engine_cache_path"]
             Path(folder).mkdir(parents=True, exist_ok=True)
             extra.setdefault(gpu_paths.TENSORRT, {}).update({**profile, **cache})
@@ -318,24 +255,17 @@ class OnnxRuntimeSession(Session):
         ort = self._ort
         so = ort.SessionOptions()
         so.log_severity_level = 3  # errors only; our own messages say what matters
-        level = self.options.get("graph_optimization_level", "all")
-        if level not in _OPT_LEVELS:
-            raise _fail(f"graph_optimization_level {level!r} is not one of {sorted(_OPT_LEVELS)}")
-        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[level])
-        for key, attr in (("intra_op_threads", "intra_op_num_threads"), ("inter_op_threads", "inter_op_num_threads")):
-            value = self.options.get(key)
-            if value is not None:
-                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise _fail(f"option {key} must be a non-negative integer, got {value!r}")
-                setattr(so, attr, value)
-        memory_map = self.options.get("memory_map", False)
-        if not isinstance(memory_map, bool):
-            raise _fail(f"option memory_map must be true or false, got {memory_map!r}")
-        if memory_map:
+        opts = self.opts
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[opts.graph_optimization_level])
+        if opts.intra_op_threads is not None:
+            so.intra_op_num_threads = opts.intra_op_threads
+        if opts.inter_op_threads is not None:
+            so.inter_op_num_threads = opts.inter_op_threads
+        if opts.memory_map:
             so.add_session_config_entry("session.disable_prepacking", "1")
-        path = self.options.get("optimized_model_path")
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if opts.optimized_model_path:
+            path = Path(opts.optimized_model_path)
+            path.parent.mkdir(parents=True, exist_ok=True)
             so.optimized_model_filepath = str(path)
         return so
 
@@ -458,7 +388,7 @@ class OnnxRuntimeSession(Session):
         node placement."""
         ort = self._ort
         digest = hashlib.sha256(self.artifact.read_bytes()).hexdigest()[:16] if self.artifact.is_file() else "?"
-        level = self.options.get("graph_optimization_level", "all")
+        level = self.opts.graph_optimization_level
         effective = {}
         if self._sess is not None and hasattr(self._sess, "get_provider_options"):
             effective = {p: dict(o) for p, o in self._sess.get_provider_options().items() if p != CPU}
@@ -479,10 +409,10 @@ class OnnxRuntimeSession(Session):
                 "cpu_shape_nodes": [str(n) for n in self.placement.cpu_shape_nodes],
                 "provider_options": effective,
                 "trt_engine_cache": self.trt_cache_dir,
-                "intra_op_threads": self.options.get("intra_op_threads", 0),
-                "inter_op_threads": self.options.get("inter_op_threads", 0),
+                "intra_op_threads": self.opts.intra_op_threads or 0,
+                "inter_op_threads": self.opts.inter_op_threads or 0,
                 "graph_optimization_level": level,
-                "memory_map": bool(self.options.get("memory_map", False)),
+                "memory_map": self.opts.memory_map,
             },
         )
 

@@ -33,6 +33,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 from vlad.contract import Contract
 from vlad.errors import BackendError
@@ -40,7 +41,9 @@ from vlad.errors import BackendError
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 CPU = "CPUExecutionProvider"
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+# The labels the backend can honour (the ``precision`` option takes exactly these).
+Precision = Literal["fp32", "tf32", "fp16", "bf16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 DEFAULT_CACHE_DIR = Path("/var/lib/vlad/engines")
 TRT_CACHE_FORMAT = "vlad.ort-trt-cache/1"
 
@@ -77,15 +80,15 @@ class GpuIdentity:
         return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
 
 
-def precision_plan(names: list[str], precision: str, gpu: GpuIdentity | None) -> tuple[str, dict[str, dict[str, str]]]:
+def precision_plan(
+    names: list[str], precision: Precision, gpu: GpuIdentity | None
+) -> tuple[str, dict[str, dict[str, str]]]:
     """The precision label this session will truly compute in, and the provider options
     that make it so (``{provider: {option: value}}``, merged over the release's).
 
     ``gpu`` may be None only when no decision depends on it (CUDA provider at fp32, CPU).
     Raises BackendError when the requested precision cannot be honoured truthfully.
     """
-    if precision not in PRECISIONS:
-        raise _fail(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     primary = names[0]
     ampere = gpu is not None and gpu.compute_capability >= (8, 0)
 
@@ -136,20 +139,19 @@ def precision_plan(names: list[str], precision: str, gpu: GpuIdentity | None) ->
     return "fp32", options
 
 
-def check_no_conflicts(names: list[str], provider_opts: list[dict[str, str]]) -> None:
-    """Refuse provider options the backend owns: precision options (set ``precision``
-    instead) and the TensorRT profile / cache options (derived from the contract and
-    ``cache_dir``)."""
+def provider_option_conflicts(names: list[str], provider_opts: list[dict[str, str]]) -> list[str]:
+    """Provider options the backend owns, one problem each: precision options (set
+    ``precision`` instead) and the TensorRT profile / cache options (derived from the
+    contract and ``cache_dir``)."""
     problems = []
     for name, opts in zip(names, provider_opts, strict=True):
         for key in PRECISION_OPTIONS.get(name, ()):
             if key in opts:
-                problems.append(f"{name} option {key} (set the backend option precision instead)")
+                problems.append(f"{name} option {key} is set by the backend (set the backend option precision instead)")
         for key in MANAGED_OPTIONS.get(name, ()):
             if key in opts:
-                problems.append(f"{name} option {key} (derived from the contract and cache_dir)")
-    if problems:
-        raise _fail("these provider options are set by the backend: " + "; ".join(problems))
+                problems.append(f"{name} option {key} is set by the backend (derived from the contract and cache_dir)")
+    return problems
 
 
 def trt_profile_options(contract: Contract) -> dict[str, str]:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -31,9 +31,10 @@ from vlad.contract import Contract
 from vlad.errors import BackendError
 from vlad.schema import bounded
 
-#: Options every torch session understands; anything else is refused (a typo must not
-#: silently fall back to a default).
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+#: The precisions a torch session can compute in (the ``precision`` option takes exactly
+#: these; which of them a device and a program allow is resolve_precision's).
+Precision = Literal["fp32", "tf32", "fp16", "bf16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 _AUTOCAST = {"fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -69,7 +70,7 @@ def tf32_state(torch: Any) -> dict[str, str]:
 
 
 def resolve_precision(
-    backend: str, precision: Any, device: Any, *, autocast: bool = True, weights: str = "fp32"
+    backend: str, precision: Precision, device: Any, *, autocast: bool = True, weights: str = "fp32"
 ) -> str:
     """Check the ``precision`` option against the device and the weights; returns the label.
 
@@ -78,8 +79,6 @@ def resolve_precision(
     sessions compute in fp32 only; tf32 and bf16 need compute capability >= 8.0; fp16 /
     bf16 (autocast) only where ``autocast`` is offered (eager torch).
     """
-    if precision not in PRECISIONS:
-        raise BackendError(f"{backend}: option precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if weights != "fp32" and precision != weights:
         raise BackendError(
             f"{backend}: the program's weights are {weights}, so it computes in {weights}; "
@@ -120,7 +119,7 @@ class TorchOptions:
 
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     threads: int | None = field(default=None, metadata=bounded(1))  # torch intra-op threads (process-wide)
-    precision: str = "fp32"  # checked against the device and the weights by resolve_precision
+    precision: Precision = "fp32"  # checked against the device and the weights by resolve_precision
 
     @classmethod
     def parse(cls, backend: str, options: Mapping[str, Any] | None) -> TorchOptions:

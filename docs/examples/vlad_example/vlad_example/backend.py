@@ -12,29 +12,38 @@ from __future__ import annotations
 import importlib.util
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vlad.backend import Availability, Backend, Session, SessionDescription, Timing
+from vlad.backend import Availability, Backend, Session, SessionDescription, Timing, parse_options
 from vlad.contract import Contract
-from vlad.errors import BackendError, BackendUnavailable
+from vlad.errors import BackendUnavailable
 from vlad.hookspecs import hookimpl
+from vlad.schema import bounded
 
 NAME = "example-onnx"
-OPTIONS = {"threads"}  # every option this backend takes; anything else is refused
+
+
+@dataclass(frozen=True)
+class ExampleOptions:
+    """Every option this backend takes (vlad.schema refuses any other key, a wrong type or a
+    value out of bounds, in one line naming the key)."""
+
+    threads: int = field(default=1, metadata=bounded(1, 256))  # ONNX Runtime intra-op threads
 
 
 class ExampleSession(Session):
     backend_name = NAME
 
-    def __init__(self, contract: Contract, artifact: Path, options: Mapping[str, Any]) -> None:
+    def __init__(self, contract: Contract, artifact: Path, options: Mapping[str, Any], opts: ExampleOptions) -> None:
         import onnxruntime as ort  # imported when a release loads, not when vlad loads plugins
 
         super().__init__(contract, artifact, options)
         so = ort.SessionOptions()
-        so.intra_op_num_threads = int(self.options.get("threads", 1))
+        so.intra_op_num_threads = opts.threads
         self._sess: Any = ort.InferenceSession(str(artifact), so, providers=["CPUExecutionProvider"])
         self._version = ort.__version__
         self._outputs = [spec.name for spec in contract.outputs]
@@ -75,14 +84,11 @@ class ExampleBackend(Backend):
         return (".onnx",)
 
     def load(self, artifact: Path, contract: Contract, options: Mapping[str, Any] | None = None) -> Session:
-        options = dict(options or {})
-        unknown = sorted(set(options) - OPTIONS)
-        if unknown:
-            raise BackendError(f"{NAME}: unknown option(s) {unknown}; known: {sorted(OPTIONS)}")
+        opts = parse_options(NAME, ExampleOptions, options)  # BackendError: one line, every problem
         available = self.availability()
         if not available.usable:
             raise BackendUnavailable(f"{NAME}: {available.reason}")
-        return ExampleSession(contract, Path(artifact), options)
+        return ExampleSession(contract, Path(artifact), dict(options or {}), opts)
 
 
 @hookimpl

@@ -9,12 +9,17 @@ send it down the fallback chain until the finding has been clear for the healthy
 The enclosure door stands for any signal a robot integrator has: here a file holding
 ``open`` or ``closed`` (a GPIO or fieldbus value on a real cell), named by
 ``$VLAD_EXAMPLE_DOOR_FILE``. vlad only reports it: interlocks belong to the safety PLC.
+
+The monitor's own setting is the ``[monitors.door]`` table of the daemon config, declared
+as :class:`DoorSettings`: vlad's config parser reads it with the rest of the file.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from vlad.health.base import Finding, HealthView, Monitor, Sensor
 from vlad.hookspecs import hookimpl
@@ -37,14 +42,24 @@ class DoorSensor(Sensor):
         return {READING: 1.0 if text == "open" else 0.0}
 
 
+@dataclass(frozen=True)
+class DoorSettings:
+    """``[monitors.door]``: every field has a default; unknown keys and other values are refused."""
+
+    severity: Literal["warn", "fault"] = "warn"  # fault: serve below the release while it is open
+
+
 class DoorMonitor(Monitor):
     name = "door"
+    Settings = DoorSettings
+    settings = DoorSettings()  # the daemon sets the parsed [monitors.door] table
 
     def check(self, view: HealthView) -> list[Finding]:
         """Cheap and total: it runs every monitor tick and must not raise."""
         if view.readings.get(READING, 0.0) < 1.0:
             return []
-        return [Finding(self.name, "door_open", "warn", "system", "enclosure door open", value=1.0, threshold=1.0)]
+        severity = self.settings.severity
+        return [Finding(self.name, "door_open", severity, "system", "enclosure door open", value=1.0, threshold=1.0)]
 
 
 @hookimpl
@@ -54,5 +69,5 @@ def vlad_sensors() -> list[Sensor]:
 
 @hookimpl
 def vlad_monitors(config: dict) -> list[Monitor]:
-    """``config`` is the daemon's ``[monitors]`` table; this monitor needs none of it."""
+    """``config`` is the daemon's ``[monitors]`` table; this monitor reads its own, ``[monitors.door]``."""
     return [DoorMonitor()]
