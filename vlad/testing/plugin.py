@@ -27,7 +27,7 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,15 +145,8 @@ class WrappedSession(Session):
         return out
 
     def describe(self) -> SessionDescription:
-        d = self.inner.describe()
-        return SessionDescription(
-            backend=self.backend_name,
-            runtime=d.runtime,
-            runtime_version=d.runtime_version,
-            device=d.device,
-            precision=d.precision,
-            providers=d.providers,
-        )
+        """The wrapped session's own description under this backend's name."""
+        return replace(self.inner.describe(), backend=self.backend_name)
 
     def close(self) -> None:
         self.inner.close()
