@@ -52,7 +52,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -64,7 +63,7 @@ import numpy as np
 
 from vlad.config import Config, LoggingConfig, RealtimeConfig, ReleaseConfig, ServeConfig
 from vlad.gates.conditions import busy_processes, cpu_hog
-from vlad.testing import DaemonFailed, launch
+from vlad.testing import DaemonFailed, free_port, launch
 from vlad.testing.conditions import conditions as shared_conditions
 from vlad.testing.releases import Payload, demo_payload, synthetic_payload
 
@@ -352,12 +351,6 @@ def bench_inputs_for(policy: OrtPolicy) -> dict:
     if c.language:
         obs["prompt"] = "reach the red target"
     return obs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class OpenpiClient:

@@ -14,7 +14,15 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, VLAD
-from vlad.testing import QUIET_MONITORS, daemon_command, endpoints_in, start_daemon, wait_until, write_fault_rig
+from vlad.testing import (
+    QUIET_MONITORS,
+    daemon_command,
+    endpoints_in,
+    start_daemon,
+    tcp_endpoints,
+    wait_until,
+    write_fault_rig,
+)
 
 VLADCTL = VLAD.parent / "vladctl"
 
@@ -356,10 +364,7 @@ def test_systemd_unit_verifies(tmp_path):
 
 
 def test_tcp_needs_curve_keys(tmp_path):
-    eps = {
-        k: f"tcp://127.0.0.1:{port}"
-        for k, port in zip(("observations", "actions", "status", "control"), _free_ports(4), strict=True)
-    }
+    eps = tcp_endpoints()
     rc, lines = _run_fail(daemon_command(eps))
     assert rc == 2 and len(lines) == 1 and "CurveZMQ" in lines[0], lines
 
@@ -377,10 +382,7 @@ def test_tcp_control_with_curve(tmp_path, golden):
     client_pub, client_secret = zmq.auth.create_certificates(keys, "client")
     _, stranger_secret = zmq.auth.create_certificates(keys, "stranger")
     (clients / "client.key").write_bytes(open(client_pub, "rb").read())
-    eps = {
-        k: f"tcp://127.0.0.1:{port}"
-        for k, port in zip(("observations", "actions", "status", "control"), _free_ports(4), strict=True)
-    }
+    eps = tcp_endpoints()
     d = start_daemon(
         tmp_path,
         extra=[
@@ -403,18 +405,6 @@ def test_tcp_control_with_curve(tmp_path, golden):
             Client(**eps)  # no keys: refused before connecting
     finally:
         d.stop()
-
-
-def _free_ports(n):
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def test_nan_observation_is_refused_and_counted(daemon, client, golden):

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from vlad.testing.kserve import MODEL, ServerProcess, free_port, server_unavailable
+from vlad.testing import free_port
+from vlad.testing.kserve import MODEL, ServerProcess, server_unavailable
 
 __all__ = [
     "MODEL",
