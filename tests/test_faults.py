@@ -118,6 +118,15 @@ class Rig:
         assert gap <= MAX_GAP_S, f"{gap * 1000:.1f} ms without a chunk; sources {[c.source for c in seen][:40]}"
         return seen
 
+    def controller_fault(self, contract, flag: str, faulty: bool, finding: str) -> list[Received]:
+        """The simulated controller misbehaves (``ctl.<flag> = faulty``) until the hold serves
+        with the fault ``finding``, then behaves again until the release serves again; returns
+        what it saw meanwhile (:meth:`run_fault`)."""
+        seen = self.run_fault(contract, lambda: setattr(self.ctl, flag, faulty), "FALLBACK", "hold", ("fault", finding))
+        setattr(self.ctl, flag, not faulty)
+        self.wait_state("ACTIVE", "release", timeout=5)
+        return seen
+
 
 def test_backend_raises(rig, contract):
     seen = rig.run_fault(
@@ -192,49 +201,27 @@ def test_memory_pressure_then_relieved(rig, contract):
 
 
 def test_heartbeat_lost_then_restored(rig, contract):
-    def lose():
-        rig.ctl.send_heartbeat = False
-
-    seen = rig.run_fault(
-        contract, lose, "FALLBACK", "hold", ("fault", "no heartbeat from controller 'test-controller'")
-    )
+    seen = rig.controller_fault(contract, "send_heartbeat", False, "no heartbeat from controller 'test-controller'")
     assert seen[-1].source.startswith("hold")
-    rig.ctl.send_heartbeat = True
-    rig.wait_state("ACTIVE", "release", timeout=5)
     rig.wait_chunks("release")
 
 
 def test_sensor_stream_stalls(rig, contract):
-    def stall():
-        rig.ctl.send_obs = False
-
-    seen = rig.run_fault(contract, stall, "FALLBACK", "hold", ("fault", "no observation for"))
+    seen = rig.controller_fault(contract, "send_obs", False, "no observation for")
     holds = [c for c in seen if c.source == "hold:fallback"]
     assert len(holds) >= 20  # the hold posture keeps coming every period without input
-    rig.ctl.send_obs = True
-    rig.wait_state("ACTIVE", "release", timeout=5)
 
 
 def test_stale_observations(rig, contract):
-    def go_stale():
-        rig.ctl.stale = True
-
-    rig.run_fault(contract, go_stale, "FALLBACK", "hold", ("fault", "stale"))
+    rig.controller_fault(contract, "stale", True, "stale")
     assert rig.status()["counters"]["stale"] > 0
-    rig.ctl.stale = False
-    rig.wait_state("ACTIVE", "release", timeout=5)
 
 
 def test_input_shape_out_of_range(rig, contract):
-    def bad():
-        rig.ctl.bad_shape = True
-
     # Refused observations are counted; with no valid one left the sensor stream stalls
     # and the hold posture serves (junk beside valid observations would only warn).
-    rig.run_fault(contract, bad, "FALLBACK", "hold", ("fault", "no observation"))
+    rig.controller_fault(contract, "bad_shape", True, "no observation")
     assert rig.status()["counters"]["rejected"]["bad_shape"] > 0
-    rig.ctl.bad_shape = False
-    rig.wait_state("ACTIVE", "release", timeout=5)
 
 
 def test_artifact_modified_while_serving(rig, contract):
