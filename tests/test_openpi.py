@@ -27,7 +27,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa:
 from vlad.demo import openpi as demo_openpi  # noqa: E402
 from vlad.demo import sim  # noqa: E402
 from vlad.episodes import DaemonLink, run_episode  # noqa: E402
-from vlad.testing import free_port, free_ports, start_daemon, tcp_endpoints, wait_until  # noqa: E402
+from vlad.testing import busy_port, free_port, free_ports, start_daemon, tcp_endpoints, wait_until  # noqa: E402
 
 # 12 real-time episodes per client (~30 s in all). The flow-matching noise is seeded by the
 # observation sequence, which the endpoint numbers itself, so outcomes differ per episode.
@@ -364,10 +364,8 @@ def test_tls_and_token(tmp_path, monkeypatch):
 
 
 def test_busy_port_refuses_the_start_with_one_line(tmp_path):
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        d = start_daemon(tmp_path, settings(busy.getsockname()[1]), wait_ready=False)
+    with busy_port() as port:
+        d = start_daemon(tmp_path, settings(port), wait_ready=False)
         try:
             assert d.proc.wait(60) != 0
         finally:

@@ -8,12 +8,13 @@ the benchmarks and the tests all run the daemon this way; :func:`start_daemon` i
 tests' short form (the demo config in a test's folder, ``--set`` arguments) and
 :func:`daemon_command` the bare command line, for starts that are meant to fail.
 :func:`endpoints_in` puts the four sockets in a folder (ipc); :func:`tcp_endpoints` and
-:func:`free_ports` choose free loopback ports (CurveZMQ sockets, the openpi and metrics
+:func:`free_ports` choose free loopback ports (:func:`busy_port` one in use) (CurveZMQ sockets, the openpi and metrics
 endpoints, KServe test servers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +257,16 @@ def free_ports(n: int) -> list[int]:
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     return free_ports(1)[0]
+
+
+@contextlib.contextmanager
+def busy_port() -> Iterator[int]:
+    """A TCP port on 127.0.0.1 that something listens on while the block runs (a start on
+    it must be refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
 
 
 def tcp_endpoints() -> dict[str, str]:
