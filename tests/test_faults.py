@@ -118,6 +118,17 @@ class Rig:
         assert gap <= MAX_GAP_S, f"{gap * 1000:.1f} ms without a chunk; sources {[c.source for c in seen][:40]}"
         return seen
 
+    def sensor_fault(self, contract, readings: dict[str, float], finding: str) -> None:
+        """The injected sensor reports ``readings`` until the first fallback serves with the
+        fault ``finding``, then nothing until the release serves again (not quarantined:
+        back after the healthy window)."""
+        self.run_fault(
+            contract, lambda: self.sensors.write_text(json.dumps(readings)), "FALLBACK", "fallback1", ("fault", finding)
+        )
+        self.wait_chunks("fallback1")
+        self.sensors.write_text("{}")
+        self.wait_state("ACTIVE", "release", timeout=5)
+
     def controller_fault(self, contract, flag: str, faulty: bool, finding: str) -> list[Received]:
         """The simulated controller misbehaves (``ctl.<flag> = faulty``) until the hold serves
         with the fault ``finding``, then behaves again until the release serves again; returns
@@ -175,29 +186,12 @@ def test_out_of_bounds_output(rig, contract):
 
 
 def test_temperature_over_threshold_then_cooled(rig, contract):
-    rig.run_fault(
-        contract,
-        lambda: rig.sensors.write_text(json.dumps({"temperature.board.injected": 99.0})),
-        "FALLBACK",
-        "fallback1",
-        ("fault", "temperature.board.injected at 99.0"),
-    )
-    rig.wait_chunks("fallback1")
-    rig.sensors.write_text("{}")
-    rig.wait_state("ACTIVE", "release", timeout=5)  # not quarantined: back after the healthy window
+    rig.sensor_fault(contract, {"temperature.board.injected": 99.0}, "temperature.board.injected at 99.0")
     rig.assert_event("cleared", "temperature_high cleared")
 
 
 def test_memory_pressure_then_relieved(rig, contract):
-    rig.run_fault(
-        contract,
-        lambda: rig.sensors.write_text(json.dumps({"memory.injected.available_bytes": 1e6})),
-        "FALLBACK",
-        "fallback1",
-        ("fault", "host memory available"),
-    )
-    rig.sensors.write_text("{}")
-    rig.wait_state("ACTIVE", "release", timeout=5)
+    rig.sensor_fault(contract, {"memory.injected.available_bytes": 1e6}, "host memory available")
 
 
 def test_heartbeat_lost_then_restored(rig, contract):
