@@ -23,11 +23,12 @@ Nothing in vlad itself imports this module.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,7 @@ class WrappedSession(Session):
 
     def describe(self) -> SessionDescription:
         """The wrapped session's own description under this backend's name."""
-        return replace(self.inner.describe(), backend=self.backend_name)
+        return dataclasses.replace(self.inner.describe(), backend=self.backend_name)
 
     def close(self) -> None:
         self.inner.close()
