@@ -118,26 +118,6 @@ class Rig:
         assert gap <= MAX_GAP_S, f"{gap * 1000:.1f} ms without a chunk; sources {[c.source for c in seen][:40]}"
         return seen
 
-    def sensor_fault(self, contract, readings: dict[str, float], finding: str) -> None:
-        """The injected sensor reports ``readings`` until the first fallback serves with the
-        fault ``finding``, then nothing until the release serves again (not quarantined:
-        back after the healthy window)."""
-        self.run_fault(
-            contract, lambda: self.sensors.write_text(json.dumps(readings)), "FALLBACK", "fallback1", ("fault", finding)
-        )
-        self.wait_chunks("fallback1")
-        self.sensors.write_text("{}")
-        self.wait_state("ACTIVE", "release", timeout=5)
-
-    def controller_fault(self, contract, flag: str, faulty: bool, finding: str) -> list[Received]:
-        """The simulated controller misbehaves (``ctl.<flag> = faulty``) until the hold serves
-        with the fault ``finding``, then behaves again until the release serves again; returns
-        what it saw meanwhile (:meth:`run_fault`)."""
-        seen = self.run_fault(contract, lambda: setattr(self.ctl, flag, faulty), "FALLBACK", "hold", ("fault", finding))
-        setattr(self.ctl, flag, not faulty)
-        self.wait_state("ACTIVE", "release", timeout=5)
-        return seen
-
 
 def test_backend_raises(rig, contract):
     seen = rig.run_fault(
@@ -186,36 +166,75 @@ def test_out_of_bounds_output(rig, contract):
 
 
 def test_temperature_over_threshold_then_cooled(rig, contract):
-    rig.sensor_fault(contract, {"temperature.board.injected": 99.0}, "temperature.board.injected at 99.0")
+    rig.run_fault(
+        contract,
+        lambda: rig.sensors.write_text(json.dumps({"temperature.board.injected": 99.0})),
+        "FALLBACK",
+        "fallback1",
+        ("fault", "temperature.board.injected at 99.0"),
+    )
+    rig.wait_chunks("fallback1")
+    rig.sensors.write_text("{}")
+    rig.wait_state("ACTIVE", "release", timeout=5)  # not quarantined: back after the healthy window
     rig.assert_event("cleared", "temperature_high cleared")
 
 
 def test_memory_pressure_then_relieved(rig, contract):
-    rig.sensor_fault(contract, {"memory.injected.available_bytes": 1e6}, "host memory available")
+    rig.run_fault(
+        contract,
+        lambda: rig.sensors.write_text(json.dumps({"memory.injected.available_bytes": 1e6})),
+        "FALLBACK",
+        "fallback1",
+        ("fault", "host memory available"),
+    )
+    rig.sensors.write_text("{}")
+    rig.wait_state("ACTIVE", "release", timeout=5)
 
 
 def test_heartbeat_lost_then_restored(rig, contract):
-    seen = rig.controller_fault(contract, "send_heartbeat", False, "no heartbeat from controller 'test-controller'")
+    def lose():
+        rig.ctl.send_heartbeat = False
+
+    seen = rig.run_fault(
+        contract, lose, "FALLBACK", "hold", ("fault", "no heartbeat from controller 'test-controller'")
+    )
     assert seen[-1].source.startswith("hold")
+    rig.ctl.send_heartbeat = True
+    rig.wait_state("ACTIVE", "release", timeout=5)
     rig.wait_chunks("release")
 
 
 def test_sensor_stream_stalls(rig, contract):
-    seen = rig.controller_fault(contract, "send_obs", False, "no observation for")
+    def stall():
+        rig.ctl.send_obs = False
+
+    seen = rig.run_fault(contract, stall, "FALLBACK", "hold", ("fault", "no observation for"))
     holds = [c for c in seen if c.source == "hold:fallback"]
     assert len(holds) >= 20  # the hold posture keeps coming every period without input
+    rig.ctl.send_obs = True
+    rig.wait_state("ACTIVE", "release", timeout=5)
 
 
 def test_stale_observations(rig, contract):
-    rig.controller_fault(contract, "stale", True, "stale")
+    def go_stale():
+        rig.ctl.stale = True
+
+    rig.run_fault(contract, go_stale, "FALLBACK", "hold", ("fault", "stale"))
     assert rig.status()["counters"]["stale"] > 0
+    rig.ctl.stale = False
+    rig.wait_state("ACTIVE", "release", timeout=5)
 
 
 def test_input_shape_out_of_range(rig, contract):
+    def bad():
+        rig.ctl.bad_shape = True
+
     # Refused observations are counted; with no valid one left the sensor stream stalls
     # and the hold posture serves (junk beside valid observations would only warn).
-    rig.controller_fault(contract, "bad_shape", True, "no observation")
+    rig.run_fault(contract, bad, "FALLBACK", "hold", ("fault", "no observation"))
     assert rig.status()["counters"]["rejected"]["bad_shape"] > 0
+    rig.ctl.bad_shape = False
+    rig.wait_state("ACTIVE", "release", timeout=5)
 
 
 def test_artifact_modified_while_serving(rig, contract):
