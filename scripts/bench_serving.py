@@ -52,7 +52,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -64,7 +63,7 @@ import numpy as np
 
 from vlad.config import Config, LoggingConfig, RealtimeConfig, ReleaseConfig, ServeConfig
 from vlad.gates.conditions import busy_processes, cpu_hog
-from vlad.testing import DaemonFailed, launch
+from vlad.testing import DaemonFailed, Ticker, free_port, launch
 from vlad.testing.conditions import conditions as shared_conditions
 from vlad.testing.releases import Payload, demo_payload, synthetic_payload
 
@@ -151,18 +150,12 @@ class Samples:
 
 def drive(step, rate_hz: float | None, seconds: float, samples: Samples | None) -> None:
     """Call ``step(samples)`` at ``rate_hz`` (None: back to back) for ``seconds``."""
-    period = 1.0 / rate_hz if rate_hz else 0.0
+    ticker = Ticker(1.0 / rate_hz) if rate_hz else None
     t_end = time.monotonic() + seconds
-    next_t = time.monotonic()
     while time.monotonic() < t_end:
         step(samples)
-        if rate_hz:
-            next_t += period
-            delay = next_t - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                next_t = time.monotonic()
+        if ticker is not None:
+            ticker.wait()
 
 
 # ---------------------------------------------------------------------------------------
@@ -352,12 +345,6 @@ def bench_inputs_for(policy: OrtPolicy) -> dict:
     if c.language:
         obs["prompt"] = "reach the red target"
     return obs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class OpenpiClient:

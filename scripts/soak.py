@@ -33,10 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from vlad.config import Config, LoggingConfig, ReleaseConfig, ServeConfig
-from vlad.testing import DaemonProcess, launch
+from vlad.testing import PERIOD_S, DaemonProcess, Ticker, launch
 from vlad.testing.releases import Payload, demo_payload, synthetic_payload
-
-PERIOD_S = 0.02
 
 
 def start(payload: Payload, folder: Path, env: dict | None = None) -> DaemonProcess:
@@ -54,7 +52,7 @@ def drive(d, payload, seconds: float, on_sample=None, sample_s: float = 5.0) -> 
     client = d.client("soak")
     lat, missed, holds, seq = [], 0, 0, 0
     t_start = time.monotonic()
-    next_t, next_sample = t_start, t_start
+    ticker, next_sample = Ticker(PERIOD_S), t_start
     try:
         while True:
             now = time.monotonic()
@@ -70,7 +68,7 @@ def drive(d, payload, seconds: float, on_sample=None, sample_s: float = 5.0) -> 
             )
             client.heartbeat()
             chunk = None
-            deadline = next_t + PERIOD_S
+            deadline = ticker.next + PERIOD_S
             while time.monotonic() < deadline:
                 c = client.recv_actions(timeout_ms=max(0, int((deadline - time.monotonic()) * 1000)), drop_stale=False)
                 if c is None:
@@ -84,12 +82,7 @@ def drive(d, payload, seconds: float, on_sample=None, sample_s: float = 5.0) -> 
                 holds += 1
             else:
                 lat.append((chunk.t_receive_ns - t0) / 1e6)
-            next_t += PERIOD_S
-            delay = next_t - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                next_t = time.monotonic()
+            ticker.wait()
         status = client.status()
         # What the daemon decided during the run (fallbacks, faults): a soak that ends in
         # FALLBACK must say why.

@@ -14,7 +14,15 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, VLAD
-from vlad.testing import QUIET_MONITORS, daemon_command, endpoints_in, start_daemon, wait_until, write_fault_rig
+from vlad.testing import (
+    QUIET_MONITORS,
+    daemon_command,
+    endpoints_in,
+    start_daemon,
+    tcp_endpoints,
+    wait_until,
+    write_fault_rig,
+)
 
 VLADCTL = VLAD.parent / "vladctl"
 
@@ -290,44 +298,31 @@ def _run_fail(args, timeout=60):
     return out.returncode, lines
 
 
+# (--set values, lines on stderr, what the last one says): one line each, after the
+# "verification OFF" warning where release.verify=false
+STARTUP_FAILURES = [
+    (['release.path="/nonexistent/release"'], 1, "no such release folder"),
+    (
+        [
+            'release.path="/nonexistent/release"',
+            "release.verify=false",
+            'release.backend="onnxruntime"',
+            'release.artifact="policy.onnx"',
+        ],
+        2,
+        "no contract.toml",
+    ),
+    (["serve.warmupp=3"], 1, "unknown key"),
+    (['release.backend="nope"'], 1, "differs from the signed manifest"),
+    (['release.backend="nope"', 'release.artifact="policy.onnx"', "release.verify=false"], 2, "no backend 'nope'"),
+]
+
+
 def test_startup_failures_are_one_clear_line(tmp_path):
     eps = endpoints_in(tmp_path)
-    rc, lines = _run_fail(daemon_command(eps, ["--set", 'release.path="/nonexistent/release"']))
-    assert rc == 2 and len(lines) == 1 and "no such release folder" in lines[0], lines
-    rc, lines = _run_fail(
-        daemon_command(
-            eps,
-            [
-                "--set",
-                'release.path="/nonexistent/release"',
-                "--set",
-                "release.verify=false",
-                "--set",
-                'release.backend="onnxruntime"',
-                "--set",
-                'release.artifact="policy.onnx"',
-            ],
-        )
-    )
-    assert rc == 2 and len(lines) == 2 and "no contract.toml" in lines[1], lines  # + the "verification OFF" warning
-    rc, lines = _run_fail(daemon_command(eps, ["--set", "serve.warmupp=3"]))
-    assert rc == 2 and len(lines) == 1 and "unknown key" in lines[0], lines
-    rc, lines = _run_fail(daemon_command(eps, ["--set", 'release.backend="nope"']))
-    assert rc == 2 and len(lines) == 1 and "differs from the signed manifest" in lines[0], lines
-    rc, lines = _run_fail(
-        daemon_command(
-            eps,
-            [
-                "--set",
-                'release.backend="nope"',
-                "--set",
-                'release.artifact="policy.onnx"',
-                "--set",
-                "release.verify=false",
-            ],
-        )
-    )
-    assert rc == 2 and len(lines) == 2 and "no backend 'nope'" in lines[1], lines
+    for settings, n, says in STARTUP_FAILURES:
+        rc, lines = _run_fail(daemon_command(eps, [arg for value in settings for arg in ("--set", value)]))
+        assert rc == 2 and len(lines) == n and says in lines[-1], (settings, lines)
     rc, lines = _run_fail([str(VLAD), "serve", "--config", str(tmp_path / "missing.toml")])
     assert rc == 2 and len(lines) == 1 and "does not exist" in lines[0], lines
 
@@ -356,10 +351,7 @@ def test_systemd_unit_verifies(tmp_path):
 
 
 def test_tcp_needs_curve_keys(tmp_path):
-    eps = {
-        k: f"tcp://127.0.0.1:{port}"
-        for k, port in zip(("observations", "actions", "status", "control"), _free_ports(4), strict=True)
-    }
+    eps = tcp_endpoints()
     rc, lines = _run_fail(daemon_command(eps))
     assert rc == 2 and len(lines) == 1 and "CurveZMQ" in lines[0], lines
 
@@ -377,10 +369,7 @@ def test_tcp_control_with_curve(tmp_path, golden):
     client_pub, client_secret = zmq.auth.create_certificates(keys, "client")
     _, stranger_secret = zmq.auth.create_certificates(keys, "stranger")
     (clients / "client.key").write_bytes(open(client_pub, "rb").read())
-    eps = {
-        k: f"tcp://127.0.0.1:{port}"
-        for k, port in zip(("observations", "actions", "status", "control"), _free_ports(4), strict=True)
-    }
+    eps = tcp_endpoints()
     d = start_daemon(
         tmp_path,
         extra=[
@@ -403,18 +392,6 @@ def test_tcp_control_with_curve(tmp_path, golden):
             Client(**eps)  # no keys: refused before connecting
     finally:
         d.stop()
-
-
-def _free_ports(n):
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def test_nan_observation_is_refused_and_counted(daemon, client, golden):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.kserve.remote_server import server_unavailable
 from vlad.config import Config, ReleaseConfig, ServeConfig, SocketsConfig
-from vlad.testing import DEMO, DEMO_KEYS, config_toml
+from vlad.testing import DEMO, DEMO_KEYS, busy_port, config_toml, free_port
 
 
 def demo_config(tmp_path: Path, release: Path = DEMO) -> Path:
@@ -198,10 +197,7 @@ def test_remote_demo_whose_server_fails_says_why_in_one_line(tmp_path):
 
 
 def test_openpi_demo_refuses_a_busy_port_in_one_line(tmp_path):
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
+    with busy_port() as port:
         demo = Demo(tmp_path, "--openpi", "--port", str(port))
         code = demo.finish()
     assert code == 1
@@ -213,9 +209,7 @@ def test_openpi_demo_refuses_a_busy_port_in_one_line(tmp_path):
 
 def test_openpi_demo_serves_on_the_port_given(tmp_path):
     pytest.importorskip("openpi_client.websocket_client_policy")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     demo = Demo(tmp_path, "--openpi", "--port", str(port), "--episodes", "3")
     try:
         demo.wait_line(f"on ws://127.0.0.1:{port}")

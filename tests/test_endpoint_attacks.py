@@ -41,6 +41,8 @@ from vlad.testing import (  # noqa: E402
     assert_core_unaffected,
     daemon_command,
     endpoints_in,
+    free_port,
+    free_ports,
     load_golden,  # noqa: E402
     start_daemon,
 )
@@ -53,18 +55,12 @@ OBS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))  # the attacks' own sockets
     tmp = tmp_path_factory.mktemp("attacks")
-    openpi_port, metrics_port = free_port(), free_port()
+    openpi_port, metrics_port = free_ports(2)
     extra = []
     for item in (
         *demo_openpi.OPENPI_SETTINGS,

@@ -8,11 +8,13 @@ Control requests go over raw REQ sockets so that anything, not only what
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import threading
 import time
 import typing
+from collections.abc import Iterator
 
 import msgpack
 import numpy as np
@@ -200,6 +202,28 @@ def test_oversize_request_is_cut_off_and_the_daemon_goes_on(daemon, zctx):
 # -- forged joint states ------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def collecting(client) -> Iterator[list]:
+    """Every action chunk ``client`` receives while the block runs, stale ones included. The
+    receiver thread only reads its own socket; the client's PUB stays with the test."""
+    chunks: list = []
+    stop = threading.Event()
+
+    def receive():
+        while not stop.is_set():
+            c = client.recv_actions(timeout_ms=50, drop_stale=False)
+            if c is not None:
+                chunks.append(c)
+
+    rx = threading.Thread(target=receive, daemon=True)
+    rx.start()
+    try:
+        yield chunks
+    finally:
+        stop.set()
+        rx.join(2)
+
+
 def test_forged_proprio_between_good_observations_never_reaches_the_output(daemon, contract):
     """A controller (or an intruder in the vlad group) slips forged joint states between
     good observations: values far from the arm ([3.9, 2.9]: within the limits, physically
@@ -217,20 +241,8 @@ def test_forged_proprio_between_good_observations_never_reaches_the_output(daemo
         np.array([np.nan, 0.18, 0.0, 0.0], np.float32),
     ]
     client = daemon.client("forger")
-    chunks = []
-    stop = threading.Event()
-
-    def receive():
-        while not stop.is_set():
-            c = client.recv_actions(timeout_ms=50, drop_stale=False)
-            if c is not None:
-                chunks.append(c)
-
     before = client.status()["counters"]["rejected"]
-    rx = threading.Thread(target=receive, daemon=True)
-    # the receiver runs on its own socket reads; the client's PUB is used only from here
-    rx.start()
-    try:
+    with collecting(client) as chunks:
         seq = 10_000
         sent_forged = 0
         for i in range(150):  # 3 s at 50 Hz
@@ -244,9 +256,6 @@ def test_forged_proprio_between_good_observations_never_reaches_the_output(daemo
             client.heartbeat()
             time.sleep(PERIOD_S)
         time.sleep(0.3)
-    finally:
-        stop.set()
-        rx.join(2)
     after = client.status()["counters"]["rejected"]
     client.close()
     moved = {
@@ -287,20 +296,9 @@ def test_forged_bursts_between_good_observations_never_reanchor(daemon, contract
     rate = np.array([j.rate_limit for j in contract.action.joints], np.float64)
     forged = np.array([3.9, 2.9, 0.0, 0.0], np.float32)
     client = daemon.client("burster")
-    chunks = []
-    stop = threading.Event()
-
-    def receive():
-        while not stop.is_set():
-            c = client.recv_actions(timeout_ms=50, drop_stale=False)
-            if c is not None:
-                chunks.append(c)
-
     before = client.status()["counters"]
     logged = daemon.log().count("joint state re-anchored")
-    rx = threading.Thread(target=receive, daemon=True)
-    rx.start()
-    try:
+    with collecting(client) as chunks:
         seq = 20_000
         for i in range(120):
             seq += 1
@@ -314,9 +312,6 @@ def test_forged_bursts_between_good_observations_never_reanchor(daemon, contract
                     time.sleep(0.001)  # below the client's send HWM
             time.sleep(PERIOD_S)
         time.sleep(0.3)
-    finally:
-        stop.set()
-        rx.join(2)
     after = client.status()["counters"]
     client.close()
     assert after["rejected"].get("implausible_proprio", 0) > before["rejected"].get("implausible_proprio", 0)

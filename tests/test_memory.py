@@ -195,31 +195,26 @@ def test_the_performance_gate_records_its_measured_peak_as_the_need(tmp_path):
     before = load_manifest(rel)
     report = tmp_path / "report"
     report.mkdir()
-    perf = {"peak_rss_mib": 812.5, "gpu_memory_mib": None}
-    (report / "report.json").write_text(
-        json.dumps(
-            {
-                "format": REPORT_FORMAT,
-                "candidate": {"path": str(rel), "artifacts": {a.path: a.sha256 for a in before.artifacts}},
-                "gates": [{"gate": "performance", "status": "passed", "details": perf}],
-            }
+
+    def record(peak_rss_mib: float | None, artifacts) -> None:
+        """A passed performance gate's report on ``artifacts`` (with their hashes), recorded into the release."""
+        perf = {"peak_rss_mib": peak_rss_mib, "gpu_memory_mib": None}
+        (report / "report.json").write_text(
+            json.dumps(
+                {
+                    "format": REPORT_FORMAT,
+                    "candidate": {"path": str(rel), "artifacts": {a.path: a.sha256 for a in artifacts}},
+                    "gates": [{"gate": "performance", "status": "passed", "details": perf}],
+                }
+            )
         )
-    )
-    record_evidence(rel, report)
+        record_evidence(rel, report)
+
+    record(812.5, before.artifacts)
     m = load_manifest(rel)
     assert m.memory == type(m.memory)(int(812.5 * MB), 0, "performance-gate")
     # a report without a measured peak leaves the stated need as it was
-    perf["peak_rss_mib"] = None
-    (report / "report.json").write_text(
-        json.dumps(
-            {
-                "format": REPORT_FORMAT,
-                "candidate": {"path": str(rel), "artifacts": {a.path: a.sha256 for a in m.artifacts}},
-                "gates": [{"gate": "performance", "status": "passed", "details": perf}],
-            }
-        )
-    )
-    record_evidence(rel, report)
+    record(None, m.artifacts)
     assert load_manifest(rel).memory == m.memory
 
 

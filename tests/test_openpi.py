@@ -27,19 +27,19 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa:
 from vlad.demo import openpi as demo_openpi  # noqa: E402
 from vlad.demo import sim  # noqa: E402
 from vlad.episodes import DaemonLink, run_episode  # noqa: E402
-from vlad.testing import start_daemon, wait_until  # noqa: E402
+from vlad.testing import busy_port, free_port, free_ports, start_daemon, tcp_endpoints, wait_until  # noqa: E402
 
 # 12 real-time episodes per client (~30 s in all). The flow-matching noise is seeded by the
 # observation sequence, which the endpoint numbers itself, so outcomes differ per episode.
 EPISODES = 12
 SEEDS = range(20_000, 20_000 + EPISODES)
 HORIZON = 4  # openpi's action_horizon: periods per chunk before asking again
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# an observation as openpi's client sends it for the demo arm (never modified: copies are)
+OBS = {
+    demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
+    demo_openpi.STATE_KEY: np.zeros(4, np.float32),
+    "prompt": sim.INSTRUCTIONS[0],
+}
 
 
 def unix_get(path, url: str) -> str:
@@ -165,25 +165,20 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         policy = WebsocketClientPolicy("127.0.0.1", port)
         meta = policy.get_server_metadata()
         assert meta["server"] == "vlad" and meta["action_dim"] == 2 and meta["chunk_length"] == 8
-        obs = {
-            demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
-            demo_openpi.STATE_KEY: np.zeros(4, np.float32),
-            "prompt": sim.INSTRUCTIONS[0],
-        }
-        out = policy.infer(obs)
+        out = policy.infer(OBS)
         assert out["actions"].shape == (8, 2) and out["actions"].dtype == np.float32
         assert out["server_timing"]["infer_ms"] > 0
-        out = policy.infer(obs)
+        out = policy.infer(OBS)
         assert "prev_total_ms" in out["server_timing"]
 
         def refused(o, match):
             with pytest.raises(RuntimeError, match=match):
                 policy.infer(o)
 
-        refused({**obs, demo_openpi.IMAGE_KEY: np.zeros((32, 32, 3), np.uint8)}, "rejected_bad_shape")
-        refused({k: v for k, v in obs.items() if k != demo_openpi.STATE_KEY}, "bad_observation")
-        refused({**obs, "prompt": 7}, "bad_observation")
-        refused({**obs, demo_openpi.STATE_KEY: np.full(4, np.nan, np.float32)}, "rejected_nonfinite")
+        refused({**OBS, demo_openpi.IMAGE_KEY: np.zeros((32, 32, 3), np.uint8)}, "rejected_bad_shape")
+        refused({k: v for k, v in OBS.items() if k != demo_openpi.STATE_KEY}, "bad_observation")
+        refused({**OBS, "prompt": 7}, "bad_observation")
+        refused({**OBS, demo_openpi.STATE_KEY: np.full(4, np.nan, np.float32)}, "rejected_nonfinite")
         ws = policy._ws  # raw frames through the same connection
         ws.send("text is not an observation")
         assert "malformed" in ws.recv()
@@ -200,7 +195,7 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
             )
         )
         assert "not one of the numeric dtypes" in ws.recv()
-        assert policy.infer(obs)["actions"].shape == (8, 2)  # the connection still serves
+        assert policy.infer(OBS)["actions"].shape == (8, 2)  # the connection still serves
         # The connection limit (1): a second client is refused before the handshake.
         with pytest.raises(Exception, match="503"):
             WebsocketClientPolicy("127.0.0.1", port)
@@ -208,7 +203,7 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         from websockets.exceptions import ConnectionClosed
 
         with pytest.raises(ConnectionClosed):
-            policy.infer({**obs, "junk": np.zeros(2 * 2**20, np.uint8)})
+            policy.infer({**OBS, "junk": np.zeros(2 * 2**20, np.uint8)})
         policy = reconnect(port)  # the endpoint lives on
 
         # The closed connection sent no goodbye: if the reconnect took longer than the
@@ -216,7 +211,7 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         # again once the client is back in its slot.
         def serves() -> bool:
             try:
-                return policy.infer(obs)["actions"].shape == (8, 2)
+                return policy.infer(OBS)["actions"].shape == (8, 2)
             except RuntimeError as exc:  # an answer naming why there is no chunk yet (hold, stale, expired)
                 if "Error in inference server" not in str(exc):
                     raise
@@ -229,8 +224,8 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
             t = time.monotonic_ns()
             sent.add(t)
             client.publish_observation(
-                {"overhead": obs[demo_openpi.IMAGE_KEY]},
-                proprio=obs[demo_openpi.STATE_KEY],
+                {"overhead": OBS[demo_openpi.IMAGE_KEY]},
+                proprio=OBS[demo_openpi.STATE_KEY],
                 instruction=sim.INSTRUCTIONS[0],
                 t_sensor_ns=t,
             )
@@ -253,7 +248,7 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
-                policy.infer(obs)
+                policy.infer(OBS)
             except RuntimeError as exc:
                 if "estop" in str(exc):
                     break
@@ -264,7 +259,7 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         deadline = time.monotonic() + 10
         while True:
             try:
-                assert policy.infer(obs)["actions"].shape == (8, 2)
+                assert policy.infer(OBS)["actions"].shape == (8, 2)
                 break
             except RuntimeError:
                 assert time.monotonic() < deadline, "not served again after the e-stop was released"
@@ -351,11 +346,6 @@ def test_tls_and_token(tmp_path, monkeypatch):
     )
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the client trusts the test certificate
     try:
-        obs = {
-            demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
-            demo_openpi.STATE_KEY: np.zeros(4, np.float32),
-            "prompt": sim.INSTRUCTIONS[0],
-        }
         with pytest.raises(InvalidStatus, match="401"):
             WebsocketClientPolicy(f"wss://127.0.0.1:{port}", api_key="wrong-token-wrong-token")
         with pytest.raises(InvalidStatus, match="401"):
@@ -363,7 +353,7 @@ def test_tls_and_token(tmp_path, monkeypatch):
         with pytest.raises(Exception):  # noqa: B017 - plain ws:// to a TLS port: no handshake at all
             WebsocketClientPolicy(f"ws://127.0.0.1:{port}")
         policy = WebsocketClientPolicy(f"wss://127.0.0.1:{port}", api_key="s3cret-token-for-the-test")
-        assert policy.infer(obs)["actions"].shape == (8, 2)
+        assert policy.infer(OBS)["actions"].shape == (8, 2)
         client = d.client()
         # the endpoint process reports its counters once a second
         st = wait_status(client, lambda st: st["openpi"].get("replies", 0) >= 1)
@@ -374,10 +364,8 @@ def test_tls_and_token(tmp_path, monkeypatch):
 
 
 def test_busy_port_refuses_the_start_with_one_line(tmp_path):
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        d = start_daemon(tmp_path, settings(busy.getsockname()[1]), wait_ready=False)
+    with busy_port() as port:
+        d = start_daemon(tmp_path, settings(port), wait_ready=False)
         try:
             assert d.proc.wait(60) != 0
         finally:
@@ -399,18 +387,13 @@ def test_openpi_client_recovers_within_a_period_after_estop_and_pause(tmp_path):
     d = start_daemon(tmp_path, settings(port, f"safety.estop_file='{estop}'", "monitors.sensor_stall_periods=5"))
     try:
         policy = WebsocketClientPolicy("127.0.0.1", port)
-        obs = {
-            demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
-            demo_openpi.STATE_KEY: np.zeros(4, np.float32),
-            "prompt": sim.INSTRUCTIONS[0],
-        }
         period = 0.02
 
         def ask() -> tuple[float, float, str]:
             """(sent, answered, error or "") for one request."""
             t0 = time.monotonic()
             try:
-                policy.infer(obs)
+                policy.infer(OBS)
                 return t0, time.monotonic(), ""
             except RuntimeError as exc:
                 return t0, time.monotonic(), str(exc)
@@ -461,8 +444,6 @@ def test_endpoints_on_tcp_curve_sockets(tmp_path):
 
     import zmq.auth
 
-    from tests.test_daemon import _free_ports
-
     keys, clients = tmp_path / "keys", tmp_path / "clients"
     keys.mkdir()
     clients.mkdir()
@@ -470,11 +451,8 @@ def test_endpoints_on_tcp_curve_sockets(tmp_path):
     client_pub, _ = zmq.auth.create_certificates(keys, "client")
     (clients / "client.key").write_bytes(open(client_pub, "rb").read())
     client_key = zmq.auth.load_certificate(client_pub)[0].decode()
-    eps = {
-        k: f"tcp://127.0.0.1:{port}"
-        for k, port in zip(("observations", "actions", "status", "control"), _free_ports(4), strict=True)
-    }
-    port, metrics_port = free_port(), free_port()
+    eps = tcp_endpoints()
+    port, metrics_port = free_ports(2)
     d = start_daemon(
         tmp_path,
         settings(
@@ -490,12 +468,7 @@ def test_endpoints_on_tcp_curve_sockets(tmp_path):
     )
     try:
         policy = WebsocketClientPolicy("127.0.0.1", port)
-        obs = {
-            demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
-            demo_openpi.STATE_KEY: np.zeros(4, np.float32),
-            "prompt": sim.INSTRUCTIONS[0],
-        }
-        assert policy.infer(obs)["actions"].shape == (8, 2)
+        assert policy.infer(OBS)["actions"].shape == (8, 2)
         policy._ws.close()
         deadline = time.monotonic() + 5
         while "vlad_published_total" not in (

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from vlad import schema
 from vlad.errors import ProblemsError
-from vlad.files import FileRefused, load_toml
+from vlad.files import load_toml_or_raise
 from vlad.schema import bounded
 
 _NS = {"internal": True}
@@ -535,12 +535,7 @@ def load_config(
     if path is not None:
         p = Path(path)
         source = str(p)
-        try:
-            data = load_toml(p)
-        except FileNotFoundError:
-            raise ConfigError(source, ["config file does not exist"]) from None
-        except FileRefused as exc:
-            raise ConfigError(source, [str(exc).removeprefix(f"{source}: ")]) from None
+        data = load_toml_or_raise(p, lambda problem: ConfigError(source, [problem]), "config file does not exist")
         base = p.resolve().parent
     apply_overrides(data, overrides or [])
     cfg = parse_config(data, source, monitors)

@@ -228,6 +228,23 @@ def load_toml(path: str | Path, max_bytes: int = MAX_TEXT_BYTES) -> dict[str, An
     return parse_toml(read_bytes(path, max_bytes), str(path))
 
 
+def load_toml_or_raise(
+    path: str | Path, refuse: Callable[[str], Exception], missing: str = "no such file"
+) -> dict[str, Any]:
+    """:func:`load_toml` for a reader with its own error: a file that is absent, refused or
+    unreadable raises ``refuse(problem)``, ``problem`` being one line without the path
+    (``missing`` when there is no such file)."""
+    try:
+        return load_toml(path)
+    except FileNotFoundError:
+        problem = missing
+    except FileRefused as exc:
+        problem = str(exc).removeprefix(f"{path}: ")
+    except OSError as exc:
+        problem = f"cannot read: {exc.strerror or exc}"
+    raise refuse(problem)
+
+
 def _kind(mode: int) -> str:
     for test, name in (
         (stat.S_ISDIR, "a folder"),

@@ -16,7 +16,7 @@ is decoded with ``strict_map_key`` and without extension types, tensors with
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,22 +172,35 @@ class Layout:
         return [topic, msgpack.packb(head, use_bin_type=True), *(memoryview(a).cast("B") for a in arrays)]  # type: ignore[arg-type]
 
 
+def unpack_bounded(
+    raw: bytes | memoryview,
+    max_bytes: int,
+    max_items: int = MAX_ITEMS,
+    object_hook: Callable[[dict], Any] | None = None,
+) -> Any:
+    """msgpack -> Python with every length bounded before anything is allocated: strings
+    and binaries by ``max_bytes``, arrays and maps by ``max_items``, no extension types,
+    only string map keys. msgpack's own exceptions (several types) pass through."""
+    return msgpack.unpackb(
+        raw,
+        object_hook=object_hook,
+        raw=False,
+        strict_map_key=True,
+        use_list=True,
+        max_str_len=max_bytes,
+        max_bin_len=max_bytes,
+        max_array_len=max_items,
+        max_map_len=max_items,
+        max_ext_len=0,
+    )
+
+
 def _unpack(raw: bytes | memoryview, what: str, max_bytes: int) -> Any:
     """msgpack -> Python, with every size bounded before anything is allocated."""
     if len(raw) > max_bytes:
         raise ProtocolError("too_large", f"{what} of {len(raw)} bytes exceeds {max_bytes}")
     try:
-        return msgpack.unpackb(
-            raw,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            max_str_len=max_bytes,
-            max_bin_len=max_bytes,
-            max_array_len=MAX_ITEMS,
-            max_map_len=MAX_ITEMS,
-            max_ext_len=0,
-        )
+        return unpack_bounded(raw, max_bytes)
     except Exception as exc:  # msgpack raises several types (and RecursionError on deep nesting)
         raise ProtocolError("malformed", f"{what} is not valid msgpack ({type(exc).__name__})") from None
 

@@ -88,22 +88,23 @@ def join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+# bool before int: a bool is an int to isinstance.
+_KINDS: tuple[tuple[type, str], ...] = (
+    (bool, "a boolean"),
+    (int, "an integer"),
+    (float, "a float"),
+    (str, "a string"),
+    (list, "an array"),
+    (dict, "a table"),
+    (dt.datetime, "a datetime"),
+)
+
+
 def kind(value: Any) -> str:
     """A TOML-ish name for the type of ``value`` (for messages)."""
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a float"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, dt.datetime):
-        return "a datetime"
+    for cls, name in _KINDS:
+        if isinstance(value, cls):
+            return name
     return f"a {type(value).__name__}"
 
 

@@ -669,14 +669,13 @@ def standin(contract, monkeypatch, tmp_path):
     return load, cudart
 
 
-def _random_inputs(contract, batch: int, seed: int) -> dict[str, np.ndarray]:
-    from .trt_standin import VOCAB
-
+def _random_inputs(contract, batch: int, seed: int, vocab: int) -> dict[str, np.ndarray]:
+    """Contract inputs with new random data (token ids below ``vocab``)."""
     rng = np.random.default_rng(seed)
     x = example_inputs(contract, batch=batch)
     for name, v in x.items():
         if v.dtype == np.int64:
-            x[name] = rng.integers(0, VOCAB, v.shape, dtype=np.int64)
+            x[name] = rng.integers(0, vocab, v.shape, dtype=np.int64)
         else:
             x[name] = rng.standard_normal(v.shape).astype(v.dtype)
     return x
@@ -698,13 +697,13 @@ def test_standin_graph_replays_new_data_and_never_a_stale_shape(standin, contrac
     """A sequence of batch sizes with fresh data each call: batch 1 (the captured opt
     shape) replays the graph on its own context, any other batch runs the main context;
     every output equals the reference computed from that call's own inputs."""
-    from .trt_standin import reference
+    from .trt_standin import VOCAB, reference
 
     load, _ = standin
     batches = [1, 1, 3, 1, 8, 2, 1, 1, 5, 1]
     with load(cuda_graph=True) as s:
         for i, batch in enumerate(batches):
-            inputs = _random_inputs(contract, batch, seed=i)
+            inputs = _random_inputs(contract, batch, seed=i, vocab=VOCAB)
             got = s.infer(inputs)["actions"]
             np.testing.assert_allclose(got, reference(inputs), rtol=0, atol=1e-6)
         assert s.graph_launches == batches.count(1)
@@ -717,9 +716,11 @@ def test_standin_outputs_stay_readable_after_close(standin, contract):
     caller still reads. The memory goes back once the last output is dropped."""
     import gc
 
+    from .trt_standin import VOCAB
+
     load, cudart = standin
     s = load()
-    inputs = _random_inputs(contract, 2, seed=7)
+    inputs = _random_inputs(contract, 2, seed=7, vocab=VOCAB)
     out = s.infer(inputs)["actions"]
     want = out.copy()
     s.close()
@@ -997,18 +998,6 @@ def test_gpu_cuda_graph_replay_equals_normal_execution(trt_backend, engine_dir, 
         assert graphed.graph_launches == 4
 
 
-def _fresh_inputs(contract, batch: int, seed: int) -> dict[str, np.ndarray]:
-    """Contract inputs with new random data (token ids inside the demo's vocabulary)."""
-    rng = np.random.default_rng(seed)
-    x = example_inputs(contract, batch=batch)
-    for name, v in x.items():
-        if v.dtype == np.int64:
-            x[name] = rng.integers(0, DEMO_VOCAB, v.shape, dtype=np.int64)
-        else:
-            x[name] = rng.standard_normal(v.shape).astype(v.dtype)
-    return x
-
-
 @pytest.mark.gpu
 def test_gpu_graph_replays_new_data_over_a_sequence_of_batch_sizes(trt_backend, engine_dir, contract):
     """Fresh data on every call, batch sizes switching between the captured one and
@@ -1020,7 +1009,7 @@ def test_gpu_graph_replays_new_data_over_a_sequence_of_batch_sizes(trt_backend, 
         trt_backend.load(DEMO_ONNX, contract, {**opts, "cuda_graph": True}) as graphed,
     ):
         for i, batch in enumerate(batches):
-            inputs = _fresh_inputs(contract, batch, seed=100 + i)
+            inputs = _random_inputs(contract, batch, seed=100 + i, vocab=DEMO_VOCAB)
             want = plain.infer(inputs)["actions"].copy()
             np.testing.assert_allclose(
                 graphed.infer(inputs)["actions"], want, atol=1e-6, rtol=0, err_msg=f"call {i}, batch {batch}"
@@ -1119,7 +1108,7 @@ def test_gpu_corrupted_cached_engine_is_refused_then_rebuilt(trt_backend, engine
         trt_backend.load(DEMO_ONNX, contract, opts)
     with trt_backend.load(DEMO_ONNX, contract, {**opts, "on_mismatch": "rebuild"}) as s:
         assert s.describe().extra["built"] is True
-        inputs = _fresh_inputs(contract, 2, seed=5)
+        inputs = _random_inputs(contract, 2, seed=5, vocab=DEMO_VOCAB)
         np.testing.assert_allclose(
             s.infer(inputs)["actions"], _reference(ort_session, inputs), atol=ATOL["fp32"], rtol=0
         )

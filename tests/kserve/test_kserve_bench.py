@@ -8,15 +8,11 @@ import subprocess
 import sys
 
 from tests.conftest import ROOT
-from tests.kserve.remote_server import server_unavailable
+from tests.kserve.remote_server import require_server
 
 
 def test_bench_remote_ci_mode():
-    why = server_unavailable()
-    if why:
-        import pytest
-
-        pytest.skip(why)
+    require_server()
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_remote.py"), "--ci"],
         capture_output=True,

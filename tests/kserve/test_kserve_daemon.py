@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.kserve.remote_server import ServerProcess, server_unavailable
+from tests.kserve.remote_server import ServerProcess, started_server
 from tests.test_faults import MAX_GAP_S
 from vlad.config import Config, ReleaseConfig, ServeConfig
 from vlad.testing import (
@@ -45,12 +45,8 @@ pytestmark = pytest.mark.daemon_remote
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    why = server_unavailable()
-    if why:
-        pytest.skip(f"no KServe test server: {why}")
-    s = ServerProcess(tmp_path_factory.mktemp("kserve-daemon")).start()
-    yield s
-    s.stop()
+    with started_server(tmp_path_factory.mktemp("kserve-daemon")) as s:
+        yield s
 
 
 def write_config(tmp_path: Path, endpoint: str, options: dict[str, Any] | None = None) -> Config:

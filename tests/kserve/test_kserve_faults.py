@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.kserve.remote_server import ServerProcess, server_unavailable
+from tests.kserve.remote_server import started_server
 from vlad.backend import example_inputs
 from vlad.errors import BackendError, RemoteUnavailable
 from vlad_kserve import KServeBackend, RemoteLinkMonitor
@@ -82,12 +82,8 @@ def test_wrong_answer_is_a_policy_fault(session, kserve_server, contract, bad):
 @pytest.fixture(scope="module")
 def own_server(tmp_path_factory):
     """A server of this module's own: the tests kill it."""
-    why = server_unavailable()
-    if why:
-        pytest.skip(f"no KServe test server: {why}")
-    server = ServerProcess(tmp_path_factory.mktemp("kserve-killed")).start()
-    yield server
-    server.stop()
+    with started_server(tmp_path_factory.mktemp("kserve-killed")) as server:
+        yield server
 
 
 def test_killed_then_restarted_server(own_server, contract, protocol):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.kserve.remote_server import ServerProcess, server_unavailable
+from tests.kserve.remote_server import require_server, started_server
 from vlad.backend import example_inputs
 from vlad.errors import RemoteUnavailable
 from vlad_kserve import KServeBackend
@@ -81,17 +81,14 @@ def make_pki(folder: Path) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):
-    why = server_unavailable()
-    if why:
-        pytest.skip(f"no KServe test server: {why}")
+    require_server()  # before making the PKI
     folder = tmp_path_factory.mktemp("kserve-tls")
     pki = make_pki(folder)
     token = folder / "token"
     token.write_text("s3cret-token\n")
     token.chmod(0o600)
-    server = ServerProcess(folder, extra=["--token-file", str(token)], tls=pki).start()
-    yield server, pki, token
-    server.stop()
+    with started_server(folder, extra=["--token-file", str(token)], tls=pki) as server:
+        yield server, pki, token
 
 
 def options(server, pki, protocol, **over):

@@ -55,6 +55,17 @@ def operator(explicit: str | None = None) -> str:
     return explicit or default_operator()
 
 
+def add_operator_args(
+    p: argparse.ArgumentParser, why: str = "reason, recorded in the history", force: str = ""
+) -> None:
+    """``--why`` (required; ``why`` is its help), ``--who`` (:func:`operator`) and, where
+    the command can be forced, ``--force`` with ``force`` saying what it allows."""
+    p.add_argument("--why", required=True, help=why)
+    p.add_argument("--who", help="operator name (default: $VLAD_OPERATOR, $SUDO_USER, the login name)")
+    if force:
+        p.add_argument("--force", action="store_true", help=force)
+
+
 def load_config_or_defaults(path: str | None) -> Any:
     """The daemon config for a command that needs an endpoint or the store root; the
     default path may be absent (a development machine): then the defaults."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlad.cli.common import add_daemon_args, operator, request, store
+from vlad.cli.common import add_daemon_args, add_operator_args, operator, request, store
 from vlad.errors import DaemonUnreachable
 
 
@@ -302,31 +302,22 @@ def add_daemon_commands(sub: Any) -> None:
     p = sub.add_parser("deploy", help=COMMANDS["deploy"].help)
     add_daemon_args(p)
     p.add_argument("release", help="release folder (signed manifest)")
-    p.add_argument("--why", required=True, help="reason, recorded in the history")
-    p.add_argument("--who", help="operator name (default: $VLAD_OPERATOR, $SUDO_USER, $USER)")
+    add_operator_args(
+        p,
+        force="allow missing or failed gate evidence or a deliberate downgrade (recorded with --why); "
+        "never an integrity failure",
+    )
     p.add_argument(
         "--canary",
         action="store_true",
         help="watch it against the manifest's canary thresholds; crossing one rolls back automatically",
-    )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="allow missing or failed gate evidence or a deliberate downgrade (recorded with --why); "
-        "never an integrity failure",
     )
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("rollback", help="back to the previous release (live, or in the store when vlad is down)")
     add_daemon_args(p)
     p.add_argument("--root", help="release store (default: the config's store.root), when vlad is down")
-    p.add_argument("--why", required=True, help="reason, recorded in the history")
-    p.add_argument("--who", help="operator name (default: $VLAD_OPERATOR, $SUDO_USER, $USER)")
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="return to a release without passing gate evidence or marked bad (recorded with --why)",
-    )
+    add_operator_args(p, force="return to a release without passing gate evidence or marked bad (recorded with --why)")
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("history", help="activations and rollbacks with who and why")
@@ -349,6 +340,5 @@ def add_daemon_commands(sub: Any) -> None:
 
     p = sub.add_parser("resume", help=COMMANDS["resume"].help)
     add_daemon_args(p)
-    p.add_argument("--why", required=True, help="why it is safe to use the policy again (recorded)")
-    p.add_argument("--who", help="operator name (default: $VLAD_OPERATOR, $SUDO_USER, $USER)")
+    add_operator_args(p, why="why it is safe to use the policy again (recorded)")
     p.set_defaults(func=cmd_resume)

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vlad.cli.common import DEFAULT_CONFIG, operator, run
+from vlad.cli.common import DEFAULT_CONFIG, add_operator_args, operator, run
 from vlad.cli.common import store as open_store
 from vlad.errors import ExitCode
 
@@ -85,12 +85,9 @@ def add_release_commands(subparsers: Any) -> None:
         p = store_parser(name, help)
         if name == "activate":
             p.add_argument("release_id")
-        p.add_argument("--why", required=True, help="reason, kept in the history")
-        p.add_argument("--who", default=None, help="operator (default: $VLAD_OPERATOR, $SUDO_USER or login)")
-        p.add_argument(
-            "--force",
-            action="store_true",
-            help="allow missing or failed gate evidence, a downgrade or a release marked bad "
+        add_operator_args(
+            p,
+            force="allow missing or failed gate evidence, a downgrade or a release marked bad "
             "(operator decision, recorded with --why; never an integrity failure)",
         )
         p.set_defaults(func=cmd_release_activate if name == "activate" else cmd_release_rollback)

@@ -29,6 +29,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from vlad.protocol import unpack_bounded
+
 MAX_RANK = 8
 MAX_OBJECTS = 4096  # an openpi observation has a few dozen
 MAX_DEPTH = 32
@@ -198,17 +200,7 @@ def unpack(raw: bytes, max_bytes: int, max_objects: int = MAX_OBJECTS) -> Any:
         raise BadRequest("too_large", f"message of {len(raw)} bytes, over {max_bytes}")
     scan(raw, max_objects)
     try:
-        return msgpack.unpackb(
-            raw,
-            object_hook=_ndarray_hook,
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=max_bytes,
-            max_str_len=max_bytes,
-            max_ext_len=0,
-            max_array_len=max_objects,
-            max_map_len=max_objects,
-        )
+        return unpack_bounded(raw, max_bytes, max_objects, object_hook=_ndarray_hook)
     except BadRequest:
         raise
     except Exception as exc:  # msgpack raises several types (invalid UTF-8, unhashable keys ...)

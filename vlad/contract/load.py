@@ -9,7 +9,7 @@ from vlad import schema
 from vlad.contract.checks import CHECKS, check_cross
 from vlad.contract.model import SUPPORTED_FORMATS, Contract
 from vlad.errors import ContractError
-from vlad.files import FileRefused, load_toml
+from vlad.files import load_toml_or_raise
 
 
 def load_contract(path: str | Path) -> Contract:
@@ -21,12 +21,9 @@ def load_contract(path: str | Path) -> Contract:
     """
     path = Path(path)
     source = str(path)
-    try:
-        data = load_toml(path)
-    except FileNotFoundError:
-        raise ContractError(source, ["cannot read contract: no such file"]) from None
-    except FileRefused as exc:
-        raise ContractError(source, [str(exc).removeprefix(f"{source}: ")]) from None
+    data = load_toml_or_raise(
+        path, lambda problem: ContractError(source, [problem]), "cannot read contract: no such file"
+    )
     return parse_contract(data, source, path=path.resolve())
 
 

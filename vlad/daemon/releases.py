@@ -48,7 +48,7 @@ from vlad.daemon.memory import MemoryBudget, Plan, PolicyMemory, measured_load, 
 from vlad.errors import VladError
 from vlad.health.base import Finding
 from vlad.health.state import StateMachine
-from vlad.release.evidence import judge_evidence, require_evidence
+from vlad.release.evidence import require_verified_evidence
 from vlad.release.loading import LoadedPolicy, PolicySource, compatible, load_policy
 from vlad.release.signing import VerifiedRelease
 from vlad.release.store import HistoryEntry, ReleaseStore
@@ -297,13 +297,8 @@ class ReleaseManager:
         # The store's rule, judged before a second is spent loading: activate() below
         # applies it again (the same function) and records the decision.
         self._progress("checking gate evidence")
-        require_evidence(
-            judge_evidence(staged.manifest, staged.path, staged.files),
-            release_id,
-            path,
-            force=force,
-            why=why,
-            retry=f"vladctl deploy {path} --force --why '...'",
+        require_verified_evidence(
+            staged, path, force=force, why=why, retry=f"vladctl deploy {path} --force --why '...'"
         )
         swapped = await self._swap_out(release_id) if plan.action == "swap" else None
         try:

@@ -118,28 +118,19 @@ def write_golden_fixtures(model, contract, tokenizer, path: Path) -> list[dict]:
     """
     import torch
 
+    from vlad.gates.equivalence import save_golden
     from vlad.processing import decode_actions, preprocess
 
-    arrays: dict[str, np.ndarray] = {}
-    all_inputs = []
+    cases = []
     names = [spec.name for spec in contract.inputs]
-    for i, obs in enumerate(golden_observations()):
+    for obs in golden_observations():
         inputs = preprocess(contract, tokenizer, obs)
         with torch.inference_mode():
             out = model(*(torch.from_numpy(inputs[n]) for n in names)).numpy()
         actions = decode_actions(contract, {contract.action.output: out})
-        arrays[f"{i}/raw/image/overhead"] = obs.images["overhead"]
-        arrays[f"{i}/raw/proprio"] = obs.proprio
-        arrays[f"{i}/raw/instruction"] = np.asarray(obs.instruction)
-        arrays[f"{i}/raw/sequence"] = np.asarray(obs.sequence, dtype=np.int64)
-        for n, v in inputs.items():
-            arrays[f"{i}/inputs/{n}"] = v
-        arrays[f"{i}/outputs/{contract.action.output}"] = out
-        arrays[f"{i}/actions"] = actions
-        all_inputs.append(inputs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path, **arrays)  # type: ignore[arg-type]  # numpy stubs: a key could be allow_pickle
-    return all_inputs
+        cases.append({"raw": obs, "inputs": inputs, "outputs": {contract.action.output: out}, "actions": actions})
+    save_golden(path, cases)
+    return [case["inputs"] for case in cases]
 
 
 def export_release(model, contract, tokenizer, out: Path, fixtures_path: Path, log=print) -> list:

@@ -21,7 +21,7 @@ performance gate's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,8 @@ class Sample:
 
 
 def load_golden(path: Path) -> list[dict[str, Any]]:
-    """Golden fixtures (``{i}/raw/...``, ``{i}/inputs/...``, ``{i}/outputs/...``) from an ``.npz``."""
+    """Golden fixtures from an ``.npz`` (:func:`save_golden`'s format): per case ``raw``
+    (a :class:`RawObservation`), ``inputs``, ``outputs`` and, where recorded, ``actions``."""
     try:
         z = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -55,20 +56,49 @@ def load_golden(path: Path) -> list[dict[str, Any]]:
     out = []
     for i in range(len({k.split("/")[0] for k in z.files})):
         p = f"{i}/"
-        images = {k[len(p + "raw/image/") :]: z[k] for k in z.files if k.startswith(p + "raw/image/")}
-        out.append(
-            {
+        try:
+            case = {
                 "raw": RawObservation(
-                    images=images,
+                    images=_under(z, p + "raw/image/"),
                     proprio=z[p + "raw/proprio"],
                     instruction=str(z[p + "raw/instruction"]),
                     sequence=int(z[p + "raw/sequence"]),
                 ),
-                "inputs": {k[len(p + "inputs/") :]: z[k] for k in z.files if k.startswith(p + "inputs/")},
-                "outputs": {k[len(p + "outputs/") :]: z[k] for k in z.files if k.startswith(p + "outputs/")},
+                "inputs": _under(z, p + "inputs/"),
+                "outputs": _under(z, p + "outputs/"),
             }
-        )
+            if p + "actions" in z.files:
+                case["actions"] = z[p + "actions"]
+        except (KeyError, ValueError, TypeError) as exc:
+            raise GateError(f"golden fixtures {path}: case {i} is incomplete or malformed ({exc})") from None
+        out.append(case)
     return out
+
+
+def _under(z: Any, prefix: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` whose names start with ``prefix``, by the rest of the name."""
+    return {k[len(prefix) :]: z[k] for k in z.files if k.startswith(prefix)}
+
+
+def save_golden(path: Path, cases: Iterable[Mapping[str, Any]]) -> None:
+    """Write golden fixtures for :func:`load_golden`: per case its ``raw`` observation, the
+    model ``inputs`` the contract's preprocessing makes of it, the reference's ``outputs``
+    and, where given, the decoded ``actions``. Plain arrays only (no pickle)."""
+    arrays: dict[str, np.ndarray] = {}
+    for i, case in enumerate(cases):
+        raw: RawObservation = case["raw"]
+        for cam, img in raw.images.items():
+            arrays[f"{i}/raw/image/{cam}"] = img
+        arrays[f"{i}/raw/proprio"] = np.asarray(raw.proprio)
+        arrays[f"{i}/raw/instruction"] = np.asarray(raw.instruction or "")
+        arrays[f"{i}/raw/sequence"] = np.asarray(raw.sequence, dtype=np.int64)
+        for group in ("inputs", "outputs"):
+            for name, value in case[group].items():
+                arrays[f"{i}/{group}/{name}"] = value
+        if case.get("actions") is not None:
+            arrays[f"{i}/actions"] = case["actions"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **arrays)  # type: ignore[arg-type]  # numpy stubs: a key could be allow_pickle
 
 
 def _run(engine: Engine, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

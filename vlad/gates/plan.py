@@ -40,7 +40,7 @@ from typing import Any
 from vlad import schema
 from vlad.backend import PRECISIONS
 from vlad.errors import ProblemsError
-from vlad.files import FileRefused, load_toml, relative_parts
+from vlad.files import FileRefused, load_toml_or_raise, relative_parts
 from vlad.release.manifest import GateName
 
 __all__ = ["DEFAULT_BUDGETS", "PRECISIONS", "GatePlan", "PlanError", "load_plan", "parse_plan"]
@@ -250,14 +250,7 @@ def outside_release(plan: GatePlan, manifest_document: Mapping[str, Any]) -> lis
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        return load_toml(path)
-    except FileNotFoundError:
-        raise PlanError(str(path), ["no such plan file"]) from None
-    except FileRefused as exc:
-        raise PlanError(str(path), [str(exc).removeprefix(f"{path}: ")]) from None
-    except OSError as exc:
-        raise PlanError(str(path), [f"cannot read: {exc}"]) from None
+    return load_toml_or_raise(path, lambda problem: PlanError(str(path), [problem]), "no such plan file")
 
 
 def parse_plan(data: Mapping[str, Any], source: str, base_dir: Path | None = None) -> GatePlan:

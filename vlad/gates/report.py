@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+from collections.abc import Callable
 from typing import Any
 
 from vlad.gates import plots
@@ -186,82 +187,91 @@ def render_html(report: dict[str, Any]) -> str:
 
 
 def _sections(report: dict) -> list[str]:
+    """One section per gate in the report: its checks and, where its details hold what
+    they need (a gate stopped early has none), its tables and plots."""
     out = []
-    plan = report["plan"]
-    g = _gate(report, "contract")
-    if g:
-        diffs = g["details"].get("differences", [])
-        rows = "".join(
-            f"<tr><td>{_e(d['path'])}</td><td>{_e(d['old'])}</td><td>{_e(d['new'])}</td>"
-            f"<td>{_e(d['category'])}</td><td class={'failed' if d['breaking'] else 'passed'}>"
-            f"{'breaking' if d['breaking'] else 'compatible'}</td></tr>"
-            for d in diffs
-        )
-        out.append(
-            f"<h2>Contract gate</h2>{_checks_table(g)}"
-            + (
-                f"<table><tr><th>field</th><th>baseline</th><th>candidate</th><th>category</th><th></th></tr>{rows}</table>"
-                if diffs
-                else "<p>The contracts are identical.</p>"
-            )
-        )
-    g = _gate(report, "equivalence")
-    if g and g["details"].get("candidates"):
-        d = g["details"]
-        budgets = plan["equivalence"]["budgets"]
-        joints, units = _joint_names(d)
-        skipped = "".join(f"<li>{_e(k)}: {_e(v)}</li>" for k, v in d.get("skipped", {}).items())
-        out.append(
-            f"<h2>Equivalence gate</h2><p>Reference: {_e(d['reference']['id'])}. "
-            f"Candidates: {_e(', '.join(d['candidates']))}.</p>"
-            + (f"<p>Skipped here:</p><ul>{skipped}</ul>" if skipped else "")
-            + _checks_table(g)
-            + _img(
-                _plot(plots.action_errors, d, budgets, joints, units),
-                "Per-joint action error against the PyTorch fp32 reference (golden fixtures and replays)",
-            )
-            + _img(
-                _plot(plots.rollout_divergence, d, budgets, units[0] if units else ""),
-                "Rollout divergence over time in the simulator, same seed and noise",
-            )
-        )
-    elif g:
-        out.append(f"<h2>Equivalence gate</h2>{_checks_table(g)}")
-    g = _gate(report, "performance")
-    if g and g["details"].get("scenarios"):
-        d = g["details"]
-        out.append(
-            f"<h2>Performance gate</h2>{_checks_table(g)}"
-            + _img(_plot(plots.latency_cdf, d), "Latency CDF per stage (warm steady state) and end to end per scenario")
-            + _stage_table(d)
-            + "<h3>Setup</h3>"
-            + _kv_table(
-                {
-                    "setup": d["setup"],
-                    "cold_start": d["cold_start"],
-                    "shape_switches": d.get("shape_switches") or "not measured",
-                    "planner": d.get("planner") or "no target hardware in the plan",
-                }
-            )
-        )
-    elif g:
-        out.append(f"<h2>Performance gate</h2>{_checks_table(g)}")
-    g = _gate(report, "closed_loop")
-    if g and g["details"].get("candidate"):
-        d = g["details"]
-        out.append(
-            f"<h2>Closed-loop gate</h2>{_checks_table(g)}"
-            + _img(
-                _plot(plots.success_rates, d, plan["closed_loop"]["min_success_rate"]),
-                "Success rate per instruction with 95 % Wilson intervals",
-            )
-            + _success_table(d)
-            + "<h3>Safety events (candidate)</h3>"
-            + _kv_table(d["candidate"]["safety"])
-        )
-    elif g:
-        out.append(f"<h2>Closed-loop gate</h2>{_checks_table(g)}")
+    for name, title, needs, body in _SECTIONS:
+        g = _gate(report, name)
+        if g:
+            full = needs is None or g["details"].get(needs)
+            out.append(f"<h2>{title}</h2>" + (body(g, report["plan"]) if full else _checks_table(g)))
     return out
+
+
+def _contract_section(g: dict, plan: dict) -> str:
+    diffs = g["details"].get("differences", [])
+    rows = "".join(
+        f"<tr><td>{_e(d['path'])}</td><td>{_e(d['old'])}</td><td>{_e(d['new'])}</td>"
+        f"<td>{_e(d['category'])}</td><td class={'failed' if d['breaking'] else 'passed'}>"
+        f"{'breaking' if d['breaking'] else 'compatible'}</td></tr>"
+        for d in diffs
+    )
+    return _checks_table(g) + (
+        f"<table><tr><th>field</th><th>baseline</th><th>candidate</th><th>category</th><th></th></tr>{rows}</table>"
+        if diffs
+        else "<p>The contracts are identical.</p>"
+    )
+
+
+def _equivalence_section(g: dict, plan: dict) -> str:
+    d = g["details"]
+    budgets = plan["equivalence"]["budgets"]
+    joints, units = _joint_names(d)
+    skipped = "".join(f"<li>{_e(k)}: {_e(v)}</li>" for k, v in d.get("skipped", {}).items())
+    return (
+        f"<p>Reference: {_e(d['reference']['id'])}. Candidates: {_e(', '.join(d['candidates']))}.</p>"
+        + (f"<p>Skipped here:</p><ul>{skipped}</ul>" if skipped else "")
+        + _checks_table(g)
+        + _img(
+            _plot(plots.action_errors, d, budgets, joints, units),
+            "Per-joint action error against the PyTorch fp32 reference (golden fixtures and replays)",
+        )
+        + _img(
+            _plot(plots.rollout_divergence, d, budgets, units[0] if units else ""),
+            "Rollout divergence over time in the simulator, same seed and noise",
+        )
+    )
+
+
+def _performance_section(g: dict, plan: dict) -> str:
+    d = g["details"]
+    return (
+        _checks_table(g)
+        + _img(_plot(plots.latency_cdf, d), "Latency CDF per stage (warm steady state) and end to end per scenario")
+        + _stage_table(d)
+        + "<h3>Setup</h3>"
+        + _kv_table(
+            {
+                "setup": d["setup"],
+                "cold_start": d["cold_start"],
+                "shape_switches": d.get("shape_switches") or "not measured",
+                "planner": d.get("planner") or "no target hardware in the plan",
+            }
+        )
+    )
+
+
+def _closed_loop_section(g: dict, plan: dict) -> str:
+    d = g["details"]
+    return (
+        _checks_table(g)
+        + _img(
+            _plot(plots.success_rates, d, plan["closed_loop"]["min_success_rate"]),
+            "Success rate per instruction with 95 % Wilson intervals",
+        )
+        + _success_table(d)
+        + "<h3>Safety events (candidate)</h3>"
+        + _kv_table(d["candidate"]["safety"])
+    )
+
+
+# gate, heading, the details key its full section needs (None: always full), the section
+_SECTIONS: tuple[tuple[str, str, str | None, Callable[[dict, dict], str]], ...] = (
+    ("contract", "Contract gate", None, _contract_section),
+    ("equivalence", "Equivalence gate", "candidates", _equivalence_section),
+    ("performance", "Performance gate", "scenarios", _performance_section),
+    ("closed_loop", "Closed-loop gate", "candidate", _closed_loop_section),
+)
 
 
 def _joint_names(eq: dict) -> tuple[list[str], list[str]]:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from vlad import schema
 from vlad.errors import ProblemsError, VladError
-from vlad.files import FileRefused, load_toml
+from vlad.files import load_toml_or_raise
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -494,14 +494,7 @@ def _by_kind(kinds: Mapping[str, type], raw: Any, path: str, problems: list[str]
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        return load_toml(path)
-    except FileNotFoundError:
-        raise PlannerError(f"{path}: no such file") from None
-    except FileRefused as exc:
-        raise PlannerError(str(exc)) from None
-    except OSError as exc:
-        raise PlannerError(f"{path}: cannot read: {exc}") from None
+    return load_toml_or_raise(path, lambda problem: PlannerError(f"{path}: {problem}"))
 
 
 def load_hardware_file(path: str | Path = DATA / "hardware.toml") -> dict[str, Hardware]:

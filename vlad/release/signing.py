@@ -33,10 +33,11 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path, PurePosixPath
+from typing import TypeVar, cast
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -145,36 +146,46 @@ def _read_key_text(path: Path) -> bytes:
         raise KeyFileError(f"{path}: cannot read key: {exc.strerror or exc}") from exc
 
 
-def load_public_key(path: str | Path) -> Ed25519PublicKey:
-    """An Ed25519 public key from a PEM file or a file holding its raw 32 bytes in base64."""
+_Key = TypeVar("_Key", Ed25519PublicKey, Ed25519PrivateKey)
+
+
+def _load_key(
+    path: str | Path, want: type, raw: Callable[[bytes], _Key], pem: Callable[[bytes], object], forms: str
+) -> _Key:
+    """A key of type ``want`` from a PEM file (possibly after explanatory lines) or a file
+    holding base64 of its raw bytes; ``forms`` names the two for the error line."""
+    what = f"an Ed25519 {'public' if want is Ed25519PublicKey else 'private'} key"
     path = Path(path)
     text = _read_key_text(path)
     try:
-        if b"-----BEGIN" in text:  # PEM, possibly after explanatory lines
-            key = serialization.load_pem_public_key(text)
-        else:
-            key = Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
+        key = pem(text) if b"-----BEGIN" in text else raw(base64.b64decode(text, validate=True))
     except (ValueError, binascii.Error, TypeError) as exc:
-        raise KeyFileError(f"{path}: not an Ed25519 public key (PEM or base64 of 32 bytes)") from exc
-    if not isinstance(key, Ed25519PublicKey):
-        raise KeyFileError(f"{path}: a {type(key).__name__}, expected an Ed25519 public key")
-    return key
+        raise KeyFileError(f"{path}: not {what} ({forms}): {exc}") from exc
+    if not isinstance(key, want):
+        raise KeyFileError(f"{path}: a {type(key).__name__}, expected {what}")
+    return cast(_Key, key)  # want is _Key's class (abstract, so not typed as type[_Key])
+
+
+def load_public_key(path: str | Path) -> Ed25519PublicKey:
+    """An Ed25519 public key from a PEM file or a file holding its raw 32 bytes in base64."""
+    return _load_key(
+        path,
+        Ed25519PublicKey,
+        Ed25519PublicKey.from_public_bytes,
+        serialization.load_pem_public_key,
+        "PEM or base64 of its 32 bytes",
+    )
 
 
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:
     """An Ed25519 private key from an unencrypted PKCS#8 PEM file or base64 of its 32-byte seed."""
-    path = Path(path)
-    text = _read_key_text(path)
-    try:
-        if b"-----BEGIN" in text:  # PEM, possibly after explanatory lines
-            key = serialization.load_pem_private_key(text, password=None)
-        else:
-            key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(text, validate=True))
-    except (ValueError, binascii.Error, TypeError) as exc:
-        raise KeyFileError(f"{path}: not an unencrypted Ed25519 private key ({exc})") from exc
-    if not isinstance(key, Ed25519PrivateKey):
-        raise KeyFileError(f"{path}: a {type(key).__name__}, expected an Ed25519 private key")
-    return key
+    return _load_key(
+        path,
+        Ed25519PrivateKey,
+        Ed25519PrivateKey.from_private_bytes,
+        lambda text: serialization.load_pem_private_key(text, password=None),
+        "unencrypted PKCS#8 PEM or base64 of its 32-byte seed",
+    )
 
 
 def generate_keypair(out_dir: str | Path, name: str | None = None) -> tuple[str, Path, Path]:

@@ -49,7 +49,7 @@ from typing import Any
 from vlad.errors import VladError
 from vlad.files import read_bytes_beneath
 from vlad.release.artifacts import Progress, copy_artifacts
-from vlad.release.evidence import judge_evidence, require_evidence
+from vlad.release.evidence import require_verified_evidence
 from vlad.release.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, RELEASE_ID_RE, SIGNATURE_FILE, rfc3339
 from vlad.release.signing import (
     DEFAULT_KEYS_DIR,
@@ -436,13 +436,8 @@ class ReleaseStore:
             verified = verify_release(path, self.keys_dir, now, known=_known(verified, path), progress=progress)
             if verified.id != release_id:
                 raise StoreError(f"{path}: holds release {verified.id}, not {release_id}")
-            evidence = require_evidence(
-                judge_evidence(verified.manifest, verified.path, verified.files),
-                release_id,
-                path,
-                force=force,
-                why=why,
-                retry=f"vladctl release activate {release_id} --force --why '...'",
+            evidence = require_verified_evidence(
+                verified, path, force=force, why=why, retry=f"vladctl release activate {release_id} --force --why '...'"
             )
             overrides = _evidence_override(evidence)
             code = verified.manifest.release.version_code
@@ -498,13 +493,8 @@ class ReleaseStore:
             verified = verify_release(
                 path, self.keys_dir, check_time=False, known=_known(verified, path), progress=progress
             )
-            evidence = require_evidence(
-                judge_evidence(verified.manifest, verified.path, verified.files),
-                target,
-                path,
-                force=force,
-                why=why,
-                retry="vladctl rollback --force --why '...'",
+            evidence = require_verified_evidence(
+                verified, path, force=force, why=why, retry="vladctl rollback --force --why '...'"
             )
             overrides = _evidence_override(evidence) + overrides
             _need_why(force, why, target)

@@ -7,7 +7,8 @@ keeps every chunk that arrives as a :class:`Received`, stamped with this process
 what a robot would have got from that record: the longest gap between chunks
 (:func:`max_gap`), where each chunk came from, what it commanded;
 :func:`assert_core_unaffected` judges the controller's cadence and the systemd watchdog
-together while something attacks the daemon beside its serving core.
+together while something attacks the daemon beside its serving core. :class:`Ticker` paces
+the benchmark scripts' own controller loops at a fixed rate.
 """
 
 from __future__ import annotations
@@ -23,6 +24,24 @@ if TYPE_CHECKING:
     from vlad.testing.daemon import DaemonProcess, NotifyListener
 
 PERIOD_S = 0.02  # the demo contract's control period
+
+
+class Ticker:
+    """Fixed-rate pacing for a loop: :meth:`wait` sleeps until the current period ends. A
+    loop that ran late starts a new schedule from now instead of bursting to catch up, as a
+    real controller does."""
+
+    def __init__(self, period_s: float) -> None:
+        self.period_s = period_s
+        self.next = time.monotonic()  # when the current period ends (time.monotonic())
+
+    def wait(self) -> None:
+        self.next += self.period_s
+        delay = self.next - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            self.next = time.monotonic()
 
 
 @dataclass

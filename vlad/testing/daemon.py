@@ -7,10 +7,14 @@ sockets, its config, its log and a datagram ``NOTIFY_SOCKET`` (:class:`NotifyLis
 the benchmarks and the tests all run the daemon this way; :func:`start_daemon` is the
 tests' short form (the demo config in a test's folder, ``--set`` arguments) and
 :func:`daemon_command` the bare command line, for starts that are meant to fail.
+:func:`endpoints_in` puts the four sockets in a folder (ipc); :func:`tcp_endpoints` and
+:func:`free_ports` choose free loopback ports (:func:`busy_port` one in use) (CurveZMQ sockets, the openpi and metrics
+endpoints, KServe test servers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -21,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +240,38 @@ def vlad_command() -> list[str]:
 def endpoints_in(folder: Path) -> dict[str, str]:
     """ipc endpoints for the daemon's four sockets, in ``folder``."""
     return {name: f"ipc://{folder}/{name}" for name in SOCKETS}
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 right now (bound together while chosen)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    return free_ports(1)[0]
+
+
+@contextlib.contextmanager
+def busy_port() -> Iterator[int]:
+    """A TCP port on 127.0.0.1 that something listens on while the block runs (a start on
+    it must be refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def tcp_endpoints() -> dict[str, str]:
+    """tcp endpoints on free loopback ports for the daemon's four sockets (as CurveZMQ needs)."""
+    return {name: f"tcp://127.0.0.1:{port}" for name, port in zip(SOCKETS, free_ports(len(SOCKETS)), strict=True)}
 
 
 def daemon_command(

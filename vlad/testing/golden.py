@@ -21,6 +21,7 @@ from typing import TypedDict
 
 import numpy as np
 
+from vlad.gates.equivalence import load_golden as gate_golden
 from vlad.gates.plan import DEFAULT_BUDGETS
 from vlad.processing import RawObservation
 from vlad.testing.releases import DEMO
@@ -40,26 +41,12 @@ class GoldenCase(TypedDict):
 
 
 def load_golden(path: Path = GOLDEN) -> list[GoldenCase]:
-    """Every case of the golden fixtures at ``path``, in order."""
-    z = np.load(path, allow_pickle=False)
-    count = len({k.split("/")[0] for k in z.files})
-    cases: list[GoldenCase] = []
-    for i in range(count):
-        p = f"{i}/"
-        cases.append(
-            {
-                "raw": RawObservation(
-                    images={"overhead": z[p + "raw/image/overhead"]},
-                    proprio=z[p + "raw/proprio"],
-                    instruction=str(z[p + "raw/instruction"]),
-                    sequence=int(z[p + "raw/sequence"]),
-                ),
-                "inputs": {k[len(p + "inputs/") :]: z[k] for k in z.files if k.startswith(p + "inputs/")},
-                "outputs": {k[len(p + "outputs/") :]: z[k] for k in z.files if k.startswith(p + "outputs/")},
-                "actions": z[p + "actions"],
-            }
-        )
-    return cases
+    """Every case of the golden fixtures at ``path``, in order (read by the equivalence
+    gate's :func:`~vlad.gates.equivalence.load_golden`)."""
+    return [
+        {"raw": c["raw"], "inputs": c["inputs"], "outputs": c["outputs"], "actions": c["actions"]}
+        for c in gate_golden(path)
+    ]
 
 
 def golden_inputs(path: Path = GOLDEN) -> list[dict[str, np.ndarray]]:

@@ -39,16 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
+from vlad.testing.daemon import free_ports
 from vlad.testing.releases import DEMO, REPO
 
 MODEL = "vlad-demo-reacher"
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_unavailable() -> str | None:
@@ -75,7 +69,7 @@ class ServerProcess:
             self.extra += ["--tls-cert", str(tls["cert"]), "--tls-key", str(tls["key"])]
             if tls.get("client_cert"):
                 self.extra += ["--tls-client-ca", str(tls["ca"])]
-        self.grpc_port, self.http_port = free_port(), free_port()
+        self.grpc_port, self.http_port = free_ports(2)
         self.fault_file = folder / "fault.json"
         self.log_path = folder / "server.log"
         self.proc: subprocess.Popen | None = None

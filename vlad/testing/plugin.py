@@ -23,6 +23,7 @@ Nothing in vlad itself imports this module.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -141,15 +142,8 @@ class WrappedSession(Session):
         return out
 
     def describe(self) -> SessionDescription:
-        d = self.inner.describe()
-        return SessionDescription(
-            backend=self.backend_name,
-            runtime=d.runtime,
-            runtime_version=d.runtime_version,
-            device=d.device,
-            precision=d.precision,
-            providers=d.providers,
-        )
+        """The wrapped session's own description under this backend's name."""
+        return dataclasses.replace(self.inner.describe(), backend=self.backend_name)
 
     def close(self) -> None:
         self.inner.close()

@@ -375,19 +375,12 @@ def _check_artifacts(contract: Contract, out: Path, pairs) -> dict[str, Artifact
 
 
 def _write_golden(path: Path, fixtures: list[dict[str, Any]]) -> None:
-    """The equivalence gate's golden fixtures (``vlad.gates.equivalence.load_golden``'s format)."""
-    arrays: dict[str, np.ndarray] = {}
-    for i, fx in enumerate(fixtures):
-        raw: RawObservation = fx["raw"]
-        for cam, img in raw.images.items():
-            arrays[f"{i}/raw/image/{cam}"] = img
-        arrays[f"{i}/raw/proprio"] = np.asarray(raw.proprio)
-        arrays[f"{i}/raw/instruction"] = np.asarray(raw.instruction or "")
-        arrays[f"{i}/raw/sequence"] = np.asarray(raw.sequence, dtype=np.int64)
-        for n, v in fx["inputs"].items():
-            arrays[f"{i}/inputs/{n}"] = v
-        arrays[f"{i}/outputs/actions"] = fx["output"]
-    np.savez_compressed(path, **arrays)  # type: ignore[arg-type]  # numpy stubs: a key could be allow_pickle
+    """The equivalence gate's golden fixtures (:func:`vlad.gates.equivalence.save_golden`)."""
+    from vlad.gates.equivalence import save_golden
+
+    save_golden(
+        path, ({"raw": fx["raw"], "inputs": fx["inputs"], "outputs": {"actions": fx["output"]}} for fx in fixtures)
+    )
 
 
 DEFAULT_GATE_PLAN: dict[str, Any] = {
