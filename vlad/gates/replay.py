@@ -1,8 +1,9 @@
 """Replay a sensor recording through a candidate and compare its actions.
 
-Each recorded observation goes through the candidate exactly as the daemon would run it:
-:func:`vlad.processing.preprocess` with the recorded sequence number (so the
-flow-matching noise is the recorded one), the engine, :func:`decode_actions`, then the
+Each recorded observation goes through the candidate exactly as the daemon runs it: the
+serving thread's cycle (:func:`vlad.serving.cycle.run_cycle`: preprocess with the recorded
+sequence number, so the flow-matching noise is the recorded one, the engine, decode) as if
+it had just been sensed (no stale check; a remote engine gets the contract's deadline), then the
 final guard replayed in the recorded publish order at the recorded guard times (its rate
 limit depends on the previous command and the time since, so the replayed guard matches
 the recorded one to the timestamps' resolution, not bit for bit). The guarded actions are
@@ -18,16 +19,24 @@ session's on the same inputs.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from vlad.backend import Session
 from vlad.contract import Contract
 from vlad.gates.metrics import JointErrors
 from vlad.gates.recording import RecordedObservation, Recording
-from vlad.processing import RawObservation, decode_actions, preprocess
+from vlad.gates.results import GateError
+from vlad.processing import RawObservation
+from vlad.serving.counters import PolicyId
+from vlad.serving.cycle import CycleFailure, run_cycle
+from vlad.serving.policy import ServedPolicy
+from vlad.serving.tracing import CycleTimes
 
 
 def raw_observation(obs: RecordedObservation) -> RawObservation:
@@ -130,31 +139,37 @@ class ReplayResult:
 
 def replay(
     recording: Recording,
-    candidate: Any,
+    candidate: Session,
     contract: Contract,
     tokenizer: Any,
     *,
-    baseline: Any = None,
+    baseline: Session | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
-    """Feed every observation of ``recording`` through ``candidate`` (a backend session or an
-    ``infer`` callable); compare with the recording and, given one, a ``baseline`` session."""
-    infer = candidate.infer if hasattr(candidate, "infer") else candidate
-    base = baseline.infer if baseline is not None and hasattr(baseline, "infer") else baseline
+    """Feed every observation of ``recording`` through ``candidate``'s serving cycle; compare
+    with the recording and, given one, a ``baseline`` session's chunks for the same
+    observations. A cycle that fails raises :class:`GateError` naming the observation."""
+    served = ServedPolicy(PolicyId("candidate", "replay"), contract, candidate, tokenizer)
+    base = ServedPolicy(PolicyId("baseline", "replay"), contract, baseline, tokenizer) if baseline else None
     actions: dict[int, np.ndarray] = {}
     observations = {o.seq: o for o in recording.observations}
     vs_baseline = JointErrors(tuple(j.name for j in contract.action.joints)) if base is not None else None
+    times = CycleTimes()
     total = len(recording.observations)
     for i, obs in enumerate(recording.observations):
-        inputs = preprocess(contract, tokenizer, raw_observation(obs))
-        actions[obs.seq] = decode_actions(contract, _copy(infer(inputs)))
-        if vs_baseline is not None:  # exactly when there is a baseline
-            vs_baseline.add(decode_actions(contract, _copy(base(inputs))), actions[obs.seq])
+        raw = dataclasses.replace(raw_observation(obs), sensor_time_ns=time.monotonic_ns())
+        actions[obs.seq] = _cycle(served, raw, times)
+        if base is not None and vs_baseline is not None:
+            vs_baseline.add(_cycle(base, raw, times), actions[obs.seq])
         if progress is not None:
             progress(i + 1, total)
     return ReplayResult(total, actions, replay_guard(contract, recording, actions, observations), vs_baseline)
 
 
-def _copy(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    # Engines may hand back reused buffers: keep our own copy past the next call.
-    return {k: np.array(v) for k, v in outputs.items()}
+def _cycle(policy: ServedPolicy, raw: RawObservation, times: CycleTimes) -> np.ndarray:
+    try:
+        return run_cycle(policy, raw, times, max_age=False).copy()  # the decoder reuses its buffer
+    except CycleFailure as exc:
+        raise GateError(
+            f"replay: observation {raw.sequence}: the {policy.id.slot} failed at {exc.stage} ({exc.reason}): {exc}"
+        ) from exc
