@@ -2,7 +2,7 @@
 
 It reads ``view.backend_stats`` (each loaded policy's ``Session.stats()``, keyed by a
 policy id with ``.slot`` and ``.release``) and looks only at the remote ones
-(``kind == "remote"``, see :mod:`vlad_kserve.stats`). Findings are ``system`` scoped: a
+(:attr:`vlad.backend.SessionStats.remote`, see :mod:`vlad_kserve.stats`). Findings are ``system`` scoped: a
 network or a server in trouble is not the policy's fault, so the supervisor falls back
 without quarantining. ``remote_unreachable`` carries a healthy window of 0: the session's
 prober marks the link "connected" only after a run of answers within the deadline
@@ -16,9 +16,6 @@ the hysteresis, so the remote policy serves again at the next monitor tick.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 from vlad.health.base import Finding, HealthView, Monitor
 
@@ -36,53 +33,51 @@ class RemoteLinkMonitor(Monitor):
     def check(self, view: HealthView) -> list[Finding]:
         """Findings for every remote policy whose link is lost, slow or failing."""
         out: list[Finding] = []
-        stats: Mapping[Any, Mapping[str, Any]] = view.backend_stats
         budget_ms = view.deadline_ns / 1e6 * self.slow_fraction
-        for pid, s in stats.items():
-            if s.get("kind") != "remote":
+        for pid, s in view.backend_stats.items():
+            if not s.remote:
                 continue
             who = pid
-            where = s.get("endpoint", "the server")
-            if s.get("state") == "lost":
+            where = s.endpoint or "the server"
+            if s.lost:
                 out.append(
                     Finding(
                         self.name,
                         "remote_unreachable",
                         "fault",
                         "system",
-                        f"{who}: {where} unreachable for {s.get('state_for_s', 0):.1f} s ({s.get('last_error', '')})",
-                        s.get("state_for_s"),
+                        f"{who}: {where} unreachable for {s.state_for_s:.1f} s ({s.last_error})",
+                        s.state_for_s,
                         None,
                         policy=who,
                         healthy_window_ns=0,
                     )
                 )
                 continue
-            net = s.get("network_ms") or s.get("round_trip_ms")
-            if net and net.get("count", 0) >= self.min_samples and net["p99"] > budget_ms:
+            net = s.network_ms or s.round_trip_ms
+            if net and net.count >= self.min_samples and net.p99 > budget_ms:
                 out.append(
                     Finding(
                         self.name,
                         "remote_slow",
                         "warn",
                         "system",
-                        f"{who}: network p99 {net['p99']:.1f} ms to {where}, over {self.slow_fraction:.0%} of the "
+                        f"{who}: network p99 {net.p99:.1f} ms to {where}, over {self.slow_fraction:.0%} of the "
                         f"{view.deadline_ns / 1e6:g} ms deadline",
-                        net["p99"],
+                        net.p99,
                         budget_ms,
                         policy=who,
                     )
                 )
-            rate = s.get("error_rate", 0.0)
-            if s.get("window", 0) >= self.min_samples and rate > self.error_rate_warn:
+            if s.window >= self.min_samples and s.error_rate > self.error_rate_warn:
                 out.append(
                     Finding(
                         self.name,
                         "remote_errors",
                         "warn",
                         "system",
-                        f"{who}: {rate:.0%} of the last {s['window']} requests to {where} failed",
-                        rate,
+                        f"{who}: {s.error_rate:.0%} of the last {s.window} requests to {where} failed",
+                        s.error_rate,
                         self.error_rate_warn,
                         policy=who,
                     )
