@@ -214,6 +214,9 @@ def convert(
         if _depth(value) + depth > MAX_DEPTH:
             problems.append(f"{path}: nested deeper than {MAX_DEPTH} levels")
             return BROKEN
+        if not _string_keys(value):  # msgpack maps may have other keys; JSON and TOML cannot
+            problems.append(f"{path}: expected string keys in every table")
+            return BROKEN
         args = typing.get_args(tp)
         if len(args) != 2 or args[1] is Any:
             return dict(value)  # free-form: the owner checks the values
@@ -221,9 +224,6 @@ def convert(
         out: dict[str, Any] = {}
         broken = False
         for key, item in value.items():
-            if not isinstance(key, str):
-                problems.append(f"{path}: expected string keys, got {kind(key)}")
-                return BROKEN
             out[key] = convert(args[1], item, join(path, key), problems, None, checks, depth + 1)
             broken = broken or isinstance(out[key], Broken)
         if broken:
@@ -337,6 +337,21 @@ def _bounded(value: Any, path: str, problems: list[str], meta: Any) -> Any:
             problems.append(f"{path}: must be <= {hi}, got {value}")
             return BROKEN
     return value
+
+
+def _string_keys(value: Any) -> bool:
+    """Whether every table in ``value`` (nested ones too) has only string keys (iterative;
+    called after the depth check)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if not all(isinstance(k, str) for k in v):
+                return False
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return True
 
 
 def _depth(value: Any, limit: int = MAX_DEPTH + 1) -> int:
