@@ -218,7 +218,7 @@ def test_fuzzed_statuses_are_read_or_refused_never_a_crash():
             continue
         read_everywhere(snap)
         read += 1
-    assert read > 100 and refused > 100, (read, refused)  # both paths were taken
+    assert read > 50 and refused > 100, (read, refused)  # both paths were taken
 
 
 def test_events_round_trip_as_the_control_socket_sends_them():

@@ -9,9 +9,8 @@ picked by name or prefix. A map this version cannot read is one clear line
 :mod:`vlad.schema`'s, as for the config and the contract). :func:`parse_events` does the
 same for the ``events`` answer (:class:`vlad.health.state.Event`).
 
-The wire keys are those documented in docs/protocol.md; component reports that readers
-show as they are (shadow run, canary, real-time settings, the recording tap) stay free-form
-maps.
+The wire keys are those documented in docs/protocol.md. The free-form parts are the
+events' details and nothing else.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from typing import Any, Literal
 
 from vlad import schema
 from vlad.backend import SessionStats
+from vlad.config import RealtimeConfig
 from vlad.errors import ProblemsError
 from vlad.health.state import Event, StateName
 
@@ -198,6 +198,53 @@ class Operation:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Divergence:
+    """A shadow run's actions against the served ones (:class:`vlad.serving.shadow.Divergence`)."""
+
+    pairs: int  # chunks compared
+    per_joint_max_abs: tuple[float, ...]
+    per_joint_mean_abs: tuple[float, ...]
+    max_abs: float
+    mean_abs: float
+    tolerance: float
+    fraction_beyond_tolerance: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShadowStatus:
+    """A candidate running beside the served policy, never published (``vladctl shadow report``)."""
+
+    release: str
+    purpose: str  # "shadow" or "canary-reference"
+    running_s: float
+    divergence: Divergence
+    latency_ms: Mapping[str, Percentiles]
+    faults: Mapping[str, int]  # its policy counters, and the outputs it produced
+
+
+@dataclass(frozen=True, kw_only=True)
+class CanaryStatus:
+    """A release deployed as a canary, watched against its manifest's thresholds."""
+
+    release: str
+    previous: str  # what an abort rolls back to
+    elapsed_s: float
+    window_s: float
+    heartbeat_faults: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TapStatus:
+    """The recording tap (``vladctl record``)."""
+
+    endpoint: str
+    subscribed: bool
+    sent: int
+    queue_items: int
+    dropped: Mapping[str, int]  # by stream, and the socket's own drops
+
+
+@dataclass(frozen=True, kw_only=True)
 class EndpointLatency:
     p50: float
     p99: float
@@ -260,8 +307,8 @@ class StatusSnapshot:
     estop: EStopStatus
     findings: tuple[FindingStatus, ...]
     swaps_ms: tuple[Swap, ...]
-    shadow: Mapping[str, Any] | None  # the shadow run's report (vladctl shadow report)
-    canary: Mapping[str, Any] | None  # the canary's report
+    shadow: ShadowStatus | None
+    canary: CanaryStatus | None
     backend: BackendStatus
     backend_stats: Mapping[str, SessionStats]  # every loaded policy's session stats
     control_period_ms: float
@@ -274,8 +321,8 @@ class StatusSnapshot:
     engine_ms: Percentiles | None
     temperatures_c: Mapping[str, float]  # by sensor ("cpu.0", "gpu.0" ...)
     memory: MemoryStatus
-    realtime: Mapping[str, Any]  # the real-time settings in force (docs/realtime.md)
-    tap: Mapping[str, Any] | None  # the recording tap's counters, when it has an endpoint
+    realtime: RealtimeConfig  # the real-time settings in force
+    tap: TapStatus | None  # when the tap has an endpoint
     monotonic_ns: int  # the daemon's clock when this was built
     readings: Mapping[str, float]  # every sensor reading, by name
     bucket_edges_s: tuple[float, ...]

@@ -76,18 +76,13 @@ def format_status(st: StatusSnapshot) -> str:
     for f in st.findings:
         lines.append(f"{f.severity:<12} {f.message}")
     if st.canary:
-        # The canary's and the shadow run's reports are shown as the daemon words them.
         cn = st.canary
-        lines.append(
-            f"canary       {cn.get('release')} for {cn.get('elapsed_s', 0):.0f}/{cn.get('window_s', 0):.0f} s"
-            f" (previous {cn.get('previous')})"
-        )
+        lines.append(f"canary       {cn.release} for {cn.elapsed_s:.0f}/{cn.window_s:.0f} s (previous {cn.previous})")
     if st.shadow:
         sh = st.shadow
-        div = sh.get("divergence") or {}
         lines.append(
-            f"shadow       {sh.get('release')} ({sh.get('purpose')}): {div.get('pairs', 0)} chunks compared,"
-            f" mean abs divergence {div.get('mean_abs', 0):.4g}"
+            f"shadow       {sh.release} ({sh.purpose}): {sh.divergence.pairs} chunks compared,"
+            f" mean abs divergence {sh.divergence.mean_abs:.4g}"
         )
     for pid, s in st.remote_links():
         lines.append(f"remote       {remote_summary(pid, s)}")

@@ -28,11 +28,14 @@ import numpy as np
 
 from vlad import __version__, schema
 from vlad.backend import SessionStats
+from vlad.config import RealtimeConfig
 from vlad.serving.tracing import STAGES
 from vlad.snapshot import (
     BackendStatus,
+    CanaryStatus,
     ControllerStatus,
     Counters,
+    Divergence,
     EndpointStatus,
     EStopStatus,
     Evidence,
@@ -45,8 +48,10 @@ from vlad.snapshot import (
     Percentiles,
     PolicyMemory,
     Rates,
+    ShadowStatus,
     StatusSnapshot,
     Swap,
+    TapStatus,
     split_readings,
 )
 
@@ -256,10 +261,7 @@ class StatusModel:
         rates = self.rates.update(now, c.observations, c.published + c.published_hold)
         release = self.chain.release
         desc = release.served.session.describe()
-        latency = {
-            stage: Percentiles(count=int(v["count"]), p50=v["p50"], p95=v["p95"], p99=v["p99"], max=v["max"])
-            for stage, v in self.stats.summary().items()
-        }
+        latency = _percentiles(self.stats.summary())
         health = self.chain.health
         serving = self.chain.serving
         backend_stats = {str(p.id): p.served.session.stats() for p in self.chain.policies}
@@ -269,6 +271,7 @@ class StatusModel:
         budget = self.releases.budget.to_dict(self.releases.loaded_memory())
         budget["policies"] = {k: PolicyMemory(**v) for k, v in budget["policies"].items()}
         endpoints = self.endpoints.status()
+        rt = self.realtime_report
         return StatusSnapshot(
             version=__version__,
             pid=os.getpid(),
@@ -290,8 +293,8 @@ class StatusModel:
             ),
             findings=tuple(_finding(f) for f in self.health.findings),
             swaps_ms=tuple(Swap(**s) for s in self.publisher.swap_ms),
-            shadow=self.releases.shadow.report() if self.releases.shadow else None,
-            canary=self.releases.canary.report(now) if self.releases.canary else None,
+            shadow=_shadow(self.releases.shadow.report()) if self.releases.shadow else None,
+            canary=CanaryStatus(**self.releases.canary.report(now)) if self.releases.canary else None,
             backend=BackendStatus(
                 name=desc.backend,
                 runtime=f"{desc.runtime} {desc.runtime_version}",
@@ -323,8 +326,8 @@ class StatusModel:
                 readings_bytes=memory_readings,
                 **budget,  # per loaded policy (measured at its load), the sum and the [memory] budget
             ),
-            realtime=self.realtime_report,
-            tap=self.tap.stats() if self.tap is not None else None,
+            realtime=RealtimeConfig(**{**self.realtime_report, "cpu_affinity": tuple(rt["cpu_affinity"])}),
+            tap=TapStatus(**self.tap.stats()) if self.tap is not None else None,
             monotonic_ns=now,  # the daemon's clock when this was built (the metrics' status age)
             readings=readings,
             bucket_edges_s=BUCKETS_S,
@@ -334,6 +337,32 @@ class StatusModel:
             openpi=_endpoint(OpenpiStatus, "openpi", endpoints.get("openpi")),
             metrics=_endpoint(MetricsStatus, "metrics", endpoints.get("metrics")),
         )
+
+
+def _percentiles(summary: Mapping[str, Mapping[str, float]]) -> dict[str, Percentiles]:
+    """:meth:`LatencyStats.summary` typed."""
+    return {
+        stage: Percentiles(count=int(v["count"]), p50=v["p50"], p95=v["p95"], p99=v["p99"], max=v["max"])
+        for stage, v in summary.items()
+    }
+
+
+def _shadow(report: Mapping[str, Any]) -> ShadowStatus:
+    d = report["divergence"]
+    return ShadowStatus(
+        release=report["release"],
+        purpose=report["purpose"],
+        running_s=report["running_s"],
+        divergence=Divergence(
+            **{
+                **d,
+                "per_joint_max_abs": tuple(d["per_joint_max_abs"]),
+                "per_joint_mean_abs": tuple(d["per_joint_mean_abs"]),
+            }
+        ),
+        latency_ms=_percentiles(report["latency_ms"]),
+        faults=report["faults"],
+    )
 
 
 def _finding(f: Finding) -> FindingStatus:
