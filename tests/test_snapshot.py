@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +238,8 @@ def test_events_round_trip_as_the_control_socket_sends_them():
     "bad, problem",
     [
         ([{"time": 1.0}], "[0].monotonic_ns: missing"),
-        ([{**StateMachine().record("x", "y").to_dict(), "state_to": "LOST"}], "[0].state_to: unknown value"),
+        ([{**StateMachine().record("fault", "y").to_dict(), "state_to": "LOST"}], "[0].state_to: unknown value"),
+        ([{**StateMachine().record("fault", "y").to_dict(), "kind": "party"}], "[0].kind: unknown value"),
         ([1], "[0]: expected a table"),
     ],
 )
@@ -259,3 +261,18 @@ def test_split_readings_is_the_one_place_that_reads_sensor_names():
     )
     assert temps == {"cpu.0": 61.0}
     assert memory == {"rss": 1e8, "board.available": 2e9}
+
+
+def test_every_event_kind_is_documented():
+    """docs/operations.md's VLAD_EVENT row lists exactly the kinds an event may have."""
+    from typing import get_args
+
+    from vlad.health.state import EventKind
+
+    row = next(
+        line
+        for line in (RECORDED.parent.parent / "docs" / "operations.md").read_text().splitlines()
+        if line.startswith("| `VLAD_EVENT`")
+    )
+    documented = set(re.findall(r"`([a-z_]+)`", row.split("|")[3]))
+    assert documented == set(get_args(EventKind))

@@ -36,6 +36,24 @@ class State(str, enum.Enum):
 StateName = Literal["STARTING", "ACTIVE", "DEGRADED", "FALLBACK", "ESTOPPED", "STOPPING"]
 assert get_args(StateName) == tuple(s.value for s in State)  # one list of states, two spellings
 
+# Every kind of event (docs/operations.md lists them for journald's VLAD_EVENT field).
+EventKind = Literal[
+    "transition",  # a state change (the only kind whose states differ)
+    "fault",
+    "warning",
+    "cleared",
+    "quarantine",
+    "swap",  # another policy serves
+    "release",  # deploy or rollback
+    "canary",
+    "canary_abort",
+    "shadow",
+    "operator",  # resume, forced deploy, controllers forgotten
+    "release_note",
+    "release_unverified",
+    "memory_swap",
+]
+
 ALLOWED: dict[State, set[State]] = {
     State.STARTING: {State.ACTIVE, State.FALLBACK, State.ESTOPPED, State.STOPPING},
     State.ACTIVE: {State.DEGRADED, State.FALLBACK, State.ESTOPPED, State.STOPPING},
@@ -53,7 +71,7 @@ class Event:
 
     time: float  # wall clock (seconds since the epoch), for humans and logs
     monotonic_ns: int
-    kind: str  # "transition" or another event kind (e.g. "fault", "operator")
+    kind: EventKind
     state_from: StateName
     state_to: StateName
     reason: str = field(metadata={"allow_empty": True})
@@ -102,7 +120,7 @@ class StateMachine:
         )
         return True
 
-    def record(self, kind: str, reason: str, **details: Any) -> Event:
+    def record(self, kind: EventKind, reason: str, **details: Any) -> Event:
         """Record a non-transition event (a fault, an operator command, a swap)."""
         with self._lock:
             name = _name(self.state)
