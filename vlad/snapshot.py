@@ -24,6 +24,7 @@ from vlad import schema
 from vlad.backend import SessionStats
 from vlad.config import RealtimeConfig
 from vlad.errors import ProblemsError
+from vlad.health.base import Scope, Severity
 from vlad.health.state import Event, StateName
 
 # A string field that may be empty (the schema refuses empty strings by default).
@@ -31,11 +32,14 @@ TEXT: dict[str, Any] = {"allow_empty": True}
 
 
 class StatusUnreadable(ProblemsError):
-    """A status (or events) map this version of vlad cannot read: another version's daemon."""
+    """A status (or events) map this version of vlad cannot read: another version's daemon,
+    or something else publishing on the status socket."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class EStopStatus:
+    """The external e-stop as vlad reads it (it never clears it)."""
+
     engaged: bool
     source: str = field(metadata=TEXT)  # empty: the safety system did not say
     reason: str = field(metadata=TEXT)
@@ -48,8 +52,8 @@ class FindingStatus:
 
     monitor: str
     code: str
-    severity: Literal["warn", "fault"]
-    scope: Literal["policy", "system", "controller", "input"]
+    severity: Severity
+    scope: Scope
     message: str = field(metadata=TEXT)
     value: float | None = None
     threshold: float | None = None

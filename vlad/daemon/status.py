@@ -256,6 +256,7 @@ class StatusModel:
         return self.snapshot().to_dict()
 
     def snapshot(self) -> StatusSnapshot:
+        """The status now, typed (what :meth:`build` sends)."""
         now = time.monotonic_ns()
         c = self.counters()
         rates = self.rates.update(now, c.observations, c.published + c.published_hold)
@@ -266,6 +267,7 @@ class StatusModel:
         serving = self.chain.serving
         backend_stats = {str(p.id): p.served.session.stats() for p in self.chain.policies}
         last_beat = self.intake.last_heartbeat_ns
+        # A sensor that failed reads NaN: no figure to show, and JSON has no NaN.
         readings = {k: float(v) for k, v in self.health.readings.items() if math.isfinite(v)}
         temperatures, memory_readings = split_readings(readings)
         budget = self.releases.budget.to_dict(self.releases.loaded_memory())
@@ -321,12 +323,11 @@ class StatusModel:
             engine_ms=latency.get("engine"),
             temperatures_c=temperatures,
             memory=MemoryStatus(
-                host_rss_bytes=int(readings.get("memory.rss_bytes", 0))
-                or release.served.session.memory().host_rss_bytes,
+                host_rss_bytes=int(memory_readings.get("rss", 0)) or release.served.session.memory().host_rss_bytes,
                 readings_bytes=memory_readings,
                 **budget,  # per loaded policy (measured at its load), the sum and the [memory] budget
             ),
-            realtime=RealtimeConfig(**{**self.realtime_report, "cpu_affinity": tuple(rt["cpu_affinity"])}),
+            realtime=RealtimeConfig(**{**rt, "cpu_affinity": tuple(rt["cpu_affinity"])}),
             tap=TapStatus(**self.tap.stats()) if self.tap is not None else None,
             monotonic_ns=now,  # the daemon's clock when this was built (the metrics' status age)
             readings=readings,
