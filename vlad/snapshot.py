@@ -266,6 +266,7 @@ class EndpointStatus:
     listen: str = field(default="", metadata=TEXT)
     open_connections: int = 0
     refused_connections: Mapping[str, int] = field(default_factory=dict)  # closed at accept, by cap
+    unreadable: int = 0  # statuses it could not parse (another vlad version)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,7 +290,6 @@ class MetricsStatus(EndpointStatus):
     renders: int = 0
     bad_requests: int = 0
     timeouts: int = 0
-    unreadable: int = 0  # statuses it could not parse
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,7 +46,7 @@ from vlad.compat.endpoint import (
 )
 from vlad.config import parse_listen
 from vlad.health.state import StateName
-from vlad.snapshot import StatusSnapshot, StatusUnreadable, parse_status
+from vlad.snapshot import StatusSnapshot
 
 log = logging.getLogger("vlad.metrics")
 
@@ -306,14 +306,8 @@ class MetricsEndpoint(Endpoint):
         return str(self.listen)
 
     async def _read_status(self) -> None:
-        async for data in status_updates(self._st):
-            try:
-                st = parse_status(data)
-            except StatusUnreadable as exc:  # another vlad version's daemon: vlad_up drops to 0
-                if not self.counts["unreadable"]:
-                    log.warning("metrics: %s", exc)
-                self.counts["unreadable"] += 1
-                continue
+        # An unreadable status (another vlad version) is counted and skipped: vlad_up falls to 0.
+        async for st in status_updates(self._st, self.counts):
             self.status, self.status_at, self._text = st, time.monotonic(), None
 
     def page(self) -> bytes:
