@@ -15,7 +15,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from vlad.backend import LinkLatency, LinkRecovery, SessionStats
+from vlad.backend import LinkRecovery, RollingLatency, SessionStats
 from vlad.cli.daemon import format_status
 from vlad.cli.watch import render as render_frame
 from vlad.health.state import State, StateMachine
@@ -63,7 +63,7 @@ def test_a_remote_link_round_trips_and_a_local_session_is_empty_on_the_wire():
         last_error="unavailable: refused",
         window=10,
         error_rate=0.2,
-        round_trip_ms=LinkLatency(p50=2.0, p99=5.0, count=8),
+        round_trip_ms=RollingLatency(p50=2.0, p99=5.0, count=8),
         endpoint="grpc://gpu:8001",
         protocol="grpc",
         model="m",

@@ -149,8 +149,9 @@ def check_inputs(specs: tuple[TensorSpec, ...], inputs: Mapping[str, np.ndarray]
 
 
 @dataclass(frozen=True, kw_only=True)
-class LinkLatency:
-    """Rolling latency of a remote link's answered requests, milliseconds."""
+class RollingLatency:
+    """Latency percentiles over a rolling window of answered requests, milliseconds (a
+    remote link's, the openpi endpoint's)."""
 
     p50: float
     p99: float
@@ -191,9 +192,9 @@ class SessionStats:
     last_ok_age_s: float | None = None
     window: int = 0  # requests in the rolling window
     error_rate: float = 0.0  # failed fraction of the window
-    round_trip_ms: LinkLatency | None = None
-    network_ms: LinkLatency | None = None
-    server_ms: LinkLatency | None = None
+    round_trip_ms: RollingLatency | None = None
+    network_ms: RollingLatency | None = None
+    server_ms: RollingLatency | None = None
     endpoint: str = field(default="", metadata=_TEXT)
     protocol: str = field(default="", metadata=_TEXT)
     model: str = field(default="", metadata=_TEXT)
@@ -215,7 +216,7 @@ class SessionStats:
 
 def _plain(value: Any) -> Any:
     """A stats value as JSON-able data (nested dataclasses as maps)."""
-    if isinstance(value, (LinkLatency, LinkRecovery)):
+    if isinstance(value, (RollingLatency, LinkRecovery)):
         return asdict(value)
     if isinstance(value, Mapping):
         return dict(value)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 from vlad import schema
-from vlad.backend import SessionStats
+from vlad.backend import RollingLatency, SessionStats
 from vlad.config import RealtimeConfig
 from vlad.errors import ProblemsError
 from vlad.health.base import Scope, Severity
@@ -156,11 +156,18 @@ class ControllerStatus:
     cadence: str = field(metadata=TEXT)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class PolicyMemory:
+    """Bytes a policy holds (or needs) on the host and on its device, and where the figure
+    comes from: ``measured`` at its load, ``manifest (<source>)`` or ``estimate``
+    (:mod:`vlad.daemon.memory` budgets them)."""
+
     host_bytes: int
     device_bytes: int
     source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host_bytes": self.host_bytes, "device_bytes": self.device_bytes, "source": self.source}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,13 +256,6 @@ class TapStatus:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EndpointLatency:
-    p50: float
-    p99: float
-    count: int
-
-
-@dataclass(frozen=True, kw_only=True)
 class EndpointStatus:
     """An endpoint process: the daemon's part (pid, running, restarts) and the process's own
     report, whose figures are zero until its first one."""
@@ -279,7 +279,7 @@ class OpenpiStatus(EndpointStatus):
     requests: int = 0
     replies: int = 0
     errors: Mapping[str, int] = field(default_factory=dict)  # error answers and refusals, by reason
-    infer_ms: EndpointLatency | None = None  # request to reply, once there were some
+    infer_ms: RollingLatency | None = None  # request to reply, once there were some
 
 
 @dataclass(frozen=True, kw_only=True)

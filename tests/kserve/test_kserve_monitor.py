@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from vlad.backend import LinkLatency, SessionStats
+from vlad.backend import RollingLatency, SessionStats
 from vlad.serving.counters import PolicyId
 from vlad_kserve import RemoteLinkMonitor
 
@@ -21,8 +21,8 @@ def stats(**over) -> SessionStats:
         "window": 200,
         "error_rate": 0.0,
         "last_error": "",
-        "network_ms": LinkLatency(p50=2.0, p99=4.0, count=200),
-        "round_trip_ms": LinkLatency(p50=6.0, p99=9.0, count=200),
+        "network_ms": RollingLatency(p50=2.0, p99=4.0, count=200),
+        "round_trip_ms": RollingLatency(p50=6.0, p99=9.0, count=200),
     }
     return SessionStats(**{**base, **over})
 
@@ -43,13 +43,13 @@ def test_lost_link_is_a_system_fault_of_that_policy():
 
 
 def test_slow_network_warns_against_the_deadline():
-    (f,) = RemoteLinkMonitor().check(view(stats(network_ms=LinkLatency(p50=8.0, p99=12.5, count=200))))
+    (f,) = RemoteLinkMonitor().check(view(stats(network_ms=RollingLatency(p50=8.0, p99=12.5, count=200))))
     assert (f.code, f.severity, f.scope, f.value, f.threshold) == ("remote_slow", "warn", "system", 12.5, 10.0)
-    assert RemoteLinkMonitor().check(view(stats(network_ms=LinkLatency(p50=8.0, p99=12.5, count=200)), 40.0)) == []
+    assert RemoteLinkMonitor().check(view(stats(network_ms=RollingLatency(p50=8.0, p99=12.5, count=200)), 40.0)) == []
 
 
 def test_too_few_samples_say_nothing():
-    few = stats(network_ms=LinkLatency(p50=30.0, p99=30.0, count=5), window=5, error_rate=0.4)
+    few = stats(network_ms=RollingLatency(p50=30.0, p99=30.0, count=5), window=5, error_rate=0.4)
     assert RemoteLinkMonitor().check(view(few)) == []
 
 
@@ -60,7 +60,7 @@ def test_error_rate_warns():
 
 def test_server_time_missing_falls_back_to_round_trip():
     """A server that reports no time of its own (Triton): the round trip stands in."""
-    slow = stats(network_ms=None, round_trip_ms=LinkLatency(p50=15.0, p99=18.0, count=200))
+    slow = stats(network_ms=None, round_trip_ms=RollingLatency(p50=15.0, p99=18.0, count=200))
     assert [f.code for f in RemoteLinkMonitor().check(view(slow))] == ["remote_slow"]
 
 

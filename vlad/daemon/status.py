@@ -46,7 +46,6 @@ from vlad.snapshot import (
     OpenpiStatus,
     Operation,
     Percentiles,
-    PolicyMemory,
     Rates,
     ShadowStatus,
     StatusSnapshot,
@@ -270,8 +269,9 @@ class StatusModel:
         # A sensor that failed reads NaN: no figure to show, and JSON has no NaN.
         readings = {k: float(v) for k, v in self.health.readings.items() if math.isfinite(v)}
         temperatures, memory_readings = split_readings(readings)
-        budget = self.releases.budget.to_dict(self.releases.loaded_memory())
-        budget["policies"] = {k: PolicyMemory(**v) for k, v in budget["policies"].items()}
+        loaded = self.releases.loaded_memory()
+        budget = self.releases.budget.to_dict(loaded)
+        budget["policies"] = dict(loaded)  # the typed figures, not their maps
         endpoints = self.endpoints.status()
         rt = self.realtime_report
         return StatusSnapshot(

@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from vlad.backend import LinkLatency, LinkRecovery, SessionStats
+from vlad.backend import LinkRecovery, RollingLatency, SessionStats
 
 RELAPSE_S = 10.0
 MAX_STREAK = 32
@@ -148,8 +148,8 @@ class LinkStats:
         )
 
 
-def _percentiles(values: list[float]) -> LinkLatency | None:
+def _percentiles(values: list[float]) -> RollingLatency | None:
     if not values:
         return None
     p50, p99 = np.percentile(np.asarray(values), [50, 99])
-    return LinkLatency(p50=round(float(p50), 3), p99=round(float(p99), 3), count=len(values))
+    return RollingLatency(p50=round(float(p50), 3), p99=round(float(p99), 3), count=len(values))
