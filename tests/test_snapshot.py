@@ -276,3 +276,47 @@ def test_every_event_kind_is_documented():
     )
     documented = set(re.findall(r"`([a-z_]+)`", row.split("|")[3]))
     assert documented == set(get_args(EventKind))
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["events"]], ids=" ".join)
+def test_vladctl_facing_another_shape_says_so_in_one_line(tmp_path, args):
+    """A real control socket (another vlad version's daemon, as far as vladctl can tell)
+    answering a status and events of another shape: exit 2, one line naming the problems."""
+    import subprocess
+    import sys
+    import threading
+
+    import zmq
+
+    from vlad import protocol
+
+    endpoint = f"ipc://{tmp_path}/control"
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(endpoint)
+    answered = threading.Event()
+
+    def answer_once() -> None:
+        if router.poll(20_000):
+            peer, empty, request = router.recv_multipart()
+            cmd, _ = protocol.decode_request(request)
+            result = {**recorded(), "state": "RUNNING"} if cmd == "status" else [{"time": "yesterday"}]
+            router.send_multipart([peer, empty, protocol.encode_reply(True, result)])
+            answered.set()
+
+    thread = threading.Thread(target=answer_once, daemon=True)
+    thread.start()
+    try:
+        vladctl = Path(sys.executable).parent / "vladctl"
+        proc = subprocess.run([str(vladctl), *args, "--endpoint", endpoint], capture_output=True, text=True, timeout=30)
+    finally:
+        thread.join(5)
+        router.close(0)
+        ctx.term()
+    assert answered.is_set()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.splitlines()
+    what = "status" if args[0] == "status" else "events"
+    assert line.startswith(f"error: the daemon's {what} does not parse (") and "version?" in line, line
+    assert ("state: unknown value 'RUNNING'" if what == "status" else "[0].time: expected a number") in line

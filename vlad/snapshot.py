@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
-from vlad import schema
+from vlad import __version__, schema
 from vlad.backend import RollingLatency, SessionStats
 from vlad.config import RealtimeConfig
 from vlad.errors import ProblemsError
@@ -33,7 +33,16 @@ TEXT: dict[str, Any] = {"allow_empty": True}
 
 class StatusUnreadable(ProblemsError):
     """A status (or events) map this version of vlad cannot read: another version's daemon,
-    or something else publishing on the status socket."""
+    or something else publishing on the status socket. One line: the first problems and
+    what to check."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        super().__init__(source, problems)
+        more = f"; {len(problems) - 3} more" if len(problems) > 3 else ""
+        self.args = (
+            f"{source} does not parse ({'; '.join(problems[:3])}{more}): "
+            f"is this vlad {__version__} the daemon's version?",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
