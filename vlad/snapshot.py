@@ -26,6 +26,7 @@ from vlad.config import RealtimeConfig
 from vlad.errors import ProblemsError
 from vlad.health.base import Scope, Severity
 from vlad.health.state import Event, StateName
+from vlad.serving.counters import PolicyCounts
 
 # A string field that may be empty (the schema refuses empty strings by default).
 TEXT: dict[str, Any] = {"allow_empty": True}
@@ -327,7 +328,7 @@ class StatusSnapshot:
     control_period_ms: float
     rates: Rates
     counters: Counters
-    policies: Mapping[str, Mapping[str, int]]  # every loaded policy's own counters
+    policies: Mapping[str, PolicyCounts]  # every loaded policy's own counters
     heartbeat_age_s: float | None  # None: no heartbeat yet
     controllers: Mapping[str, ControllerStatus]
     latency_ms: Mapping[str, Percentiles]  # by stage, stages with samples only

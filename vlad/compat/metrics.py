@@ -27,6 +27,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, get_args
 
@@ -193,8 +194,8 @@ def families(st: StatusSnapshot) -> Iterator[Any]:
     )
     per_policy: dict[str, list[tuple[list[str], float]]] = {}
     for policy, counts in st.policies.items():
-        for key, value in counts.items():
-            per_policy.setdefault(key, []).append(([policy], value))
+        for f in fields(counts):
+            per_policy.setdefault(f.name, []).append(([policy], getattr(counts, f.name)))
     for key, samples in sorted(per_policy.items()):
         yield counter(
             f"vlad_policy_{key}_total", f"per policy: {key.replace('_', ' ')}", labels=["policy"], samples=samples

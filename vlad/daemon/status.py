@@ -309,7 +309,7 @@ class StatusModel:
             control_period_ms=self.control_period_ms,
             rates=rates,
             counters=c,
-            policies={str(p.id): p.served.counts.to_dict() for p in self.chain.policies},
+            policies={str(p.id): p.served.counts.snapshot() for p in self.chain.policies},
             heartbeat_age_s=round((now - last_beat) / 1e9, 3) if last_beat else None,
             controllers={
                 name: ControllerStatus(
