@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import ROOT, VLAD
 from vlad.config import Config, ReleaseConfig, ServeConfig, StoreConfig
+from vlad.snapshot import parse_status
 from vlad.testing import DEMO, PERIOD_S, PLUGIN_ENV, ControllerSim, load_golden, max_gap, start_daemon
 
 KEYS = ROOT / "etc" / "vlad" / "keys.d"
@@ -248,6 +249,8 @@ def test_shadow_never_publishes(live):
     assert sum(c.source == "release" for c in seen) >= 0.9 * len(seen), [c.source for c in seen]
     report = client.control("shadow_report")
     assert report["divergence"]["pairs"] >= 10
+    shadow = parse_status(client.status()).shadow  # the status carries the same report, typed
+    assert shadow is not None and shadow.release == "vlad-demo-reacher@1.1.0" and shadow.divergence.pairs >= 10
     # same weights, same noise rule: the shadow agrees with the served policy
     assert report["divergence"]["max_abs"] < 1e-5
     assert report["latency_ms"]["e2e"]["count"] >= 10
@@ -269,6 +272,8 @@ def test_canary_auto_abort_rolls_back(live):
     t0 = time.monotonic()
     r = client.control("deploy", timeout_ms=120_000, path=str(bad), who="tech", why="try", canary=True)
     assert r["canary"] is True
+    canary = parse_status(client.status()).canary  # typed; None once it already aborted
+    assert canary is None or canary.previous == "vlad-demo-reacher@1.0.0"
     st = wait_release(client, "vlad-demo-reacher@1.0.0")
     assert st["canary"] is None
     events = client.control("events", limit=100)

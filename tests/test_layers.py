@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
         "vlad.serving",
         "vlad.health",
         "vlad.client",
+        "vlad.snapshot",
         "vlad.episodes",
         "vlad.demo.sim",
         "vlad.demo.model",

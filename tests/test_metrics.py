@@ -171,3 +171,86 @@ def test_metrics_refuses_a_remote_address_unless_asked():
         parse_config({"metrics": {"enabled": True, "listen": "0.0.0.0:9464"}})
     assert parse_config({"metrics": {"listen": "0.0.0.0:9464", "allow_remote": True}}).metrics.allow_remote
     assert parse_config({"metrics": {"listen": "unix:/run/vlad/metrics.sock"}}).metrics.enabled is False
+
+
+def test_metrics_read_the_typed_status_and_count_one_they_cannot_read(tmp_path):
+    """The endpoint in process, fed over a real PUB socket: a status of another shape is
+    counted as unreadable and shown as nothing but ``vlad_up 0``; the recorded status of a
+    real daemon in its worst state (tests/watch_status.json) then renders every family from
+    typed fields: guard kinds, memory and temperature readings, fallback, openpi."""
+    import asyncio
+    import json
+    from pathlib import Path
+
+    import zmq
+    import zmq.asyncio
+
+    from vlad import protocol
+    from vlad.compat.endpoint import Spec
+    from vlad.compat.metrics import MetricsEndpoint
+    from vlad.serving.guard import INTERVENTIONS
+
+    recorded = json.loads((Path(__file__).with_name("watch_status.json")).read_text())
+    bad = {**recorded, "state": "RUNNING"}
+    status_ep = f"ipc://{tmp_path}/status"
+    spec = Spec(
+        kind="metrics",
+        config={
+            "listen": f"127.0.0.1:{free_port()}",
+            "max_connections": 4,
+            "max_connections_per_peer": 4,
+            "idle_timeout_s": 5.0,
+        },
+        sockets={"status": status_ep},
+        limits={},
+        status_hz=10.0,
+    )
+
+    async def until(pred, what: str) -> None:
+        deadline = asyncio.get_running_loop().time() + 10
+        while not pred():
+            assert asyncio.get_running_loop().time() < deadline, what
+            await asyncio.sleep(0.02)
+
+    async def run() -> tuple[bytes, bytes, dict]:
+        ctx = zmq.asyncio.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.bind(status_ep)
+        ep = MetricsEndpoint(spec)
+        await ep.start()
+        try:
+
+            async def publish(st: dict) -> None:  # again and again: the SUB may join late
+                await pub.send_multipart(protocol.encode(protocol.TOPIC_STATUS, {"seq": 1, "status": st}))
+
+            while not ep.counts["unreadable"]:
+                await publish(bad)
+                await asyncio.sleep(0.02)
+            unreadable_page = ep.page()
+            assert ep.status is None
+            task = asyncio.ensure_future(until(lambda: ep.status is not None, "the good status"))
+            while not task.done():
+                await publish(recorded)
+                await asyncio.sleep(0.02)
+            await task
+            return unreadable_page, ep.page(), dict(ep.counts)
+        finally:
+            await ep.close()
+            pub.close(0)
+            ctx.term()
+
+    unreadable_page, page, counts = asyncio.run(run())
+    assert b"vlad_up 0" in unreadable_page and b"vlad_state" not in unreadable_page
+    assert counts["unreadable"] >= 1 and counts["renders"] == 1
+    fams = {f.name: f for f in text_string_to_metric_families(page.decode())}
+    kinds = {s.labels["kind"]: s.value for s in fams["vlad_guard_interventions"].samples}
+    assert set(kinds) == set(INTERVENTIONS) and kinds["nonfinite"] == recorded["counters"]["guard_nonfinite"] >= 1
+    memory = {s.labels["kind"] for s in fams["vlad_memory_bytes"].samples}
+    assert memory == {"rss", "available", "board.available"}
+    assert {s.labels["sensor"]: s.value for s in fams["vlad_temperature_celsius"].samples} == {
+        "cpu.0": 97.0,
+        "gpu.0": 85.0,
+    }
+    assert fams["vlad_fallback_active"].samples[0].value == 1
+    assert fams["vlad_openpi_clients"].samples[0].value == 1
+    assert {s.labels["state"] for s in fams["vlad_state"].samples if s.value == 1} == {"ESTOPPED"}

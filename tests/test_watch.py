@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -30,6 +31,7 @@ import pytest
 from tests.conftest import ROOT
 from vlad.cli.daemon import format_status
 from vlad.cli.watch import HIDE, SHOW, render
+from vlad.snapshot import parse_events, parse_status
 from vlad.testing import ControllerSim, load_golden, start_daemon, write_fault_rig
 
 TMUX = shutil.which("tmux")
@@ -199,6 +201,24 @@ def test_watch_fits_80x24_on_a_real_daemon_in_its_worst_state(tmp_path):
         ).stdout
         assert "ENGAGED" in plain and "quarantined  release:vlad-demo-reacher@1.0.0" in plain
         assert plain.count("temperature.") >= 2
+        # --json: the wire map, every key typed (it parses back into the snapshot it prints).
+        out = subprocess.run(
+            [str(VLADCTL), "status", "--json", "--endpoint", d.endpoints["control"]],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        snap = parse_status(json.loads(out))
+        assert snap.estop.engaged and snap.on_fallback and snap.counters.guard()["nonfinite"] >= 1
+        assert {"cpu.0", "gpu.0"} <= set(snap.temperatures_c) and "board.available" in snap.memory.readings_bytes
+        out = subprocess.run(
+            [str(VLADCTL), "events", "--json", "--endpoint", d.endpoints["control"]],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        kinds = {e.kind for e in parse_events(json.loads(out))}
+        assert {"transition", "fault", "quarantine"} <= kinds, kinds
     finally:
         stack.close()
         if sim is not None:
@@ -250,9 +270,7 @@ def remote_link(lost: bool, endpoint: str) -> dict:
         link.success(2.0 + i % 5, 1.5, 0.5)
     for _ in range(20):
         link.failure("unavailable", "failed to connect to all addresses; Connection refused", system=lost)
-    s = link.snapshot()
-    s.update(endpoint=endpoint, protocol="grpc", model="pick-and-place")
-    return s
+    return replace(link.snapshot(), endpoint=endpoint, protocol="grpc", model="pick-and-place").to_dict()
 
 
 LONG = "pick-and-place-with-a-very-long-release-name-trained-on-the-whole-fleet@12.4.0-rc3"
@@ -280,6 +298,9 @@ def exotic(base: dict) -> dict:
     ]
     st["operation"] = {"kind": "deploy", "target": LONG, "elapsed_s": 12.0, "step": "hashing policy.onnx 1.2 GB/s"}
     st["openpi"] = {
+        "pid": 4242,
+        "running": True,
+        "restarts": 0,
         "listen": "127.0.0.1:8000",
         "clients": 3,
         "replies": 123456,
@@ -294,6 +315,7 @@ def events(n: int) -> list[dict]:
     return [
         {
             "time": now - n + i,
+            "monotonic_ns": i,
             "kind": "fault",
             "state_from": "ACTIVE",
             "state_to": "FALLBACK",
@@ -321,7 +343,9 @@ def states() -> dict[str, dict]:
 def test_every_frame_fits(name, size, error):
     width, height = size
     st = states()[name]
-    frame = render(st, events(20), error, "ipc:///run/vlad/control", time.time(), width, height)
+    frame = render(
+        parse_status(st), parse_events(events(20)), error, "ipc:///run/vlad/control", time.time(), width, height
+    )
     assert len(frame) <= height
     assert all(len(line) <= width for line in frame), max(frame, key=len)
     assert frame[0].startswith("vlad ")
@@ -339,7 +363,7 @@ def test_every_frame_fits(name, size, error):
 
 def test_the_plain_view_shows_the_remote_links():
     st = exotic(json.loads(RECORDED.read_text()))
-    text = format_status(st)
+    text = format_status(parse_status(st))
     lines = [line for line in text.splitlines() if line.startswith("remote ")]
     assert len(lines) == 3
     assert f"release:{LONG} -> grpcs://inference.fleet.example.com:8001 (grpc, model pick-and-place): LOST" in lines[0]

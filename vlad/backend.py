@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
@@ -149,6 +149,81 @@ def check_inputs(specs: tuple[TensorSpec, ...], inputs: Mapping[str, np.ndarray]
                 )
 
 
+@dataclass(frozen=True, kw_only=True)
+class RollingLatency:
+    """Latency percentiles over a rolling window of answered requests, milliseconds (a
+    remote link's, the openpi endpoint's)."""
+
+    p50: float
+    p99: float
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkRecovery:
+    """How far a lost link is on its way back (``vlad_kserve.stats``: the hysteresis)."""
+
+    streak: int  # answers within the deadline in a row
+    needed: int  # answers in a row before it counts as connected again
+    relapses: int  # losses soon after a recovery, each doubling ``needed``
+
+
+# Strings in the stats may be empty (no error yet): the schema's default refuses empty ones.
+_TEXT: dict[str, Any] = {"allow_empty": True}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionStats:
+    """Live figures of one session for ``vladctl status``, the status socket and the monitors.
+
+    A local engine has none (``kind = "local"``; on the wire ``{}``). A remote backend
+    (``kind = "remote"``) fills the link's figures: connected or lost and for how long,
+    counters, errors by kind, rolling latency, where it talks to. Readers branch on
+    :attr:`kind` (or :attr:`remote`), never on which keys a map happens to hold."""
+
+    kind: Literal["local", "remote"] = "local"
+    state: Literal["connected", "lost"] = "connected"
+    state_for_s: float = 0.0
+    requests: int = 0
+    ok: int = 0
+    errors: Mapping[str, int] = field(default_factory=dict)  # failed requests by kind
+    reconnects: int = 0
+    recovery: LinkRecovery | None = None
+    last_error: str = field(default="", metadata=_TEXT)
+    last_ok_age_s: float | None = None
+    window: int = 0  # requests in the rolling window
+    error_rate: float = 0.0  # failed fraction of the window
+    round_trip_ms: RollingLatency | None = None
+    network_ms: RollingLatency | None = None
+    server_ms: RollingLatency | None = None
+    endpoint: str = field(default="", metadata=_TEXT)
+    protocol: str = field(default="", metadata=_TEXT)
+    model: str = field(default="", metadata=_TEXT)
+
+    @property
+    def remote(self) -> bool:
+        return self.kind == "remote"
+
+    @property
+    def lost(self) -> bool:
+        return self.remote and self.state == "lost"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form: ``{}`` for a local session, every figure for a remote one."""
+        if not self.remote:
+            return {}
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+
+def _plain(value: Any) -> Any:
+    """A stats value as JSON-able data (nested dataclasses as maps)."""
+    if isinstance(value, (RollingLatency, LinkRecovery)):
+        return asdict(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
 # ---------------------------------------------------------------------------------------
 # The interface
 # ---------------------------------------------------------------------------------------
@@ -201,11 +276,11 @@ class Session(abc.ABC):
     def memory(self) -> MemoryStats:
         return MemoryStats(host_rss_bytes=host_rss_bytes())
 
-    def stats(self) -> Mapping[str, Any]:
-        """Live, backend-specific figures for ``vladctl status`` (e.g. a remote backend's
-        connection state, network latency percentiles and error rate); JSON-able values.
-        Called from the event loop while inferences run: must be cheap and thread-safe."""
-        return {}
+    def stats(self) -> SessionStats:
+        """Live figures for ``vladctl status`` and the monitors (a remote backend's
+        connection state, network latency percentiles and error rate; a local engine has
+        none). Called from the event loop while inferences run: must be cheap and thread-safe."""
+        return SessionStats()
 
     def close(self) -> None:  # noqa: B027 - optional override: most sessions have nothing to free
         """Release engine resources (idempotent)."""

@@ -6,10 +6,11 @@ integer, got a float``) wherever it appears, and nothing downstream re-checks ty
 
 Supported field types: ``str`` (non-empty unless ``metadata={"allow_empty": True}``),
 ``int`` (a TOML integer, never a boolean or float), ``float`` (finite; integers accepted),
-``bool``, ``Literal[...]`` of strings, ``X | None``, ``tuple[X, ...]`` (from an array),
+``bool``, ``Literal[...]`` of strings, ``X | None`` (absent, or null in JSON), ``tuple[X, ...]`` (from an array),
 nested dataclasses (from a table), ``datetime`` (TOML datetime or RFC 3339 string, with a
-UTC offset) and ``Mapping[str, Any]`` / ``dict[str, Any]`` (a free-form table, e.g. backend
-options, whose values the owner checks). Unknown keys are problems with a "did you mean"
+UTC offset), ``Mapping[str, Any]`` / ``dict[str, Any]`` (a free-form table, e.g. backend
+options, whose values the owner checks) and ``Mapping[str, X]`` / ``dict[str, X]`` (a table
+whose every value is an ``X``, e.g. the status's counters by reason). Unknown keys are problems with a "did you mean"
 hint; a dataclass may name keys it refuses with a reason in a ``REFUSED_KEYS`` class
 variable (``{"signature": "signatures are detached ..."}``). Field metadata: ``internal``
 (not read from data), ``allow_empty``, ``max_len``, ``min`` / ``max`` bounds for numbers
@@ -185,6 +186,8 @@ def convert(
         return BROKEN
     inner = optional_arg(tp)
     if inner is not None:
+        if value is None:  # JSON's and msgpack's null (TOML has none: there the key is absent)
+            return None
         tp = inner
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -212,7 +215,21 @@ def convert(
         if _depth(value) + depth > MAX_DEPTH:
             problems.append(f"{path}: nested deeper than {MAX_DEPTH} levels")
             return BROKEN
-        return dict(value)
+        if not _string_keys(value):  # msgpack maps may have other keys; JSON and TOML cannot
+            problems.append(f"{path}: expected string keys in every table")
+            return BROKEN
+        args = typing.get_args(tp)
+        if len(args) != 2 or args[1] is Any:
+            return dict(value)  # free-form: the owner checks the values
+        # Typed values (``Mapping[str, int]``, ``dict[str, Percentiles]``): each one converted.
+        out: dict[str, Any] = {}
+        broken = False
+        for key, item in value.items():
+            out[key] = convert(args[1], item, join(path, key), problems, None, checks, depth + 1)
+            broken = broken or isinstance(out[key], Broken)
+        if broken:
+            return Broken({k: v.partial if isinstance(v, Broken) else v for k, v in out.items()})
+        return out
     if is_dataclass(tp):
         if not isinstance(value, dict):
             problems.append(f"{path}: expected a table, got {kind(value)}")
@@ -328,6 +345,21 @@ def _bounded(value: Any, path: str, problems: list[str], meta: Any) -> Any:
             problems.append(f"{path}: must be <= {hi}, got {value}")
             return BROKEN
     return value
+
+
+def _string_keys(value: Any) -> bool:
+    """Whether every table in ``value`` (nested ones too) has only string keys (iterative;
+    called after the depth check)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if not all(isinstance(k, str) for k in v):
+                return False
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return True
 
 
 def _depth(value: Any, limit: int = MAX_DEPTH + 1) -> int:

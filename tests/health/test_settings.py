@@ -16,6 +16,7 @@ from typing import Literal
 
 import pytest
 
+from vlad.backend import SessionStats
 from vlad.config import Config, ConfigError, MonitorsConfig, ReleaseConfig, ServeConfig, parse_config
 from vlad.schema import bounded
 from vlad.testing import DEMO, QUIET_MONITORS, config_toml, start_daemon, wait_until
@@ -113,7 +114,7 @@ def test_the_loaded_plugins_declare_their_tables():
 def test_the_remote_monitor_judges_by_its_settings():
     from types import SimpleNamespace
 
-    stats = {"r": {"kind": "remote", "state": "connected", "window": 50, "error_rate": 0.1}}
+    stats = {"r": SessionStats(kind="remote", state="connected", window=50, error_rate=0.1)}
     view = SimpleNamespace(deadline_ns=20_000_000, backend_stats=stats)
     assert [f.code for f in RemoteLinkMonitor().check(view)] == ["remote_errors"]
     assert RemoteLinkMonitor(RemoteLinkSettings(error_rate_warn=0.2)).check(view) == []

@@ -116,7 +116,7 @@ def test_unknown_model_name_starts_lost_with_a_hint(kserve_server, contract, pro
     session = load(contract, kserve_server.endpoint(protocol), model_name="nope", probe_interval_ms=0)
     try:
         st = session.stats()
-        assert st["state"] == "lost" and re.search("serves no model 'nope'.*model_name", st["last_error"]), st
+        assert st.state == "lost" and re.search("serves no model 'nope'.*model_name", st.last_error), st
         with pytest.raises(RemoteUnavailable):
             session.infer(example_inputs(contract))
     finally:
@@ -134,7 +134,7 @@ def test_unreachable_server_at_load_starts_lost(contract, protocol):
     try:
         session.warmup(3)  # nothing to warm while lost: returns at once
         st = session.stats()
-        assert st["state"] == "lost" and "cannot reach" in st["last_error"], st
+        assert st.state == "lost" and "cannot reach" in st.last_error, st
         assert session.describe().device == f"remote:{endpoint}"
     finally:
         session.close()
@@ -159,9 +159,9 @@ def test_passed_deadline_is_refused_without_sending(session, contract):
     with pytest.raises(RemoteUnavailable, match="not sent"):
         session.infer(example_inputs(contract), deadline_ns=time.monotonic_ns() - 1_000_000)
     after = session.stats()
-    assert after["errors"] == {"deadline": 1}
-    assert after["state"] == "connected"  # nothing was sent, so nothing was learned about the link
-    assert after["round_trip_ms"]["count"] == before["round_trip_ms"]["count"]
+    assert after.errors == {"deadline": 1}
+    assert after.state == "connected"  # nothing was sent, so nothing was learned about the link
+    assert after.round_trip_ms.count == before.round_trip_ms.count
 
 
 def test_request_gives_up_at_the_deadline(session, kserve_server, contract):
@@ -172,7 +172,7 @@ def test_request_gives_up_at_the_deadline(session, kserve_server, contract):
     with pytest.raises(RemoteUnavailable, match="timeout"):
         session.infer(example_inputs(contract), deadline_ns=time.monotonic_ns() + 100_000_000)
     assert time.monotonic() - t0 < 1.0
-    assert session.stats()["errors"].get("timeout") == 1
+    assert session.stats().errors.get("timeout") == 1
 
 
 def test_without_deadline_the_timeout_option_applies(kserve_server, contract, protocol):
@@ -206,12 +206,12 @@ def test_stats_are_live_and_json_able(session, contract):
     for _ in range(5):
         session.infer(example_inputs(contract))
     s = session.stats()
-    json.dumps(s)
-    assert s["state"] == "connected" and s["kind"] == "remote"
-    assert s["requests"] >= 7 and s["ok"] == s["requests"] and s["errors"] == {}
-    assert s["error_rate"] == 0.0
-    assert s["network_ms"]["p50"] <= s["network_ms"]["p99"]
-    assert s["endpoint"].startswith(session.opts.protocol)
+    json.dumps(s.to_dict())  # the wire form the status carries
+    assert s.state == "connected" and s.kind == "remote"
+    assert s.requests >= 7 and s.ok == s.requests and s.errors == {}
+    assert s.error_rate == 0.0
+    assert s.network_ms.p50 <= s.network_ms.p99
+    assert s.endpoint.startswith(session.opts.protocol)
 
 
 def test_describe_names_the_remote(session, contract):

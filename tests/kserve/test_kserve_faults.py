@@ -50,10 +50,10 @@ def test_server_error_is_remote_unavailable_then_recovers(session, kserve_server
     with pytest.raises(RemoteUnavailable, match="unavailable|server_error"):
         session.infer(example_inputs(contract))
     st = session.stats()
-    assert st["state"] == "lost" and st["errors"].get("server_error", 0) + st["errors"].get("unavailable", 0) == 1
+    assert st.state == "lost" and st.errors.get("server_error", 0) + st.errors.get("unavailable", 0) == 1
     kserve_server.fault()
-    wait_for(lambda: session.stats()["state"] == "connected")
-    assert session.stats()["reconnects"] == 1
+    wait_for(lambda: session.stats().state == "connected")
+    assert session.stats().reconnects == 1
     session.infer(example_inputs(contract))
 
 
@@ -61,12 +61,12 @@ def test_slow_server_times_out_and_recovers(session, kserve_server, contract):
     kserve_server.fault(delay_ms=400)
     with pytest.raises(RemoteUnavailable, match="timeout"):
         session.infer(example_inputs(contract), deadline_ns=time.monotonic_ns() + 50_000_000)
-    assert session.stats()["state"] == "lost"
+    assert session.stats().state == "lost"
     # The prober requires an answer within the contract's deadline, not merely any answer.
     time.sleep(0.3)
-    assert session.stats()["state"] == "lost"
+    assert session.stats().state == "lost"
     kserve_server.fault()
-    wait_for(lambda: session.stats()["state"] == "connected")
+    wait_for(lambda: session.stats().state == "connected")
 
 
 @pytest.mark.parametrize("bad", ["shape", "dtype", "missing"])
@@ -76,7 +76,7 @@ def test_wrong_answer_is_a_policy_fault(session, kserve_server, contract, bad):
         session.infer(example_inputs(contract))
     assert not isinstance(info.value, RemoteUnavailable), info.value
     st = session.stats()
-    assert st["state"] == "connected" and st["errors"] == {"bad_response": 1}
+    assert st.state == "connected" and st.errors == {"bad_response": 1}
 
 
 @pytest.fixture(scope="module")
@@ -99,15 +99,15 @@ def test_killed_then_restarted_server(own_server, contract, protocol):
         own_server.kill()
         with pytest.raises(RemoteUnavailable):
             s.infer(example_inputs(contract))
-        assert s.stats()["state"] == "lost"
+        assert s.stats().state == "lost"
         # The monitor the daemon will run sees the live session's stats the same way.
         view = SimpleNamespace(deadline_ns=20_000_000, backend_stats={"release:demo": s.stats()})
         assert [f.code for f in RemoteLinkMonitor().check(view)] == ["remote_unreachable"]
         own_server.start()
-        wait_for(lambda: s.stats()["state"] == "connected")
+        wait_for(lambda: s.stats().state == "connected")
         s.infer(example_inputs(contract))
         st = s.stats()
-        assert st["reconnects"] == 1 and st["state"] == "connected"
+        assert st.reconnects == 1 and st.state == "connected"
         view.backend_stats = {"release:demo": st}
         assert RemoteLinkMonitor().check(view) == []
     finally:

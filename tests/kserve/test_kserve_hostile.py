@@ -38,7 +38,7 @@ def load(contract, hostile, **options):
 
 def wait_state(session, state: str, timeout: float = 10.0) -> dict:
     deadline = time.monotonic() + timeout
-    while (st := session.stats())["state"] != state:
+    while (st := session.stats()).state != state:
         assert time.monotonic() < deadline, st
         time.sleep(0.02)
     return st
@@ -60,7 +60,7 @@ def test_a_trickling_server_is_cut_off_at_the_deadline(hostile, contract):
         assert hostile.bytes_sent < 100  # it was cut off early in the answer
         assert elapsed < 0.5, elapsed  # the whole answer would have taken > 2 s
         st = s.stats()
-        assert st["state"] == "lost" and st["errors"] == {"timeout": 1}
+        assert st.state == "lost" and st.errors == {"timeout": 1}
     finally:
         s.close()
 
@@ -81,7 +81,7 @@ def test_a_1_gib_body_is_refused_not_read(hostile, contract, mode):
         grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - peak_before
         assert grown < 64 * 2**20, f"grew by {grown / 2**20:.0f} MiB"
         assert hostile.bytes_sent < 2**30  # the client hung up long before the end
-        assert s.stats()["state"] == "lost"  # the server's fault: the link, not the policy
+        assert s.stats().state == "lost"  # the server's fault: the link, not the policy
     finally:
         s.close()
 
@@ -103,11 +103,11 @@ def test_bad_metadata_while_lost_never_ends_the_prober(hostile, contract):
             assert time.monotonic() < deadline, hostile.requests
             time.sleep(0.01)
         st = s.stats()
-        assert st["state"] == "lost" and "not a v2 metadata reply" in st["last_error"], st
+        assert st.state == "lost" and "not a v2 metadata reply" in st.last_error, st
         assert s._prober is not None and s._prober.is_alive()
         hostile.mode = "proxy"
         st = wait_state(s, "connected")
-        assert st["reconnects"] == 1
+        assert st.reconnects == 1
         assert s.infer(inputs)["actions"].shape[1:] == (8, 2)
     finally:
         s.close()
@@ -117,10 +117,10 @@ def test_unreachable_at_start_connects_when_the_server_answers(hostile, contract
     hostile.mode = "down"
     s = load(contract, hostile, probe_interval_ms=10, connect_timeout_ms=1000)
     try:
-        assert s.stats()["state"] == "lost"
+        assert s.stats().state == "lost"
         hostile.mode = "proxy"
         st = wait_state(s, "connected")
-        assert st["reconnects"] == 1 and s.server_metadata["inputs"]  # checked against the contract
+        assert st.reconnects == 1 and s.server_metadata["inputs"]  # checked against the contract
         assert s.infer(example_inputs(contract))["actions"].shape[1:] == (8, 2)
     finally:
         s.close()
@@ -137,9 +137,9 @@ def test_recovery_needs_a_run_of_good_answers_and_more_after_a_relapse(hostile, 
             hostile.mode = "down"
             with pytest.raises(RemoteUnavailable):
                 s.infer(inputs)
-            assert s.stats()["recovery"]["needed"] == needed
+            assert s.stats().recovery.needed == needed
             hostile.mode = "proxy"
             wait_state(s, "connected")
-        assert s.stats()["reconnects"] == 2
+        assert s.stats().reconnects == 2
     finally:
         s.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from vlad.backend import RollingLatency, SessionStats
 from vlad.serving.counters import PolicyId
 from vlad_kserve import RemoteLinkMonitor
 
@@ -11,7 +12,7 @@ REMOTE = PolicyId("release", "vlad-demo-reacher@1.0.0")
 LOCAL = PolicyId("fallback1", "vlad-demo-reacher@0.9.0")
 
 
-def stats(**over) -> dict:
+def stats(**over) -> SessionStats:
     base = {
         "kind": "remote",
         "state": "connected",
@@ -20,14 +21,14 @@ def stats(**over) -> dict:
         "window": 200,
         "error_rate": 0.0,
         "last_error": "",
-        "network_ms": {"p50": 2.0, "p99": 4.0, "count": 200},
-        "round_trip_ms": {"p50": 6.0, "p99": 9.0, "count": 200},
+        "network_ms": RollingLatency(p50=2.0, p99=4.0, count=200),
+        "round_trip_ms": RollingLatency(p50=6.0, p99=9.0, count=200),
     }
-    return {**base, **over}
+    return SessionStats(**{**base, **over})
 
 
-def view(remote: dict, deadline_ms: float = 20.0) -> SimpleNamespace:
-    return SimpleNamespace(deadline_ns=int(deadline_ms * 1e6), backend_stats={REMOTE: remote, LOCAL: {}})
+def view(remote: SessionStats, deadline_ms: float = 20.0) -> SimpleNamespace:
+    return SimpleNamespace(deadline_ns=int(deadline_ms * 1e6), backend_stats={REMOTE: remote, LOCAL: SessionStats()})
 
 
 def test_healthy_link_no_findings():
@@ -42,13 +43,13 @@ def test_lost_link_is_a_system_fault_of_that_policy():
 
 
 def test_slow_network_warns_against_the_deadline():
-    (f,) = RemoteLinkMonitor().check(view(stats(network_ms={"p50": 8.0, "p99": 12.5, "count": 200})))
+    (f,) = RemoteLinkMonitor().check(view(stats(network_ms=RollingLatency(p50=8.0, p99=12.5, count=200))))
     assert (f.code, f.severity, f.scope, f.value, f.threshold) == ("remote_slow", "warn", "system", 12.5, 10.0)
-    assert RemoteLinkMonitor().check(view(stats(network_ms={"p50": 8.0, "p99": 12.5, "count": 200}), 40.0)) == []
+    assert RemoteLinkMonitor().check(view(stats(network_ms=RollingLatency(p50=8.0, p99=12.5, count=200)), 40.0)) == []
 
 
 def test_too_few_samples_say_nothing():
-    few = stats(network_ms={"p50": 30.0, "p99": 30.0, "count": 5}, window=5, error_rate=0.4)
+    few = stats(network_ms=RollingLatency(p50=30.0, p99=30.0, count=5), window=5, error_rate=0.4)
     assert RemoteLinkMonitor().check(view(few)) == []
 
 
@@ -59,11 +60,11 @@ def test_error_rate_warns():
 
 def test_server_time_missing_falls_back_to_round_trip():
     """A server that reports no time of its own (Triton): the round trip stands in."""
-    slow = stats(network_ms=None, round_trip_ms={"p50": 15.0, "p99": 18.0, "count": 200})
+    slow = stats(network_ms=None, round_trip_ms=RollingLatency(p50=15.0, p99=18.0, count=200))
     assert [f.code for f in RemoteLinkMonitor().check(view(slow))] == ["remote_slow"]
 
 
 def test_local_and_missing_stats_are_ignored():
-    v = SimpleNamespace(deadline_ns=20_000_000, backend_stats={LOCAL: {"threads": 1}})
+    v = SimpleNamespace(deadline_ns=20_000_000, backend_stats={LOCAL: SessionStats()})
     assert RemoteLinkMonitor().check(v) == []
     assert RemoteLinkMonitor().check(SimpleNamespace(deadline_ns=20_000_000, backend_stats={})) == []

@@ -129,10 +129,10 @@ def refused_at_load(session) -> None:
     refused, and the prober keeps failing (the daemon serves its fallback meanwhile)."""
     try:
         st = session.stats()
-        assert st["state"] == "lost" and "cannot reach" in st["last_error"], st
+        assert st.state == "lost" and "cannot reach" in st.last_error, st
         with pytest.raises(RemoteUnavailable):
             session.infer(example_inputs(contract_of(session)))
-        assert session.stats()["state"] == "lost" and session.stats()["reconnects"] == 0
+        assert session.stats().state == "lost" and session.stats().reconnects == 0
     finally:
         session.close()
 

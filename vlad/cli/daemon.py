@@ -10,10 +10,14 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlad.cli.common import add_daemon_args, add_operator_args, operator, request, store
 from vlad.errors import DaemonUnreachable
+
+if TYPE_CHECKING:  # imported where used: vladctl's other commands start without numpy
+    from vlad.backend import SessionStats
+    from vlad.snapshot import StatusSnapshot
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -23,136 +27,122 @@ def cmd_status(args: argparse.Namespace) -> int:
         from vlad.cli.watch import watch
 
         return watch(args, request, args.endpoint or load_config_or_defaults(args.config).sockets.control)
-    st = request(args, "status")
+    from vlad.snapshot import parse_status
+
+    st = parse_status(request(args, "status"))
     if args.json:
-        print(json.dumps(st, indent=2, sort_keys=True))
+        print(json.dumps(st.to_dict(), indent=2, sort_keys=True))
         return 0
     print(format_status(st))
     return 0
 
 
-def format_status(st: dict) -> str:
-    b = st["backend"]
-    c = st["counters"]
+def format_status(st: StatusSnapshot) -> str:
+    b = st.backend
+    c = st.counters
     lines = [
-        f"state        {st['state']} (for {st['state_since_s']:.0f} s)   uptime {st['uptime_s']:.0f} s   pid {st['pid']}",
-        f"release      {st['release']}",
-        f"backend      {b['name']} ({b['runtime']}, {b['device']}, {b['precision']}"
-        + (f", providers {', '.join(b['providers'])}" if b["providers"] else "")
+        f"state        {st.state} (for {st.state_since_s:.0f} s)   uptime {st.uptime_s:.0f} s   pid {st.pid}",
+        f"release      {st.release}",
+        f"backend      {b.name} ({b.runtime}, {b.device}, {b.precision}"
+        + (f", providers {', '.join(b.providers)}" if b.providers else "")
         + ")",
-        f"rates        {st['rates']['observations_hz']:.1f} observations/s, {st['rates']['actions_hz']:.1f} actions/s"
-        f" (control period {st['control_period_ms']:g} ms)",
-        f"counters     published {c.get('published', 0)}, stale {c.get('stale', 0)}, superseded {c.get('superseded', 0)},"
-        f" deadline misses {c.get('deadline_misses', 0)}, interventions {c.get('interventions', 0)},"
-        f" holds {c.get('published_hold', 0)},"
-        f" rejected {sum(c.get('rejected', {}).values())}",
+        f"rates        {st.rates.observations_hz:.1f} observations/s, {st.rates.actions_hz:.1f} actions/s"
+        f" (control period {st.control_period_ms:g} ms)",
+        f"counters     published {c.published}, stale {c.stale}, superseded {c.superseded},"
+        f" deadline misses {c.deadline_misses}, interventions {c.interventions},"
+        f" holds {c.published_hold},"
+        f" rejected {sum(c.rejected.values())}",
     ]
-    ev = st.get("evidence") or {}
-    if ev.get("status") == "forced":
-        lines.append(f"evidence     FORCED ({ev['gate_evidence']}) by {ev['who']} at {ev['time']}: {ev['why']}")
-    elif ev.get("status") == "unverified":
+    ev = st.evidence
+    if ev.status == "forced":
+        lines.append(f"evidence     FORCED ({ev.gate_evidence}) by {ev.who} at {ev.time}: {ev.why}")
+    elif ev.status == "unverified":
         lines.append(
             f"evidence     UNVERIFIED: no passing gate evidence, no recorded override; "
-            f"{ev.get('published_unverified', 0)} chunks published so ({'; '.join(ev.get('problems', [])[:2])})"
+            f"{ev.published_unverified or 0} chunks published so ({'; '.join(ev.problems[:2])})"
         )
-    op = st.get("operation")
+    op = st.operation
     if op:
-        lines.append(f"operation    {op['kind']} {op['target']} for {op['elapsed_s']:.0f} s: {op['step']}")
-    serving = st.get("serving", "")
-    if serving and not serving.startswith("release:"):
-        lines.append(f"serving      {serving} (fallback chain: {' > '.join(st.get('chain', []))})")
-    if st.get("quarantined"):
+        lines.append(f"operation    {op.kind} {op.target} for {op.elapsed_s:.0f} s: {op.step}")
+    if st.on_fallback:
+        lines.append(f"serving      {st.serving} (fallback chain: {' > '.join(st.chain)})")
+    if st.quarantined:
         lines.append(
-            f"quarantined  {', '.join(f'{k} ({v})' for k, v in st['quarantined'].items())}"
+            f"quarantined  {', '.join(f'{k} ({v})' for k, v in st.quarantined.items())}"
             " -- `vladctl resume --why ...` after fixing"
         )
-    if st.get("estop", {}).get("engaged"):
-        lines.append(f"e-stop       ENGAGED ({st['estop']['source'] or 'safety system'}): no motion is published")
-    for f in st.get("findings", []):
-        lines.append(f"{f['severity']:<12} {f['message']}")
-    if st.get("canary"):
-        c = st["canary"]
+    if st.estop.engaged:
+        lines.append(f"e-stop       ENGAGED ({st.estop.source or 'safety system'}): no motion is published")
+    for f in st.findings:
+        lines.append(f"{f.severity:<12} {f.message}")
+    if st.canary:
+        cn = st.canary
+        lines.append(f"canary       {cn.release} for {cn.elapsed_s:.0f}/{cn.window_s:.0f} s (previous {cn.previous})")
+    if st.shadow:
+        sh = st.shadow
         lines.append(
-            f"canary       {c['release']} for {c['elapsed_s']:.0f}/{c['window_s']:.0f} s (previous {c['previous']})"
+            f"shadow       {sh.release} ({sh.purpose}): {sh.divergence.pairs} chunks compared,"
+            f" mean abs divergence {sh.divergence.mean_abs:.4g}"
         )
-    if st.get("shadow"):
-        sh = st["shadow"]
-        lines.append(
-            f"shadow       {sh['release']} ({sh['purpose']}): {sh['divergence']['pairs']} chunks compared,"
-            f" mean abs divergence {sh['divergence']['mean_abs']:.4g}"
-        )
-    for pid, s in remote_links(st):
+    for pid, s in st.remote_links():
         lines.append(f"remote       {remote_summary(pid, s)}")
-        if s.get("last_error"):
-            lines.append(f"             last error: {s['last_error']}")
-    temps = st.get("temperatures_c") or {}
-    if temps:
-        lines.append("temperature  " + ", ".join(f"{k} {v:.0f} °C" for k, v in sorted(temps.items())[:6]))
-    hb = st.get("heartbeat_age_s")
+        if s.last_error:
+            lines.append(f"             last error: {s.last_error}")
+    if st.temperatures_c:
+        lines.append("temperature  " + ", ".join(f"{k} {v:.0f} °C" for k, v in sorted(st.temperatures_c.items())[:6]))
+    hb = st.heartbeat_age_s
     lines.append(f"heartbeat    {'none received' if hb is None else f'{hb:.2f} s ago'}")
-    lines.append(f"memory       RSS {st['memory']['host_rss_bytes'] / 2**20:.0f} MiB")
-    lat = st.get("latency_ms", {})
-    if lat:
+    lines.append(f"memory       RSS {st.memory.host_rss_bytes / 2**20:.0f} MiB")
+    if st.latency_ms:
         lines.append("latency ms   stage         p50      p95      p99      max    count")
-        for stage, v in lat.items():
-            lines.append(
-                f"             {stage:<10} {v['p50']:8.3f} {v['p95']:8.3f} {v['p99']:8.3f} {v['max']:8.3f} {v['count']:8d}"
-            )
+        for stage, v in st.latency_ms.items():
+            lines.append(f"             {stage:<10} {v.p50:8.3f} {v.p95:8.3f} {v.p99:8.3f} {v.max:8.3f} {v.count:8d}")
     return "\n".join(lines)
 
 
-def remote_links(st: dict) -> list[tuple[str, dict]]:
-    """(policy id, link figures) of every loaded policy on a remote backend: the sessions
-    whose ``stats()`` say ``kind = "remote"`` (``vlad_kserve.stats``), in chain order."""
-    stats = st.get("backend_stats") or {}
-    return [(pid, s) for pid, s in stats.items() if isinstance(s, dict) and s.get("kind") == "remote"]
-
-
-def remote_summary(pid: str, s: dict, compact: bool = False) -> str:
+def remote_summary(pid: str, s: SessionStats, compact: bool = False) -> str:
     """One remote link in one line: its state first, then errors, latency and the endpoint.
 
     ``compact`` (the watch view's 71 columns) names the policy by its chain slot and puts
     the endpoint last, where a cut loses the least."""
-    state = str(s.get("state", "?"))
-    since = s.get("state_for_s")
-    state_text = (state.upper() if state == "lost" else state) + (f" for {since:.0f} s" if since is not None else "")
-    rtt, net, srv = s.get("round_trip_ms"), s.get("network_ms"), s.get("server_ms")
-    rate = float(s.get("error_rate") or 0.0)
-    window = s.get("window", 0)
-    errors = ", ".join(f"{k} {v}" for k, v in sorted((s.get("errors") or {}).items()))
-    endpoint = s.get("endpoint", "?")
+    state_text = (s.state.upper() if s.lost else s.state) + f" for {s.state_for_s:.0f} s"
+    rtt = s.round_trip_ms
+    errors = ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items()))
+    endpoint = s.endpoint or "?"
     if compact:
-        parts = [f"{pid.split(':', 1)[0]} {state_text}", f"err {rate:.0%}"]
+        parts = [f"{pid.split(':', 1)[0]} {state_text}", f"err {s.error_rate:.0%}"]
         if rtt:
-            parts.append(f"rtt {rtt['p50']:.1f}/{rtt['p99']:.1f} ms")
-        parts += [f"reconn {s.get('reconnects', 0)}", str(endpoint)]
+            parts.append(f"rtt {rtt.p50:.1f}/{rtt.p99:.1f} ms")
+        parts += [f"reconn {s.reconnects}", endpoint]
         return "  ".join(parts)
-    where = f"{endpoint} ({s.get('protocol', '?')}, model {s.get('model', '?')})"
+    where = f"{endpoint} ({s.protocol or '?'}, model {s.model or '?'})"
     figures = [
-        f"{name} p50 {v['p50']:.2f} ms p99 {v['p99']:.2f} ms"
-        for name, v in (("round trip", rtt), ("network", net), ("server", srv))
+        f"{name} p50 {v.p50:.2f} ms p99 {v.p99:.2f} ms"
+        for name, v in (("round trip", rtt), ("network", s.network_ms), ("server", s.server_ms))
         if v
     ]
     return (
         f"{pid} -> {where}: {state_text}; "
         + (", ".join(figures) + "; " if figures else "")
-        + f"{rate:.1%} of the last {window} requests failed"
+        + f"{s.error_rate:.1%} of the last {s.window} requests failed"
         + (f" ({errors})" if errors else "")
-        + f"; reconnects {s.get('reconnects', 0)}"
+        + f"; reconnects {s.reconnects}"
     )
 
 
 def cmd_events(args: argparse.Namespace) -> int:
     import time as _time
 
-    events = request(args, "events", limit=args.limit)
+    from vlad.snapshot import parse_events
+
+    events = parse_events(request(args, "events", limit=args.limit))
     if args.json:
-        print(json.dumps(events, indent=2))
+        print(json.dumps([e.to_dict() for e in events], indent=2))
         return 0
     for e in events:
-        when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(e["time"]))
-        arrow = f"{e['state_from']} -> {e['state_to']}" if e["state_from"] != e["state_to"] else e["state_to"]
-        print(f"{when}  {e['kind']:<10} {arrow:<22} {e['reason']}")
+        when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(e.time))
+        arrow = f"{e.state_from} -> {e.state_to}" if e.is_transition else e.state_to
+        print(f"{when}  {e.kind:<10} {arrow:<22} {e.reason}")
     return 0
 
 
@@ -169,18 +159,20 @@ def with_progress(args: argparse.Namespace, call: Callable[[], Any]) -> Any:
     import sys
     import threading
 
+    from vlad.snapshot import parse_status
+
     done = threading.Event()
 
     def watch() -> None:
         shown = None
         while not done.wait(1.0):
             try:
-                op = request(args, "status").get("operation")
+                op = parse_status(request(args, "status")).operation
             except Exception:  # the progress line is a courtesy: the request itself reports errors
                 continue
-            if op and op["step"] != shown:
-                shown = op["step"]
-                print(f"[{op['elapsed_s']:6.1f} s] {op['kind']}: {shown}", file=sys.stderr, flush=True)
+            if op and op.step != shown:
+                shown = op.step
+                print(f"[{op.elapsed_s:6.1f} s] {op.kind}: {shown}", file=sys.stderr, flush=True)
 
     watcher = threading.Thread(target=watch, name="vladctl-progress", daemon=True)
     watcher.start()

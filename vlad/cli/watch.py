@@ -16,11 +16,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-from vlad.cli.daemon import remote_links, remote_summary
+from vlad.cli.daemon import remote_summary
 from vlad.errors import ClientError, DaemonUnreachable
+from vlad.health.state import Event
+from vlad.snapshot import Percentiles, StatusSnapshot, StatusUnreadable, parse_events, parse_status
 
 WIDTH = 80
 HEIGHT = 24  # when the output is not a terminal
@@ -34,8 +36,8 @@ LATENCY_LINES = 3
 
 
 def render(
-    st: dict[str, Any] | None,
-    events: list[dict[str, Any]],
+    st: StatusSnapshot | None,
+    events: list[Event],
     error: str | None,
     endpoint: str,
     now: float,
@@ -58,8 +60,8 @@ def render(
     if len(top) >= room:  # a tiny terminal: the header and the state first, the error kept
         return [_fit(line, width) for line in (top[: max(1, room)] + foot)[: max(1, height)]]
     room -= len(top)
-    findings = [f"{f.get('severity', '?'):<8} {f.get('message', '')}" for f in st.get("findings") or []]
-    latency = _latency(st.get("latency_ms") or {}, width)
+    findings = [f"{f.severity:<8} {f.message}" for f in st.findings]
+    latency = _latency(st.latency_ms, width)
     # Findings first (what is wrong now), keeping room for the latency grid and one event.
     shown = _cut(findings, max(1, room - LATENCY_LINES - 2), "findings (vladctl status lists all)")
     room -= len(shown)
@@ -73,73 +75,66 @@ def render(
     return [_fit(line, width) for line in top + middle + foot]
 
 
-def _top(st: dict[str, Any], clock: str) -> list[str]:
+def _top(st: StatusSnapshot, clock: str) -> list[str]:
     """Header, state, release, fallback, backend, remote links, rates, counts, openpi."""
-    est = st.get("estop") or {}
-    estop = f"ENGAGED ({est.get('source') or 'safety system'})" if est.get("engaged") else "released"
+    estop = f"ENGAGED ({st.estop.source or 'safety system'})" if st.estop.engaged else "released"
     lines = [
-        f"vlad {st.get('version', '?')}  pid {st.get('pid', '?')}  up {_dur(st.get('uptime_s', 0))}  {clock}",
-        f"state    {st.get('state', '?')} for {_dur(st.get('state_since_s', 0))}   e-stop {estop}",
-        f"release  {st.get('release', '?')}",
+        f"vlad {st.version}  pid {st.pid}  up {_dur(st.uptime_s)}  {clock}",
+        f"state    {st.state} for {_dur(st.state_since_s)}   e-stop {estop}",
+        f"release  {st.release}",
     ]
-    serving = st.get("serving", "")
-    if serving and not serving.startswith("release:"):
-        quarantined = st.get("quarantined") or {}
+    if st.on_fallback:
+        quarantined = st.quarantined
         why = f"; quarantined: {', '.join(f'{k} ({v})' for k, v in quarantined.items())}" if quarantined else ""
-        lines.append(f"serving  {serving} (fallback{why})")
-    op = st.get("operation")
+        lines.append(f"serving  {st.serving} (fallback{why})")
+    op = st.operation
     if op:
-        lines.append(
-            f"op       {op.get('kind', '?')} {op.get('target', '')} {_dur(op.get('elapsed_s', 0))}: {op.get('step', '')}"
-        )
-    b = st.get("backend") or {}
-    lines.append(f"backend  {b.get('name', '?')} ({b.get('runtime', '?')}, {b.get('device', '?')})")
-    links = remote_links(st)
+        lines.append(f"op       {op.kind} {op.target} {_dur(op.elapsed_s)}: {op.step}")
+    b = st.backend
+    lines.append(f"backend  {b.name} ({b.runtime}, {b.device})")
+    links = st.remote_links()
     for pid, s in links[:2]:
         lines.append("remote   " + remote_summary(pid, s, compact=True))
     if len(links) > 2:
         lines.append(f"remote   +{len(links) - 2} more remote links (vladctl status)")
-    r = st.get("rates") or {}
+    r = st.rates
     lines.append(
-        f"rates    {r.get('observations_hz', 0):.1f} obs/s   {r.get('actions_hz', 0):.1f} actions/s   "
-        f"period {st.get('control_period_ms', 0):g} ms"
+        f"rates    {r.observations_hz:.1f} obs/s   {r.actions_hz:.1f} actions/s   period {st.control_period_ms:g} ms"
     )
-    c = st.get("counters") or {}
+    c = st.counters
     lines.append(
-        f"counts   published {c.get('published', 0)}  holds {c.get('published_hold', 0)}  "
-        f"stale {c.get('stale', 0)}  rejected {sum((c.get('rejected') or {}).values())}  "
-        f"misses {c.get('deadline_misses', 0)}"
+        f"counts   published {c.published}  holds {c.published_hold}  "
+        f"stale {c.stale}  rejected {sum(c.rejected.values())}  "
+        f"misses {c.deadline_misses}"
     )
-    o = st.get("openpi")
+    o = st.openpi
     if o:
-        lat_o = o.get("infer_ms") or {}
+        lat_o = o.infer_ms
         lines.append(
-            f"openpi   {o.get('clients', 0)} client(s)  replies {o.get('replies', 0)}  "
-            f"errors {sum((o.get('errors') or {}).values())}"
-            + (f"  p50 {lat_o['p50']:.1f} ms  p99 {lat_o['p99']:.1f} ms" if lat_o else "")
+            f"openpi   {o.clients} client(s)  replies {o.replies}  errors {sum(o.errors.values())}"
+            + (f"  p50 {lat_o.p50:.1f} ms  p99 {lat_o.p99:.1f} ms" if lat_o else "")
         )
     return lines
 
 
-def _latency(lat: dict[str, Any], width: int) -> list[str]:
+def _latency(lat: Mapping[str, Percentiles], width: int) -> list[str]:
     """The stages' p50 and p99 as three lines: stage names over their two figures (9 columns
     each; ``preprocess`` shows as ``preproc``)."""
-    stages = [s for s in STAGES if lat.get(s)] + [s for s in lat if s not in STAGES and lat.get(s)]
+    stages = [s for s in STAGES if s in lat] + [s for s in lat if s not in STAGES]
     if not stages:
         return ["latency  (no policy chunk published yet)"]
     stages = stages[: max(1, (width - 8) // 9)]
     names = {"preprocess": "preproc"}
     lines = [f"{'latency':<8}" + "".join(f"{names.get(s, s)[:9]:>9}" for s in stages)]
-    for q in ("p50", "p99"):
-        lines.append(f"  {q} ms" + "".join(f"{_ms(lat[s].get(q)):>9}" for s in stages))
+    lines.append("  p50 ms" + "".join(f"{_ms(lat[s].p50):>9}" for s in stages))
+    lines.append("  p99 ms" + "".join(f"{_ms(lat[s].p99):>9}" for s in stages))
     return lines
 
 
-def _event(e: dict[str, Any]) -> str:
-    when = time.strftime("%H:%M:%S", time.localtime(e.get("time", 0)))
-    frm, to = e.get("state_from"), e.get("state_to")
-    what = f"{frm}->{to}" if frm != to else e.get("kind", "?")
-    return f"  {when} {what}: {e.get('reason', '')}"
+def _event(e: Event) -> str:
+    when = time.strftime("%H:%M:%S", time.localtime(e.time))
+    what = f"{e.state_from}->{e.state_to}" if e.is_transition else e.kind
+    return f"  {when} {what}: {e.reason}"
 
 
 def _cut(lines: list[str], room: int, what: str) -> list[str]:
@@ -205,8 +200,8 @@ def watch(args: argparse.Namespace, request: Callable[..., Any], endpoint: str, 
     interval = max(0.1, args.interval)
     timeout_ms = min(args.timeout_ms, max(200, int(interval * 1000)))
     args.endpoint = endpoint  # resolved once: the config is not re-read every refresh
-    st: dict[str, Any] | None = None
-    events: list[dict[str, Any]] = []
+    st: StatusSnapshot | None = None
+    events: list[Event] = []
     previous = {sig: signal.signal(sig, _raise_signalled) for sig in (signal.SIGTERM, signal.SIGHUP)}
     code = 0
     try:
@@ -214,11 +209,11 @@ def watch(args: argparse.Namespace, request: Callable[..., Any], endpoint: str, 
         while True:
             error = None
             try:
-                st = request(args, "status", timeout_ms)
-                events = request(args, "events", timeout_ms, limit=20)
+                st = parse_status(request(args, "status", timeout_ms))
+                events = parse_events(request(args, "events", timeout_ms, limit=20))
             except DaemonUnreachable:  # show the last known state above this line
                 error = f"daemon unreachable at {endpoint}; retrying every {interval:g} s"
-            except ClientError as exc:
+            except (ClientError, StatusUnreadable) as exc:  # an error answer, another vlad version's status
                 error = str(exc)
             width, height = _terminal_size(out)
             out.write(frame_text(render(st, events, error, endpoint, time.time(), width, height), height))

@@ -31,12 +31,15 @@ import resource
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
+
+if TYPE_CHECKING:
+    from vlad.snapshot import StatusSnapshot
 
 log = logging.getLogger("vlad.endpoint")
 
@@ -148,19 +151,28 @@ def connect(ctx: zmq.asyncio.Context, kind: int, endpoint: str, curve: dict[str,
 # -- the process -------------------------------------------------------------------------------
 
 
-async def status_updates(sock: zmq.asyncio.Socket) -> AsyncIterator[dict[str, Any]]:
-    """Every status the daemon publishes on ``sock`` (a SUB on its status socket), as a dict;
-    a message that is not one is skipped (the daemon is the only publisher there)."""
+async def status_updates(sock: zmq.asyncio.Socket, counts: MutableMapping[str, int]) -> AsyncIterator[StatusSnapshot]:
+    """Every status the daemon publishes on ``sock`` (a SUB on its status socket), typed.
+    A message that is not a status is skipped; a status this version cannot read (another
+    vlad version, another publisher) is counted in ``counts["unreadable"]`` (the first one
+    logged with its problems) and skipped."""
     from vlad import protocol
+    from vlad.snapshot import StatusUnreadable, parse_status
 
     while True:
         frames = await sock.recv_multipart()
         try:
-            st = protocol.decode(frames, expect=(protocol.TOPIC_STATUS,)).header["status"]
+            data = protocol.decode(frames, expect=(protocol.TOPIC_STATUS,)).header["status"]
         except (protocol.ProtocolError, KeyError):
             continue
-        if isinstance(st, dict):
-            yield st
+        try:
+            st = parse_status(data)
+        except StatusUnreadable as exc:
+            if not counts.get("unreadable"):
+                log.warning("%s", exc)
+            counts["unreadable"] = counts.get("unreadable", 0) + 1
+            continue
+        yield st
 
 
 def _emit(doc: dict[str, Any]) -> None:

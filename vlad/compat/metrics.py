@@ -5,8 +5,10 @@ It runs in an endpoint process (:mod:`vlad.compat.endpoint`, started and watched
 status socket (``serve.status_hz``), as any subscriber would: state, release, counters,
 per-policy counters, findings, e-stop, the latency percentiles of the rolling window, the
 health readings, and the cumulative per-stage histograms and event counts the daemon folds
-for it (:class:`vlad.daemon.status.Tallies`). So gauges may be up to one status period old
-(``vlad_status_age_seconds``), and ``vlad_up`` is 1 only while statuses keep coming.
+for it (:class:`vlad.daemon.status.Tallies`), each status parsed into a
+:class:`vlad.snapshot.StatusSnapshot` (one it cannot parse, from another vlad version, is
+counted as ``unreadable`` and not shown). So gauges may be up to one status period old
+(``vlad_status_age_seconds``), and ``vlad_up`` is 1 only while readable statuses keep coming.
 
 A scrape costs the daemon nothing. The text is rendered here at most once per status
 (a scrape flood re-sends the same bytes); the HTTP server is one asyncio protocol, no
@@ -25,8 +27,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import zmq
 import zmq.asyncio
@@ -43,16 +46,18 @@ from vlad.compat.endpoint import (
     status_updates,
 )
 from vlad.config import parse_listen
+from vlad.health.state import StateName
+from vlad.snapshot import StatusSnapshot
 
 log = logging.getLogger("vlad.metrics")
 
-STATES = ("STARTING", "ACTIVE", "DEGRADED", "FALLBACK", "ESTOPPED", "STOPPING")
+STATES: tuple[str, ...] = get_args(StateName)
 MAX_HEAD = 8192
 WRITE_HIGH = 256 * 1024  # answers buffered for a client before it is read from again
 
 
-def families(st: dict[str, Any]) -> Iterator[Any]:
-    """The metric families of one status map (prometheus_client's collector protocol)."""
+def families(st: StatusSnapshot) -> Iterator[Any]:
+    """The metric families of one status (prometheus_client's collector protocol)."""
     from prometheus_client.core import (
         CounterMetricFamily,
         GaugeMetricFamily,
@@ -72,43 +77,40 @@ def families(st: dict[str, Any]) -> Iterator[Any]:
             c.add_metric(lv, v)
         return c
 
-    yield gauge("vlad_uptime_seconds", "seconds since the daemon started", st["uptime_s"])
-    state = st["state"]
+    yield gauge("vlad_uptime_seconds", "seconds since the daemon started", st.uptime_s)
     yield gauge(
         "vlad_state",
         "supervisor state: 1 for the current one",
         labels=["state"],
-        samples=[([s], 1.0 if s == state else 0.0) for s in STATES],
+        samples=[([s], 1.0 if s == st.state else 0.0) for s in STATES],
     )
-    yield gauge("vlad_state_since_seconds", "seconds in the current state", st["state_since_s"])
-    yield gauge("vlad_estop_engaged", "1 while the external e-stop is engaged", 1.0 if st["estop"]["engaged"] else 0.0)
+    yield gauge("vlad_state_since_seconds", "seconds in the current state", st.state_since_s)
+    yield gauge("vlad_estop_engaged", "1 while the external e-stop is engaged", 1.0 if st.estop.engaged else 0.0)
     yield counter(
         "vlad_state_transitions_total",
         "state transitions by target state (FALLBACK: fallbacks)",
         labels=["to"],
-        samples=[([k], v) for k, v in sorted(st.get("transition_counts", {}).items())],
+        samples=[([k], v) for k, v in sorted(st.transition_counts.items())],
     )
     yield counter(
         "vlad_events_total",
         "recorded events by kind (swap, fault, quarantine, release, canary_abort, operator ...)",
         labels=["kind"],
-        samples=[([k], v) for k, v in sorted(st.get("event_counts", {}).items())],
+        samples=[([k], v) for k, v in sorted(st.event_counts.items())],
     )
-    edges = st.get("bucket_edges_s", [])
     hist = HistogramMetricFamily(
         "vlad_latency_seconds",
         "per-stage latency of published policy chunks (stages as in docs/protocol.md timings_ms)",
         labels=["stage"],
     )
     lost = []
-    for stage, h in st.get("histograms", {}).items():
-        lost.append(([stage], h["lost"]))
-        if not h["count"]:
+    for stage, h in st.histograms.items():
+        lost.append(([stage], h.lost))
+        if not h.count or len(h.cumulative) != len(st.bucket_edges_s) + 1:
             continue
-        cum = h["cumulative"]
-        buckets = [(f"{b:g}", float(c)) for b, c in zip(edges, cum[:-1], strict=True)]
-        buckets.append(("+Inf", float(cum[-1])))
-        hist.add_metric([stage], buckets, h["sum_s"])
+        buckets = [(f"{b:g}", float(c)) for b, c in zip(st.bucket_edges_s, h.cumulative[:-1], strict=True)]
+        buckets.append(("+Inf", float(h.cumulative[-1])))
+        hist.add_metric([stage], buckets, h.sum_s)
     yield hist
     yield counter(
         "vlad_latency_samples_lost_total",
@@ -116,49 +118,44 @@ def families(st: dict[str, Any]) -> Iterator[Any]:
         labels=["stage"],
         samples=[s for s in lost if s[1]],
     )
-    readings = st.get("readings", {})
     yield gauge(
         "vlad_temperature_celsius",
         "temperatures the health sensors read",
         labels=["sensor"],
-        samples=[([k[len("temperature.") :]], v) for k, v in sorted(readings.items()) if k.startswith("temperature.")],
+        samples=[([k], v) for k, v in sorted(st.temperatures_c.items())],
     )
     yield gauge(
         "vlad_memory_bytes",
         "memory readings (rss, host available, GPU used/total)",
         labels=["kind"],
-        samples=[
-            ([k[len("memory.") :].removesuffix("_bytes")], v)
-            for k, v in sorted(readings.items())
-            if k.startswith("memory.")
-        ],
+        samples=[([k], v) for k, v in sorted(st.memory.readings_bytes.items())],
     )
-    backend = st.get("backend", {})
+    backend = st.backend
     info = InfoMetricFamily("vlad_release", "the release being served and where", labels=None)
     info.add_metric(
         [],
         {
-            "release": st["release"],
-            "serving": st["serving"],
-            "backend": backend.get("name", ""),
-            "runtime": backend.get("runtime", ""),
-            "device": str(backend.get("device", "")),
-            "version": st["version"],
+            "release": st.release,
+            "serving": st.serving,
+            "backend": backend.name,
+            "runtime": backend.runtime,
+            "device": backend.device,
+            "version": st.version,
         },
     )
     yield info
     yield gauge(
         "vlad_fallback_active",
         "1 while a fallback (or the hold posture) serves instead of the release",
-        0.0 if st["serving"] == st["chain"][0] else 1.0,
+        1.0 if st.on_fallback else 0.0,
     )
     yield gauge(
         "vlad_findings",
         "active health findings",
         labels=["monitor", "code", "severity"],
-        samples=[([f["monitor"], f["code"], f["severity"]], 1.0) for f in st["findings"]],
+        samples=[([f.monitor, f.code, f.severity], 1.0) for f in st.findings],
     )
-    c = st["counters"]
+    c = st.counters
     for key, doc in (
         ("messages", "messages received on the observation socket"),
         ("observations", "observations that passed every check"),
@@ -176,84 +173,80 @@ def families(st: dict[str, Any]) -> Iterator[Any]:
         ("bridged", "hold postures sent while an inference was late"),
         ("cycle_errors", "serving cycles that failed on a bug (see the log)"),
     ):
-        yield counter(f"vlad_{key}_total", doc, c.get(key, 0))
+        yield counter(f"vlad_{key}_total", doc, getattr(c, key))
     yield counter(
         "vlad_holds_total",
         "hold postures published, by reason",
         labels=["reason"],
-        samples=[([k], v) for k, v in sorted(c["holds"].items())],
+        samples=[([k], v) for k, v in sorted(c.holds.items())],
     )
     yield counter(
         "vlad_rejections_total",
         "messages refused, by reason (docs/protocol.md)",
         labels=["reason"],
-        samples=[([k], v) for k, v in sorted(c["rejected"].items())],
+        samples=[([k], v) for k, v in sorted(c.rejected.items())],
     )
     yield counter(
         "vlad_guard_interventions_total",
         "final-guard corrections, by kind",
         labels=["kind"],
-        samples=[([k[len("guard_") :]], v) for k, v in sorted(c.items()) if k.startswith("guard_")],
+        samples=[([k], v) for k, v in sorted(c.guard().items())],
     )
     per_policy: dict[str, list[tuple[list[str], float]]] = {}
-    for policy, counts in st["policies"].items():
-        for key, value in counts.items():
-            if isinstance(value, (int, float)):
-                per_policy.setdefault(key, []).append(([policy], value))
+    for policy, counts in st.policies.items():
+        for f in fields(counts):
+            per_policy.setdefault(f.name, []).append(([policy], getattr(counts, f.name)))
     for key, samples in sorted(per_policy.items()):
         yield counter(
             f"vlad_policy_{key}_total", f"per policy: {key.replace('_', ' ')}", labels=["policy"], samples=samples
         )
     yield gauge(
-        "vlad_observations_per_second", "observation rate over the last status period", st["rates"]["observations_hz"]
+        "vlad_observations_per_second", "observation rate over the last status period", st.rates.observations_hz
     )
     yield gauge(
         "vlad_actions_per_second",
         "action chunk rate (policy and hold) over the last status period",
-        st["rates"]["actions_hz"],
+        st.rates.actions_hz,
     )
     q = gauge(
         "vlad_latency_window_seconds",
         "per-stage latency percentiles over the rolling window",
         labels=["stage", "quantile"],
     )
-    for stage, v in st["latency_ms"].items():
-        for name, quant in (("p50", "0.5"), ("p95", "0.95"), ("p99", "0.99"), ("max", "1")):
-            q.add_metric([stage, quant], v[name] / 1e3)
+    for stage, v in st.latency_ms.items():
+        for ms, quant in ((v.p50, "0.5"), (v.p95, "0.95"), (v.p99, "0.99"), (v.max, "1")):
+            q.add_metric([stage, quant], ms / 1e3)
     yield q
     yield gauge(
         "vlad_controllers",
         "controllers known by their heartbeats, 1 while alive (docs/health.md)",
         labels=["client"],
-        samples=[([name], 1.0 if c["alive"] else 0.0) for name, c in sorted(st.get("controllers", {}).items())],
+        samples=[([name], 1.0 if ctl.alive else 0.0) for name, ctl in sorted(st.controllers.items())],
     )
-    o = st.get("openpi")
+    o = st.openpi
     if o:
-        yield gauge("vlad_openpi_clients", "openpi websocket clients connected", o.get("clients", 0))
-        yield counter("vlad_openpi_requests_total", "openpi requests received", o.get("requests", 0))
-        yield counter("vlad_openpi_replies_total", "openpi requests answered with a policy chunk", o.get("replies", 0))
+        yield gauge("vlad_openpi_clients", "openpi websocket clients connected", o.clients)
+        yield counter("vlad_openpi_requests_total", "openpi requests received", o.requests)
+        yield counter("vlad_openpi_replies_total", "openpi requests answered with a policy chunk", o.replies)
         yield counter(
             "vlad_openpi_errors_total",
             "openpi requests answered with an error, and refused connections, by reason",
             labels=["reason"],
-            samples=[([k], v) for k, v in sorted(o.get("errors", {}).items())],
+            samples=[([k], v) for k, v in sorted(o.errors.items())],
         )
-    for name in ("openpi", "metrics"):
-        e = st.get(name)
+    for name, e in (("openpi", st.openpi), ("metrics", st.metrics)):
         if e:
             yield counter(
                 f"vlad_{name}_refused_connections_total",
                 f"connections to the {name} endpoint closed at accept (over a connection cap), by cap",
                 labels=["cap"],
-                samples=[([k], v) for k, v in sorted(e.get("refused_connections", {}).items())],
+                samples=[([k], v) for k, v in sorted(e.refused_connections.items())],
             )
-            yield counter(
-                f"vlad_{name}_restarts_total", f"restarts of the {name} endpoint process", e.get("restarts", 0)
-            )
+            yield counter(f"vlad_{name}_restarts_total", f"restarts of the {name} endpoint process", e.restarts)
 
 
 class _Collector:
-    def __init__(self, status: dict[str, Any]) -> None:
+    def __init__(self, status: StatusSnapshot) -> None:
         self.status = status
 
     def collect(self) -> Iterator[Any]:
@@ -263,7 +256,7 @@ class _Collector:
         return []  # families vary with the daemon's state (policies, reasons): no fixed description
 
 
-def render(status: dict[str, Any]) -> bytes:
+def render(status: StatusSnapshot) -> bytes:
     """The exposition text of one status (without the two live gauges)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
@@ -282,10 +275,10 @@ class MetricsEndpoint(Endpoint):
         self.admission = Admission(self.cfg["max_connections"], self.cfg["max_connections_per_peer"])
         self.idle_s = self.cfg["idle_timeout_s"]
         self.status_period_s = 1.0 / spec.status_hz
-        self.status: dict[str, Any] | None = None
+        self.status: StatusSnapshot | None = None
         self.status_at = 0.0  # time.monotonic() when it arrived
         self._text: bytes | None = None  # rendered from self.status (None: not yet)
-        self.counts: dict[str, int] = {"scrapes": 0, "renders": 0, "bad_requests": 0, "timeouts": 0}
+        self.counts: dict[str, int] = {"scrapes": 0, "renders": 0, "bad_requests": 0, "timeouts": 0, "unreadable": 0}
         self._server: asyncio.AbstractServer | None = None
         self._task: asyncio.Task | None = None
 
@@ -314,7 +307,8 @@ class MetricsEndpoint(Endpoint):
         return str(self.listen)
 
     async def _read_status(self) -> None:
-        async for st in status_updates(self._st):
+        # An unreadable status (another vlad version) is counted and skipped: vlad_up falls to 0.
+        async for st in status_updates(self._st, self.counts):
             self.status, self.status_at, self._text = st, time.monotonic(), None
 
     def page(self) -> bytes:
@@ -332,7 +326,7 @@ class MetricsEndpoint(Endpoint):
             try:
                 self._text = render(self.status)
                 self.counts["renders"] += 1
-            except Exception:  # a status this version cannot read: say so, keep serving
+            except Exception:  # a bug in a family: say so, keep serving the live gauges
                 log.exception("metrics: rendering the status failed")
                 self._text = b""
         live += (

@@ -67,6 +67,7 @@ from vlad.compat.endpoint import (
 )
 from vlad.compat.msgpack_numpy import BadRequest, pack, unpack
 from vlad.config import parse_listen
+from vlad.snapshot import Counters, StatusSnapshot
 
 log = logging.getLogger("vlad.openpi")
 
@@ -109,7 +110,7 @@ class OpenPIEndpoint(Endpoint):
         self.errors: Counter[str] = Counter()  # error replies and refusals, by reason
         self.infer_ms: deque[float] = deque(maxlen=1000)  # request -> chunk (status p50/p99)
         self.slots: list[Any] = [None] * cfg["max_clients"]  # the connection in each slot
-        self.status: dict[str, Any] = {}  # the daemon's newest status
+        self.status: StatusSnapshot | None = None  # the daemon's newest status
         self._seq = itertools.count(1)
         self._waiters: dict[tuple[int, int], asyncio.Future] = {}
         self._server: Any = None
@@ -361,7 +362,7 @@ class OpenPIEndpoint(Endpoint):
         key = (header["seq"], header["t_sensor_ns"])
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._waiters[key] = future
-        before = dict(self.status.get("counters", {}))
+        before = self.status.counters if self.status is not None else None
         try:
             # Sent also while the e-stop is engaged: the daemon answers the newest observation
             # the moment the e-stop is released. While it is engaged, the next hold:estop
@@ -517,9 +518,9 @@ class OpenPIEndpoint(Endpoint):
             self._resolve(key, msg)
 
     async def _read_status(self) -> None:
-        async for st in status_updates(self._st):
+        async for st in status_updates(self._st, self.counts):
             self.status = st
-            self.metadata["release"] = st.get("release", self.metadata["release"])
+            self.metadata["release"] = st.release
 
     def _resolve(self, key: tuple[Any, Any], result: Any) -> None:
         future = self._waiters.get(key)
@@ -528,18 +529,24 @@ class OpenPIEndpoint(Endpoint):
 
     # -- counting and diagnosis ------------------------------------------------------------
 
-    def _why_not(self, before: dict[str, Any]) -> tuple[str, str]:
+    def _why_not(self, before: Counters | None) -> tuple[str, str]:
         """(reason, message) for a request that got no chunk in time, judged from the
         daemon's counters (its status) that moved meanwhile: a hint, exact when this is the
         only client."""
-        estop = self.status.get("estop") or {}
-        if estop.get("engaged"):  # with safety.estop_output = "silence" no hold says so
+        st = self.status
+        if st is not None and st.estop.engaged:  # with safety.estop_output = "silence" no hold says so
             return "estop", "e-stop engaged: vlad sends no policy actions until it is released"
-        after = self.status.get("counters", {})
         limit = f"within compat.openpi.request_timeout_ms ({self.cfg['request_timeout_ms']:g} ms)"
-        for k in ("stale", "superseded", "expired", "estop_blocked"):
-            if after.get(k, 0) > before.get(k, 0):
-                return k, f"no action chunk {limit}: the observation was {k.replace('_', ' ')}"
+        if st is not None and before is not None:
+            after = st.counters
+            for k, moved in (
+                ("stale", after.stale > before.stale),
+                ("superseded", after.superseded > before.superseded),
+                ("expired", after.expired > before.expired),
+                ("estop_blocked", after.estop_blocked > before.estop_blocked),
+            ):
+                if moved:
+                    return k, f"no action chunk {limit}: the observation was {k.replace('_', ' ')}"
         return "timeout", f"no action chunk {limit}"
 
     def _hint(self, reason: str) -> str:

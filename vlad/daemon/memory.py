@@ -32,22 +32,10 @@ from typing import Any, Literal
 from vlad.backend import host_rss_bytes
 from vlad.errors import VladError
 from vlad.release.loading import LoadedPolicy
+from vlad.snapshot import PolicyMemory  # the status carries the same figures
 
 GB = 1e9
 MODEL_ROLES = ("model", "weights", "engine", "adapter")
-
-
-@dataclass(frozen=True)
-class PolicyMemory:
-    """Bytes a policy holds (or needs) on the host and on its device, and where the figure
-    comes from: ``measured`` at its load, ``manifest (<source>)`` or ``estimate``."""
-
-    host_bytes: int
-    device_bytes: int
-    source: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"host_bytes": self.host_bytes, "device_bytes": self.device_bytes, "source": self.source}
 
 
 def measured_load(load: Callable[[], LoadedPolicy]) -> tuple[LoadedPolicy, PolicyMemory]:

@@ -1,11 +1,11 @@
-"""What ``vladctl status`` shows and the status socket publishes: one JSON-able dict.
+"""What ``vladctl status`` shows and the status socket publishes: a :class:`vlad.snapshot.StatusSnapshot`.
 
 :class:`StatusModel` builds it from the components it reports on, which the supervisor
 hands it (the chain, the serving parts, the release manager, the e-stop ...). Built on the
 event loop from snapshots of the serving thread's counters (no locks on the hot path). The
-``counters`` map keeps the flat names earlier versions published
-(``published``, ``stale``, ``superseded``, ``rejected`` by reason ...), so dashboards and
-scripts keep working; ``policies`` has every loaded policy's own counters.
+counters keep the flat names of docs/protocol.md (``published``, ``stale``,
+``superseded``, ``rejected`` by reason ...), so dashboards and scripts keep working;
+``policies`` has every loaded policy's own counters.
 
 The status is all the Prometheus endpoint (:mod:`vlad.compat.metrics`, its own process)
 reads, so it also carries what only cumulative figures can show: per-stage latency
@@ -15,17 +15,47 @@ rolling latency windows and the state machine's history.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
-from vlad import __version__
+from vlad import __version__, schema
+from vlad.backend import SessionStats
+from vlad.config import RealtimeConfig
 from vlad.serving.tracing import STAGES
+from vlad.snapshot import (
+    BackendStatus,
+    CanaryStatus,
+    ControllerStatus,
+    Counters,
+    Divergence,
+    EndpointStatus,
+    EStopStatus,
+    Evidence,
+    FindingStatus,
+    Histogram,
+    MemoryStatus,
+    MetricsStatus,
+    OpenpiStatus,
+    Operation,
+    Percentiles,
+    Rates,
+    ShadowStatus,
+    StatusSnapshot,
+    Swap,
+    TapStatus,
+    split_readings,
+)
+
+log = logging.getLogger("vlad.status")
+E = TypeVar("E", bound=EndpointStatus)
 
 if TYPE_CHECKING:
     from vlad.daemon.chain import PolicyChain
@@ -44,21 +74,21 @@ if TYPE_CHECKING:
     from vlad.serving.tracing import LatencyStats
 
 
-class Rates:
+class RateMeter:
     """Observations and actions per second, over at least half a second."""
 
     def __init__(self) -> None:
         self._prev = (time.monotonic_ns(), 0, 0)
-        self.value = {"observations_hz": 0.0, "actions_hz": 0.0}
+        self.value = Rates(observations_hz=0.0, actions_hz=0.0)
 
-    def update(self, now: int, observations: int, actions: int) -> dict[str, float]:
+    def update(self, now: int, observations: int, actions: int) -> Rates:
         t_prev, obs_prev, act_prev = self._prev
         dt = (now - t_prev) / 1e9
         if dt >= 0.5:
-            self.value = {
-                "observations_hz": round((observations - obs_prev) / dt, 2),
-                "actions_hz": round((actions - act_prev) / dt, 2),
-            }
+            self.value = Rates(
+                observations_hz=round((observations - obs_prev) / dt, 2),
+                actions_hz=round((actions - act_prev) / dt, 2),
+            )
             self._prev = (now, observations, actions)
         return self.value
 
@@ -125,18 +155,18 @@ class Tallies:
             else:
                 self.events[ev.kind] += 1
 
-    def histograms(self) -> dict[str, Any]:
+    def histograms(self) -> dict[str, Histogram]:
         """Per stage with samples: cumulative counts per bucket edge (the last +Inf), sum, lost."""
-        out = {}
-        for stage in STAGES:
-            if self.count[stage] or self.lost[stage]:
-                out[stage] = {
-                    "cumulative": np.cumsum(self.buckets[stage]).tolist(),
-                    "sum_s": self.sum_s[stage],
-                    "count": self.count[stage],
-                    "lost": self.lost[stage],
-                }
-        return out
+        return {
+            stage: Histogram(
+                cumulative=tuple(int(n) for n in np.cumsum(self.buckets[stage])),
+                sum_s=self.sum_s[stage],
+                count=self.count[stage],
+                lost=self.lost[stage],
+            )
+            for stage in STAGES
+            if self.count[stage] or self.lost[stage]
+        }
 
 
 @dataclass
@@ -170,7 +200,7 @@ class StatusModel:
     heartbeat_limit_ns: int
     realtime_report: dict[str, Any]
     started_ns: int = field(init=False, default_factory=time.monotonic_ns)
-    rates: Rates = field(init=False, default_factory=Rates)
+    rates: RateMeter = field(init=False, default_factory=RateMeter)
     tallies: Tallies = field(init=False)  # cumulative figures the status carries
 
     def __post_init__(self) -> None:
@@ -181,115 +211,177 @@ class StatusModel:
         (once per published status)."""
         self.tallies.fold(self.stats, self.state)
 
-    def counters(self) -> dict[str, Any]:
-        """The flat counter map (names kept stable across versions)."""
+    def counters(self) -> Counters:
+        """The flat counters (names kept stable across versions)."""
         intake, pub = self.intake.counts.snapshot(), self.publisher.counts.snapshot()
         policies = [p.served.counts for p in self.chain.policies]
-        out: dict[str, Any] = {
-            "messages": intake.messages,
-            "observations": intake.observations,
-            "heartbeats": intake.heartbeats,
-            "superseded": intake.superseded,
-            "input_rejected": intake.input_rejected,
-            "reanchors": intake.reanchors + self.guard.reanchors,
-            "reanchors_announced": self.intake.trusted.announced,
-            "published": pub.policy_chunks,
-            "published_hold": sum(pub.holds.values()),
-            "holds": dict(pub.holds),
-            "interventions": pub.interventions,
-            "deadline_misses": pub.deadline_misses,
-            "bridged": self.cadence.bridged,
-            "cycle_errors": self.loop.cycle_errors + sum(c.cycle_errors for c in policies),
-        }
-        for attr in ("stale", "backend_errors", "remote_errors", "expired", "estop_blocked"):
-            out[attr] = sum(getattr(c, attr) for c in policies)
-        for kind, n in self.guard.counts.items():
-            out[f"guard_{kind}"] = n
         rejected = dict(intake.rejected)
         for role, n in self.gatekeeper.denied.items():
             rejected[f"unauthorized_{role}"] = n
         rejected.update({f"control_{k}": v for k, v in self.control_rejected.items()})
         if self.estop.counts.get("garbled"):
             rejected["estop_garbled"] = self.estop.counts["garbled"]
-        out["rejected"] = rejected
-        return out
+        guard = self.guard.counts
+        return Counters(
+            messages=intake.messages,
+            observations=intake.observations,
+            heartbeats=intake.heartbeats,
+            superseded=intake.superseded,
+            input_rejected=intake.input_rejected,
+            reanchors=intake.reanchors + self.guard.reanchors,
+            reanchors_announced=self.intake.trusted.announced,
+            published=pub.policy_chunks,
+            published_hold=sum(pub.holds.values()),
+            holds=dict(pub.holds),
+            interventions=pub.interventions,
+            deadline_misses=pub.deadline_misses,
+            bridged=self.cadence.bridged,
+            cycle_errors=self.loop.cycle_errors + sum(c.cycle_errors for c in policies),
+            stale=sum(c.stale for c in policies),
+            backend_errors=sum(c.backend_errors for c in policies),
+            remote_errors=sum(c.remote_errors for c in policies),
+            expired=sum(c.expired for c in policies),
+            estop_blocked=sum(c.estop_blocked for c in policies),
+            guard_nonfinite=guard["nonfinite"],
+            guard_bounds=guard["bounds"],
+            guard_out_of_bounds=guard["out_of_bounds"],
+            guard_rate=guard["rate"],
+            guard_expired=guard["expired"],
+            rejected=rejected,
+        )
 
     def build(self) -> dict[str, Any]:
+        """The status map the socket publishes and ``status`` answers."""
+        return self.snapshot().to_dict()
+
+    def snapshot(self) -> StatusSnapshot:
+        """The status now, typed (what :meth:`build` sends)."""
         now = time.monotonic_ns()
         c = self.counters()
-        rates = self.rates.update(now, c["observations"], c["published"] + c["published_hold"])
+        rates = self.rates.update(now, c.observations, c.published + c.published_hold)
         release = self.chain.release
         desc = release.served.session.describe()
-        latency = self.stats.summary()
+        latency = _percentiles(self.stats.summary())
         health = self.chain.health
         serving = self.chain.serving
-        policies = {str(p.id): p.served.counts.to_dict() for p in self.chain.policies}
-        backend_stats = {str(p.id): dict(p.served.session.stats()) for p in self.chain.policies}
+        backend_stats = {str(p.id): p.served.session.stats() for p in self.chain.policies}
         last_beat = self.intake.last_heartbeat_ns
-        readings = self.health.readings
-        return {
-            "version": __version__,
-            "pid": os.getpid(),
-            "state": self.state.state.value,
-            "state_since_s": round((now - self.state.since_ns) / 1e9, 3),
-            "uptime_s": round((now - self.started_ns) / 1e9, 3),
-            "release": release.id.release,
-            "evidence": self.releases.evidence_status(),
-            "operation": self.releases.operation_status(now),
-            "serving": str(health.chain[health.active]),
-            "serving_backend": serving.served.session.describe().backend if serving else "hold",
-            "chain": [str(p) for p in health.chain],
-            "quarantined": {str(health.chain[i]): code for i, code in health.quarantined.items()},
-            "estop": {
-                "engaged": self.estop.engaged,
-                "source": self.estop.source,
-                "reason": self.estop.reason,
-                "counts": dict(self.estop.counts),
-            },
-            "findings": [f.to_dict() for f in self.health.findings],
-            "swaps_ms": list(self.publisher.swap_ms),
-            "shadow": self.releases.shadow.report() if self.releases.shadow else None,
-            "canary": self.releases.canary.report(now) if self.releases.canary else None,
-            "backend": {
-                "name": desc.backend,
-                "runtime": f"{desc.runtime} {desc.runtime_version}",
-                "device": desc.device,
-                "providers": list(desc.providers),
-                "precision": desc.precision,
-                "stats": backend_stats.get(str(release.id), {}),
-            },
-            "backend_stats": backend_stats,
-            "control_period_ms": self.control_period_ms,
-            "rates": rates,
-            "counters": c,
-            "policies": policies,
-            "heartbeat_age_s": round((now - last_beat) / 1e9, 3) if last_beat else None,
-            "controllers": {
-                name: {
-                    "heartbeat_age_s": round(max(0, now - beat.last_ns) / 1e9, 3),
-                    "alive": now - beat.last_ns <= self.heartbeat_limit_ns,
-                    "cadence": beat.cadence,
-                }
+        # A sensor that failed reads NaN: no figure to show, and JSON has no NaN.
+        readings = {k: float(v) for k, v in self.health.readings.items() if math.isfinite(v)}
+        temperatures, memory_readings = split_readings(readings)
+        loaded = self.releases.loaded_memory()
+        budget = self.releases.budget.to_dict(loaded)
+        budget["policies"] = dict(loaded)  # the typed figures, not their maps
+        endpoints = self.endpoints.status()
+        rt = self.realtime_report
+        return StatusSnapshot(
+            version=__version__,
+            pid=os.getpid(),
+            state=self.state.state.value,
+            state_since_s=round((now - self.state.since_ns) / 1e9, 3),
+            uptime_s=round((now - self.started_ns) / 1e9, 3),
+            release=release.id.release,
+            evidence=Evidence(**self.releases.evidence_status()),
+            operation=Operation(**op) if (op := self.releases.operation_status(now)) else None,
+            serving=str(health.chain[health.active]),
+            serving_backend=serving.served.session.describe().backend if serving else "hold",
+            chain=tuple(str(p) for p in health.chain),
+            quarantined={str(health.chain[i]): code for i, code in health.quarantined.items()},
+            estop=EStopStatus(
+                engaged=self.estop.engaged,
+                source=self.estop.source or "",
+                reason=self.estop.reason or "",
+                counts=dict(self.estop.counts),
+            ),
+            findings=tuple(_finding(f) for f in self.health.findings),
+            swaps_ms=tuple(Swap(**s) for s in self.publisher.swap_ms),
+            shadow=_shadow(self.releases.shadow.report()) if self.releases.shadow else None,
+            canary=CanaryStatus(**self.releases.canary.report(now)) if self.releases.canary else None,
+            backend=BackendStatus(
+                name=desc.backend,
+                runtime=f"{desc.runtime} {desc.runtime_version}",
+                device=str(desc.device),
+                providers=tuple(desc.providers),
+                precision=desc.precision,
+                stats=backend_stats.get(str(release.id), SessionStats()),
+            ),
+            backend_stats=backend_stats,
+            control_period_ms=self.control_period_ms,
+            rates=rates,
+            counters=c,
+            policies={str(p.id): p.served.counts.snapshot() for p in self.chain.policies},
+            heartbeat_age_s=round((now - last_beat) / 1e9, 3) if last_beat else None,
+            controllers={
+                name: ControllerStatus(
+                    heartbeat_age_s=round(max(0, now - beat.last_ns) / 1e9, 3),
+                    alive=now - beat.last_ns <= self.heartbeat_limit_ns,
+                    cadence=beat.cadence,
+                )
                 for name, beat in sorted(self.intake.controllers.snapshot().items())
             },
-            "latency_ms": latency,
-            "engine_ms": latency.get("engine"),
-            "temperatures_c": {
-                k[len("temperature.") :]: v for k, v in readings.items() if k.startswith("temperature.")
-            },
-            "memory": {
-                "host_rss_bytes": int(readings.get("memory.rss_bytes", 0))
-                or release.served.session.memory().host_rss_bytes,
-                # Per loaded policy (measured at its load), the sum and the [memory] budget.
-                **self.releases.budget.to_dict(self.releases.loaded_memory()),
-            },
-            "realtime": self.realtime_report,
-            "tap": self.tap.stats() if self.tap is not None else None,
-            "monotonic_ns": now,  # the daemon's clock when this was built (the metrics' status age)
-            "readings": dict(readings),
-            "bucket_edges_s": list(BUCKETS_S),
-            "histograms": self.tallies.histograms(),
-            "event_counts": dict(self.tallies.events),
-            "transition_counts": dict(self.tallies.transitions),
-            **self.endpoints.status(),  # "openpi", "metrics": each endpoint process's report, or None
-        }
+            latency_ms=latency,
+            engine_ms=latency.get("engine"),
+            temperatures_c=temperatures,
+            memory=MemoryStatus(
+                host_rss_bytes=int(memory_readings.get("rss", 0)) or release.served.session.memory().host_rss_bytes,
+                readings_bytes=memory_readings,
+                **budget,  # per loaded policy (measured at its load), the sum and the [memory] budget
+            ),
+            realtime=RealtimeConfig(**{**rt, "cpu_affinity": tuple(rt["cpu_affinity"])}),
+            tap=TapStatus(**self.tap.stats()) if self.tap is not None else None,
+            monotonic_ns=now,  # the daemon's clock when this was built (the metrics' status age)
+            readings=readings,
+            bucket_edges_s=BUCKETS_S,
+            histograms=self.tallies.histograms(),
+            event_counts=dict(self.tallies.events),
+            transition_counts=dict(self.tallies.transitions),
+            openpi=_endpoint(OpenpiStatus, "openpi", endpoints.get("openpi")),
+            metrics=_endpoint(MetricsStatus, "metrics", endpoints.get("metrics")),
+        )
+
+
+def _percentiles(summary: Mapping[str, Mapping[str, float]]) -> dict[str, Percentiles]:
+    """:meth:`LatencyStats.summary` typed."""
+    return {
+        stage: Percentiles(count=int(v["count"]), p50=v["p50"], p95=v["p95"], p99=v["p99"], max=v["max"])
+        for stage, v in summary.items()
+    }
+
+
+def _shadow(report: Mapping[str, Any]) -> ShadowStatus:
+    d = report["divergence"]
+    return ShadowStatus(
+        release=report["release"],
+        purpose=report["purpose"],
+        running_s=report["running_s"],
+        divergence=Divergence(
+            **{
+                **d,
+                "per_joint_max_abs": tuple(d["per_joint_max_abs"]),
+                "per_joint_mean_abs": tuple(d["per_joint_mean_abs"]),
+            }
+        ),
+        latency_ms=_percentiles(report["latency_ms"]),
+        faults=report["faults"],
+    )
+
+
+def _finding(f: Finding) -> FindingStatus:
+    d = f.to_dict()
+    for key in ("value", "threshold"):  # a reading that failed (NaN) is no figure a reader can use
+        if d[key] is not None and not math.isfinite(d[key]):
+            d[key] = None
+    return FindingStatus(**d)
+
+
+def _endpoint(cls: type[E], name: str, report: Mapping[str, Any] | None) -> E | None:
+    """An endpoint process's report (JSON from a child process), or the parent's own part
+    of it (pid, running, restarts) when the child's part does not parse."""
+    if report is None:
+        return None
+    problems: list[str] = []
+    parsed = schema.convert(cls, dict(report), name, problems)
+    if not problems:
+        return cast(E, parsed)
+    log.warning("the %s endpoint's report does not parse: %s", name, "; ".join(problems[:3]))
+    return cls(pid=report.get("pid"), running=bool(report.get("running")), restarts=int(report.get("restarts", 0)))

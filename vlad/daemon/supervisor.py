@@ -214,7 +214,8 @@ class Daemon:
 
     async def _publish_status(self) -> None:
         self.status_model.fold()
-        st = self.status()
+        snap = self.status_model.snapshot()
+        st = snap.to_dict()
         if self.tap is not None and self.tap.subscribed:
             self.tap.tick(st, self.state.recent(100))
         self.status_seq += 1
@@ -224,9 +225,9 @@ class Daemon:
             )
         except zmq.Again:
             pass
-        e2e = st["latency_ms"].get("e2e")
-        p99 = f", e2e p99 {e2e['p99']:.2f} ms" if e2e else ""
-        self.notifier.status(f"{st['state']} {st['serving']}, {st['rates']['actions_hz']:.1f} actions/s{p99}")
+        e2e = snap.latency_ms.get("e2e")
+        p99 = f", e2e p99 {e2e.p99:.2f} ms" if e2e else ""
+        self.notifier.status(f"{snap.state} {snap.serving}, {snap.rates.actions_hz:.1f} actions/s{p99}")
 
     # -- systemd watchdog ------------------------------------------------------------------
 

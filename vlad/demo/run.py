@@ -43,6 +43,7 @@ from vlad.config import Config, load_config
 from vlad.demo import sim
 from vlad.episodes import DaemonLink, EpisodeLog, InProcessLink, compare, contract_infer, run_episode
 from vlad.release.loading import LoadedPolicy, PolicySource, load_policy
+from vlad.snapshot import parse_status
 from vlad.testing.daemon import SOCKETS, DaemonFailed, DaemonProcess, launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -256,7 +257,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     f"  max {lat.max():5.2f} ms   late {len(r.late)}  holds {holds}",
                     flush=True,
                 )
-            status = format_status(client.status())
+            status = format_status(parse_status(client.status()))
             # The arm leaves the daemon while the in-process run goes on: a goodbye, so that
             # its silence is no lost controller (no fallback in the daemon's log).
             client.heartbeat(bye=True)

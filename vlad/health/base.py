@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from vlad.backend import SessionStats
 from vlad.config import MonitorsConfig
 from vlad.health.liveness import Beat
 from vlad.serving.counters import IntakeCounts, PolicyCounts, PolicyId, PublishCounts
@@ -89,7 +90,7 @@ class HealthView:
     in_flight: InFlight | None
     hang_timeout_ns: int
     readings: Mapping[str, float]  # from every sensor: "temperature.cpu.0" -> 61.0 ...
-    backend_stats: Mapping[PolicyId, Mapping[str, Any]] = field(default_factory=dict)  # Session.stats()
+    backend_stats: Mapping[PolicyId, SessionStats] = field(default_factory=dict)  # Session.stats()
     release_dir: Path | None = None
     artifacts: Mapping[str, str] = field(default_factory=dict)  # relative path -> sha256
     # Each controller's newest heartbeat, by client name (vlad.health.liveness), and when

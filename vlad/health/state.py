@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from vlad.logs import context as log_context
 
@@ -32,6 +32,28 @@ class State(str, enum.Enum):
     STOPPING = "STOPPING"
 
 
+# The states by name, as events and the status carry them.
+StateName = Literal["STARTING", "ACTIVE", "DEGRADED", "FALLBACK", "ESTOPPED", "STOPPING"]
+assert get_args(StateName) == tuple(s.value for s in State)  # one list of states, two spellings
+
+# Every kind of event (docs/operations.md lists them for journald's VLAD_EVENT field).
+EventKind = Literal[
+    "transition",  # a state change (the only kind whose states differ)
+    "fault",
+    "warning",
+    "cleared",
+    "quarantine",
+    "swap",  # another policy serves
+    "release",  # deploy or rollback
+    "canary",
+    "canary_abort",
+    "shadow",
+    "operator",  # resume, forced deploy, controllers forgotten
+    "release_note",
+    "release_unverified",
+    "memory_swap",
+]
+
 ALLOWED: dict[State, set[State]] = {
     State.STARTING: {State.ACTIVE, State.FALLBACK, State.ESTOPPED, State.STOPPING},
     State.ACTIVE: {State.DEGRADED, State.FALLBACK, State.ESTOPPED, State.STOPPING},
@@ -44,16 +66,27 @@ ALLOWED: dict[State, set[State]] = {
 
 @dataclass(frozen=True)
 class Event:
+    """One transition or event; the ``events`` answer is a list of :meth:`to_dict` maps,
+    read back with :func:`vlad.snapshot.parse_events`."""
+
     time: float  # wall clock (seconds since the epoch), for humans and logs
     monotonic_ns: int
-    kind: str  # "transition" or another event kind (e.g. "fault", "operator")
-    state_from: str
-    state_to: str
-    reason: str
+    kind: EventKind
+    state_from: StateName
+    state_to: StateName
+    reason: str = field(metadata={"allow_empty": True})
     details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_transition(self) -> bool:
+        return self.kind == "transition"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _name(state: State) -> StateName:
+    return cast(StateName, state.value)
 
 
 class StateMachine:
@@ -73,7 +106,7 @@ class StateMachine:
         with self._lock:
             if to == self.state or to not in ALLOWED[self.state]:
                 return False
-            ev = Event(time.time(), time.monotonic_ns(), "transition", self.state.value, to.value, reason, details)
+            ev = Event(time.time(), time.monotonic_ns(), "transition", _name(self.state), _name(to), reason, details)
             self.state = to
             self.since_ns = ev.monotonic_ns
             self.events.append(ev)
@@ -87,10 +120,11 @@ class StateMachine:
         )
         return True
 
-    def record(self, kind: str, reason: str, **details: Any) -> Event:
+    def record(self, kind: EventKind, reason: str, **details: Any) -> Event:
         """Record a non-transition event (a fault, an operator command, a swap)."""
         with self._lock:
-            ev = Event(time.time(), time.monotonic_ns(), kind, self.state.value, self.state.value, reason, details)
+            name = _name(self.state)
+            ev = Event(time.time(), time.monotonic_ns(), kind, name, name, reason, details)
             self.events.append(ev)
         extra = {"VLAD_EVENT": kind, "VLAD_REASON": reason}
         policy = details.get("policy") or details.get("to_policy")

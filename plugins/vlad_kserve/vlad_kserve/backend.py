@@ -41,12 +41,21 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vlad.backend import Availability, Backend, Session, SessionDescription, Timing, example_inputs
+from vlad.backend import (
+    Availability,
+    Backend,
+    Session,
+    SessionDescription,
+    SessionStats,
+    Timing,
+    example_inputs,
+)
 from vlad.contract import Contract, TensorSpec
 from vlad.errors import BackendError, BackendUnavailable, RemoteUnavailable
 from vlad_kserve.options import RemoteOptions, parse_options
@@ -330,11 +339,14 @@ class KServeSession(Session):
         finally:
             self._warming = False
 
-    def stats(self) -> Mapping[str, Any]:
+    def stats(self) -> SessionStats:
         """The link's live state: connected/lost, counters, rolling network p50/p99, error rate."""
-        s = self.link.snapshot()
-        s.update(endpoint=self.opts.endpoint, protocol=self.opts.protocol, model=self.opts.model_name)
-        return s
+        return replace(
+            self.link.snapshot(),
+            endpoint=self.opts.endpoint,
+            protocol=self.opts.protocol or "",
+            model=self.opts.model_name,
+        )
 
     def describe(self) -> SessionDescription:
         """The server and model in use; the device is ``remote:<endpoint>``."""

@@ -2,7 +2,7 @@
 
 It reads ``view.backend_stats`` (each loaded policy's ``Session.stats()``, keyed by a
 policy id with ``.slot`` and ``.release``) and looks only at the remote ones
-(``kind == "remote"``, see :mod:`vlad_kserve.stats`). Findings are ``system`` scoped: a
+(``SessionStats.remote``, see :mod:`vlad_kserve.stats`). Findings are ``system`` scoped: a
 network or a server in trouble is not the policy's fault, so the supervisor falls back
 without quarantining. ``remote_unreachable`` carries a healthy window of 0: the session's
 prober marks the link "connected" only after a run of answers within the deadline
@@ -20,9 +20,7 @@ Its thresholds are the ``[monitors.remote]`` table of the daemon config
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from vlad.health.base import Finding, HealthView, Monitor
 from vlad.schema import bounded
@@ -53,53 +51,51 @@ class RemoteLinkMonitor(Monitor):
         """Findings for every remote policy whose link is lost, slow or failing."""
         out: list[Finding] = []
         t = self.settings
-        stats: Mapping[Any, Mapping[str, Any]] = view.backend_stats
         budget_ms = view.deadline_ns / 1e6 * t.slow_fraction
-        for pid, s in stats.items():
-            if s.get("kind") != "remote":
+        for pid, s in view.backend_stats.items():
+            if not s.remote:
                 continue
             who = pid
-            where = s.get("endpoint", "the server")
-            if s.get("state") == "lost":
+            where = s.endpoint or "the server"
+            if s.lost:
                 out.append(
                     Finding(
                         self.name,
                         "remote_unreachable",
                         "fault",
                         "system",
-                        f"{who}: {where} unreachable for {s.get('state_for_s', 0):.1f} s ({s.get('last_error', '')})",
-                        s.get("state_for_s"),
+                        f"{who}: {where} unreachable for {s.state_for_s:.1f} s ({s.last_error})",
+                        s.state_for_s,
                         None,
                         policy=who,
                         healthy_window_ns=0,
                     )
                 )
                 continue
-            net = s.get("network_ms") or s.get("round_trip_ms")
-            if net and net.get("count", 0) >= t.min_samples and net["p99"] > budget_ms:
+            net = s.network_ms or s.round_trip_ms
+            if net and net.count >= t.min_samples and net.p99 > budget_ms:
                 out.append(
                     Finding(
                         self.name,
                         "remote_slow",
                         "warn",
                         "system",
-                        f"{who}: network p99 {net['p99']:.1f} ms to {where}, over {t.slow_fraction:.0%} of the "
+                        f"{who}: network p99 {net.p99:.1f} ms to {where}, over {t.slow_fraction:.0%} of the "
                         f"{view.deadline_ns / 1e6:g} ms deadline",
-                        net["p99"],
+                        net.p99,
                         budget_ms,
                         policy=who,
                     )
                 )
-            rate = s.get("error_rate", 0.0)
-            if s.get("window", 0) >= t.min_samples and rate > t.error_rate_warn:
+            if s.window >= t.min_samples and s.error_rate > t.error_rate_warn:
                 out.append(
                     Finding(
                         self.name,
                         "remote_errors",
                         "warn",
                         "system",
-                        f"{who}: {rate:.0%} of the last {s['window']} requests to {where} failed",
-                        rate,
+                        f"{who}: {s.error_rate:.0%} of the last {s.window} requests to {where} failed",
+                        s.error_rate,
                         t.error_rate_warn,
                         policy=who,
                     )

@@ -18,9 +18,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from typing import Any
+from typing import Literal
 
 import numpy as np
+
+from vlad.backend import LinkRecovery, RollingLatency, SessionStats
 
 RELAPSE_S = 10.0
 MAX_STREAK = 32
@@ -117,34 +119,37 @@ class LinkStats:
         with self._lock:
             return self.state == "lost"
 
-    def snapshot(self) -> dict[str, Any]:
-        """JSON-able figures for ``vladctl status`` and the remote-link monitor."""
+    def snapshot(self) -> SessionStats:
+        """The link's figures for ``vladctl status`` and the remote-link monitor."""
         with self._lock:
             outcomes = list(self._outcomes)
             rtt, net, srv = list(self._rtt), list(self._network), list(self._server)
             now = time.monotonic_ns()
-            out = {
-                "kind": "remote",
-                "state": self.state,
-                "state_for_s": round((now - self.since_ns) / 1e9, 3),
-                "requests": self.requests,
-                "ok": self.ok,
-                "errors": dict(self.errors),
-                "reconnects": self.reconnects,
-                "recovery": {"streak": self.streak, "needed": self.needed, "relapses": self.relapses},
-                "last_error": self.last_error,
-                "last_ok_age_s": round((now - self.last_ok_ns) / 1e9, 3) if self.last_ok_ns else None,
-            }
-        out["window"] = len(outcomes)
-        out["error_rate"] = round(sum(outcomes) / len(outcomes), 4) if outcomes else 0.0
-        out["round_trip_ms"] = _percentiles(rtt)
-        out["network_ms"] = _percentiles(net)
-        out["server_ms"] = _percentiles(srv)
-        return out
+            state: Literal["connected", "lost"] = "lost" if self.state == "lost" else "connected"
+            since_ns, requests, ok, errors = self.since_ns, self.requests, self.ok, dict(self.errors)
+            reconnects, last_error, last_ok_ns = self.reconnects, self.last_error, self.last_ok_ns
+            recovery = LinkRecovery(streak=self.streak, needed=self.needed, relapses=self.relapses)
+        return SessionStats(
+            kind="remote",
+            state=state,
+            state_for_s=round((now - since_ns) / 1e9, 3),
+            requests=requests,
+            ok=ok,
+            errors=errors,
+            reconnects=reconnects,
+            recovery=recovery,
+            last_error=last_error,
+            last_ok_age_s=round((now - last_ok_ns) / 1e9, 3) if last_ok_ns else None,
+            window=len(outcomes),
+            error_rate=round(sum(outcomes) / len(outcomes), 4) if outcomes else 0.0,
+            round_trip_ms=_percentiles(rtt),
+            network_ms=_percentiles(net),
+            server_ms=_percentiles(srv),
+        )
 
 
-def _percentiles(values: list[float]) -> dict[str, float] | None:
+def _percentiles(values: list[float]) -> RollingLatency | None:
     if not values:
         return None
     p50, p99 = np.percentile(np.asarray(values), [50, 99])
-    return {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "count": len(values)}
+    return RollingLatency(p50=round(float(p50), 3), p99=round(float(p99), 3), count=len(values))
