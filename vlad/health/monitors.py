@@ -13,6 +13,7 @@ from vlad.files import sha256_file
 from vlad.health.base import Finding, HealthView, Monitor
 from vlad.hookspecs import hookimpl
 from vlad.serving.counters import IntakeCounts, PublishCounts
+from vlad.snapshot import split_readings
 
 
 class ThermalMonitor(Monitor):
@@ -21,10 +22,10 @@ class ThermalMonitor(Monitor):
     def check(self, v: HealthView) -> list[Finding]:
         t = v.thresholds
         out = []
-        for key, value in v.readings.items():
-            if not key.startswith("temperature."):
-                continue
-            gpu = key.startswith("temperature.gpu")
+        temperatures, _ = split_readings(v.readings)
+        for sensor, value in temperatures.items():
+            key = f"temperature.{sensor}"
+            gpu = sensor.startswith("gpu")
             warn, fault = (t.gpu_temp_warn_c, t.gpu_temp_fault_c) if gpu else (t.cpu_temp_warn_c, t.cpu_temp_fault_c)
             if value >= fault:
                 out.append(
@@ -45,10 +46,8 @@ class MemoryMonitor(Monitor):
         out = []
         # Any sensor may report available memory (host, a cgroup limit, a board's shared
         # CPU/GPU pool): the tightest one counts.
-        avail = min(
-            (x for k, x in v.readings.items() if k.startswith("memory.") and k.endswith("available_bytes")),
-            default=None,
-        )
+        _, memory = split_readings(v.readings)
+        avail = min((x for kind, x in memory.items() if kind.endswith("available")), default=None)
         if avail is not None and avail < t.min_available_memory_mb * 2**20:
             out.append(
                 Finding(
@@ -61,7 +60,7 @@ class MemoryMonitor(Monitor):
                     t.min_available_memory_mb,
                 )
             )
-        rss = v.readings.get("memory.rss_bytes")
+        rss = memory.get("rss")
         if rss is not None and rss > t.max_rss_mb * 2**20:
             out.append(
                 Finding(
