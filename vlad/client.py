@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 import zmq
@@ -30,6 +30,9 @@ import zmq
 from vlad import protocol
 from vlad.errors import ClientError, DaemonUnreachable
 from vlad.protocol import ProtocolError
+
+if TYPE_CHECKING:
+    from vlad.snapshot import StatusSnapshot
 
 _F32 = np.dtype(np.float32)
 
@@ -273,7 +276,15 @@ class Client:
         return control_request(self._ctx, self.endpoints["control"], cmd, timeout_ms, curve=self._curve, **args)
 
     def status(self, timeout_ms: int = 2000) -> dict[str, Any]:
+        """The daemon's status as the wire map (docs/protocol.md); :meth:`snapshot` types it."""
         return self.control("status", timeout_ms)
+
+    def snapshot(self, timeout_ms: int = 2000) -> StatusSnapshot:
+        """The daemon's status, typed; raises :class:`~vlad.snapshot.StatusUnreadable` (one
+        line) when it is not a status this version of vlad reads."""
+        from vlad.snapshot import parse_status
+
+        return parse_status(self.status(timeout_ms))
 
     def _connect(self, sock: zmq.Socket, endpoint: str) -> None:
         apply_curve(sock, endpoint, self._curve)

@@ -43,6 +43,7 @@ from vlad.gates.metrics import percentiles, wilson_interval
 from vlad.gates.plan import ClosedLoopPlan, GatePlan
 from vlad.gates.results import GateError, GateResult, check
 from vlad.gates.subject import Subject
+from vlad.snapshot import StatusSnapshot
 
 
 def sim_tasks() -> dict[str, SimTask]:
@@ -139,18 +140,18 @@ def run_daemon_episodes(
                 observations=e["observations"], actions=e["actions"], control=e["control"], name=f"gate-{label}"
             ) as client:
                 client.tap = tap
-                before = client.status()
+                before = client.snapshot()
                 logs = episodes(
                     task,
                     DaemonLink(client),
                     cl,
                     instructions,
-                    int(before["control_period_ms"] * 1e6),
+                    int(before.control_period_ms * 1e6),
                     subject.contract.action.chunk_length,
                     label,
                     progress,
                 )
-                after = client.status()
+                after = client.snapshot()
     finally:
         task.close()
     return summarize(logs, instructions, before, after)
@@ -187,9 +188,13 @@ def run_in_process_episodes(
 
 
 def summarize(
-    logs: list[EpisodeLog], instructions: tuple[str, ...], before: dict | None = None, after: dict | None = None
+    logs: list[EpisodeLog],
+    instructions: tuple[str, ...],
+    before: StatusSnapshot | None = None,
+    after: StatusSnapshot | None = None,
 ) -> dict[str, Any]:
-    """Success per instruction (with Wilson intervals), the run's safety events, every episode."""
+    """Success per instruction (with Wilson intervals), every episode and, given the daemon's
+    status before and after the run, its safety events (counter differences)."""
     per: dict[str, Any] = {}
     for instruction in instructions:
         mine = [e for e in logs if e.instruction == instruction]
@@ -214,26 +219,25 @@ def summarize(
         "logs": logs,  # for pairing; dropped before the report is written
     }
     if before is not None and after is not None:
-        c0, c1 = before.get("counters", {}), after.get("counters", {})
-
-        def delta(key: str) -> int:
-            return int(c1.get(key, 0)) - int(c0.get(key, 0))
-
-        published = delta("published")
-        fallbacks = sum(int(v) - int(c0.get(k, 0)) for k, v in c1.items() if k.startswith("published_fallback"))
+        c0, c1 = before.counters, after.counters
+        published = c1.published - c0.published
+        misses = c1.deadline_misses - c0.deadline_misses
+        interventions = c1.interventions - c0.interventions
+        entered = after.transition_counts.get("FALLBACK", 0) - before.transition_counts.get("FALLBACK", 0)
         out["safety"] = {
             "published": published,
-            "deadline_misses": delta("deadline_misses"),
-            "deadline_miss_rate": delta("deadline_misses") / published if published else 0.0,
-            "bound_clamps": delta("guard_bounds"),
-            "out_of_bounds": delta("guard_out_of_bounds"),
-            "rate_clamps": delta("guard_rate"),
-            "interventions": delta("interventions"),
-            "intervention_rate": delta("interventions") / published if published else 0.0,
-            "hold_chunks": delta("published_hold"),
-            "fallbacks": fallbacks + (0 if str(after.get("serving", "release")).startswith("release") else 1),
+            "deadline_misses": misses,
+            "deadline_miss_rate": misses / published if published else 0.0,
+            "bound_clamps": c1.guard_bounds - c0.guard_bounds,
+            "out_of_bounds": c1.guard_out_of_bounds - c0.guard_out_of_bounds,
+            "rate_clamps": c1.guard_rate - c0.guard_rate,
+            "interventions": interventions,
+            "intervention_rate": interventions / published if published else 0.0,
+            "hold_chunks": c1.published_hold - c0.published_hold,
+            # Times the daemon entered FALLBACK during the run (at least 1 when it ends there).
+            "fallbacks": max(entered, int(after.on_fallback)),
             "held_periods": out["held_periods"],
-            "final_state": after.get("state"),
+            "final_state": after.state,
         }
         out["latency_ms"] = percentiles(x for e in logs for x in e.latencies_ms)
     return out
@@ -402,9 +406,9 @@ def record_demo(
                 observations=e["observations"], actions=e["actions"], control=e["control"], name="vladctl-record"
             ) as client:
                 client.tap = recorder
-                st = client.status()
-                recorder.state(st)
-                period_ns = int(st["control_period_ms"] * 1e6)
+                st = client.snapshot()
+                recorder.state(st.to_dict())
+                period_ns = int(st.control_period_ms * 1e6)
                 link = DaemonLink(client)
                 for i in range(episodes_):
                     instruction = instructions[i % len(instructions)]

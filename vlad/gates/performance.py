@@ -40,6 +40,7 @@ from vlad.gates.metrics import percentiles
 from vlad.gates.plan import GatePlan
 from vlad.gates.results import GateError, GateResult, check
 from vlad.gates.subject import Subject
+from vlad.snapshot import parse_status
 from vlad.testing import DaemonProcess
 
 # Observations after a cold start (or a new neighbour) that are not measured: the first
@@ -173,7 +174,7 @@ def burst_deadline_ms(deadline_ms: float, warm: dict[str, Any]) -> float:
 def _refused(ctl: Controller) -> int:
     """Observations the daemon refused for their content (counted, answered with an advisory
     hold: e.g. a golden fixture's joint state far from the previous one)."""
-    return int(ctl.status()["counters"].get("input_rejected", 0))
+    return parse_status(ctl.status()).counters.input_rejected
 
 
 def cold_start(daemon: DaemonProcess, ctl: Controller, obs: list, period_ns: int, timeout_s: float) -> dict:
@@ -253,13 +254,8 @@ def _serve(subject: Subject, plan: GatePlan, obs: list, progress, keys_dir, log_
                 f"first action chunk after {cold['first_chunk_s']} s"
             )
             out = {"cold_start": cold, **scenarios(ctl, period_ns)}
-            status = ctl.status()
-        out["status"] = {
-            "counters": status.get("counters"),
-            "latency_ms": status.get("latency_ms"),
-            "backend": status.get("backend"),
-            "memory": status.get("memory"),
-        }
+            status = parse_status(ctl.status()).to_dict()  # a status this vlad reads, or one line why not
+        out["status"] = {k: status[k] for k in ("counters", "latency_ms", "backend", "memory")}
         out["peak_rss_bytes"] = daemon.peak_rss_bytes()
         out["gpu_memory_bytes"] = daemon.gpu_memory_bytes()
     return out

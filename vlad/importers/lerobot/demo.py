@@ -62,9 +62,9 @@ def closed_loop(
             with Client(
                 observations=e["observations"], actions=e["actions"], control=e["control"], name="lerobot-demo"
             ) as client:
-                before = client.status()
+                before = client.snapshot()
                 logs = run_episodes(task, DaemonLink(client), plan, only, period_ns, chunk, "vlad serve", progress)
-                after = client.status()
+                after = client.snapshot()
         served = summarize(logs, only, before, after)
     finally:
         task.close()
