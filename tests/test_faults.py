@@ -18,7 +18,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlad.testing import PERIOD_S, ControllerSim, Received, load_golden, max_gap, start_daemon, write_fault_rig
+from vlad.testing import (
+    PERIOD_S,
+    ControllerSim,
+    Received,
+    load_golden,
+    max_gap,
+    start_daemon,
+    wait_until,
+    write_fault_rig,
+)
 
 # What "no gap" is checked as on a shared 2-core test machine: a chunk at least every 3
 # control periods (+10 ms). The daemon bridges a silent policy after 1.5 periods (longest
@@ -63,31 +72,38 @@ class Rig:
         return self.client.status()
 
     def wait_state(self, state: str, serving_prefix: str | None = None, timeout: float = 10.0) -> dict:
-        deadline = time.monotonic() + timeout
-        st = {}
-        while time.monotonic() < deadline:
-            st = self.status()
+        last: dict = {}
+
+        def reached() -> bool:
+            last.clear()
+            last.update(self.status())
             # DEGRADED is the release serving with warnings (e.g. a p99 over budget on a
             # loaded machine): it counts as ACTIVE here.
-            ok = st["state"] == state or (state == "ACTIVE" and st["state"] == "DEGRADED")
-            if ok and (serving_prefix is None or st["serving"].startswith(serving_prefix)):
-                return st
-            time.sleep(0.05)
-        raise AssertionError(
-            f"state {st.get('state')} serving {st.get('serving')}, wanted {state} {serving_prefix}; "
-            f"findings {st.get('findings')}"
-        )
+            ok = last["state"] == state or (state == "ACTIVE" and last["state"] == "DEGRADED")
+            return ok and (serving_prefix is None or last["serving"].startswith(serving_prefix))
+
+        try:
+            wait_until(reached, timeout, f"{state} {serving_prefix}", poll=0.05)
+        except AssertionError:
+            raise AssertionError(
+                f"state {last.get('state')} serving {last.get('serving')}, wanted {state} {serving_prefix}; "
+                f"findings {last.get('findings')}"
+            ) from None
+        return dict(last)
 
     def wait_chunks(self, source: str, n: int = 10, timeout: float = 10.0) -> list[Received]:
         t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            got = [c for c in self.ctl.since(t0) if c.source.startswith(source)]
-            if len(got) >= n:
-                return got
-            time.sleep(0.02)
-        raise AssertionError(
-            f"fewer than {n} chunks from {source!r}; got {[c.source for c in self.ctl.since(t0)][-20:]}"
-        )
+
+        def got() -> list[Received]:
+            return [c for c in self.ctl.since(t0) if c.source.startswith(source)]
+
+        try:
+            wait_until(lambda: len(got()) >= n, timeout, f"{n} chunks from {source!r}", poll=0.02)
+        except AssertionError:
+            raise AssertionError(
+                f"fewer than {n} chunks from {source!r}; got {[c.source for c in self.ctl.since(t0)][-20:]}"
+            ) from None
+        return got()
 
     def events(self) -> list[dict]:
         return self.client.control("events", limit=200)
@@ -104,13 +120,14 @@ class Rig:
             assert (c.actions >= lower - 1e-6).all() and (c.actions <= upper + 1e-6).all(), c
 
     def run_fault(
-        self, contract, inject, expect_state: str, expect_serving: str, event: tuple[str, str], settle: float = 1.0
+        self, contract, inject, expect_state: str, expect_serving: str, event: tuple[str, str], settle: int = 10
     ) -> list[Received]:
-        """Inject, wait for the transition, and check what the controller saw meanwhile."""
+        """Inject, wait for the transition and then for ``settle`` chunks from what serves
+        after it, and check what the controller saw meanwhile (through the switch-over)."""
         t0 = time.monotonic()
         inject()
         self.wait_state(expect_state, expect_serving)
-        time.sleep(settle)
+        self.wait_chunks(expect_serving, n=settle)
         seen = self.ctl.since(t0)
         self.assert_event(*event)
         self.assert_safe(seen, contract)
@@ -129,7 +146,7 @@ def test_backend_raises(rig, contract):
     assert "release:vlad-demo-reacher@1.0.0" in st["quarantined"]
     # quarantined: even with the engine healthy again, no automatic return
     rig.control.write_text("ok")
-    time.sleep(1.5)
+    time.sleep(1.5)  # past the healthy window (1 s): that nothing happens meanwhile is the behaviour
     assert rig.status()["serving"].startswith("fallback1")
     # an operator brings it back
     rig.client.control("resume", who="test", why="engine fixed")
@@ -153,7 +170,7 @@ def test_nan_output(rig, contract):
     assert any("nonfinite" in c.interventions or c.source.startswith("hold") for c in seen)
     rig.wait_chunks("fallback1")
     rig.control.write_text("ok")
-    time.sleep(1.5)  # past the healthy window: still no automatic return to a NaN policy
+    time.sleep(1.5)  # past the healthy window (1 s): still no automatic return to a NaN policy
     assert rig.status()["serving"].startswith("fallback1")
 
 
@@ -208,7 +225,7 @@ def test_sensor_stream_stalls(rig, contract):
     def stall():
         rig.ctl.send_obs = False
 
-    seen = rig.run_fault(contract, stall, "FALLBACK", "hold", ("fault", "no observation for"))
+    seen = rig.run_fault(contract, stall, "FALLBACK", "hold", ("fault", "no observation for"), settle=25)
     holds = [c for c in seen if c.source == "hold:fallback"]
     assert len(holds) >= 20  # the hold posture keeps coming every period without input
     rig.ctl.send_obs = True
@@ -252,7 +269,7 @@ def test_estop_engaged_then_released(rig, contract):
     before = rig.status()["counters"].get("published_release", 0)
     rig.estop.write_text("engaged")
     rig.wait_state("ESTOPPED")
-    time.sleep(1.0)
+    rig.wait_chunks("hold:estop", n=25)  # half a second of e-stop holds: no chunk from the policy among them
     st = rig.status()
     assert st["estop"]["engaged"]
     during = [c for c in rig.ctl.since(t0 + 0.1)]
