@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import ROOT, VLAD
 from vlad.config import Config, ReleaseConfig, ServeConfig, StoreConfig
 from vlad.snapshot import parse_status
-from vlad.testing import DEMO, PERIOD_S, PLUGIN_ENV, ControllerSim, load_golden, max_gap, start_daemon
+from vlad.testing import DEMO, PERIOD_S, PLUGIN_ENV, ControllerSim, load_golden, max_gap, start_daemon, wait_until
 
 KEYS = ROOT / "etc" / "vlad" / "keys.d"
 MAX_GAP_S = 2 * PERIOD_S + 0.01  # as in test_faults: 2 periods + scheduling margin
@@ -114,16 +114,27 @@ def live(tmp_path):
 
 
 def wait_release(client, release: str, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = client.status()
-        if st["release"] == release and st["state"] in ("ACTIVE", "DEGRADED"):
-            return st
-        time.sleep(0.05)
+    st: dict = {}
+
+    def serving() -> bool:
+        st.update(client.status())
+        return st["release"] == release and st["state"] in ("ACTIVE", "DEGRADED")
+
+    try:
+        wait_until(serving, timeout, f"{release} serving", poll=0.05)
+        return st
+    except AssertionError:
+        pass
     events = [(e["kind"], e["reason"]) for e in client.control("events", limit=30)]
     raise AssertionError(
         f"serving {st['release']} ({st['state']}), wanted {release}; findings {st['findings']}; events {events}"
     )
+
+
+def wait_chunks(ctl: ControllerSim, n: int) -> None:
+    """Until the controller got ``n`` more chunks (from now)."""
+    t0 = time.monotonic()
+    wait_until(lambda: len(ctl.since(t0)) >= n, 10, f"{n} chunks")
 
 
 def test_deploy_while_serving_keeps_the_stream(live):
@@ -142,12 +153,12 @@ def test_deploy_while_serving_keeps_the_stream(live):
     deploying.start()
     while deploying.is_alive():  # the control socket keeps answering during the deploy
         assert client.control("ping", timeout_ms=1000)["pong"]
-        time.sleep(0.02)
+        time.sleep(0.02)  # a ping per control period, not a busy loop beside the deploy
     deploying.join()
     r = result
     assert r["release"] == "vlad-demo-reacher@1.1.0" and r["previous"] == "vlad-demo-reacher@1.0.0"
     wait_release(client, "vlad-demo-reacher@1.1.0")
-    time.sleep(0.5)
+    wait_chunks(ctl, 10)  # and the new release streaming after the swap
     seen = ctl.since(t0)
     gap = max_gap(seen)
     assert gap <= LOAD_GAP_S, f"{gap * 1000:.1f} ms without a chunk during the deploy"
@@ -240,7 +251,13 @@ def test_shadow_never_publishes(live):
     v2 = make_release(tmp / "v2", "1.1.0", 2)
     client.control("shadow_start", timeout_ms=120_000, path=str(v2), tolerance=0.05)
     t0 = time.monotonic()
-    time.sleep(1.5)
+
+    def shadowed() -> bool:
+        report = client.control("shadow_report")
+        e2e = report.get("latency_ms", {}).get("e2e") or {}
+        return report.get("divergence", {}).get("pairs", 0) >= 25 and e2e.get("count", 0) >= 10
+
+    wait_until(shadowed, 15, "25 shadow pairs", poll=0.05)
     seen = ctl.since(t0)
     # Only the served release answers. A chunk late by 1.5 periods on the loaded test
     # machine (the candidate was just loaded beside it) is bridged with a hold: allowed,
@@ -281,12 +298,10 @@ def test_canary_auto_abort_rolls_back(live):
     assert abort and "interventions" in abort[-1]["reason"], [(e["kind"], e["reason"]) for e in events]
     # The swap comes first; the store follows. Its pointer moves (the commit point) before
     # the journal's "done" record is written, so wait for the record, not the pointer.
-    deadline = time.monotonic() + 10
-    while store.history()[-1].event != "rollback" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert store.history()[-1].event == "rollback" and "canary aborted" in store.history()[-1].why
+    wait_until(lambda: store.history()[-1].event == "rollback", 10, "the rollback's journal record")
+    assert "canary aborted" in store.history()[-1].why
     assert store.active() == "vlad-demo-reacher-1.0.0"
-    time.sleep(0.3)
+    wait_chunks(ctl, 10)  # and the release streaming after the rollback
     assert max_gap(ctl.since(t0)) <= MAX_GAP_S
 
 
@@ -310,9 +325,8 @@ def test_boot_on_a_release_without_evidence_serves_flagged_unverified(tmp_path):
     client = d.client()
     ctl = ControllerSim(client, load_golden()[0]).start()
     try:
-        deadline = time.monotonic() + 10
-        while (ev := client.status()["evidence"])["published_unverified"] < 10 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: client.status()["evidence"]["published_unverified"] >= 10, 10, "10 unverified chunks")
+        ev = client.status()["evidence"]
         assert ev["status"] == "unverified" and ev["gate_evidence"] == "missing", ev
         assert ev["published_unverified"] >= 10
         assert ev["problems"] == ["gate contract: no evidence in the manifest"]
