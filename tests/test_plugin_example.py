@@ -18,7 +18,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +29,7 @@ from tests.conftest import ROOT
 from tests.test_daemon import _exchange
 from vlad import hookspecs
 from vlad.config import Config, ReleaseConfig, ServeConfig
-from vlad.testing import DEMO, QUIET_MONITORS, load_golden, start_daemon
+from vlad.testing import DEMO, QUIET_MONITORS, load_golden, start_daemon, wait_until
 
 EXAMPLE = ROOT / "docs" / "examples" / "vlad_example"
 DOC = ROOT / "docs" / "plugins.md"
@@ -56,17 +55,6 @@ def vladctl(*args: str, env: dict[str, str] | None = None) -> str:
     )
     assert out.returncode == 0, out.stderr
     return out.stdout
-
-
-def wait_for(pred, what: str, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"never: {what}")
 
 
 def serve_and_check(tmp_path: Path, env: dict[str, str]) -> None:
@@ -103,19 +91,16 @@ def serve_and_check(tmp_path: Path, env: dict[str, str]) -> None:
         assert re.search(r"^backend +example-onnx \(onnxruntime ", status, re.M), status
         assert "enclosure door open" not in status
         door.write_text("open")
-
-        def door_shown() -> str | None:
-            text = vladctl("status", "--endpoint", control, env=env)
-            return text if "enclosure door open" in text else None
-
-        status = wait_for(door_shown, "the door finding in vladctl status")
+        # awaited on the status socket (a vladctl process per poll costs a second each), then shown
+        wait_until(lambda: any(f["monitor"] == "door" for f in client.status()["findings"]), 15, "the door finding")
+        status = vladctl("status", "--endpoint", control, env=env)
         assert re.search(r"^warn +enclosure door open$", status, re.M), status
         st = json.loads(vladctl("status", "--json", "--endpoint", control, env=env))
         # A warning alone: DEGRADED, still serving the release (unless the busy machine adds a fault).
         assert st["state"] in ("DEGRADED", "FALLBACK") and st["backend"]["name"] == "example-onnx"
         assert any(f["monitor"] == "door" and f["code"] == "door_open" for f in st["findings"])
         door.write_text("closed")
-        wait_for(lambda: all(f["monitor"] != "door" for f in client.status()["findings"]), "the door finding clears")
+        wait_until(lambda: all(f["monitor"] != "door" for f in client.status()["findings"]), 15, "the door to clear")
     finally:
         client.close()
         d.stop()
