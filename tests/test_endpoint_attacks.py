@@ -20,6 +20,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -45,6 +46,7 @@ from vlad.testing import (  # noqa: E402
     free_ports,
     load_golden,  # noqa: E402
     start_daemon,
+    wait_until,
 )
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -87,12 +89,11 @@ def native(daemon):
     """The native ZeroMQ controller beside every attack, serving from the release."""
     client = daemon.client("native")
     ctl = ControllerSim(client, load_golden()[0]).start()
-    deadline = time.monotonic() + 10
-    while sum(c.source == "release" for c in ctl.since(time.monotonic() - 0.5)) < 10:
-        if time.monotonic() > deadline:
-            st = client.status()
-            raise AssertionError(f"{st['state']} {st['findings']} {st['controllers']}")
-        time.sleep(0.05)
+    try:
+        wait_until(lambda: sum(c.source == "release" for c in ctl.since(time.monotonic() - 0.5)) >= 10, 10)
+    except AssertionError:
+        st = client.status()
+        raise AssertionError(f"{st['state']} {st['findings']} {st['controllers']}") from None
     yield ctl
     ctl.stop()
     client.heartbeat(bye=True)
@@ -108,11 +109,25 @@ def status(daemon) -> dict:
 
 
 def wait_status(daemon, predicate, timeout: float = 5.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while not predicate(st := status(daemon)):
-        assert time.monotonic() < deadline, {k: st.get(k) for k in ("openpi", "metrics", "state")}
-        time.sleep(0.1)
-    return st
+    last: dict = {}
+
+    def holds() -> bool:
+        last.update(status(daemon))
+        return bool(predicate(last))
+
+    try:
+        wait_until(holds, timeout, poll=0.05)
+    except AssertionError:
+        raise AssertionError({k: last.get(k) for k in ("openpi", "metrics", "state")}) from None
+    return last
+
+
+def ended(pid: int) -> bool:
+    """The process is gone or a zombie (its parent, the daemon, exited without reaping it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def fds(pid: int) -> int:
@@ -261,25 +276,28 @@ def _ask(policy, n: int, every_s: float) -> int:
     return ok
 
 
+ASKS = 25  # openpi requests in quiet and again under churn (2 s each)
+
+
 def test_connection_churn_does_not_starve_the_openpi_client(daemon, native):
     """Issue 22 item 3: churning connections on the openpi port left 77 of 591 requests
     answered. The client asks every 4th period (openpi's broker), beside the native
     controller, first in quiet, then under churn: about as many answered."""
     policy = WebsocketClientPolicy("127.0.0.1", daemon.openpi_port)
     try:
-        quiet = _ask(policy, 40, 0.08)
+        quiet = _ask(policy, ASKS, 0.08)
         t0 = time.monotonic()
-        p, q = run_attack(churn, daemon.openpi_port, 4.0)
-        time.sleep(0.5)  # the churn under way
-        churned = _ask(policy, 40, 0.08)
+        p, q = run_attack(churn, daemon.openpi_port, 0.5 + ASKS * 0.08 + 0.5)
+        time.sleep(0.5)  # the churn under way (its process started): the paced asks then run inside it
+        churned = _ask(policy, ASKS, 0.08)
         n = q.get(timeout=30)
         p.join(10)
         summary = assert_core_unaffected(daemon, native, t0)
     finally:
         policy._ws.close()
-    print(f"openpi requests answered: {quiet}/40 quiet, {churned}/40 under {n} churned connections; {summary}")
+    print(f"openpi requests answered: {quiet}/{ASKS} quiet, {churned}/{ASKS} under {n} churned connections; {summary}")
     assert n > 200, n  # the churn really ran
-    assert churned >= quiet - 4, (quiet, churned)
+    assert churned >= quiet - 3, (quiet, churned)
 
 
 def test_decoding_bombs_are_refused_in_the_endpoint(daemon, native):
@@ -315,7 +333,7 @@ def test_decoding_bombs_are_refused_in_the_endpoint(daemon, native):
             answers[name] = (ws.recv(timeout=10), round((time.monotonic() - t) * 1e3, 1))
         ws.send(msgpack.packb(OBS, default=_pack_np))
         good = ws.recv(timeout=10)
-    time.sleep(1.0)  # and the second after
+    time.sleep(1.0)  # and the second after: the core's cadence is judged over it
     summary = assert_core_unaffected(daemon, native, t0)
     for name, (reply, _) in answers.items():
         assert isinstance(reply, str) and reply.startswith("vlad: malformed:"), (name, reply)
@@ -362,7 +380,7 @@ def test_idle_squatters_lose_their_slot_and_handshakes_time_out(daemon, native):
     squatter = WebsocketClientPolicy("127.0.0.1", daemon.openpi_port)
     raw = socket.create_connection(("127.0.0.1", daemon.openpi_port))
     raw.settimeout(10)
-    time.sleep(1.2)
+    time.sleep(1.2)  # idle past idle_timeout_s (1 s): the squatting is the behaviour under test
     newcomer = WebsocketClientPolicy("127.0.0.1", daemon.openpi_port)  # takes the idle one's slot
     assert newcomer.infer(OBS)["actions"].shape == (8, 2)
     from websockets.exceptions import ConnectionClosed
@@ -393,8 +411,9 @@ def test_an_openpi_client_never_hides_a_dead_native_controller(daemon, native):
         st = wait_status(daemon, lambda st: st["state"] == "FALLBACK")
         assert any("'native'" in f["message"] for f in st["findings"]), st["findings"]
         assert st["controllers"]["openpi/1"]["alive"] and not st["controllers"]["native"]["alive"]
-        time.sleep(0.3)
-        late = [c.source for c in native.since(time.monotonic() - 0.25)]
+        t_fallback = time.monotonic()
+        wait_until(lambda: len(native.since(t_fallback)) >= 15, 5, "15 chunks after the fallback")
+        late = [c.source for c in native.since(t_fallback)][3:]  # past any chunk already on its way
         assert late and all(s.startswith("hold") for s in late), late
         native.send_heartbeat = True
         wait_status(daemon, lambda st: st["state"] in ("ACTIVE", "DEGRADED"))
@@ -415,13 +434,13 @@ def test_malformed_heartbeats_keep_nobody_alive(daemon, native):
         for _ in range(5):  # past the slow joiner: observations and good heartbeats
             ghost.publish_observation(dict(raw.images), proprio=raw.proprio, instruction=raw.instruction)
             ghost.heartbeat()
-            time.sleep(0.02)
+            time.sleep(0.02)  # a controller's period
         wait_status(daemon, lambda st: st["controllers"].get("ghost", {}).get("alive"))
         end = time.monotonic() + 0.5
         while time.monotonic() < end:
             for bad in ({}, {"t_ns": "12345"}, {"t_ns": 1.5}, {"t_ns": -1}):
                 ghost.send_raw(protocol.encode(protocol.TOPIC_HEARTBEAT, {"seq": 1, "client": "ghost", **bad}))
-            time.sleep(0.02)
+            time.sleep(0.02)  # a controller's period: half a second of malformed heartbeats
         st = wait_status(daemon, lambda st: st["state"] == "FALLBACK")
         assert not st["controllers"]["ghost"]["alive"], st["controllers"]
         assert any("'ghost'" in f["message"] for f in st["findings"]), st["findings"]
@@ -437,10 +456,12 @@ def test_the_endpoint_processes_are_restarted_and_stopped(daemon, native, tmp_pa
     """A killed endpoint process is restarted (the daemon serves on meanwhile); at
     shutdown (tests/test_daemon.py's SIGTERM path) no endpoint process is left."""
     st = status(daemon)
-    old = st["openpi"]["pid"]
+    old, restarts = st["openpi"]["pid"], st["openpi"].get("restarts", 0)  # an attack above may have restarted it
     t0 = time.monotonic()
     os.kill(old, 9)
-    st = wait_status(daemon, lambda st: st["openpi"].get("restarts") == 1 and st["openpi"].get("running"), 15)
+    st = wait_status(
+        daemon, lambda st: st["openpi"].get("restarts") == restarts + 1 and st["openpi"].get("running"), 15
+    )
     assert st["openpi"]["pid"] != old
     summary = assert_core_unaffected(daemon, native, t0)
     policy = WebsocketClientPolicy("127.0.0.1", daemon.openpi_port)
@@ -466,10 +487,7 @@ def test_stopping_the_daemon_stops_its_endpoint_processes(tmp_path):
         pid = wait_status(d, lambda st: st["metrics"] and st["metrics"].get("running"))["metrics"]["pid"]
         c.close()
         assert d.terminate() == 0
-        deadline = time.monotonic() + 5
-        while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
-            assert time.monotonic() < deadline, "the metrics process outlived the daemon"
-            time.sleep(0.05)
+        wait_until(lambda: ended(pid), 5, "the metrics process to end with the daemon")
     finally:
         d.stop()
 
