@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import zmq
 
-from vlad.testing import PERIOD_S, ControllerSim, load_golden, start_daemon
+from vlad.testing import PERIOD_S, ControllerSim, load_golden, start_daemon, wait_until
 
 E_STOP_SLACK_S = 0.030
 # How long the flood lasts at least: the default run floods through the e-stop, the release
@@ -220,16 +220,6 @@ def daemon(tmp_path):
     assert "Traceback" not in d.log(), d.log()
 
 
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_flood_with_estop(daemon, slow):
     client = daemon.client("good-controller")
     observer = Observer(daemon.endpoints["actions"])
@@ -249,8 +239,8 @@ def test_flood_with_estop(daemon, slow):
     proc = None
     try:
         # the bridge and the controller are connected and the release serves
-        _wait(lambda: client.status()["estop"]["counts"].get("messages", 0) > 0, 10, "the bridge's first message")
-        _wait(lambda: any(c.source == "release" for c in observer.chunks), 10, "policy chunks")
+        wait_until(lambda: client.status()["estop"]["counts"].get("messages", 0) > 0, 10, "the bridge's first message")
+        wait_until(lambda: any(c.source == "release" for c in observer.chunks), 10, "policy chunks")
         before = client.status()["counters"]
 
         spawn = multiprocessing.get_context("spawn")
@@ -267,13 +257,13 @@ def test_flood_with_estop(daemon, slow):
             return sum(v - before["rejected"].get(k, 0) for k, v in now.items() if k.startswith("control_") == control)
 
         # the flood reaches both sockets before the e-stop is engaged
-        _wait(lambda: rejected_since_before(False) > 200, 20, "the flood's observations to be rejected")
-        _wait(lambda: rejected_since_before(True) > 20, 20, "the flood's control requests to be rejected")
+        wait_until(lambda: rejected_since_before(False) > 200, 20, "the flood's observations to be rejected")
+        wait_until(lambda: rejected_since_before(True) > 20, 20, "the flood's control requests to be rejected")
 
         # e-stop engaged under the flood
         bridge.set(True)
         t_engaged_ns = bridge.first_engaged_ns
-        _wait(lambda: client.status()["state"] == "ESTOPPED", 5, "ESTOPPED")
+        wait_until(lambda: client.status()["state"] == "ESTOPPED", 5, "ESTOPPED")
         time.sleep(ESTOP_WINDOW_S)  # an observation window: every chunk issued meanwhile is checked below
         late = [
             c
@@ -286,13 +276,15 @@ def test_flood_with_estop(daemon, slow):
         # released by the safety system: the policy serves again, still under the flood
         bridge.set(False)
         t_released_ns = time.monotonic_ns()
-        _wait(
+        wait_until(
             lambda: any(c.source == "release" and c.t_issue_ns > t_released_ns for c in list(observer.chunks)),
             8,
             "policy chunks after the release",
         )
         # the flood goes on (soak) until its duration is reached, then stops
-        time.sleep(max(0.0, t_flood + (FLOOD_SLOW_S if slow else FLOOD_S) - time.monotonic()))
+        time.sleep(
+            max(0.0, t_flood + (FLOOD_SLOW_S if slow else FLOOD_S) - time.monotonic())
+        )  # the soak: the flood runs its full length
         stop_flood.set()
         proc.join(30)
         t_end = time.monotonic()
