@@ -22,7 +22,7 @@ import pytest
 import zmq
 
 from vlad.daemon.control import COMMANDS
-from vlad.testing import PERIOD_S, QUIET_MONITORS, load_golden, start_daemon
+from vlad.testing import PERIOD_S, QUIET_MONITORS, load_golden, start_daemon, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -254,8 +254,13 @@ def test_forged_proprio_between_good_observations_never_reaches_the_output(daemo
                 q = raw.proprio
             client.publish_observation(dict(raw.images), proprio=q, instruction=raw.instruction, seq=seq)
             client.heartbeat()
-            time.sleep(PERIOD_S)
-        time.sleep(0.3)
+            time.sleep(PERIOD_S)  # a controller's stream, one observation a period
+        keys = ("implausible_proprio", "proprio_out_of_limits", "nonfinite")
+        wait_until(
+            lambda: all(client.status()["counters"]["rejected"].get(k, 0) > before.get(k, 0) for k in keys),
+            3,
+            "the forged observations' rejections",
+        )
     after = client.status()["counters"]["rejected"]
     client.close()
     moved = {
@@ -305,13 +310,20 @@ def test_forged_bursts_between_good_observations_never_reanchor(daemon, contract
             client.publish_observation(dict(raw.images), proprio=raw.proprio, instruction=raw.instruction, seq=seq)
             client.heartbeat()
             if i >= 20 and i % 4 == 0:
-                time.sleep(0.002)
+                time.sleep(0.002)  # the burst a moment after the good observation, inside its period
                 for _ in range(4):  # more than reanchor_observations, inside one period
                     seq += 1
                     client.publish_observation(dict(raw.images), proprio=forged, instruction=raw.instruction, seq=seq)
                     time.sleep(0.001)  # below the client's send HWM
-            time.sleep(PERIOD_S)
-        time.sleep(0.3)
+            time.sleep(PERIOD_S)  # a controller's stream, one observation a period
+        wait_until(
+            lambda: (
+                client.status()["counters"]["rejected"].get("implausible_proprio", 0)
+                > before["rejected"].get("implausible_proprio", 0)
+            ),
+            3,
+            "the bursts' rejections",
+        )
     after = client.status()["counters"]
     client.close()
     assert after["rejected"].get("implausible_proprio", 0) > before["rejected"].get("implausible_proprio", 0)
