@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_deploy import make_release, store_config, wait_release
+from tests.test_deploy import make_release, store_config, wait_chunks, wait_release
 from vlad.config import MemoryConfig
 from vlad.daemon.memory import GB, MemoryBudget, PolicyMemory, stated_need
 from vlad.errors import VladError
@@ -165,7 +165,7 @@ def test_swap_serves_the_fallback_while_a_release_too_large_for_two_loads(tmp_pa
         deploying.join(120)
         st = wait_release(client, "vlad-demo-reacher@1.1.0")
         assert result["release"] == "vlad-demo-reacher@1.1.0" and result["swap_gap_s"] > 0
-        time.sleep(0.3)
+        wait_chunks(ctl, 10)  # and the new release streaming after the swap
         seen = ctl.since(t0)
         # the robot got a command every period throughout: holds while the release loaded
         assert max(b.t - a.t for a, b in zip(seen, seen[1:], strict=False)) <= 4 * PERIOD_S
