@@ -18,6 +18,7 @@ import pytest
 from tests.kserve.remote_server import started_server
 from vlad.backend import example_inputs
 from vlad.errors import BackendError, RemoteUnavailable
+from vlad.testing import wait_until
 from vlad_kserve import KServeBackend, RemoteLinkMonitor
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "policy.onnx"
@@ -25,12 +26,7 @@ RECOVERY_S = 15.0  # generous: the prober checks every 50 ms here; the machine i
 
 
 def wait_for(predicate, timeout: float = RECOVERY_S) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"condition not met within {timeout} s")
+    wait_until(predicate, timeout, "the link's state", poll=0.02)
 
 
 @pytest.fixture()
@@ -63,7 +59,7 @@ def test_slow_server_times_out_and_recovers(session, kserve_server, contract):
         session.infer(example_inputs(contract), deadline_ns=time.monotonic_ns() + 50_000_000)
     assert session.stats().state == "lost"
     # The prober requires an answer within the contract's deadline, not merely any answer.
-    time.sleep(0.3)
+    time.sleep(0.3)  # six probes of a slow server: that it stays lost meanwhile is the behaviour
     assert session.stats().state == "lost"
     kserve_server.fault()
     wait_for(lambda: session.stats().state == "connected")
