@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vlad.backend import example_inputs
+from vlad.backend import SessionStats, example_inputs
 from vlad.errors import BackendError, RemoteUnavailable
+from vlad.testing import wait_until
 from vlad.testing.kserve import HostileServer
 from vlad_kserve import KServeBackend
 
@@ -36,12 +37,18 @@ def load(contract, hostile, **options):
     return KServeBackend().load(ARTIFACT, contract, {"endpoint": hostile.endpoint, "timeout_ms": 2000, **options})
 
 
-def wait_state(session, state: str, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while (st := session.stats()).state != state:
-        assert time.monotonic() < deadline, st
-        time.sleep(0.02)
-    return st
+def wait_state(session, state: str, timeout: float = 10.0) -> SessionStats:
+    seen: list[SessionStats] = []
+
+    def reached() -> bool:
+        seen[:] = [session.stats()]
+        return seen[0].state == state
+
+    try:
+        wait_until(reached, timeout, poll=0.02)
+    except AssertionError:
+        raise AssertionError(seen[0] if seen else "no stats") from None
+    return seen[0]
 
 
 def test_a_trickling_server_is_cut_off_at_the_deadline(hostile, contract):
@@ -98,10 +105,8 @@ def test_bad_metadata_while_lost_never_ends_the_prober(hostile, contract):
         with pytest.raises(RemoteUnavailable):
             s.infer(inputs)
         hostile.mode = "bad_metadata"
-        deadline = time.monotonic() + 10
-        while hostile.requests.get("bad_metadata", 0) < 20:  # every kind of bad reply, several times
-            assert time.monotonic() < deadline, hostile.requests
-            time.sleep(0.01)
+        # every kind of bad reply, several times
+        wait_until(lambda: hostile.requests.get("bad_metadata", 0) >= 20, 10, "20 bad metadata replies", poll=0.01)
         st = s.stats()
         assert st.state == "lost" and "not a v2 metadata reply" in st.last_error, st
         assert s._prober is not None and s._prober.is_alive()
