@@ -67,14 +67,6 @@ class FakeSession(Session):
         return SessionDescription(backend="fake", runtime="fake", runtime_version="0", device="cpu")
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.002)
-
-
 def connected(pub: zmq.Socket, sub: zmq.Socket, frames: list[bytes], received: Callable[[], bool]) -> None:
     """PUB/SUB drops messages until the subscription has reached the publisher (even over
     inproc): send a probe until the subscriber side has seen one."""

@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from tests.serving.rig import wait_until
 from vlad.serving.cadence import HoldKeeper
+from vlad.testing import wait_until
 
 
 def _sleep_until(t_ns: int) -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 import time
 
-from tests.serving.rig import FakeSession, wait_until
+from tests.serving.rig import FakeSession
 from vlad.errors import BackendError, RemoteUnavailable
+from vlad.testing import wait_until
 
 
 def test_one_observation_one_chunk(rig):
