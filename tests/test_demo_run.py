@@ -11,12 +11,12 @@ The demo runs as a real subprocess with its own sockets (a config under ``tmp_pa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.kserve.remote_server import server_unavailable
 from vlad.config import Config, ReleaseConfig, ServeConfig, SocketsConfig
-from vlad.testing import DEMO, DEMO_KEYS, busy_port, config_toml, free_port
+from vlad.testing import DEMO, DEMO_KEYS, busy_port, config_toml, free_port, wait_until
 
 
 def demo_config(tmp_path: Path, release: Path = DEMO) -> Path:
@@ -78,13 +78,12 @@ class Demo:
             into.append(line.rstrip("\n"))
 
     def wait_line(self, text: str, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(text in line for line in self.out):
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
+        with contextlib.suppress(AssertionError):  # the message below says what came instead
+            wait_until(
+                lambda: any(text in line for line in self.out) or self.proc.poll() is not None, timeout, poll=0.02
+            )
+        if any(text in line for line in self.out):
+            return
         raise AssertionError(f"no {text!r} from the demo; stdout {self.out[-10:]}, stderr {self.err[-10:]}")
 
     def descendants(self) -> list[psutil.Process]:
@@ -154,11 +153,9 @@ def cmdline(p: psutil.Process) -> str:
 
 
 def wait_for_server(demo: Demo, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any("vlad_kserve.server" in cmdline(p) for p in demo.descendants()):
-            return
-        time.sleep(0.02)
+    with contextlib.suppress(AssertionError):  # the message below says what came instead
+        wait_until(lambda: any("vlad_kserve.server" in cmdline(p) for p in demo.descendants()), timeout, poll=0.02)
+        return
     raise AssertionError(f"the v2 server never started; stderr {demo.err[-5:]}")
 
 
