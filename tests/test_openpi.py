@@ -64,13 +64,25 @@ def settings(port: int, *extra: str) -> list[str]:
 
 def wait_status(client, predicate, timeout: float = 5.0) -> dict:
     """The daemon's status once ``predicate`` holds for it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        st = client.status()
-        if predicate(st):
-            return st
-        assert time.monotonic() < deadline, f"status never satisfied the test: {st.get('openpi')}"
-        time.sleep(0.05)
+    st: dict = {}
+
+    def holds() -> bool:
+        st.update(client.status())
+        return bool(predicate(st))
+
+    try:
+        wait_until(holds, timeout, poll=0.05)
+    except AssertionError:
+        raise AssertionError(f"status never satisfied the test: {st.get('openpi')}") from None
+    return st
+
+
+def answer(policy: WebsocketClientPolicy, obs: dict) -> str:
+    """The error an openpi request is answered with, "" for a chunk of the right shape."""
+    try:
+        return "" if policy.infer(obs)["actions"].shape == (8, 2) else "a chunk of another shape"
+    except RuntimeError as exc:
+        return str(exc)
 
 
 def reconnect(port: int, timeout: float = 5.0) -> WebsocketClientPolicy:
@@ -245,32 +257,19 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         assert st["openpi"]["replies"] >= 4
         # E-stop engaged: an explicit error, never a chunk; released: served again.
         estop.write_text("engaged")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                policy.infer(OBS)
-            except RuntimeError as exc:
-                if "estop" in str(exc):
-                    break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the e-stop never reached the openpi endpoint")
+        wait_until(lambda: "estop" in answer(policy, OBS), 10, "the e-stop at the openpi endpoint", poll=0.05)
         estop.write_text("0")
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert policy.infer(OBS)["actions"].shape == (8, 2)
-                break
-            except RuntimeError:
-                assert time.monotonic() < deadline, "not served again after the e-stop was released"
-                time.sleep(0.05)
+        wait_until(lambda: answer(policy, OBS) == "", 10, "serving after the e-stop was released", poll=0.05)
+        assert policy.infer(OBS)["actions"].shape == (8, 2)
         # The same counters reach Prometheus (here over the metrics unix socket), from the
         # status the daemon publishes (twice a second here).
-        deadline = time.monotonic() + 5
-        while 'vlad_openpi_errors_total{reason="malformed"}' not in (text := unix_get(metrics_sock, "/metrics")):
-            assert time.monotonic() < deadline, text
-            time.sleep(0.1)
-        assert "vlad_openpi_replies_total" in text
+        wait_until(
+            lambda: 'vlad_openpi_errors_total{reason="malformed"}' in unix_get(metrics_sock, "/metrics"),
+            5,
+            "the openpi counters in /metrics",
+            poll=0.1,
+        )
+        assert "vlad_openpi_replies_total" in unix_get(metrics_sock, "/metrics")
         assert d.proc.poll() is None
     finally:
         d.stop()
@@ -470,11 +469,14 @@ def test_endpoints_on_tcp_curve_sockets(tmp_path):
         policy = WebsocketClientPolicy("127.0.0.1", port)
         assert policy.infer(OBS)["actions"].shape == (8, 2)
         policy._ws.close()
-        deadline = time.monotonic() + 5
-        while "vlad_published_total" not in (
-            text := urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-        ):
-            assert time.monotonic() < deadline, text[:500]
-            time.sleep(0.1)
+        wait_until(
+            lambda: (
+                "vlad_published_total"
+                in urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+            ),
+            5,
+            "vlad_published_total in /metrics",
+            poll=0.1,
+        )
     finally:
         d.stop()
