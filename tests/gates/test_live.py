@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from vlad.testing import DEMO, PERIOD_S, ControllerSim, load_golden, max_gap, start_daemon
+from vlad.testing import DEMO, PERIOD_S, ControllerSim, load_golden, max_gap, start_daemon, wait_until
 
 VLADCTL = [sys.executable, "-m", "vlad.cli"]
 
@@ -53,10 +53,7 @@ def test_record_a_live_daemon_and_replay_it_through_a_candidate(served, tmp_path
     st = client.status()
     assert st["tap"]["endpoint"] == f"ipc://{tmp_path}/run/tap" and st["tap"]["sent"] > 0
     # The recorder gone, the daemon stops offering anything to the tap.
-    deadline = time.monotonic() + 10
-    while client.status()["tap"]["subscribed"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not client.status()["tap"]["subscribed"]
+    wait_until(lambda: not client.status()["tap"]["subscribed"], 10, "the tap unsubscribed", poll=0.05)
 
     rec = read_recording(out)
     info = rec.metadata["vlad.recording"]
@@ -99,14 +96,17 @@ def test_a_recorder_that_never_reads_costs_serving_nothing(served, tmp_path):
     sub.connect(client.status()["tap"]["endpoint"])
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     try:
-        deadline = time.monotonic() + 30
         t0 = time.monotonic()
-        while time.monotonic() < deadline:
-            tap = client.status()["tap"]
-            if tap["subscribed"] and sum(tap["dropped"].values()) > 0:
-                break
-            time.sleep(0.2)
-        assert sum(tap["dropped"].values()) > 0, tap
+        tap: dict = {}
+
+        def dropping() -> bool:
+            tap.update(client.status()["tap"])
+            return bool(tap["subscribed"] and sum(tap["dropped"].values()) > 0)
+
+        try:
+            wait_until(dropping, 30, poll=0.05)
+        except AssertionError:
+            raise AssertionError(tap) from None
         chunks = ctl.since(t0)
         seconds = time.monotonic() - t0
         assert len(chunks) >= 0.9 * seconds / PERIOD_S, (len(chunks), seconds)
@@ -132,16 +132,11 @@ def test_tap_offers_never_block_and_every_item_is_sent_or_counted(tmp_path):
     sub.connect(f"ipc://{tmp_path}/tap")
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     try:
-        deadline = time.monotonic() + 10
-        while not tap.subscribed and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert tap.subscribed
+        wait_until(lambda: tap.subscribed, 10, "the recorder's subscription", poll=0.01)
         frame = np.zeros(64 * 2**10, np.uint8).tobytes()
         for i in range(3000):
             tap.observation([b"obs", frame], i)
-        deadline = time.monotonic() + 10
-        while tap._queue and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: not tap._queue, 10, "the tap's queue drained", poll=0.01)
         stats = tap.stats()
         assert stats["sent"] + stats["dropped"]["observations"] + stats["dropped"]["socket"] == 3000, stats
         assert stats["dropped"]["observations"] + stats["dropped"]["socket"] > 0
