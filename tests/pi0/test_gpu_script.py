@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 _spec = importlib.util.spec_from_file_location("gpu_pi0", ROOT / "scripts" / "gpu_pi0.py")
@@ -34,13 +36,9 @@ def test_gpu_names_map_to_planner_hardware():
     assert gpu_pi0.hardware_key("NVIDIA L4") is None
 
 
-def test_the_cpu_path_measures_and_predicts_each_component(tmp_path):
-    out = tmp_path / "gpu.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "gpu_pi0.py"), "--device", "cpu", "--scale", "0.125"]
-    cmd += ["--layers", "1", "--calls", "2", "--warmup", "1", "--hardware", "h200", "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    r = json.loads(out.read_text())
+def test_the_cpu_path_measures_and_predicts_each_component(cpu_run):
+    proc, r = cpu_run
+    assert proc.returncode == 0, proc.stderr[-2000:]
     assert r["dtype"] == "fp32" and r["model"] == "pi0-x0.125-v1-b1-a1"
     assert set(r["measured"]) == {"eager"}  # CUDA graphs and the cuda backend need a GPU
     for comp in ("vision", "backbone", "action", "e2e"):
@@ -63,16 +61,27 @@ def test_the_table_names_a_missing_hardware_entry():
     assert "give --hardware to predict" in gpu_pi0.table(out)
 
 
-def test_it_needs_nothing_but_torch():
-    """The GPU machine has PyTorch and this checkout, nothing else vlad depends on."""
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
+    """One run of the script's CPU path at a tiny size, as the GPU machine has it: PyTorch and
+    this checkout, every other module vlad depends on made unimportable. (The process and
+    its JSON report.)"""
+    out = tmp_path_factory.mktemp("gpu-pi0") / "gpu.json"
     blocked = ("numpy", "onnx", "onnxruntime", "tokenizers", "zmq", "psutil", "cryptography", "msgpack")
+    argv = ["gpu_pi0.py", "--device", "cpu", "--scale", "0.125", "--layers", "1", "--calls", "2", "--warmup", "1"]
+    argv += ["--hardware", "h200", "--json", str(out)]
     code = (
         "import sys, runpy\n"
         f"for m in {blocked!r}: sys.modules[m] = None\n"
-        "sys.argv = ['gpu_pi0.py', '--device', 'cpu', '--scale', '0.125', '--layers', '1',"
-        " '--calls', '1', '--warmup', '0', '--hardware', 'h100']\n"
+        f"sys.argv = {argv!r}\n"
         "runpy.run_path('scripts/gpu_pi0.py', run_name='__main__')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return proc, json.loads(out.read_text()) if out.is_file() else {}
+
+
+def test_it_needs_nothing_but_torch(cpu_run):
+    """The GPU machine has PyTorch and this checkout, nothing else vlad depends on."""
+    proc, _ = cpu_run
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "predicted: pi0.toml (source A)" in proc.stdout
