@@ -155,7 +155,7 @@ def hold_idle(port: int, n: int, seconds: float, out) -> None:
             refused += 1
             s.close()
     out.put(("open", len(socks), refused))
-    time.sleep(seconds)
+    time.sleep(seconds)  # the attack: hold them idle this long
     # how many the server kept (the others it closed at accept or after its timeouts)
     alive = 0
     for s in socks:
@@ -272,7 +272,7 @@ def _ask(policy, n: int, every_s: float) -> int:
         except RuntimeError:
             pass
         next_t += every_s
-        time.sleep(max(0.0, next_t - time.monotonic()))
+        time.sleep(max(0.0, next_t - time.monotonic()))  # paced: one request every every_s
     return ok
 
 

@@ -115,7 +115,7 @@ def flood(endpoints: dict[str, str], stop, seconds: float, seed: int, counts) ->
                 ctl.send_multipart([*envelope, body], zmq.NOBLOCK)
                 n_ctl += 1
         except zmq.Again:
-            time.sleep(0.0005)
+            time.sleep(0.0005)  # the flooder backs off for a moment when its queue is full
     counts["obs"] = n_obs
     counts["control"] = n_ctl
     obs.close(0)

@@ -26,13 +26,12 @@ import socket
 import struct
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
-from vlad.testing import ControllerSim, load_golden, start_daemon, write_fault_rig
+from vlad.testing import ControllerSim, load_golden, start_daemon, wait_until, write_fault_rig
 
 pytest.importorskip("systemd.journal", reason="systemd-python is not installed (scripts/bootstrap builds it)")
 
@@ -106,13 +105,13 @@ class JournalCapture:
         return [e for e in list(self.entries) if all(e.get(k) in vs for k, vs in wanted.items())]
 
     def wait(self, *filters: str, timeout: float = 20.0) -> dict[str, str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = self.match(*filters)
-            if found:
-                return found[0]
-            time.sleep(0.05)
-        raise AssertionError(f"no journal entry with {filters}; got {[e.get('MESSAGE') for e in self.entries]}")
+        try:
+            wait_until(lambda: self.match(*filters), timeout, poll=0.05)
+        except AssertionError:
+            raise AssertionError(
+                f"no journal entry with {filters}; got {[e.get('MESSAGE') for e in self.entries]}"
+            ) from None
+        return self.match(*filters)[0]
 
     def close(self) -> None:
         self._stop.set()

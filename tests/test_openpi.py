@@ -97,7 +97,7 @@ def reconnect(port: int, timeout: float = 5.0) -> WebsocketClientPolicy:
         except InvalidStatus:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.05)
+            time.sleep(0.05)  # a retry: the slot frees once the server has seen the close
 
 
 @pytest.mark.slow
@@ -402,7 +402,7 @@ def test_openpi_client_recovers_within_a_period_after_estop_and_pause(tmp_path):
             for _ in range(n):
                 out.append(ask())
                 next_t += period
-                time.sleep(max(0.0, next_t - time.monotonic()))
+                time.sleep(max(0.0, next_t - time.monotonic()))  # paced: one request a period
             return out
 
         assert not any(e for *_, e in every_period(10)[3:]), "not serving before the test"

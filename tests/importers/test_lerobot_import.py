@@ -134,7 +134,7 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
                 nonlocal tick
                 tick += period
                 while time.monotonic_ns() < tick:
-                    time.sleep(0.001)
+                    time.sleep(0.001)  # paced to the control period
                 t = time.monotonic_ns()
                 tick = max(tick, t)
                 seq = ctl.publish({camera: image}, state, None, t)

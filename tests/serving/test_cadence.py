@@ -19,7 +19,7 @@ from vlad.testing import wait_until
 
 
 def _sleep_until(t_ns: int) -> None:
-    time.sleep(max(0.0, (t_ns - time.monotonic_ns()) / 1e9))
+    time.sleep(max(0.0, (t_ns - time.monotonic_ns()) / 1e9))  # the controller's clock: the cadence is the test
 
 
 def _answered(rig, seq: int) -> int:
