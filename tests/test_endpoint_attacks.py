@@ -331,8 +331,13 @@ def test_decoding_bombs_are_refused_in_the_endpoint(daemon, native):
             t = time.monotonic()
             ws.send(raw)
             answers[name] = (ws.recv(timeout=10), round((time.monotonic() - t) * 1e3, 1))
-        ws.send(msgpack.packb(OBS, default=_pack_np))
-        good = ws.recv(timeout=10)
+        # Beside the native controller at 50 Hz, latest wins across controllers: a request may be
+        # superseded by its observation (an error reply saying so); the next is served.
+        for _ in range(3):
+            ws.send(msgpack.packb(OBS, default=_pack_np))
+            good = ws.recv(timeout=10)
+            if not (isinstance(good, str) and "superseded" in good):
+                break
     time.sleep(1.0)  # and the second after: the core's cadence is judged over it
     summary = assert_core_unaffected(daemon, native, t0)
     for name, (reply, _) in answers.items():

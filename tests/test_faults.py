@@ -58,6 +58,44 @@ def rig(tmp_path):
     assert "Traceback" not in d.log(), d.log()
 
 
+def wait_state(client, state: str, serving_prefix: str | None = None, timeout: float = 10.0) -> dict:
+    """The daemon's status once it is in ``state`` serving a policy whose id starts with
+    ``serving_prefix``; DEGRADED (the release serving with warnings, e.g. a p99 over budget on
+    a loaded machine) counts as ACTIVE."""
+    last: dict = {}
+
+    def reached() -> bool:
+        last.clear()
+        last.update(client.status())
+        ok = last["state"] == state or (state == "ACTIVE" and last["state"] == "DEGRADED")
+        return ok and (serving_prefix is None or last["serving"].startswith(serving_prefix))
+
+    try:
+        wait_until(reached, timeout, poll=0.05)
+    except AssertionError:
+        raise AssertionError(
+            f"state {last.get('state')} serving {last.get('serving')}, wanted {state} {serving_prefix}; "
+            f"quarantined {last.get('quarantined')}; findings {last.get('findings')}"
+        ) from None
+    return dict(last)
+
+
+def wait_chunks(ctl: ControllerSim, source: str, n: int = 10, timeout: float = 10.0) -> list[Received]:
+    """The first ``n`` chunks from a source starting with ``source`` that ``ctl`` gets from now."""
+    t0 = time.monotonic()
+
+    def got() -> list[Received]:
+        return [c for c in ctl.since(t0) if c.source.startswith(source)]
+
+    try:
+        wait_until(lambda: len(got()) >= n, timeout, poll=0.02)
+    except AssertionError:
+        raise AssertionError(
+            f"fewer than {n} chunks from {source!r}; got {[c.source for c in ctl.since(t0)][-20:]}"
+        ) from None
+    return got()
+
+
 @dataclass
 class Rig:
     daemon: object
@@ -72,38 +110,10 @@ class Rig:
         return self.client.status()
 
     def wait_state(self, state: str, serving_prefix: str | None = None, timeout: float = 10.0) -> dict:
-        last: dict = {}
-
-        def reached() -> bool:
-            last.clear()
-            last.update(self.status())
-            # DEGRADED is the release serving with warnings (e.g. a p99 over budget on a
-            # loaded machine): it counts as ACTIVE here.
-            ok = last["state"] == state or (state == "ACTIVE" and last["state"] == "DEGRADED")
-            return ok and (serving_prefix is None or last["serving"].startswith(serving_prefix))
-
-        try:
-            wait_until(reached, timeout, f"{state} {serving_prefix}", poll=0.05)
-        except AssertionError:
-            raise AssertionError(
-                f"state {last.get('state')} serving {last.get('serving')}, wanted {state} {serving_prefix}; "
-                f"findings {last.get('findings')}"
-            ) from None
-        return dict(last)
+        return wait_state(self.client, state, serving_prefix, timeout)
 
     def wait_chunks(self, source: str, n: int = 10, timeout: float = 10.0) -> list[Received]:
-        t0 = time.monotonic()
-
-        def got() -> list[Received]:
-            return [c for c in self.ctl.since(t0) if c.source.startswith(source)]
-
-        try:
-            wait_until(lambda: len(got()) >= n, timeout, f"{n} chunks from {source!r}", poll=0.02)
-        except AssertionError:
-            raise AssertionError(
-                f"fewer than {n} chunks from {source!r}; got {[c.source for c in self.ctl.since(t0)][-20:]}"
-            ) from None
-        return got()
+        return wait_chunks(self.ctl, source, n, timeout)
 
     def events(self) -> list[dict]:
         return self.client.control("events", limit=200)

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.kserve.remote_server import ServerProcess, started_server
-from tests.test_faults import MAX_GAP_S
+from tests.test_faults import MAX_GAP_S, wait_chunks, wait_state
 from vlad.config import Config, ReleaseConfig, ServeConfig
 from vlad.testing import (
     WATCHDOG_ENV,
@@ -71,26 +71,10 @@ class RemoteRig:
         self.ctl = ControllerSim(self.client, load_golden()[0]).start()
 
     def wait_state(self, state: str, serving_prefix: str, timeout: float = 10.0) -> dict:
-        deadline = time.monotonic() + timeout
-        st: dict = {}
-        while time.monotonic() < deadline:
-            st = self.client.status()
-            ok = st["state"] == state or (state == "ACTIVE" and st["state"] == "DEGRADED")  # warnings only
-            if ok and st["serving"].startswith(serving_prefix):
-                return st
-            time.sleep(0.05)
-        raise AssertionError(
-            f"state {st.get('state')} serving {st.get('serving')}, wanted {state} {serving_prefix}; "
-            f"quarantined {st.get('quarantined')}; findings {st.get('findings')}"
-        )
+        return wait_state(self.client, state, serving_prefix, timeout)
 
     def wait_chunks(self, source: str, n: int = 10, timeout: float = 10.0) -> None:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if sum(1 for c in self.ctl.since(t0) if c.source.startswith(source)) >= n:
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"fewer than {n} chunks from {source!r}: {[c.source for c in self.ctl.since(t0)][-20:]}")
+        wait_chunks(self.ctl, source, n, timeout)
 
     def fault_and_recover(self, inject, recover) -> list:
         """Inject; the local fallback takes over with no gap over the bound; recover; the
