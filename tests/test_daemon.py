@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, VLAD
+from tests.helpers import exchange, golden_obs
 from vlad.testing import (
     QUIET_MONITORS,
     daemon_command,
@@ -41,32 +42,6 @@ def client(daemon):
     c.close()
 
 
-def _obs(case):
-    raw = case["raw"]
-    return dict(images=dict(raw.images), proprio=raw.proprio, instruction=raw.instruction)
-
-
-def _exchange(client, case, seq, tries=50):
-    """Publish until the chunk for ``seq`` arrives (the first few may hit the slow joiner).
-
-    Every try carries a fresh sensor time, so a slow machine never turns a retry stale.
-    """
-    sent = set()
-    for _ in range(tries):
-        t_sensor = time.monotonic_ns()
-        sent.add(t_sensor)
-        client.publish_observation(**_obs(case), seq=seq, t_sensor_ns=t_sensor)
-        chunk = client.recv_actions(timeout_ms=200)
-        deadline = time.monotonic() + 0.3
-        while chunk is not None and (chunk.obs_seq != seq or chunk.is_hold):
-            # hold postures keep coming while the daemon holds: look only briefly
-            chunk = client.recv_actions(timeout_ms=50) if time.monotonic() < deadline else None
-        if chunk is not None:
-            assert chunk.t_sensor_ns in sent
-            return chunk
-    raise AssertionError(f"no action chunk for observation {seq}")
-
-
 def test_ready_only_after_warmup_and_status_lines(daemon):
     ready = daemon.notify.wait_for("READY", "1")
     assert "serving vlad-demo-reacher" in ready["STATUS"]
@@ -88,7 +63,7 @@ def test_fresh_observations_yield_correct_chunks(daemon, client, contract, golde
     period_ns = int(contract.timing.control_period_ms * 1e6)
     for i, case in enumerate(golden * 3):
         seq = 100 + i
-        chunk = _exchange(client, case, seq)
+        chunk = exchange(client, case, seq)
         t_sensor = chunk.t_sensor_ns
         assert chunk.obs_seq == seq
         assert chunk.valid_until_ns == t_sensor + int(contract.timing.action_validity_ms * 1e6)
@@ -118,13 +93,13 @@ def test_stale_observation_is_skipped_and_counted(daemon, client, golden, contra
     before = client.status()["counters"].get("stale", 0)
     old = time.monotonic_ns() - int(10 * contract.timing.max_observation_age_ms * 1e6)
     for k in range(3):
-        client.publish_observation(**_obs(golden[0]), seq=5000 + k, t_sensor_ns=old)
+        client.publish_observation(**golden_obs(golden[0]), seq=5000 + k, t_sensor_ns=old)
         chunk = client.recv_actions(timeout_ms=150)
         # never a policy output for stale data (a hold posture may bridge the gap)
         assert chunk is None or chunk.is_hold or chunk.obs_seq < 5000
     wait_until(lambda: client.status()["counters"].get("stale", 0) >= before + 1, 3, "the stale count")
     # and serving goes on
-    assert _exchange(client, golden[1], 5100).obs_seq == 5100
+    assert exchange(client, golden[1], 5100).obs_seq == 5100
 
 
 def _good_header(seq):
@@ -169,7 +144,7 @@ def test_malformed_messages_are_rejected_and_counted(daemon, client, golden):
         "missing_tensor": [[b"obs", msgpack.packb({**_good_header(5), "tensors": tensors[:1]}), img.tobytes()]],
     }
     # make sure our PUB is connected before counting (slow joiner)
-    _exchange(client, golden[0], 6000)
+    exchange(client, golden[0], 6000)
     before = client.status()["counters"]["rejected"]
     for frames_list in bad.values():
         for frames in frames_list:
@@ -185,11 +160,11 @@ def test_malformed_messages_are_rejected_and_counted(daemon, client, golden):
     for k, n in expected.items():
         assert rejected.get(k, 0) == n, (k, rejected)
     assert daemon.proc.poll() is None
-    assert _exchange(client, golden[2], 6001).obs_seq == 6001  # still serving
+    assert exchange(client, golden[2], 6001).obs_seq == 6001  # still serving
 
 
 def test_status_broadcast_and_vladctl(daemon, client, golden):
-    _exchange(client, golden[0], 7000)
+    exchange(client, golden[0], 7000)
     st = client.recv_status(timeout_ms=3000)
     assert st is not None and st["state"] in ("ACTIVE", "DEGRADED")
     assert st["backend"]["name"] == "onnxruntime"
@@ -235,7 +210,7 @@ def test_clean_shutdown_on_sigterm(tmp_path, golden):
     d = start_daemon(tmp_path, env={"WATCHDOG_USEC": "200000"})
     c = d.client()
     try:
-        _exchange(c, golden[0], 1)
+        exchange(c, golden[0], 1)
         d.notify.wait_for("WATCHDOG", "1", timeout=5)
         status = c._ctx.socket(__import__("zmq").SUB)
         status.setsockopt(__import__("zmq").SUBSCRIBE, b"status")
@@ -380,7 +355,7 @@ def test_tcp_control_with_curve(tmp_path, golden):
     try:
         with Client(**eps, curve=(client_secret, server_pub)) as c:
             assert c.control("ping")["pong"] is True
-            assert _exchange(c, golden[0], 1).obs_seq == 1  # observations and actions over curve too
+            assert exchange(c, golden[0], 1).obs_seq == 1  # observations and actions over curve too
         with Client(**eps, curve=(stranger_secret, server_pub)) as c:  # not in the authorized folder
             with pytest.raises(ClientError, match="did not answer"):
                 c.control("ping", timeout_ms=1000)
@@ -391,7 +366,7 @@ def test_tcp_control_with_curve(tmp_path, golden):
 
 
 def test_nan_observation_is_refused_and_counted(daemon, client, golden):
-    _exchange(client, golden[0], 8000)
+    exchange(client, golden[0], 8000)
     before = client.status()["counters"]["rejected"].get("nonfinite", 0)
     raw = golden[0]["raw"]
     bad = raw.proprio.copy()
@@ -401,4 +376,4 @@ def test_nan_observation_is_refused_and_counted(daemon, client, golden):
     assert chunk is None or chunk.is_hold or chunk.obs_seq != 8001  # never a policy output for NaN input
     wait_until(lambda: client.status()["counters"]["rejected"].get("nonfinite", 0) > before, 3, "the NaN's rejection")
     assert client.status()["counters"]["rejected"]["nonfinite"] == before + 1
-    assert _exchange(client, golden[1], 8002).obs_seq == 8002  # and serving goes on
+    assert exchange(client, golden[1], 8002).obs_seq == 8002  # and serving goes on

@@ -8,88 +8,22 @@ simulated controller runs at 50 Hz throughout and records every chunk.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, VLAD
-from vlad.config import Config, ReleaseConfig, ServeConfig, StoreConfig
+from tests.conftest import VLAD
+from tests.helpers import KEYS, MAX_GAP_S, signed_demo_copy, store_config, wait_chunks, wait_release
 from vlad.snapshot import parse_status
 from vlad.testing import DEMO, PERIOD_S, PLUGIN_ENV, ControllerSim, load_golden, max_gap, start_daemon, wait_until
 
-KEYS = ROOT / "etc" / "vlad" / "keys.d"
-MAX_GAP_S = 2 * PERIOD_S + 0.01  # as in test_faults: 2 periods + scheduling margin
 # A deploy or rollback loads a release (ONNX Runtime session, warm-up) inside the daemon
 # while it serves; on a shared 2-core machine that delays one chunk by up to ~3 periods
 # (a fresh-clone CI run saw 63 ms). Every chunk is valid for 8 periods, so the controller
 # never lacks a valid command; this bound still fails a stream that stops.
 LOAD_GAP_S = 4 * PERIOD_S
 VLADCTL = VLAD.parent / "vladctl"
-
-
-def make_release(
-    dest: Path,
-    version: str,
-    code: int,
-    backend: str = "onnxruntime",
-    options: str | None = None,
-    required_gates: tuple[str, ...] = ("closed_loop",),
-    closed_loop_passes: bool = True,
-) -> Path:
-    """A signed copy of the demo release with another id and version.
-
-    Its gate plan requires only ``required_gates``; the copy carries the demo's closed-loop
-    evidence (eval.json, judged against a threshold it passes or, with
-    ``closed_loop_passes=False``, fails) and no other, so the default deploys without --force."""
-    dest.mkdir(parents=True)
-    plan = dest.parent / f"{dest.name}-gates.toml"
-    plan.write_text("required = [" + ", ".join(f'"{g}"' for g in required_gates) + "]\n")
-    for f in DEMO.iterdir():
-        if f.name not in ("manifest.toml", "manifest.sig"):
-            shutil.copy(f, dest / f.name)
-    contract = dest / "contract.toml"
-    contract.write_text(contract.read_text().replace('version = "1.0.0"', f'version = "{version}"', 1))
-    args = [
-        sys.executable,
-        str(ROOT / "scripts" / "make_demo_manifest.py"),
-        "--release-dir",
-        str(dest),
-        "--release-id",
-        f"vlad-demo-reacher-{version}",
-        "--version",
-        version,
-        "--version-code",
-        str(code),
-        "--backend",
-        backend,
-        "--parent",
-        "vlad-demo-reacher-1.0.0",
-        "--min-success-rate",
-        "0" if closed_loop_passes else "1.01",
-        "--min-margin",
-        "0",
-        "--gate-plan",
-        str(plan),
-    ]
-    if options:
-        args += ["--options", options]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    passes = closed_loop_passes and required_gates == ("closed_loop",)
-    assert out.returncode == (0 if passes else 1), out.stdout + out.stderr  # 1: evidence does not pass
-    return dest
-
-
-def store_config(store_root: Path) -> Config:
-    """A daemon serving the store's active release (signed: verified with the demo key)."""
-    return Config(
-        release=ReleaseConfig(path=str(store_root / "releases" / "active"), keys_dir=str(KEYS)),
-        serve=ServeConfig(warmup=3),
-        store=StoreConfig(root=str(store_root)),
-    )
 
 
 @pytest.fixture()
@@ -113,34 +47,10 @@ def live(tmp_path):
     assert "Traceback" not in d.log(), d.log()
 
 
-def wait_release(client, release: str, timeout: float = 10.0) -> dict:
-    st: dict = {}
-
-    def serving() -> bool:
-        st.update(client.status())
-        return st["release"] == release and st["state"] in ("ACTIVE", "DEGRADED")
-
-    try:
-        wait_until(serving, timeout, f"{release} serving", poll=0.05)
-        return st
-    except AssertionError:
-        pass
-    events = [(e["kind"], e["reason"]) for e in client.control("events", limit=30)]
-    raise AssertionError(
-        f"serving {st['release']} ({st['state']}), wanted {release}; findings {st['findings']}; events {events}"
-    )
-
-
-def wait_chunks(ctl: ControllerSim, n: int) -> None:
-    """Until the controller got ``n`` more chunks (from now)."""
-    t0 = time.monotonic()
-    wait_until(lambda: len(ctl.since(t0)) >= n, 10, f"{n} chunks")
-
-
 def test_deploy_while_serving_keeps_the_stream(live):
     d, client, ctl, store, tmp, _ = live
     wait_release(client, "vlad-demo-reacher@1.0.0")
-    v2 = make_release(tmp / "v2", "1.1.0", 2)
+    v2 = signed_demo_copy(tmp / "v2", "1.1.0", 2)
     t0 = time.monotonic()
     import threading
 
@@ -158,7 +68,7 @@ def test_deploy_while_serving_keeps_the_stream(live):
     r = result
     assert r["release"] == "vlad-demo-reacher@1.1.0" and r["previous"] == "vlad-demo-reacher@1.0.0"
     wait_release(client, "vlad-demo-reacher@1.1.0")
-    wait_chunks(ctl, 10)  # and the new release streaming after the swap
+    wait_chunks(ctl, n=10)  # and the new release streaming after the swap
     seen = ctl.since(t0)
     gap = max_gap(seen)
     assert gap <= LOAD_GAP_S, f"{gap * 1000:.1f} ms without a chunk during the deploy"
@@ -184,13 +94,13 @@ def test_deploy_refuses_tampered_and_downgraded_releases(live):
     from vlad.client import ClientError
 
     d, client, ctl, store, tmp, _ = live
-    bad = make_release(tmp / "tampered", "1.2.0", 3)
+    bad = signed_demo_copy(tmp / "tampered", "1.2.0", 3)
     data = bytearray((bad / "policy.onnx").read_bytes())
     data[100] ^= 1
     (bad / "policy.onnx").write_bytes(bytes(data))
     with pytest.raises(ClientError, match="policy.onnx"):
         client.control("deploy", timeout_ms=120_000, path=str(bad), who="x", why="y")
-    old = make_release(tmp / "old", "0.5.0", 0)
+    old = signed_demo_copy(tmp / "old", "0.5.0", 0)
     with pytest.raises(ClientError, match="not newer than releases already activated"):
         client.control("deploy", timeout_ms=120_000, path=str(old), who="x", why="y")
     st = client.status()
@@ -202,7 +112,7 @@ def test_deploy_enforces_gate_evidence_unless_forced_with_a_reason(live):
     from vlad.client import ClientError
 
     d, client, ctl, store, tmp, _ = live
-    rel = make_release(
+    rel = signed_demo_copy(
         tmp / "unproven", "1.3.0", 4, required_gates=("contract", "equivalence", "performance", "closed_loop")
     )
     with pytest.raises(ClientError, match=r"lacks passing gate evidence \(gate contract: no evidence") as exc:
@@ -234,7 +144,7 @@ def test_deploy_enforces_gate_evidence_unless_forced_with_a_reason(live):
     )
 
     # Failed evidence is forceable too; the message says what to do.
-    failed = make_release(tmp / "failed", "1.4.0", 5, closed_loop_passes=False)
+    failed = signed_demo_copy(tmp / "failed", "1.4.0", 5, closed_loop_passes=False)
     with pytest.raises(ClientError, match=r"failed its gates \(gate closed_loop \(report eval.json\): failed\)"):
         client.control("deploy", timeout_ms=120_000, path=str(failed), who="tech", why="try")
     r = client.control("deploy", timeout_ms=120_000, path=str(failed), who="tech", why="A/B on the bench", force=True)
@@ -248,7 +158,7 @@ def test_deploy_enforces_gate_evidence_unless_forced_with_a_reason(live):
 
 def test_shadow_never_publishes(live):
     d, client, ctl, store, tmp, _ = live
-    v2 = make_release(tmp / "v2", "1.1.0", 2)
+    v2 = signed_demo_copy(tmp / "v2", "1.1.0", 2)
     client.control("shadow_start", timeout_ms=120_000, path=str(v2), tolerance=0.05)
     t0 = time.monotonic()
 
@@ -279,7 +189,7 @@ def test_shadow_never_publishes(live):
 def test_canary_auto_abort_rolls_back(live):
     d, client, ctl, store, tmp, control = live
     control.write_text("oob")  # the canary's engine produces out-of-bounds actions
-    bad = make_release(
+    bad = signed_demo_copy(
         tmp / "canary",
         "1.1.0",
         2,
@@ -301,7 +211,7 @@ def test_canary_auto_abort_rolls_back(live):
     wait_until(lambda: store.history()[-1].event == "rollback", 10, "the rollback's journal record")
     assert "canary aborted" in store.history()[-1].why
     assert store.active() == "vlad-demo-reacher-1.0.0"
-    wait_chunks(ctl, 10)  # and the release streaming after the rollback
+    wait_chunks(ctl, n=10)  # and the release streaming after the rollback
     assert max_gap(ctl.since(t0)) <= MAX_GAP_S
 
 
@@ -312,7 +222,7 @@ def test_boot_on_a_release_without_evidence_serves_flagged_unverified(tmp_path):
     chunks published so, and `vladctl status`."""
     from vlad.release.store import ReleaseStore
 
-    unproven = make_release(tmp_path / "unproven", "1.3.0", 4, required_gates=("contract", "closed_loop"))
+    unproven = signed_demo_copy(tmp_path / "unproven", "1.3.0", 4, required_gates=("contract", "closed_loop"))
     store_root = tmp_path / "store"
     store = ReleaseStore(store_root, KEYS)
     store.activate(store.stage(unproven), who="old-vlad", why="installed before the gates", force=True)

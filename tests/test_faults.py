@@ -18,24 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers import MAX_GAP_S, wait_chunks, wait_state
 from vlad.testing import (
-    PERIOD_S,
     ControllerSim,
     Received,
     load_golden,
     max_gap,
     start_daemon,
-    wait_until,
     write_fault_rig,
 )
-
-# What "no gap" is checked as on a shared 2-core test machine: a chunk at least every 3
-# control periods (+10 ms). The daemon bridges a silent policy after 1.5 periods (longest
-# gap between chunks 21-35 ms on a quiet machine: docs/benchmarks.md, "Hot-swap"); the rest
-# is scheduling jitter while the whole suite runs beside it. Each chunk is valid for 8
-# periods, so the controller always holds a valid command; without bridging the gap would
-# last until the inference deadline moved down the chain.
-MAX_GAP_S = 3 * PERIOD_S + 0.01
 
 
 @pytest.fixture()
@@ -56,44 +47,6 @@ def rig(tmp_path):
         client.close()
         d.stop()
     assert "Traceback" not in d.log(), d.log()
-
-
-def wait_state(client, state: str, serving_prefix: str | None = None, timeout: float = 10.0) -> dict:
-    """The daemon's status once it is in ``state`` serving a policy whose id starts with
-    ``serving_prefix``; DEGRADED (the release serving with warnings, e.g. a p99 over budget on
-    a loaded machine) counts as ACTIVE."""
-    last: dict = {}
-
-    def reached() -> bool:
-        last.clear()
-        last.update(client.status())
-        ok = last["state"] == state or (state == "ACTIVE" and last["state"] == "DEGRADED")
-        return ok and (serving_prefix is None or last["serving"].startswith(serving_prefix))
-
-    try:
-        wait_until(reached, timeout, poll=0.05)
-    except AssertionError:
-        raise AssertionError(
-            f"state {last.get('state')} serving {last.get('serving')}, wanted {state} {serving_prefix}; "
-            f"quarantined {last.get('quarantined')}; findings {last.get('findings')}"
-        ) from None
-    return dict(last)
-
-
-def wait_chunks(ctl: ControllerSim, source: str, n: int = 10, timeout: float = 10.0) -> list[Received]:
-    """The first ``n`` chunks from a source starting with ``source`` that ``ctl`` gets from now."""
-    t0 = time.monotonic()
-
-    def got() -> list[Received]:
-        return [c for c in ctl.since(t0) if c.source.startswith(source)]
-
-    try:
-        wait_until(lambda: len(got()) >= n, timeout, poll=0.02)
-    except AssertionError:
-        raise AssertionError(
-            f"fewer than {n} chunks from {source!r}; got {[c.source for c in ctl.since(t0)][-20:]}"
-        ) from None
-    return got()
 
 
 @dataclass

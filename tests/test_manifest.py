@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import NOW, T0, make_keys, make_release
 from vlad.cli import release as release_cli
-from vlad.release.authoring import new_manifest_data, write_manifest
+from vlad.release.authoring import write_manifest
 from vlad.release.manifest import (
     ManifestError,
     RuntimeSpec,
@@ -35,7 +36,6 @@ from vlad.release.signing import (
     UnsignedRelease,
     ValidityError,
     check_runtime,
-    generate_keypair,
     key_id,
     load_private_key,
     load_public_key,
@@ -45,71 +45,6 @@ from vlad.release.signing import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO_CONTRACT = ROOT / "manifests" / "demo" / "contract.toml"
-T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
-NOW = T0 + dt.timedelta(days=10)
-TOKENIZER = {
-    "version": "1.0",
-    "model": {"type": "WordLevel", "vocab": {"[PAD]": 0, "[UNK]": 1, "reach": 2}, "unk_token": "[UNK]"},
-}
-
-
-# ---- helpers shared with test_store.py --------------------------------------------------
-
-
-def make_keys(base: Path, name: str = "test") -> tuple[Path, Path]:
-    """A key pair in base/private and a trusted-keys folder base/keys.d with its public half."""
-    _, private, public = generate_keypair(base / "private", name)
-    trusted = base / "keys.d"
-    trusted.mkdir(exist_ok=True)
-    shutil.copy(public, trusted / public.name)
-    return private, trusted
-
-
-def make_release(
-    folder: Path,
-    private_key: Path | None,
-    *,
-    release_id: str = "r1",
-    version_code: int = 1,
-    payload: bytes = b"model bytes",
-    gate_passed: bool | None = True,
-    required: tuple[str, ...] = ("closed_loop",),
-    **overrides,
-) -> Path:
-    """A tiny but real release: the demo contract (tokenizer hash patched), a small tokenizer,
-    fake model/config/report files, a manifest and (with ``private_key``) its signature.
-
-    Its gate plan requires ``required``; ``eval.json`` is its closed-loop evidence, passed
-    or failed (``gate_passed``; None: no evidence at all)."""
-    folder.mkdir(parents=True)
-    tok = json.dumps(TOKENIZER).encode()
-    (folder / "tokenizer.json").write_bytes(tok)
-    contract = re.sub(
-        r'sha256 = "[0-9a-f]{64}"', f'sha256 = "{hashlib.sha256(tok).hexdigest()}"', DEMO_CONTRACT.read_text()
-    )
-    (folder / "contract.toml").write_text(contract)
-    (folder / "policy.onnx").write_bytes(payload * 10)
-    (folder / "model_config.json").write_text('{"width": 8}\n')
-    (folder / "eval.json").write_text('{"results": []}\n')
-    args = dict(
-        release_id=release_id,
-        version=f"1.0.{version_code}",
-        version_code=version_code,
-        backend="onnxruntime",
-        artifact="policy.onnx",
-        options={"intra_op_threads": 1},
-        not_before=T0,
-        expires=T0 + dt.timedelta(days=365),
-        gates=[] if gate_passed is None else [{"gate": "closed_loop", "report": "eval.json", "passed": gate_passed}],
-    )
-    args.update(overrides)
-    data = new_manifest_data(folder, **args)
-    data["gate_plan"] = {"required": list(required)}
-    write_manifest(folder, data)
-    if private_key is not None:
-        sign_release(folder, private_key, now=NOW)
-    return folder
 
 
 @pytest.fixture()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_deploy import make_release, store_config, wait_chunks, wait_release
+from tests.helpers import signed_demo_copy, store_config, wait_chunks, wait_release
 from vlad.config import MemoryConfig
 from vlad.daemon.memory import GB, MemoryBudget, PolicyMemory, stated_need
 from vlad.errors import VladError
@@ -120,7 +120,7 @@ def test_operations_that_do_not_fit_are_refused_with_the_numbers(tmp_path):
         held = _measured_release_mb(client)
         assert client.status()["memory"]["budget_host_bytes"] == budget_mb * MB
         # needs the whole budget: alone it would fit, beside the serving release it does not
-        big = with_memory(make_release(tmp_path / "big", "1.1.0", 2), budget_mb * MB)
+        big = with_memory(signed_demo_copy(tmp_path / "big", "1.1.0", 2), budget_mb * MB)
         for op, args in (("deploy", {"who": "t", "why": "w"}), ("shadow_start", {})):
             with pytest.raises(ClientError) as exc:
                 client.control(op, timeout_ms=60_000, path=str(big), **args)
@@ -138,7 +138,7 @@ def test_operations_that_do_not_fit_are_refused_with_the_numbers(tmp_path):
         st = client.status()
         assert st["release"] == "vlad-demo-reacher@1.0.0" and st["shadow"] is None
         # a release whose need fits is deployed as usual
-        small = with_memory(make_release(tmp_path / "small", "1.2.0", 3), 10 * MB)
+        small = with_memory(signed_demo_copy(tmp_path / "small", "1.2.0", 3), 10 * MB)
         r = client.control("deploy", timeout_ms=120_000, path=str(small), who="t", why="w")
         assert r["release"] == "vlad-demo-reacher@1.2.0" and "swap_gap_s" not in r
     finally:
@@ -155,7 +155,7 @@ def test_swap_serves_the_fallback_while_a_release_too_large_for_two_loads(tmp_pa
     try:
         wait_release(client, "vlad-demo-reacher@1.0.0")
         _measured_release_mb(client)
-        big = with_memory(make_release(tmp_path / "big", "1.1.0", 2), budget_mb * MB)
+        big = with_memory(signed_demo_copy(tmp_path / "big", "1.1.0", 2), budget_mb * MB)
         t0 = time.monotonic()
         result: dict = {}
         deploying = threading.Thread(
@@ -165,7 +165,7 @@ def test_swap_serves_the_fallback_while_a_release_too_large_for_two_loads(tmp_pa
         deploying.join(120)
         st = wait_release(client, "vlad-demo-reacher@1.1.0")
         assert result["release"] == "vlad-demo-reacher@1.1.0" and result["swap_gap_s"] > 0
-        wait_chunks(ctl, 10)  # and the new release streaming after the swap
+        wait_chunks(ctl, n=10)  # and the new release streaming after the swap
         seen = ctl.since(t0)
         # the robot got a command every period throughout: holds while the release loaded
         assert max(b.t - a.t for a, b in zip(seen, seen[1:], strict=False)) <= 4 * PERIOD_S

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_daemon import _exchange
+from tests.helpers import exchange
 from vlad import hookspecs
 from vlad.config import Config, ReleaseConfig, ServeConfig
 from vlad.testing import DEMO, QUIET_MONITORS, load_golden, start_daemon, wait_until
@@ -77,7 +77,7 @@ def serve_and_check(tmp_path: Path, env: dict[str, str]) -> None:
         ref_sess = ort.InferenceSession(str(DEMO / "policy.onnx"), providers=["CPUExecutionProvider"])
         compared = 0
         for i, case in enumerate(load_golden()):
-            chunk = _exchange(client, case, 100 + i)
+            chunk = exchange(client, case, 100 + i)
             assert chunk.release == RELEASE and chunk.source.startswith("release")
             assert chunk.actions.shape == (contract.action.chunk_length, contract.action.dim)
             if not chunk.interventions:  # the guard may correct a chunk; then it differs by design

@@ -36,13 +36,13 @@ def _fifo_in_place_of(path: Path) -> None:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A store with the demo release and a second one activated after it (previous = demo)."""
-    from tests.test_deploy import make_release
+    from tests.helpers import signed_demo_copy
     from vlad.release.store import ReleaseStore
 
     tmp = tmp_path_factory.mktemp("fifo-store")
     st = ReleaseStore(tmp / "store", KEYS)
     st.activate(st.stage(DEMO), who="test", why="initial")
-    v2 = make_release(tmp / "v2", "1.1.0", 2)
+    v2 = signed_demo_copy(tmp / "v2", "1.1.0", 2)
     st.activate(st.stage(v2), who="test", why="second")
     assert st.previous() == "vlad-demo-reacher-1.0.0"
     return st, tmp

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_manifest import NOW, make_keys, make_release
+from tests.helpers import NOW, make_keys, make_release
 from vlad.cli import release as release_cli
 from vlad.release.signing import IntegrityError, ValidityError, verify_release
 from vlad.release.store import DowngradeRefused, ReleaseStore, StoreError

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import MAX_GAP_S, wait_chunks, wait_state
 from tests.kserve.remote_server import ServerProcess, started_server
-from tests.test_faults import MAX_GAP_S, wait_chunks, wait_state
 from vlad.config import Config, ReleaseConfig, ServeConfig
 from vlad.testing import (
     WATCHDOG_ENV,
