@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run vlad's fuzz targets for a configurable time (the long form of tests/test_fuzz.py).
+"""Run vlad's fuzz targets for a configurable time (the long form of tests/testing/test_fuzz.py).
 
     .venv/bin/python scripts/fuzz.py                       # every target, 60 s each
     .venv/bin/python scripts/fuzz.py --seconds 300 intake  # one target, 5 minutes

@@ -1,7 +1,7 @@
 """The typed status (:mod:`vlad.snapshot`): the wire map round-trips, a map of another shape is
 one clear error listing every problem, and every reader (plain view, watch frame, Prometheus
 text) is total on whatever parses: fuzzed from a status recorded on a real daemon
-(``tests/watch_status.json``, re-recorded with ``python -m tests.test_watch``)."""
+(``tests/cli/watch_status.json``, re-recorded with ``python -m tests.cli.test_watch``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from tests.conftest import ROOT
 from vlad.backend import LinkRecovery, RollingLatency, SessionStats
 from vlad.cli.daemon import format_status
 from vlad.cli.watch import render as render_frame
@@ -22,7 +23,7 @@ from vlad.health.state import State, StateMachine
 from vlad.serving.guard import INTERVENTIONS
 from vlad.snapshot import StatusSnapshot, StatusUnreadable, parse_events, parse_status, split_readings
 
-RECORDED = Path(__file__).with_name("watch_status.json")
+RECORDED = Path(__file__).parent / "cli" / "watch_status.json"
 
 
 def recorded() -> dict[str, Any]:
@@ -270,9 +271,7 @@ def test_every_event_kind_is_documented():
     from vlad.health.state import EventKind
 
     row = next(
-        line
-        for line in (RECORDED.parent.parent / "docs" / "operations.md").read_text().splitlines()
-        if line.startswith("| `VLAD_EVENT`")
+        line for line in (ROOT / "docs" / "operations.md").read_text().splitlines() if line.startswith("| `VLAD_EVENT`")
     )
     documented = set(re.findall(r"`([a-z_]+)`", row.split("|")[3]))
     assert documented == set(get_args(EventKind))

@@ -84,7 +84,7 @@ def test_a_streaming_controller_is_bridged_while_its_inference_is_late(rig):
 
 def test_a_streaming_controller_is_bridged_when_its_camera_stops(rig):
     """Observations stop, heartbeats go on: holds every 1.5 periods until the sensor-stall
-    monitor moves to the hold posture (the daemon's part, tests/test_faults.py). The last
+    monitor moves to the hold posture (the daemon's part, tests/daemon/test_faults.py). The last
     observation was answered, so the holds are about none (``obs_seq`` 0)."""
     period = rig.loop.period_ns
     keeper, published = _streaming(rig, period)

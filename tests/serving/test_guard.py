@@ -139,7 +139,7 @@ def test_an_external_move_reanchors_after_a_consistent_run(contract):
 
 def test_a_burst_of_consistent_forged_states_never_reanchors(contract):
     """A forger repeating the same joint state many times between two genuine observations
-    is consistent in count but not over time: no re-anchor (found by tests/test_hostile.py
+    is consistent in count but not over time: no re-anchor (found by tests/daemon/test_hostile.py
     against the live daemon; before, 3 identical forged messages moved the trusted state)."""
     ts = _trusted(contract, (0.0, 0.0))
     for k in range(1, 30):

@@ -5,7 +5,7 @@
 :class:`OpenPILink`): a request whenever the chunk executor asks for a chunk, every
 ``--exec-steps`` periods, which is the cadence of openpi's ``ActionChunkBroker``. The same
 seeds through the native client or in process are then comparable episode by episode
-(``tests/test_openpi.py``). A request vlad answers with an error (a hold, an e-stop, a
+(``tests/compat/test_openpi.py``). A request vlad answers with an error (a hold, an e-stop, a
 refused observation) raises ``RuntimeError`` in the client; the runner then holds the arm
 where it is and asks again on the next tick.
 """

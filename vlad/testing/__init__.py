@@ -13,7 +13,7 @@ to run the real thing.
   budgets engines are judged by;
 * :mod:`vlad.testing.kserve`: KServe v2 servers for the remote backend: the real one as a
   process with injected faults, and a hostile one (trickling, huge, malformed answers);
-* :mod:`vlad.testing.fuzz`: fuzz targets and input generators (``tests/test_fuzz.py``,
+* :mod:`vlad.testing.fuzz`: fuzz targets and input generators (``tests/testing/test_fuzz.py``,
   ``scripts/fuzz.py``);
 * :mod:`vlad.testing.toml`: a config (or any mapping) written as TOML, so nobody formats a
   daemon config by hand;

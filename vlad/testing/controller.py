@@ -137,7 +137,7 @@ def max_gap(chunks: list[Received]) -> float:
 # every 0.5 s) and check both over the attack's time with assert_core_unaffected:
 #
 # * the watchdog never silent for its limit (1 s);
-# * the controller's cadence: 95 % of the gaps between its chunks within tests/test_faults.py's
+# * the controller's cadence: 95 % of the gaps between its chunks within tests/daemon/test_faults.py's
 #   bound (3 periods + 10 ms), at least 75 % of the periods with a chunk, and no hole over
 #   0.5 s. A strict "every gap within the bound" holds on a quiet machine (the figures each
 #   test prints), but the 2-core test machine is shared: another job can take both cores for

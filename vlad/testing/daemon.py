@@ -38,7 +38,7 @@ SOCKETS = ("observations", "actions", "status", "control")
 
 # ``--set`` arguments for a daemon that is sent observations and heartbeats now and then,
 # not as steady streams: the monitors that would (rightly) call that a stalled sensor or a
-# lost controller are switched off (tests/test_faults.py covers them).
+# lost controller are switched off (tests/daemon/test_faults.py covers them).
 QUIET_MONITORS = [
     "--set",
     "monitors.sensor_stall_periods=1000000",

@@ -1,4 +1,4 @@
-"""Fuzz targets and input generators, shared by tests/test_fuzz.py (hypothesis, bounded for
+"""Fuzz targets and input generators, shared by tests/testing/test_fuzz.py (hypothesis, bounded for
 CI) and scripts/fuzz.py (long runs with a time budget).
 
 Each target takes one input and either returns or raises :class:`FuzzFailure` (an

@@ -314,7 +314,7 @@ def test_flood_with_estop(daemon, slow):
         # starves the good controller (sensor_stall / heartbeat_lost on a loaded machine),
         # a consistent forged stream spanning two periods is indistinguishable from a real
         # external move and the trusted state re-anchors (docs/protocol.md, "Who may send");
-        # tests/test_hostile.py covers forgers between good observations.
+        # tests/daemon/test_hostile.py covers forgers between good observations.
         reanchored = daemon.log().count("joint state re-anchored")
         print(
             f"flood: {dict(counts)} sent; {rate:.1f} chunks/s to the good controller; rejected {moved}; "

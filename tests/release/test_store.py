@@ -16,7 +16,7 @@ from vlad.cli import release as release_cli
 from vlad.release.signing import IntegrityError, ValidityError, verify_release
 from vlad.release.store import DowngradeRefused, ReleaseStore, StoreError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()

@@ -44,7 +44,7 @@ from vlad.release.signing import (
     verify_release,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()

@@ -2,8 +2,8 @@
 
 * Against a real daemon in its worst practical state: the faulty release quarantined and a
   fallback serving, three health findings, the e-stop engaged, an openpi client connected.
-* Against a recorded status (``tests/watch_status.json``, recorded from that daemon with
-  ``python -m tests.test_watch``) with what one daemon here cannot show at once layered on:
+* Against a recorded status (``tests/cli/watch_status.json``, recorded from that daemon with
+  ``python -m tests.cli.test_watch``) with what one daemon here cannot show at once layered on:
   two remote links (the KServe backend's real ``LinkStats``), a long release name, nine
   findings, an operation in progress, twenty events.
 * Every way out restores the cursor: Ctrl-C, SIGTERM and SIGHUP.
@@ -168,7 +168,7 @@ def test_watch_fits_80x24_on_a_real_daemon_in_its_worst_state(tmp_path):
         ws = stack.enter_context(connect(f"ws://127.0.0.1:{port}", open_timeout=10))
         sim, st = drive_to_worst(rig, client, ws)
         # The recording the exotic-state tests build on has the live status's keys.
-        assert set(json.loads(RECORDED.read_text())) == set(st), "re-record: python -m tests.test_watch"
+        assert set(json.loads(RECORDED.read_text())) == set(st), "re-record: python -m tests.cli.test_watch"
         start_pane(
             session,
             f"PYTHONPATH={ROOT} {VLADCTL} status --watch --interval 0.3 --endpoint {d.endpoints['control']}",
@@ -435,7 +435,7 @@ def test_every_way_out_writes_the_cursor_back(tmp_path, sig):
 
 
 def record() -> None:
-    """Re-record tests/watch_status.json from the fault-rig daemon in its worst state."""
+    """Re-record tests/cli/watch_status.json from the fault-rig daemon in its worst state."""
     import tempfile
 
     from websockets.sync.client import connect

@@ -2,7 +2,7 @@
 
 ``Canary.check`` reads only the canary policy's counters, the shadow's divergence and the
 heartbeat faults the supervisor counts; the policies themselves are stand-ins carrying
-just those fields. tests/test_deploy.py covers the whole canary through a live daemon.
+just those fields. tests/daemon/test_deploy.py covers the whole canary through a live daemon.
 """
 
 from __future__ import annotations

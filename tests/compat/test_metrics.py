@@ -176,7 +176,7 @@ def test_metrics_refuses_a_remote_address_unless_asked():
 def test_metrics_read_the_typed_status_and_count_one_they_cannot_read(tmp_path):
     """The endpoint in process, fed over a real PUB socket: a status of another shape is
     counted as unreadable and shown as nothing but ``vlad_up 0``; the recorded status of a
-    real daemon in its worst state (tests/watch_status.json) then renders every family from
+    real daemon in its worst state (tests/cli/watch_status.json) then renders every family from
     typed fields: guard kinds, memory and temperature readings, fallback, openpi."""
     import asyncio
     import json
@@ -190,7 +190,7 @@ def test_metrics_read_the_typed_status_and_count_one_they_cannot_read(tmp_path):
     from vlad.compat.metrics import MetricsEndpoint
     from vlad.serving.guard import INTERVENTIONS
 
-    recorded = json.loads((Path(__file__).with_name("watch_status.json")).read_text())
+    recorded = json.loads((Path(__file__).parents[1] / "cli" / "watch_status.json").read_text())
     bad = {**recorded, "state": "RUNNING"}
     status_ep = f"ipc://{tmp_path}/status"
     spec = Spec(

@@ -26,7 +26,7 @@ from vlad.contract import (
 )
 from vlad.errors import ContractError, VladError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "manifests" / "demo" / "contract.toml"
 DEMO_TEXT = DEMO.read_text()
 

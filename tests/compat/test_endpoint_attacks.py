@@ -459,7 +459,7 @@ def test_malformed_heartbeats_keep_nobody_alive(daemon, native):
 
 def test_the_endpoint_processes_are_restarted_and_stopped(daemon, native, tmp_path):
     """A killed endpoint process is restarted (the daemon serves on meanwhile); at
-    shutdown (tests/test_daemon.py's SIGTERM path) no endpoint process is left."""
+    shutdown (tests/daemon/test_daemon.py's SIGTERM path) no endpoint process is left."""
     st = status(daemon)
     old, restarts = st["openpi"]["pid"], st["openpi"].get("restarts", 0)  # an attack above may have restarted it
     t0 = time.monotonic()
