@@ -819,7 +819,7 @@ def main() -> int:
         openpi_server(int(args._openpi_server[0]), args._openpi_server[1], args._debug)
         return 0
     if args.short:
-        args.seconds, args.lockstep_seconds, args.warmup_seconds, args.warmup = 0.5, 0.25, 0.25, 3
+        args.seconds, args.lockstep_seconds, args.warmup_seconds, args.warmup = 0.3, 0.15, 0.1, 3
         args.parallel_start = True
     try:
         import openpi_client  # noqa: F401
