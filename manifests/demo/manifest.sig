@@ -2,7 +2,7 @@
   "format": "vlad.signature/2",
   "key_id": "b5ee11b70294dcc0",
   "algorithm": "ed25519",
-  "signature": "UPuc2NZ60YIDmEXiJrOJbmV6M10tiBNj87ezKrlLPOt5vRPvGa8jSYn+J0711WNSi84VO8agRn+PQX0EDA2oBQ==",
-  "signed_at": "2026-12-04T13:16:54Z",
-  "manifest_sha256": "82d2cb63a3872e9b20990ff65bd4cdccf9cd6c24822e0f004f72cb415d422764"
+  "signature": "djH5H2TmflBA9uklH3nNaJn1a/dKnb7j1Z2hpORgd0utt8hxvOpzcoQpZDfqPlVn0yCxhWganWPpFeRbd+u5Aw==",
+  "signed_at": "2026-12-04T17:55:27Z",
+  "manifest_sha256": "592c893a96cabdd19840e0b14770dd19fa85edaf25826341fd66bc68c84f77e0"
 }
