@@ -198,7 +198,7 @@ class StatusModel:
     tap: Tap | None
     control_period_ms: float
     heartbeat_limit_ns: int
-    realtime_report: dict[str, Any]
+    realtime: RealtimeConfig  # the real-time settings in force
     started_ns: int = field(init=False, default_factory=time.monotonic_ns)
     rates: RateMeter = field(init=False, default_factory=RateMeter)
     tallies: Tallies = field(init=False)  # cumulative figures the status carries
@@ -273,7 +273,6 @@ class StatusModel:
         budget = self.releases.budget.to_dict(loaded)
         budget["policies"] = dict(loaded)  # the typed figures, not their maps
         endpoints = self.endpoints.status()
-        rt = self.realtime_report
         return StatusSnapshot(
             version=__version__,
             pid=os.getpid(),
@@ -327,7 +326,7 @@ class StatusModel:
                 readings_bytes=memory_readings,
                 **budget,  # per loaded policy (measured at its load), the sum and the [memory] budget
             ),
-            realtime=RealtimeConfig(**{**rt, "cpu_affinity": tuple(rt["cpu_affinity"])}),
+            realtime=self.realtime,
             tap=TapStatus(**self.tap.stats()) if self.tap is not None else None,
             monotonic_ns=now,  # the daemon's clock when this was built (the metrics' status age)
             readings=readings,

@@ -96,7 +96,6 @@ class Daemon:
         control_sock: zmq.asyncio.Socket,
         status_sock: zmq.asyncio.Socket,
         served: Callable[[LoadedPolicy, str], ServedPolicy],
-        realtime_report: dict[str, Any],
         tap: Tap | None,
         endpoint_processes: endpoints.Endpoints,
     ) -> None:
@@ -135,7 +134,7 @@ class Daemon:
             tap=tap,
             control_period_ms=self.contract.timing.control_period_ms,
             heartbeat_limit_ns=heartbeat_limit_ns,
-            realtime_report=realtime_report,
+            realtime=cfg.realtime,
         )
         controls = control.DaemonControls(
             releases=self.releases,
@@ -432,7 +431,6 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         control_sock=control_sock,
         status_sock=status_sock,
         served=served,
-        realtime_report=_realtime_report(cfg),
         tap=tap,
         endpoint_processes=endpoint_processes,
     )
@@ -483,17 +481,6 @@ def _largest_frame(contract: Contract) -> int:
     if contract.proprio is not None:
         sizes.append(contract.proprio.dim * 8)
     return max(sizes)
-
-
-def _realtime_report(cfg: Config) -> dict[str, Any]:
-    rt = cfg.realtime
-    return {
-        "cpu_affinity": list(rt.cpu_affinity),
-        "fifo_priority": rt.fifo_priority,
-        "mlockall": rt.mlockall,
-        "gc_freeze": rt.gc_freeze,
-        "busy_poll_us": rt.busy_poll_us,
-    }
 
 
 def serve(cfg: Config) -> int:
