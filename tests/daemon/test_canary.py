@@ -77,4 +77,4 @@ def test_heartbeat_faults_abort_beyond_the_allowance():
 def test_report_names_both_releases():
     c = canary(published=1)
     r = c.report(c.started_ns + 2_500_000_000)
-    assert r["release"] == "new@2" and r["previous"] == "old@1" and r["elapsed_s"] == 2.5
+    assert r.release == "new@2" and r.previous == "old@1" and r.elapsed_s == 2.5

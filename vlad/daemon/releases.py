@@ -55,6 +55,7 @@ from vlad.release.store import HistoryEntry, ReleaseStore
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.publisher import Publisher
 from vlad.serving.shadow import ShadowRun
+from vlad.snapshot import CanaryStatus, Evidence, Operation
 
 log = logging.getLogger("vlad.releases")
 
@@ -95,14 +96,14 @@ class Canary:
             return f"{self.heartbeat_faults} heartbeat faults > {t.max_heartbeat_faults}"
         return None
 
-    def report(self, now_ns: int) -> dict[str, Any]:
-        return {
-            "release": self.policy.id.release,
-            "previous": self.previous.id.release,
-            "elapsed_s": round(self.elapsed_s(now_ns), 3),
-            "window_s": self.thresholds.window_s,
-            "heartbeat_faults": self.heartbeat_faults,
-        }
+    def report(self, now_ns: int) -> CanaryStatus:
+        return CanaryStatus(
+            release=self.policy.id.release,
+            previous=self.previous.id.release,
+            elapsed_s=round(self.elapsed_s(now_ns), 3),
+            window_s=self.thresholds.window_s,
+            heartbeat_faults=self.heartbeat_faults,
+        )
 
 
 class ReleaseManager:
@@ -266,16 +267,13 @@ class ReleaseManager:
             self.operation = {**op, "step": line}
             log.info("%s %s: %s", op["kind"], op["target"], line)
 
-    def operation_status(self, now_ns: int) -> dict[str, Any] | None:
+    def operation_status(self, now_ns: int) -> Operation | None:
         op = self.operation
         if op is None:
             return None
-        return {
-            "kind": op["kind"],
-            "target": op["target"],
-            "step": op["step"],
-            "elapsed_s": round((now_ns - op["started_ns"]) / 1e9, 1),
-        }
+        return Operation(
+            kind=op["kind"], target=op["target"], step=op["step"], elapsed_s=round((now_ns - op["started_ns"]) / 1e9, 1)
+        )
 
     async def deploy(self, path: str, who: str, why: str, canary: bool, force: bool) -> dict[str, Any]:
         """verify -> stage -> evidence -> load and warm -> activate in the store -> hot-swap."""
@@ -435,12 +433,12 @@ class ReleaseManager:
             log.warning("cannot read the release store's journal in %s: %s", root, exc)
             return None
 
-    def evidence_status(self) -> dict[str, Any]:
+    def evidence_status(self) -> Evidence:
         """The serving release's evidence for the status; unverified ones count their chunks."""
         out = dict(self.evidence)
         if out["status"] == "unverified":
             out["published_unverified"] = self.chain.release.served.counts.published
-        return out
+        return Evidence(**out)
 
     # -- shadow ----------------------------------------------------------------------------
 
