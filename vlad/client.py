@@ -90,9 +90,16 @@ class Client:
         control: str | None = None,
         name: str = "controller",
         curve: tuple[str, str] | None = None,
+        send_hwm: int = 4,
+        reconnect_ms: int | None = None,
     ) -> None:
         """``curve``: (this client's secret key file, the server's public key file) for
-        tcp:// endpoints, which vlad serves only with CurveZMQ."""
+        tcp:// endpoints, which vlad serves only with CurveZMQ.
+
+        ``send_hwm``: observations queued at most while the link is slow (a controller wants
+        few: never old observations behind a slow link; a measurement of bursts wants every
+        one sent). ``reconnect_ms``: ZeroMQ's reconnect interval (default 100 ms), shorter to
+        connect the moment a daemon that is still starting binds (the gates' cold start)."""
         self.name = name
         self.endpoints = {"observations": observations, "actions": actions, "status": status, "control": control}
         self._curve = load_curve(curve) if curve else None
@@ -101,11 +108,14 @@ class Client:
         self._ctx = zmq.Context()
         self._obs = self._ctx.socket(zmq.PUB)
         self._obs.setsockopt(zmq.LINGER, 0)
-        self._obs.setsockopt(zmq.SNDHWM, 4)  # never queue old observations behind a slow link
-        self._connect(self._obs, observations)
+        self._obs.setsockopt(zmq.SNDHWM, send_hwm)
         self._act = self._ctx.socket(zmq.SUB)
         self._act.setsockopt(zmq.LINGER, 0)
         self._act.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ACTIONS)
+        if reconnect_ms is not None:
+            for sock in (self._obs, self._act):
+                sock.setsockopt(zmq.RECONNECT_IVL, reconnect_ms)
+        self._connect(self._obs, observations)
         self._connect(self._act, actions)
         self._act_poll = [(self._act, zmq.POLLIN)]
         self._status: zmq.Socket | None = None
@@ -235,10 +245,18 @@ class Client:
             self.tap.actions(frames, time.monotonic_ns())
         return self._decode_actions(frames, self)
 
-    @staticmethod
-    def decode_chunk(frames: list[bytes]) -> ActionChunk:
-        """An action chunk message (received now) as an :class:`ActionChunk`; ProtocolError if it is not one."""
-        return Client._decode_actions(frames)
+    def recv_until(self, deadline_ns: int) -> list[ActionChunk]:
+        """Every chunk arriving before ``deadline_ns`` (monotonic) and any already queued then,
+        in order, none skipped (for measurements that judge every chunk)."""
+        out = []
+        while (left := deadline_ns - time.monotonic_ns()) > 0:
+            chunk = self.recv_chunk(left / 1e6)
+            if chunk is None:
+                break
+            out.append(chunk)
+        while (chunk := self.recv_chunk(0)) is not None:
+            out.append(chunk)
+        return out
 
     @staticmethod
     def _decode_actions(frames: list[bytes], learn: Client | None = None) -> ActionChunk:

@@ -111,7 +111,6 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
     """Publish ``frames`` to a real ``vlad serve`` on ``release``; each chunk must equal what
     the release computes in process on the same window (the one Preprocessor, ONNX Runtime)."""
     from vlad.contract import load_contract
-    from vlad.gates.controller import Controller
     from vlad.gates.launcher import serve
     from vlad.gates.subject import open_subject
     from vlad.plugins import get_backend
@@ -125,7 +124,7 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
     compared = 0
     with serve(open_subject(release), warmup=2, keys_dir=str(keys)) as daemon:
         daemon.wait_ready()
-        with Controller(daemon.endpoints, name="import-test") as ctl:
+        with daemon.client("import-test") as ctl:
             tick = time.monotonic_ns()
 
             def send(image, state):
@@ -137,7 +136,7 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
                     time.sleep(0.001)  # paced to the control period
                 t = time.monotonic_ns()
                 tick = max(tick, t)
-                seq = ctl.publish({camera: image}, state, None, t)
+                seq = ctl.publish_observation({camera: image}, state, None, t_sensor_ns=t)
                 ctl.heartbeat()
                 inputs = pre.fill(RawObservation({camera: image}, state, "", seq, t))
                 return seq, decode_actions(contract, session.infer(inputs)).copy()
@@ -148,7 +147,7 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and (chunk is None or chunk.is_hold):
                 send(*frames[0])
-                chunk = ctl.recv(50)
+                chunk = ctl.recv_chunk(50)
             assert chunk is not None and not chunk.is_hold, (chunk, daemon.log_tail(10))
             for image, state in frames:
                 seq, want = send(image, state)
@@ -156,7 +155,7 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
                 chunk = None
                 deadline = time.monotonic() + 10
                 while time.monotonic() < deadline and (chunk is None or chunk.obs_seq < seq or chunk.is_hold):
-                    chunk = ctl.recv(500) or chunk
+                    chunk = ctl.recv_chunk(500) or chunk
                 assert chunk is not None and chunk.obs_seq == seq and not chunk.is_hold, (chunk, daemon.log_tail(10))
                 assert chunk.interventions == (), chunk.interventions
                 np.testing.assert_allclose(chunk.actions, want, atol=1e-5)

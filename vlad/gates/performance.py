@@ -32,9 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from vlad.client import ActionChunk
+from vlad.client import ActionChunk, Client
 from vlad.gates.conditions import cpu_hog
-from vlad.gates.controller import Controller
 from vlad.gates.launcher import serve
 from vlad.gates.metrics import percentiles
 from vlad.gates.plan import GatePlan
@@ -117,7 +116,7 @@ def _stats(sent: dict[int, int], chunks: list[ActionChunk], deadline_ms: float, 
 
 
 def stream(
-    ctl: Controller,
+    ctl: Client,
     obs: list,
     n: int,
     period_ns: int,
@@ -147,7 +146,7 @@ def stream(
         t = time.monotonic_ns()
         for j in range(burst_size if is_burst else 1):
             images, proprio, instruction, reanchor = obs[(k + j) % len(obs)]
-            seq = ctl.publish(images, proprio, instruction, t, reanchor=reanchor)
+            seq = ctl.publish_observation(images, proprio, instruction, t_sensor_ns=t, reanchor=reanchor)
         if measured and (is_burst or not burst_every):
             sent[seq] = t
         ctl.heartbeat()
@@ -171,13 +170,13 @@ def burst_deadline_ms(deadline_ms: float, warm: dict[str, Any]) -> float:
     return deadline_ms + (engine_p99 if math.isfinite(engine_p99) else 0.0)
 
 
-def _refused(ctl: Controller) -> int:
+def _refused(ctl: Client) -> int:
     """Observations the daemon refused for their content (counted, answered with an advisory
     hold: e.g. a golden fixture's joint state far from the previous one)."""
     return parse_status(ctl.status()).counters.input_rejected
 
 
-def cold_start(daemon: DaemonProcess, ctl: Controller, obs: list, period_ns: int, timeout_s: float) -> dict:
+def cold_start(daemon: DaemonProcess, ctl: Client, obs: list, period_ns: int, timeout_s: float) -> dict:
     """Seconds from process start to READY=1 and to the first policy chunk received."""
     deadline = time.monotonic() + timeout_s
     i = 0
@@ -188,7 +187,7 @@ def cold_start(daemon: DaemonProcess, ctl: Controller, obs: list, period_ns: int
             )
         images, proprio, instruction, reanchor = obs[i % len(obs)]
         i += 1
-        ctl.publish(images, proprio, instruction, reanchor=reanchor)
+        ctl.publish_observation(images, proprio, instruction, reanchor=reanchor)
         ctl.heartbeat()
         for c in ctl.recv_until(time.monotonic_ns() + period_ns):
             if not c.is_hold:
@@ -246,7 +245,17 @@ def _serve(subject: Subject, plan: GatePlan, obs: list, progress, keys_dir, log_
     """Start a daemon, measure its cold start, run ``scenarios(ctl, period_ns)``, read its memory."""
     pp = plan.performance
     with serve(subject, warmup=pp.warmup, log_level=log_level, keys_dir=keys_dir) as daemon:
-        with Controller(daemon.endpoints, name="gate-performance") as ctl:
+        e = daemon.endpoints
+        # Every observation of a burst sent (a queue of 64), and connected the moment the
+        # starting daemon binds (the cold-start figure).
+        with Client(
+            observations=e["observations"],
+            actions=e["actions"],
+            control=e["control"],
+            name="gate-performance",
+            send_hwm=64,
+            reconnect_ms=10,
+        ) as ctl:
             period_ns = int(subject.contract.timing.control_period_ms * 1e6)
             cold = cold_start(daemon, ctl, obs, period_ns, max(60.0, 2 * pp.max_cold_start_s))
             progress(
@@ -274,7 +283,7 @@ def run_performance_gate(candidate: Subject, plan: GatePlan, progress=print, key
         f"{t.control_period_ms:g} ms, deadline {t.e2e_deadline_ms:g} ms; {pp.warm_calls} warm observations"
     )
 
-    def main_scenarios(ctl: Controller, period_ns: int) -> dict:
+    def main_scenarios(ctl: Client, period_ns: int) -> dict:
         deadline_ms = t.e2e_deadline_ms
         out = {
             "warm": stream(
