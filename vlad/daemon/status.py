@@ -199,6 +199,7 @@ class StatusModel:
     started_ns: int = field(init=False, default_factory=time.monotonic_ns)
     rates: RateMeter = field(init=False, default_factory=RateMeter)
     tallies: Tallies = field(init=False)  # cumulative figures the status carries
+    unparsed: set[str] = field(init=False, default_factory=set)  # endpoints whose report did not parse (logged once)
 
     def __post_init__(self) -> None:
         self.tallies = Tallies(self.started_ns)
@@ -331,8 +332,8 @@ class StatusModel:
             histograms=self.tallies.histograms(),
             event_counts=dict(self.tallies.events),
             transition_counts=dict(self.tallies.transitions),
-            openpi=_endpoint(OpenpiStatus, "openpi", endpoints.get("openpi")),
-            metrics=_endpoint(MetricsStatus, "metrics", endpoints.get("metrics")),
+            openpi=_endpoint(OpenpiStatus, "openpi", endpoints.get("openpi"), self.unparsed),
+            metrics=_endpoint(MetricsStatus, "metrics", endpoints.get("metrics"), self.unparsed),
         )
 
 
@@ -370,14 +371,18 @@ def _finding(f: Finding) -> FindingStatus:
     return FindingStatus(**d)
 
 
-def _endpoint(cls: type[E], name: str, report: Mapping[str, Any] | None) -> E | None:
+def _endpoint(cls: type[E], name: str, report: Mapping[str, Any] | None, unparsed: set[str]) -> E | None:
     """An endpoint process's report (JSON from a child process), or the parent's own part
-    of it (pid, running, restarts) when the child's part does not parse."""
+    of it (pid, running, restarts) when the child's part does not parse (logged once until
+    it parses again: the status is built several times a second)."""
     if report is None:
         return None
     problems: list[str] = []
     parsed = schema.convert(cls, dict(report), name, problems)
     if not problems:
+        unparsed.discard(name)
         return cast(E, parsed)
-    log.warning("the %s endpoint's report does not parse: %s", name, "; ".join(problems[:3]))
+    if name not in unparsed:
+        unparsed.add(name)
+        log.warning("the %s endpoint's report does not parse: %s", name, "; ".join(problems[:3]))
     return cls(pid=report.get("pid"), running=bool(report.get("running")), restarts=int(report.get("restarts", 0)))

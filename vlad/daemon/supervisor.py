@@ -197,9 +197,6 @@ class Daemon:
 
     # -- status ----------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
-        return self.status_model.build()
-
     async def _status_task(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         period = 1.0 / self.cfg.serve.status_hz
         task_status.started()
