@@ -26,6 +26,21 @@ from vlad.testing.releases import REPO as ROOT
 KEYS = ROOT / "etc" / "vlad" / "keys.d"  # the demo signing key's public half
 DEMO_CONTRACT = ROOT / "manifests" / "demo" / "contract.toml"
 
+
+def history_data(contract, frames: int) -> dict:
+    """The demo contract as TOML data, with ``[history] frames`` and the time axis added."""
+    import copy
+
+    data = copy.deepcopy(contract.to_dict())
+    data["history"] = {"frames": frames}
+    for t in data["inputs"]:
+        if t["name"] == contract.cameras[0].input:
+            t["layout"], t["shape"] = "NTCHW", [1, frames, *t["shape"][1:]]
+        if t["name"] == contract.proprio.input:
+            t["layout"], t["shape"] = "NTD", [1, frames, *t["shape"][1:]]
+    return data
+
+
 # ---------------------------------------------------------------------------------------
 # Small synthetic releases (manifest, signing, store tests)
 # ---------------------------------------------------------------------------------------

@@ -8,13 +8,12 @@ repeated and malformed observations.
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import history_data
 from vlad.contract import diff_contracts, parse_contract
 from vlad.errors import ContractError, ObservationError
 from vlad.processing import Preprocessor, RawObservation, preprocess, preprocess_image, preprocess_proprio
@@ -23,21 +22,9 @@ FRAMES = 3
 MS = 1_000_000
 
 
-def history_data(contract, frames: int = FRAMES) -> dict:
-    """The demo contract as TOML data, with ``[history] frames`` and the time axis added."""
-    data = copy.deepcopy(contract.to_dict())
-    data["history"] = {"frames": frames}
-    for t in data["inputs"]:
-        if t["name"] == contract.cameras[0].input:
-            t["layout"], t["shape"] = "NTCHW", [1, frames, *t["shape"][1:]]
-        if t["name"] == contract.proprio.input:
-            t["layout"], t["shape"] = "NTD", [1, frames, *t["shape"][1:]]
-    return data
-
-
 @pytest.fixture(scope="module")
 def hcontract(contract):
-    data = history_data(contract)
+    data = history_data(contract, FRAMES)
     lang = data["language"]
     c = parse_contract(data, "history", path=contract.path)  # the tokenizer resolves beside the demo's
     assert c.frames == FRAMES and lang["file"] == c.language.file
@@ -80,7 +67,7 @@ def assert_window(c, pre: Preprocessor, frames: list[RawObservation]) -> None:
 
 
 def test_history_needs_the_time_axis(contract):
-    data = history_data(contract)
+    data = history_data(contract, FRAMES)
     for t in data["inputs"]:
         if t["name"] == contract.proprio.input:
             t["layout"], t["shape"] = "ND", [1, 4]
@@ -90,7 +77,7 @@ def test_history_needs_the_time_axis(contract):
 
 
 def test_history_camera_layout_and_shape(contract):
-    data = history_data(contract)
+    data = history_data(contract, FRAMES)
     for t in data["inputs"]:
         if t["name"] == contract.cameras[0].input:
             t["layout"], t["shape"] = "NCHW", [1, 3, 64, 64]

@@ -10,7 +10,7 @@ was trained. Everything here is numpy (no torch), so the daemon does not need to
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -256,6 +256,16 @@ def normalize_actions(contract: Contract, actions: np.ndarray) -> np.ndarray:
     return ((np.asarray(actions, np.float32) / np.float32(spec.scale) - mean) / std).astype(np.float32)
 
 
+@dataclass(frozen=True, slots=True)
+class Guide:
+    """What real-time chunking conditions a chunk on (a contract with ``[rtc]``): the waypoints
+    the new chunk is to continue, ``float32[chunk_length, dim]`` in contract units on the new
+    chunk's time slots, and a weight per waypoint in [0, 1] (1: reproduce it, 0: free)."""
+
+    actions: np.ndarray
+    weights: np.ndarray
+
+
 # ---------------------------------------------------------------------------------------
 # The serving path: the same arithmetic into preallocated buffers
 # ---------------------------------------------------------------------------------------
@@ -318,6 +328,14 @@ class Preprocessor:
         if contract.noise is not None:
             self.inputs[contract.noise.input] = np.zeros((1, *contract.noise.shape), np.dtype(contract.noise.dtype))
             self._noise = _NoiseSource(contract)
+        self._guide: tuple[np.ndarray, np.ndarray] | None = None  # the [rtc] inputs
+        if contract.rtc is not None:
+            a = contract.action
+            self._guide = (np.zeros((1, a.chunk_length, a.dim), np.float32), np.zeros((1, a.chunk_length), np.float32))
+            self.inputs[contract.rtc.actions_input], self.inputs[contract.rtc.weights_input] = self._guide
+            self._a_mean = np.asarray([j.mean for j in a.joints], np.float32)
+            self._a_std = np.asarray([j.std for j in a.joints], np.float32)
+            self._a_scale = np.float32(a.scale)
         self._max_gap_ns = int(contract.timing.max_observation_age_ms * 1e6)
         self.restarts = 0  # window restarts (frames > 1), for tests and status
         self.reset()
@@ -328,9 +346,12 @@ class Preprocessor:
         self._filled = 0  # frames the window holds
         self._last: tuple[int, int, str | None] | None = None  # (sequence, sensor time, client)
 
-    def fill(self, obs: RawObservation) -> dict[str, np.ndarray]:
+    def fill(self, obs: RawObservation, guide: Guide | None = None) -> dict[str, np.ndarray]:
         """Raw observation -> the model inputs (the preallocated dict); ObservationError
-        (NonFiniteObservation for NaN/Inf) for what does not fit the contract."""
+        (NonFiniteObservation for NaN/Inf) for what does not fit the contract.
+
+        ``guide``: what real-time chunking conditions the chunk on (a contract with
+        ``[rtc]``); None computes the plain chunk (all weights zero)."""
         c = self.contract
         for cam, buf, lut in self._cameras:
             img = obs.images.get(cam.name)
@@ -367,7 +388,27 @@ class Preprocessor:
             self._commit(obs)
         if c.noise is not None:
             self._noise.fill(obs.sequence, self.inputs[c.noise.input])
+        if self._guide is not None:
+            actions, weights = self._guide
+            if guide is None:
+                weights[...] = 0.0
+            else:  # normalize_actions' arithmetic, into the buffer
+                np.divide(guide.actions, self._a_scale, out=actions[0])
+                actions[0] -= self._a_mean
+                actions[0] /= self._a_std
+                weights[0] = guide.weights
         return self.inputs
+
+    def take_in(self, earlier: Sequence[RawObservation]) -> None:
+        """Observations accepted before the next one :meth:`fill` gets, superseded while an
+        inference ran: they enter the window in order (the newest ``frames - 1`` of them), so
+        a window holds consecutive observations however long the policy takes. One that
+        does not fit the contract is left out (:meth:`fill` of the next one says why)."""
+        for obs in earlier[len(earlier) - (self.frames - 1) :] if self.frames > 1 else ():
+            try:
+                self.fill(obs)
+            except ObservationError:
+                continue
 
     def _commit(self, obs: RawObservation) -> None:
         """Move the checked frame (the staging buffers) into the window."""

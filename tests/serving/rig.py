@@ -50,12 +50,14 @@ class FakeSession(Session):
         spec = contract.action
         self.outputs = {spec.output: np.full((1, spec.chunk_length, spec.dim), value, np.float32)}
         self.calls = 0
+        self.seen: list[dict[str, np.ndarray]] = []  # the inputs of every inference, copied
         self.entered = threading.Event()  # set when an inference has started
         self.gate: threading.Event | None = None  # set: inferences wait here (a slow engine)
         self.error: Exception | None = None  # raised by the next inferences
 
     def _run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.calls += 1
+        self.seen.append({k: v.copy() for k, v in inputs.items()})
         self.entered.set()
         if self.gate is not None and not self.gate.wait(10):
             raise AssertionError("test never released the engine")
@@ -124,7 +126,13 @@ class Rig:
         period_ns = int(contract.timing.control_period_ms * 1e6)
         # gc_freeze off: the test process is not a daemon that finished loading.
         self.loop = ServingLoop(
-            self.ctx, self.obs_sock, self.intake, self.publisher, RealtimeConfig(gc_freeze=False), period_ns
+            self.ctx,
+            self.obs_sock,
+            self.intake,
+            self.publisher,
+            RealtimeConfig(gc_freeze=False),
+            period_ns,
+            history=contract.frames,
         )
         self.session = FakeSession(contract)
         self.policy = self.served("release", "demo@1", self.session)

@@ -72,6 +72,9 @@ def test_a_streaming_controller_is_bridged_while_its_inference_is_late(rig):
     keeper.tick(published + period)  # a period without a command is not late yet
     assert keeper.bridged == 0
     _sleep_until(published + 16 * period // 10)
+    beats = rig.intake.counts.heartbeats
+    rig.send_heartbeat()  # the controller is there, every period (read while the engine hangs)
+    wait_until(lambda: rig.intake.counts.heartbeats > beats, what="the heartbeat read during the inference")
     keeper.tick(time.monotonic_ns())
     assert keeper.bridged == 1 and rig.publisher.counts.holds["bridge"] == 1
     hold = rig.recv()

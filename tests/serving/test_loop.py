@@ -6,8 +6,13 @@ from __future__ import annotations
 import threading
 import time
 
-from tests.serving.rig import FakeSession
+import numpy as np
+
+from tests.helpers import history_data
+from tests.serving.rig import FakeSession, Rig
+from vlad.contract import parse_contract
 from vlad.errors import BackendError, RemoteUnavailable
+from vlad.processing import preprocess_proprio
 from vlad.testing import wait_until
 
 
@@ -130,3 +135,46 @@ def test_a_replaced_thread_never_publishes(rig):
     wait_until(lambda: rig.policy.counts.cycles == 1 and rig.loop.generation == 1)
     assert rig.recv(0.3) is None
     assert rig.policy.counts.published == 0
+
+
+def test_heartbeats_are_read_while_an_inference_runs(rig):
+    """The intake thread owns the socket: a controller's heartbeats arrive when it sends
+    them, however long the engine takes (liveness on the controller's clock)."""
+    rig.session.gate = threading.Event()
+    rig.send_obs(1)
+    assert rig.session.entered.wait(5)
+    read_before, beats = rig.loop.read_ns, rig.intake.counts.heartbeats
+    for _ in range(3):
+        rig.send_heartbeat()
+        time.sleep(0.02)  # one control period between heartbeats
+    wait_until(lambda: rig.intake.counts.heartbeats == beats + 3, what="the heartbeats, during the inference")
+    assert rig.loop.in_flight is not None  # still inside obs 1's inference
+    assert rig.loop.read_ns > read_before
+    rig.session.gate.set()
+    assert rig.recv().header["obs_seq"] == 1
+
+
+def test_observations_superseded_during_an_inference_enter_the_history_window(contract, tokenizer):
+    """A policy with [history] sees consecutive observations however long it takes: those
+    superseded while it computed still enter its window, in order (LeRobot fills its queue
+    with every observation of the loop)."""
+    frames = 3
+    hcontract = parse_contract(history_data(contract, frames), "history", path=contract.path)
+    rig = Rig(hcontract, tokenizer)
+    try:
+        rig.session.gate = threading.Event()
+        t0 = time.monotonic_ns() - 100_000_000  # sensor times one period apart, none in the future
+        states = {k: np.array([0.3 + 0.01 * k, 0.2, 0.0, 0.0], np.float32) for k in range(1, 6)}
+        rig.send_obs(1, t_sensor_ns=t0, proprio=states[1])
+        assert rig.session.entered.wait(5)
+        for k in range(2, 6):  # one per period while the engine is busy
+            rig.send_obs(k, t_sensor_ns=t0 + (k - 1) * 20_000_000, proprio=states[k])
+        wait_until(lambda: rig.intake.counts.observations == 5, what="every observation read")
+        rig.session.gate.set()
+        assert [rig.recv().header["obs_seq"], rig.recv().header["obs_seq"]] == [1, 5]
+        window = rig.session.seen[1][hcontract.proprio.input][0]
+        expected = np.stack([preprocess_proprio(hcontract, states[k]) for k in (3, 4, 5)])
+        np.testing.assert_array_equal(window, expected)
+        assert rig.intake.counts.superseded == 3
+    finally:
+        rig.close()

@@ -136,11 +136,10 @@ class DaemonControls:
         return [e.to_dict() for e in self.state.recent(limit)]
 
     def resume(self, who: str, why: str) -> dict[str, Any]:
-        """Clear every quarantine; controllers silent past the heartbeat limit are forgotten
-        (gone without a goodbye: the operator says so)."""
-        now = time.monotonic_ns()
-        silent = [n for n, b in self.controllers.snapshot().items() if now - b.last_ns > self.heartbeat_limit_ns]
-        forgotten = self.controllers.forget(silent)
+        """Clear every quarantine; every name silent past the heartbeat limit is forgotten
+        (judged controllers gone without a goodbye: the operator says so; names that never
+        became controllers: they hold nothing, but take a place in the table)."""
+        forgotten = self.controllers.forget_silent(time.monotonic_ns(), self.heartbeat_limit_ns)
         self.health.resume(who, why)
         if forgotten:
             self.state.record(

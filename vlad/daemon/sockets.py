@@ -12,6 +12,9 @@
   The daemon's own endpoint processes (:mod:`vlad.daemon.endpoints`) are admitted to the
   observation socket beside the allow list: on ipc by their process id (the peer
   credentials name it), on tcp by the key pair the daemon made for them at start.
+  Every admitted connection gets an identity, ``c<n>/<principal>`` (``uid:N`` on ipc,
+  ``key:<Z85>`` on tcp), which ZeroMQ attaches to each message it delivers (``User-Id``):
+  the liveness table binds a controller's name to it (:mod:`vlad.health.liveness`).
 """
 
 from __future__ import annotations
@@ -157,6 +160,7 @@ class Gatekeeper(Worker):
         # allow list says: their pids (ipc) and their CurveZMQ public keys (tcp, Z85).
         self.endpoint_pids: set[int] = set()
         self.endpoint_keys: set[bytes] = set()
+        self.connections = 0  # numbers the identities of admitted connections
         self._sock = ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(ZAP_ENDPOINT)
@@ -210,16 +214,17 @@ class Gatekeeper(Worker):
             ):
                 return self._deny(domain, f"key {key.decode()} may not use {domain}")
         elif mechanism == b"NULL":
+            creds = _peer_credentials(address)
             if principals is not None:
-                creds = _peer_credentials(address)
                 own = creds is not None and domain == "observations" and creds[2] in self.endpoint_pids
                 if creds is None or not (own or any(p.admits_peer(creds[0], creds[1]) for p in principals)):
                     return self._deny(domain, f"peer {address} (uid:gid:pid) may not use {domain}")
-                user = f"uid:{creds[0]}".encode()
+            user = f"uid:{creds[0]}".encode() if creds is not None else b""
         else:
             return self._deny(domain, f"mechanism {mechanism!r} not accepted")
         self.admitted[domain] += 1
-        return b"200", b"OK", user
+        self.connections += 1
+        return b"200", b"OK", f"c{self.connections}/".encode() + user
 
     def _deny(self, domain: str, why: str) -> tuple[bytes, bytes, bytes]:
         self.denied[domain] += 1

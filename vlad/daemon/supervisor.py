@@ -370,7 +370,14 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     trusted = TrustedState(contract, cfg.guard)
     guard = ActionGuard(contract, trusted, cfg.guard)
     stats = LatencyStats(cfg.serve.latency_window)
-    intake = Intake(contract, IntakeCounts(), trusted, cfg.serve.max_clock_skew_ns, loaded[0][1].tokenizer)
+    intake = Intake(
+        contract,
+        IntakeCounts(),
+        trusted,
+        cfg.serve.max_clock_skew_ns,
+        loaded[0][1].tokenizer,
+        heartbeat_limit_ns=cfg.monitors.heartbeat_missing_periods * period_ns,
+    )
     chain_ref: list[PolicyChain] = []
 
     def release_name() -> str:
@@ -387,7 +394,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         lambda: state.state.value,
         cfg.safety.estop_output,
     )
-    loop = ServingLoop(ctx, obs_sock, intake, publisher, cfg.realtime, period_ns)
+    loop = ServingLoop(ctx, obs_sock, intake, publisher, cfg.realtime, period_ns, history=contract.frames)
     stack.callback(loop.close)
 
     def served(policy: LoadedPolicy, slot: str) -> ServedPolicy:

@@ -73,15 +73,12 @@ class HoldKeeper(Worker):
     def _waiting(self, now: int) -> bool:
         """A streaming controller (its last two accepted observations at most two periods
         apart, and not every controller declared ``cadence = "request"``) is there: a
-        message within the last period. While the serving thread is stuck
-        in an engine nothing is received, so then: whether it was there as that inference
-        started."""
+        message within the last period (the intake thread reads them as they come, also
+        while an inference runs)."""
         intake, period = self.loop.intake, self.period_ns
         if intake.observation_interval_ns > 2 * period or intake.controllers.only_requests:
             return False
-        seen = intake.last_seen_ns
-        running = self.loop.in_flight
-        return now - seen < period or (running is not None and running.since_ns - seen < period)
+        return now - intake.last_seen_ns < period
 
     def tick(self, now: int) -> None:
         loop, pub, period = self.loop, self.loop.publisher, self.period_ns

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import zmq
 
 from vlad import protocol
 from vlad.contract import Contract
@@ -51,6 +52,7 @@ class Intake:
         trusted: TrustedState,
         max_skew_ns: int,
         tokenizer: Tokenizer | None = None,
+        heartbeat_limit_ns: int = 100_000_000,
     ) -> None:
         self.contract = contract
         self.counts = counts
@@ -63,7 +65,9 @@ class Intake:
         self.last_observation_ns = 0  # receive time of the last accepted observation
         self.last_heartbeat_ns = 0
         self.last_seen_ns = 0  # any well-formed message: the controller is there
-        self.controllers = Controllers()  # each controller's own heartbeats (vlad.health.liveness)
+        # Each controller's own heartbeats (vlad.health.liveness); a controller is judged once
+        # its heartbeats span the heartbeat limit.
+        self.controllers = Controllers(establish_ns=heartbeat_limit_ns)
         # Between the last two accepted observations: about a period for a controller that
         # streams them, action_horizon periods for one that executes each chunk for that
         # long and asks again when it runs out. vlad.serving.cadence bridges only the former.
@@ -92,13 +96,14 @@ class Intake:
         msg = None
         try:
             msg = protocol.decode(frames, expect=_EXPECT, layout=self._layout)
+            peer = _peer(frames)
             if msg.topic == protocol.TOPIC_HEARTBEAT:
-                self.controllers.heartbeat(msg.header, receive_ns)  # a malformed one keeps nobody alive
+                self.controllers.heartbeat(msg.header, receive_ns, peer)  # a malformed one keeps nobody alive
                 self.last_heartbeat_ns = self.last_seen_ns = receive_ns
                 self.counts.heartbeats += 1
                 return None
             self.last_seen_ns = receive_ns
-            obs = self._observation(msg, receive_ns)
+            obs = self._observation(msg, receive_ns, peer)
         except protocol.ProtocolError as exc:
             self.reject(exc.reason, str(exc).removeprefix(f"{exc.reason}: "))  # logged as "reason: detail" once
             return None
@@ -115,7 +120,7 @@ class Intake:
                 log.error("intake: unexpected error on a message", exc_info=exc)
             return None
         self.counts.observations += 1
-        self.controllers.observed(msg.header.get("client", ""))  # with its heartbeats: a controller judged
+        self.controllers.observed(obs.client or "", receive_ns)  # with its heartbeats: a controller judged
         self.observation_interval_ns = receive_ns - self.last_observation_ns
         self.last_observation_ns = receive_ns
         return obs
@@ -136,7 +141,7 @@ class Intake:
         if n <= 10 or n % 1000 == 0:
             log.warning("rejected message (%d so far): %s: %s", n, reason, detail)
 
-    def _observation(self, msg: protocol.Message, receive_ns: int) -> RawObservation:
+    def _observation(self, msg: protocol.Message, receive_ns: int, peer: str | None = None) -> RawObservation:
         h = msg.header
         seq = msg.seq
         t_sensor = h.get("t_sensor_ns")
@@ -161,6 +166,10 @@ class Intake:
         client = h.get("client")
         if client is not None:
             protocol.check_text(client, "client", 128)
+        try:  # before anything of it is believed: a name liveness cannot watch is not served
+            self.controllers.admit(client or "", receive_ns, peer)
+        except protocol.ProtocolError as exc:
+            raise Rejected(exc.reason, f"obs {seq}: {exc}") from None
         tensors = msg.tensors
         if msg.layout is self._layout and not self._float_images:
             # Names, dtypes and shapes are the contract's (Layout); uint8 pixels are finite.
@@ -218,3 +227,14 @@ class Intake:
                 raise Rejected("nonfinite", f"obs {seq}: {name} holds NaN or Inf")
             images[cam] = img
         return images
+
+
+def _peer(frames: Sequence[Any]) -> str | None:
+    """The sending connection's identity (set by the daemon's ZAP handler), None without one."""
+    frame = frames[0]
+    if not isinstance(frame, zmq.Frame):
+        return None
+    try:
+        return frame.get("User-Id") or None
+    except zmq.ZMQError:  # no identity on this connection
+        return None

@@ -1,20 +1,27 @@
-"""The hot path: observation -> preprocess -> infer -> decode -> guard -> publish, on one thread.
+"""The hot path: observation -> preprocess -> infer -> decode -> guard -> publish.
 
-Read :meth:`ServingLoop._serve_once` and :meth:`ServingLoop._cycle` top to bottom: that is
-the whole path. The serving thread owns the observation socket: it polls it together with
-an inproc wake-up socket, drains what is queued (a bounded batch, so a flood cannot keep
-it from serving) keeping only the newest valid observation (latest wins; older ones are
-counted as superseded), and runs the serving policy's engine inline. The asyncio event
-loop is never on this path; it reads the thread's state through plain attributes and
-counter snapshots.
+Two threads share it, so that reading the robot never waits for the policy:
 
-The policy the thread runs is :attr:`ServingLoop.active`, a pointer the supervisor sets
-(a fallback swap, a deploy) and then :meth:`wake`s the thread so the newest observation is
-answered by the new policy at once; ``None`` is the hold posture. A hung engine is the
-one case a pointer change cannot fix: the supervisor then calls :meth:`replace_thread`,
-which starts a successor on the same socket (it takes the socket lock the hung thread
-released before calling the engine) and bumps the generation, so the hung thread can
-never publish or touch the socket again when its call finally returns.
+* the **intake thread** owns the observation socket: it polls it, decodes and checks every
+  message as it arrives (:class:`~vlad.serving.intake.Intake`: heartbeats, liveness, the
+  trusted joint state), answers a refused observation with an advisory hold, and hands the
+  accepted ones to the serving thread. A controller's heartbeats are therefore read when
+  they come, however long an inference takes: liveness is judged on the controller's clock.
+* the **serving thread** takes the newest accepted observation (latest wins; older ones
+  still waiting are counted as superseded, and enter a policy's observation window when it
+  has ``[history]``) and runs :meth:`ServingLoop._cycle` on it: read it top to bottom, that
+  is the whole path from the observation to the published chunk.
+
+The asyncio event loop is never on this path; it reads the threads' state through plain
+attributes and counter snapshots.
+
+The policy the serving thread runs is :attr:`ServingLoop.active`, a pointer the supervisor
+sets (a fallback swap, a deploy) and then calls :meth:`wake` so that the newest
+observation is answered by the new policy at once; ``None`` is the hold posture. A hung
+engine is the one case a pointer change cannot fix: the supervisor then calls
+:meth:`replace_thread`, which starts a successor serving thread and bumps the generation,
+so the hung thread can never publish when its call finally returns. The intake thread goes
+on reading throughout.
 """
 
 from __future__ import annotations
@@ -42,8 +49,8 @@ from vlad.threads import Worker
 
 log = logging.getLogger("vlad.serving")
 
-# Messages drained per wake-up before the newest one is served: bounds the time a flood
-# can hold the thread in intake (each message is decoded and counted).
+# Messages drained per wake-up of the intake thread: bounds the time a flood holds it before
+# the newest valid observation is handed over (each message is decoded and counted).
 DRAIN_BATCH = 64
 
 
@@ -55,8 +62,15 @@ class Inference(NamedTuple):
     since_ns: int
 
 
+class Accepted(NamedTuple):
+    """An accepted observation and when the intake thread received it."""
+
+    obs: RawObservation
+    receive_ns: int
+
+
 class ServingLoop:
-    """The serving thread and the state the rest of vlad reads from it."""
+    """The intake and serving threads and the state the rest of vlad reads from them."""
 
     def __init__(
         self,
@@ -66,12 +80,16 @@ class ServingLoop:
         publisher: Publisher,
         realtime: RealtimeConfig,
         period_ns: int,
+        history: int = 1,
     ) -> None:
         self.sock = sock
         self.intake = intake
         self.publisher = publisher
         self.realtime = realtime
         self.period_ns = period_ns
+        # Accepted observations a policy's window takes in before the newest (its [history]
+        # frames - 1): those superseded while an inference ran still enter it, in order.
+        self.history = max(1, history)
         self.active: ServedPolicy | None = None  # None: the hold posture
         self.shadow: ShadowRun | None = None
         self.estop_engaged: Callable[[], bool] = lambda: publisher.estop_engaged
@@ -79,9 +97,9 @@ class ServingLoop:
         self.last_obs: RawObservation | None = None  # the newest accepted (trusted) observation
         self.last_obs_receive_ns = 0
         self.last_progress_ns = time.monotonic_ns()
-        # When the thread last looked at its socket: the health monitors judge heartbeat and
-        # observation ages up to here, not up to now, so an inference longer than the
-        # heartbeat limit (messages waiting unread meanwhile) is no lost controller.
+        # When the intake thread last looked at its socket: the health monitors judge
+        # heartbeat and observation ages up to here, not up to now, so a starved intake
+        # thread (messages waiting unread) is never taken for a lost controller.
         self.read_ns = self.last_progress_ns
         self.tap: Callable[..., None] | None = None  # vlad.daemon.tap: never blocks
         self.cycle_errors = 0
@@ -89,17 +107,21 @@ class ServingLoop:
         self._served_by: ServedPolicy | None = None  # the policy the last cycle ran
         self._anchor = 0  # the trusted joint state's generation the last cycle saw
         self._stopping = False
-        self._sock_lock = threading.Lock()
-        self._wake_lock = threading.Lock()
+        # The hand-over from the intake thread to the serving thread.
+        self._handover = threading.Condition(threading.Lock())
+        self._waiting: list[Accepted] = []  # accepted, not yet served (at most `history`)
+        self._woken = False
         self._wake_addr = f"inproc://vlad-wake-{id(self)}"
-        self._wake_rx = ctx.socket(zmq.PULL)
+        self._wake_rx = ctx.socket(zmq.PULL)  # stops the intake thread's poll
         self._wake_rx.bind(self._wake_addr)
         self._wake_tx = ctx.socket(zmq.PUSH)
         self._wake_tx.setsockopt(zmq.SNDHWM, 1)
         self._wake_tx.connect(self._wake_addr)
+        self._wake_lock = threading.Lock()
         self._times = CycleTimes()
-        self._spin = False  # busy-poll before the next blocking poll (see _serve_once)
+        self._spin = False  # busy-poll before the next blocking poll (see _read_once)
         self._alloc = alloctrace.from_env()  # None unless VLAD_ALLOC_TRACE is set (scripts/soak.py)
+        self._intake_thread: _IntakeThread | None = None
         self._thread: _ServingThread | None = None
         self._started = threading.Event()
         self._start_error: BaseException | None = None
@@ -107,9 +129,14 @@ class ServingLoop:
     # -- lifecycle (called from the supervisor) --------------------------------------------
 
     def start(self, timeout: float = 5.0) -> None:
-        """Start the serving thread; raises the reason when a real-time knob cannot be applied."""
-        self._spawn()
+        """Start both threads; raises the reason when a real-time knob cannot be applied."""
+        self._intake_thread = _IntakeThread(self)
+        self._intake_thread.start()
         self._started.wait(timeout)
+        if self._start_error is None:
+            self._started.clear()
+            self._spawn()
+            self._started.wait(timeout)
         if self._start_error is not None:
             raise self._start_error
 
@@ -118,7 +145,7 @@ class ServingLoop:
         self._thread.start()
 
     def replace_thread(self) -> None:
-        """A hung engine holds the current thread: start a successor (see module doc)."""
+        """A hung engine holds the serving thread: start a successor (see module doc)."""
         with self.publisher.lock:
             self.generation += 1
             self.publisher.generation = self.generation
@@ -128,17 +155,26 @@ class ServingLoop:
         self._spawn()
 
     def wake(self) -> None:
-        """Make the thread re-serve the newest observation now (after a swap)."""
+        """Make the serving thread re-serve the newest observation now (after a swap)."""
+        with self._handover:
+            self._woken = True
+            self._handover.notify_all()
+
+    def stop(self, timeout: float) -> bool:
+        """Stop reading and serving; True when both threads ended (the serving thread's
+        cycle finished) within ``timeout``."""
+        self._stopping = True
         with self._wake_lock:
             try:
                 self._wake_tx.send(b"", zmq.NOBLOCK)
             except zmq.Again:
                 pass  # a wake-up is already pending: one is enough
-
-    def stop(self, timeout: float) -> bool:
-        """Stop serving; True when the thread finished its cycle within ``timeout``."""
-        self._stopping = True
-        return self._thread.stop(timeout) if self._thread is not None else True
+        self.wake()
+        deadline = time.monotonic() + timeout
+        ok = self._intake_thread.stop(timeout) if self._intake_thread is not None else True
+        if self._thread is not None:
+            ok = self._thread.stop(max(0.0, deadline - time.monotonic())) and ok
+        return ok
 
     def wait_not_running(self, policy: ServedPolicy, timeout: float) -> bool:
         """Wait until no inference of ``policy`` is in flight (before closing its session)."""
@@ -153,71 +189,58 @@ class ServingLoop:
     def close(self) -> None:
         with self._wake_lock:
             self._wake_tx.close(0)
-        with self._sock_lock:
-            self._wake_rx.close(0)
+        self._wake_rx.close(0)
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.alive
+        return (
+            self._thread is not None
+            and self._thread.alive
+            and self._intake_thread is not None
+            and self._intake_thread.alive
+        )
 
-    # -- the thread ------------------------------------------------------------------------
-
-    def _run(self, gen: int) -> None:
+    def _knobs(self) -> bool:
+        """The real-time knobs on the calling thread; False (reported to start()) when one fails."""
         try:
             apply_thread_knobs(self.realtime)
-        except BaseException as exc:  # reported to start(), which refuses to run without it
+        except BaseException as exc:  # start() refuses to run without them
             self._start_error = exc
             self._started.set()
+            return False
+        return True
+
+    # -- the intake thread -----------------------------------------------------------------
+
+    def _read(self) -> None:
+        if not self._knobs():
             return
-        if self.realtime.gc_freeze:
-            gc.collect()
-            gc.freeze()  # the model and everything loaded at start are never scanned again
         self._started.set()
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self._wake_rx, zmq.POLLIN)
-        # Wake at least every quarter period: shutdown and a replaced thread notice promptly.
+        # Wake at least every quarter period: shutdown is noticed promptly.
         timeout_ms = max(1, self.period_ns // 4_000_000)
         busy_ns = self.realtime.busy_poll_us * 1000
-        while True:
+        while not self._stopping:
             try:
-                if not self._serve_once(gen, poller, timeout_ms, busy_ns):
-                    return
-            except Exception:  # a bug, not bad input: keep serving, loud but rate-limited
+                self._read_once(poller, timeout_ms, busy_ns)
+            except Exception:  # a bug, not bad input: keep reading, loud but rate-limited
                 self.cycle_errors += 1
                 if self.cycle_errors <= 10 or self.cycle_errors % 1000 == 0:
-                    log.exception("serving thread: unexpected error (%d so far)", self.cycle_errors)
-            finally:
-                self.last_progress_ns = time.monotonic_ns()
+                    log.exception("intake thread: unexpected error (%d so far)", self.cycle_errors)
 
-    def _serve_once(self, gen: int, poller: zmq.Poller, timeout_ms: int, busy_ns: int) -> bool:
-        """One wake-up: poll, drain, serve the newest observation. False: this thread ends."""
-        with self._sock_lock:
-            if gen != self.generation or self._stopping:
-                return False
-            # Spin only after a wake-up that brought messages: an idle thread blocks at once
-            # instead of spinning busy_poll_us after every quarter-period timeout.
-            ready = self._poll(poller, timeout_ms, busy_ns if self._spin else 0)
-            self.read_ns = time.monotonic_ns()  # every message sent before now is read (or about to be)
-            self._spin = bool(ready)
-            woken = self._wake_rx in ready
-            if woken:
-                while self._wake_rx.poll(0):
-                    self._wake_rx.recv()
-            newest: tuple[RawObservation, int] | None = None
-            if self.sock in ready:
-                newest = self._drain(gen)
-        if newest is None and woken and self.last_obs is not None:
-            # A swap or the e-stop's release: answer the newest observation again (with the
-            # new policy), unless a chunk about it already went out since.
-            if self.last_obs.sequence != self.publisher.answered_seq or self._served_by is not self.active:
-                newest = (self.last_obs, self.last_obs_receive_ns)
-        if newest is not None and not self.estop_engaged():  # e-stop: the policy is not even asked
-            if self._alloc is None:
-                self._cycle(*newest, gen)
-            else:
-                self._alloc.measure(self._cycle, *newest, gen)
-        return True
+    def _read_once(self, poller: zmq.Poller, timeout_ms: int, busy_ns: int) -> None:
+        """One wake-up: poll, drain, hand the accepted observations over."""
+        # Spin only after a wake-up that brought messages: an idle thread blocks at once
+        # instead of spinning busy_poll_us after every quarter-period timeout.
+        ready = self._poll(poller, timeout_ms, busy_ns if self._spin else 0)
+        self.read_ns = time.monotonic_ns()  # every message sent before now is read (or about to be)
+        self._spin = bool(ready)
+        if self.sock in ready:
+            accepted = self._drain()
+            if accepted:
+                self._hand_over(accepted)
 
     def _poll(self, poller: zmq.Poller, timeout_ms: int, busy_ns: int) -> dict:
         if busy_ns:
@@ -228,8 +251,8 @@ class ServingLoop:
                     return ready
         return dict(poller.poll(timeout_ms))
 
-    def _drain(self, gen: int) -> tuple[RawObservation, int] | None:
-        newest = None
+    def _drain(self) -> list[Accepted]:
+        accepted: list[Accepted] = []
         refused = None  # the newest refused observation, when nothing newer was accepted
         intake = self.intake
         sock = self.sock
@@ -246,24 +269,84 @@ class ServingLoop:
                 self.tap(frames, receive_ns)
             obs = intake.accept(frames, receive_ns)
             if obs is not None:
-                if newest is not None:
-                    intake.counts.superseded += 1
-                newest, refused = (obs, receive_ns), None
+                accepted.append(Accepted(obs, receive_ns))
+                refused = None
             elif intake.refused is not None:
                 refused = intake.refused
-        if newest is not None:
-            self.last_obs, self.last_obs_receive_ns = newest
-        elif refused is not None and gen == self.generation and not self.estop_engaged():
+        if refused is not None and not self.estop_engaged():
             # The controller learns at once that this observation gets no policy answer (and
             # why); one answer per wake-up, so a flood of junk cannot flood the action socket.
             seq, t_sensor, reason = refused
             self.publisher.publish_hold("rejected", seq, t_sensor, advisory=True, reason=reason)
-        return newest
+        return accepted
+
+    def _hand_over(self, accepted: list[Accepted]) -> None:
+        newest = accepted[-1]
+        with self._handover:
+            waiting = self._waiting
+            # The newest waiting one and all but the newest arrived now are never served.
+            self.intake.counts.superseded += (1 if waiting else 0) + len(accepted) - 1
+            waiting.extend(accepted)
+            del waiting[: -self.history]
+            self.last_obs, self.last_obs_receive_ns = newest
+            self._handover.notify_all()
+
+    # -- the serving thread ----------------------------------------------------------------
+
+    def _serve(self, gen: int) -> None:
+        if not self._knobs():
+            return
+        if self.realtime.gc_freeze:
+            gc.collect()
+            gc.freeze()  # the model and everything loaded at start are never scanned again
+        self._started.set()
+        # Wake at least every quarter period: shutdown and a replaced thread notice promptly.
+        timeout_s = max(0.001, self.period_ns / 4e9)
+        while True:
+            try:
+                if not self._serve_once(gen, timeout_s):
+                    return
+            except Exception:  # a bug, not bad input: keep serving, loud but rate-limited
+                self.cycle_errors += 1
+                if self.cycle_errors <= 10 or self.cycle_errors % 1000 == 0:
+                    log.exception("serving thread: unexpected error (%d so far)", self.cycle_errors)
+            finally:
+                self.last_progress_ns = time.monotonic_ns()
+
+    def _serve_once(self, gen: int, timeout_s: float) -> bool:
+        """Take the newest accepted observation (waiting up to ``timeout_s``) and serve it.
+        False: this thread ends."""
+        with self._handover:
+            if not (self._waiting or self._woken):
+                self._handover.wait(timeout_s)
+            if gen != self.generation or self._stopping:
+                return False
+            taken, self._waiting = self._waiting, []
+            woken, self._woken = self._woken, False
+        if taken:
+            newest: Accepted | None = taken[-1]
+        elif (
+            woken
+            and self.last_obs is not None
+            and (self.last_obs.sequence != self.publisher.answered_seq or self._served_by is not self.active)
+        ):
+            # A swap or the e-stop's release: answer the newest observation again (with the
+            # new policy), unless a chunk about it already went out since.
+            newest = Accepted(self.last_obs, self.last_obs_receive_ns)
+        else:
+            return True
+        if not self.estop_engaged():  # e-stop: the policy is not even asked
+            if self._alloc is None:
+                self._cycle(*newest, gen, taken[:-1])
+            else:
+                self._alloc.measure(self._cycle, *newest, gen, taken[:-1])
+        return True
 
     # -- the hot path ----------------------------------------------------------------------
 
-    def _cycle(self, obs: RawObservation, receive_ns: int, gen: int) -> None:
-        """One observation in, one action chunk out (or a hold saying why not)."""
+    def _cycle(self, obs: RawObservation, receive_ns: int, gen: int, earlier: list[Accepted] | None = None) -> None:
+        """One observation in, one action chunk out (or a hold saying why not). ``earlier``:
+        accepted observations superseded by ``obs`` (a policy's [history] window takes them in)."""
         shadow = self.shadow
         if shadow is not None:
             shadow.offer(obs, receive_ns)
@@ -285,6 +368,8 @@ class ServingLoop:
             if policy.retired:
                 return
             policy.counts.cycles += 1
+            if earlier and policy.pre.frames > 1:
+                policy.pre.take_in([a.obs for a in earlier])
             actions = run_cycle(policy, obs, t)  # stale check, preprocess, infer, decode
         except CycleFailure as failure:
             self._failed(gen, policy, obs, failure)
@@ -343,7 +428,18 @@ class _ServingThread(Worker):
         self.loop, self.generation = loop, generation
 
     def run(self) -> None:
-        self.loop._run(self.generation)
+        self.loop._serve(self.generation)
 
     def wake(self) -> None:
         self.loop.wake()
+
+
+class _IntakeThread(Worker):
+    """The thread that reads the observation socket (:meth:`ServingLoop._read`)."""
+
+    def __init__(self, loop: ServingLoop) -> None:
+        super().__init__("vlad-intake")
+        self.loop = loop
+
+    def run(self) -> None:
+        self.loop._read()
