@@ -27,6 +27,7 @@ from vlad.contract.model import (
     NoiseSpec,
     ProprioSpec,
     RawImageSpec,
+    RtcSpec,
     TensorSpec,
     TimingSpec,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "NoiseSpec",
     "ProprioSpec",
     "RawImageSpec",
+    "RtcSpec",
     "TensorSpec",
     "TimingSpec",
     "diff_contracts",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from vlad.contract.model import (
@@ -20,6 +20,7 @@ from vlad.contract.model import (
     NoiseSpec,
     ProprioSpec,
     RawImageSpec,
+    RtcSpec,
     TensorSpec,
     TimingSpec,
 )
@@ -221,6 +222,10 @@ def check_cross(values: dict[str, Any], problems: list[str]) -> None:
     # "input consumed by nobody" check is skipped rather than reported falsely.
     consumers: list[tuple[str, str, Any]] = []  # (path of the .input key, input name, section)
     all_known = cameras is not None
+    rtc: RtcSpec | None = values.get("rtc")
+    action: ActionSpec | None = values.get("action")
+    if "rtc" not in values or "action" not in values:
+        all_known = False
     for i, cam in enumerate(cameras or ()):
         consumers.append((f"cameras[{i}]", cam.input, cam))
     for key in ("language", "proprio", "noise"):
@@ -228,6 +233,9 @@ def check_cross(values: dict[str, Any], problems: list[str]) -> None:
             all_known = False
         elif values[key] is not None:
             consumers.append((key, values[key].input, values[key]))
+    if rtc is not None and action is not None:
+        consumers.append(("rtc.actions", rtc.actions_input, _RtcInput((action.chunk_length, action.dim))))
+        consumers.append(("rtc.weights", rtc.weights_input, _RtcInput((action.chunk_length,))))
     # With [history], camera and proprio inputs carry a time axis; a broken [history]
     # section leaves their shapes unknown, so those checks are skipped.
     history_known = "history" in values
@@ -239,7 +247,8 @@ def check_cross(values: dict[str, Any], problems: list[str]) -> None:
         for cpath, name, section in consumers:
             if name not in index:
                 known = ", ".join(t.name for t in inputs) or "none"
-                problems.append(f"{cpath}.input: {name!r} is not declared in [[inputs]] (declared: {known})")
+                key = f"{cpath}_input" if isinstance(section, _RtcInput) else f"{cpath}.input"
+                problems.append(f"{key}: {name!r} is not declared in [[inputs]] (declared: {known})")
                 continue
             if name in first_user:
                 problems.append(f"{cpath}.input: {name!r} is already consumed by {first_user[name]}")
@@ -253,10 +262,9 @@ def check_cross(values: dict[str, Any], problems: list[str]) -> None:
                 if t.name not in first_user:
                     problems.append(
                         f"inputs[{j}].name: input {t.name!r} is not consumed by any camera, "
-                        "language, proprio or noise section"
+                        "language, proprio, noise or rtc section"
                     )
 
-    action: ActionSpec | None = values.get("action")
     if action is not None and outputs is not None:
         oindex = {t.name: j for j, t in enumerate(outputs)}
         if action.output not in oindex:
@@ -307,10 +315,27 @@ def _check_consumed(section: Any, cpath: str, t: TensorSpec, tpath: str, problem
         _check_wired(t, tpath, (*time_axis, section.dim), what, problems)
         if t.dtype not in _FLOAT_DTYPES:
             problems.append(f"{tpath}.dtype: {t.dtype!r} is not a float dtype (proprio input)")
+    elif isinstance(section, _RtcInput):
+        _check_wired(
+            t,
+            tpath,
+            section.tail,
+            "action (chunk_length, dim)" if len(section.tail) == 2 else "action.chunk_length",
+            problems,
+        )
+        if t.dtype != "float32":
+            problems.append(f"{tpath}.dtype: {t.dtype!r} but {cpath}_input must be float32")
     elif isinstance(section, NoiseSpec):
         _check_wired(t, tpath, section.shape, "noise.shape", problems)
         if t.dtype != section.dtype:
             problems.append(f"{tpath}.dtype: {t.dtype!r} differs from noise.dtype {section.dtype!r}")
+
+
+@dataclass(frozen=True)
+class _RtcInput:
+    """One of the two inputs ``[rtc]`` feeds, with the shape it must have after the batch axis."""
+
+    tail: tuple[int, ...]
 
 
 def _check_wired(t: TensorSpec, tpath: str, tail: tuple[int, ...], what: str, problems: list[str]) -> None:

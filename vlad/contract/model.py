@@ -160,6 +160,23 @@ class HistorySpec:
 
 
 @dataclass(frozen=True, slots=True)
+class RtcSpec:
+    """``[rtc]``: real-time chunking inside the model graph (docs/contract.md, "Real-time chunking").
+
+    Besides the observation the graph takes the waypoints the new chunk is to continue
+    (``actions_input``, ``[N, chunk_length, dim]``, normalized like the action output) and a
+    weight per waypoint in [0, 1] (``weights_input``, ``[N, chunk_length]``): 1 reproduces the
+    given waypoint, 0 leaves the policy free, all zeros compute the plain chunk. ``method``
+    says how the graph uses them: ``inpaint``, the gradient-free variant (every denoising
+    step is pulled onto the straight path towards the given waypoints by their weights).
+    """
+
+    method: Literal["inpaint"]
+    actions_input: str
+    weights_input: str
+
+
+@dataclass(frozen=True, slots=True)
 class JointSpec:
     """One ``[[action.joints]]`` entry, in action-vector order."""
 
@@ -266,6 +283,7 @@ class Contract:
     # Left out of to_dict() / canonical_bytes() when absent: a contract without [history]
     # keeps the sha256 it had before the section existed (signed manifests pin it).
     history: HistorySpec | None = field(metadata={"omit_if_none": True})
+    rtc: RtcSpec | None = field(metadata={"omit_if_none": True})  # the same: absent, not null
     action: ActionSpec
     timing: TimingSpec
     inputs: tuple[TensorSpec, ...]

@@ -33,7 +33,7 @@ class ModelConfig:
     vocab_size: int = 32
     max_tokens: int = 8
     proprio_dim: int = 4
-    horizon: int = 8
+    horizon: int = 50
     action_dim: int = 2
     d_model: int = 64
     heads: int = 4
@@ -164,7 +164,11 @@ class TinyPi0(nn.Module):
         self.expert = nn.ModuleList(ExpertBlock(d, cfg.heads) for _ in range(cfg.expert_layers))
         self.act_out = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, cfg.action_dim))
 
-    def prefix(self, image: torch.Tensor, tokens: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
+    def prefix(
+        self, image: torch.Tensor, tokens: torch.Tensor, proprio: torch.Tensor, *_: torch.Tensor
+    ) -> torch.Tensor:
+        """The trunk's output over the observation tokens (the rest of ``forward``'s inputs,
+        noise and the real-time chunking guide, do not enter it)."""
         img = self.image(image) + self.type_emb[0]
         lang = self.token_emb(tokens) + self.token_pos + self.type_emb[1]
         state = self.state(proprio)[:, None] + self.type_emb[2]
@@ -190,16 +194,38 @@ class TinyPi0(nn.Module):
         return self.act_out(h)
 
     def forward(
-        self, image_overhead: torch.Tensor, tokens: torch.Tensor, proprio: torch.Tensor, noise: torch.Tensor
+        self,
+        image_overhead: torch.Tensor,
+        tokens: torch.Tensor,
+        proprio: torch.Tensor,
+        noise: torch.Tensor,
+        rtc_actions: torch.Tensor | None = None,
+        rtc_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The action chunk for one observation, integrated from ``noise``.
+
+        ``rtc_actions`` / ``rtc_weights`` (``[B, H, D]`` normalized like the output, ``[B, H]``
+        in [0, 1]) are real-time chunking by inpainting, without gradients (Black et al. 2025,
+        arXiv 2506.07339, the variant for graphs that cannot differentiate): before every
+        Euler step the chunk is pulled, by each waypoint's weight, onto the straight path from
+        the noise to ``rtc_actions``, and after the last one onto ``rtc_actions`` itself, so a
+        weight of 1 reproduces the given waypoint and 0 leaves the policy free. All-zero
+        weights compute exactly what the plain policy computes (``x + 0 * (...)`` is ``x``).
+        """
         prefix = self.prefix(image_overhead, tokens, proprio)
         kv, cond = self.prefix_kv(prefix), self.condition(prefix)
         x = noise
         dt = 1.0 / self.cfg.steps
+        w = rtc_weights[:, :, None] if rtc_weights is not None else None
         for k in range(self.cfg.steps):
+            tk = k * dt
+            if w is not None and rtc_actions is not None:
+                x = x + w * ((1.0 - tk) * noise + tk * rtc_actions - x)
             # (x[:, 0, 0] * 0 + k * dt) gives t the batch size symbolically (dynamic batch).
-            t = x[:, 0, 0] * 0.0 + k * dt
+            t = x[:, 0, 0] * 0.0 + tk
             x = x + dt * self.velocity(kv, cond, x, t)
+        if w is not None and rtc_actions is not None:
+            x = x + w * (rtc_actions - x)
         return x
 
     def flow_loss(

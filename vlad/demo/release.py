@@ -141,9 +141,23 @@ def export_release(model, contract, tokenizer, out: Path, fixtures_path: Path, l
     log(f"fixtures: {len(fixtures)} golden observations -> {fixtures_path}")
     export_program(model, contract, fixtures[0], out / "policy.pt2")
     log(f"export: {out / 'policy.pt2'}")
-    comparisons = export_onnx(model, contract, fixtures, out / "policy.onnx", log=log)
+    # The exported graph is also compared on a guided input (real-time chunking, [rtc]): the
+    # golden fixtures all carry zero weights, where the inpainting is a no-op.
+    checks = [*fixtures, _guided(contract, fixtures[0])] if contract.rtc is not None else fixtures
+    comparisons = export_onnx(model, contract, checks, out / "policy.onnx", log=log)
     log(f"export: {out / 'policy.onnx'}")
     return comparisons
+
+
+def _guided(contract, inputs: dict) -> dict:
+    """``inputs`` with a real-time chunking guide: the first half of the chunk pulled towards a
+    fixed trajectory, with weights falling from 1 to 0."""
+    rtc, h = contract.rtc, contract.action.chunk_length
+    gen = np.random.default_rng(7)
+    out = dict(inputs)
+    out[rtc.actions_input] = gen.standard_normal(inputs[rtc.actions_input].shape).astype(np.float32)
+    out[rtc.weights_input] = np.clip(1.0 - np.arange(h, dtype=np.float32) / (h / 2), 0.0, 1.0)[None]
+    return out
 
 
 def evaluate_release(out: Path, episodes: int, log=print) -> dict:
@@ -253,16 +267,23 @@ std = $proprio_std
 # backend can be compared bit for bit on the same noise.
 [noise]
 input = "noise"
-shape = [8, 2]                # per sample: chunk_length x action dim
+shape = [50, 2]               # per sample: chunk_length x action dim
 dtype = "float32"
 seeding = "philox-sequence"   # zeros | philox-sequence: standard normal from Philox(key=seed + observation sequence)
 seed = 0
 denoising_steps = 10          # baked into the exported graph; informational
 
+# Real-time chunking inside the graph: the waypoints the new chunk continues and their
+# weights (zeros: the plain chunk). vlad fills them from the chunk the robot executes.
+[rtc]
+method = "inpaint"
+actions_input = "rtc_actions"
+weights_input = "rtc_weights"
+
 # ---- model output -> action ---------------------------------------------------------
 [action]
 output = "actions"
-chunk_length = 8
+chunk_length = 50
 dim = 2
 frame = "joint"
 scale = 1.0                   # after unnormalization: value * std + mean, then * scale
@@ -293,7 +314,7 @@ rate_limit = 0.25
 [timing]
 control_period_ms = 20.0
 max_observation_age_ms = 60.0
-action_validity_ms = 160.0
+action_validity_ms = 1000.0
 e2e_deadline_ms = 20.0
 
 # ---- tensor-level model signature ----------------------------------------------------
@@ -323,14 +344,28 @@ dynamic = [{ axis = 0, name = "batch", min = 1, opt = 1, max = 8 }]
 name = "noise"
 dtype = "float32"
 layout = "NHD"
-shape = [1, 8, 2]
+shape = [1, 50, 2]
+dynamic = [{ axis = 0, name = "batch", min = 1, opt = 1, max = 8 }]
+
+[[inputs]]
+name = "rtc_actions"
+dtype = "float32"
+layout = "NHD"
+shape = [1, 50, 2]
+dynamic = [{ axis = 0, name = "batch", min = 1, opt = 1, max = 8 }]
+
+[[inputs]]
+name = "rtc_weights"
+dtype = "float32"
+layout = "NH"
+shape = [1, 50]
 dynamic = [{ axis = 0, name = "batch", min = 1, opt = 1, max = 8 }]
 
 [[outputs]]
 name = "actions"
 dtype = "float32"
 layout = "NHD"
-shape = [1, 8, 2]
+shape = [1, 50, 2]
 dynamic = [{ axis = 0, name = "batch", min = 1, opt = 1, max = 8 }]
 """
 )
