@@ -36,7 +36,17 @@ if TYPE_CHECKING:
 
 _F32 = np.dtype(np.float32)
 
-__all__ = ["ActionChunk", "ChunkExecutor", "Client", "ClientError", "DaemonUnreachable", "control_request"]
+__all__ = [
+    "UNREPORTED",
+    "ActionChunk",
+    "ChunkExecutor",
+    "Client",
+    "ClientError",
+    "DaemonUnreachable",
+    "control_request",
+]
+
+UNREPORTED = (-1, -1)  # publish_observation without an ``exec`` report
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,15 @@ class ActionChunk:
     t_receive_ns: int
     advisory: bool = False  # a hold saying "no policy answer for this observation" (docs/protocol.md)
     reason: str = ""  # on a hold: why (e.g. "stale", "instruction_too_long", "estop")
+    client: str | None = None  # the controller whose observation it answers; None: every controller
+    # Real-time chunking: the chunk (seq; 0: the held pose) it continues and the periods of it
+    # that were frozen (they had run when it arrived); None: computed plain.
+    rtc: tuple[int, int] | None = None
+
+    def for_client(self, name: str) -> bool:
+        """Whether the controller ``name`` executes this chunk: it answers that controller's
+        observation, or it is for every controller (docs/protocol.md, "Which chunk to execute")."""
+        return self.client is None or self.client == name
 
     @property
     def is_hold(self) -> bool:
@@ -149,20 +168,32 @@ class Client:
         seq: int | None = None,
         t_sensor_ns: int | None = None,
         reanchor: bool = False,
+        executing: tuple[int, int] | None | ChunkExecutor = UNREPORTED,
     ) -> int:
         """Send one observation; ``t_sensor_ns`` should be the capture time (default: now).
 
         ``reanchor``: the joint state jumped on purpose since the last observation (an
         episode reset, homing, the arm moved by hand while the controller was paused):
-        vlad trusts it at once instead of waiting for it to be confirmed
-        (docs/protocol.md, "Joint states are judged, not believed").
+        vlad believes it once the next observation confirms it, and the policy's chunk for
+        this one goes out then (docs/protocol.md, "Joint states are judged, not believed").
+        ``executing``: what the controller executes at ``t_sensor_ns``, reported as ``exec``:
+        ``(chunk seq, waypoint index)``, None for nothing (holding its pose), or the
+        :class:`ChunkExecutor` that executes the chunks (it says which); real-time chunking
+        and the guard's seams continue it (docs/protocol.md, ``exec``).
         """
         seq = next(self._seq) if seq is None else seq
-        header: dict[str, Any] = {"seq": seq, "t_sensor_ns": t_sensor_ns or time.monotonic_ns(), "client": self.name}
+        t_sensor = t_sensor_ns or time.monotonic_ns()
+        header: dict[str, Any] = {"seq": seq, "t_sensor_ns": t_sensor, "client": self.name}
         if instruction is not None:
             header["instruction"] = instruction
         if reanchor:
             header["reanchor"] = True
+        if isinstance(executing, ChunkExecutor):
+            executing = executing.report(t_sensor)
+        if executing is None:
+            header["exec"] = None
+        elif executing != UNREPORTED:
+            header["exec"] = list(executing)
         names = [f"image/{name}" for name in images]
         arrays = list(images.values())
         if proprio is not None:
@@ -208,7 +239,8 @@ class Client:
     # -- receiving -------------------------------------------------------------------------
 
     def recv_actions(self, timeout_ms: int = 100, drop_stale: bool = True) -> ActionChunk | None:
-        """The newest action chunk that arrived within ``timeout_ms`` (older ones are skipped).
+        """The newest action chunk for this controller (:meth:`ActionChunk.for_client`) that
+        arrived within ``timeout_ms`` (older ones are skipped).
 
         With ``drop_stale`` a chunk already past ``valid_until`` is dropped and counted in
         :attr:`dropped_stale`, and waiting goes on until the timeout.
@@ -230,6 +262,8 @@ class Client:
             if self.tap is not None:
                 self.tap.actions(frames, time.monotonic_ns())
             chunk = self._decode_actions(frames, self)
+            if not chunk.for_client(self.name):
+                continue
             if drop_stale and chunk.is_stale():
                 self.dropped_stale += 1
                 continue
@@ -272,6 +306,8 @@ class Client:
             interventions=tuple(h.get("interventions", ())), timings_ms=h.get("timings_ms", {}),
             actions=msg.tensors["actions"], t_receive_ns=t, advisory=h.get("advisory") is True,
             reason=h.get("reason", "") if type(h.get("reason")) is str else "",
+            client=h.get("client") if type(h.get("client")) is str else None,
+            rtc=tuple(h["rtc"]) if _pair(h.get("rtc")) else None,
         )  # fmt: skip
 
     def recv_status(self, timeout_ms: int = 2000) -> dict[str, Any] | None:
@@ -326,6 +362,10 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _pair(value: Any) -> bool:
+    return type(value) is list and len(value) == 2 and all(type(v) is int for v in value)
 
 
 def load_curve(curve: tuple[str, str]) -> tuple[bytes, bytes, bytes]:
@@ -393,6 +433,7 @@ class ExecutorStats:
     requests: int = 0
     rejected_stale: int = 0  # already past valid_until when offered
     rejected_older: int = 0  # from an older observation than the chunk being executed
+    foreign: int = 0  # addressed to another controller
     rejected_exhausted: int = 0  # every waypoint already in the past
     ignored_advisory: int = 0  # the daemon's advisory holds while a valid chunk was running
     dropped_waypoints: int = 0  # past waypoints skipped when switching to a new chunk
@@ -447,6 +488,7 @@ class ChunkExecutor:
         request_timeout_ns: int = 500_000_000,
         tolerance: float = 0.1,
         clock: Any = time.monotonic_ns,
+        client: str | None = None,
     ) -> None:
         if request_threshold < 0 or overlap < 0:
             raise ValueError("request_threshold and overlap must be >= 0")
@@ -463,6 +505,7 @@ class ChunkExecutor:
         self.request_timeout_ns = request_timeout_ns
         self.tolerance = tolerance
         self.clock = clock
+        self.client = client  # this controller's name: chunks for other controllers are not executed
         self.current: ActionChunk | None = None
         self.stats = ExecutorStats()
         self._previous: ActionChunk | None = None
@@ -482,6 +525,9 @@ class ChunkExecutor:
     def offer(self, chunk: ActionChunk, now_ns: int | None = None) -> bool:
         """Consider ``chunk``; True when it becomes the chunk being executed."""
         now = self.clock() if now_ns is None else now_ns
+        if self.client is not None and not chunk.for_client(self.client):
+            self.stats.foreign += 1
+            return False
         if not chunk.advisory and self._pending is not None and chunk.obs_seq >= self._pending[0]:
             self._pending = None  # answered, whether or not it can be used
         if chunk.is_stale(now):
@@ -533,6 +579,15 @@ class ChunkExecutor:
             elif j >= self.overlap:
                 self._previous = None
         return command
+
+    def report(self, now_ns: int | None = None) -> tuple[int, int] | None:
+        """What this controller executes at ``now_ns``, as an observation's ``exec`` reports it:
+        (the chunk's seq, the waypoint index), or None when nothing valid (it holds)."""
+        now = self.clock() if now_ns is None else now_ns
+        chunk = self.current
+        if not self._usable(chunk, now):
+            return None
+        return chunk.seq, self.index(chunk, now)
 
     def remaining(self, now_ns: int | None = None) -> int:
         """Waypoints left after the current one (0 when nothing valid is running)."""

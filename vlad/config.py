@@ -92,6 +92,9 @@ class ServeConfig:
     # An observation stamped later than now + this skew is refused (future_timestamp): a
     # clock mismatch would make its chunk "valid" far too long and e2e negative.
     max_clock_skew_ms: float = field(default=5.0, metadata=bounded(0.0, 10_000.0))
+    # Real-time chunking (vlad.serving.rtc) for a release whose contract has [rtc]: "on"
+    # continues the chunk the robot executes; "off" serves every chunk plain.
+    rtc: Literal["on", "off"] = "on"
     hang_timeout_ns: int = field(default=0, init=False, metadata=_NS)
     max_clock_skew_ns: int = field(default=0, init=False, metadata=_NS)
 

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from vlad.backend import Session
-from vlad.client import ActionChunk, ChunkExecutor, Client
+from vlad.client import UNREPORTED, ActionChunk, ChunkExecutor, Client
 from vlad.contract import Contract
 from vlad.processing import RawObservation, Tokenizer
 from vlad.serving.counters import PolicyId
@@ -65,6 +65,10 @@ __all__ = [
     "run_episode",
     "seq_base",
 ]
+
+
+# What a controller executes as an observation reports it (vlad.client.Client.publish_observation).
+Executing = tuple[int, int] | None
 
 
 @dataclass(frozen=True)
@@ -108,14 +112,20 @@ class Link(Protocol):
     streams: bool  # True: an observation every tick (the daemon sees a streaming controller)
 
     def tick(self) -> None: ...  # once per control period (a heartbeat)
-    def send(self, frame: Frame, seq: int, t_sensor_ns: int, *, reanchor: bool, wanted: bool) -> None: ...
+    def send(
+        self, frame: Frame, seq: int, t_sensor_ns: int, *, reanchor: bool, wanted: bool, executing: Executing
+    ) -> None: ...
     def receive(self, seq: int, deadline_ns: int) -> list[ActionChunk]: ...
+
+
+START_SEQS = 128  # observation numbers an episode may use while it waits for its first chunk
 
 
 def seq_base(seed: int, steps: int) -> int:
     """First observation sequence number of the episode on ``seed``: disjoint per seed and
-    increasing with it, so both links number (and so seed the noise of) every tick alike."""
-    return 1 + seed * (steps + 1)
+    increasing with it, so both links number (and so seed the noise of) every tick alike
+    (the numbers after the ticks are the observations sent while the first chunk is computed)."""
+    return 1 + seed * (steps + START_SEQS)
 
 
 @dataclass
@@ -157,6 +167,9 @@ class EpisodeLog:
         }
 
 
+START_WAIT_NS = 2_000_000_000  # the longest an episode waits for its first chunk
+
+
 def run_episode(
     task: Task,
     link: Link,
@@ -170,6 +183,7 @@ def run_episode(
     label: str = "",
     executor: Callable[[], ChunkExecutor] | None = None,
     wait: bool = True,
+    follow: bool = False,
 ) -> EpisodeLog:
     """One episode of ``task`` on ``seed`` through ``link`` (see module doc).
 
@@ -177,12 +191,17 @@ def run_episode(
     rule (switch hard every ``exec_steps``) is not the one to measure (asynchronous execution
     with an earlier request threshold and blending); with ``wait=False`` the controller never
     waits for an answer inside a tick: it takes what has arrived (asynchronous execution).
+    ``follow``: a streaming controller that asks with every observation and executes the
+    newest chunk (what real-time chunking serves); it never waits inside a tick.
     """
     if not 1 <= exec_steps <= chunk_length:
         raise ValueError(f"exec_steps must be within 1..{chunk_length}")
     log = EpisodeLog(seed, instruction, label or type(link).__name__)
     if executor is not None:
         ex = executor()
+    elif follow:
+        ex = ChunkExecutor(request_threshold=chunk_length, overlap=0, blend="none", tolerance=0.0)
+        wait = False
     else:
         # Ask again when exec_steps waypoints have run: chunk_length - exec_steps - 1 left after
         # the current one. An unanswered request is asked again at the next tick (its answer
@@ -200,6 +219,7 @@ def run_episode(
     sim_t0 = period_ns  # the simulation's clock: tick t at sim_t0 + t * period (never 0)
     ticks: dict[int, int] = {}  # observation seq -> its tick
     requested: set[int] = set()
+    _start(task, link, ex, log, base, requested, ticks, sim_t0, period_ns)
     wall0 = time.monotonic_ns()
     for tick in range(task.steps):
         now_sim = sim_t0 + tick * period_ns
@@ -208,15 +228,15 @@ def run_episode(
         link.tick()
         # First what arrived since the last tick (a late answer): it decides whether to ask.
         for chunk in link.receive(-1, time.monotonic_ns()):
-            _offer(ex, log, chunk, -1, requested, ticks, now_sim, sim_t0, period_ns)
-        wanted = ex.should_request(now_sim)
+            _offer(ex, log, chunk, -1, requested, ticks, now_sim, sim_t0, period_ns, follow)
+        wanted = tick > 0 and (follow or ex.should_request(now_sim))  # tick 0 asked before the start
         seq = base + tick
         deadline = time.monotonic_ns()  # not waiting: what has arrived
-        if wanted or link.streams:
+        if tick > 0 and (wanted or link.streams):
             frame = task.observe(render=True)
             t_sensor = time.monotonic_ns()
             ticks[seq] = tick
-            link.send(frame, seq, t_sensor, reanchor=tick == 0, wanted=wanted)
+            link.send(frame, seq, t_sensor, reanchor=False, wanted=wanted, executing=ex.report(now_sim))
             if wanted:
                 ex.request_sent(seq, now_sim)
                 requested.add(seq)
@@ -224,7 +244,7 @@ def run_episode(
                 if wait:
                     deadline = t_sensor + int(budget * period_ns)
         for chunk in link.receive(seq if wanted and wait else -1, deadline):
-            _offer(ex, log, chunk, seq if wanted else -1, requested, ticks, now_sim, sim_t0, period_ns)
+            _offer(ex, log, chunk, seq if wanted else -1, requested, ticks, now_sim, sim_t0, period_ns, follow)
         if wanted and wait and (ex.current is None or ex.current.obs_seq != seq):
             log.late.append(tick)
         command = ex.step(now_sim)
@@ -242,6 +262,44 @@ def run_episode(
         log.trajectory.append([float(x) for x in task.hold()])
     log.success, log.final_distance = task.outcome()
     return log
+
+
+def _start(
+    task: Task,
+    link: Link,
+    ex: ChunkExecutor,
+    log: EpisodeLog,
+    base: int,
+    requested: set[int],
+    ticks: dict[int, int],
+    sim_t0: int,
+    period_ns: int,
+) -> None:
+    """The episode's first request, answered before its clock starts: a robot starts a task
+    once its first plan is there, the arm still meanwhile. The first observation announces
+    the reset's jump (``reanchor``); while its answer is computed the controller goes on
+    heartbeating and observing (the still arm: what confirms the announcement)."""
+    frame = task.observe(render=True)
+    t_sensor = time.monotonic_ns()
+    ticks[base] = 0
+    link.send(frame, base, t_sensor, reanchor=True, wanted=True, executing=None)
+    ex.request_sent(base, sim_t0)
+    requested.add(base)
+    log.requests += 1
+    give_up = t_sensor + START_WAIT_NS
+    extra = base + task.steps  # observation numbers after the episode's ticks
+    while True:
+        step = time.monotonic_ns() + period_ns if link.realtime else 0
+        for chunk in link.receive(base, min(step, give_up)):
+            _offer(ex, log, chunk, base, requested, ticks, sim_t0, sim_t0, period_ns, False)
+        if ex.current is not None or time.monotonic_ns() >= give_up or not link.realtime:
+            return
+        link.tick()
+        if link.streams:
+            link.send(
+                task.observe(render=True), extra, time.monotonic_ns(), reanchor=False, wanted=False, executing=None
+            )
+            extra += 1
 
 
 def _pace(wall0: int, tick: int, period_ns: int) -> int:
@@ -265,11 +323,12 @@ def _offer(
     now_sim: int,
     sim_t0: int,
     period_ns: int,
+    follow: bool = False,
 ) -> None:
     """Map ``chunk`` onto the simulation's clock and offer it when the rule says so."""
     if chunk.is_hold:
         log.holds_received[chunk.source] += 1
-    elif chunk.obs_seq not in requested:
+    elif chunk.obs_seq not in requested and not follow:
         return  # the answer to an observation nobody asked about (streaming): not executed
     tick = ticks.get(chunk.obs_seq)
     if tick is None:
@@ -347,7 +406,16 @@ class InProcessLink:
             action_dim=a.dim,
         )
 
-    def send(self, frame: Frame, seq: int, t_sensor_ns: int, *, reanchor: bool, wanted: bool) -> None:
+    def send(
+        self,
+        frame: Frame,
+        seq: int,
+        t_sensor_ns: int,
+        *,
+        reanchor: bool,
+        wanted: bool,
+        executing: Executing = UNREPORTED,
+    ) -> None:
         if not wanted:
             return
         source, reason, advisory = "release", "", False
@@ -378,7 +446,16 @@ class NoMotionLink(InProcessLink):
         super().__init__(self._hold, period_ns, validity_ns, chunk_length=chunk_length, action_dim=action_dim)
         self._start = np.zeros(action_dim, np.float32)
 
-    def send(self, frame: Frame, seq: int, t_sensor_ns: int, *, reanchor: bool, wanted: bool) -> None:
+    def send(
+        self,
+        frame: Frame,
+        seq: int,
+        t_sensor_ns: int,
+        *,
+        reanchor: bool,
+        wanted: bool,
+        executing: Executing = UNREPORTED,
+    ) -> None:
         if reanchor:
             self._start = np.asarray(frame.proprio[: self.action_dim], np.float32)
         super().send(frame, seq, t_sensor_ns, reanchor=reanchor, wanted=wanted)
@@ -402,23 +479,43 @@ class DaemonLink:
     def tick(self) -> None:
         self.client.heartbeat(self._cadence)
 
-    def send(self, frame: Frame, seq: int, t_sensor_ns: int, *, reanchor: bool, wanted: bool) -> None:
+    def send(
+        self,
+        frame: Frame,
+        seq: int,
+        t_sensor_ns: int,
+        *,
+        reanchor: bool,
+        wanted: bool,
+        executing: Executing = UNREPORTED,
+    ) -> None:
         self.client.publish_observation(
-            frame.images, frame.proprio, frame.instruction, seq=seq, t_sensor_ns=t_sensor_ns, reanchor=reanchor
+            frame.images,
+            frame.proprio,
+            frame.instruction,
+            seq=seq,
+            t_sensor_ns=t_sensor_ns,
+            reanchor=reanchor,
+            executing=executing,
         )
 
     def receive(self, seq: int, deadline_ns: int) -> list[ActionChunk]:
-        """Every chunk until the policy's answer to ``seq`` (or the deadline); then what is queued."""
+        """Every chunk for this controller until the policy's answer to ``seq`` (or the
+        deadline); then what is queued."""
         out = []
+        name = self.client.name
         while (left := deadline_ns - time.monotonic_ns()) > 0:
             chunk = self.client.recv_chunk(timeout_ms=left / 1e6)
             if chunk is None:
                 break
+            if not chunk.for_client(name):
+                continue
             out.append(chunk)
             if chunk.obs_seq == seq and not chunk.is_hold:
                 break
         while (chunk := self.client.recv_chunk(timeout_ms=0)) is not None:
-            out.append(chunk)
+            if chunk.for_client(name):
+                out.append(chunk)
         return out
 
 

@@ -32,7 +32,10 @@ class RawObservation:
     ``images`` maps camera name to the raw frame (shape, dtype, colour order and layout as
     in the contract's ``cameras.raw``); ``proprio`` is the joint state in contract units.
     ``client`` names the controller that sent it: a policy with ``[history]`` never mixes
-    two controllers' frames in one window.
+    two controllers' frames in one window. ``executing``: what the controller reported it
+    executes at the sensor time (``exec``: chunk seq and waypoint index; None: nothing;
+    ``(-1, -1)``: no report). ``provisional``: the re-anchor announcement whose state it
+    shows, not yet confirmed (0: the trusted state; vlad.serving.guard).
     """
 
     images: Mapping[str, np.ndarray]
@@ -41,6 +44,8 @@ class RawObservation:
     sequence: int = 0
     sensor_time_ns: int = 0
     client: str | None = None
+    executing: tuple[int, int] | None = (-1, -1)
+    provisional: int = 0
 
 
 # ---------------------------------------------------------------------------------------

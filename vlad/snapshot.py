@@ -126,6 +126,11 @@ class Counters:
     guard_rate: int
     guard_expired: int
     rejected: Mapping[str, int]  # refusals by reason
+    guard_seam: int = 0
+    reanchors_contradicted: int = 0  # announced jumps the next observation contradicted
+    unconfirmed: int = 0  # policy chunks about such an announcement (not sent)
+    exec_unknown: int = 0  # `exec` reports naming no chunk vlad sent that controller
+    guided: int = 0  # policy chunks computed to continue what the robot executes (real-time chunking)
 
     def guard(self) -> dict[str, int]:
         """The guard's corrections by kind."""
@@ -133,6 +138,7 @@ class Counters:
             "nonfinite": self.guard_nonfinite,
             "bounds": self.guard_bounds,
             "out_of_bounds": self.guard_out_of_bounds,
+            "seam": self.guard_seam,
             "rate": self.guard_rate,
             "expired": self.guard_expired,
         }

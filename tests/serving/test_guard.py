@@ -13,7 +13,7 @@ from vlad.serving.guard import ActionGuard, TrustedState
 
 NOW = 10_000_000_000
 PERIOD = 20_000_000
-VALID = 8 * PERIOD  # the demo contract's action validity
+VALID = 8 * PERIOD  # an action validity shorter than the chunk: expiry is part of what is tested
 
 
 def _chunk(contract, value=0.0):
@@ -49,7 +49,7 @@ def test_guard_replaces_nonfinite_with_hold_posture_from_the_trusted_state(contr
     assert g.counts["nonfinite"] == 1
 
 
-def test_guard_clamps_bounds_and_rate(contract):
+def test_guard_clamps_bounds_and_seams(contract):
     g = ActionGuard(contract)
     lo = np.array([j.lower for j in contract.action.joints])
     c = _chunk(contract, 0.0)
@@ -57,11 +57,15 @@ def test_guard_clamps_bounds_and_rate(contract):
     r = g.check(c, NOW, NOW + VALID)
     assert "bounds" in r.interventions and "out_of_bounds" in r.interventions  # 5 rad beyond: gross
     assert (r.actions[:, 0] >= lo[0] - 1e-6).all()
-    first = r.actions[0].copy()
-    r2 = g.check(_chunk(contract, 0.0), NOW + PERIOD, NOW + PERIOD + VALID)
+    # No trusted state, nothing sent: the robot holds the middle of the range; the chunk starts there.
+    assert "seam" in r.interventions and "rate" in r.interventions
+    mid = (lo + np.array([j.upper for j in contract.action.joints])) / 2
     rate = np.array([j.rate_limit for j in contract.action.joints])
-    assert "rate" in r2.interventions
-    steps = np.abs(np.diff(np.vstack([first, r2.actions]), axis=0))
+    assert (np.abs(r.actions[0] - mid) <= rate + 1e-5).all()
+    executed = r.actions[0].copy()  # what a controller following the newest chunk runs in slot 0
+    r2 = g.check(_chunk(contract, 1.0), NOW + PERIOD, NOW + PERIOD + VALID)
+    assert "seam" in r2.interventions
+    steps = np.abs(np.diff(np.vstack([executed, r2.actions]), axis=0))
     assert (steps <= rate + 1e-5).all()
 
 
@@ -93,7 +97,7 @@ def test_first_chunk_is_limited_from_the_trusted_state(contract):
     rate limit from where the robot is, not jump anywhere."""
     g = ActionGuard(contract, _trusted(contract, (0.0, 0.0)))
     r = g.check(_chunk(contract, 2.0), NOW + PERIOD, NOW + PERIOD + 1)
-    assert "rate" in r.interventions
+    assert "seam" in r.interventions
     assert np.abs(r.actions[0]).max() <= 0.25 + 1e-6
 
 
@@ -133,7 +137,7 @@ def test_an_external_move_reanchors_after_a_consistent_run(contract):
     assert ts.reanchors == 1
     c = _chunk(contract, -1.9)
     r = g.check(c, NOW + 3 * PERIOD, NOW + 4 * PERIOD)
-    assert "rate" not in r.interventions  # limited from -2.0 (the robot), not from 2.0
+    assert r.interventions == ()  # limited from -2.0 (the robot), not from 2.0
     np.testing.assert_array_equal(r.actions, c)
 
 
@@ -171,31 +175,37 @@ def test_an_inconsistent_run_never_reanchors(contract):
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.floats(-50, 50, allow_nan=False), st.floats(-50, 50, allow_nan=False)), min_size=1, max_size=30
+        st.tuples(st.floats(-50, 50, allow_nan=False), st.floats(-50, 50, allow_nan=False), st.booleans()),
+        min_size=1,
+        max_size=30,
     ),
     st.lists(st.one_of(st.floats(-1e6, 1e6), st.sampled_from([np.nan, np.inf, -np.inf])), min_size=16, max_size=16),
 )
 def test_no_observation_moves_a_command_beyond_the_contract(contract, observations, chunk_values):
-    """Property: whatever observations arrive and whatever the policy outputs, every
-    published command is within the bounds and within one rate limit per period of the
-    previous one (the trusted state cannot be steered past that)."""
+    """Property: whatever observations arrive (announced re-anchors included) and whatever the
+    policy outputs, every published command is within the bounds, and a robot executing the
+    newest chunk never steps more than one rate limit per period, unless a later observation
+    confirmed that the arm itself moved (a re-anchor)."""
     ts = TrustedState(contract)
     g = ActionGuard(contract, ts)
     lo = np.array([j.lower for j in contract.action.joints])
     hi = np.array([j.upper for j in contract.action.joints])
     rate = np.array([j.rate_limit for j in contract.action.joints])
-    prev = None
-    chunk = np.asarray(chunk_values, np.float32).reshape(contract.action.chunk_length, contract.action.dim)
-    for k, q in enumerate(observations):
+    executed, before = None, 0  # what the robot commanded in the last slot; re-anchors until then
+    base = np.asarray(chunk_values, np.float32).reshape(4, 4)[:, : contract.action.dim]
+    chunk = np.resize(base, (contract.action.chunk_length, contract.action.dim))
+    for k, (a, b, announce) in enumerate(observations):
         t = NOW + k * PERIOD
-        ts.judge(_q(*q), t)
+        ts.judge(_q(a, b), t, reanchor=announce)
+        ts.settle(t)
+        reanchors = ts.reanchors
         r = g.check(chunk.copy(), t, t + VALID)
         out = r.actions
         assert (out >= lo - 1e-5).all() and (out <= hi + 1e-5).all()
         assert (np.abs(np.diff(out, axis=0)) <= rate + 1e-4).all()
-        if prev is not None and ts.reanchors == 0 and g.reanchors == 0:
-            assert (np.abs(out[0] - prev) <= rate + 1e-4).all()
-        prev = out[0].copy()
+        if executed is not None and reanchors == before:
+            assert (np.abs(out[0] - executed) <= rate + 1e-4).all()
+        executed, before = out[0].copy(), reanchors
 
 
 def test_hold_posture_without_any_trusted_state_is_inside_the_bounds(contract):
@@ -279,65 +289,135 @@ def test_the_plain_float_judgement_agrees_with_the_numpy_reference(contract, ste
 # -- announced re-anchors -------------------------------------------------------------------------
 
 
-def test_an_announced_jump_is_trusted_at_once_and_becomes_the_reference(contract):
-    """An episode reset: the controller announces the jump with the observation; the state is
-    trusted at once and the next chunk is limited from it, not from the old command."""
+def test_an_announced_jump_is_believed_once_the_next_observation_confirms_it(contract):
+    """An episode reset: the announced state is provisional (the observation is served, its
+    chunk waits) until the controller's next observation shows the arm there too."""
     ts = _trusted(contract, (0.1, 0.1))
-    g = ActionGuard(contract, ts)
-    g.check(_chunk(contract, 0.1), NOW, NOW + VALID, NOW)
     assert ts.judge(_q(2.0, -1.5), NOW + PERIOD, reanchor=True) is None
-    assert ts.reanchors == 1 and ts.announced == 1
-    np.testing.assert_allclose(ts.positions, [2.0, -1.5])
-    r = g.check(
-        _chunk(contract, 0.0) + np.array([2.1, -1.4], np.float32), NOW + PERIOD, NOW + PERIOD + VALID, NOW + PERIOD
-    )
-    assert r.interventions == ()  # 0.1 rad from the announced state: within the rate limit
+    assert ts.provisional == 1 and ts.pending is not None
+    np.testing.assert_allclose(ts.positions, [0.1, 0.1])  # not believed yet
+    assert ts.judge(_q(2.0, -1.5), NOW + PERIOD + 5_000_000) is None  # too soon to confirm: a burst
+    assert ts.provisional == 1 and ts.reanchors == 0
+    assert ts.judge(_q(2.01, -1.5), NOW + 2 * PERIOD) is None  # the next period: confirmed
+    assert ts.provisional == 0 and ts.confirmed_id == 1 and ts.reanchors == 1 and ts.pending is None
+    np.testing.assert_allclose(ts.positions, [2.01, -1.5], atol=1e-6)
+    g = ActionGuard(contract, ts)
+    r = g.check(_chunk(contract, 0.0) + np.array([2.1, -1.4], np.float32), NOW + 2 * PERIOD, NOW + 2 * PERIOD + VALID)
+    assert r.interventions == ()  # 0.1 rad from the new state: within the rate limit
 
 
-def test_announced_jumps_are_limited_in_rate_and_by_the_joint_limits(contract):
+def test_a_forged_announcement_is_contradicted_by_the_real_controller_and_never_believed(contract):
+    """Found from outside: one forged ``reanchor`` made the binding hold command the forged
+    position (3.38 rad in one period). Now the real controller's next observation, where
+    the arm still is, drops it; neither the hold nor any chunk ever went there."""
+    ts = _trusted(contract, (0.0, 0.0), (0.01, 0.0))
+    g = ActionGuard(contract, ts)
+    g.check(_chunk(contract, 0.01), NOW + PERIOD, NOW + PERIOD + VALID)
+    assert ts.judge(_q(3.39, 0.0), NOW + PERIOD + 1_000_000, reanchor=True) is None  # the forgery
+    assert ts.provisional == 1
+    np.testing.assert_allclose(g.hold_posture()[0], [0.01, 0.0])
+    assert ts.judge(_q(0.02, 0.0), NOW + 2 * PERIOD) is None  # the real arm
+    assert ts.pending is None and ts.contradicted == 1 and ts.reanchors == 0 and ts.provisional == 0
+    assert not ts.settle(NOW + 10 * PERIOD)
+    np.testing.assert_allclose(ts.positions, [0.02, 0.0], atol=1e-6)
+
+
+def test_an_announcement_nothing_contradicts_settles_after_one_and_a_half_periods(contract):
+    """A controller that asks only when it needs a chunk (openpi) sends nothing after its
+    announcement: silence confirms it, later than a stream would."""
+    ts = _trusted(contract, (0.0, 0.0))
+    t = NOW + PERIOD
+    assert ts.judge(_q(3.5, 0.0), t, reanchor=True) is None
+    assert not ts.settle(t + PERIOD)
+    assert ts.settle(t + 3 * PERIOD // 2) and ts.confirmed_id == 1 and ts.reanchors == 1
+    np.testing.assert_allclose(ts.positions, [3.5, 0.0])
+    # an observation in between (even too soon to confirm) leaves the confirmation to the next one
+    t2 = t + 6 * PERIOD
+    assert ts.judge(_q(-3.5, 0.0), t2, reanchor=True) is None and ts.provisional == 2
+    assert ts.judge(_q(-3.5, 0.0), t2 + 1_000_000) is None and ts.provisional == 2
+    assert not ts.settle(t2 + 10 * PERIOD)
+
+
+def test_announcements_are_rationed_on_the_daemons_clock_not_the_senders(contract):
+    """Found from outside: alternating sensor times now / now - 200 ms got 91 announcements a
+    second honoured against a documented 10. The interval is judged on receive times."""
     cfg = GuardConfig(reanchor_min_interval_ms=100.0)
     ts = TrustedState(contract, cfg)
-    assert ts.judge(_q(0.1, 0.1), NOW) is None
-    assert ts.judge(_q(2.0, 2.0), NOW + PERIOD, reanchor=True) is None
-    # A second announcement 40 ms later is judged like any observation: a jump back is refused.
-    assert ts.judge(_q(0.1, 0.1), NOW + 3 * PERIOD, reanchor=True) == "implausible_proprio"
-    assert ts.reanchors == 1
-    # Beyond the joint limits nothing is trusted, announced or not.
-    assert ts.judge(_q(9.0, 0.0), NOW + 20 * PERIOD, reanchor=True) == "proprio_out_of_limits"
-    # After the interval an announcement is honoured again.
-    assert ts.judge(_q(0.1, 0.1), NOW + 10 * PERIOD, reanchor=True) is None and ts.reanchors == 2
+    assert ts.judge(_q(0.0, 0.0), NOW) is None
+    honoured = 0
+    for k in range(100):  # 1 s of announcements every 10 ms, far from each other
+        rx = NOW + (k + 1) * 10_000_000
+        t_sensor = rx if k % 2 else rx - 200_000_000
+        q = (2.0, 2.0) if k % 2 else (-2.0, -2.0)
+        before = ts.announced
+        ts.judge(_q(*q), t_sensor, reanchor=True, receive_ns=rx)
+        honoured += ts.announced - before
+    assert honoured <= 10
 
 
-# -- the rate limiter's reference -----------------------------------------------------------------
+def test_announced_jumps_beyond_the_joint_limits_are_refused(contract):
+    ts = _trusted(contract, (0.1, 0.1))
+    upper = contract.action.joints[0].upper
+    span = upper - contract.action.joints[0].lower
+    assert ts.judge(_q(upper + 0.11 * span, 0.0), NOW + 20 * PERIOD, reanchor=True) == "proprio_out_of_limits"
+    assert ts.pending is None and ts.announced == 0
+
+
+# -- what the robot executes: the seams ---------------------------------------------------------
 
 
 def test_a_second_answer_to_one_observation_starts_where_the_first_did(contract):
     """After an e-stop release both answers to the same observation are limited from the
-    trusted state: the second may not add another period's step to the first."""
+    trusted state: the robot executed neither before the second came."""
     ts = _trusted(contract, (0.0, 0.0))
     g = ActionGuard(contract, ts)
     g.forget_command()  # what the publisher does on release
     far = _chunk(contract, 1.0)
     rate = np.array([j.rate_limit for j in contract.action.joints], np.float32)
-    first = g.check(far.copy(), NOW, NOW + VALID, NOW).actions
+    first = g.check(far.copy(), NOW, NOW + VALID, NOW, remember=False).actions
     second = g.check(far.copy(), NOW + 5_000_000, NOW + VALID, NOW).actions
     for r in (first, second):
         assert (np.abs(r[0] - ts.positions) <= rate + 1e-6).all(), r[0]
 
 
-def test_a_chunk_executing_controller_is_limited_from_the_waypoint_it_is_executing(contract):
-    """A controller asking every 4 periods switches from waypoint 3 of the last chunk: the new
-    first waypoint is limited from there, with one period's step, not four."""
+def test_a_controller_that_reports_its_chunk_is_limited_from_the_waypoint_it_executes(contract):
+    """Found from outside: a controller executing one chunk for several periods was limited
+    against the chunk vlad last *sent*, which it never executed. Its report says which."""
     ts = _trusted(contract, (0.0, 0.0))
     g = ActionGuard(contract, ts)
-    ramp = np.cumsum(np.full((contract.action.chunk_length, contract.action.dim), 0.2, np.float32), axis=0)
-    g.check(ramp.copy(), NOW, NOW + VALID, NOW)  # 0.2, 0.4, ... 1.6
-    nxt_r = g.check(np.full_like(ramp, 1.0), NOW + 4 * PERIOD, NOW + 4 * PERIOD + VALID, NOW + 4 * PERIOD)
-    assert nxt_r.interventions == ()  # 1.0 is 0.2 from waypoint 3 (0.8)
-    nxt = nxt_r.actions
-    back = g.check(np.full_like(ramp, 0.0), NOW + 8 * PERIOD, NOW + 8 * PERIOD + VALID, NOW + 8 * PERIOD)
-    assert "rate" in back.interventions
-    np.testing.assert_allclose(back.actions[0], nxt[3] - 0.25, atol=1e-6)
+    ramp = np.repeat(0.2 * np.arange(contract.action.chunk_length, dtype=np.float32)[:, None], 2, axis=1)
+    assert g.check(ramp.copy(), NOW, NOW + VALID, NOW, client="arm", seq=1).interventions == ()  # 0, 0.2, ...
+    g.check(
+        _chunk(contract, 0.0), NOW + PERIOD, NOW + PERIOD + VALID, NOW + PERIOD, client="arm", seq=2
+    )  # not executed
+    t = NOW + 4 * PERIOD  # it asks again after 4 waypoints of chunk 1: it runs waypoint 4 (1.0) now
+    ex = g.executing("arm", t, (1, 4))
+    assert ex.chunk == 1
+    np.testing.assert_allclose(ex.path[0], ramp[3])  # the slot before: waypoint 3, 0.6
+    r = g.check(np.full_like(ramp, 0.8), t, t + VALID, t, executing=ex, client="arm", remember=False)
+    assert r.interventions == ()  # 0.8 is 0.2 from 0.6: a seam within the limit
+    # Without the report vlad assumes it followed the newest chunk (2, at 0.0): a seam there.
+    r = g.check(np.full_like(ramp, 0.8), t, t + VALID, t, executing=g.executing("arm", t), client="arm", seq=4)
+    assert "seam" in r.interventions
+
+
+def test_a_report_of_a_chunk_never_sent_to_that_controller_is_not_believed(contract):
+    ts = _trusted(contract, (0.0, 0.0))
+    g = ActionGuard(contract, ts)
+    g.check(_chunk(contract, 0.1), NOW, NOW + VALID, NOW, client="arm", seq=1)
+    g.check(_chunk(contract, 2.0), NOW, NOW + VALID, NOW, client="intruder", seq=2, executing=g.executing(None, NOW))
+    for report in ((2, 3), (99, 0), (1, 10_000)):
+        ex = g.executing("arm", NOW + PERIOD, report)
+        assert ex.chunk == 1, report
+    assert g.reports_unknown == 3
+
+
+def test_chunks_for_another_controller_are_not_what_it_executes(contract):
+    ts = _trusted(contract, (0.0, 0.0))
+    g = ActionGuard(contract, ts)
+    g.check(_chunk(contract, 0.2), NOW, NOW + VALID, NOW, client="arm")
+    g.check(_chunk(contract, 0.0) + 0.4, NOW + PERIOD, NOW + PERIOD + VALID, NOW + PERIOD, client="other")
+    np.testing.assert_allclose(g.executing("arm", NOW + 2 * PERIOD).path[0], [0.2, 0.2])
 
 
 def test_after_the_last_chunk_expired_the_trusted_state_is_the_reference(contract):
@@ -348,3 +428,18 @@ def test_after_the_last_chunk_expired_the_trusted_state_is_the_reference(contrac
     assert ts.judge(_q(0.5, 0.5), later) is None  # the arm was moved (slowly, plausibly) meanwhile
     r = g.check(_chunk(contract, 0.6), later, later + VALID, later)
     assert r.interventions == ()  # 0.1 from the measured state; 0.4 from the expired command
+
+
+def test_a_binding_hold_ramps_from_the_executed_command_to_the_trusted_position(contract):
+    """A fallback while the robot runs a chunk ahead of the measured arm: the hold never steps
+    more than the rate limit from the command being executed."""
+    ts = _trusted(contract, (0.0, 0.0))
+    g = ActionGuard(contract, ts)
+    g.check(_chunk(contract, 0.0) + 0.2 * np.arange(contract.action.chunk_length, dtype=np.float32)[:, None],
+            NOW, NOW + 10 * VALID, NOW)  # fmt: skip
+    t = NOW + 6 * PERIOD  # the robot commands 1.2, the arm lags
+    hold = g.hold_posture(g.executing(None, t))
+    rate = np.array([j.rate_limit for j in contract.action.joints])
+    steps = np.abs(np.diff(np.vstack([g.executing(None, t).path[0], hold]), axis=0))
+    assert (steps <= rate + 1e-5).all()
+    np.testing.assert_allclose(hold[-1], ts.positions)  # and it ends where the arm is

@@ -76,7 +76,7 @@ class Bench:
         t.reset(t_sensor, t_sensor)
         t.pre_start = t.pre_end = t.infer_start = t.infer_end = t.decode_end = time.monotonic_ns()
         chunk = self.chunk() if actions is None else actions
-        return self.publisher.publish(chunk, obs, t, policy or self.policy, generation)
+        return self.publisher.publish(chunk, obs, t, policy or self.policy, generation) == "sent"
 
     def recv(self, timeout: float = 2.0) -> protocol.Message | None:
         if not self.sub.poll(int(timeout * 1000)):

@@ -246,6 +246,11 @@ class StatusModel:
             guard_rate=guard["rate"],
             guard_expired=guard["expired"],
             rejected=rejected,
+            guard_seam=guard["seam"],
+            reanchors_contradicted=self.intake.trusted.contradicted,
+            unconfirmed=sum(c.unconfirmed for c in policies),
+            exec_unknown=self.guard.reports_unknown,
+            guided=sum(c.guided for c in policies),
         )
 
     def build(self) -> dict[str, Any]:

@@ -394,7 +394,9 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         lambda: state.state.value,
         cfg.safety.estop_output,
     )
-    loop = ServingLoop(ctx, obs_sock, intake, publisher, cfg.realtime, period_ns, history=contract.frames)
+    loop = ServingLoop(
+        ctx, obs_sock, intake, publisher, cfg.realtime, period_ns, history=contract.frames, rtc=cfg.serve.rtc == "on"
+    )
     stack.callback(loop.close)
 
     def served(policy: LoadedPolicy, slot: str) -> ServedPolicy:

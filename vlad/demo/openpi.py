@@ -60,7 +60,16 @@ class OpenPILink:
     def tick(self) -> None:
         pass  # the endpoint heartbeats for its clients
 
-    def send(self, frame: Frame, seq: int, t_sensor_ns: int, *, reanchor: bool, wanted: bool) -> None:
+    def send(
+        self,
+        frame: Frame,
+        seq: int,
+        t_sensor_ns: int,
+        *,
+        reanchor: bool,
+        wanted: bool,
+        executing: tuple[int, int] | None = (-1, -1),
+    ) -> None:
         if not wanted:
             return
         obs: dict[str, Any] = {

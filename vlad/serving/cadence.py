@@ -104,5 +104,6 @@ class HoldKeeper(Worker):
                 about.sensor_time_ns if about else 0,
                 advisory=True,
                 unless_sent_after=last,
+                client=(about.client or "") if about else None,
             ):
                 self.bridged += 1

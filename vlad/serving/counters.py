@@ -78,6 +78,7 @@ class PolicyCounts(Counts):
     """One policy's cycles (written by the thread running it, and the publisher)."""
 
     cycles: int = 0  # observations this policy was asked to answer
+    guided: int = 0  # of those, computed to continue the chunk the robot executes (real-time chunking)
     published: int = 0  # its chunks that left vlad
     stale: int = 0  # skipped: too old when inference would start
     backend_errors: int = 0  # the engine failed (a policy fault)
@@ -86,8 +87,10 @@ class PolicyCounts(Counts):
     nonfinite_outputs: int = 0  # guard: NaN/Inf chunk replaced by the hold posture
     bounds: int = 0  # guard: clamped into the joint bounds
     out_of_bounds: int = 0  # guard: beyond a bound by more than one period's rate limit
-    rate: int = 0  # guard: rate-limited
+    seam: int = 0  # guard: its start clamped to continue what the robot executes
+    rate: int = 0  # guard: rate-limited between its own waypoints
     expired: int = 0  # guard: past valid_until before it could be sent
+    unconfirmed: int = 0  # about an announced re-anchor the next observation contradicted (not sent)
     deadline_misses: int = 0
     estop_blocked: int = 0  # chunks not sent because the e-stop was engaged
 

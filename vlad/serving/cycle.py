@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from vlad.errors import ObservationError, RemoteUnavailable, TokenizerError, VladError
-from vlad.processing import RawObservation
+from vlad.processing import Guide, RawObservation
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.tracing import CycleTimes
 
@@ -58,17 +58,20 @@ class CycleFailure(Exception):
         return self.reason in INPUT_REASONS
 
 
-def run_cycle(policy: ServedPolicy, obs: RawObservation, t: CycleTimes, *, max_age: bool = True) -> np.ndarray:
+def run_cycle(
+    policy: ServedPolicy, obs: RawObservation, t: CycleTimes, *, max_age: bool = True, guide: Guide | None = None
+) -> np.ndarray:
     """``obs`` -> ``policy``'s action chunk in contract units (the decoder's buffer: copy it
     to keep it past the next cycle); raises :class:`CycleFailure`. ``t`` gets the stage
-    stamps; ``max_age=False`` skips the stale check (replaying recorded observations)."""
+    stamps; ``max_age=False`` skips the stale check (replaying recorded observations);
+    ``guide``: what real-time chunking conditions the chunk on (vlad.serving.rtc)."""
     t.pre_start = time.monotonic_ns()
     if max_age and t.pre_start - obs.sensor_time_ns > policy.max_age_ns:
         raise CycleFailure(
             "stale", "stale", f"observation {obs.sequence} is {(t.pre_start - obs.sensor_time_ns) / 1e6:.1f} ms old"
         )
     try:
-        inputs = policy.pre.fill(obs)
+        inputs = policy.pre.fill(obs, guide)
     except TokenizerError as exc:
         raise CycleFailure("preprocess", "instruction_too_long", str(exc)) from exc
     except ObservationError as exc:

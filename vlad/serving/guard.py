@@ -1,15 +1,24 @@
-"""The final guard on every action chunk leaving vlad, and the joint state it trusts.
+"""The final guard on every action chunk leaving vlad, the joint state it trusts, and what the
+robot executes.
 
 :class:`TrustedState` decides which measured joint states vlad believes. A proprio vector
 beyond a joint's limits (with a margin), or that moved farther since the last trusted
 state than the joint can physically move (its rate limit × the periods elapsed × a
-factor), is refused. A real external move (a reset, hand-guiding, recovery after an
-e-stop) shows as a *consistent run* of such observations; after ``reanchor_observations``
-of them, spanning that many control periods of sensor time (a burst inside one period is
-not a move), the trusted state re-anchors there (counted and logged). A controller that
-knows of a jump (an episode reset, homing) announces it with the observation (``reanchor``):
-that state is trusted at once, at most once per ``guard.reanchor_min_interval_ms``. A
-rejected observation's values never reach an output: holds and re-anchoring use the
+factor), is refused. A real external move (hand-guiding, recovery after an e-stop) shows as
+a *consistent run* of such observations; after ``reanchor_observations`` of them, spanning
+that many control periods of sensor time *and* of receive time (a burst inside one period,
+or sensor times a sender made up, is not a move), the trusted state re-anchors there
+(counted and logged). A controller that knows of a jump (an episode reset, homing)
+announces it with the observation (``reanchor``). One message never moves the trusted
+state at once: the announced state is *provisional* until a later observation (received at
+least ¾ of a period after it) agrees with it, or until 1.5 periods pass with no observation
+at all (a controller that asks only when it needs a chunk); it is dropped when an
+observation agrees with the old state instead (``reanchors_contradicted``). While the real
+controller streams, a forged announcement is contradicted by its next observation before it
+is believed. Meanwhile the policy may compute on the provisional observation, but its
+chunk is held back until the confirmation (:class:`~vlad.serving.publisher.Publisher`). At most one announcement per
+``guard.reanchor_min_interval_ms`` of the daemon's clock is honoured. A rejected
+observation's values never reach an output: holds and the references below use the
 trusted state only.
 
 :class:`ActionGuard` checks, in order, against the release contract:
@@ -19,13 +28,22 @@ trusted state only.
 2. within each joint's ``[lower, upper]``; ``on_bound_violation`` says clamp or hold
    (``bounds``); a value beyond a bound by more than the joint's rate limit is also counted
    as ``out_of_bounds``, which the health monitors treat as a broken policy;
-3. within each joint's ``rate_limit`` per control period: between consecutive waypoints,
-   and from the reference to the first waypoint. The reference is the command for the
-   time slot just before the first waypoint's: the last chunk sent's waypoint for that
-   slot while that chunk is valid (a second answer to the same observation is limited
-   from what the first one started from), else the trusted joint state (nothing sent yet,
-   the e-stop released, the last chunk expired, a re-anchor);
-4. still valid: a chunk whose ``valid_until`` has passed is not published at all.
+3. **seams** (``seam``): the robot switches to a new chunk at a period boundary, coming from
+   what it executes (:meth:`ActionGuard.executing`, the :class:`Executing` path). At
+   the boundaries where it can switch (the slot the chunk arrives in and the next one)
+   the new waypoint is within each joint's ``rate_limit`` of the command of the slot
+   before;
+4. **steps** (``rate``): from there on, consecutive waypoints within the rate limit;
+5. still valid: a chunk whose ``valid_until`` has passed is not published at all.
+
+What the robot executes is never what was merely sent: a controller executes the newest
+valid chunk addressed to it (its ``client`` name, or every controller), from the moment it
+arrives; one that executes chunks otherwise reports the chunk and waypoint it executes
+with its observation (``exec``), and vlad takes that chunk as the one it keeps executing.
+A controller that executes nothing (it holds its measured pose), a chunk that ran out or
+expired, a re-anchor and the e-stop's release leave the trusted joint state as what it
+executes. Binding holds go through the same seams (a hold ramps from the executed command
+to the trusted position at the rate limit), except the e-stop's, which follows a stop.
 
 Every correction is an *intervention*, counted by kind. The guard is a process function:
 it keeps commands sane, it is not a safety function (that is the PLC and the e-stop).
@@ -35,8 +53,10 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,7 +65,19 @@ from vlad.contract import Contract
 
 log = logging.getLogger("vlad.guard")
 
-INTERVENTIONS = ("nonfinite", "bounds", "out_of_bounds", "rate", "expired")
+INTERVENTIONS = ("nonfinite", "bounds", "out_of_bounds", "seam", "rate", "expired")
+SENT_KEPT = 64  # chunks remembered for references (more than a second of chunks at 50 Hz)
+SEAM_SLOTS = 2  # boundaries at which a controller can switch: the arrival slot and the next one
+UNREPORTED = (-1, -1)  # an observation without an ``exec`` report
+
+
+class Announcement(NamedTuple):
+    """A jump a controller announced, not yet confirmed by a later observation."""
+
+    id: int
+    q: list[float]
+    t_sensor_ns: int
+    receive_ns: int
 
 
 class TrustedState:
@@ -80,18 +112,31 @@ class TrustedState:
         self.complete = bool(self._mapped_k) and len(self._mapped_k) == len(self.index)
         self.confirm = cfg.reanchor_observations
         self.announced_interval_ns = int(cfg.reanchor_min_interval_ms * 1e6)
-        self._announced_ns: int | None = None  # sensor time of the last announced re-anchor
+        # A confirming observation comes from the controller's next period, not from a burst.
+        self.corroborate_ns = self.period_ns * 3 // 4
+        # Unless an observation comes at all: then silence for 1.5 periods confirms it.
+        self.settle_ns = self.period_ns * 3 // 2
+        self._quiet = False  # no observation judged since the pending announcement
+        self._lock = threading.Lock()  # judged by the intake thread, settled by the serving thread
+        self._announced_rx: int | None = None  # receive time of the last honoured announcement
+        self._ids = 0
+        self.pending: Announcement | None = None
+        self.confirmed_id = 0  # the last announcement a later observation confirmed
+        self.provisional = 0  # set by every judgement: the announcement the observation belongs to
         self.announced = 0
+        self.contradicted = 0
         # A real move is consistent over time, not only in count: the confirming run must
-        # span (confirm - 1) control periods of sensor time (less a quarter period of
-        # jitter). A burst of identical forged states inside one period never re-anchors.
+        # span (confirm - 1) control periods (less a quarter period of jitter) of sensor time
+        # and of receive time. A burst of identical forged states never re-anchors.
         self.min_span_ns = max(0, (self.confirm - 1) * self.period_ns - self.period_ns // 4)
         self.positions: np.ndarray | None = None  # float32, action-joint order (unmapped: NaN)
         self.t_ns = 0
         self.generation = 0  # bumped on every re-anchor after a confirmed jump
+        self.anchor_t_ns = 0  # sensor time the state after the last re-anchor was first seen
         self._candidate: list[float] | None = None
         self._candidate_t = 0
         self._candidate_t0 = 0  # sensor time of the run's first observation
+        self._candidate_rx0 = 0  # its receive time
         self._run = 0
         self.reanchors = 0
 
@@ -103,21 +148,46 @@ class TrustedState:
     def _within(self, q: list[float], ref: list[float], dt_ns: int) -> bool:
         return all(abs(a - b) <= lim for a, b, lim in zip(q, ref, self._allowed(dt_ns), strict=True))
 
-    def judge(self, proprio: np.ndarray | None, t_sensor_ns: int, reanchor: bool = False) -> str | None:
+    def judge(
+        self, proprio: np.ndarray | None, t_sensor_ns: int, reanchor: bool = False, receive_ns: int | None = None
+    ) -> str | None:
         """:meth:`judge_values` for a proprio array (None: nothing to judge)."""
+        self.provisional = 0
         if proprio is None:
             return None
-        return self.judge_values(np.asarray(proprio, np.float64).tolist(), t_sensor_ns, reanchor)
+        return self.judge_values(np.asarray(proprio, np.float64).tolist(), t_sensor_ns, reanchor, receive_ns)
 
-    def judge_values(self, proprio: Sequence[float], t_sensor_ns: int, reanchor: bool = False) -> str | None:
-        """None when ``proprio`` (finite floats, contract order) is trusted (and becomes the
-        trusted state), else the rejection reason (a counter key: ``proprio_out_of_limits``,
-        ``implausible_proprio``). Plain floats, not numpy: a handful of joints judged at
-        every observation costs less in Python than in numpy's per-call dispatch.
+    def judge_values(
+        self, proprio: Sequence[float], t_sensor_ns: int, reanchor: bool = False, receive_ns: int | None = None
+    ) -> str | None:
+        """None when ``proprio`` (finite floats, contract order) is believed, else the
+        rejection reason (a counter key: ``proprio_out_of_limits``, ``implausible_proprio``).
+        Plain floats, not numpy: a handful of joints judged at every observation costs less
+        in Python than in numpy's per-call dispatch.
 
-        ``reanchor``: the controller announces an intended jump (an episode reset, homing):
-        a state within the limits is trusted at once and becomes the rate limiter's
-        reference, at most once per ``guard.reanchor_min_interval_ms`` of sensor time."""
+        ``reanchor``: the controller announces an intended jump (module doc). Afterwards
+        :attr:`provisional` names the announcement a believed observation belongs to (0: it
+        is the trusted state). ``receive_ns``: when the daemon received it (default: the
+        sensor time, for replays)."""
+        with self._lock:
+            return self._judge(proprio, t_sensor_ns, reanchor, t_sensor_ns if receive_ns is None else receive_ns)
+
+    def settle(self, now_ns: int) -> bool:
+        """Confirm the pending announcement when no observation at all came for 1.5 periods
+        after it (the announcing controller asks by request); True when it did."""
+        with self._lock:
+            p = self.pending
+            if p is None or not self._quiet or now_ns - p.receive_ns < self.settle_ns:
+                return False
+            self.pending = None
+            self.confirmed_id = p.id
+            self._reanchor(
+                p.q, p.t_sensor_ns, "announced by the controller, nothing contradicting", anchor=p.t_sensor_ns
+            )
+            return True
+
+    def _judge(self, proprio: Sequence[float], t_sensor_ns: int, reanchor: bool, receive: int) -> str | None:
+        self.provisional = 0
         if not self._mapped_k:
             return None
         q = [proprio[i] for i in self._mapped_i]
@@ -126,12 +196,40 @@ class TrustedState:
         if self.positions is None:
             self._accept(q, t_sensor_ns)
             return None
-        if reanchor and (
-            self._announced_ns is None or abs(t_sensor_ns - self._announced_ns) >= self.announced_interval_ns
+        p = self.pending
+        if p is not None:
+            self._quiet = False
+            near_new = self._within(q, p.q, abs(t_sensor_ns - p.t_sensor_ns))
+            near_old = self._within(q, self._positions_m, abs(t_sensor_ns - self.t_ns))
+            if near_new and not near_old:
+                if receive - p.receive_ns >= self.corroborate_ns and t_sensor_ns > p.t_sensor_ns:
+                    self.pending = None
+                    self.confirmed_id = p.id
+                    self._reanchor(q, t_sensor_ns, "announced by the controller and confirmed", anchor=p.t_sensor_ns)
+                    return None
+                self.provisional = p.id  # the announced state again, too soon to confirm it
+                return None
+            if near_old:  # the arm is where it was: the announcement was not about this arm
+                self.pending = None
+                self.contradicted += 1
+                if self.contradicted <= 10 or self.contradicted % 1000 == 0:
+                    log.warning(
+                        "announced re-anchor to %s contradicted by the next observation (%d so far): not believed",
+                        [round(v, 3) for v in p.q],
+                        self.contradicted,
+                    )
+        if (
+            reanchor
+            and (self._announced_rx is None or receive - self._announced_rx >= self.announced_interval_ns)
+            and not self._within(q, self._positions_m, abs(t_sensor_ns - self.t_ns))
         ):
-            self._announced_ns = t_sensor_ns
+            self._announced_rx = receive
             self.announced += 1
-            self._reanchor(q, t_sensor_ns, "announced by the controller")
+            self._ids += 1
+            self.pending = Announcement(self._ids, q, t_sensor_ns, receive)
+            self._quiet = True
+            self._candidate, self._run = None, 0
+            self.provisional = self._ids
             return None
         if t_sensor_ns < self.t_ns:
             # Older than the trusted state (a late frame): judged against it, never replacing it.
@@ -144,17 +242,22 @@ class TrustedState:
             self._run += 1
         else:
             self._run = 1
-            self._candidate_t0 = t_sensor_ns
+            self._candidate_t0, self._candidate_rx0 = t_sensor_ns, receive
         self._candidate, self._candidate_t = q, t_sensor_ns
-        if self._run < self.confirm or t_sensor_ns - self._candidate_t0 < self.min_span_ns:
+        if (
+            self._run < self.confirm
+            or t_sensor_ns - self._candidate_t0 < self.min_span_ns
+            or receive - self._candidate_rx0 < self.min_span_ns
+        ):
             return "implausible_proprio"
-        self._reanchor(q, t_sensor_ns, f"after {self.confirm} consistent observations")
+        self._reanchor(q, t_sensor_ns, f"after {self.confirm} consistent observations", anchor=self._candidate_t0)
         return None
 
-    def _reanchor(self, q: list[float], t_ns: int, why: str) -> None:
+    def _reanchor(self, q: list[float], t_ns: int, why: str, anchor: int) -> None:
         before = self._positions_m
         self._accept(q, t_ns)
         self.generation += 1
+        self.anchor_t_ns = anchor
         self.reanchors += 1
         # An announced re-anchor is routine (every episode reset): logged sparsely.
         if self.reanchors <= 10 or self.reanchors % 1000 == 0:
@@ -187,16 +290,31 @@ class GuardResult:
 
 @dataclass(frozen=True, slots=True)
 class Sent:
-    """The last chunk a controller may be executing: its waypoints on their time slots."""
+    """A chunk vlad published: its waypoints on their time slots, and whom it is for."""
 
+    seq: int
+    client: str | None  # the controller whose observation it answers; None: every controller
     actions: np.ndarray  # a copy, as published
     t_sensor_ns: int  # waypoint k covers [t_sensor + k * period, t_sensor + (k + 1) * period)
     valid_until_ns: int
-    before: np.ndarray  # what its first waypoint was limited from (the command for the slot before)
+    advisory: bool
+    issued_ns: int  # when it left
+
+
+class Executing(NamedTuple):
+    """What the robot executes on a new chunk's time slots if it does not switch:
+    ``path[i + 1]`` is the command of slot ``i`` (``path[0]``: the slot before the chunk's
+    first), ``float32[chunk_length + 1, dim]``; ``covered``: the slots the executed chunk
+    itself covers (after them the robot holds its measured pose); ``chunk``: its seq (0:
+    none, the trusted state)."""
+
+    path: np.ndarray
+    covered: int
+    chunk: int
 
 
 class ActionGuard:
-    """Stateful guard: remembers the last chunk sent (:class:`Sent`) for rate limiting."""
+    """Stateful guard: remembers the chunks sent (:class:`Sent`) for the seams."""
 
     def __init__(self, contract: Contract, trusted: TrustedState | None = None, cfg: GuardConfig | None = None) -> None:
         spec = contract.action
@@ -206,29 +324,124 @@ class ActionGuard:
         self.lower = np.asarray([j.lower for j in spec.joints], dtype=np.float32)
         self.upper = np.asarray([j.upper for j in spec.joints], dtype=np.float32)
         self.rate = np.asarray([j.rate_limit for j in spec.joints], dtype=np.float32)
-        self._rate_tol = self.rate + np.float32(1e-6)  # what _rate_limit compares steps with
+        self._rate_tol = self.rate + np.float32(1e-6)  # what the limits compare steps with
         self._steps = np.empty((max(spec.chunk_length - 1, 0), spec.dim), np.float32)
         self.period_ns = int(contract.timing.control_period_ms * 1e6)
-        self.confirm = cfg.reanchor_observations
-        self.last: Sent | None = None
-        self.counts = dict.fromkeys(INTERVENTIONS, 0)
-        self.reanchors = 0  # reference moved to the trusted state after it drifted from the command
+        self.sent: dict[int, Sent] = {}  # by seq, oldest first (at most SENT_KEPT)
+        self._newest: dict[str | None, int] = {}  # per addressee: the newest binding chunk's seq
+        self._since_seq = 0  # chunks sent up to this one are no reference (the e-stop's release)
+        self._since_ns = 0  # nor chunks about observations before a re-anchor
         self._seen_generation = 0
-        self._drift_run = 0
-        self._drift_t = 0
+        self._auto_seq = 0
+        self.counts = dict.fromkeys(INTERVENTIONS, 0)
+        self.reports_unknown = 0  # ``exec`` reports naming no chunk vlad sent this controller
+        self.reanchors = 0  # kept for the status (the trusted state counts its own)
 
     @property
     def last_command(self) -> np.ndarray | None:
-        """The first waypoint of the last chunk sent (None after :meth:`forget_command`)."""
-        return self.last.actions[0] if self.last is not None else None
+        """The first waypoint of the newest binding chunk sent (None after :meth:`forget_command`)."""
+        seq = max((s for s in self._newest.values()), default=0)
+        sent = self.sent.get(seq)
+        return sent.actions[0] if sent is not None else None
 
-    def hold_posture(self) -> np.ndarray:
-        """The approved stationary command as a full chunk.
+    def forget_command(self) -> None:
+        """The robot executes nothing vlad sent so far (e.g. after an e-stop): the next chunk
+        starts from the trusted joint state."""
+        self._newest.clear()
+        self._since_seq = max(self.sent, default=self._since_seq)
 
-        ``hold_position``: every waypoint at the trusted joint position (else the last
-        published command, else the middle of the joint's range); ``zero_velocity``:
-        zeros (velocity/torque joints).
-        """
+    # -- what the robot executes ---------------------------------------------------------------
+
+    def executing(self, client: str | None, t_sensor_ns: int, report: tuple[int, int] | None = UNREPORTED) -> Executing:
+        """What the controller ``client`` executes on the slots of a chunk about its
+        observation at ``t_sensor_ns`` (module doc). ``report``: the observation's ``exec``
+        (chunk seq, waypoint index at ``t_sensor_ns``), None: it executes nothing,
+        :data:`UNREPORTED`: it did not say."""
+        spec = self.contract.action
+        self._check_generation()
+        chunk, index = None, 0
+        newest = self._newest_for(client, t_sensor_ns)
+        if report is None:
+            pass  # holding its measured pose
+        elif report == UNREPORTED:
+            if newest is not None:
+                chunk, index = newest, self._index(newest, t_sensor_ns)
+        else:
+            seq, k = report
+            reported = self.sent.get(seq)
+            if (
+                reported is None
+                or reported.client not in (client, None)
+                or not 0 <= k < len(reported.actions)
+                or reported.seq <= self._since_seq
+                or reported.t_sensor_ns < self._since_ns
+                or t_sensor_ns > reported.valid_until_ns
+            ):
+                self.reports_unknown += 1
+                if newest is not None:
+                    chunk, index = newest, self._index(newest, t_sensor_ns)
+            elif newest is not None and newest.seq != seq and self._published_before(newest, reported, t_sensor_ns):
+                # It follows the newest chunk (it had what it reports when it looked): the
+                # newest one is what it will execute when the new chunk comes.
+                chunk, index = newest, self._index(newest, t_sensor_ns)
+            else:
+                chunk, index = reported, k
+        hold = self._hold_position()
+        path = np.empty((spec.chunk_length + 1, spec.dim), np.float32)
+        path[:] = hold
+        covered = 0
+        if chunk is not None:
+            n = len(chunk.actions)
+            # slot i of the new chunk is waypoint index + i of the executed one, while it is valid
+            last_valid = (chunk.valid_until_ns - chunk.t_sensor_ns - 1) // self.period_ns if self.period_ns else n - 1
+            end = min(n, last_valid + 1)
+            lo = max(index - 1, 0)
+            for i in range(-1, spec.chunk_length):
+                j = index + i
+                if j >= end:
+                    break
+                path[i + 1] = chunk.actions[max(j, lo)]
+                covered = i + 1
+        return Executing(path, covered, chunk.seq if chunk is not None else 0)
+
+    def _newest_for(self, client: str | None, t_sensor_ns: int) -> Sent | None:
+        """The newest binding chunk a controller named ``client`` executes (its own or every
+        controller's), valid at ``t_sensor_ns``."""
+        best = None
+        for key in (client, None):
+            seq = self._newest.get(key)
+            sent = self.sent.get(seq) if seq is not None else None
+            if (
+                sent is not None
+                and sent.seq > self._since_seq
+                and sent.t_sensor_ns >= self._since_ns
+                and t_sensor_ns <= sent.valid_until_ns
+                and (best is None or sent.seq > best.seq)
+            ):
+                best = sent
+        return best
+
+    def _published_before(self, newest: Sent, reported: Sent, t_sensor_ns: int) -> bool:
+        """Whether the reported chunk was the newest a controller could have had at its
+        observation (so it follows the newest one), not one it kept while newer ones came."""
+        for seq in reversed(self.sent):
+            sent = self.sent[seq]
+            if seq <= reported.seq:
+                return True
+            if not sent.advisory and sent.client in (reported.client, None) and sent.issued_ns < t_sensor_ns:
+                return False  # a newer chunk was there before its observation: it kept its own
+        return True
+
+    def _index(self, chunk: Sent, t_sensor_ns: int) -> int:
+        """The waypoint of ``chunk`` a controller executes at ``t_sensor_ns`` (its rule: a
+        sample up to a tenth of a period early counts as the next waypoint's)."""
+        if not self.period_ns:
+            return 0
+        return max(0, (t_sensor_ns - chunk.t_sensor_ns + self.period_ns // 10) // self.period_ns)
+
+    def _hold_position(self) -> np.ndarray:
+        """Where the robot holds when it executes nothing: the trusted joint position, else
+        the last command, else the middle of the joint's range."""
         spec = self.contract.action
         hold = np.zeros(spec.dim, dtype=np.float32)
         if spec.hold_posture == "hold_position":
@@ -242,17 +455,48 @@ class ActionGuard:
                 else:
                     hold[k] = (self.lower[k] + self.upper[k]) / 2
             hold = np.clip(hold, self.lower, self.upper)
-        return np.repeat(hold[None], spec.chunk_length, axis=0)
+        return hold
 
-    def forget_command(self) -> None:
-        """Start the next chunk from the trusted joint state (e.g. after an e-stop)."""
-        self.last = None
+    def _check_generation(self) -> None:
+        """A confirmed or announced re-anchor: nothing computed before it is a reference."""
+        trusted = self.trusted
+        if trusted.generation != self._seen_generation:
+            self._seen_generation = trusted.generation
+            self._newest.clear()
+            self._since_ns = trusted.anchor_t_ns
+            self.reanchors += 1
+
+    # -- the checks ----------------------------------------------------------------------------
+
+    def hold_posture(self, executing: Executing | None = None, now_ns: int | None = None) -> np.ndarray:
+        """The approved stationary command as a full chunk.
+
+        ``hold_position``: every waypoint at the trusted joint position (else the last
+        published command, else the middle of the joint's range); ``zero_velocity``: zeros
+        (velocity/torque joints). With ``executing`` (a binding hold the robot adopts at once)
+        it starts from the executed command and ramps to that position at the rate limit."""
+        spec = self.contract.action
+        chunk = np.repeat(self._hold_position()[None], spec.chunk_length, axis=0)
+        if executing is not None and spec.hold_posture == "hold_position":
+            self._limit(chunk, executing, 0)
+        return chunk
 
     def check(
-        self, actions: np.ndarray, now_ns: int, valid_until_ns: int, t_sensor_ns: int | None = None
+        self,
+        actions: np.ndarray,
+        now_ns: int,
+        valid_until_ns: int,
+        t_sensor_ns: int | None = None,
+        *,
+        executing: Executing | None = None,
+        client: str | None = None,
+        seq: int | None = None,
+        remember: bool = True,
     ) -> GuardResult:
-        """Guard ``actions`` computed from the observation at ``t_sensor_ns`` (default: now);
-        may modify them in place; remembers the chunk as sent."""
+        """Guard ``actions`` computed from the observation at ``t_sensor_ns`` (default: now)
+        of controller ``client``, coming from ``executing`` (default: what that controller
+        executes, :meth:`executing`); may modify them in place. ``remember``: remember the
+        chunk as sent under ``seq`` (the publisher does it once it has left: :meth:`record`)."""
         spec = self.contract.action
         hit: list[str] = []
         replaced = False
@@ -278,71 +522,59 @@ class ActionGuard:
                     out, replaced = self.hold_posture(), True
                 else:
                     np.clip(out, self.lower, self.upper, out=out)
-        before = self._reference(t_sensor)
-        if self._rate_limit(out, before):
-            hit.append("rate")
+        if executing is None:
+            executing = self.executing(client, t_sensor)
+        arrival = max(0, (now_ns - t_sensor) // self.period_ns) if self.period_ns else 0
+        hit.extend(self._limit(out, executing, min(arrival, len(out) - 1)))
         for kind in hit:
             self.counts[kind] += 1
-        self.last = Sent(out.copy(), t_sensor, valid_until_ns, out[0].copy() if before is None else before)
+        if remember:
+            self.record(out, t_sensor, valid_until_ns, now_ns, client, seq)
         return GuardResult(out, tuple(hit), replaced)
 
-    def record_hold(self, chunk: np.ndarray, t_sensor_ns: int, valid_until_ns: int) -> None:
-        """A hold a controller adopts at once (e-stop, fallback, a failed inference): the
-        next chunk is limited from it."""
-        self.last = Sent(chunk.copy(), t_sensor_ns, valid_until_ns, chunk[0].copy())
+    def record(
+        self,
+        chunk: np.ndarray,
+        t_sensor_ns: int,
+        valid_until_ns: int,
+        issued_ns: int,
+        client: str | None = None,
+        seq: int | None = None,
+        advisory: bool = False,
+    ) -> None:
+        """Remember a chunk as sent (a binding one becomes what its addressee executes)."""
+        if seq is None:
+            self._auto_seq += 1
+            seq = self._auto_seq
+        self.sent[seq] = Sent(seq, client, chunk.copy(), t_sensor_ns, valid_until_ns, advisory, issued_ns)
+        if not advisory:
+            self._newest[client] = seq
+        while len(self.sent) > SENT_KEPT:
+            del self.sent[next(iter(self.sent))]
 
-    def _reference(self, t_sensor_ns: int) -> np.ndarray | None:
-        """The command for the time slot before the one the new chunk's first waypoint covers.
-
-        While the last chunk sent is valid that is its waypoint for that slot (a controller
-        following the newest chunk, or one executing a chunk for several periods, is there),
-        or, for a chunk about the same slot (two answers to one observation), what the last
-        one was limited from. Otherwise (nothing sent yet, after an e-stop, the last chunk
-        expired, a re-anchor) it is the trusted joint state. None: no trusted state either.
-        """
-        trusted = self.trusted
-        q = trusted.positions if trusted.complete else None  # all finite (every action joint measured)
-        if trusted.generation != self._seen_generation:  # a confirmed or announced re-anchor
-            self._seen_generation = trusted.generation
-            self._drift_run = 0
-            self.last = None
-        last = self.last
-        if last is None or t_sensor_ns > last.valid_until_ns:
-            return q.copy() if q is not None else None
-        period = self.period_ns
-        k = (t_sensor_ns - last.t_sensor_ns + period // 2) // period - 1 if period else -1
-        ref = last.before if k < 0 else last.actions[min(k, len(last.actions) - 1)]
-        if q is None:
-            return ref
-        # The robot drifted from the commands (hand-guiding, a slow external push): follow
-        # the measurement only once consecutive trusted states agree on it.
-        if (np.abs(q - ref) > self.rate).any():
-            if trusted.t_ns != self._drift_t:
-                self._drift_run += 1
-                self._drift_t = trusted.t_ns
-            if self._drift_run >= self.confirm:
-                self._drift_run = 0
-                self.reanchors += 1
-                log.info("rate-limit reference re-anchored on the trusted joint state %s", np.round(q, 3).tolist())
-                return q.copy()
-        else:
-            self._drift_run = 0
-        return ref
-
-    def _rate_limit(self, chunk: np.ndarray, ref: np.ndarray | None) -> bool:
-        """Clamp per-period changes in place (the first waypoint from ``ref``, one period);
-        True when anything was clamped."""
-        tol = self._rate_tol
-        within = ref is None or bool((np.abs(chunk[0] - ref) <= tol).all())
-        if within and len(chunk) > 1:  # then the steps between waypoints
-            steps = self._steps if self._steps.shape[0] == len(chunk) - 1 else np.empty_like(chunk[1:])
-            np.subtract(chunk[1:], chunk[:-1], out=steps)
-            within = bool((np.abs(steps, out=steps) <= tol).all())
-        if within:
-            return False
-        if ref is not None:
-            chunk[0] = ref + np.clip(chunk[0] - ref, -self.rate, self.rate)
-        for k in range(1, len(chunk)):
-            chunk[k] = chunk[k - 1] + np.clip(chunk[k] - chunk[k - 1], -self.rate, self.rate)
-        np.clip(chunk, self.lower, self.upper, out=chunk)
-        return True
+    def _limit(self, chunk: np.ndarray, executing: Executing, first: int) -> list[str]:
+        """Clamp ``chunk`` in place: at the seams from ``first`` (the slot it arrives in) on,
+        each waypoint within the rate limit of the command of the slot before; then every
+        step. The kinds of correction made."""
+        tol, rate, path = self._rate_tol, self.rate, executing.path
+        hit = []
+        seams = range(first, min(first + SEAM_SLOTS, len(chunk)))
+        for i in seams:
+            before = path[i]  # the command of slot i - 1 if the robot has not switched yet
+            lo, hi = before - rate, before + rate
+            if i > first:  # and a step from the chunk's own previous waypoint
+                lo, hi = np.maximum(lo, chunk[i - 1] - rate), np.minimum(hi, chunk[i - 1] + rate)
+            if ((chunk[i] < lo - 1e-6) | (chunk[i] > hi + 1e-6)).any():
+                np.clip(chunk[i], lo, np.maximum(lo, hi), out=chunk[i])
+                if "seam" not in hit:
+                    hit.append("seam")
+        start = seams.stop  # steps after the seams
+        if start < len(chunk):
+            steps = chunk[start:] - chunk[start - 1 : -1] if start > 0 else None
+            if steps is not None and not bool((np.abs(steps) <= tol).all()):
+                for k in range(start, len(chunk)):
+                    chunk[k] = chunk[k - 1] + np.clip(chunk[k] - chunk[k - 1], -rate, rate)
+                hit.append("rate")
+        if hit:
+            np.clip(chunk, self.lower, self.upper, out=chunk)
+        return hit

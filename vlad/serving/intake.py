@@ -59,9 +59,10 @@ class Intake:
         self.trusted = trusted
         self.max_skew_ns = max_skew_ns
         self.tokenizer = tokenizer  # the release's: an instruction it cannot encode is refused here
-        # (seq, t_sensor_ns, reason) of the message just refused, when it was an observation
-        # whose header could be read: the serving thread answers it with an advisory hold.
-        self.refused: tuple[int, int, str] | None = None
+        # (seq, t_sensor_ns, reason, client) of the message just refused, when it was an
+        # observation whose header could be read: the intake thread answers it with an
+        # advisory hold.
+        self.refused: tuple[int, int, str, str | None] | None = None
         self.last_observation_ns = 0  # receive time of the last accepted observation
         self.last_heartbeat_ns = 0
         self.last_seen_ns = 0  # any well-formed message: the controller is there
@@ -130,7 +131,13 @@ class Intake:
         self.reject(reason, detail)
         h = msg.header
         t_sensor = h.get("t_sensor_ns")
-        self.refused = (msg.seq, t_sensor if type(t_sensor) is int and 0 < t_sensor < 2**63 else 0, reason)
+        client = h.get("client", "")
+        self.refused = (
+            msg.seq,
+            t_sensor if type(t_sensor) is int and 0 < t_sensor < 2**63 else 0,
+            reason,
+            client if type(client) is str and len(client) <= 128 and client.isprintable() else None,
+        )
 
     def reject(self, reason: str, detail: str) -> None:
         c = self.counts
@@ -186,12 +193,19 @@ class Intake:
                 )
             if proprio.dtype not in (np.float32, np.float64):
                 raise Rejected("bad_dtype", f"obs {seq}: proprio is {proprio.dtype}, expected float32")
+        executing = _report(h.get("exec", _UNREPORTED), seq)
+        provisional = 0
         if proprio is not None:
+            if proprio.dtype != np.float32:
+                # Judged and served as the float32 the contract declares: a float64 value
+                # beyond float32's range is refused here, not turned into Inf downstream.
+                with np.errstate(over="ignore"):
+                    proprio = proprio.astype(np.float32)
             # A short vector: plain floats are cheaper than numpy calls on cold caches.
             values = proprio.tolist()
             if not all(map(math.isfinite, values)):
-                raise Rejected("nonfinite", f"obs {seq}: proprio holds NaN or Inf")
-            verdict = self.trusted.judge_values(values, t_sensor, h.get("reanchor") is True)
+                raise Rejected("nonfinite", f"obs {seq}: proprio holds NaN or Inf (or a value beyond float32)")
+            verdict = self.trusted.judge_values(values, t_sensor, h.get("reanchor") is True, receive_ns)
             if verdict is not None:
                 raise Rejected(
                     verdict,
@@ -200,6 +214,7 @@ class Intake:
                     "(beyond the joint limits, or moved faster than the joints can)",
                 )
             self.counts.reanchors = self.trusted.reanchors
+            provisional = self.trusted.provisional
         return RawObservation(
             images=images,
             proprio=proprio,
@@ -207,6 +222,8 @@ class Intake:
             sequence=seq,
             sensor_time_ns=t_sensor,
             client=client,
+            executing=executing,
+            provisional=provisional,
         )
 
     def _images(self, seq: int, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -235,6 +252,26 @@ def _peer(frames: Sequence[Any]) -> str | None:
     if not isinstance(frame, zmq.Frame):
         return None
     try:
-        return frame.get("User-Id") or None
+        peer = frame.get("User-Id")
     except zmq.ZMQError:  # no identity on this connection
         return None
+    return peer if isinstance(peer, str) and peer else None
+
+
+_UNREPORTED = (-1, -1)
+
+
+def _report(value: Any, seq: int) -> tuple[int, int] | None:
+    """An observation's ``exec``: ``[chunk seq, waypoint index]``, nil (executing nothing) or
+    absent (:data:`_UNREPORTED`); anything else is ``malformed``."""
+    if value is _UNREPORTED or value is None:
+        return value
+    if (
+        type(value) is list
+        and len(value) == 2
+        and all(type(v) is int for v in value)
+        and 0 < value[0] < 2**63
+        and 0 <= value[1] < 2**31
+    ):
+        return value[0], value[1]
+    raise Rejected("malformed", f"obs {seq}: exec must be [chunk seq, waypoint index] or nil")

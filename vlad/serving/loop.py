@@ -26,6 +26,7 @@ on reading throughout.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import threading
@@ -33,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import zmq
 
 from vlad.config import RealtimeConfig
@@ -43,6 +45,7 @@ from vlad.serving.intake import Intake
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.publisher import Publisher
 from vlad.serving.realtime import apply_thread_knobs
+from vlad.serving.rtc import RealTimeChunking
 from vlad.serving.shadow import ShadowRun
 from vlad.serving.tracing import CycleTimes
 from vlad.threads import Worker
@@ -69,6 +72,16 @@ class Accepted(NamedTuple):
     receive_ns: int
 
 
+class HeldBack(NamedTuple):
+    """A chunk about an observation whose announced re-anchor is not confirmed yet."""
+
+    actions: np.ndarray
+    obs: RawObservation
+    times: CycleTimes
+    policy: ServedPolicy
+    continues: tuple[int, int] | None
+
+
 class ServingLoop:
     """The intake and serving threads and the state the rest of vlad reads from them."""
 
@@ -81,6 +94,7 @@ class ServingLoop:
         realtime: RealtimeConfig,
         period_ns: int,
         history: int = 1,
+        rtc: bool = True,
     ) -> None:
         self.sock = sock
         self.intake = intake
@@ -90,6 +104,8 @@ class ServingLoop:
         # Accepted observations a policy's window takes in before the newest (its [history]
         # frames - 1): those superseded while an inference ran still enter it, in order.
         self.history = max(1, history)
+        # Real-time chunking for policies whose contract has [rtc] (vlad.serving.rtc).
+        self.rtc = RealTimeChunking(period_ns) if rtc else None
         self.active: ServedPolicy | None = None  # None: the hold posture
         self.shadow: ShadowRun | None = None
         self.estop_engaged: Callable[[], bool] = lambda: publisher.estop_engaged
@@ -105,7 +121,8 @@ class ServingLoop:
         self.cycle_errors = 0
         self.generation = 0
         self._served_by: ServedPolicy | None = None  # the policy the last cycle ran
-        self._anchor = 0  # the trusted joint state's generation the last cycle saw
+        self._held: HeldBack | None = None  # waits for its re-anchor to be confirmed
+        self._anchor = (0, 0)  # the trusted state's generation and announcement the last cycle saw
         self._stopping = False
         # The hand-over from the intake thread to the serving thread.
         self._handover = threading.Condition(threading.Lock())
@@ -276,8 +293,8 @@ class ServingLoop:
         if refused is not None and not self.estop_engaged():
             # The controller learns at once that this observation gets no policy answer (and
             # why); one answer per wake-up, so a flood of junk cannot flood the action socket.
-            seq, t_sensor, reason = refused
-            self.publisher.publish_hold("rejected", seq, t_sensor, advisory=True, reason=reason)
+            seq, t_sensor, reason, client = refused
+            self.publisher.publish_hold("rejected", seq, t_sensor, advisory=True, reason=reason, client=client)
         return accepted
 
     def _hand_over(self, accepted: list[Accepted]) -> None:
@@ -323,8 +340,10 @@ class ServingLoop:
                 return False
             taken, self._waiting = self._waiting, []
             woken, self._woken = self._woken, False
+        if self._held is not None:  # also on a timeout: it may settle without another observation
+            self._offer_held(gen)
         if taken:
-            newest: Accepted | None = taken[-1]
+            newest = taken[-1]
         elif (
             woken
             and self.last_obs is not None
@@ -337,9 +356,9 @@ class ServingLoop:
             return True
         if not self.estop_engaged():  # e-stop: the policy is not even asked
             if self._alloc is None:
-                self._cycle(*newest, gen, taken[:-1])
+                self._cycle(newest.obs, newest.receive_ns, gen, taken[:-1])
             else:
-                self._alloc.measure(self._cycle, *newest, gen, taken[:-1])
+                self._alloc.measure(self._cycle, newest.obs, newest.receive_ns, gen, taken[:-1])
         return True
 
     # -- the hot path ----------------------------------------------------------------------
@@ -353,14 +372,15 @@ class ServingLoop:
         policy = self.active
         self._served_by = policy
         if policy is None:  # the hold posture serves: answer with it at once
-            self.publisher.publish_hold("fallback", obs.sequence, obs.sensor_time_ns)
+            self.publisher.publish_hold("fallback", obs.sequence, obs.sensor_time_ns, client=obs.client or "")
             return
         t = self._times
         t.reset(obs.sensor_time_ns, receive_ns)
-        if self.intake.trusted.generation != self._anchor:  # the joint state re-anchored: a new episode
-            self._anchor = self.intake.trusted.generation
-            if policy.pre.frames > 1:
-                policy.pre.reset()  # an observation window never spans the jump
+        anchor = (self.intake.trusted.generation, obs.provisional)
+        if anchor != self._anchor and (anchor[0] != self._anchor[0] or obs.provisional):
+            if policy.pre.frames > 1:  # the joint state jumped (a new episode): the window restarts
+                policy.pre.reset()
+        self._anchor = anchor
         # Marked in flight before the retired check: a deploy retiring this policy waits
         # for in_flight to clear before closing its session.
         self.in_flight = Inference(policy, receive_ns)
@@ -370,7 +390,14 @@ class ServingLoop:
             policy.counts.cycles += 1
             if earlier and policy.pre.frames > 1:
                 policy.pre.take_in([a.obs for a in earlier])
-            actions = run_cycle(policy, obs, t)  # stale check, preprocess, infer, decode
+            guide, continues = None, None
+            if self.rtc is not None and policy.contract.rtc is not None:  # continue what the robot executes
+                executing = self.publisher.executing(obs)
+                guide = self.rtc.guide(executing, policy.contract.action.chunk_length)
+                if guide is not None:
+                    policy.counts.guided += 1
+                    continues = (executing.chunk, self.rtc.delay)
+            actions = run_cycle(policy, obs, t, guide=guide)  # stale check, preprocess, infer, decode
         except CycleFailure as failure:
             self._failed(gen, policy, obs, failure)
             return
@@ -378,11 +405,31 @@ class ServingLoop:
             if gen == self.generation:
                 self.in_flight = None
         try:
-            self.publisher.publish(actions, obs, t, policy, gen)  # final guard + e-stop gate + send
+            outcome = self.publisher.publish(actions, obs, t, policy, gen, continues)  # guard, e-stop gate, send
+            if outcome == "held":
+                self._held = HeldBack(actions.copy(), obs, dataclasses.replace(t), policy, continues)
+            elif outcome == "sent" and self.rtc is not None:
+                self.rtc.published(t.publish - obs.sensor_time_ns)
         except Exception as exc:  # a bug in the guard or the send: still answer, count, log
             broken = CycleFailure("guard", "internal_error", f"{type(exc).__name__}: {exc}")
             broken.__cause__ = exc
             self._failed(gen, policy, obs, broken)
+
+    def _offer_held(self, gen: int) -> None:
+        """The chunk held back for an announced re-anchor: sent once a later observation
+        confirmed it (the one just taken, usually), dropped when one contradicted it."""
+        held = self._held
+        assert held is not None
+        self.intake.trusted.settle(time.monotonic_ns())
+        if self.publisher.announcement(held.obs) == "pending" and gen == self.generation:
+            return
+        self._held = None
+        try:
+            self.publisher.publish(held.actions, held.obs, held.times, held.policy, gen, held.continues)
+        except Exception as exc:  # a bug in the guard or the send: still answer, count, log
+            broken = CycleFailure("guard", "internal_error", f"{type(exc).__name__}: {exc}")
+            broken.__cause__ = exc
+            self._failed(gen, held.policy, held.obs, broken)
 
     def _failed(self, gen: int, policy: ServedPolicy, obs: RawObservation, failure: CycleFailure) -> None:
         """Count ``failure`` where it belongs and answer the observation with a hold saying why."""
@@ -399,11 +446,14 @@ class ServingLoop:
             counts.cycle_errors += 1
         if gen != self.generation:
             return  # a replaced thread never sends
+        client = obs.client or ""
         if failure.input_fault:
             hold = "stale" if reason == "stale" else "rejected"
-            self.publisher.publish_hold(hold, obs.sequence, obs.sensor_time_ns, advisory=True, reason=reason)
+            self.publisher.publish_hold(
+                hold, obs.sequence, obs.sensor_time_ns, advisory=True, reason=reason, client=client
+            )
             return
-        self.publisher.publish_hold(reason, obs.sequence, obs.sensor_time_ns)
+        self.publisher.publish_hold(reason, obs.sequence, obs.sensor_time_ns, client=client)
         n = counts.cycle_errors if reason == "internal_error" else self.publisher.counts.holds[reason]
         if n <= 10 or n % 1000 == 0:  # loud for the first ones, then sampled
             log.error(

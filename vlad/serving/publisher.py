@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import zmq
@@ -22,11 +22,15 @@ from vlad import protocol
 from vlad.contract import Contract
 from vlad.processing import RawObservation
 from vlad.serving.counters import HOLD, PublishCounts
-from vlad.serving.guard import ActionGuard
+from vlad.serving.guard import ActionGuard, Executing
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.tracing import CycleTimes, LatencyStats
 
 Observer = Callable[[int, np.ndarray], None]
+# What became of a policy chunk: sent; held back until the re-anchor its observation announced
+# is confirmed (the serving thread offers it again); dropped (replaced thread, retired policy,
+# e-stop, expired, an announcement contradicted).
+Outcome = Literal["sent", "held", "dropped"]
 
 
 _HOLD_NAME = str(HOLD)
@@ -92,28 +96,68 @@ class Publisher:
     def expect_swap(self, source: str, t0_ns: int) -> None:
         self._swap_pending = (source, t0_ns)
 
+    def executing(self, obs: RawObservation) -> Executing:
+        """What the controller that sent ``obs`` executes on the slots of a chunk about it
+        (:meth:`vlad.serving.guard.ActionGuard.executing`): real-time chunking continues it."""
+        with self.lock:
+            return self.guard.executing(obs.client or "", obs.sensor_time_ns, obs.executing)
+
+    def announcement(self, obs: RawObservation) -> Literal["confirmed", "pending", "contradicted"]:
+        """For an observation of an announced re-anchor: where the announcement stands."""
+        trusted = self.guard.trusted
+        if trusted.confirmed_id == obs.provisional:
+            return "confirmed"
+        pending = trusted.pending
+        return "pending" if pending is not None and pending.id == obs.provisional else "contradicted"
+
     def publish(
-        self, actions: np.ndarray, obs: RawObservation, t: CycleTimes, policy: ServedPolicy, generation: int
-    ) -> bool:
+        self,
+        actions: np.ndarray,
+        obs: RawObservation,
+        t: CycleTimes,
+        policy: ServedPolicy,
+        generation: int,
+        continues: tuple[int, int] | None = None,
+    ) -> Outcome:
         """Guard ``actions`` (computed from ``obs`` by ``policy``) and send them.
 
-        False when nothing was sent: a replaced serving thread, the e-stop engaged, or the
-        chunk expired. ``actions`` may be modified in place by the guard.
+        "held": ``obs`` announced a re-anchor not yet confirmed (nothing sent: offer it again
+        once a later observation confirmed it); "dropped": a replaced serving thread, the
+        e-stop engaged, the chunk expired or the announcement was contradicted. ``actions``
+        may be modified in place by the guard. ``continues``: real-time chunking computed it
+        to continue a chunk (its seq, 0 for the held pose) over that many frozen periods.
         """
         counts = policy.counts
         own = actions.copy() if self.observers and policy.id.slot == "release" else None
         with self.lock:
             if generation != self.generation or policy.retired:
-                return False
+                return "dropped"
             if self.estop_engaged:
                 counts.estop_blocked += 1
-                return False
+                return "dropped"
+            if obs.provisional:
+                standing = self.announcement(obs)
+                if standing == "pending":
+                    return "held"
+                if standing == "contradicted":
+                    counts.unconfirmed += 1
+                    return "dropped"
             valid_until = obs.sensor_time_ns + self.validity_ns
-            verdict = self.guard.check(actions, time.monotonic_ns(), valid_until, obs.sensor_time_ns)
+            client = obs.client or ""
+            executing = self.guard.executing(client, obs.sensor_time_ns, obs.executing)
+            verdict = self.guard.check(
+                actions,
+                time.monotonic_ns(),
+                valid_until,
+                obs.sensor_time_ns,
+                executing=executing,
+                client=client,
+                remember=False,
+            )
             t.guard_end = time.monotonic_ns()
             if verdict.actions is None:
                 counts.expired += 1
-                return False
+                return "dropped"
             self._send(
                 verdict.actions,
                 verdict.interventions,
@@ -125,7 +169,10 @@ class Publisher:
                 t.header_ms(self._timings),
                 False,
                 "",
+                client,
+                continues,
             )
+            self.guard.record(verdict.actions, obs.sensor_time_ns, valid_until, self.last_publish_ns, client, self.seq)
             self.answered_seq = obs.sequence
             t.publish = self.last_publish_ns
             self._swap_done(policy.id.slot)
@@ -140,12 +187,12 @@ class Publisher:
         for kind in verdict.interventions:  # per policy: the health monitors blame the right one
             if kind == "nonfinite":
                 counts.nonfinite_outputs += 1
-            elif kind in ("bounds", "out_of_bounds", "rate"):
+            elif kind in ("bounds", "out_of_bounds", "rate", "seam"):
                 setattr(counts, kind, getattr(counts, kind) + 1)
         if own is not None:
             for observe in list(self.observers):
                 observe(obs.sequence, own)
-        return True
+        return "sent"
 
     def publish_hold(
         self,
@@ -156,6 +203,7 @@ class Publisher:
         advisory: bool = False,
         reason: str = "",
         unless_sent_after: int | None = None,
+        client: str | None = None,
     ) -> bool:
         """Send the contract's hold posture (from the trusted joint state) as ``hold:<kind>``;
         ``reason`` (default ``kind``) says why in the header.
@@ -163,26 +211,40 @@ class Publisher:
         ``advisory``: the observation ``obs_seq`` got no policy answer (late, stale, refused);
         a controller with a valid chunk keeps executing it, so an advisory hold is not what
         the next chunk is rate-limited from. Any other hold is adopted at once by every
-        controller (docs/protocol.md). ``unless_sent_after``: send nothing if a chunk went
-        out after this time (decided outside the lock: the serving thread may have answered
-        meanwhile). While the e-stop is engaged only ``kind="estop"`` holds go out, and
-        only with ``safety.estop_output = "hold"``.
+        controller it is for (``client``: the one whose observation it answers; None: every
+        controller), so it starts from what that controller executes and ramps to the hold
+        position at the rate limit (the e-stop's hold excepted: the arm has stopped).
+        ``unless_sent_after``: send nothing if a chunk went out after this time (decided
+        outside the lock: the serving thread may have answered meanwhile). While the e-stop
+        is engaged only ``kind="estop"`` holds go out, and only with
+        ``safety.estop_output = "hold"``.
         """
         with self.lock:
             if self.estop_engaged and (kind != "estop" or self.estop_output != "hold"):
                 return False
             if unless_sent_after is not None and self.last_publish_ns > unless_sent_after:
                 return False
-            chunk = self.guard.hold_posture()
             now = time.monotonic_ns()
             t_sensor = t_sensor_ns or now
+            guard = self.guard
+            ramp = None if advisory or kind == "estop" else guard.executing(client, t_sensor)
+            chunk = guard.hold_posture(ramp)
             valid_until = now + self.validity_ns
-            if not advisory:
-                self.guard.record_hold(chunk, t_sensor, valid_until)
             source = f"hold:{kind}"
             self._send(
-                chunk, ("hold",), obs_seq, t_sensor, valid_until, source, _HOLD_NAME, {}, advisory, reason or kind
+                chunk,
+                ("hold",),
+                obs_seq,
+                t_sensor,
+                valid_until,
+                source,
+                _HOLD_NAME,
+                {},
+                advisory,
+                reason or kind,
+                client,
             )
+            guard.record(chunk, t_sensor, valid_until, self.last_publish_ns, client, self.seq, advisory)
             if obs_seq:
                 self.answered_seq = obs_seq
             self._swap_done(source)
@@ -201,6 +263,8 @@ class Publisher:
         timings: dict[str, float],
         advisory: bool,
         reason: str,
+        client: str | None,
+        continues: tuple[int, int] | None = None,
     ) -> None:
         self.seq += 1
         h = self._header
@@ -220,6 +284,8 @@ class Publisher:
             timings_ms=timings,
             advisory=advisory,
             reason=reason,
+            client=client,
+            rtc=continues,
         )
         msg = self._layout.encode(protocol.TOPIC_ACTIONS, h, (actions,))
         self.sock.send_multipart(msg)

@@ -126,6 +126,82 @@ class ControllerSim:
         return [r for r in list(self.received) if r.t >= t0]
 
 
+class FollowingController:
+    """A controller written from docs/protocol.md, judged by what it *executes*: every
+    :data:`PERIOD_S` it sends an observation (the golden ``case["raw"]`` image, the arm where
+    its last command put it, the chunk it executes) and a heartbeat, takes the chunks
+    addressed to it, and executes the newest one's waypoint for the period
+    (:class:`vlad.client.ChunkExecutor`); with nothing valid it holds its last command. Its
+    periods are its own clock's (``t0 + k * period``, the sensor time of its observations),
+    so scheduling jitter never skips or repeats a waypoint; a period that starts more than
+    one late starts a new schedule. :attr:`commands` is what the robot was commanded, period
+    by period: the steps between them are what an attack or a seam made the arm do."""
+
+    def __init__(self, client: Any, case: Any) -> None:
+        from vlad.client import ChunkExecutor
+
+        self.client = client
+        self.case = case
+        self.executor = ChunkExecutor(
+            request_threshold=1_000_000, overlap=0, blend="none", tolerance=0.0, client=client.name
+        )
+        self.commands: list[tuple[int, np.ndarray]] = []  # (period start, CLOCK_MONOTONIC ns; command)
+        self.chunks: list[Any] = []  # every chunk addressed to it (vlad.client.ActionChunk)
+        self.proprio = np.asarray(case["raw"].proprio, np.float32).copy()  # the arm: it tracks the commands
+        self.proprio[2:] = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vlad-following-controller", daemon=True)
+
+    def start(self) -> FollowingController:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        raw = self.case["raw"]
+        period = int(PERIOD_S * 1e9)
+        tick = time.monotonic_ns()
+        last = None
+        while not self._stop.is_set():
+            while (chunk := self.client.recv_chunk(timeout_ms=0)) is not None:
+                if chunk.for_client(self.client.name):
+                    self.chunks.append(chunk)
+                    self.executor.offer(chunk, tick)
+            command = self.executor.step(tick)
+            last = last if command is None else command
+            if last is not None:
+                self.commands.append((tick, np.asarray(last, np.float64)))
+                self.proprio[:2] = last[:2]  # a position-controlled arm that tracks its command
+            self.client.publish_observation(
+                dict(raw.images),
+                proprio=self.proprio,
+                instruction=raw.instruction,
+                t_sensor_ns=tick,
+                executing=self.executor.report(tick),
+            )
+            self.client.heartbeat()
+            tick += period
+            delay = tick - time.monotonic_ns()
+            if delay > 0:
+                time.sleep(delay / 1e9)
+            elif delay < -period:
+                tick = time.monotonic_ns()  # fell behind: a new schedule from now, no burst
+
+    def largest_step(self, since_ns: int = 0) -> float:
+        """The largest change of the executed command between consecutive periods, any joint
+        (not across a new schedule: a controller that fell a period behind skips waypoints
+        itself, whatever vlad sent)."""
+        period = int(PERIOD_S * 1e9)
+        cmds = [(t, c) for t, c in self.commands if t >= since_ns]
+        return max(
+            (float(np.abs(b - a).max()) for (ta, a), (tb, b) in zip(cmds, cmds[1:], strict=False) if tb - ta == period),
+            default=0.0,
+        )
+
+
 def max_gap(chunks: list[Received]) -> float:
     """The longest time (s) between two consecutive chunks; inf with fewer than two."""
     ts = [c.t for c in chunks]
