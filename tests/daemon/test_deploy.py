@@ -8,6 +8,7 @@ simulated controller runs at 50 Hz throughout and records every chunk.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 
@@ -154,6 +155,35 @@ def test_deploy_enforces_gate_evidence_unless_forced_with_a_reason(live):
         [str(VLADCTL), "history", "--endpoint", d.endpoints["control"]], capture_output=True, text=True, timeout=30
     )
     assert "[forced: evidence failed]" in out.stdout and "overrode evidence failed" in out.stdout, out.stdout
+
+
+def test_deploy_of_a_copy_of_a_staged_release_judges_the_folder_offered(live):
+    """A copy of a release the store already holds, its model moved out of the folder (bytes
+    unchanged) and linked back in: the staged copy is intact, the folder offered is not.
+    The deploy, forced or not, refuses it with what `vladctl verify` says of that folder;
+    the store and the stream stay as they were."""
+    from vlad.client import ClientError
+
+    d, client, ctl, store, tmp, _ = live
+    v2 = signed_demo_copy(tmp / "v2", "1.1.0", 2)
+    store.stage(v2)
+    offered = tmp / "offered"
+    shutil.copytree(v2, offered)
+    shutil.move(offered / "policy.onnx", tmp / "outside.onnx")
+    (offered / "policy.onnx").symlink_to(tmp / "outside.onnx")
+    verify = subprocess.run(
+        [str(VLADCTL), "verify", str(offered), "--keys", str(KEYS)], capture_output=True, text=True, timeout=60
+    )
+    assert verify.returncode == 2 and "policy.onnx: a symbolic link" in verify.stderr, verify.stderr
+    refusal = verify.stderr.strip().splitlines()[-1].removeprefix("error: ")
+    for force in (False, True):
+        with pytest.raises(ClientError) as exc:
+            client.control("deploy", timeout_ms=120_000, path=str(offered), who="tech", why="bench", force=force)
+        assert refusal in str(exc.value)
+    assert store.active() == "vlad-demo-reacher-1.0.0" and [e.to_release for e in store.history()] == [
+        "vlad-demo-reacher-1.0.0"
+    ]
+    wait_release(client, "vlad-demo-reacher@1.0.0")
 
 
 def test_shadow_never_publishes(live):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,45 @@ def test_stage_refuses_bad_sources(env, tmp_path):
     with pytest.raises(StoreError, match="already staged with a different manifest"):
         store.stage(other, now=NOW)
     assert _same_tree(store.release_path("r1"), src["r1"])
+
+
+def _artifact_linked_out(folder: Path, outside: Path) -> None:
+    """policy.onnx moved out of the folder (bytes unchanged) and linked back in."""
+    shutil.move(folder / "policy.onnx", outside)
+    (folder / "policy.onnx").symlink_to(outside)
+
+
+@pytest.mark.parametrize(
+    "damage,problem",
+    [
+        ("link", "policy.onnx: a symbolic link"),
+        ("unlisted", "notes.txt: not listed in the manifest"),
+        ("changed", "model_config.json: sha256"),
+    ],
+)
+def test_a_copy_of_a_staged_release_is_judged_like_vladctl_verify_judges_it(env, tmp_path, damage, problem):
+    """Offering a copy of a release the store already holds: the staged copy is intact,
+    the folder offered is not. The folder offered is refused with what `vladctl verify`
+    says of it, and nothing changes in the store."""
+    store, src = env
+    store.stage(src["r1"], now=NOW)
+    offered = tmp_path / "offered"
+    shutil.copytree(src["r1"], offered)
+    if damage == "link":
+        _artifact_linked_out(offered, tmp_path / "outside.onnx")
+    elif damage == "unlisted":
+        (offered / "notes.txt").write_text("not in the manifest\n")
+    else:
+        (offered / "model_config.json").write_text('{"width": 9}\n')  # same size, other bytes
+    with pytest.raises(IntegrityError) as verified:
+        verify_release(offered, store.keys_dir, NOW)
+    assert problem in str(verified.value)
+    with pytest.raises(IntegrityError) as staged:
+        store.stage(offered, now=NOW)
+    assert str(staged.value) == str(verified.value)
+    assert store.list_releases() == ["r1"] and _same_tree(store.release_path("r1"), src["r1"])
+    # The intact folder offered again is the no-op it always was.
+    assert store.stage(src["r1"], now=NOW) == "r1"
 
 
 def test_downgrade_refused_unless_forced(env):

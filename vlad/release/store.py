@@ -344,8 +344,9 @@ class ReleaseStore:
         then copied into a temp folder inside ``releases/`` and hashed in the same pass
         (each file fsynced, read-only), the copy's manifest and signature verified again
         (the source may change meanwhile) and the folder renamed into place. Staging an
-        identical release again is a no-op; a different release under a staged id is
-        refused. A release whose not_before lies ahead may be staged; an expired one may
+        identical release again copies nothing, but the folder offered is verified in full
+        (refused as ``vladctl verify`` refuses it) and the staged copy too; a different
+        release under a staged id is refused. A release whose not_before lies ahead may be staged; an expired one may
         not. Returns the staged copy's verification: pass it to :meth:`activate` (and the
         loader) so that nothing is hashed twice.
         """
@@ -398,12 +399,20 @@ class ReleaseStore:
     def _already_staged(
         self, src: VerifiedRelease, dest: Path, keys: Path, now: dt.datetime, progress: Progress | None
     ) -> VerifiedRelease:
+        """The staged copy of the release ``src`` offers again, once both are found intact.
+
+        The folder offered is judged in full, as ``vladctl verify`` judges it (every file,
+        no link, nothing unlisted): a staged copy must never hide that the folder offered
+        is not intact. Then the staged copy, which is what activation and loading read.
+        """
         staged = verify_release(dest, keys, now, check_time=False, check_files=False)
         if staged.manifest.canonical_bytes() != src.manifest.canonical_bytes():
             raise StoreError(
                 f"release {src.id} is already staged with a different manifest; "
                 f"a changed release needs a new release id"
             )
+        if src.path != dest.resolve():  # the staged folder itself offered: judged once, below
+            verify_release(src.path, keys, now, check_time=False, progress=progress)
         return verify_release(dest, keys, now, check_time=False, progress=progress)
 
     # ---- switching -------------------------------------------------------------------
