@@ -245,6 +245,24 @@ def test_canary_auto_abort_rolls_back(live):
     assert max_gap(ctl.since(t0)) <= MAX_GAP_S
 
 
+def test_an_operator_rollback_of_a_canary_is_recorded_whatever_the_length_of_its_reason(live):
+    """The canary abort's reason ("canary aborted: rollback by WHO: WHY") is longer than one
+    operator text may be when WHY is near the limit: the store still rolls back, its journal
+    holding the reason cut to one line (the event holds all of it)."""
+    d, client, ctl, store, tmp, _ = live
+    v2 = signed_demo_copy(tmp / "v2", "1.1.0", 2)
+    client.control("deploy", timeout_ms=120_000, path=str(v2), who="tech", why="canary", canary=True)
+    why = "arm overshoots at the shelf; " + "w" * 990  # 1018 characters: the daemon takes it
+    r = client.control("rollback", timeout_ms=120_000, who="tech", why=why)
+    assert r["aborted"] == "vlad-demo-reacher@1.1.0", r
+    wait_until(lambda: store.history()[-1].event == "rollback", 10, "the rollback's journal record")
+    entry = store.history()[-1]
+    assert store.active() == "vlad-demo-reacher-1.0.0" and entry.to_release == "vlad-demo-reacher-1.0.0"
+    assert entry.why.startswith("canary aborted: rollback by tech: arm overshoots") and len(entry.why) == 1024
+    abort = [e for e in client.control("events", limit=50) if e["kind"] == "canary_abort"]
+    assert abort and abort[-1]["reason"].endswith(why)
+
+
 def test_boot_on_a_release_without_evidence_serves_flagged_unverified(tmp_path):
     """A daemon started on a release that has no passing evidence and no recorded override
     (here: the store's active release was switched by an older vlad, whose journal kept no

@@ -345,7 +345,7 @@ def test_activation_needs_passing_evidence_or_a_recorded_override(proofs):
     assert "vladctl gate" in text and "vladctl release activate none --force --why" in text and "\n" not in text
     with pytest.raises(EvidenceMissing, match="failed its gates .*report eval.json.*--force --why"):
         store.activate("failed", who="ana", why="try", now=NOW)
-    with pytest.raises(EvidenceMissing, match="--force needs --why"):
+    with pytest.raises(StoreError, match="--why: must not be empty"):  # forced or not: a reason, recorded
         store.activate("failed", who="ana", why=" ", force=True, now=NOW)
     assert store.active() == "good"
 
@@ -400,6 +400,74 @@ def test_history_and_status_show_the_overrides(proofs, capsys):
     assert lines[2].endswith("[evidence not recorded]")
     assert release_cli.main(["release", "status", "--json", *base]) == 0
     assert json.loads(capsys.readouterr().out)["active_evidence"].startswith("not recorded")
+
+
+# ---- the operator's text: one rule on every path, printed safely whatever the journal holds ------
+
+# What an operator's --who or --why must not be: terminal escapes, a newline that forges a
+# history line carrying the [forced] flag, a bidi override, 100 KB.
+FORGED = "ok\n2030-01-11T00:00:00Z  activate good -> failed  by boss: approved [forced: evidence failed]"
+BAD_TEXT = {
+    "escape": "\x1b[2J\x1b[32mall fine",
+    "newline": FORGED,
+    "bidi": "fine \u202edesrever",
+    "long": "x" * 1025,  # one over the limit (100 KB: the daemon refuses the request's size first)
+    "blank": "  ",
+}
+
+
+@pytest.fixture()
+def today(tmp_path):
+    """proofs' releases valid around today (vladctl verifies against the real clock), staged."""
+    private, trusted = make_keys(tmp_path)
+    now = dt.datetime.now(dt.UTC)
+    window = dict(not_before=now - dt.timedelta(days=1), expires=now + dt.timedelta(days=1))
+    store = ReleaseStore(tmp_path / "store", trusted)
+    for rid, vc, passed in (("good", 1, True), ("failed", 2, False)):
+        store.stage(
+            make_release(tmp_path / "src" / rid, private, release_id=rid, version_code=vc, gate_passed=passed, **window)
+        )
+    return store
+
+
+def _refused_by_the_daemon(field: str, text: str) -> str:
+    """The daemon control server's verdict on a deploy with ``field`` = ``text``."""
+    import msgpack
+
+    from vlad.daemon.control import BadArguments, parse_request
+
+    args = {"path": "/srv/release", "who": "ana", "why": "ok", "force": True, field: text}
+    with pytest.raises(BadArguments) as exc:
+        parse_request(msgpack.packb({"v": 1, "cmd": "deploy", "args": args}))
+    assert len(exc.value.problems) == 1
+    return exc.value.problems[0]  # "why: <problem>"
+
+
+@pytest.mark.parametrize("field", ["why", "who"])
+@pytest.mark.parametrize("text", BAD_TEXT.values(), ids=list(BAD_TEXT))
+def test_offline_activate_and_rollback_refuse_the_text_the_daemon_refuses(today, capsys, field, text):
+    """`vladctl release activate --force` and `release rollback` (the store, vlad down) refuse
+    exactly what the daemon's deploy refuses, with the same problem, and record nothing."""
+    store = today
+    problem = _refused_by_the_daemon(field, text)
+    base = ["--root", str(store.root), "--keys", str(store.keys_dir)]
+    operator = {"who": "ana", "why": "bench trial", field: text}
+    for argv in (
+        ["release", "activate", "failed", "--force"],
+        ["release", "rollback"],  # refused for the text before it finds nothing to roll back to
+    ):
+        assert release_cli.main([*argv, "--who", operator["who"], "--why", operator["why"], *base]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: --{problem}\n", err[:300]
+    assert store.active() is None and store.journal() == []
+
+
+def test_offline_activate_takes_the_text_the_daemon_takes(today, capsys):
+    store = today
+    why = "ticket 4711: new grasp, caf\u00e9 line \u2192 station 3 " + "z" * 900  # one line, 960 characters
+    base = ["--root", str(store.root), "--keys", str(store.keys_dir)]
+    assert release_cli.main(["release", "activate", "good", "--who", "t\u00e9ch-7", "--why", why, *base]) == 0
+    assert (store.history()[-1].who, store.history()[-1].why) == ("t\u00e9ch-7", why)
 
 
 # ---- each artifact hashed once per operation ---------------------------------------------------

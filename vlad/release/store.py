@@ -59,6 +59,7 @@ from vlad.release.signing import (
     VerifiedRelease,
     verify_release,
 )
+from vlad.schema import line_problem
 
 __all__ = ["DEFAULT_ROOT", "DowngradeRefused", "HistoryEntry", "ReleaseStore", "StoreError", "default_operator"]
 
@@ -172,9 +173,16 @@ def _evidence_override(evidence: dict[str, Any]) -> list[str]:
     return [f"evidence {evidence['evidence']}: " + "; ".join(evidence.get("evidence_problems", []))]
 
 
-def _need_why(force: bool, why: str, release_id: str) -> None:
-    if force and not (why or "").strip():
-        raise StoreError(f"--force needs --why: say why {release_id} is made active anyway (kept in the history)")
+def _operator_text(who: str | None, why: str) -> str:
+    """``who`` (default: :func:`default_operator`), once it and ``why`` are each one line of
+    text: :func:`vlad.schema.line_problem`, the rule the daemon's control server applies to
+    the same arguments, so every path to "active" records the same kind of text."""
+    who = who or default_operator()
+    for name, value in (("who", who), ("why", why)):
+        problem = line_problem(value) if isinstance(value, str) else "expected a string"
+        if problem is not None:
+            raise StoreError(f"--{name}: {problem}")
+    return who
 
 
 def _pid_alive(pid: int) -> bool:
@@ -435,8 +443,10 @@ class ReleaseStore:
         gate evidence missing or failed (:class:`~vlad.release.evidence.EvidenceMissing`);
         a ``version_code`` lower than the highest ever activated here for a release never
         activated here, and a release marked bad by a rollback (:class:`DowngradeRefused`).
-        An integrity failure is never overridden.
+        An integrity failure is never overridden. ``who`` and ``why`` must each be one line
+        of text (:func:`vlad.schema.line_problem`), checked before anything is read.
         """
+        who = _operator_text(who, why)
         with self._lock():
             path = self.release_path(release_id)
             current = self.active()
@@ -467,7 +477,6 @@ class ReleaseStore:
                         f"release {release_id} was rolled back from; use --force --why '...' to activate it again"
                     )
                 overrides.append(f"bad release: {release_id} was rolled back from")
-            _need_why(force, why, release_id)
             return self._switch("activate", release_id, current, who, why, force, code, evidence, overrides)
 
     def rollback(
@@ -485,8 +494,10 @@ class ReleaseStore:
         (signature and files) but not against its validity window: returning to the release
         that ran here before must not be blocked by a date. Its gate evidence is judged
         like an activation's: a target without passing evidence (e.g. one activated before
-        the evidence rule) needs ``force`` and a ``why``.
+        the evidence rule) needs ``force`` and a ``why``. ``who`` and ``why`` as for
+        :meth:`activate`.
         """
+        who = _operator_text(who, why)
         with self._lock():
             current, target = self.active(), self.previous()
             if target is None or target == current:
@@ -506,7 +517,6 @@ class ReleaseStore:
                 verified, path, force=force, why=why, retry="vladctl rollback --force --why '...'"
             )
             overrides = _evidence_override(evidence) + overrides
-            _need_why(force, why, target)
             return self._switch(
                 "rollback",
                 target,
@@ -524,7 +534,7 @@ class ReleaseStore:
         event: str,
         to: str,
         from_: str | None,
-        who: str | None,
+        who: str,
         why: str,
         forced: bool,
         to_code: int,
@@ -537,7 +547,7 @@ class ReleaseStore:
             "time": rfc3339(dt.datetime.now(dt.UTC)),
             "event": event,
             "phase": "intent",
-            "who": who or default_operator(),
+            "who": who,
             "why": why,
             "from_release": from_,
             "to_release": to,
