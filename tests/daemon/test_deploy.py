@@ -299,3 +299,35 @@ def test_boot_on_a_release_without_evidence_serves_flagged_unverified(tmp_path):
         ctl.stop()
         client.close()
         d.stop()
+
+
+def test_a_daemon_on_an_old_journal_publishes_a_readable_status(tmp_path):
+    """A journal written before the store refused such text records the forced activation of
+    the active release with terminal escapes, a newline and 100 KB in its reason. The daemon
+    serves it and publishes a status every reader can decode (the metrics endpoint reads
+    the same broadcast: a status over the 64 KiB header bound was `vlad_up 0`), the reason
+    escaped and cut to one line; `vladctl status` prints no control character."""
+    from vlad.release.store import ReleaseStore
+
+    unproven = signed_demo_copy(tmp_path / "unproven", "1.3.0", 4, required_gates=("contract", "closed_loop"))
+    store_root = tmp_path / "store"
+    store = ReleaseStore(store_root, KEYS)
+    store.activate(store.stage(unproven), who="tech", why="placeholder", force=True)
+    hostile = "\x1b[2J\x1b[32mfine\n2030-01-01T00:00:00Z  activate a -> b  by boss: ok [forced]" + "y" * 100_000
+    records = [json.loads(line) for line in store.history_path.read_text().splitlines()]
+    store.history_path.write_text("".join(json.dumps({**r, "why": hostile}) + "\n" for r in records))
+    d = start_daemon(tmp_path, config=store_config(store_root))
+    client = d.client()
+    try:
+        st = client.recv_status(timeout_ms=5000)
+        assert st is not None and st["evidence"]["status"] == "forced", st and st["evidence"]
+        why = st["evidence"]["why"]
+        assert why.startswith("\\x1b[2J\\x1b[32mfine\\x0a2030") and len(why) == 1024 and why.isprintable()
+        out = subprocess.run(
+            [str(VLADCTL), "status", "--endpoint", d.endpoints["control"]], capture_output=True, text=True, timeout=30
+        )
+        assert out.returncode == 0 and all(line.isprintable() for line in out.stdout.splitlines()), out.stdout
+        assert "evidence     FORCED (missing) by tech" in out.stdout
+    finally:
+        client.close()
+        d.stop()

@@ -470,6 +470,34 @@ def test_offline_activate_takes_the_text_the_daemon_takes(today, capsys):
     assert (store.history()[-1].who, store.history()[-1].why) == ("t\u00e9ch-7", why)
 
 
+def test_history_and_status_print_an_old_journal_safely(proofs, capsys):
+    """A journal written before the rule held (escapes, a forged line, 100 KB): `release
+    history` and `release status` print one line per record, no control character, text cut
+    at 1024 characters; the journal keeps what was written."""
+    store, _ = proofs
+    store.activate("good", who="ana", why="first", now=NOW)
+    store.activate("failed", who="ana", why="placeholder", force=True, now=NOW)
+    records = [json.loads(line) for line in store.history_path.read_text().splitlines()]
+    hostile = "\x1b[2J\x1b[32m" + FORGED + " " + "y" * 100_000
+    for r in records[2:]:
+        r.update(who="\u202eana", why=hostile)
+    store.history_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    base = ["--root", str(store.root), "--keys", str(store.keys_dir)]
+    assert release_cli.main(["release", "history", *base]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3  # the first activation; the forced one and its "overrode" line
+    assert all(line.isprintable() for line in lines)
+    assert lines[1].startswith(records[3]["time"]) and "by \\u202eana: \\x1b[2J\\x1b[32mok\\x0a2030" in lines[1]
+    assert lines[1].endswith("more characters] [forced: evidence failed]") and len(lines[1]) < 1200
+    assert release_cli.main(["release", "status", *base]) == 0
+    out = capsys.readouterr().out
+    assert all(line.isprintable() for line in out.splitlines()) and len(out) < 2000
+    entry = store.last_activation("failed")
+    assert entry is not None and len(entry.why) == 1024 and entry.why.startswith("\\x1b[2J")
+    assert json.loads(store.history_path.read_text().splitlines()[-1])["why"] == hostile  # nothing lost
+
+
 # ---- each artifact hashed once per operation ---------------------------------------------------
 
 

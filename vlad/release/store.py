@@ -59,7 +59,7 @@ from vlad.release.signing import (
     VerifiedRelease,
     verify_release,
 )
-from vlad.schema import line_problem
+from vlad.schema import LINE_MAX_LEN, line_problem, one_line
 
 __all__ = ["DEFAULT_ROOT", "DowngradeRefused", "HistoryEntry", "ReleaseStore", "StoreError", "default_operator"]
 
@@ -109,8 +109,20 @@ class HistoryEntry:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> HistoryEntry:
+        """The entry of a journal record, its text safe to print whoever wrote it: every
+        control or format character escaped, ``who``, ``why`` and the other single values
+        cut at :data:`~vlad.schema.LINE_MAX_LEN` characters (a journal written before the
+        store refused such text may hold any; the journal itself keeps what was written)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in names}
+        values: dict[str, Any] = {}
+        for key, value in record.items():
+            if key not in names:
+                continue
+            if isinstance(value, list):
+                value = tuple(one_line(v, None) if isinstance(v, str) else v for v in value)
+            elif isinstance(value, str):
+                value = one_line(value, LINE_MAX_LEN)
+            values[key] = value
         return cls(**values)
 
     def flags(self) -> str:
