@@ -33,6 +33,7 @@ import difflib
 import math
 import re
 import typing
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, Literal, TypeVar
@@ -319,6 +320,53 @@ def shown(value: Any, limit: int = 80) -> str:
     echo all of it."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-1]}"
+
+
+# ---- one line of text a human reads (who, why) ------------------------------------------
+
+LINE_MAX_LEN = 1024  # characters of one line of operator text (a reason, a name)
+# Characters one line of text may not hold: they break the one-line logs, events and
+# listings it ends up in (newline, escape, DEL and the other controls), or make a line read
+# other than it is (bidi overrides and other format characters; line and paragraph
+# separators; surrogates, private-use and unassigned code points).
+NOT_IN_A_LINE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def line_problem(value: str, max_len: int = LINE_MAX_LEN) -> str | None:
+    """Why ``value`` is not one line of text of at most ``max_len`` characters (empty, too
+    long, or holding a character of :data:`NOT_IN_A_LINE`); None when it is. The one rule
+    for the operator's text on every way it is recorded: the daemon's control arguments and
+    the release store's ``who``/``why``."""
+    if not value.strip():
+        return "must not be empty"
+    if len(value) > max_len:
+        return f"longer than {max_len} characters"
+    bad = next((c for c in value if unicodedata.category(c) in NOT_IN_A_LINE), None)
+    if bad is not None:
+        return f"control or format character U+{ord(bad):04X} refused (one line of text only)"
+    return None
+
+
+def one_line(value: str, max_len: int | None = LINE_MAX_LEN) -> str:
+    """``value`` safe to print as one line: each character :func:`line_problem` refuses is
+    written as its escape (``\\x1b``, ``\\u202e``), and text longer than ``max_len``
+    characters (None: any length) is cut, saying how much was left out. Text that passes
+    :func:`line_problem` comes back unchanged, and so does what this returned."""
+    out = "".join(_escape(c) if unicodedata.category(c) in NOT_IN_A_LINE else c for c in value)
+    if max_len is None or len(out) <= max_len:
+        return out
+    marker = ""
+    while True:  # the marker's length depends on the count it states: two rounds at most
+        keep = max(0, max_len - len(marker))
+        again = f" [... {len(out) - keep} more characters]"
+        if again == marker:
+            return out[:keep] + marker
+        marker = again
+
+
+def _escape(c: str) -> str:
+    o = ord(c)
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
 
 
 def relpath_problem(value: str, folder: str, reserved: tuple[str, ...] = ()) -> str | None:

@@ -8,6 +8,7 @@ simulated controller runs at 50 Hz throughout and records every chunk.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 
@@ -156,6 +157,35 @@ def test_deploy_enforces_gate_evidence_unless_forced_with_a_reason(live):
     assert "[forced: evidence failed]" in out.stdout and "overrode evidence failed" in out.stdout, out.stdout
 
 
+def test_deploy_of_a_copy_of_a_staged_release_judges_the_folder_offered(live):
+    """A copy of a release the store already holds, its model moved out of the folder (bytes
+    unchanged) and linked back in: the staged copy is intact, the folder offered is not.
+    The deploy, forced or not, refuses it with what `vladctl verify` says of that folder;
+    the store and the stream stay as they were."""
+    from vlad.client import ClientError
+
+    d, client, ctl, store, tmp, _ = live
+    v2 = signed_demo_copy(tmp / "v2", "1.1.0", 2)
+    store.stage(v2)
+    offered = tmp / "offered"
+    shutil.copytree(v2, offered)
+    shutil.move(offered / "policy.onnx", tmp / "outside.onnx")
+    (offered / "policy.onnx").symlink_to(tmp / "outside.onnx")
+    verify = subprocess.run(
+        [str(VLADCTL), "verify", str(offered), "--keys", str(KEYS)], capture_output=True, text=True, timeout=60
+    )
+    assert verify.returncode == 2 and "policy.onnx: a symbolic link" in verify.stderr, verify.stderr
+    refusal = verify.stderr.strip().splitlines()[-1].removeprefix("error: ")
+    for force in (False, True):
+        with pytest.raises(ClientError) as exc:
+            client.control("deploy", timeout_ms=120_000, path=str(offered), who="tech", why="bench", force=force)
+        assert refusal in str(exc.value)
+    assert store.active() == "vlad-demo-reacher-1.0.0" and [e.to_release for e in store.history()] == [
+        "vlad-demo-reacher-1.0.0"
+    ]
+    wait_release(client, "vlad-demo-reacher@1.0.0")
+
+
 def test_shadow_never_publishes(live):
     d, client, ctl, store, tmp, _ = live
     v2 = signed_demo_copy(tmp / "v2", "1.1.0", 2)
@@ -215,6 +245,24 @@ def test_canary_auto_abort_rolls_back(live):
     assert max_gap(ctl.since(t0)) <= MAX_GAP_S
 
 
+def test_an_operator_rollback_of_a_canary_is_recorded_whatever_the_length_of_its_reason(live):
+    """The canary abort's reason ("canary aborted: rollback by WHO: WHY") is longer than one
+    operator text may be when WHY is near the limit: the store still rolls back, its journal
+    holding the reason cut to one line (the event holds all of it)."""
+    d, client, ctl, store, tmp, _ = live
+    v2 = signed_demo_copy(tmp / "v2", "1.1.0", 2)
+    client.control("deploy", timeout_ms=120_000, path=str(v2), who="tech", why="canary", canary=True)
+    why = "arm overshoots at the shelf; " + "w" * 990  # 1018 characters: the daemon takes it
+    r = client.control("rollback", timeout_ms=120_000, who="tech", why=why)
+    assert r["aborted"] == "vlad-demo-reacher@1.1.0", r
+    wait_until(lambda: store.history()[-1].event == "rollback", 10, "the rollback's journal record")
+    entry = store.history()[-1]
+    assert store.active() == "vlad-demo-reacher-1.0.0" and entry.to_release == "vlad-demo-reacher-1.0.0"
+    assert entry.why.startswith("canary aborted: rollback by tech: arm overshoots") and len(entry.why) == 1024
+    abort = [e for e in client.control("events", limit=50) if e["kind"] == "canary_abort"]
+    assert abort and abort[-1]["reason"].endswith(why)
+
+
 def test_boot_on_a_release_without_evidence_serves_flagged_unverified(tmp_path):
     """A daemon started on a release that has no passing evidence and no recorded override
     (here: the store's active release was switched by an older vlad, whose journal kept no
@@ -249,5 +297,37 @@ def test_boot_on_a_release_without_evidence_serves_flagged_unverified(tmp_path):
         assert "serves WITHOUT passing gate evidence" in d.log()
     finally:
         ctl.stop()
+        client.close()
+        d.stop()
+
+
+def test_a_daemon_on_an_old_journal_publishes_a_readable_status(tmp_path):
+    """A journal written before the store refused such text records the forced activation of
+    the active release with terminal escapes, a newline and 100 KB in its reason. The daemon
+    serves it and publishes a status every reader can decode (the metrics endpoint reads
+    the same broadcast: a status over the 64 KiB header bound was `vlad_up 0`), the reason
+    escaped and cut to one line; `vladctl status` prints no control character."""
+    from vlad.release.store import ReleaseStore
+
+    unproven = signed_demo_copy(tmp_path / "unproven", "1.3.0", 4, required_gates=("contract", "closed_loop"))
+    store_root = tmp_path / "store"
+    store = ReleaseStore(store_root, KEYS)
+    store.activate(store.stage(unproven), who="tech", why="placeholder", force=True)
+    hostile = "\x1b[2J\x1b[32mfine\n2030-01-01T00:00:00Z  activate a -> b  by boss: ok [forced]" + "y" * 100_000
+    records = [json.loads(line) for line in store.history_path.read_text().splitlines()]
+    store.history_path.write_text("".join(json.dumps({**r, "why": hostile}) + "\n" for r in records))
+    d = start_daemon(tmp_path, config=store_config(store_root))
+    client = d.client()
+    try:
+        st = client.recv_status(timeout_ms=5000)
+        assert st is not None and st["evidence"]["status"] == "forced", st and st["evidence"]
+        why = st["evidence"]["why"]
+        assert why.startswith("\\x1b[2J\\x1b[32mfine\\x0a2030") and len(why) == 1024 and why.isprintable()
+        out = subprocess.run(
+            [str(VLADCTL), "status", "--endpoint", d.endpoints["control"]], capture_output=True, text=True, timeout=30
+        )
+        assert out.returncode == 0 and all(line.isprintable() for line in out.stdout.splitlines()), out.stdout
+        assert "evidence     FORCED (missing) by tech" in out.stdout
+    finally:
         client.close()
         d.stop()

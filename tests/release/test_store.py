@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,45 @@ def test_stage_refuses_bad_sources(env, tmp_path):
     with pytest.raises(StoreError, match="already staged with a different manifest"):
         store.stage(other, now=NOW)
     assert _same_tree(store.release_path("r1"), src["r1"])
+
+
+def _artifact_linked_out(folder: Path, outside: Path) -> None:
+    """policy.onnx moved out of the folder (bytes unchanged) and linked back in."""
+    shutil.move(folder / "policy.onnx", outside)
+    (folder / "policy.onnx").symlink_to(outside)
+
+
+@pytest.mark.parametrize(
+    "damage,problem",
+    [
+        ("link", "policy.onnx: a symbolic link"),
+        ("unlisted", "notes.txt: not listed in the manifest"),
+        ("changed", "model_config.json: sha256"),
+    ],
+)
+def test_a_copy_of_a_staged_release_is_judged_like_vladctl_verify_judges_it(env, tmp_path, damage, problem):
+    """Offering a copy of a release the store already holds: the staged copy is intact,
+    the folder offered is not. The folder offered is refused with what `vladctl verify`
+    says of it, and nothing changes in the store."""
+    store, src = env
+    store.stage(src["r1"], now=NOW)
+    offered = tmp_path / "offered"
+    shutil.copytree(src["r1"], offered)
+    if damage == "link":
+        _artifact_linked_out(offered, tmp_path / "outside.onnx")
+    elif damage == "unlisted":
+        (offered / "notes.txt").write_text("not in the manifest\n")
+    else:
+        (offered / "model_config.json").write_text('{"width": 9}\n')  # same size, other bytes
+    with pytest.raises(IntegrityError) as verified:
+        verify_release(offered, store.keys_dir, NOW)
+    assert problem in str(verified.value)
+    with pytest.raises(IntegrityError) as staged:
+        store.stage(offered, now=NOW)
+    assert str(staged.value) == str(verified.value)
+    assert store.list_releases() == ["r1"] and _same_tree(store.release_path("r1"), src["r1"])
+    # The intact folder offered again is the no-op it always was.
+    assert store.stage(src["r1"], now=NOW) == "r1"
 
 
 def test_downgrade_refused_unless_forced(env):
@@ -305,7 +345,7 @@ def test_activation_needs_passing_evidence_or_a_recorded_override(proofs):
     assert "vladctl gate" in text and "vladctl release activate none --force --why" in text and "\n" not in text
     with pytest.raises(EvidenceMissing, match="failed its gates .*report eval.json.*--force --why"):
         store.activate("failed", who="ana", why="try", now=NOW)
-    with pytest.raises(EvidenceMissing, match="--force needs --why"):
+    with pytest.raises(StoreError, match="--why: must not be empty"):  # forced or not: a reason, recorded
         store.activate("failed", who="ana", why=" ", force=True, now=NOW)
     assert store.active() == "good"
 
@@ -360,6 +400,102 @@ def test_history_and_status_show_the_overrides(proofs, capsys):
     assert lines[2].endswith("[evidence not recorded]")
     assert release_cli.main(["release", "status", "--json", *base]) == 0
     assert json.loads(capsys.readouterr().out)["active_evidence"].startswith("not recorded")
+
+
+# ---- the operator's text: one rule on every path, printed safely whatever the journal holds ------
+
+# What an operator's --who or --why must not be: terminal escapes, a newline that forges a
+# history line carrying the [forced] flag, a bidi override, 100 KB.
+FORGED = "ok\n2030-01-11T00:00:00Z  activate good -> failed  by boss: approved [forced: evidence failed]"
+BAD_TEXT = {
+    "escape": "\x1b[2J\x1b[32mall fine",
+    "newline": FORGED,
+    "bidi": "fine \u202edesrever",
+    "long": "x" * 1025,  # one over the limit (100 KB: the daemon refuses the request's size first)
+    "blank": "  ",
+}
+
+
+@pytest.fixture()
+def today(tmp_path):
+    """proofs' releases valid around today (vladctl verifies against the real clock), staged."""
+    private, trusted = make_keys(tmp_path)
+    now = dt.datetime.now(dt.UTC)
+    window = dict(not_before=now - dt.timedelta(days=1), expires=now + dt.timedelta(days=1))
+    store = ReleaseStore(tmp_path / "store", trusted)
+    for rid, vc, passed in (("good", 1, True), ("failed", 2, False)):
+        store.stage(
+            make_release(tmp_path / "src" / rid, private, release_id=rid, version_code=vc, gate_passed=passed, **window)
+        )
+    return store
+
+
+def _refused_by_the_daemon(field: str, text: str) -> str:
+    """The daemon control server's verdict on a deploy with ``field`` = ``text``."""
+    import msgpack
+
+    from vlad.daemon.control import BadArguments, parse_request
+
+    args = {"path": "/srv/release", "who": "ana", "why": "ok", "force": True, field: text}
+    with pytest.raises(BadArguments) as exc:
+        parse_request(msgpack.packb({"v": 1, "cmd": "deploy", "args": args}))
+    assert len(exc.value.problems) == 1
+    return exc.value.problems[0]  # "why: <problem>"
+
+
+@pytest.mark.parametrize("field", ["why", "who"])
+@pytest.mark.parametrize("text", BAD_TEXT.values(), ids=list(BAD_TEXT))
+def test_offline_activate_and_rollback_refuse_the_text_the_daemon_refuses(today, capsys, field, text):
+    """`vladctl release activate --force` and `release rollback` (the store, vlad down) refuse
+    exactly what the daemon's deploy refuses, with the same problem, and record nothing."""
+    store = today
+    problem = _refused_by_the_daemon(field, text)
+    base = ["--root", str(store.root), "--keys", str(store.keys_dir)]
+    operator = {"who": "ana", "why": "bench trial", field: text}
+    for argv in (
+        ["release", "activate", "failed", "--force"],
+        ["release", "rollback"],  # refused for the text before it finds nothing to roll back to
+    ):
+        assert release_cli.main([*argv, "--who", operator["who"], "--why", operator["why"], *base]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: --{problem}\n", err[:300]
+    assert store.active() is None and store.journal() == []
+
+
+def test_offline_activate_takes_the_text_the_daemon_takes(today, capsys):
+    store = today
+    why = "ticket 4711: new grasp, caf\u00e9 line \u2192 station 3 " + "z" * 900  # one line, 960 characters
+    base = ["--root", str(store.root), "--keys", str(store.keys_dir)]
+    assert release_cli.main(["release", "activate", "good", "--who", "t\u00e9ch-7", "--why", why, *base]) == 0
+    assert (store.history()[-1].who, store.history()[-1].why) == ("t\u00e9ch-7", why)
+
+
+def test_history_and_status_print_an_old_journal_safely(proofs, capsys):
+    """A journal written before the rule held (escapes, a forged line, 100 KB): `release
+    history` and `release status` print one line per record, no control character, text cut
+    at 1024 characters; the journal keeps what was written."""
+    store, _ = proofs
+    store.activate("good", who="ana", why="first", now=NOW)
+    store.activate("failed", who="ana", why="placeholder", force=True, now=NOW)
+    records = [json.loads(line) for line in store.history_path.read_text().splitlines()]
+    hostile = "\x1b[2J\x1b[32m" + FORGED + " " + "y" * 100_000
+    for r in records[2:]:
+        r.update(who="\u202eana", why=hostile)
+    store.history_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    base = ["--root", str(store.root), "--keys", str(store.keys_dir)]
+    assert release_cli.main(["release", "history", *base]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3  # the first activation; the forced one and its "overrode" line
+    assert all(line.isprintable() for line in lines)
+    assert lines[1].startswith(records[3]["time"]) and "by \\u202eana: \\x1b[2J\\x1b[32mok\\x0a2030" in lines[1]
+    assert lines[1].endswith("more characters] [forced: evidence failed]") and len(lines[1]) < 1200
+    assert release_cli.main(["release", "status", *base]) == 0
+    out = capsys.readouterr().out
+    assert all(line.isprintable() for line in out.splitlines()) and len(out) < 2000
+    entry = store.last_activation("failed")
+    assert entry is not None and len(entry.why) == 1024 and entry.why.startswith("\\x1b[2J")
+    assert json.loads(store.history_path.read_text().splitlines()[-1])["why"] == hostile  # nothing lost
 
 
 # ---- each artifact hashed once per operation ---------------------------------------------------

@@ -284,9 +284,12 @@ def cmd_release_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
     else:
+        from vlad.schema import one_line
+
         for k, v in info.items():
             text = ", ".join(map(str, v)) if isinstance(v, list) else v
-            print(f"{k:<24} {text or 'none'}")
+            # Names read from the store's folders and links are printed as one safe line too.
+            print(f"{k:<24} {one_line(str(text), None) if text else 'none'}")
     return EXIT_OK
 
 

@@ -24,7 +24,6 @@ import dataclasses
 import logging
 import os
 import time
-import unicodedata
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -47,12 +46,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vlad.daemon")
 
-_TEXT = {"max_len": 1024}
+# Every string argument is one line of text (schema.line_problem: the rule the release
+# store applies to who and why as well), of at most max_len characters.
+_TEXT = {"max_len": schema.LINE_MAX_LEN}
 _PATH = {"max_len": 4096, "path": True}
-# Characters no argument may hold: they break the one-line logs and events an argument
-# ends up in (newline, DEL and the other controls), or make a line read other than it is
-# (bidi overrides and other format characters; line and paragraph separators).
-_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 NAME_MAX = 255  # bytes of one path component (Linux)
 PATH_MAX = 4095  # bytes of a whole path (PATH_MAX less the terminating NUL)
 
@@ -241,16 +238,17 @@ def parse_request(frame: Any) -> tuple[Command, Any]:
 
 
 def text_problems(args: Any) -> list[str]:
-    """What the schema does not check in a parsed argument object's strings: control and
-    format characters anywhere, and paths the file system could not hold."""
+    """What the schema does not check in a parsed argument object's strings: each is one
+    line of text (:func:`vlad.schema.line_problem`: no control or format character), and a
+    path one the file system could hold."""
     out = []
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
         if not isinstance(value, str):
             continue
-        bad = next((c for c in value if unicodedata.category(c) in _REFUSED_CATEGORIES), None)
-        if bad is not None:
-            out.append(f"{f.name}: control or format character U+{ord(bad):04X} refused (one line of text only)")
+        problem = schema.line_problem(value, f.metadata.get("max_len", schema.LINE_MAX_LEN))
+        if problem is not None:
+            out.append(f"{f.name}: {problem}")
             continue
         if f.metadata.get("path"):
             encoded = os.fsencode(value)

@@ -52,6 +52,7 @@ from vlad.release.evidence import require_verified_evidence
 from vlad.release.loading import LoadedPolicy, PolicySource, compatible, load_policy
 from vlad.release.signing import VerifiedRelease
 from vlad.release.store import HistoryEntry, ReleaseStore
+from vlad.schema import LINE_MAX_LEN, one_line
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.publisher import Publisher
 from vlad.serving.shadow import ShadowRun
@@ -527,11 +528,14 @@ class ReleaseManager:
         )
         # The store follows what is served now: the previous release, which ran before the
         # canary. Forced (recorded as such, with what it overrode): an automatic abort must
-        # not be refused for evidence or a bad mark of the release it returns to.
+        # not be refused for evidence or a bad mark of the release it returns to, nor for
+        # its reason, made one line of at most LINE_MAX_LEN characters (an operator's
+        # rollback reason is already that long at most; the event above holds all of it).
+        why = one_line(f"canary aborted: {reason}", LINE_MAX_LEN)
         try:
             store = await self._in_thread(self.store)
             entry = await self._in_thread(
-                lambda: store.rollback(who, f"canary aborted: {reason}", force=True, verified=previous.loaded.verified)
+                lambda: store.rollback(who, why, force=True, verified=previous.loaded.verified)
             )
             self._note_forced(entry, "canary abort")
             self.evidence = self._evidence_of(previous.loaded, entry)

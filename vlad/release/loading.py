@@ -124,6 +124,13 @@ def load_policy(source: PolicySource, warmup: int, progress: Callable[[str], Non
     artifact_path = folder / artifact
     if not artifact_path.is_file():
         raise StartupError(f"release {folder}: artifact {artifact} is missing")
+    if manifest is None:  # unsigned: the check verify_release makes of a signed release's models
+        from vlad.release.external_data import external_data_problems
+        from vlad.release.signing import IntegrityError
+
+        problems = external_data_problems(folder, [artifact], None)
+        if problems:
+            raise IntegrityError(f"release {folder.resolve()}", problems)
     backend = get_backend(backend_name)
     avail = backend.availability()
     if not avail.usable:

@@ -11,7 +11,8 @@ sha256 of its raw 32 public-key bytes, so file names are free.
 
 :func:`verify_release` is what the daemon and the store call before trusting a folder:
 signature, validity window, every artifact's size and sha256 (and no extra files, no
-symbolic link at any depth), contract consistency and runtime compatibility. It refuses
+symbolic link at any depth, no ONNX external data outside the listed artifacts), contract
+consistency and runtime compatibility. It refuses
 with an error that names exactly what failed. Gate evidence is judged apart
 (:mod:`vlad.release.evidence`): a failed gate is not an integrity failure, an operator may
 override it with a recorded reason.
@@ -46,6 +47,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from vlad.errors import ContractError, ProblemsError, VladError
 from vlad.files import FileRefused, read_bytes, read_bytes_beneath
 from vlad.release.artifacts import FileCheck, Progress, hash_artifacts
+from vlad.release.external_data import external_data_problems, release_models
 from vlad.release.manifest import (
     MANIFEST_FILE,
     RESERVED_FILES,
@@ -460,7 +462,8 @@ def verify_release(
     itself (:class:`~vlad.manifest.ManifestError`); the validity window at ``now``
     (:class:`ValidityError`; skipped with ``check_time=False``, as for a rollback); every
     artifact's size and sha256, missing, extra or symlinked files (at any depth: nothing
-    is opened through a link), contract and tokenizer hashes (one :class:`IntegrityError`
+    is opened through a link), contract and tokenizer hashes, ONNX external data that is
+    not a listed artifact (:mod:`vlad.release.external_data`; one :class:`IntegrityError`
     listing all); then the runtime against ``installed`` (default:
     :func:`installed_runtime`): :class:`RuntimeMismatch` for a major difference, a warning
     line in the result for a minor one.
@@ -523,6 +526,9 @@ def verify_release(
         if not problems:
             contract, contract_problems = _check_contract(folder, manifest)
             problems += contract_problems
+            # What the models read at load besides themselves: listed artifacts only.
+            listed = {a.path for a in manifest.artifacts}
+            problems += external_data_problems(folder, release_models(manifest), listed)
         if problems:
             raise IntegrityError(source, problems)
 

@@ -59,6 +59,7 @@ from vlad.release.signing import (
     VerifiedRelease,
     verify_release,
 )
+from vlad.schema import LINE_MAX_LEN, line_problem, one_line
 
 __all__ = ["DEFAULT_ROOT", "DowngradeRefused", "HistoryEntry", "ReleaseStore", "StoreError", "default_operator"]
 
@@ -108,8 +109,20 @@ class HistoryEntry:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> HistoryEntry:
+        """The entry of a journal record, its text safe to print whoever wrote it: every
+        control or format character escaped, ``who``, ``why`` and the other single values
+        cut at :data:`~vlad.schema.LINE_MAX_LEN` characters (a journal written before the
+        store refused such text may hold any; the journal itself keeps what was written)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in names}
+        values: dict[str, Any] = {}
+        for key, value in record.items():
+            if key not in names:
+                continue
+            if isinstance(value, list):
+                value = tuple(one_line(v, None) if isinstance(v, str) else v for v in value)
+            elif isinstance(value, str):
+                value = one_line(value, LINE_MAX_LEN)
+            values[key] = value
         return cls(**values)
 
     def flags(self) -> str:
@@ -172,9 +185,16 @@ def _evidence_override(evidence: dict[str, Any]) -> list[str]:
     return [f"evidence {evidence['evidence']}: " + "; ".join(evidence.get("evidence_problems", []))]
 
 
-def _need_why(force: bool, why: str, release_id: str) -> None:
-    if force and not (why or "").strip():
-        raise StoreError(f"--force needs --why: say why {release_id} is made active anyway (kept in the history)")
+def _operator_text(who: str | None, why: str) -> str:
+    """``who`` (default: :func:`default_operator`), once it and ``why`` are each one line of
+    text: :func:`vlad.schema.line_problem`, the rule the daemon's control server applies to
+    the same arguments, so every path to "active" records the same kind of text."""
+    who = who or default_operator()
+    for name, value in (("who", who), ("why", why)):
+        problem = line_problem(value) if isinstance(value, str) else "expected a string"
+        if problem is not None:
+            raise StoreError(f"--{name}: {problem}")
+    return who
 
 
 def _pid_alive(pid: int) -> bool:
@@ -344,8 +364,9 @@ class ReleaseStore:
         then copied into a temp folder inside ``releases/`` and hashed in the same pass
         (each file fsynced, read-only), the copy's manifest and signature verified again
         (the source may change meanwhile) and the folder renamed into place. Staging an
-        identical release again is a no-op; a different release under a staged id is
-        refused. A release whose not_before lies ahead may be staged; an expired one may
+        identical release again copies nothing, but the folder offered is verified in full
+        (refused as ``vladctl verify`` refuses it) and the staged copy too; a different
+        release under a staged id is refused. A release whose not_before lies ahead may be staged; an expired one may
         not. Returns the staged copy's verification: pass it to :meth:`activate` (and the
         loader) so that nothing is hashed twice.
         """
@@ -398,12 +419,20 @@ class ReleaseStore:
     def _already_staged(
         self, src: VerifiedRelease, dest: Path, keys: Path, now: dt.datetime, progress: Progress | None
     ) -> VerifiedRelease:
+        """The staged copy of the release ``src`` offers again, once both are found intact.
+
+        The folder offered is judged in full, as ``vladctl verify`` judges it (every file,
+        no link, nothing unlisted): a staged copy must never hide that the folder offered
+        is not intact. Then the staged copy, which is what activation and loading read.
+        """
         staged = verify_release(dest, keys, now, check_time=False, check_files=False)
         if staged.manifest.canonical_bytes() != src.manifest.canonical_bytes():
             raise StoreError(
                 f"release {src.id} is already staged with a different manifest; "
                 f"a changed release needs a new release id"
             )
+        if src.path != dest.resolve():  # the staged folder itself offered: judged once, below
+            verify_release(src.path, keys, now, check_time=False, progress=progress)
         return verify_release(dest, keys, now, check_time=False, progress=progress)
 
     # ---- switching -------------------------------------------------------------------
@@ -426,8 +455,10 @@ class ReleaseStore:
         gate evidence missing or failed (:class:`~vlad.release.evidence.EvidenceMissing`);
         a ``version_code`` lower than the highest ever activated here for a release never
         activated here, and a release marked bad by a rollback (:class:`DowngradeRefused`).
-        An integrity failure is never overridden.
+        An integrity failure is never overridden. ``who`` and ``why`` must each be one line
+        of text (:func:`vlad.schema.line_problem`), checked before anything is read.
         """
+        who = _operator_text(who, why)
         with self._lock():
             path = self.release_path(release_id)
             current = self.active()
@@ -458,7 +489,6 @@ class ReleaseStore:
                         f"release {release_id} was rolled back from; use --force --why '...' to activate it again"
                     )
                 overrides.append(f"bad release: {release_id} was rolled back from")
-            _need_why(force, why, release_id)
             return self._switch("activate", release_id, current, who, why, force, code, evidence, overrides)
 
     def rollback(
@@ -476,8 +506,10 @@ class ReleaseStore:
         (signature and files) but not against its validity window: returning to the release
         that ran here before must not be blocked by a date. Its gate evidence is judged
         like an activation's: a target without passing evidence (e.g. one activated before
-        the evidence rule) needs ``force`` and a ``why``.
+        the evidence rule) needs ``force`` and a ``why``. ``who`` and ``why`` as for
+        :meth:`activate`.
         """
+        who = _operator_text(who, why)
         with self._lock():
             current, target = self.active(), self.previous()
             if target is None or target == current:
@@ -497,7 +529,6 @@ class ReleaseStore:
                 verified, path, force=force, why=why, retry="vladctl rollback --force --why '...'"
             )
             overrides = _evidence_override(evidence) + overrides
-            _need_why(force, why, target)
             return self._switch(
                 "rollback",
                 target,
@@ -515,7 +546,7 @@ class ReleaseStore:
         event: str,
         to: str,
         from_: str | None,
-        who: str | None,
+        who: str,
         why: str,
         forced: bool,
         to_code: int,
@@ -528,7 +559,7 @@ class ReleaseStore:
             "time": rfc3339(dt.datetime.now(dt.UTC)),
             "event": event,
             "phase": "intent",
-            "who": who or default_operator(),
+            "who": who,
             "why": why,
             "from_release": from_,
             "to_release": to,
