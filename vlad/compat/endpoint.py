@@ -7,10 +7,13 @@ An endpoint process (``python -m vlad.compat openpi|metrics``) is started by the
   endpoints, its limits); then, for the openpi endpoint, one line per observation of its
   own the daemon's intake refused (``obs_seq t_sensor_ns reason``). End of file: the daemon
   is gone, the process ends.
-* **stdout**: JSON lines: ``{"ready": ...}`` once it listens, or ``{"error": "one line"}``
+* **stdout**: JSON lines: ``{"ready": ...}`` once it serves, or ``{"error": "one line"}``
   and exit 2 when it cannot; then ``{"report": {...}}`` every second (its counters, shown
   by ``vladctl status`` and the metrics). Written without blocking: a daemon that does
   not read loses reports, never stalls the endpoint.
+* **its listening socket**: bound by the daemon, inherited as the file descriptors the
+  spec names (``listen_fds``); the process accepts on it and never binds or removes its
+  address, so the address stays the daemon's across the process's deaths and restarts.
 * **the daemon's own sockets** (observations, actions, status), connected like a
   controller or ``vladctl`` connects.
 
@@ -29,6 +32,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, MutableMapping
@@ -68,6 +72,7 @@ class Spec:
     curve: dict[str, str] = field(default_factory=dict)  # tcp:// endpoints: public, secret, server (Z85)
     logging: dict[str, str] = field(default_factory=dict)  # level, journald
     status_hz: float = 2.0
+    listen_fds: list[int] = field(default_factory=list)  # the daemon's listening sockets, inherited
 
     def to_json(self) -> bytes:
         return json.dumps(self.__dict__, separators=(",", ":")).encode() + b"\n"
@@ -123,6 +128,19 @@ class Admission:
         self.by_peer[peer] -= 1
         if self.by_peer[peer] <= 0:
             del self.by_peer[peer]
+
+
+def listening_sockets(spec: Spec, name: str) -> list[socket.socket]:
+    """The listening sockets the daemon handed this process (``spec.listen_fds``)."""
+    if not spec.listen_fds:
+        raise EndpointStartError(f"{name}: no listening socket from the daemon (this process is started by vlad serve)")
+    socks = []
+    for fd in spec.listen_fds:
+        try:
+            socks.append(socket.socket(fileno=fd))
+        except OSError as exc:
+            raise EndpointStartError(f"{name}: the daemon's listening socket (fd {fd}): {exc.strerror}") from None
+    return socks
 
 
 def peer_of(transport: asyncio.BaseTransport) -> str:

@@ -9,6 +9,13 @@ daemon only through the daemon's sockets, like a controller. Whatever a peer sen
 the serving thread, the event loop and the watchdog never wait for it, and the daemon's
 file descriptors and memory are not its to spend.
 
+**The listening socket is the daemon's.** :func:`listen` binds each endpoint's address at
+start, before the release loads (a taken port refuses the start with one line), and the
+daemon holds it until it exits; every child it starts inherits it (``pass_fds``, its
+number in the spec) and accepts on it. So the address is never free while vlad runs: no
+other local process can bind it when a child dies, and connections made while a child
+restarts wait in the listen backlog for the next one instead of being refused.
+
 Between the daemon and each child there are two private pipes: its stdin (the spec; its
 closing tells the child the daemon is gone) and its stdout (ready, then a report a second,
 shown under ``openpi`` / ``metrics`` in the status). The daemon's
@@ -29,9 +36,12 @@ import logging
 import os
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -39,7 +49,8 @@ import zmq
 from anyio.abc import TaskStatus
 
 from vlad.compat.endpoint import ACCEPT_BACKLOG, CHILD_ENV, MAX_LINE, Spec
-from vlad.config import Config
+from vlad.config import Config, Listen, parse_listen
+from vlad.daemon.sockets import listen_sockets
 from vlad.errors import StartupError
 
 if TYPE_CHECKING:
@@ -88,6 +99,44 @@ def check_fd_limit(cfg: Config) -> int:
     return soft
 
 
+@dataclass
+class Listener:
+    """An endpoint's listening sockets, bound by the daemon and held until it exits (module doc)."""
+
+    address: Listen
+    socks: list[socket.socket]
+
+    @property
+    def fds(self) -> list[int]:
+        return [s.fileno() for s in self.socks]
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close()
+        if self.address.unix:
+            Path(self.address.path).unlink(missing_ok=True)
+
+
+def listen(cfg: Config) -> dict[str, Listener]:
+    """The listening sockets of the enabled endpoints, bound now; :class:`StartupError` with
+    one line when an address is taken or cannot be bound (none is left open then)."""
+    wanted = []
+    if cfg.compat.openpi.enabled:
+        wanted.append(("openpi", "compat.openpi.listen", cfg.compat.openpi.listen))
+    if cfg.metrics.enabled:
+        wanted.append(("metrics", "metrics.listen", cfg.metrics.listen))
+    out: dict[str, Listener] = {}
+    try:
+        for kind, key, text in wanted:
+            address = parse_listen(text)  # checked when the config was parsed
+            out[kind] = Listener(address, listen_sockets(address, key, ACCEPT_BACKLOG))
+    except BaseException:
+        for lst in out.values():
+            lst.close()
+        raise
+    return out
+
+
 def _address_space(max_message_mb: float, clients: int) -> int:
     """RLIMIT_AS of an endpoint process: Python with numpy and ZeroMQ (~160 MiB of address
     space here), plus a few messages of the largest size per client (buffered, decoded)."""
@@ -132,6 +181,7 @@ class EndpointProcess:
                 stdout=asyncio.subprocess.PIPE,
                 env=env,
                 limit=MAX_LINE * 4,
+                pass_fds=self.spec.listen_fds,  # the daemon's listening socket: the child accepts on it
             )
         except BaseException:
             os.close(w)
@@ -287,8 +337,10 @@ def build(
     release: str,
     gatekeeper: Gatekeeper,
     server_curve: tuple[bytes, bytes] | None,
+    listeners: dict[str, Listener],
 ) -> Endpoints:
-    """The configured endpoint processes (not started); every config problem as one line."""
+    """The configured endpoint processes (not started) on the sockets :func:`listen` bound;
+    every config problem as one line."""
     s = cfg.sockets
     sockets = {"observations": s.observations, "actions": s.actions, "status": s.status}
     curve: dict[str, str] = {}
@@ -318,13 +370,24 @@ def build(
             curve,
             logging_cfg,
             cfg.serve.status_hz,
+            listeners["openpi"].fds,
         )
         processes["openpi"] = EndpointProcess("openpi", spec, gatekeeper)
     if cfg.metrics.enabled:
         _need("prometheus_client", "metrics", "metrics")
         m = cfg.metrics
         limits = {"nofile": CHILD_BASE_FDS + m.max_connections, "address_space_bytes": _address_space(1, 1), "nice": 10}
-        spec = Spec("metrics", dataclasses.asdict(m), sockets, limits, {}, curve, logging_cfg, cfg.serve.status_hz)
+        spec = Spec(
+            "metrics",
+            dataclasses.asdict(m),
+            sockets,
+            limits,
+            {},
+            curve,
+            logging_cfg,
+            cfg.serve.status_hz,
+            listeners["metrics"].fds,
+        )
         processes["metrics"] = EndpointProcess("metrics", spec, gatekeeper)
     return Endpoints(processes)
 
