@@ -10,7 +10,8 @@ An endpoint process (``python -m vlad.compat openpi|metrics``) is started by the
 * **stdout**: JSON lines: ``{"ready": ...}`` once it serves, or ``{"error": "one line"}``
   and exit 2 when it cannot; then ``{"report": {...}}`` every second (its counters, shown
   by ``vladctl status`` and the metrics). Written without blocking: a daemon that does
-  not read loses reports, never stalls the endpoint.
+  not read loses reports, never stalls the endpoint. The lines are also its sign of life:
+  a process that writes none for :data:`REPORT_TIMEOUT_S` is killed and started again.
 * **its listening socket**: bound by the daemon, inherited as the file descriptors the
   spec names (``listen_fds``); the process accepts on it and never binds or removes its
   address, so the address stays the daemon's across the process's deaths and restarts.
@@ -51,6 +52,7 @@ ACCEPT_BACKLOG = 64  # the listen backlog: also how many connections asyncio acc
 MAX_SPEC_BYTES = 1 << 20
 MAX_LINE = 4096  # a report line: atomic on a pipe (PIPE_BUF)
 REPORT_S = 1.0
+REPORT_TIMEOUT_S = 5.0  # no report for this long: the daemon kills the process (stopped or hung)
 # Environment of an endpoint process: one thread per math library, few malloc arenas (each
 # arena reserves 64 MiB of address space per thread, which RLIMIT_AS counts).
 CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
@@ -198,7 +200,7 @@ def _emit(doc: dict[str, Any]) -> None:
     line = json.dumps(doc, separators=(",", ":"), default=str).encode() + b"\n"
     if len(line) > MAX_LINE:
         log.warning("report of %d bytes not sent (at most %d)", len(line), MAX_LINE)
-        return
+        line = b'{"oversized":%d}\n' % len(line)  # still a sign of life for the daemon
     try:
         os.write(1, line)
     except BlockingIOError:

@@ -243,7 +243,20 @@ def families(st: StatusSnapshot) -> Iterator[Any]:
                 labels=["cap"],
                 samples=[([k], v) for k, v in sorted(e.refused_connections.items())],
             )
+            yield gauge(
+                f"vlad_{name}_running", f"1 while the {name} endpoint process serves", 1.0 if e.running else 0.0
+            )
             yield counter(f"vlad_{name}_restarts_total", f"restarts of the {name} endpoint process", e.restarts)
+            yield counter(
+                f"vlad_{name}_failed_starts_total",
+                f"starts of the {name} endpoint process again that did not serve",
+                e.failed_starts,
+            )
+            yield counter(
+                f"vlad_{name}_unresponsive_total",
+                f"{name} endpoint processes killed for sending no report (stopped or hung)",
+                e.unresponsive,
+            )
 
 
 class _Collector:

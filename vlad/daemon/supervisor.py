@@ -416,7 +416,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     )
     cadence = HoldKeeper(loop, period_ns)
     # The openpi and metrics endpoints: child processes on the daemon's own sockets.
-    endpoint_processes = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve, listeners)
+    endpoint_processes = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve, listeners, state)
     daemon = Daemon(
         cfg,
         notifier=notifier,
