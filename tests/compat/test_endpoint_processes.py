@@ -26,9 +26,10 @@ pytest.importorskip("prometheus_client")
 
 from websockets.sync.client import connect  # noqa: E402
 
+from vlad.cli.daemon import format_status  # noqa: E402
 from vlad.compat.endpoint import REPORT_TIMEOUT_S  # noqa: E402
 from vlad.demo import openpi as demo_openpi  # noqa: E402
-from vlad.snapshot import parse_events  # noqa: E402
+from vlad.snapshot import parse_events, parse_status  # noqa: E402
 from vlad.testing import QUIET_MONITORS, busy_port, free_port, start_daemon, wait_until  # noqa: E402
 
 
@@ -213,7 +214,7 @@ def test_the_unix_socket_stays_the_daemons_across_a_restart(daemon):
 def test_a_process_killed_while_starting_is_started_again(daemon):
     """The serving metrics process is killed, then the next one as soon as it runs, before
     it can be ready: the daemon goes on starting it (with its backoff) and it serves
-    again. The operator sees it all: status, events, the log."""
+    again. The operator sees it all: status, `vladctl status`, events, the log."""
     before = serving(daemon, "metrics")
     os.kill(before["pid"], signal.SIGKILL)
     killed = {before["pid"]}
@@ -233,6 +234,11 @@ def test_a_process_killed_while_starting_is_started_again(daemon):
     assert m["restarts"] == before["restarts"] + 1 and m["failed_starts"] == before["failed_starts"] + 1, m
     assert m["last_failure"] == "did not start: metrics: the endpoint process killed by SIGKILL at start (see the log)"
     assert b"vlad_up" in scrape(daemon.metrics_path)
+    line = next(ln for ln in format_status(parse_status(st)).splitlines() if ln.startswith("metrics "))
+    assert line == (
+        f"metrics      serving on unix:{daemon.metrics_path} (pid {m['pid']}); "
+        f"restarts {m['restarts']}, failed starts {m['failed_starts']}; last: {m['last_failure']}"
+    )
     reasons = [e.reason for e in events(daemon)]
     assert any(r.startswith(f"metrics endpoint {m['last_failure']}; starting it again in ") for r in reasons), reasons
     assert f"metrics endpoint started again as pid {m['pid']} (restart {m['restarts']})" in reasons, reasons
