@@ -156,14 +156,20 @@ def peer_of(transport: asyncio.BaseTransport) -> str:
 # -- the daemon's sockets ----------------------------------------------------------------------
 
 
-def connect(ctx: zmq.asyncio.Context, kind: int, endpoint: str, curve: dict[str, str]) -> zmq.asyncio.Socket:
-    """A socket connected to one of the daemon's endpoints, as a controller connects."""
+def client_socket(ctx: zmq.asyncio.Context, kind: int, endpoint: str, curve: dict[str, str]) -> zmq.asyncio.Socket:
+    """A socket for one of the daemon's endpoints, set up as a controller's (not connected yet)."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     if endpoint.startswith("tcp://"):
         sock.curve_publickey = curve["public"].encode()
         sock.curve_secretkey = curve["secret"].encode()
         sock.curve_serverkey = curve["server"].encode()
+    return sock
+
+
+def connect(ctx: zmq.asyncio.Context, kind: int, endpoint: str, curve: dict[str, str]) -> zmq.asyncio.Socket:
+    """A socket connected to one of the daemon's endpoints, as a controller connects."""
+    sock = client_socket(ctx, kind, endpoint, curve)
     sock.connect(endpoint)
     return sock
 

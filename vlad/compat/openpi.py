@@ -61,6 +61,7 @@ from vlad.compat.endpoint import (
     Endpoint,
     EndpointStartError,
     Spec,
+    client_socket,
     connect,
     listening_sockets,
     peer_of,
@@ -141,8 +142,12 @@ class OpenPIEndpoint(Endpoint):
         listeners = listening_sockets(self.spec, "compat.openpi")
         ctx = self.ctx = zmq.asyncio.Context()
         socks, curve = self.spec.sockets, self.spec.curve
-        self._pub = connect(ctx, zmq.PUB, socks["observations"], curve)
+        self._pub = client_socket(ctx, zmq.PUB, socks["observations"], curve)
         self._pub.setsockopt(zmq.SNDHWM, 4)
+        # Watched from before it connects: a handshake done before a monitor is attached
+        # reports no event (a busy, niced process missed it and never became ready).
+        admitted = self._pub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        self._pub.connect(socks["observations"])
         self._act = connect(ctx, zmq.SUB, socks["actions"], curve)
         self._act.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ACTIONS)
         self._act.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
@@ -150,7 +155,7 @@ class OpenPIEndpoint(Endpoint):
         self._st.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_STATUS)
         self._st.setsockopt(zmq.MAXMSGSIZE, 4 << 20)
         self._st.setsockopt(zmq.RCVHWM, 2)
-        await self._admitted_by_daemon()
+        await self._admitted_by_daemon(admitted)
         endpoint = self
 
         class Connection(ws_server.ServerConnection):
@@ -203,10 +208,10 @@ class OpenPIEndpoint(Endpoint):
         log.info("openpi endpoint listening on %s%s", self.listen, " (TLS)" if self.ssl else "")
         return str(self.listen)
 
-    async def _admitted_by_daemon(self, timeout_s: float = 10.0) -> None:
+    async def _admitted_by_daemon(self, monitor: zmq.asyncio.Socket, timeout_s: float = 10.0) -> None:
         """Until the daemon's observation socket accepted this process (its allow list
-        admits the daemon's own endpoint processes): requests sent before would be lost."""
-        monitor = self._pub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        admits the daemon's own endpoint processes; ``monitor`` watches the observation
+        socket's handshakes): requests sent before would be lost."""
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
