@@ -273,12 +273,16 @@ class TapStatus:
 
 @dataclass(frozen=True, kw_only=True)
 class EndpointStatus:
-    """An endpoint process: the daemon's part (pid, running, restarts) and the process's own
-    report, whose figures are zero until its first one."""
+    """An endpoint process: the daemon's part (pid, running, restarts, failed_starts,
+    unresponsive, last_failure) and the process's own report, whose figures are zero until
+    its first one (and again from each restart)."""
 
-    pid: int | None
-    running: bool
-    restarts: int
+    pid: int | None  # while running
+    running: bool  # started (its ready line came) and not ended since
+    restarts: int  # started again after it ended, failed to start or stopped reporting
+    failed_starts: int = 0  # starts again that did not serve (killed while starting, an error, too slow)
+    unresponsive: int = 0  # killed for sending no report within 5 s (stopped or hung)
+    last_failure: str = field(default="", metadata=TEXT)  # why it last ended or failed to start
     listen: str = field(default="", metadata=TEXT)
     open_connections: int = 0
     refused_connections: Mapping[str, int] = field(default_factory=dict)  # closed at accept, by cap

@@ -307,6 +307,15 @@ def exotic(base: dict) -> dict:
         "errors": {"bad_shape": 7},
         "infer_ms": {"p50": 4.2, "p99": 19.1, "count": 500},
     }
+    st["metrics"] = {  # down: being started again
+        "pid": None,
+        "running": False,
+        "restarts": 3,
+        "failed_starts": 2,
+        "unresponsive": 1,
+        "last_failure": "did not start: metrics: the endpoint process did not start within 20 s",
+        "listen": "unix:/run/vlad/metrics.sock",
+    }
     return st
 
 
@@ -359,6 +368,7 @@ def test_every_frame_fits(name, size, error):
         assert re.search(r"\+\d+ more findings", text)
         assert "remote   release LOST" in text
         assert "events" in text and "latency" in text
+        assert "metrics  DOWN  restarts 3  failed starts 2  unresponsive 1" in text
 
 
 def test_the_plain_view_shows_the_remote_links():
@@ -370,6 +380,17 @@ def test_the_plain_view_shows_the_remote_links():
     assert "round trip p50" in lines[0] and "10.0% of the last 200 requests failed (unavailable 20)" in lines[0]
     assert "last error: unavailable: failed to connect" in text
     assert "connected" in lines[1]
+
+
+def test_the_plain_view_shows_each_endpoint_process():
+    text = format_status(parse_status(exotic(json.loads(RECORDED.read_text()))))
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith(("openpi ", "metrics "))}
+    assert lines["openpi"] == "openpi       serving on 127.0.0.1:8000 (pid 4242), 3 client(s)"
+    assert lines["metrics"] == (
+        "metrics      NOT SERVING: being started again (connections to unix:/run/vlad/metrics.sock wait); "
+        "restarts 3, failed starts 2, unresponsive 1; "
+        "last: did not start: metrics: the endpoint process did not start within 20 s"
+    )
 
 
 @needs_tmux

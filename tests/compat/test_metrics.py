@@ -180,6 +180,7 @@ def test_metrics_read_the_typed_status_and_count_one_they_cannot_read(tmp_path):
     typed fields: guard kinds, memory and temperature readings, fallback, openpi."""
     import asyncio
     import json
+    import os
     from pathlib import Path
 
     import zmq
@@ -188,22 +189,22 @@ def test_metrics_read_the_typed_status_and_count_one_they_cannot_read(tmp_path):
     from vlad import protocol
     from vlad.compat.endpoint import Spec
     from vlad.compat.metrics import MetricsEndpoint
+    from vlad.config import parse_listen
+    from vlad.daemon.sockets import listen_sockets
     from vlad.serving.guard import INTERVENTIONS
 
     recorded = json.loads((Path(__file__).parents[1] / "cli" / "watch_status.json").read_text())
     bad = {**recorded, "state": "RUNNING"}
     status_ep = f"ipc://{tmp_path}/status"
+    listen = f"127.0.0.1:{free_port()}"
+    socks = listen_sockets(parse_listen(listen), "metrics.listen", 4)  # the daemon's; the endpoint gets copies
     spec = Spec(
         kind="metrics",
-        config={
-            "listen": f"127.0.0.1:{free_port()}",
-            "max_connections": 4,
-            "max_connections_per_peer": 4,
-            "idle_timeout_s": 5.0,
-        },
+        config={"listen": listen, "max_connections": 4, "max_connections_per_peer": 4, "idle_timeout_s": 5.0},
         sockets={"status": status_ep},
         limits={},
         status_hz=10.0,
+        listen_fds=[os.dup(s.fileno()) for s in socks],
     )
 
     async def until(pred, what: str) -> None:
@@ -239,7 +240,11 @@ def test_metrics_read_the_typed_status_and_count_one_they_cannot_read(tmp_path):
             pub.close(0)
             ctx.term()
 
-    unreadable_page, page, counts = asyncio.run(run())
+    try:
+        unreadable_page, page, counts = asyncio.run(run())
+    finally:
+        for sock in socks:
+            sock.close()
     assert b"vlad_up 0" in unreadable_page and b"vlad_state" not in unreadable_page
     assert counts["unreadable"] >= 1 and counts["renders"] == 1
     fams = {f.name: f for f in text_string_to_metric_families(page.decode())}

@@ -370,7 +370,7 @@ def test_busy_port_refuses_the_start_with_one_line(tmp_path):
         finally:
             d.stop()
     errors = [line for line in d.log().splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "cannot listen on 127.0.0.1" in errors[0], d.log()
+    assert len(errors) == 1 and f"127.0.0.1:{port}: the port is in use by another process" in errors[0], d.log()
 
 
 def test_openpi_client_recovers_within_a_period_after_estop_and_pause(tmp_path):

@@ -17,7 +17,7 @@ from vlad.errors import DaemonUnreachable
 
 if TYPE_CHECKING:  # imported where used: vladctl's other commands start without numpy
     from vlad.backend import SessionStats
-    from vlad.snapshot import StatusSnapshot
+    from vlad.snapshot import EndpointStatus, StatusSnapshot
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -90,6 +90,9 @@ def format_status(st: StatusSnapshot) -> str:
             lines.append(f"             last error: {s.last_error}")
     if st.temperatures_c:
         lines.append("temperature  " + ", ".join(f"{k} {v:.0f} °C" for k, v in sorted(st.temperatures_c.items())[:6]))
+    for name, e in (("openpi", st.openpi), ("metrics", st.metrics)):
+        if e is not None:
+            lines.append(f"{name:<12} {endpoint_summary(e)}")
     hb = st.heartbeat_age_s
     lines.append(f"heartbeat    {'none received' if hb is None else f'{hb:.2f} s ago'}")
     lines.append(f"memory       RSS {st.memory.host_rss_bytes / 2**20:.0f} MiB")
@@ -128,6 +131,31 @@ def remote_summary(pid: str, s: SessionStats, compact: bool = False) -> str:
         + (f" ({errors})" if errors else "")
         + f"; reconnects {s.reconnects}"
     )
+
+
+def endpoint_summary(e: EndpointStatus, compact: bool = False) -> str:
+    """One endpoint process in one line: serving or not, then how often the daemon had to
+    start it again and why it last did (``compact``: the watch view's figures only)."""
+    from vlad.snapshot import OpenpiStatus
+
+    if e.running:
+        head = f"serving on {e.listen} (pid {e.pid})" if not compact else "serving"
+        if isinstance(e, OpenpiStatus):
+            head += f", {e.clients} client(s)" if not compact else f"  {e.clients} client(s)"
+    else:
+        head = f"NOT SERVING: being started again (connections to {e.listen} wait)" if not compact else "DOWN"
+    trouble = [
+        f"{label} {n}"
+        for label, n in (("restarts", e.restarts), ("failed starts", e.failed_starts), ("unresponsive", e.unresponsive))
+        if n
+    ]
+    if compact:
+        return "  ".join([head, *trouble])
+    if trouble:
+        head += "; " + ", ".join(trouble)
+    if e.last_failure:
+        head += f"; last: {e.last_failure}"
+    return head
 
 
 def cmd_events(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-from vlad.cli.daemon import remote_summary
+from vlad.cli.daemon import endpoint_summary, remote_summary
 from vlad.errors import ClientError, DaemonUnreachable
 from vlad.health.state import Event
 from vlad.snapshot import Percentiles, StatusSnapshot, StatusUnreadable, parse_events, parse_status
@@ -76,7 +76,7 @@ def render(
 
 
 def _top(st: StatusSnapshot, clock: str) -> list[str]:
-    """Header, state, release, fallback, backend, remote links, rates, counts, openpi."""
+    """Header, state, release, fallback, backend, remote links, rates, counts, the endpoints."""
     estop = f"ENGAGED ({st.estop.source or 'safety system'})" if st.estop.engaged else "released"
     lines = [
         f"vlad {st.version}  pid {st.pid}  up {_dur(st.uptime_s)}  {clock}",
@@ -108,12 +108,18 @@ def _top(st: StatusSnapshot, clock: str) -> list[str]:
         f"misses {c.deadline_misses}"
     )
     o = st.openpi
-    if o:
+    if o and o.running:
         lat_o = o.infer_ms
         lines.append(
             f"openpi   {o.clients} client(s)  replies {o.replies}  errors {sum(o.errors.values())}"
             + (f"  p50 {lat_o.p50:.1f} ms  p99 {lat_o.p99:.1f} ms" if lat_o else "")
+            + (f"  restarts {o.restarts}" if o.restarts else "")
         )
+    elif o:
+        lines.append(f"openpi   {endpoint_summary(o, compact=True)}")
+    m = st.metrics
+    if m and (not m.running or m.restarts):
+        lines.append(f"metrics  {endpoint_summary(m, compact=True)}")
     return lines
 
 

@@ -7,10 +7,14 @@ An endpoint process (``python -m vlad.compat openpi|metrics``) is started by the
   endpoints, its limits); then, for the openpi endpoint, one line per observation of its
   own the daemon's intake refused (``obs_seq t_sensor_ns reason``). End of file: the daemon
   is gone, the process ends.
-* **stdout**: JSON lines: ``{"ready": ...}`` once it listens, or ``{"error": "one line"}``
+* **stdout**: JSON lines: ``{"ready": ...}`` once it serves, or ``{"error": "one line"}``
   and exit 2 when it cannot; then ``{"report": {...}}`` every second (its counters, shown
   by ``vladctl status`` and the metrics). Written without blocking: a daemon that does
-  not read loses reports, never stalls the endpoint.
+  not read loses reports, never stalls the endpoint. The lines are also its sign of life:
+  a process that writes none for :data:`REPORT_TIMEOUT_S` is killed and started again.
+* **its listening socket**: bound by the daemon, inherited as the file descriptors the
+  spec names (``listen_fds``); the process accepts on it and never binds or removes its
+  address, so the address stays the daemon's across the process's deaths and restarts.
 * **the daemon's own sockets** (observations, actions, status), connected like a
   controller or ``vladctl`` connects.
 
@@ -29,6 +33,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, MutableMapping
@@ -47,6 +52,7 @@ ACCEPT_BACKLOG = 64  # the listen backlog: also how many connections asyncio acc
 MAX_SPEC_BYTES = 1 << 20
 MAX_LINE = 4096  # a report line: atomic on a pipe (PIPE_BUF)
 REPORT_S = 1.0
+REPORT_TIMEOUT_S = 5.0  # no report for this long: the daemon kills the process (stopped or hung)
 # Environment of an endpoint process: one thread per math library, few malloc arenas (each
 # arena reserves 64 MiB of address space per thread, which RLIMIT_AS counts).
 CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
@@ -68,6 +74,7 @@ class Spec:
     curve: dict[str, str] = field(default_factory=dict)  # tcp:// endpoints: public, secret, server (Z85)
     logging: dict[str, str] = field(default_factory=dict)  # level, journald
     status_hz: float = 2.0
+    listen_fds: list[int] = field(default_factory=list)  # the daemon's listening sockets, inherited
 
     def to_json(self) -> bytes:
         return json.dumps(self.__dict__, separators=(",", ":")).encode() + b"\n"
@@ -125,6 +132,19 @@ class Admission:
             del self.by_peer[peer]
 
 
+def listening_sockets(spec: Spec, name: str) -> list[socket.socket]:
+    """The listening sockets the daemon handed this process (``spec.listen_fds``)."""
+    if not spec.listen_fds:
+        raise EndpointStartError(f"{name}: no listening socket from the daemon (this process is started by vlad serve)")
+    socks = []
+    for fd in spec.listen_fds:
+        try:
+            socks.append(socket.socket(fileno=fd))
+        except OSError as exc:
+            raise EndpointStartError(f"{name}: the daemon's listening socket (fd {fd}): {exc.strerror}") from None
+    return socks
+
+
 def peer_of(transport: asyncio.BaseTransport) -> str:
     """The peer's address without its port ("unix" for a unix socket): the per-peer key."""
     name = transport.get_extra_info("peername")
@@ -136,14 +156,20 @@ def peer_of(transport: asyncio.BaseTransport) -> str:
 # -- the daemon's sockets ----------------------------------------------------------------------
 
 
-def connect(ctx: zmq.asyncio.Context, kind: int, endpoint: str, curve: dict[str, str]) -> zmq.asyncio.Socket:
-    """A socket connected to one of the daemon's endpoints, as a controller connects."""
+def client_socket(ctx: zmq.asyncio.Context, kind: int, endpoint: str, curve: dict[str, str]) -> zmq.asyncio.Socket:
+    """A socket for one of the daemon's endpoints, set up as a controller's (not connected yet)."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     if endpoint.startswith("tcp://"):
         sock.curve_publickey = curve["public"].encode()
         sock.curve_secretkey = curve["secret"].encode()
         sock.curve_serverkey = curve["server"].encode()
+    return sock
+
+
+def connect(ctx: zmq.asyncio.Context, kind: int, endpoint: str, curve: dict[str, str]) -> zmq.asyncio.Socket:
+    """A socket connected to one of the daemon's endpoints, as a controller connects."""
+    sock = client_socket(ctx, kind, endpoint, curve)
     sock.connect(endpoint)
     return sock
 
@@ -180,7 +206,7 @@ def _emit(doc: dict[str, Any]) -> None:
     line = json.dumps(doc, separators=(",", ":"), default=str).encode() + b"\n"
     if len(line) > MAX_LINE:
         log.warning("report of %d bytes not sent (at most %d)", len(line), MAX_LINE)
-        return
+        line = b'{"oversized":%d}\n' % len(line)  # still a sign of life for the daemon
     try:
         os.write(1, line)
     except BlockingIOError:

@@ -1,7 +1,8 @@
 """Prometheus metrics: ``[metrics]``, text exposition over HTTP on a local address or a unix socket.
 
 It runs in an endpoint process (:mod:`vlad.compat.endpoint`, started and watched by
-:mod:`vlad.daemon.endpoints`) and reads nothing but the status the daemon publishes on its
+:mod:`vlad.daemon.endpoints`), serves on the listening socket the daemon bound and handed
+it, and reads nothing but the status the daemon publishes on its
 status socket (``serve.status_hz``), as any subscriber would: state, release, counters,
 per-policy counters, findings, e-stop, the latency percentiles of the rolling window, the
 health readings, and the cumulative per-stage histograms and event counts the daemon folds
@@ -28,7 +29,6 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import fields
-from pathlib import Path
 from typing import Any, get_args
 
 import zmq
@@ -42,6 +42,7 @@ from vlad.compat.endpoint import (
     EndpointStartError,
     Spec,
     connect,
+    listening_sockets,
     peer_of,
     status_updates,
 )
@@ -242,7 +243,20 @@ def families(st: StatusSnapshot) -> Iterator[Any]:
                 labels=["cap"],
                 samples=[([k], v) for k, v in sorted(e.refused_connections.items())],
             )
+            yield gauge(
+                f"vlad_{name}_running", f"1 while the {name} endpoint process serves", 1.0 if e.running else 0.0
+            )
             yield counter(f"vlad_{name}_restarts_total", f"restarts of the {name} endpoint process", e.restarts)
+            yield counter(
+                f"vlad_{name}_failed_starts_total",
+                f"starts of the {name} endpoint process again that did not serve",
+                e.failed_starts,
+            )
+            yield counter(
+                f"vlad_{name}_unresponsive_total",
+                f"{name} endpoint processes killed for sending no report (stopped or hung)",
+                e.unresponsive,
+            )
 
 
 class _Collector:
@@ -279,10 +293,12 @@ class MetricsEndpoint(Endpoint):
         self.status_at = 0.0  # time.monotonic() when it arrived
         self._text: bytes | None = None  # rendered from self.status (None: not yet)
         self.counts: dict[str, int] = {"scrapes": 0, "renders": 0, "bad_requests": 0, "timeouts": 0, "unreadable": 0}
-        self._server: asyncio.AbstractServer | None = None
+        self._servers: list[asyncio.AbstractServer] = []
         self._task: asyncio.Task | None = None
 
     async def start(self) -> str:
+        # The daemon's listening sockets: the address is never this process's to bind or free.
+        socks = listening_sockets(self.spec, "metrics")
         self.ctx = zmq.asyncio.Context()
         self._st = connect(self.ctx, zmq.SUB, self.spec.sockets["status"], self.spec.curve)
         self._st.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_STATUS)
@@ -290,18 +306,11 @@ class MetricsEndpoint(Endpoint):
         self._st.setsockopt(zmq.RCVHWM, 2)
         loop = asyncio.get_running_loop()
         try:
-            if self.listen.unix:
-                Path(self.listen.path).unlink(missing_ok=True)
-                self._server = await loop.create_unix_server(
-                    lambda: _HTTP(self), self.listen.path, backlog=ACCEPT_BACKLOG
-                )
-            else:
-                self._server = await loop.create_server(
-                    lambda: _HTTP(self), self.listen.host, self.listen.port, backlog=ACCEPT_BACKLOG
-                )
+            for sock in socks:
+                self._servers.append(await loop.create_server(lambda: _HTTP(self), sock=sock, backlog=ACCEPT_BACKLOG))
         except OSError as exc:
             self._st.close(0)
-            raise EndpointStartError(f"metrics: cannot listen on {self.listen}: {exc.strerror or exc}") from None
+            raise EndpointStartError(f"metrics: cannot serve on {self.listen}: {exc.strerror or exc}") from None
         self._task = asyncio.create_task(self._read_status(), name="status")
         log.info("metrics on http://%s/metrics", self.listen)
         return str(self.listen)
@@ -346,12 +355,10 @@ class MetricsEndpoint(Endpoint):
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         self._st.close(0)
         self.ctx.term()
-        if self.listen.unix:
-            Path(self.listen.path).unlink(missing_ok=True)
 
 
 class _HTTP(asyncio.Protocol):

@@ -8,11 +8,12 @@ map holding ``actions`` (``float32[chunk_length, action_dim]``) and ``server_tim
 with a text message, which openpi's client raises as ``RuntimeError``.
 
 **Its own process, the daemon's own sockets.** This module runs in an endpoint process
-(:mod:`vlad.compat.endpoint`, started and watched by :mod:`vlad.daemon.endpoints`) and is,
-to the daemon, one more controller: it publishes each request as a vlad ``obs`` message
-on the daemon's observation socket (camera, proprio and prompt keys from
-``[compat.openpi]``, sensor time = receive time) and waits for the action chunk that
-answers that observation (same ``obs_seq`` and ``t_sensor_ns``) on the action socket. So
+(:mod:`vlad.compat.endpoint`, started and watched by :mod:`vlad.daemon.endpoints`), serves
+on the listening socket the daemon bound and handed it, and is, to the daemon, one more
+controller: it publishes each request as a vlad ``obs`` message on the daemon's
+observation socket (camera, proprio and prompt keys from ``[compat.openpi]``, sensor time
+= receive time) and waits for the action chunk that answers that observation (same
+``obs_seq`` and ``t_sensor_ns``) on the action socket. So
 intake checks, preprocessing, the serving policy or its fallback, decode, the final guard
 and the e-stop gate are the ones every observation gets. What a websocket peer sends costs
 this process's CPU, memory and file descriptors, never the daemon's.
@@ -46,7 +47,6 @@ import logging
 import ssl
 import time
 from collections import Counter, deque
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -61,7 +61,9 @@ from vlad.compat.endpoint import (
     Endpoint,
     EndpointStartError,
     Spec,
+    client_socket,
     connect,
+    listening_sockets,
     peer_of,
     status_updates,
 )
@@ -113,7 +115,7 @@ class OpenPIEndpoint(Endpoint):
         self.status: StatusSnapshot | None = None  # the daemon's newest status
         self._seq = itertools.count(1)
         self._waiters: dict[tuple[int, int], asyncio.Future] = {}
-        self._server: Any = None
+        self._servers: list[Any] = []
         self._tasks: list[asyncio.Task] = []
 
     def _ssl_context(self) -> ssl.SSLContext | None:
@@ -136,10 +138,16 @@ class OpenPIEndpoint(Endpoint):
     async def start(self) -> str:
         import websockets.asyncio.server as ws_server
 
+        # The daemon's listening sockets: the address is never this process's to bind or free.
+        listeners = listening_sockets(self.spec, "compat.openpi")
         ctx = self.ctx = zmq.asyncio.Context()
         socks, curve = self.spec.sockets, self.spec.curve
-        self._pub = connect(ctx, zmq.PUB, socks["observations"], curve)
+        self._pub = client_socket(ctx, zmq.PUB, socks["observations"], curve)
         self._pub.setsockopt(zmq.SNDHWM, 4)
+        # Watched from before it connects: a handshake done before a monitor is attached
+        # reports no event (a busy, niced process missed it and never became ready).
+        admitted = self._pub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        self._pub.connect(socks["observations"])
         self._act = connect(ctx, zmq.SUB, socks["actions"], curve)
         self._act.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ACTIONS)
         self._act.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
@@ -147,7 +155,7 @@ class OpenPIEndpoint(Endpoint):
         self._st.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_STATUS)
         self._st.setsockopt(zmq.MAXMSGSIZE, 4 << 20)
         self._st.setsockopt(zmq.RCVHWM, 2)
-        await self._admitted_by_daemon()
+        await self._admitted_by_daemon(admitted)
         endpoint = self
 
         class Connection(ws_server.ServerConnection):
@@ -191,22 +199,19 @@ class OpenPIEndpoint(Endpoint):
             backlog=ACCEPT_BACKLOG,
         )
         try:
-            if self.listen.unix:
-                Path(self.listen.path).unlink(missing_ok=True)
-                self._server = await ws_server.unix_serve(self._handler, self.listen.path, **kwargs)
-            else:
-                self._server = await ws_server.serve(self._handler, self.listen.host, self.listen.port, **kwargs)
+            for sock in listeners:
+                self._servers.append(await ws_server.serve(self._handler, sock=sock, **kwargs))
         except OSError as exc:
-            raise EndpointStartError(f"compat.openpi: cannot listen on {self.listen}: {exc.strerror or exc}") from None
+            raise EndpointStartError(f"compat.openpi: cannot serve on {self.listen}: {exc.strerror or exc}") from None
         for name, fn in (("actions", self._read_actions), ("status", self._read_status), ("beat", self._heartbeats)):
             self._tasks.append(asyncio.create_task(self._forever(name, fn), name=name))
         log.info("openpi endpoint listening on %s%s", self.listen, " (TLS)" if self.ssl else "")
         return str(self.listen)
 
-    async def _admitted_by_daemon(self, timeout_s: float = 10.0) -> None:
+    async def _admitted_by_daemon(self, monitor: zmq.asyncio.Socket, timeout_s: float = 10.0) -> None:
         """Until the daemon's observation socket accepted this process (its allow list
-        admits the daemon's own endpoint processes): requests sent before would be lost."""
-        monitor = self._pub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        admits the daemon's own endpoint processes; ``monitor`` watches the observation
+        socket's handshakes): requests sent before would be lost."""
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
@@ -225,17 +230,15 @@ class OpenPIEndpoint(Endpoint):
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        for server in self._servers:
+            server.close()
+            await server.wait_closed()
         for i, conn in enumerate(self.slots):
             if conn is not None:
                 self._beat(i, bye=True)
         for s in (self._pub, self._act, self._st):
             s.close(0)
         self.ctx.term()
-        if self.listen.unix:
-            Path(self.listen.path).unlink(missing_ok=True)
 
     async def _forever(self, name: str, fn: Any) -> None:
         """A background loop that logs a bug and goes on (never a silent end)."""

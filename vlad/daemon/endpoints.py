@@ -2,18 +2,31 @@
 
 Endpoints that speak to untrusted or less-trusted peers never run inside the daemon. Each
 family is a child process (``python -m vlad.compat openpi|metrics``, :mod:`vlad.compat`)
-that the daemon starts before ``READY=1``, watches (a child that exits is restarted, with a
-backoff), and stops at shutdown. It has its own limits (file descriptors from its
-connection caps, address space, a lower CPU priority) and its own GIL, and it reaches the
-daemon only through the daemon's sockets, like a controller. Whatever a peer sends to it,
-the serving thread, the event loop and the watchdog never wait for it, and the daemon's
-file descriptors and memory are not its to spend.
+that the daemon starts before ``READY=1``, watches, restarts and stops at shutdown. It has
+its own limits (file descriptors from its connection caps, address space, a lower CPU
+priority) and its own GIL, and it reaches the daemon only through the daemon's sockets,
+like a controller. Whatever a peer sends to it, the serving thread, the event loop and the
+watchdog never wait for it, and the daemon's file descriptors and memory are not its to
+spend.
 
-Between the daemon and each child there are two private pipes: its stdin (the spec; its
-closing tells the child the daemon is gone) and its stdout (ready, then a report a second,
-shown under ``openpi`` / ``metrics`` in the status). The daemon's
-ZAP handler admits the openpi child to the observation socket by its pid (ipc) or by a key
-pair made for it (tcp), whatever ``sockets.observation_producers`` says.
+**The listening socket is the daemon's.** :func:`listen` binds each endpoint's address at
+start, before the release loads (a taken port refuses the start with one line), and the
+daemon holds it until it exits; every child it starts inherits it (``pass_fds``, its
+number in the spec) and accepts on it. So the address is never free while vlad runs: no
+other local process can bind it when a child dies, and connections made while a child
+restarts wait in the listen backlog for the next one instead of being refused.
+
+**Alive means reporting.** Between the daemon and each child there are two private pipes:
+its stdin (the spec; its closing tells the child the daemon is gone) and its stdout (ready,
+then a report a second, shown under ``openpi`` / ``metrics`` in the status). A child that
+exits, that does not reach its ready line (killed while starting, an error, nothing within
+:data:`START_TIMEOUT_S`), or that sends no report for :data:`REPORT_TIMEOUT_S` (stopped or
+hung: killed) is started again after a backoff (:data:`BACKOFF_S`), for as long as the
+daemon runs. Each of these is counted in the status (``restarts``, ``failed_starts``,
+``unresponsive``, ``last_failure``) and recorded as an ``endpoint`` event (the journal,
+``vladctl events``). The daemon's ZAP handler admits the openpi child to the observation
+socket by its pid (ipc) or by a key pair made for it (tcp), whatever
+``sockets.observation_producers`` says.
 
 File descriptors: :func:`check_fd_limit` refuses the start with one line when the
 process's ``RLIMIT_NOFILE`` cannot hold what the configuration needs (:func:`fd_budget`);
@@ -23,28 +36,34 @@ process's ``RLIMIT_NOFILE`` cannot hold what the configuration needs (:func:`fd_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import zmq
 from anyio.abc import TaskStatus
 
-from vlad.compat.endpoint import ACCEPT_BACKLOG, CHILD_ENV, MAX_LINE, Spec
-from vlad.config import Config
+from vlad.compat.endpoint import ACCEPT_BACKLOG, CHILD_ENV, MAX_LINE, REPORT_TIMEOUT_S, Spec
+from vlad.config import Config, Listen, parse_listen
+from vlad.daemon.sockets import listen_sockets
 from vlad.errors import StartupError
 
 if TYPE_CHECKING:
     from vlad.contract import Contract
     from vlad.daemon.sockets import Gatekeeper
+    from vlad.health.state import StateMachine
 
 log = logging.getLogger("vlad.endpoints")
 
@@ -55,8 +74,8 @@ DAEMON_FDS = 1024
 # room for one batch of accepts: asyncio accepts up to the listen backlog in one go, before
 # the ones over the caps are closed.
 CHILD_BASE_FDS = 64 + 2 * ACCEPT_BACKLOG
-START_TIMEOUT_S = 20.0
-BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 10.0)
+START_TIMEOUT_S = 20.0  # spawn to its ready line
+BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 10.0)  # before each start again; the last one repeats
 STABLE_S = 30.0  # a child that ran this long restarts from the first backoff again
 
 
@@ -88,6 +107,56 @@ def check_fd_limit(cfg: Config) -> int:
     return soft
 
 
+@dataclass
+class Listener:
+    """An endpoint's listening sockets, bound by the daemon and held until it exits (module doc)."""
+
+    address: Listen
+    socks: list[socket.socket]
+
+    @property
+    def fds(self) -> list[int]:
+        return [s.fileno() for s in self.socks]
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close()
+        if self.address.unix:
+            Path(self.address.path).unlink(missing_ok=True)
+
+
+def listen(cfg: Config) -> dict[str, Listener]:
+    """The listening sockets of the enabled endpoints, bound now; :class:`StartupError` with
+    one line when an address is taken or cannot be bound (none is left open then)."""
+    wanted = []
+    if cfg.compat.openpi.enabled:
+        wanted.append(("openpi", "compat.openpi.listen", cfg.compat.openpi.listen))
+    if cfg.metrics.enabled:
+        wanted.append(("metrics", "metrics.listen", cfg.metrics.listen))
+    out: dict[str, Listener] = {}
+    try:
+        for kind, key, text in wanted:
+            address = parse_listen(text)  # checked when the config was parsed
+            out[kind] = Listener(address, listen_sockets(address, key, ACCEPT_BACKLOG))
+    except BaseException:
+        for lst in out.values():
+            lst.close()
+        raise
+    return out
+
+
+def _exit_text(code: int | None) -> str:
+    """How a process ended, for a status line: ``exited with status 1``, ``killed by SIGKILL``."""
+    if code is None:
+        return "ended"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
 def _address_space(max_message_mb: float, clients: int) -> int:
     """RLIMIT_AS of an endpoint process: Python with numpy and ZeroMQ (~160 MiB of address
     space here), plus a few messages of the largest size per client (buffered, decoded)."""
@@ -95,30 +164,41 @@ def _address_space(max_message_mb: float, clients: int) -> int:
 
 
 class EndpointProcess:
-    """One endpoint family's child: started, read, restarted, stopped (module doc)."""
+    """One endpoint family's child: started, watched, restarted, stopped (module doc)."""
 
-    def __init__(self, kind: str, spec: Spec, gatekeeper: Gatekeeper) -> None:
+    def __init__(self, kind: str, spec: Spec, gatekeeper: Gatekeeper, events: StateMachine) -> None:
         self.kind = kind
         self.spec = spec
         self.gatekeeper = gatekeeper
+        self.events = events
         self.proc: asyncio.subprocess.Process | None = None
-        # Its newest report; until the first, the keys readers expect (vladctl status --watch).
-        self.report: dict[str, Any] = {"listen": spec.config.get("listen", ""), "refused_connections": {}}
-        if kind == "openpi":
-            self.report.update(clients=0, requests=0, replies=0, errors={})
-        self.restarts = 0
+        self.report: dict[str, Any] = self._no_report()
+        self.ready = False  # its ready line came and it has not ended since
+        self.restarts = 0  # started again after it ended, failed to start or stopped reporting
+        self.failed_starts = 0  # starts again that did not reach the ready line
+        self.unresponsive = 0  # killed for sending no report within REPORT_TIMEOUT_S
+        self.last_failure = ""  # why it last ended or failed to start, one line
         self.started_at = 0.0
         self._stdin: int | None = None  # our end of its stdin (non-blocking)
         self._lock = threading.Lock()  # the serving thread writes, the event loop closes
         self._stopping = False
+
+    def _no_report(self) -> dict[str, Any]:
+        """Until a process's first report, the keys readers expect (vladctl status --watch)."""
+        report: dict[str, Any] = {"listen": self.spec.config.get("listen", ""), "refused_connections": {}}
+        if self.kind == "openpi":
+            report.update(clients=0, requests=0, replies=0, errors={})
+        return report
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
     async def start(self) -> None:
-        """Spawn it and wait for its ready line; :class:`StartupError` with its one line."""
-        self._stopping = False
+        """Spawn it and wait for its ready line; :class:`StartupError` with its one line
+        (the process ended) when it does not get there."""
+        self.ready = False
+        self.report = self._no_report()
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
         env.update(CHILD_ENV)
         r, w = os.pipe()
@@ -132,14 +212,21 @@ class EndpointProcess:
                 stdout=asyncio.subprocess.PIPE,
                 env=env,
                 limit=MAX_LINE * 4,
+                pass_fds=self.spec.listen_fds,  # the daemon's listening socket: the child accepts on it
             )
+        except OSError as exc:
+            os.close(w)
+            raise StartupError(f"{self._name}: cannot start the endpoint process: {exc.strerror or exc}") from None
         except BaseException:
             os.close(w)
             raise
         finally:
             os.close(r)
         self.gatekeeper.endpoint_pids.add(self.proc.pid)
-        os.write(w, self.spec.to_json())  # well under a pipe's buffer: never blocks
+        try:
+            os.write(w, self.spec.to_json())  # well under a pipe's buffer: never blocks
+        except BrokenPipeError:
+            pass  # it died already (killed while starting): its stdout ends, a failed start below
         os.set_blocking(w, False)
         with self._lock:
             self._stdin = w
@@ -148,14 +235,15 @@ class EndpointProcess:
             with anyio.fail_after(START_TIMEOUT_S):
                 first = await self._line()
         except TimeoutError:
-            await self.stop()
+            await self._end()
             raise StartupError(
                 f"{self._name}: the endpoint process did not start within {START_TIMEOUT_S:g} s"
             ) from None
         if first is None or "ready" not in first:
-            await self.stop()
+            code = await self._end()
             why = first.get("error") if first else None
-            raise StartupError(why or f"{self._name}: the endpoint process exited at start (see the log)")
+            raise StartupError(why or f"{self._name}: the endpoint process {_exit_text(code)} at start (see the log)")
+        self.ready = True
         log.info("%s endpoint process %d serving on %s", self.kind, self.proc.pid, first["ready"])
 
     @property
@@ -181,31 +269,53 @@ class EndpointProcess:
                 return doc
 
     async def run(self) -> None:
-        """Read its reports; restart it whenever it ends (never returns but cancelled)."""
+        """Watch it; whenever it ends, fails to start or stops reporting, start it again
+        after a backoff, for as long as the daemon runs (returns only once stopped)."""
         attempt = 0
         while True:
-            while True:
-                doc = await self._line()
-                if doc is None:
-                    break
-                if isinstance(doc.get("report"), dict):
-                    self.report = doc["report"]
-            code = await self._reap()
+            why = await self._watch()
             if self._stopping:
                 return
-            if time.monotonic() - self.started_at >= STABLE_S:
-                attempt = 0
-            delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
-            attempt += 1
-            log.error("%s endpoint process ended (exit %s); restarting in %.1f s", self.kind, code, delay)
-            await anyio.sleep(delay)
-            try:
-                await self.start()
+            while True:
+                if time.monotonic() - self.started_at >= STABLE_S:
+                    attempt = 0
+                delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+                attempt += 1
+                self.last_failure = why
+                self._event(logging.ERROR, f"{why}; starting it again in {delay:g} s", attempt=attempt)
+                await anyio.sleep(delay)
+                try:
+                    await self.start()
+                except StartupError as exc:
+                    self.failed_starts += 1
+                    why = f"did not start: {exc}"
+                    continue
                 self.restarts += 1
-            except StartupError as exc:
-                log.error("%s endpoint process did not restart: %s", self.kind, exc)
-            except OSError as exc:
-                log.error("%s endpoint process could not be started: %s", self.kind, exc)
+                self._event(logging.WARNING, f"started again as pid {self.pid} (restart {self.restarts})")
+                break
+
+    async def _watch(self) -> str:
+        """Read its reports until it ends, or writes nothing for :data:`REPORT_TIMEOUT_S` (a
+        stopped or hung process: killed); how it ended, one line."""
+        pid = self.pid
+        while True:
+            with anyio.move_on_after(REPORT_TIMEOUT_S) as waited:
+                doc = await self._line()
+            if waited.cancelled_caught:
+                self.unresponsive += 1
+                if self.proc is not None and self.proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        self.proc.kill()  # SIGKILL ends a stopped process too
+                await self._reap()
+                return f"process {pid} sent no report for {REPORT_TIMEOUT_S:g} s (stopped or hung): killed"
+            if doc is None:
+                return f"process {pid} {_exit_text(await self._reap())}"
+            if isinstance(doc.get("report"), dict):
+                self.report = doc["report"]
+
+    def _event(self, level: int, what: str, **details: Any) -> None:
+        """An ``endpoint`` event: the event history (vladctl events) and the journal."""
+        self.events.record_at(level, "endpoint", f"{self.kind} endpoint {what}", endpoint=self.kind, **details)
 
     async def _reap(self) -> int | None:
         """Wait for the process to end (killing it when its pipe broke first); its exit code."""
@@ -221,6 +331,7 @@ class EndpointProcess:
         return code
 
     def _forget(self) -> None:
+        self.ready = False
         if self.proc is not None:
             self.gatekeeper.endpoint_pids.discard(self.proc.pid)
         with self._lock:
@@ -229,8 +340,12 @@ class EndpointProcess:
                 self._stdin = None
 
     async def stop(self) -> None:
-        """End it: stdin closed (it finishes), then SIGTERM, then SIGKILL."""
+        """End it for good (shutdown): :meth:`run` does not start it again."""
         self._stopping = True
+        await self._end()
+
+    async def _end(self) -> int | None:
+        """End the process: stdin closed (it finishes), then SIGTERM, then SIGKILL; its exit code."""
         proc = self.proc
         with self._lock:
             if self._stdin is not None:
@@ -238,7 +353,7 @@ class EndpointProcess:
                 self._stdin = None
         if proc is None or proc.returncode is not None:
             self._forget()
-            return
+            return proc.returncode if proc is not None else None
         for sig, wait_s in ((None, 2.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
             if sig is not None:
                 try:
@@ -250,10 +365,20 @@ class EndpointProcess:
             if proc.returncode is not None:
                 break
         self._forget()
+        return proc.returncode
 
     def status(self) -> dict[str, Any]:
-        running = self.proc is not None and self.proc.returncode is None
-        return {**self.report, "pid": self.pid if running else None, "running": running, "restarts": self.restarts}
+        """Its report with the daemon's part: ``running`` once ready and until it ends."""
+        running = self.ready and self.proc is not None and self.proc.returncode is None
+        return {
+            **self.report,
+            "pid": self.pid if running else None,
+            "running": running,
+            "restarts": self.restarts,
+            "failed_starts": self.failed_starts,
+            "unresponsive": self.unresponsive,
+            "last_failure": self.last_failure,
+        }
 
 
 class Endpoints:
@@ -287,8 +412,11 @@ def build(
     release: str,
     gatekeeper: Gatekeeper,
     server_curve: tuple[bytes, bytes] | None,
+    listeners: dict[str, Listener],
+    events: StateMachine,
 ) -> Endpoints:
-    """The configured endpoint processes (not started); every config problem as one line."""
+    """The configured endpoint processes (not started) on the sockets :func:`listen` bound;
+    every config problem as one line."""
     s = cfg.sockets
     sockets = {"observations": s.observations, "actions": s.actions, "status": s.status}
     curve: dict[str, str] = {}
@@ -318,14 +446,25 @@ def build(
             curve,
             logging_cfg,
             cfg.serve.status_hz,
+            listeners["openpi"].fds,
         )
-        processes["openpi"] = EndpointProcess("openpi", spec, gatekeeper)
+        processes["openpi"] = EndpointProcess("openpi", spec, gatekeeper, events)
     if cfg.metrics.enabled:
         _need("prometheus_client", "metrics", "metrics")
         m = cfg.metrics
         limits = {"nofile": CHILD_BASE_FDS + m.max_connections, "address_space_bytes": _address_space(1, 1), "nice": 10}
-        spec = Spec("metrics", dataclasses.asdict(m), sockets, limits, {}, curve, logging_cfg, cfg.serve.status_hz)
-        processes["metrics"] = EndpointProcess("metrics", spec, gatekeeper)
+        spec = Spec(
+            "metrics",
+            dataclasses.asdict(m),
+            sockets,
+            limits,
+            {},
+            curve,
+            logging_cfg,
+            cfg.serve.status_hz,
+            listeners["metrics"].fds,
+        )
+        processes["metrics"] = EndpointProcess("metrics", spec, gatekeeper, events)
     return Endpoints(processes)
 
 

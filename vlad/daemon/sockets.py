@@ -2,6 +2,10 @@
 
 * :func:`prepare_ipc` refuses an ipc endpoint another process serves (ZeroMQ would
   silently steal it) and creates its folder ``0770`` for the ``vlad`` group.
+* :func:`listen_sockets` binds the listening sockets of an endpoint process (openpi, metrics):
+  the daemon holds it from start to exit and hands it to each process it starts, so the
+  address is never free while vlad runs (no other process can bind it between two of
+  them) and connections wait in its backlog while one restarts.
 * :func:`bind` applies the limits every bound socket gets: ``ZMQ_MAXMSGSIZE`` from the
   largest legal message (a bigger frame disconnects the peer before it is buffered; a
   1 GiB frame used to cost 2 GB of RSS) and a small receive high-water mark.
@@ -32,6 +36,7 @@ from pathlib import Path
 import zmq
 from zmq.utils import z85
 
+from vlad.config import Listen
 from vlad.errors import StartupError
 from vlad.threads import Worker
 
@@ -61,23 +66,77 @@ def prepare_ipc(endpoint: str, group: str) -> None:
             os.chown(folder, -1, grp.getgrnam(group).gr_gid)
         except (KeyError, PermissionError):
             pass  # no such group on this machine, or not ours to give: keep the owner's
-    if path.exists() or path.is_symlink():
-        if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise StartupError(
-                f"endpoint {endpoint}: {path} exists and is not a socket; remove it or choose another path"
-            )
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    _free_unix_path(path, f"endpoint {endpoint}", socket.SOCK_STREAM)
+
+
+def _free_unix_path(path: Path, name: str, kind: int) -> None:
+    """Remove a leftover socket file at ``path``; :class:`StartupError` naming ``name`` when
+    the file is no socket or a live listener answers a connect on it (in use)."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    if not stat.S_ISSOCK(path.lstat().st_mode):
+        raise StartupError(f"{name}: {path} exists and is not a socket; remove it or choose another path")
+    probe = socket.socket(socket.AF_UNIX, kind)
+    try:
+        probe.settimeout(0.5)
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise StartupError(f"{name}: cannot probe {path}: {exc.strerror}") from None
+    else:
+        raise StartupError(f"{name} is in use by another process (is another vlad running?)")
+    finally:
+        probe.close()
+
+
+def listen_sockets(address: Listen, name: str, backlog: int) -> list[socket.socket]:
+    """The listening sockets of an endpoint process's ``address`` (``HOST:PORT``: one per
+    address the host resolves to, as asyncio binds them; ``unix:PATH``: one), bound and
+    listening. :class:`StartupError` with one line naming ``name`` (the config key) when
+    the address is taken or cannot be bound.
+
+    No ``SO_REUSEPORT``: no other socket can share the port. ``SO_REUSEADDR`` (as every
+    server sets it) lets a restarted vlad bind while the last one's connections linger in
+    TIME_WAIT, never while a socket listens on the address."""
+    if address.unix:
+        path = Path(address.path)
+        _free_unix_path(path, f"{name} {address}", socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            probe.settimeout(0.5)
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            path.unlink(missing_ok=True)
+            sock.bind(address.path)
+            sock.listen(backlog)
         except OSError as exc:
-            raise StartupError(f"endpoint {endpoint}: cannot probe {path}: {exc.strerror}") from None
-        else:
-            raise StartupError(f"endpoint {endpoint} is in use by another process (is another vlad running?)")
-        finally:
-            probe.close()
+            sock.close()
+            raise StartupError(f"{name} {address}: cannot listen: {exc.strerror or exc}") from None
+        return [sock]
+    try:
+        infos = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise StartupError(f"{name} {address}: cannot resolve {address.host!r}: {exc.strerror}") from None
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, sockaddr in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise StartupError(
+                        f"{name} {address}: the port is in use by another process "
+                        f"(ss -ltnp 'sport = :{address.port}' shows which); stop it or choose another port"
+                    ) from None
+                raise StartupError(f"{name} {address}: cannot listen: {exc.strerror or exc}") from None
+            sock.listen(backlog)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 def bind(

@@ -378,8 +378,8 @@ def _finding(f: Finding) -> FindingStatus:
 
 def _endpoint(cls: type[E], name: str, report: Mapping[str, Any] | None, unparsed: set[str]) -> E | None:
     """An endpoint process's report (JSON from a child process), or the parent's own part
-    of it (pid, running, restarts) when the child's part does not parse (logged once until
-    it parses again: the status is built several times a second)."""
+    of it (pid, running, restarts ...) when the child's part does not parse (logged once
+    until it parses again: the status is built several times a second)."""
     if report is None:
         return None
     problems: list[str] = []
@@ -390,4 +390,11 @@ def _endpoint(cls: type[E], name: str, report: Mapping[str, Any] | None, unparse
     if name not in unparsed:
         unparsed.add(name)
         log.warning("the %s endpoint's report does not parse: %s", name, "; ".join(problems[:3]))
-    return cls(pid=report.get("pid"), running=bool(report.get("running")), restarts=int(report.get("restarts", 0)))
+    return cls(
+        pid=report.get("pid"),
+        running=bool(report.get("running")),
+        restarts=int(report.get("restarts", 0)),
+        failed_starts=int(report.get("failed_starts", 0)),
+        unresponsive=int(report.get("unresponsive", 0)),
+        last_failure=str(report.get("last_failure", "")),
+    )

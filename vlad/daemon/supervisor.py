@@ -282,6 +282,11 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
             )
         curve, curve_keys = load_curve(s.curve_secret_key, s.curve_clients_dir)
     endpoints.check_fd_limit(cfg)
+    # The openpi and metrics addresses: the daemon's from now until it exits, whatever
+    # happens to the endpoint processes that serve on them.
+    listeners = endpoints.listen(cfg)
+    for listener in listeners.values():
+        stack.callback(listener.close)
     allow = {}
     if s.observation_producers:
         allow["observations"] = [Principal(p) for p in s.observation_producers]
@@ -420,7 +425,7 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     )
     cadence = HoldKeeper(loop, period_ns)
     # The openpi and metrics endpoints: child processes on the daemon's own sockets.
-    endpoint_processes = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve)
+    endpoint_processes = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve, listeners, state)
     daemon = Daemon(
         cfg,
         notifier=notifier,

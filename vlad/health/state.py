@@ -52,6 +52,7 @@ EventKind = Literal[
     "release_note",
     "release_unverified",
     "memory_swap",
+    "endpoint",  # an endpoint process ended, failed to start, stopped reporting, or started again
 ]
 
 ALLOWED: dict[State, set[State]] = {
@@ -122,6 +123,10 @@ class StateMachine:
 
     def record(self, kind: EventKind, reason: str, **details: Any) -> Event:
         """Record a non-transition event (a fault, an operator command, a swap)."""
+        return self.record_at(logging.INFO, kind, reason, **details)
+
+    def record_at(self, level: int, kind: EventKind, reason: str, **details: Any) -> Event:
+        """:meth:`record`, logged at ``level`` (an error the operator must see as one)."""
         with self._lock:
             name = _name(self.state)
             ev = Event(time.time(), time.monotonic_ns(), kind, name, name, reason, details)
@@ -130,7 +135,7 @@ class StateMachine:
         policy = details.get("policy") or details.get("to_policy")
         if policy:
             extra["VLAD_POLICY"] = str(policy)
-        log.info("%s: %s", kind, reason, extra=extra)
+        log.log(level, "%s: %s", kind, reason, extra=extra)
         return ev
 
     def recent(self, limit: int) -> list[Event]:
