@@ -164,7 +164,11 @@ class TinyPi0(nn.Module):
         self.expert = nn.ModuleList(ExpertBlock(d, cfg.heads) for _ in range(cfg.expert_layers))
         self.act_out = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, cfg.action_dim))
 
-    def prefix(self, image: torch.Tensor, tokens: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
+    def prefix(
+        self, image: torch.Tensor, tokens: torch.Tensor, proprio: torch.Tensor, noise: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The trunk's output for the observation. Takes ``forward``'s inputs, as
+        ``vlad.release.export.export_onnx`` calls it; the trunk does not see the ``noise``."""
         img = self.image(image) + self.type_emb[0]
         lang = self.token_emb(tokens) + self.token_pos + self.type_emb[1]
         state = self.state(proprio)[:, None] + self.type_emb[2]
