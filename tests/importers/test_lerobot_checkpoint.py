@@ -408,3 +408,81 @@ def test_the_release_is_named_after_the_checkpoint(tmp_path, layout, train_confi
         (root / "train_config.json").write_text(json.dumps(train_config))
     name, source = release_name(read_checkpoint(root))
     assert name == want, source
+
+
+def test_generic_names_are_warned_about(tmp_path):
+    from vlad.importers.lerobot.contract import naming_warnings
+
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "c"))
+    warnings = naming_warnings(ckpt, None)
+    assert [w.split(" entries")[0] for w in warnings] == ["observation.state", "action"]
+    assert "named state0..state3 (no dataset meta/info.json): pass --dataset-meta" in warnings[0]
+    assert naming_warnings(ckpt, read_dataset_meta(write_info(tmp_path / "ds" / "meta"))) == []
+
+
+# -- constant statistics, joints that never moved ------------------------------------------------
+
+
+@pytest.mark.parametrize("constant", [10.0, -35.5, 0.0, 1e-3, 100.0])
+def test_a_constant_min_max_entry_maps_as_lerobot_maps_it(tmp_path, constant):
+    """LeRobot divides by eps where max = min, so the constant maps to -1; vlad's (x - mean) / std
+    in float32 (the serving Preprocessor's arithmetic) must give exactly that."""
+
+    def hold(flat):
+        for stat in ("min", "max"):
+            flat[f"observation.state.{stat}"][3] = np.float32(constant)
+
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "c", norm={"STATE": "MIN_MAX"}, edit=hold))
+    mean, std = affine(ckpt, ckpt.state)
+    s = ckpt.stats["observation.state"]
+    x = np.array([-1.0, 0.5, 0.25, constant], np.float32)
+    got = (x - mean) / std
+    eps = np.float32(ckpt.eps)
+    lerobot = 2 * (x - s["min"]) / np.where(s["max"] == s["min"], eps, s["max"] - s["min"]) - 1
+    assert got[3] == lerobot[3] == -1.0
+    np.testing.assert_allclose(got[:3], lerobot[:3], atol=2e-6)
+
+
+def test_a_joint_that_never_moved_needs_its_limits(tmp_path):
+    """A gripper held still in the data has no range for the guard: one line naming the option,
+    which then gives its bounds (the rate limit is then its whole range)."""
+
+    def still(flat):
+        for stat in ("min", "max"):
+            flat[f"action.{stat}"][1] = np.float32(10.0)
+
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "c", edit=still))
+    meta = read_dataset_meta(write_info(tmp_path / "ds" / "meta"))
+    with pytest.raises(CheckpointError) as e:
+        contract_data(ckpt, meta, OPTS)
+    assert str(e.value) == (
+        "joint joint1 never moved in the training data (its actions are all 10 rad), so the guard has no range for it: "
+        "give the robot's limits with --joint-limits joint1=LOWER:UPPER"
+    )
+    given = ContractOptions(**{**vars(OPTS), "joint_limits": {"joint1.pos": (0.0, 100.0)}})
+    c = build_contract(contract_data(ckpt, meta, given, max_step=np.array([0.2, 0.0])))
+    assert (c.action.joints[1].lower, c.action.joints[1].upper, c.action.joints[1].rate_limit) == (0.0, 100.0, 100.0)
+    assert c.action.joints[0].rate_limit == pytest.approx(0.3)  # the moving joint keeps its limit from the data
+    with pytest.raises(CheckpointError, match=r"--joint-limits elbow=...: no such joint \(joints: joint0, joint1\)"):
+        contract_data(ckpt, meta, ContractOptions(**{**vars(OPTS), "joint_limits": {"elbow": (0.0, 1.0)}}))
+
+
+def test_guard_bounds_hold_the_data_after_rounding(tmp_path):
+    """A narrow range is rounded outwards: 6 significant digits never collapse it."""
+
+    def narrow(flat):
+        flat["action.min"][0], flat["action.max"][0] = np.float32(10.0), np.float32(10.000001)
+
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "c", edit=narrow))
+    c = build_contract(contract_data(ckpt, read_dataset_meta(write_info(tmp_path / "ds" / "meta")), OPTS))
+    joint = c.action.joints[0]
+    assert joint.lower <= 10.0 < 10.000001 <= joint.upper and joint.lower < joint.upper
+
+
+@pytest.mark.parametrize("value", ["gripper", "gripper=0", "gripper=5:1", "gripper=a:b", "=0:1", "gripper=0:nan"])
+def test_cli_joint_limits_that_do_not_parse_are_one_line(tmp_path, capsys, value):
+    root = write_checkpoint(tmp_path / "c")
+    code = vladctl_main(["import", "lerobot", str(root), "--out", str(tmp_path / "out"), "--joint-limits", value])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"error: --joint-limits '{value}': expected NAME=LOWER:UPPER"), err
+    assert "\n" not in err and not (tmp_path / "out").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,24 @@ def _mapping(values: list[str], flag: str) -> dict[str, str]:
         if not sep or not name or not robot:
             raise VladError(f"{flag} {item!r}: expected NAME=ROBOT_CAMERA")
         out[name] = robot
+    return out
+
+
+def _limits(values: list[str]) -> dict[str, tuple[float, float]]:
+    """``--joint-limits NAME=LOWER:UPPER`` (repeatable) as joint -> (lower, upper)."""
+    out = {}
+    for item in values:
+        name, sep, bounds = item.partition("=")
+        lower, colon, upper = bounds.partition(":")
+        try:
+            lo, hi = float(lower), float(upper)
+        except ValueError:
+            lo = hi = math.nan
+        if not sep or not name or not colon or not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise VladError(
+                f"--joint-limits {item!r}: expected NAME=LOWER:UPPER with LOWER < UPPER (e.g. gripper=0:100)"
+            )
+        out[name] = (lo, hi)
     return out
 
 
@@ -42,6 +61,7 @@ def cmd_import_lerobot(args: argparse.Namespace) -> int:
         action_semantics=args.action_semantics,
         fps=args.fps,
         deadline_ms=args.deadline_ms,
+        joint_limits=_limits(args.joint_limits),
     )
     opts = ImportOptions(
         contract=copts,
@@ -94,6 +114,14 @@ def add_import_commands(sub: Any) -> None:
     )
     p.add_argument("--fps", type=float, help="control rate, when no dataset meta gives it")
     p.add_argument("--deadline-ms", type=float, help="end-to-end deadline (default: one control period)")
+    p.add_argument(
+        "--joint-limits",
+        action="append",
+        default=[],
+        metavar="NAME=LOWER:UPPER",
+        help="the guard's bounds of a joint in its unit, instead of the data's range widened by 10%% "
+        "(repeatable; needed for a joint that never moved in the data)",
+    )
     p.add_argument("--release-id", help="contract model id (default: lerobot-<folder name>)")
     p.add_argument("--version", default="1.0.0")
     p.add_argument("--version-code", type=int, default=1)
