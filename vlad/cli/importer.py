@@ -51,9 +51,8 @@ def cmd_import_lerobot(args: argparse.Namespace) -> int:
     from vlad.importers.lerobot.importer import ImportCheckFailed, ImportOptions, import_checkpoint
 
     checkpoint = Path(args.checkpoint)
-    release_id = args.release_id or f"lerobot-{checkpoint.resolve().name}"
     copts = ContractOptions(
-        release_id=release_id,
+        release_id=args.release_id or "",  # empty: derived from the checkpoint (its repository or run)
         version=args.version,
         cameras=_mapping(args.camera, "--camera"),
         state_units=_units(args.state_units),
@@ -81,7 +80,7 @@ def cmd_import_lerobot(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.FINDINGS
     if args.json:
-        print(json.dumps({k: report[k] for k in ("lineage", "checks", "passed")}, indent=2))
+        print(json.dumps({k: report[k] for k in ("lineage", "checks", "warnings", "passed")}, indent=2))
     print(f"imported {checkpoint} -> {args.out}")
     return 0
 
@@ -122,7 +121,10 @@ def add_import_commands(sub: Any) -> None:
         help="the guard's bounds of a joint in its unit, instead of the data's range widened by 10%% "
         "(repeatable; needed for a joint that never moved in the data)",
     )
-    p.add_argument("--release-id", help="contract model id (default: lerobot-<folder name>)")
+    p.add_argument(
+        "--release-id",
+        help="contract model id (default: lerobot-NAME, NAME from the hub repository, the training run or the folder)",
+    )
     p.add_argument("--version", default="1.0.0")
     p.add_argument("--version-code", type=int, default=1)
     p.add_argument("--backend", default="onnxruntime", help="serving backend written into the manifest")
