@@ -370,8 +370,9 @@ def _guard_bounds(
     if frozen:
         i = frozen[0]
         more = f" (and {', '.join(joints[j] for j in frozen[1:])})" if len(frozen) > 1 else ""
+        value = f"{lo[i]:g}" + (f" {units[i]}" if units[i] != "1" else "")
         raise CheckpointError(
-            f"joint {joints[i]}{more} never moved in the training data (its actions are all {lo[i]:g} {units[i]}), "
+            f"joint {joints[i]}{more} never moved in the training data (its actions are all {value}), "
             f"so the guard has no range for it: give the robot's limits with --joint-limits {joints[i]}=LOWER:UPPER"
         )
     return lower, upper
