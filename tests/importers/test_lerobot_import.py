@@ -240,6 +240,23 @@ def test_a_broken_checkpoint_is_refused_in_one_line_and_nothing_is_written(
     assert [p.name for p in releases.iterdir()] == ["old"] and [p.name for p in old.iterdir()] == ["manifest.toml"]
 
 
+def test_a_backbone_trained_from_imagenet_weights_loads_offline(act_checkpoint, tmp_path):
+    """ACT's default config names torchvision's ImageNet weights for the backbone; every backbone
+    weight is in model.safetensors, so loading must neither download them nor need them."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(act_checkpoint, ckpt)
+    _config(ckpt, pretrained_backbone_weights="ResNet18_Weights.IMAGENET1K_V1")
+    policy, _, _ = load_policy(read_checkpoint(ckpt))
+    saved = load_file(str(ckpt / "model.safetensors"))
+    state = policy.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved.items())
+
+
 def _config(path: Path, **changes) -> None:
     cfg = json.loads((path / "config.json").read_text())
     cfg.update(changes)
