@@ -221,7 +221,9 @@ def _publish(staging: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _import(ckpt: Checkpoint, staging: Path, out: Path, opts: ImportOptions, log: Callable[[str], None]):
+def _import(
+    ckpt: Checkpoint, staging: Path, out: Path, opts: ImportOptions, log: Callable[[str], None]
+) -> dict[str, Any]:
     """The import of ``ckpt`` written into ``staging`` (``out`` names the release in messages)."""
     from vlad.importers.lerobot.runtime import lerobot_version, load_lerobot
 
@@ -238,12 +240,14 @@ def _import(ckpt: Checkpoint, staging: Path, out: Path, opts: ImportOptions, log
     data = contract_data(ckpt, meta, opts.contract, max_step)
     build_contract(data)  # every contract problem in one error, before anything heavy
     load_lerobot()
+    given = sorted(opts.contract.joint_limits)
+    limits_from = f"the data (--joint-limits for {', '.join(given)})" if given else "the data"
     (staging / "contract.toml").write_text(
         contract_toml(
             data,
             "vlad release contract (docs/contract.md), written by `vladctl import lerobot`\n"
             f"from a LeRobot {lerobot_version()} {ckpt.type} checkpoint (sha256 {ckpt.sha256}).\n"
-            "Review [[action.joints]] lower/upper/rate_limit: the guard's limits come from the data.",
+            f"Review [[action.joints]] lower/upper/rate_limit: the guard's limits come from {limits_from}.",
         )
     )
     contract = load_contract(staging / "contract.toml")
