@@ -33,9 +33,10 @@ STATE_NAMES = ["joint0.pos", "joint1.pos", "joint0.vel", "joint1.vel"]
 
 
 def write_checkpoint(
-    root: Path, ptype: str = "act", norm: dict | None = None, drop: str | None = None, **config
+    root: Path, ptype: str = "act", norm: dict | None = None, drop: str | None = None, edit=None, **config
 ) -> Path:
-    """A checkpoint folder as ``save_pretrained`` writes it (weights are a placeholder file)."""
+    """A checkpoint folder as ``save_pretrained`` writes it (weights are a placeholder file);
+    ``edit`` changes the statistics (``name.stat`` -> values) before they are written."""
     norm = norm or {"VISUAL": "MEAN_STD", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
     root.mkdir(parents=True, exist_ok=True)
     cfg = {
@@ -52,7 +53,7 @@ def write_checkpoint(
         **config,
     }
     (root / "config.json").write_text(json.dumps(cfg))
-    (root / "model.safetensors").write_bytes(b"weights")
+    save_file({"model.weight": np.zeros((2, 3), np.float32)}, str(root / "model.safetensors"))  # a placeholder
     rng = np.random.default_rng(0)
     flat = {}
     for key, shape in (("observation.images.top", (3, 1, 1)), ("observation.state", (4,)), ("action", (2,))):
@@ -67,6 +68,8 @@ def write_checkpoint(
             }
         )
     flat = {k: v for k, v in flat.items() if k != drop}
+    if edit is not None:
+        edit(flat)
     for pipeline, registry, step in (
         ("policy_preprocessor", "normalizer_processor", 3),
         ("policy_postprocessor", "unnormalizer_processor", 0),
@@ -118,7 +121,7 @@ def test_training_checkpoint_folder_is_accepted(tmp_path):
 
 def test_the_hash_follows_every_file(tmp_path):
     a = read_checkpoint(write_checkpoint(tmp_path / "c")).sha256
-    (tmp_path / "c" / "model.safetensors").write_bytes(b"other weights")
+    save_file({"model.weight": np.ones((2, 3), np.float32)}, str(tmp_path / "c" / "model.safetensors"))
     assert read_checkpoint(tmp_path / "c").sha256 != a
 
 
@@ -137,8 +140,13 @@ def test_the_hash_follows_every_file(tmp_path):
             "not a safetensors file",
         ),
         (lambda p: (p / "policy_postprocessor.json").write_text('{"steps": []}'), "no unnormalizer_processor step"),
+        (
+            lambda p: (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:-5]),
+            "model.safetensors: not a complete safetensors file (Error while deserializing header: incomplete",
+        ),
+        (lambda p: (p / "model.safetensors").write_bytes(b"weights"), "model.safetensors: not a complete"),
     ],
-    ids=["no-config", "bad-json", "no-weights", "no-stats", "bad-stats", "no-unnormalizer"],
+    ids=["no-config", "bad-json", "no-weights", "no-stats", "bad-stats", "no-unnormalizer", "truncated", "not-weights"],
 )
 def test_a_missing_piece_is_one_line_naming_it(tmp_path, breakage, message):
     root = write_checkpoint(tmp_path / "c")
@@ -164,8 +172,37 @@ def test_a_missing_piece_is_one_line_naming_it(tmp_path, breakage, message):
             "observation.environment_state'] are not supported",
         ),
         ({"input_features": {"observation.state": {"type": "STATE", "shape": [4]}}}, "has no camera input"),
+        (
+            {"temporal_ensemble_coeff": 0.01, "n_action_steps": 1},
+            "ACT temporal ensembling (temporal_ensemble_coeff 0.01) is not supported",
+        ),
+        (
+            {
+                "ptype": "diffusion",
+                "horizon": 16,
+                "num_train_timesteps": 100,
+                "n_action_steps": 8,
+                "input_features": {
+                    "observation.images.top": {"type": "VISUAL", "shape": [3, 32, 48]},
+                    "observation.images.wrist": {"type": "VISUAL", "shape": [3, 24, 32]},
+                    "observation.state": {"type": "STATE", "shape": [4]},
+                },
+            },
+            "Diffusion Policy needs every camera at one size (LeRobot stacks them), this config has top 32x48, "
+            "wrist 24x32",
+        ),
     ],
-    ids=["pi0", "smolvla", "unknown-type", "missing-stat", "bad-mode", "env-state", "no-camera"],
+    ids=[
+        "pi0",
+        "smolvla",
+        "unknown-type",
+        "missing-stat",
+        "bad-mode",
+        "env-state",
+        "no-camera",
+        "temporal-ensembling",
+        "diffusion-camera-sizes",
+    ],
 )
 def test_what_cannot_be_imported_is_named(tmp_path, kwargs, message):
     with pytest.raises(CheckpointError) as e:
@@ -319,3 +356,133 @@ def test_cli_error_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("error: policy type 'pi0' is not supported") and "\n" not in err
     assert not (tmp_path / "out").exists()
+
+
+# -- symbolic links, names, ids ---------------------------------------------------------------------
+
+
+def test_symlinked_files_are_hashed_by_what_they_point_to(tmp_path):
+    """The Hugging Face cache links every snapshot file to a blob: the checksum covers the bytes
+    behind each link, and the report names the links."""
+    real = write_checkpoint(tmp_path / "real")
+    linked = tmp_path / "snapshot"
+    linked.mkdir()
+    for f in real.iterdir():
+        (linked / f.name).symlink_to(f)
+    a, b = read_checkpoint(real), read_checkpoint(linked)
+    assert b.files == a.files and b.sha256 == a.sha256
+    assert b.links == {name: str(real / name) for name in a.files}
+    stats = "policy_preprocessor_step_3_normalizer_processor.safetensors"
+    from safetensors.numpy import load_file
+
+    flat = load_file(str(real / stats))
+    flat["observation.state.mean"] += np.float32(1)
+    save_file(flat, str(real / stats))  # the linked statistics change: so does the checksum
+    assert read_checkpoint(linked).sha256 != b.sha256
+    (linked / "README.md").symlink_to(tmp_path / "gone.md")  # a dangling link is named, in one line
+    with pytest.raises(CheckpointError, match="README.md: a symbolic link to .*gone.md, which is not a file"):
+        read_checkpoint(linked)
+
+
+@pytest.mark.parametrize(
+    ("layout", "train_config", "want"),
+    [
+        ("hub/models--lerobot--act_so101_pick/snapshots/0a1b2c", None, "act_so101_pick"),
+        ("outputs/train/so101_pick/checkpoints/005000/pretrained_model", None, "so101_pick"),
+        ("outputs/train/run/checkpoints/last/pretrained_model", {"policy": {"repo_id": "me/act_cube"}}, "act_cube"),
+        ("outputs/train/run/checkpoints/last/pretrained_model", {"job_name": "cube_v2"}, "cube_v2"),
+        (
+            "outputs/train/2026-01-01/10-00-00_act/checkpoints/last/pretrained_model",
+            {"job_name": "act", "dataset": {"repo_id": "me/so101_cube"}},
+            "act-so101_cube",
+        ),
+        ("my_policy/pretrained_model", None, "my_policy"),
+    ],
+    ids=["hub-cache", "run-folder", "policy-repo", "job-name", "default-job-name", "folder"],
+)
+def test_the_release_is_named_after_the_checkpoint(tmp_path, layout, train_config, want):
+    from vlad.importers.lerobot.checkpoint import release_name
+
+    root = write_checkpoint(tmp_path / "x" / layout)
+    if train_config is not None:
+        (root / "train_config.json").write_text(json.dumps(train_config))
+    name, source = release_name(read_checkpoint(root))
+    assert name == want, source
+
+
+def test_generic_names_are_warned_about(tmp_path):
+    from vlad.importers.lerobot.contract import naming_warnings
+
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "c"))
+    warnings = naming_warnings(ckpt, None)
+    assert [w.split(" entries")[0] for w in warnings] == ["observation.state", "action"]
+    assert "named state0..state3 (no dataset meta/info.json): pass --dataset-meta" in warnings[0]
+    assert naming_warnings(ckpt, read_dataset_meta(write_info(tmp_path / "ds" / "meta"))) == []
+
+
+# -- constant statistics, joints that never moved ------------------------------------------------
+
+
+@pytest.mark.parametrize("constant", [10.0, -35.5, 0.0, 1e-3, 100.0])
+def test_a_constant_min_max_entry_maps_as_lerobot_maps_it(tmp_path, constant):
+    """LeRobot divides by eps where max = min, so the constant maps to -1; vlad's (x - mean) / std
+    in float32 (the serving Preprocessor's arithmetic) must give exactly that."""
+
+    def hold(flat):
+        for stat in ("min", "max"):
+            flat[f"observation.state.{stat}"][3] = np.float32(constant)
+
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "c", norm={"STATE": "MIN_MAX"}, edit=hold))
+    mean, std = affine(ckpt, ckpt.state)
+    s = ckpt.stats["observation.state"]
+    x = np.array([-1.0, 0.5, 0.25, constant], np.float32)
+    got = (x - mean) / std
+    eps = np.float32(ckpt.eps)
+    lerobot = 2 * (x - s["min"]) / np.where(s["max"] == s["min"], eps, s["max"] - s["min"]) - 1
+    assert got[3] == lerobot[3] == -1.0
+    np.testing.assert_allclose(got[:3], lerobot[:3], atol=2e-6)
+
+
+def test_a_joint_that_never_moved_needs_its_limits(tmp_path):
+    """A gripper held still in the data has no range for the guard: one line naming the option,
+    which then gives its bounds (the rate limit is then its whole range)."""
+
+    def still(flat):
+        for stat in ("min", "max"):
+            flat[f"action.{stat}"][1] = np.float32(10.0)
+
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "c", edit=still))
+    meta = read_dataset_meta(write_info(tmp_path / "ds" / "meta"))
+    with pytest.raises(CheckpointError) as e:
+        contract_data(ckpt, meta, OPTS)
+    assert str(e.value) == (
+        "joint joint1 never moved in the training data (its actions are all 10 rad), so the guard has no range for it: "
+        "give the robot's limits with --joint-limits joint1=LOWER:UPPER"
+    )
+    given = ContractOptions(**{**vars(OPTS), "joint_limits": {"joint1.pos": (0.0, 100.0)}})
+    c = build_contract(contract_data(ckpt, meta, given, max_step=np.array([0.2, 0.0])))
+    assert (c.action.joints[1].lower, c.action.joints[1].upper, c.action.joints[1].rate_limit) == (0.0, 100.0, 100.0)
+    assert c.action.joints[0].rate_limit == pytest.approx(0.3)  # the moving joint keeps its limit from the data
+    with pytest.raises(CheckpointError, match=r"--joint-limits elbow=...: no such joint \(joints: joint0, joint1\)"):
+        contract_data(ckpt, meta, ContractOptions(**{**vars(OPTS), "joint_limits": {"elbow": (0.0, 1.0)}}))
+
+
+def test_guard_bounds_hold_the_data_after_rounding(tmp_path):
+    """A narrow range is rounded outwards: 6 significant digits never collapse it."""
+
+    def narrow(flat):
+        flat["action.min"][0], flat["action.max"][0] = np.float32(10.0), np.float32(10.000001)
+
+    ckpt = read_checkpoint(write_checkpoint(tmp_path / "c", edit=narrow))
+    c = build_contract(contract_data(ckpt, read_dataset_meta(write_info(tmp_path / "ds" / "meta")), OPTS))
+    joint = c.action.joints[0]
+    assert joint.lower <= 10.0 < 10.000001 <= joint.upper and joint.lower < joint.upper
+
+
+@pytest.mark.parametrize("value", ["gripper", "gripper=0", "gripper=5:1", "gripper=a:b", "=0:1", "gripper=0:nan"])
+def test_cli_joint_limits_that_do_not_parse_are_one_line(tmp_path, capsys, value):
+    root = write_checkpoint(tmp_path / "c")
+    code = vladctl_main(["import", "lerobot", str(root), "--out", str(tmp_path / "out"), "--joint-limits", value])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"error: --joint-limits '{value}': expected NAME=LOWER:UPPER"), err
+    assert "\n" not in err and not (tmp_path / "out").exists()

@@ -22,22 +22,34 @@ from vlad.importers.lerobot.runtime import lerobot_version
 if lerobot_version() is None:
     pytest.skip("LeRobot is not installed: scripts/bootstrap dev (or lerobot) installs it", allow_module_level=True)
 
-from tests.importers.checkpoints import ACTION_DIM, STATE_DIM, make_checkpoint  # noqa: E402
+from tests.importers.checkpoints import SO101, SO101_JOINTS, Robot, make_checkpoint, write_dataset_meta  # noqa: E402
 from vlad.importers.lerobot.checkpoint import read_checkpoint  # noqa: E402
 from vlad.importers.lerobot.contract import ContractOptions, build_contract, contract_data  # noqa: E402
 from vlad.importers.lerobot.fixtures import synthetic_windows  # noqa: E402
-from vlad.importers.lerobot.importer import ImportOptions, _noise, _vlad_window, import_checkpoint  # noqa: E402
+from vlad.importers.lerobot.importer import ImportOptions, Stat, _noise, _vlad_window, import_checkpoint  # noqa: E402
 from vlad.importers.lerobot.policies import export_module, lerobot_reference, load_policy  # noqa: E402
 from vlad.processing import decode_actions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTS = ContractOptions(release_id="t", fps=50, state_units=("rad",), action_units=("rad",))
+# Diffusion Policy needs every camera at one size (LeRobot 0.4.4's validate_features): the
+# SO-101's two cameras at one size for it; ACT takes them at their own sizes.
+SO101_SAME = Robot({"front": (48, 64), "wrist": (48, 64)}, SO101.state_range, SO101.action_range, SO101.names)
+MIN_MAX = {"VISUAL": "MEAN_STD", "STATE": "MIN_MAX", "ACTION": "MIN_MAX"}
 CASES = {
     "act": ("act", {}),
-    "act-minmax": ("act", {"normalization_mapping": {"VISUAL": "MEAN_STD", "STATE": "MIN_MAX", "ACTION": "MIN_MAX"}}),
+    "act-minmax": ("act", {"normalization_mapping": MIN_MAX}),
     "diffusion-ddim": ("diffusion", {}),
     "diffusion-ddpm": ("diffusion", {"noise_scheduler_type": "DDPM", "num_inference_steps": 3}),
+    # SO-101-like: two cameras, 6-D state and action in degrees
+    "act-so101": ("act", {"robot": SO101, "use_vae": True, "chunk_size": 50, "n_action_steps": 50}),
+    "diffusion-so101": ("diffusion", {"robot": SO101_SAME, "crop_shape": (40, 56)}),
 }
+
+
+def _opts(ckpt) -> ContractOptions:
+    unit = "deg" if ckpt.state.shape[0] == len(SO101_JOINTS) else "rad"
+    return ContractOptions(**{**vars(OPTS), "state_units": (unit,), "action_units": (unit,)})
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -45,10 +57,15 @@ def loaded(request, tmp_path_factory):
     kind, overrides = CASES[request.param]
     path = make_checkpoint(tmp_path_factory.mktemp(request.param), kind, **overrides)
     ckpt = read_checkpoint(path)
-    contract = build_contract(contract_data(ckpt, None, OPTS))
+    contract = build_contract(contract_data(ckpt, None, _opts(ckpt)))
     policy, pre, post = load_policy(ckpt)
     module = export_module(policy, ckpt, [t.name for t in contract.inputs])
     return ckpt, contract, policy, pre, post, module
+
+
+def _camera_names(ckpt) -> dict[str, str]:
+    """LeRobot camera name -> the robot's (the same: no --camera given)."""
+    return {c.key.removeprefix("observation.images."): c.key.removeprefix("observation.images.") for c in ckpt.cameras}
 
 
 def test_the_export_module_computes_what_lerobot_computes(loaded):
@@ -57,7 +74,7 @@ def test_the_export_module_computes_what_lerobot_computes(loaded):
     import torch
 
     ckpt, contract, policy, pre, post, module = loaded
-    names = {"overhead": "overhead"}
+    names = _camera_names(ckpt)
     for k, window in enumerate(synthetic_windows(ckpt, 3, seed=7)):
         noise = _noise(ckpt, contract, 100 + k)
         ref = lerobot_reference(policy, pre, post, ckpt, window, noise, seed=100 + k)
@@ -65,13 +82,14 @@ def test_the_export_module_computes_what_lerobot_computes(loaded):
         if noise is not None:
             inputs["noise"] = noise
         newest = (lambda a: a[:, -1]) if ckpt.n_obs_steps > 1 else (lambda a: a)
-        np.testing.assert_allclose(
-            newest(inputs["image_overhead"]), ref.inputs["observation.images.overhead"], atol=1e-6
-        )
+        for camera in names:
+            np.testing.assert_allclose(
+                newest(inputs[f"image_{camera}"]), ref.inputs[f"observation.images.{camera}"], atol=1e-6
+            )
         np.testing.assert_allclose(newest(inputs["state"]), ref.inputs["observation.state"], atol=2e-6)
         with torch.inference_mode():
             out = module(*(torch.from_numpy(inputs[t.name]) for t in contract.inputs)).numpy()
-        assert out.shape == ref.output.shape == (1, contract.action.chunk_length, ACTION_DIM)
+        assert out.shape == ref.output.shape == (1, contract.action.chunk_length, ckpt.action.shape[0])
         np.testing.assert_allclose(out, ref.output, atol=5e-5)
         actions = decode_actions(contract, {"actions": out})
         np.testing.assert_allclose(actions, ref.actions, atol=5e-5 * max(j.std for j in contract.action.joints) + 1e-6)
@@ -91,6 +109,160 @@ def test_a_window_of_distinct_frames_matters(loaded):
     assert np.abs(full.output - restarted.output).max() > 1e-4
 
 
+def test_a_state_entry_held_constant_is_preprocessed_as_lerobot_does(tmp_path):
+    """MIN_MAX with min = max (a gripper held still in the data): LeRobot maps the constant to
+    -1; vlad's serving Preprocessor must too, and the synthetic check windows put the entry at
+    that constant, so the import's checks compare it."""
+    still = SO101.state_range[:5] + ((10.0, 10.0),)
+    robot = Robot(SO101.cameras, still, SO101.action_range, SO101.names)
+    ckpt = read_checkpoint(make_checkpoint(tmp_path / "c", "act", robot=robot, normalization_mapping=MIN_MAX))
+    contract = build_contract(contract_data(ckpt, None, _opts(ckpt)))
+    policy, pre, post = load_policy(ckpt)
+    windows = synthetic_windows(ckpt, 2)
+    assert all(w[-1].state[5] == np.float32(10.0) for w in windows)
+    for k, window in enumerate(windows):
+        ref = lerobot_reference(policy, pre, post, ckpt, window, None)
+        inputs = _vlad_window(contract, window, _camera_names(ckpt), k)
+        assert ref.inputs["observation.state"][0, 5] == -1.0
+        np.testing.assert_allclose(inputs["state"], ref.inputs["observation.state"], atol=1e-6)
+
+
+def test_nan_is_no_agreement():
+    """A NaN output (a diverged checkpoint, on either side) is an infinite error, not none."""
+    stat = Stat()
+    stat.add(np.zeros(3), np.array([0.0, np.nan, 0.0]))
+    stat.add(np.zeros(3), np.zeros(3))
+    assert stat.max_abs == np.inf
+
+
+@pytest.fixture(scope="module")
+def act_checkpoint(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("act-ckpt"), "act")
+
+
+def _weights(path: Path, change) -> None:
+    """Rewrite ``path``/model.safetensors with ``change`` applied to its tensors (a dict)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(path / "model.safetensors"))
+
+
+def _nan(t):
+    t["model.action_head.weight"][0, 0] = float("nan")
+
+
+def _missing(t):
+    del t["model.action_head.weight"]
+
+
+def _unexpected(t):
+    import torch
+
+    t["model.extra_head.weight"] = torch.zeros(2, 2)
+
+
+def _reshaped(t):
+    import torch
+
+    t["model.action_head.bias"] = torch.zeros(t["model.action_head.bias"].shape[0] + 1)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda p: _weights(p, _nan),
+            "model.safetensors: 1 tensor(s) hold NaN or Inf (model.action_head.weight): the training diverged; "
+            "import an earlier checkpoint",
+        ),
+        (
+            lambda p: _weights(p, _missing),
+            "model.safetensors: lacks 1 tensor(s) the policy config.json describes has (model.action_head.weight)",
+        ),
+        (
+            lambda p: _weights(p, _unexpected),
+            "model.safetensors: holds 1 tensor(s) the policy config.json describes does not have "
+            "(model.extra_head.weight)",
+        ),
+        (
+            lambda p: _weights(p, _reshaped),
+            "model.safetensors: tensor model.action_head.bias has shape [3], the policy config.json describes needs [2]",
+        ),
+        (
+            lambda p: (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:-1000]),
+            "model.safetensors: not a complete safetensors file",
+        ),
+        (
+            lambda p: _config(p, temporal_ensemble_coeff=0.01, n_action_steps=1),
+            "config.json: ACT temporal ensembling (temporal_ensemble_coeff 0.01) is not supported",
+        ),
+        (
+            lambda p: _config(p, dim_model=65),
+            "config.json: LeRobot cannot build the policy: embed_dim must be divisible by num_heads",
+        ),
+    ],
+    ids=[
+        "nan-weights",
+        "missing-tensor",
+        "unexpected-tensor",
+        "other-shape",
+        "truncated",
+        "temporal-ensembling",
+        "bad",
+    ],
+)
+def test_a_broken_checkpoint_is_refused_in_one_line_and_nothing_is_written(
+    act_checkpoint, tmp_path, capfd, change, message
+):
+    """Through the command line: exit 2, one line on stderr naming what is wrong, no --out
+    folder (nor a staging folder beside it), and an old release under --force left as it was."""
+    import shutil
+
+    from vlad.cli import vladctl_main
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(act_checkpoint, ckpt)
+    change(ckpt)
+    base = ["import", "lerobot", str(ckpt), "--fps", "30", "--state-units", "rad", "--action-units", "rad"]
+    releases = tmp_path / "releases"
+    releases.mkdir()
+    capfd.readouterr()
+    assert vladctl_main([*base, "--out", str(releases / "new")]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+    assert list(releases.iterdir()) == []
+    old = releases / "old"
+    old.mkdir()
+    (old / "manifest.toml").write_text("the release that was here")
+    assert vladctl_main([*base, "--out", str(old), "--force"]) == 2
+    assert [p.name for p in releases.iterdir()] == ["old"] and [p.name for p in old.iterdir()] == ["manifest.toml"]
+
+
+def test_a_backbone_trained_from_imagenet_weights_loads_offline(act_checkpoint, tmp_path):
+    """ACT's default config names torchvision's ImageNet weights for the backbone; every backbone
+    weight is in model.safetensors, so loading must neither download them nor need them."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(act_checkpoint, ckpt)
+    _config(ckpt, pretrained_backbone_weights="ResNet18_Weights.IMAGENET1K_V1")
+    policy, _, _ = load_policy(read_checkpoint(ckpt))
+    saved = load_file(str(ckpt / "model.safetensors"))
+    state = policy.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved.items())
+
+
+def _config(path: Path, **changes) -> None:
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(changes)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
 def test_torchvision_operators_are_declared_not_faked():
     """torchvision imports beside the CPU torch; its compiled operators still fail loudly."""
     import torch
@@ -107,9 +279,10 @@ def test_torchvision_operators_are_declared_not_faked():
 # -- end to end: dataset -> lerobot-train -> import -> signed -> vlad serve -----------------------
 
 
-def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray, np.ndarray]]):
-    """Publish ``frames`` to a real ``vlad serve`` on ``release``; each chunk must equal what
-    the release computes in process on the same window (the one Preprocessor, ONNX Runtime)."""
+def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[dict[str, np.ndarray], np.ndarray]]):
+    """Publish ``frames`` (images by the robot's camera names, the state) to a real ``vlad serve``
+    on ``release``; each chunk must equal what the release computes in process on the same
+    window (the one Preprocessor, ONNX Runtime)."""
     from vlad.contract import load_contract
     from vlad.gates.launcher import serve
     from vlad.gates.subject import open_subject
@@ -119,7 +292,6 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
     contract = load_contract(release / "contract.toml")
     session = get_backend("onnxruntime").load(release / "policy.onnx", contract, {"intra_op_threads": 1})
     pre = Preprocessor(contract, None)
-    camera = contract.cameras[0].name
     period = int(contract.timing.control_period_ms * 1e6)
     compared = 0
     with serve(open_subject(release), warmup=2, keys_dir=str(keys)) as daemon:
@@ -127,7 +299,7 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
         with daemon.client("import-test") as ctl:
             tick = time.monotonic_ns()
 
-            def send(image, state):
+            def send(images, state):
                 """One observation per control period (sensor time: now), into the daemon and
                 the local window alike."""
                 nonlocal tick
@@ -136,9 +308,9 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
                     time.sleep(0.001)  # paced to the control period
                 t = time.monotonic_ns()
                 tick = max(tick, t)
-                seq = ctl.publish_observation({camera: image}, state, None, t_sensor_ns=t)
+                seq = ctl.publish_observation(images, state, None, t_sensor_ns=t)
                 ctl.heartbeat()
-                inputs = pre.fill(RawObservation({camera: image}, state, "", seq, t))
+                inputs = pre.fill(RawObservation(images, state, "", seq, t))
                 return seq, decode_actions(contract, session.infer(inputs)).copy()
 
             # The first frame until a policy chunk comes back: the action subscription has
@@ -149,8 +321,8 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[np.ndarray,
                 send(*frames[0])
                 chunk = ctl.recv_chunk(50)
             assert chunk is not None and not chunk.is_hold, (chunk, daemon.log_tail(10))
-            for image, state in frames:
-                seq, want = send(image, state)
+            for images, state in frames:
+                seq, want = send(images, state)
                 # the policy's chunk for this observation (the daemon may bridge with a hold first)
                 chunk = None
                 deadline = time.monotonic() + 10
@@ -278,12 +450,84 @@ def test_import_sign_serve_diffusion_with_history(tmp_path, keys):
     )
     report = import_checkpoint(ckpt, out, opts, log=lambda _: None)
     assert report["passed"] and report["windows"]["frames"] == 2
-    rng = np.random.default_rng(1)
-    frames = [
-        (rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), rng.uniform(-1, 1, STATE_DIM).astype(np.float32))
-        for _ in range(3)
+    assert _serve_and_compare(out, trusted, _frames(out, 3)) == 3
+
+
+SO101_UNITS = ("deg",) * 5 + ("1",)  # the gripper: 0..100, dimensionless
+
+
+@pytest.mark.slow  # an import (three ONNX exports), the gates and a daemon: ~1 min each on the 2-core dev machine
+@pytest.mark.parametrize(
+    ("kind", "overrides"),
+    [
+        ("act", {"robot": SO101, "use_vae": True, "chunk_size": 50, "n_action_steps": 50}),
+        ("diffusion", {"robot": SO101_SAME, "crop_shape": (40, 56)}),
+    ],
+    ids=["act", "diffusion"],
+)
+def test_so101_like_import_verify_gate_serve(tmp_path, keys, kind, overrides):
+    """SO-101-shaped checkpoints (two cameras, ACT's of different sizes; 6-D state and action in
+    degrees) built by LeRobot: imported (the id from the run's folder, signed), verified, through
+    the contract and equivalence gates, and served by a real vlad serve, chunk for chunk what the
+    release computes in process. ACT with the dataset's joint names, Diffusion without (warned)."""
+    from vlad.contract import load_contract
+    from vlad.gates.runner import run_gates
+    from vlad.release.signing import verify_release
+
+    private, trusted = keys
+    run = tmp_path / "outputs" / "train" / f"so101_{kind}"
+    ckpt = make_checkpoint(run / "checkpoints" / "000100" / "pretrained_model", kind, **overrides)
+    meta = write_dataset_meta(tmp_path / "dataset" / "meta", SO101) if kind == "act" else None
+    out = tmp_path / "release"
+    opts = ImportOptions(
+        contract=ContractOptions(release_id="", fps=30, state_units=SO101_UNITS, action_units=SO101_UNITS, **LOADED_CI),
+        dataset_meta=meta,
+        windows=2,
+        key=private,
+        keys_dir=trusted,
+    )
+    report = import_checkpoint(ckpt, out, opts, log=lambda _: None)
+    assert report["passed"] and [e["name"] for e in report["export"]] == ["actions", "prefix"]
+    for name in ("torch (policy.pt2)", "onnxruntime (policy.onnx)"):
+        assert report["checks"][name]["output"]["max_abs"] < 1e-4
+    assert verify_release(out, trusted).id == f"lerobot-so101_{kind}-1.0.0"
+    contract = load_contract(out / "contract.toml")
+    assert [(c.name, c.raw.height, c.raw.width) for c in contract.cameras] == [
+        (name, h, w) for name, (h, w) in overrides["robot"].cameras.items()
     ]
-    assert _serve_and_compare(out, trusted, frames) == 3
+    if kind == "act":
+        assert report["warnings"] == [] and contract.action.joints[5].name == "gripper"
+    else:
+        assert [w.split(" entries")[0] for w in report["warnings"]] == ["observation.state", "action"]
+    gates = run_gates(
+        out,
+        out,
+        tmp_path / "gates",
+        gates=["contract", "equivalence"],
+        keys_dir=str(trusted),
+        progress=lambda _: None,
+        html=False,
+    )
+    assert gates["passed"], [g["reasons"] for g in gates["gates"]]
+    assert _serve_and_compare(out, trusted, _frames(out, 3)) == 3
+
+
+def _frames(release: Path, n: int, seed: int = 1) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """``n`` random robot frames for ``release``'s contract: every camera at its size, a state
+    inside the proprio normalization's range."""
+    from vlad.contract import load_contract
+
+    contract = load_contract(release / "contract.toml")
+    rng = np.random.default_rng(seed)
+    p = contract.proprio
+    mean, std = np.asarray(p.mean, np.float32), np.asarray(p.std, np.float32)
+    return [
+        (
+            {c.name: rng.integers(0, 256, (c.raw.height, c.raw.width, 3), dtype=np.uint8) for c in contract.cameras},
+            (mean + std * rng.uniform(-1, 1, p.dim)).astype(np.float32),
+        )
+        for _ in range(n)
+    ]
 
 
 @pytest.mark.slow  # a closed-loop episode: 8 s on the 2-core dev machine

@@ -94,3 +94,45 @@ def test_unsupported_operator_fails_loudly(contract, golden, tmp_path):
 
     with pytest.raises(ExportError, match="ONNX export failed"):
         export_onnx(Odd(), contract, [golden[0]["inputs"]], tmp_path / "odd.onnx", log=lambda m: None)
+
+
+class _TwoCameraLike(torch.nn.Module):
+    """A policy whose trunk (``prefix``) needs every input, the noise included: like a LeRobot
+    Diffusion Policy with two cameras (two images, the state, the noise)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 2)
+
+    def prefix(self, image_overhead, tokens, proprio, noise):
+        return self.proj(proprio)[:, None, :] + image_overhead.mean(dim=(1, 2, 3))[:, None, None] + noise
+
+    def forward(self, image_overhead, tokens, proprio, noise):
+        return torch.tanh(self.prefix(image_overhead, tokens, proprio, noise)) + tokens[:, :1, None].float() * 0
+
+
+def test_the_prefix_is_computed_from_every_input(contract, golden, tmp_path):
+    """export_onnx's intermediate check calls ``prefix`` with every input ``forward`` takes
+    (it used to pass the first three: a second camera was then read as the state)."""
+    fixtures = [c["inputs"] for c in golden[:2]]
+    comparisons = export_onnx(_TwoCameraLike().eval(), contract, fixtures, tmp_path / "p.onnx", log=lambda m: None)
+    prefix = next(c for c in comparisons if c.name == "prefix")
+    assert prefix.max_abs <= 1e-5, prefix.line()
+
+
+def test_an_export_failure_is_one_line_with_its_cause_and_nothing_else(contract, golden, tmp_path, capfd):
+    """The exporter's progress prints, warnings and logged tracebacks stay off the terminal; the
+    error is the root cause's line."""
+
+    class Mismatched(torch.nn.Module):
+        def forward(self, image_overhead, tokens, proprio, noise):
+            return torch.cat([noise, proprio[:, None, :3]], dim=1)  # 2 vs 3 columns
+
+    capfd.readouterr()
+    with pytest.raises(ExportError) as e:
+        export_onnx(Mismatched(), contract, [golden[0]["inputs"]], tmp_path / "m.onnx", log=lambda m: None)
+    message = str(e.value)
+    assert "\n" not in message and "\x1b" not in message, message
+    assert message.startswith("ONNX export failed: RuntimeError: Sizes of tensors must match"), message
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out[-2000:], err[-2000:])

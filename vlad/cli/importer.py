@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,24 @@ def _mapping(values: list[str], flag: str) -> dict[str, str]:
     return out
 
 
+def _limits(values: list[str]) -> dict[str, tuple[float, float]]:
+    """``--joint-limits NAME=LOWER:UPPER`` (repeatable) as joint -> (lower, upper)."""
+    out = {}
+    for item in values:
+        name, sep, bounds = item.partition("=")
+        lower, colon, upper = bounds.partition(":")
+        try:
+            lo, hi = float(lower), float(upper)
+        except ValueError:
+            lo = hi = math.nan
+        if not sep or not name or not colon or not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise VladError(
+                f"--joint-limits {item!r}: expected NAME=LOWER:UPPER with LOWER < UPPER (e.g. gripper=0:100)"
+            )
+        out[name] = (lo, hi)
+    return out
+
+
 def _units(text: str | None) -> tuple[str, ...]:
     return tuple(u.strip() for u in text.split(",")) if text else ()
 
@@ -32,9 +51,8 @@ def cmd_import_lerobot(args: argparse.Namespace) -> int:
     from vlad.importers.lerobot.importer import ImportCheckFailed, ImportOptions, import_checkpoint
 
     checkpoint = Path(args.checkpoint)
-    release_id = args.release_id or f"lerobot-{checkpoint.resolve().name}"
     copts = ContractOptions(
-        release_id=release_id,
+        release_id=args.release_id or "",  # empty: derived from the checkpoint (its repository or run)
         version=args.version,
         cameras=_mapping(args.camera, "--camera"),
         state_units=_units(args.state_units),
@@ -42,6 +60,7 @@ def cmd_import_lerobot(args: argparse.Namespace) -> int:
         action_semantics=args.action_semantics,
         fps=args.fps,
         deadline_ms=args.deadline_ms,
+        joint_limits=_limits(args.joint_limits),
     )
     opts = ImportOptions(
         contract=copts,
@@ -61,7 +80,7 @@ def cmd_import_lerobot(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.FINDINGS
     if args.json:
-        print(json.dumps({k: report[k] for k in ("lineage", "checks", "passed")}, indent=2))
+        print(json.dumps({k: report[k] for k in ("lineage", "checks", "warnings", "passed")}, indent=2))
     print(f"imported {checkpoint} -> {args.out}")
     return 0
 
@@ -94,7 +113,18 @@ def add_import_commands(sub: Any) -> None:
     )
     p.add_argument("--fps", type=float, help="control rate, when no dataset meta gives it")
     p.add_argument("--deadline-ms", type=float, help="end-to-end deadline (default: one control period)")
-    p.add_argument("--release-id", help="contract model id (default: lerobot-<folder name>)")
+    p.add_argument(
+        "--joint-limits",
+        action="append",
+        default=[],
+        metavar="NAME=LOWER:UPPER",
+        help="the guard's bounds of a joint in its unit, instead of the data's range widened by 10%% "
+        "(repeatable; needed for a joint that never moved in the data)",
+    )
+    p.add_argument(
+        "--release-id",
+        help="contract model id (default: lerobot-NAME, NAME from the hub repository, the training run or the folder)",
+    )
     p.add_argument("--version", default="1.0.0")
     p.add_argument("--version-code", type=int, default=1)
     p.add_argument("--backend", default="onnxruntime", help="serving backend written into the manifest")

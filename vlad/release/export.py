@@ -10,6 +10,10 @@ An export that produced a file proves nothing, so every export here is checked:
 4. an operator the exporter cannot translate fails the export with its name, never an
    approximation.
 
+The exporter is noisy (progress prints, warnings, logged tracebacks from native code): what
+it writes to stdout and stderr while it runs is kept from the terminal, and a failure is one
+:class:`ExportError` line carrying the root cause.
+
 The exporter, opset, torch, onnx and vlad versions are written into the ONNX metadata.
 
 A model too large to hold twice (a π0-sized release: 6.5 GB in bf16, 13 GB in fp32) is
@@ -26,11 +30,12 @@ import importlib.metadata
 import io
 import math
 import os
+import re
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
-from contextlib import redirect_stdout
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +132,65 @@ def _to_torch(inputs: dict[str, np.ndarray], names: list[str]):
     return tuple(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in names)
 
 
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep what runs meanwhile from writing to the terminal: Python's ``sys.stdout`` and
+    ``sys.stderr``, and file descriptors 1 and 2 (native code and logging handlers that hold
+    the original streams write there). Warnings are ignored as well."""
+    try:
+        saved = (os.dup(1), os.dup(2))
+    except OSError:  # no standard streams to protect
+        saved = None
+    sink = io.StringIO()
+    with tempfile.TemporaryFile() as tmp:
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            _flush(stream)
+        if saved is not None:
+            os.dup2(tmp.fileno(), 1)
+            os.dup2(tmp.fileno(), 2)
+        try:
+            with warnings.catch_warnings(), redirect_stdout(sink), redirect_stderr(sink):
+                warnings.simplefilter("ignore")
+                yield
+        finally:
+            for stream in (sys.__stdout__, sys.__stderr__):
+                _flush(stream)
+            if saved is not None:
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                os.close(saved[0])
+                os.close(saved[1])
+
+
+def _flush(stream: Any) -> None:
+    try:
+        if stream is not None:
+            stream.flush()
+    except (OSError, ValueError):
+        pass
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def root_cause(exc: BaseException) -> str:
+    """The line that says why ``exc`` happened: the first line of the innermost exception it
+    was raised from (the exporter wraps the real error in pages of advice), with its type."""
+    inner = exc
+    seen = {id(exc)}
+    while True:
+        nxt = inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)
+        if nxt is None or id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        inner = nxt
+    lines = [ln.strip() for ln in _ANSI.sub("", str(inner)).splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    if len(text) > 300:
+        text = text[:300].rsplit(" ", 1)[0] + " ..."
+    return f"{type(inner).__name__}: {text}" if text else type(inner).__name__
+
+
 def export_program(model, contract: Contract, example: dict[str, np.ndarray], path: Path) -> None:
     """Save a ``torch.export`` program (``.pt2``) with the contract's dynamic axes.
 
@@ -139,25 +203,24 @@ def export_program(model, contract: Contract, example: dict[str, np.ndarray], pa
     model.eval()
     traced = _traced(contract, [example])
     try:
-        ep = torch.export.export(model, _to_torch(traced, names), dynamic_shapes=_dynamic_shapes(contract, True))
-    except Exception as exc:  # the exporter's errors are long; keep the first line
-        raise ExportError(f"torch.export failed: {str(exc).splitlines()[0]}") from exc
+        with _quiet():
+            ep = torch.export.export(model, _to_torch(traced, names), dynamic_shapes=_dynamic_shapes(contract, True))
+    except Exception as exc:  # the exporter's errors are long; keep the line that says why
+        raise ExportError(f"torch.export failed: {root_cause(exc)}") from exc
     torch.export.save(ep, str(path))
 
 
 def _onnx_program(module, args, input_names, output_names, dynamic_shapes, *, optimize: bool) -> Any:
     """``torch.onnx.export`` (dynamo) of ``module``: its program, or an :class:`ExportError`
-    with the exporter's first line. Its registration warnings and its progress prints are
-    kept out of the user's terminal."""
+    naming the root cause. Its warnings, progress prints and logged tracebacks are kept out of
+    the user's terminal."""
     import logging
 
     import torch
 
     # The exporter warns about every torchvision operator it cannot register; irrelevant here.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    buf = io.StringIO()
-    with warnings.catch_warnings(), redirect_stdout(buf):
-        warnings.simplefilter("ignore")
+    with _quiet():
         try:
             prog = torch.onnx.export(
                 module,
@@ -172,8 +235,7 @@ def _onnx_program(module, args, input_names, output_names, dynamic_shapes, *, op
                 report=False,
             )
         except Exception as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ExportError(f"ONNX export failed (unsupported operator or construct): {first}") from exc
+            raise ExportError(f"ONNX export failed: {root_cause(exc)}") from exc
     if prog is None:
         raise ExportError("ONNX export returned no program")
     return prog
@@ -195,6 +257,7 @@ def export_onnx(
 ) -> list[Comparison]:
     """Export ``model`` to ONNX at ``path`` and prove it matches PyTorch on ``fixtures``.
 
+    ``model.prefix`` (the trunk's intermediate) takes the same inputs as ``model.forward``.
     Returns the comparisons (final outputs and the prefix intermediate); raises
     :class:`ExportError` when a check fails or an output differs by more than ``tolerance``.
     """
@@ -226,7 +289,7 @@ def export_onnx(
                 self.inner = inner
 
             def forward(self, *args):
-                return self.inner(*args), self.inner.prefix(*args[:3])
+                return self.inner(*args), self.inner.prefix(*args)
 
         inter = Path(tmp) / "intermediate.onnx"
         _onnx_export(_WithPrefix(model), example, inter, names, [*out_names, "prefix"], None)

@@ -9,6 +9,14 @@ number differs by policy). The dataset's ``meta/info.json`` adds what a checkpoi
 not hold: the control rate and the joint names; ``train_config.json`` says where that
 dataset is.
 
+``model.safetensors`` is checked here too: a header that does not cover the file (a
+truncated copy) is refused, and the name, shape and dtype of every tensor are kept, so that
+the policy is later loaded strictly against them (LeRobot itself loads leniently).
+
+The checkpoint's checksum covers every file of the folder; a symbolic link to a file (the
+Hugging Face cache links every snapshot file to its blob) is followed and hashed by what it
+points to, so the checksum is that of the bytes the importer reads.
+
 Every problem is a :class:`CheckpointError` whose one line names the missing piece.
 """
 
@@ -16,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,7 +94,9 @@ class Checkpoint:
     stats: dict[str, dict[str, np.ndarray]]  # feature key -> stat name -> values
     eps: float
     sha256: str
-    files: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
+    files: dict[str, str] = field(default_factory=dict)  # relative path -> sha256 (of a link's target)
+    links: dict[str, str] = field(default_factory=dict)  # relative path of a symbolic link -> its target
+    weights: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # tensor -> (shape, dtype)
 
     @property
     def n_obs_steps(self) -> int:
@@ -162,6 +174,12 @@ def _check_settings(config: dict, ptype: str, path: Path) -> None:
         v = config.get(key)
         if type(v) is not int or not lo <= v <= hi:
             raise CheckpointError(f"{path}/config.json: {key} must be an integer in [{lo}, {hi}], got {v!r}")
+    if ptype == "act" and config.get("temporal_ensemble_coeff") is not None:
+        raise CheckpointError(
+            f"{path}/config.json: ACT temporal ensembling (temporal_ensemble_coeff "
+            f"{config['temporal_ensemble_coeff']!r}) is not supported: vlad serves whole chunks; set "
+            "temporal_ensemble_coeff to null and n_action_steps to the actions to execute per chunk (docs/lerobot.md)"
+        )
     if ptype == "diffusion":
         steps = config.get("num_inference_steps")
         if steps is not None and (type(steps) is not int or not 1 <= steps <= config["num_train_timesteps"]):
@@ -244,6 +262,12 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
             raise CheckpointError(f"camera feature {cam.key}: expected {IMAGE_PREFIX}NAME with shape [3, H, W]")
     if not cameras:
         raise CheckpointError("the policy has no camera input; vlad's contract needs at least one camera")
+    if ptype == "diffusion" and len({c.shape for c in cameras}) > 1:
+        sizes = ", ".join(f"{c.key.removeprefix(IMAGE_PREFIX)} {c.shape[1]}x{c.shape[2]}" for c in cameras)
+        raise CheckpointError(
+            f"Diffusion Policy needs every camera at one size (LeRobot stacks them), this config has {sizes}; "
+            "retrain with the images resized to one size"
+        )
     actions = [f for f in outputs if f.type == "ACTION"]
     if len(actions) != 1 or actions[0].key != ACTION or len(actions[0].shape) != 1:
         raise CheckpointError(f"the policy needs exactly one 1-D {ACTION} output, has {[f.key for f in outputs]}")
@@ -261,10 +285,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     _require_stats(post_stats, actions[0], norm_map.get("ACTION", "IDENTITY"), "policy_postprocessor")
     stats[ACTION] = post_stats.get(ACTION, {})  # the unnormalizer's statistics decode the actions
 
-    files = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and not p.is_symlink():
-            files[p.relative_to(root).as_posix()] = sha256_file(p)
+    weights = read_weights_header(root / "model.safetensors")
+    files, links = _hash_files(root)
     digest = hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in files.items()).encode()).hexdigest()
     return Checkpoint(
         path=root,
@@ -278,7 +300,89 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         eps=eps,
         sha256=digest,
         files=files,
+        links=links,
+        weights=weights,
     )
+
+
+def read_weights_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every tensor of ``model.safetensors`` with its shape and dtype, from the header; a file
+    the header does not describe exactly (truncated, or not safetensors) is refused."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            out = {}
+            for key in f.keys():
+                sl = f.get_slice(key)
+                out[key] = (tuple(int(n) for n in sl.get_shape()), str(sl.get_dtype()))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path}: not a complete safetensors file ({str(exc).strip()}); copy the checkpoint again"
+        ) from None
+    if not out:
+        raise CheckpointError(f"{path}: holds no tensors; copy the checkpoint again")
+    return out
+
+
+def _hash_files(root: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """sha256 of every file under ``root`` (relative path -> digest) and the symbolic links among
+    them (relative path -> target). A link to a file is hashed by its target's bytes: that is
+    what the importer reads. Linked folders are not entered (nothing in them is read)."""
+    files: dict[str, str] = {}
+    links: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink():
+                target = p.resolve()
+                if not target.is_file():
+                    raise CheckpointError(
+                        f"{p}: a symbolic link to {os.readlink(p)}, which is not a file; restore it or remove the link"
+                    )
+                links[rel] = str(target)
+            files[rel] = sha256_file(p)
+    return dict(sorted(files.items())), links
+
+
+def release_name(ckpt: Checkpoint) -> tuple[str, str]:
+    """A name for the release of ``ckpt``, and where it comes from. In order: the Hugging Face
+    repository (``models--ORG--NAME`` in the hub cache; ``policy.repo_id`` in
+    ``train_config.json``); the run's ``job_name`` when it is not LeRobot's default (the policy
+    type); the policy type and the dataset's name; the training run's folder
+    (``outputs/train/RUN/checkpoints/STEP/pretrained_model``); the policy type."""
+    parts = ckpt.path.resolve().parts
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("models--") and parts[i + 1] == "snapshots" and _slug(part.split("--")[-1]):
+            return _slug(part.split("--")[-1]), f"the hub cache folder {part}"
+    cfg_path = ckpt.path / "train_config.json"
+    cfg = _read_json(cfg_path, "training config") if cfg_path.is_file() else None
+    if isinstance(cfg, dict):
+        policy, dataset = cfg.get("policy"), cfg.get("dataset")
+        repo = policy.get("repo_id") if isinstance(policy, dict) else None
+        if isinstance(repo, str) and _slug(repo.rsplit("/", 1)[-1]):
+            return _slug(repo.rsplit("/", 1)[-1]), "train_config.json's policy.repo_id"
+        job = cfg.get("job_name")
+        if isinstance(job, str) and _slug(job) and not job.endswith(ckpt.type):
+            return _slug(job), "train_config.json's job_name"
+        data = dataset.get("repo_id") if isinstance(dataset, dict) else None
+        if isinstance(data, str) and _slug(data.rsplit("/", 1)[-1]):
+            return f"{ckpt.type}-{_slug(data.rsplit('/', 1)[-1])}", "the policy type and train_config.json's dataset"
+    if "checkpoints" in parts:
+        run = parts[len(parts) - 1 - parts[::-1].index("checkpoints") - 1]
+        if _slug(run):
+            return _slug(run), f"the training run's folder {run}"
+    for part in reversed(parts):
+        if part not in ("pretrained_model", "last") and not part.isdigit() and _slug(part):
+            return _slug(part), f"the folder {part}"
+    return ckpt.type, "the policy type"
+
+
+def _slug(text: str) -> str:
+    """``text`` as release-id characters (letters, digits, ``._+-``), at most 48 of them."""
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-._+")[:48]
 
 
 _STATS_NEEDED = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99")}

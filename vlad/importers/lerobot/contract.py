@@ -10,14 +10,19 @@ the proprio and action ``mean``/``std``. Each normalization mode is rewritten as
 
 - ``MEAN_STD``: ``mean``, ``std + eps`` (LeRobot divides by ``std + eps``; it
   unnormalizes with ``std`` alone, which is what ``[[action.joints]]`` gets);
-- ``MIN_MAX`` (to [-1, 1]): ``mean = min + (max - min) / 2``, ``std = (max - min) / 2``
-  (``max - min`` replaced by ``eps`` where it is 0, as LeRobot does); likewise
-  ``QUANTILES`` (q01, q99) and ``QUANTILE10`` (q10, q90);
+- ``MIN_MAX`` (to [-1, 1]): ``mean = min + (max - min) / 2``, ``std = (max - min) / 2``;
+  likewise ``QUANTILES`` (q01, q99) and ``QUANTILE10`` (q10, q90). Where ``max = min``
+  LeRobot divides by ``eps`` instead, so the constant itself maps to -1: ``mean`` is then
+  the nearest float32 above ``min + eps / 2`` that differs from ``min`` and ``std = mean -
+  min``, which maps the constant to exactly -1 (float32 cannot hold ``min + eps / 2`` for
+  most constants: ``eps`` is 1e-8);
 - ``IDENTITY``: 0 and 1.
 
 What a checkpoint does not know (units, joint limits for the guard, the control rate
 when no dataset is given) comes from the dataset's ``meta/info.json`` and the options;
-a missing piece is a one-line :class:`CheckpointError`.
+a missing piece is a one-line :class:`CheckpointError`. A joint whose range in the data
+is empty (a gripper never moved) has no guard bounds to derive: ``--joint-limits`` gives
+them.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class ContractOptions:
     max_age_periods: float = 3.0
     deadline_ms: float | None = None  # default: one control period
     seed: int = 0
+    joint_limits: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # joint -> the robot's (lower, upper)
 
 
 def affine(ckpt: Checkpoint, feature: Feature, *, decode: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -69,12 +75,37 @@ def affine(ckpt: Checkpoint, feature: Feature, *, decode: bool = False) -> tuple
     if mode == "MEAN_STD":
         mean, std = s["mean"].reshape(-1), s["std"].reshape(-1)
         return mean.astype(np.float32), (std if decode else std + eps).astype(np.float32)
-    lo_key, hi_key = {"MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99"), "QUANTILE10": ("q10", "q90")}[mode]
-    lo, hi = s[lo_key].reshape(-1), s[hi_key].reshape(-1)
+    lo_key, hi_key = RANGE_STATS[mode]
+    lo, hi = s[lo_key].reshape(-1).astype(np.float32), s[hi_key].reshape(-1).astype(np.float32)
     denom = (hi - lo).astype(np.float32)
-    denom = np.where(denom == 0, eps, denom).astype(np.float32)
-    half = denom / np.float32(2)
-    return (lo + half).astype(np.float32), half.astype(np.float32)
+    constant = denom == 0
+    denom = np.where(constant, eps, denom).astype(np.float32)
+    half = (denom / np.float32(2)).astype(np.float32)
+    mean = (lo + half).astype(np.float32)
+    if decode or not constant.any():
+        return mean, half
+    # LeRobot: 2 * (x - min) / eps - 1, i.e. -1 at the constant. min + eps / 2 rounds back to
+    # min for most constants, which would map it to 0: take the next float32 above min
+    # instead, and std = mean - min (exact), so (min - mean) / std is exactly -1.
+    above = np.maximum(mean, np.nextafter(lo, np.float32(np.inf), dtype=np.float32))
+    mean = np.where(constant, above, mean).astype(np.float32)
+    std = np.where(constant, mean - lo, half).astype(np.float32)
+    return mean, std
+
+
+# The statistics that bound each range-based normalization mode.
+RANGE_STATS = {"MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99"), "QUANTILE10": ("q10", "q90")}
+
+
+def constant_entries(ckpt: Checkpoint, feature: Feature) -> np.ndarray:
+    """Entries of ``feature`` whose normalization range is empty (``max = min``): LeRobot maps
+    only the constant itself into [-1, 1]."""
+    mode = ckpt.mode(feature)
+    s = ckpt.stats.get(feature.key, {})
+    if mode not in RANGE_STATS or not s:
+        return np.zeros(feature.shape[0], bool)
+    lo_key, hi_key = RANGE_STATS[mode]
+    return (s[hi_key].reshape(-1) - s[lo_key].reshape(-1)) == 0
 
 
 def _units(given: tuple[str, ...], n: int, what: str, names: tuple[str, ...], flag: str) -> list[str]:
@@ -95,6 +126,27 @@ def _names(meta: DatasetMeta | None, key: str, n: int, default: str) -> tuple[st
     if names and len(names) == n:
         return tuple(names)
     return tuple(f"{default}{i}" for i in range(n))
+
+
+def naming_warnings(ckpt: Checkpoint, meta: DatasetMeta | None) -> list[str]:
+    """One line per feature whose entries get generic names (no dataset meta naming them)."""
+    out = []
+    for feature, default in ((ckpt.state, "state"), (ckpt.action, "joint")):
+        n = feature.shape[0]
+        names = meta.names.get(feature.key) if meta else None
+        if names and len(names) == n:
+            continue
+        if meta is None:
+            why = "no dataset meta/info.json"
+        elif names:
+            why = f"the dataset meta names {len(names)} entries, the policy has {n}"
+        else:
+            why = "the dataset meta names none"
+        out.append(
+            f"{feature.key} entries are named {default}0..{default}{n - 1} ({why}): pass --dataset-meta "
+            "DATASET/meta/info.json for the robot's names (the guard finds a joint's measured position by name)"
+        )
+    return out
 
 
 def proprio_name(name: str) -> str:
@@ -202,13 +254,11 @@ def contract_data(
     units = _units(opts.action_units, adim, ACTION, action_names, "--action-units")
     a_mean, a_std = affine(ckpt, ckpt.action, decode=True)
     a_std = np.where(a_std > 0, a_std, np.float32(ckpt.eps)).astype(np.float32)  # a constant action dimension
-    lo, hi = _action_range(ckpt, a_mean, a_std)
-    margin = np.float64(opts.bounds_margin) * np.maximum(hi - lo, 1e-6)
-    lower, upper = lo - margin, hi + margin
-    if max_step is not None and np.all(max_step > 0):
-        rate = max_step * opts.rate_limit_factor
-    else:  # no data to measure steps on: the bounds are the only limit (say so in the report)
-        rate = upper - lower
+    lower, upper = _guard_bounds(ckpt, a_mean, a_std, action_names, units, opts)
+    # The rate limit: a multiple of the largest step in the data; where there is no data (or
+    # the joint never moved in it) the bounds are the only limit (the report says which).
+    steps = max_step if max_step is not None else np.zeros(adim)
+    rate = np.where(steps > 0, steps * opts.rate_limit_factor, upper - lower)
     joints = [
         {
             "name": joint_name(n),
@@ -216,9 +266,9 @@ def contract_data(
             "unit": units[i],
             "mean": _f(a_mean[i]),
             "std": _f(a_std[i]),
-            "lower": _round(lower[i]),
-            "upper": _round(upper[i]),
-            "rate_limit": _round(rate[i]),
+            "lower": float(lower[i]),
+            "upper": float(upper[i]),
+            "rate_limit": _round(rate[i], up=True),
         }
         for i, n in enumerate(action_names)
     ]
@@ -280,10 +330,52 @@ def contract_data(
     return data
 
 
-def _round(x: float) -> float:
-    """Guard limits: 6 significant digits are plenty and read well."""
+def _round(x: float, up: bool) -> float:
+    """Guard limits: 6 significant digits are plenty and read well; rounded ``up`` (or down)
+    when the nearest such number would not hold what the limit bounds (beyond float noise)."""
     x = float(x)
-    return float(f"{x:.6g}") if math.isfinite(x) else x
+    r = float(f"{x:.6g}")
+    if not math.isfinite(x) or x == 0 or (r >= x if up else r <= x) or abs(r - x) <= 1e-9 * abs(x):
+        return r
+    step = 10.0 ** (math.floor(math.log10(abs(x))) - 5)
+    return float(f"{r + step if up else r - step:.6g}")
+
+
+def _guard_bounds(
+    ckpt: Checkpoint,
+    mean: np.ndarray,
+    std: np.ndarray,
+    names: tuple[str, ...],
+    units: list[str],
+    opts: ContractOptions,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The guard's ``lower``/``upper`` per joint: ``--joint-limits`` where given, else the data's
+    range widened by ``bounds_margin`` of it. A joint the data never moved has no range to
+    widen: a one-line error asks for its limits."""
+    joints = [joint_name(n) for n in names]
+    limits = {joint_name(k): v for k, v in opts.joint_limits.items()}
+    unknown = sorted(set(limits) - set(joints))
+    if unknown:
+        raise CheckpointError(f"--joint-limits {unknown[0]}=...: no such joint (joints: {', '.join(joints)})")
+    lo, hi = _action_range(ckpt, mean, std)
+    margin = np.float64(opts.bounds_margin) * (hi - lo)
+    lower = np.array([_round(v, up=False) for v in lo - margin])
+    upper = np.array([_round(v, up=True) for v in hi + margin])
+    frozen = []
+    for i, joint in enumerate(joints):
+        if joint in limits:
+            lower[i], upper[i] = limits[joint]
+        elif not hi[i] > lo[i]:
+            frozen.append(i)
+    if frozen:
+        i = frozen[0]
+        more = f" (and {', '.join(joints[j] for j in frozen[1:])})" if len(frozen) > 1 else ""
+        value = f"{lo[i]:g}" + (f" {units[i]}" if units[i] != "1" else "")
+        raise CheckpointError(
+            f"joint {joints[i]}{more} never moved in the training data (its actions are all {value}), "
+            f"so the guard has no range for it: give the robot's limits with --joint-limits {joints[i]}=LOWER:UPPER"
+        )
+    return lower, upper
 
 
 def _action_range(ckpt: Checkpoint, mean: np.ndarray, std: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,10 @@
 A window is a list of consecutive frames (oldest first), as long as the policy's
 ``n_obs_steps``. Recorded windows come from the dataset's own frames (read by LeRobot's
 ``LeRobotDataset``, images back to the robot's uint8 HWC); synthetic ones are random images
-and states drawn inside the statistics' range, so they exercise the whole input range.
+and states drawn inside the range the state's normalization maps to [-1, 1] (MEAN_STD:
+two standard deviations around the mean), so they exercise the whole input range. An
+entry whose range is empty (``max = min``: a joint held still in the data) is the constant
+in every synthetic frame, the one value LeRobot maps into [-1, 1], so the checks compare it.
 """
 
 from __future__ import annotations
@@ -13,20 +16,28 @@ from pathlib import Path
 import numpy as np
 
 from vlad.importers.lerobot.checkpoint import IMAGE_PREFIX, STATE, Checkpoint
+from vlad.importers.lerobot.contract import RANGE_STATS
 from vlad.importers.lerobot.policies import Frame
 
 
-def synthetic_windows(ckpt: Checkpoint, n: int, seed: int = 0) -> list[list[Frame]]:
-    """``n`` windows of random frames (images uniform in 0..255, states within the data's range)."""
-    rng = np.random.default_rng(seed)
+def state_range(ckpt: Checkpoint) -> tuple[np.ndarray, np.ndarray]:
+    """Where synthetic states are drawn, per entry: the range the state's normalization maps to
+    [-1, 1] (its statistics), or the data's range, or [-1, 1]."""
     s = ckpt.stats.get(STATE, {})
     dim = ckpt.state.shape[0]
-    if "min" in s and "max" in s:
-        lo, hi = s["min"].reshape(-1), s["max"].reshape(-1)
-    elif "mean" in s and "std" in s:
-        lo, hi = s["mean"].reshape(-1) - 2 * s["std"].reshape(-1), s["mean"].reshape(-1) + 2 * s["std"].reshape(-1)
-    else:
-        lo, hi = -np.ones(dim), np.ones(dim)
+    keys = RANGE_STATS.get(ckpt.mode(ckpt.state), ("min", "max"))
+    if all(k in s for k in keys):
+        return s[keys[0]].reshape(-1), s[keys[1]].reshape(-1)
+    if "mean" in s and "std" in s:
+        return s["mean"].reshape(-1) - 2 * s["std"].reshape(-1), s["mean"].reshape(-1) + 2 * s["std"].reshape(-1)
+    return -np.ones(dim, np.float32), np.ones(dim, np.float32)
+
+
+def synthetic_windows(ckpt: Checkpoint, n: int, seed: int = 0) -> list[list[Frame]]:
+    """``n`` windows of random frames (images uniform in 0..255, states in :func:`state_range`;
+    an entry with an empty range is its constant, exactly)."""
+    rng = np.random.default_rng(seed)
+    lo, hi = state_range(ckpt)
     out = []
     for _ in range(n):
         window = []
@@ -35,7 +46,8 @@ def synthetic_windows(ckpt: Checkpoint, n: int, seed: int = 0) -> list[list[Fram
                 c.key.removeprefix(IMAGE_PREFIX): rng.integers(0, 256, (c.shape[1], c.shape[2], 3), dtype=np.uint8)
                 for c in ckpt.cameras
             }
-            window.append(Frame(images, rng.uniform(lo, hi).astype(np.float32)))
+            state = np.where(hi > lo, rng.uniform(lo, hi), lo).astype(np.float32)
+            window.append(Frame(images, state))
         out.append(window)
     return out
 

@@ -17,23 +17,28 @@ Steps (each one prints progress):
    every figure of step 4), the manifest, and sign it when a key is given.
 
 Any check outside the fp32 budget fails the import (:class:`ImportCheckFailed`): a release
-that does not compute what LeRobot computes is never written as one.
+that does not compute what LeRobot computes is never written as one. Everything is written
+into a staging folder beside ``--out`` and renamed to it only when the import succeeded, so
+a failed import leaves no partial release (and ``--force`` replaces the old one only then).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import math
+import os
 import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vlad.contract import Contract, load_contract
-from vlad.errors import VladError
+from vlad.errors import ExportError, VladError
 from vlad.importers.lerobot.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -42,8 +47,16 @@ from vlad.importers.lerobot.checkpoint import (
     max_action_step,
     read_checkpoint,
     read_dataset_meta,
+    release_name,
 )
-from vlad.importers.lerobot.contract import ContractOptions, build_contract, camera_names, contract_data, contract_toml
+from vlad.importers.lerobot.contract import (
+    ContractOptions,
+    build_contract,
+    camera_names,
+    contract_data,
+    contract_toml,
+    naming_warnings,
+)
 from vlad.importers.lerobot.fixtures import recorded_windows, synthetic_windows
 from vlad.importers.lerobot.policies import Frame, Reference, lerobot_reference, seeded_ddpm_noise
 from vlad.processing import Preprocessor, RawObservation, decode_actions, make_noise, preprocess
@@ -88,6 +101,9 @@ class Stat:
 
     def add(self, ref: np.ndarray, got: np.ndarray) -> None:
         err = np.abs(np.asarray(got, np.float64) - np.asarray(ref, np.float64))
+        # NaN anywhere (on either side) is no agreement: count it as an infinite error
+        # (max() would otherwise keep the old maximum: max(0.0, nan) is 0.0).
+        err[~np.isfinite(err)] = math.inf
         self.max_abs = max(self.max_abs, float(err.max(initial=0.0)))
         self.mean_abs_sum += float(err.mean()) if err.size else 0.0
         self.n += 1
@@ -160,35 +176,81 @@ def _vlad_window(contract: Contract, window: Sequence[Frame], names, sequence: i
 def import_checkpoint(
     checkpoint: str | Path, out: str | Path, opts: ImportOptions, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """Import ``checkpoint`` into the release folder ``out``; returns the import report."""
-    from vlad.importers.lerobot.runtime import lerobot_version, load_lerobot
+    """Import ``checkpoint`` into the release folder ``out``; returns the import report.
 
+    ``out`` appears only when the import succeeded: the release is written into a staging
+    folder beside it and renamed (a failure removes the staging folder, whatever it was).
+    """
     if not 1 <= opts.windows <= 1000:
         raise CheckpointError(f"--windows {opts.windows}: expected 1 to 1000 check windows")
     if opts.precision not in PRECISIONS:
         raise CheckpointError(f"--precision {opts.precision}: expected one of {', '.join(PRECISIONS)}")
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not opts.force:
-            raise CheckpointError(f"{out} is not empty: choose a new folder or pass --force to replace it")
-        shutil.rmtree(out)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out} is not a folder: choose a new folder for the release")
+    if out.exists() and any(out.iterdir()) and not opts.force:
+        raise CheckpointError(f"{out} is not empty: choose a new folder or pass --force to replace it")
     ckpt = read_checkpoint(checkpoint)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # a release folder as mkdir makes it (mkdtemp's is private)
+    except OSError as exc:
+        raise CheckpointError(f"{out}: cannot write the release there ({exc.strerror or exc})") from None
+    try:
+        report = _import(ckpt, staging, out, opts, log)
+        _publish(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log(f"import: wrote {out}")
+    return report
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """Rename the finished release to ``out``; an old ``out`` (empty, or replaced with
+    ``--force``) goes only now, after the import succeeded."""
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+        os.replace(out, old / out.name)
+    os.replace(staging, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _import(
+    ckpt: Checkpoint, staging: Path, out: Path, opts: ImportOptions, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """The import of ``ckpt`` written into ``staging`` (``out`` names the release in messages)."""
+    from vlad.importers.lerobot.runtime import lerobot_version, load_lerobot
+
     log(f"import: {ckpt.type} checkpoint {ckpt.path} (sha256 {ckpt.sha256[:16]}...)")
+    if not opts.contract.release_id:
+        name, source = release_name(ckpt)
+        opts = replace(opts, contract=replace(opts.contract, release_id=f"lerobot-{name}"))
+        log(f"import: model id {opts.contract.release_id} (from {source}; --release-id sets another)")
     meta, dataset_root = _dataset(ckpt, opts)
+    warnings = naming_warnings(ckpt, meta)
+    for w in warnings:
+        log(f"import: warning: {w}")
     max_step = max_action_step(dataset_root, ckpt.action.shape[0]) if dataset_root else None
     data = contract_data(ckpt, meta, opts.contract, max_step)
     build_contract(data)  # every contract problem in one error, before anything heavy
     load_lerobot()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "contract.toml").write_text(
+    given = sorted(opts.contract.joint_limits)
+    limits_from = f"the data (--joint-limits for {', '.join(given)})" if given else "the data"
+    (staging / "contract.toml").write_text(
         contract_toml(
             data,
             "vlad release contract (docs/contract.md), written by `vladctl import lerobot`\n"
             f"from a LeRobot {lerobot_version()} {ckpt.type} checkpoint (sha256 {ckpt.sha256}).\n"
-            "Review [[action.joints]] lower/upper/rate_limit: the guard's limits come from the data.",
+            f"Review [[action.joints]] lower/upper/rate_limit: the guard's limits come from {limits_from}.",
         )
     )
-    contract = load_contract(out / "contract.toml")
+    contract = load_contract(staging / "contract.toml")
     names = {
         feature.key.removeprefix("observation.images."): robot
         for feature, robot in camera_names(ckpt, opts.contract.cameras)
@@ -207,23 +269,43 @@ def import_checkpoint(
     from vlad.release.export import export_onnx, export_program
 
     export_inputs = [fx["inputs"] for fx in fixtures]
-    export_program(module, contract, export_inputs[0], out / "policy.pt2")
-    log(f"import: {out / 'policy.pt2'}")
-    comparisons = export_onnx(module, contract, export_inputs, out / "policy.onnx", tolerance=OUTPUT_MAX_ABS, log=log)
-    log(f"import: {out / 'policy.onnx'}")
+    try:
+        export_program(module, contract, export_inputs[0], staging / "policy.pt2")
+        log("import: policy.pt2 written")
+        comparisons = export_onnx(
+            module, contract, export_inputs, staging / "policy.onnx", tolerance=OUTPUT_MAX_ABS, log=log
+        )
+    except ExportError as exc:
+        raise ExportError(
+            f"{out}: the {ckpt.type} policy does not export ({exc}); this configuration is not supported yet: "
+            "report it with the checkpoint's config.json"
+        ) from exc
+    log("import: policy.onnx written")
 
     log("import: checking the artifacts against LeRobot ...")
-    report_checks.update(_check_artifacts(contract, out, pairs))
-    problems = [
-        p for name, c in report_checks.items() if isinstance(c, ArtifactCheck) for p in c.problems(name, contract)
-    ]
+    report_checks.update(_check_artifacts(contract, staging, pairs))
+    problems = []
     pre_stat: Stat = report_checks["preprocessing"]
-    if pre_stat.max_abs > PREPROCESS_MAX_ABS:
+    if pre_stat.max_abs > PREPROCESS_MAX_ABS:  # first: a wrong input explains every output after it
         problems.append(
             f"preprocessing: vlad's model inputs differ from LeRobot's preprocessor by {pre_stat.max_abs:.3g} "
             f"(budget {PREPROCESS_MAX_ABS:g})"
         )
-    _write_golden(out / "golden.npz", fixtures)
+    problems += [
+        p for name, c in report_checks.items() if isinstance(c, ArtifactCheck) for p in c.problems(name, contract)
+    ]
+    for name, c in report_checks.items():
+        if isinstance(c, ArtifactCheck):
+            joint = max(contract.action.joints, key=lambda j: c.joints[j.name].max_abs)
+            log(
+                f"import: {name} vs LeRobot: chunk max {c.output.max_abs:.3g} mean {c.output.mean_abs:.3g}; "
+                f"worst joint {joint.name} {c.joints[joint.name].max_abs:.3g} {joint.unit}"
+            )
+    log(f"import: preprocessing vs LeRobot max {pre_stat.max_abs:.3g}")
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ImportCheckFailed(f"{out}: the release does not compute what LeRobot computes: {problems[0]}{more}")
+    _write_golden(staging / "golden.npz", fixtures)
 
     report = {
         "format": "vlad.lerobot-import/1",
@@ -234,6 +316,7 @@ def import_checkpoint(
             "checkpoint": str(ckpt.path),
             "checkpoint_sha256": ckpt.sha256,
             "checkpoint_files": ckpt.files,
+            "checkpoint_links": ckpt.links,
             "dataset": str(dataset_root) if dataset_root else None,
             "fps": 1000.0 / contract.timing.control_period_ms,
         },
@@ -248,22 +331,20 @@ def import_checkpoint(
             k: (v.to_dict(contract) if isinstance(v, ArtifactCheck) else v.to_dict()) for k, v in report_checks.items()
         },
         "export": [{"name": c.name, "max_abs": c.max_abs, "mean_abs": c.mean_abs} for c in comparisons],
-        "guard": {"rate_limit_from_data": max_step is not None},
-        "passed": not problems,
-        "problems": problems,
+        "guard": {
+            "rate_limit_from_data": max_step is not None and bool(np.all(max_step > 0)),
+            # joints whose rate limit is their whole range: no data, or the joint never moved in it
+            "rate_limit_from_bounds": [
+                j.name for i, j in enumerate(contract.action.joints) if max_step is None or not max_step[i] > 0
+            ],
+            "joint_limits_given": sorted(opts.contract.joint_limits),
+        },
+        "warnings": warnings,
+        "passed": True,
+        "problems": [],
     }
-    (out / "import-report.json").write_text(json.dumps(report, indent=2) + "\n")
-    for name, c in report_checks.items():
-        if isinstance(c, ArtifactCheck):
-            joint = max(contract.action.joints, key=lambda j: c.joints[j.name].max_abs)
-            log(
-                f"import: {name} vs LeRobot: chunk max {c.output.max_abs:.3g} mean {c.output.mean_abs:.3g}; "
-                f"worst joint {joint.name} {c.joints[joint.name].max_abs:.3g} {joint.unit}"
-            )
-    log(f"import: preprocessing vs LeRobot max {pre_stat.max_abs:.3g}")
-    if problems:
-        raise ImportCheckFailed(f"{out}: the release does not compute what LeRobot computes: {problems[0]}")
-    _write_manifest(out, ckpt, contract, opts, log)
+    (staging / "import-report.json").write_text(json.dumps(report, indent=2) + "\n")
+    _write_manifest(staging, out, ckpt, contract, opts, log)
     return report
 
 
@@ -395,7 +476,8 @@ DEFAULT_GATE_PLAN: dict[str, Any] = {
 }
 
 
-def _write_manifest(out: Path, ckpt: Checkpoint, contract: Contract, opts: ImportOptions, log) -> None:
+def _write_manifest(staging: Path, out: Path, ckpt: Checkpoint, contract: Contract, opts: ImportOptions, log) -> None:
+    """The manifest of the release in ``staging`` (to become ``out``), signed and verified on request."""
     from vlad.release.authoring import new_manifest_data, write_manifest
     from vlad.release.signing import installed_runtime, sign_release, verify_release
 
@@ -406,7 +488,7 @@ def _write_manifest(out: Path, ckpt: Checkpoint, contract: Contract, opts: Impor
         options["precision"] = opts.precision
     artifact = "policy.onnx" if opts.backend in ("onnxruntime", "tensorrt", "kserve") else "policy.pt2"
     data = new_manifest_data(
-        out,
+        staging,
         release_id=f"{contract.model.id}-{contract.model.version}",
         version=contract.model.version,
         version_code=opts.version_code,
@@ -422,13 +504,13 @@ def _write_manifest(out: Path, ckpt: Checkpoint, contract: Contract, opts: Impor
         roles={"golden.npz": "report", "import-report.json": "report"},
     )
     data["gate_plan"] = dict(opts.gate_plan) if opts.gate_plan is not None else DEFAULT_GATE_PLAN
-    manifest = write_manifest(out, data)
-    log(f"import: wrote {manifest.path} ({len(manifest.artifacts)} artifacts)")
+    manifest = write_manifest(staging, data)
+    log(f"import: manifest.toml written ({len(manifest.artifacts)} artifacts)")
     if opts.key is None:
         log(f"import: not signed; sign with `vladctl sign {out} --key KEY`")
         return
-    sig = sign_release(out, opts.key)
+    sig = sign_release(staging, opts.key)
     log(f"import: signed with key {sig.key_id}")
     if opts.keys_dir is not None:
-        v = verify_release(out, opts.keys_dir, now)
+        v = verify_release(staging, opts.keys_dir, now)
         log(f"import: verified {v.id} against {opts.keys_dir}")

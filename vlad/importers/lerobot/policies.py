@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from vlad.importers.lerobot.checkpoint import STATE, Checkpoint
+from vlad.importers.lerobot.checkpoint import STATE, Checkpoint, CheckpointError
 
 
 @dataclass
@@ -38,24 +38,86 @@ class Frame:
 
 
 def load_policy(ckpt: Checkpoint):
-    """The policy and its processors, loaded by LeRobot from the checkpoint folder (CPU, eval)."""
+    """The policy and its processors, loaded by LeRobot from the checkpoint folder (CPU, eval).
+
+    The weights are loaded strictly: ``model.safetensors`` must hold exactly the tensors the
+    configuration builds, with their shapes (LeRobot's ``from_pretrained`` is lenient: a
+    missing tensor stays randomly initialised, with a warning on stderr), and every one of them
+    finite (a diverged run's NaN weights otherwise compare equal to LeRobot's NaN outputs).
+    Each problem is a one-line :class:`CheckpointError`.
+    """
     from vlad.importers.lerobot.runtime import load_lerobot
 
     load_lerobot()
     from lerobot.configs.policies import PreTrainedConfig
     from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 
-    config = PreTrainedConfig.from_pretrained(str(ckpt.path), local_files_only=True)
-    config.device = "cpu"
-    policy = get_policy_class(ckpt.type).from_pretrained(str(ckpt.path), config=config, local_files_only=True)
+    try:
+        config = PreTrainedConfig.from_pretrained(str(ckpt.path), local_files_only=True)
+        config.device = "cpu"
+        # Every backbone weight comes from model.safetensors (loaded strictly below): no
+        # download of the ImageNet weights the backbone was initialised with before training.
+        if getattr(config, "pretrained_backbone_weights", None) is not None:
+            config.pretrained_backbone_weights = None
+        policy = get_policy_class(ckpt.type)(config)
+    except Exception as exc:  # LeRobot's own validation of config.json: its reason, in one line
+        raise CheckpointError(f"{ckpt.path}/config.json: LeRobot cannot build the policy: {_first_line(exc)}") from exc
+    _load_weights_strictly(policy, ckpt)
     policy.eval()
-    pre, post = make_pre_post_processors(
-        config,
-        pretrained_path=str(ckpt.path),
-        preprocessor_overrides={"device_processor": {"device": "cpu"}},
-        postprocessor_overrides={"device_processor": {"device": "cpu"}},
-    )
+    try:
+        pre, post = make_pre_post_processors(
+            config,
+            pretrained_path=str(ckpt.path),
+            preprocessor_overrides={"device_processor": {"device": "cpu"}},
+            postprocessor_overrides={"device_processor": {"device": "cpu"}},
+        )
+    except Exception as exc:
+        raise CheckpointError(f"{ckpt.path}: LeRobot cannot load the processors: {_first_line(exc)}") from exc
     return policy, pre, post
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _load_weights_strictly(policy, ckpt: Checkpoint) -> None:
+    """``model.safetensors`` into ``policy`` as LeRobot's ``from_pretrained`` loads it
+    (``safetensors.torch.load_model``), but strict, and every tensor checked finite."""
+    import torch
+    from safetensors.torch import load_model
+
+    path = ckpt.path / "model.safetensors"
+    expected = {k: tuple(v.shape) for k, v in policy.state_dict().items()}
+    missing = sorted(set(expected) - set(ckpt.weights))
+    unexpected = sorted(set(ckpt.weights) - set(expected))
+    shapes = sorted(k for k in set(expected) & set(ckpt.weights) if ckpt.weights[k][0] != expected[k])
+    for what, keys in (
+        ("lacks {n} tensor(s) the policy config.json describes has", missing),
+        ("holds {n} tensor(s) the policy config.json describes does not have", unexpected),
+    ):
+        if keys:
+            shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
+            raise CheckpointError(
+                f"{path}: {what.format(n=len(keys))} ({shown}): the weights and config.json are not from one "
+                "checkpoint; copy the whole pretrained_model folder again"
+            )
+    if shapes:
+        k = shapes[0]
+        raise CheckpointError(
+            f"{path}: tensor {k} has shape {list(ckpt.weights[k][0])}, the policy config.json describes needs "
+            f"{list(expected[k])}: the weights and config.json are not from one checkpoint"
+        )
+    try:
+        load_model(policy, str(path), strict=True, device="cpu")
+    except Exception as exc:  # the header was read; anything left is a damaged file
+        raise CheckpointError(f"{path}: cannot load the weights: {_first_line(exc)}") from exc
+    bad = [k for k, v in policy.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise CheckpointError(
+            f"{path}: {len(bad)} tensor(s) hold NaN or Inf ({bad[0]}{', ...' if len(bad) > 1 else ''}): "
+            "the training diverged; import an earlier checkpoint"
+        )
 
 
 # ---------------------------------------------------------------------------------------
