@@ -150,6 +150,18 @@ class EpisodeLog:
     interventions: Counter[str] = field(default_factory=Counter)  # on the chunks that answered a request
     latencies_ms: list[float] = field(default_factory=list)  # sensor time -> answer received
 
+    def seam_steps(self) -> list[float]:
+        """The change of the executed command where a new chunk takes over (from the still arm
+        at the start, and at every later switch of chunk), largest joint: what a seam made
+        the arm do."""
+        cmds = [self.trajectory[0], *self.commands]  # the start pose, then every tick's command
+        chunks = [-2, *self.chunks]
+        return [
+            float(np.max(np.abs(np.subtract(cmds[t], cmds[t - 1]))))
+            for t in range(1, len(cmds))
+            if chunks[t] != chunks[t - 1] and chunks[t] != -1
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "seed": self.seed,
@@ -276,9 +288,10 @@ def _start(
     period_ns: int,
 ) -> None:
     """The episode's first request, answered before its clock starts: a robot starts a task
-    once its first plan is there, the arm still meanwhile. The first observation announces
-    the reset's jump (``reanchor``); while its answer is computed the controller goes on
-    heartbeating and observing (the still arm: what confirms the announcement)."""
+    once its first plan is there (the policy's answer to it, or a binding hold: vlad cannot
+    serve), the arm still meanwhile. The first observation announces the reset's jump
+    (``reanchor``); while its answer is computed the controller goes on heartbeating and
+    observing (the still arm: what confirms the announcement)."""
     frame = task.observe(render=True)
     t_sensor = time.monotonic_ns()
     ticks[base] = 0
@@ -292,7 +305,9 @@ def _start(
         step = time.monotonic_ns() + period_ns if link.realtime else 0
         for chunk in link.receive(base, min(step, give_up)):
             _offer(ex, log, chunk, base, requested, ticks, sim_t0, sim_t0, period_ns, False)
-        if ex.current is not None or time.monotonic_ns() >= give_up or not link.realtime:
+        current = ex.current
+        answered = current is not None and (current.obs_seq == base or (current.is_hold and not current.advisory))
+        if answered or time.monotonic_ns() >= give_up or not link.realtime:
             return
         link.tick()
         if link.streams:

@@ -47,10 +47,13 @@ MAX_REQUEST_BYTES = 64 * 1024  # a control request
 
 
 class ProtocolError(VladError):
-    """A message that does not follow the protocol; ``reason`` is a short counter key."""
+    """A message that does not follow the protocol; ``reason`` is a short counter key.
+    ``header``: the message's header map when it could be read (a receiver may still answer
+    the sender about it)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         self.reason = reason
+        self.header: dict | None = None
         super().__init__(f"{reason}: {detail}")
 
 
@@ -239,6 +242,15 @@ def decode(frames: Sequence[Any], expect: tuple[bytes, ...] = TOPICS, layout: La
     header = _unpack(memoryview(frames[1]), "header", MAX_HEADER_BYTES)
     if not isinstance(header, dict):
         raise ProtocolError("malformed", "header is not a map")
+    try:
+        return _decode_rest(frames, topic, header, layout)
+    except ProtocolError as exc:
+        exc.header = header
+        raise
+
+
+def _decode_rest(frames: Sequence[Any], topic: bytes, header: dict, layout: Layout | None) -> Message:
+    """:func:`decode` once the header is a map."""
     version = header.get("v")
     if not is_version(version):
         raise ProtocolError("bad_version", f"protocol version {version!r:.32}, this daemon speaks {VERSION}")
@@ -272,6 +284,8 @@ def _tensor(desc: Any, buf: Any) -> tuple[str, np.ndarray]:
     if not isinstance(name, str) or not name:
         raise ProtocolError("malformed", "tensor without a name")
     check_text(name, "tensor name", 64)
+    if not isinstance(dtype, str):
+        raise ProtocolError("malformed", f"tensor {name!r}: dtype must be a string")
     if dtype not in WIRE_DTYPES:
         raise ProtocolError("bad_dtype", f"tensor {name!r}: dtype {dtype!r:.32} not one of {', '.join(WIRE_DTYPES)}")
     # Every axis at least 1 and bounded: a zero axis makes any byte count "match" and an

@@ -356,10 +356,13 @@ def test_announcements_are_rationed_on_the_daemons_clock_not_the_senders(contrac
 
 
 def test_announced_jumps_beyond_the_joint_limits_are_refused(contract):
+    """Found from outside: 4.4 announced with upper 4.0 was trusted (within the 10 % margin an
+    ordinary measurement gets). An announcement is honoured only within the limits themselves."""
     ts = _trusted(contract, (0.1, 0.1))
     upper = contract.action.joints[0].upper
     span = upper - contract.action.joints[0].lower
     assert ts.judge(_q(upper + 0.11 * span, 0.0), NOW + 20 * PERIOD, reanchor=True) == "proprio_out_of_limits"
+    assert ts.judge(_q(upper + 0.05 * span, 0.0), NOW + 2 * PERIOD, reanchor=True) == "implausible_proprio"
     assert ts.pending is None and ts.announced == 0
 
 

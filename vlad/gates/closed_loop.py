@@ -15,6 +15,13 @@ must succeed in at least ``min_success_rate`` of the episodes, beat no motion by
 and, through vlad, within ``max_fidelity_drop`` of itself in process (**fidelity**), on a
 quiet machine and again beside a CPU hog (``fidelity_under_hog``). Over the run:
 out-of-bounds chunks, fallbacks and the deadline-miss rate stay within their limits.
+
+**At the target's latency** (``latency_ms``: what the release states its robot's computer
+will take): the candidate is served again with that much inference latency injected (±
+``latency_jitter``) to a streaming controller that executes the newest chunk, as real-time
+chunking serves it, and judged against its own rate in process at zero latency: at most
+``max_latency_drop`` lower per instruction, at most ``max_idle_ticks`` periods with no valid
+waypoint, and no seam (a switch of chunk) that steps beyond the contract's rate limit.
 """
 
 from __future__ import annotations
@@ -91,8 +98,10 @@ def episodes(
     chunk_length: int,
     label: str,
     progress: Callable[[str], None],
+    follow: bool = False,
 ) -> list[EpisodeLog]:
-    """``plan.episodes`` seeded episodes per instruction through ``link``."""
+    """``plan.episodes`` seeded episodes per instruction through ``link`` (``follow``: a
+    streaming controller executing the newest chunk, else the plan's waiting rule)."""
     logs = []
     for instruction in instructions:
         ok = 0
@@ -106,6 +115,7 @@ def episodes(
                 exec_steps=plan.exec_steps,
                 chunk_length=chunk_length,
                 label=label,
+                follow=follow,
             )
             logs.append(log)
             ok += log.success
@@ -122,9 +132,11 @@ def run_daemon_episodes(
     keys_dir: str | None = None,
     hog: bool = False,
     tap: Any = None,
+    latency_ms: float = 0.0,
 ) -> dict[str, Any]:
     """Serve ``subject`` from ``vlad serve`` and run the plan's episodes through it (beside a
-    process spinning one core when ``hog``); the summary, with every episode's log."""
+    process spinning one core when ``hog``; with ``latency_ms`` injected into every inference,
+    to a controller that executes the newest chunk); the summary, with every episode's log."""
     from vlad.client import Client
 
     cl = plan.closed_loop
@@ -132,7 +144,13 @@ def run_daemon_episodes(
     try:
         with (
             cpu_hog() if hog else contextlib.nullcontext(),
-            serve(subject, warmup=plan.performance.warmup, keys_dir=keys_dir) as daemon,
+            serve(
+                subject,
+                warmup=plan.performance.warmup,
+                keys_dir=keys_dir,
+                latency_ms=latency_ms,
+                jitter=cl.latency_jitter,
+            ) as daemon,
         ):
             daemon.wait_ready()
             e = daemon.endpoints
@@ -150,11 +168,16 @@ def run_daemon_episodes(
                     subject.contract.action.chunk_length,
                     label,
                     progress,
+                    follow=latency_ms > 0,
                 )
                 after = client.snapshot()
     finally:
         task.close()
-    return summarize(logs, instructions, before, after)
+    return summarize(logs, instructions, before, after, rate_limit=_rate_limit(subject))
+
+
+def _rate_limit(subject: Subject) -> float:
+    return min(j.rate_limit for j in subject.contract.action.joints)
 
 
 def run_in_process_episodes(
@@ -192,9 +215,11 @@ def summarize(
     instructions: tuple[str, ...],
     before: StatusSnapshot | None = None,
     after: StatusSnapshot | None = None,
+    rate_limit: float | None = None,
 ) -> dict[str, Any]:
-    """Success per instruction (with Wilson intervals), every episode and, given the daemon's
-    status before and after the run, its safety events (counter differences)."""
+    """Success per instruction (with Wilson intervals), every episode, the seams (with
+    ``rate_limit``: how many stepped beyond it) and, given the daemon's status before and
+    after the run, its safety events (counter differences)."""
     per: dict[str, Any] = {}
     for instruction in instructions:
         mine = [e for e in logs if e.instruction == instruction]
@@ -210,10 +235,18 @@ def summarize(
     holds: Counter[str] = Counter()
     for e in logs:
         holds.update(e.holds_adopted)
+    seams = [x for e in logs for x in e.seam_steps()]
     out: dict[str, Any] = {
         "per_instruction": per,
         "episodes": [e.to_dict() for e in logs],
+        "seams": {
+            "count": len(seams),
+            "max_rad": max(seams, default=0.0),
+            "p99_rad": percentiles(seams)["p99"] if seams else 0.0,
+            "over_rate_limit": None if rate_limit is None else sum(x > rate_limit + 1e-4 for x in seams),
+        },
         "held_periods": sum(e.held for e in logs),
+        "ticks": sum(len(e.commands) for e in logs),
         "late_answers": sum(len(e.late) for e in logs),
         "holds_adopted": dict(holds),
         "logs": logs,  # for pairing; dropped before the report is written
@@ -231,6 +264,8 @@ def summarize(
             "bound_clamps": c1.guard_bounds - c0.guard_bounds,
             "out_of_bounds": c1.guard_out_of_bounds - c0.guard_out_of_bounds,
             "rate_clamps": c1.guard_rate - c0.guard_rate,
+            "seam_clamps": c1.guard_seam - c0.guard_seam,
+            "guided": c1.guided - c0.guided,
             "interventions": interventions,
             "intervention_rate": interventions / published if published else 0.0,
             "hold_chunks": c1.published_hold - c0.published_hold,
@@ -308,6 +343,11 @@ def run_closed_loop_gate(
         base, same = cand, True  # the same release: its episodes are the baseline's
     else:
         base, same = run_daemon_episodes(baseline, plan, "baseline", progress, keys_dir), False
+    late = None
+    if cl.latency_ms > 0:
+        late = run_daemon_episodes(
+            candidate, plan, f"candidate at {cl.latency_ms:g} ms", progress, keys_dir, latency_ms=cl.latency_ms
+        )
     zero = no_motion(cl, candidate)
     quiet = fidelity(reference, cand, instructions)
     loaded = fidelity(reference, hogged, instructions) if hogged is not None else None
@@ -349,6 +389,35 @@ def run_closed_loop_gate(
                     f"({f['lost']} lost, {f['gained']} gained)",
                 )
             )
+        if late is not None:
+            r, lat = reference["per_instruction"][instruction], late["per_instruction"][instruction]
+            result.add(
+                check(
+                    f"at {cl.latency_ms:g} ms {instruction!r}",
+                    round(r["rate"] - lat["rate"], 6),
+                    cl.max_latency_drop,
+                    "<=",
+                    note=f"in process at 0 ms {r['rate']:.2f}, through vlad at {cl.latency_ms:g} ms {lat['rate']:.2f}",
+                )
+            )
+    if late is not None:
+        result.add(
+            check(
+                f"at {cl.latency_ms:g} ms: periods without a valid waypoint",
+                late["held_periods"],
+                cl.max_idle_ticks,
+                note=f"of {late['ticks']} periods",
+            )
+        )
+        seams = late["seams"]
+        result.add(
+            check(
+                f"at {cl.latency_ms:g} ms: seams beyond the rate limit",
+                seams["over_rate_limit"],
+                0,
+                note=f"{seams['count']} seams, largest {seams['max_rad']:.3f} rad",
+            )
+        )
     s = cand["safety"]
     result.add(check("out-of-bounds chunks", s["out_of_bounds"], cl.max_out_of_bounds))
     result.add(check("fallbacks", s["fallbacks"], cl.max_fallbacks))
@@ -360,12 +429,14 @@ def run_closed_loop_gate(
             note=f"{s['deadline_misses']} of {s['published']} chunks",
         )
     )
-    for run in (reference, cand, hogged, base):
+    for run in (reference, cand, hogged, base, late):
         if run is not None:
             run.pop("logs", None)
     result.details = {
         "candidate": cand,
         "candidate_under_hog": hogged,
+        "candidate_at_latency": late,
+        "latency_ms": cl.latency_ms,
         "in_process": reference,
         "fidelity": quiet,
         "fidelity_under_hog": loaded,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from vlad.config import Config, LoggingConfig, ReleaseConfig, ServeConfig
 from vlad.gates.subject import Subject
-from vlad.testing import DaemonProcess, launch
+from vlad.testing import PLUGIN_ENV, DaemonProcess, launch
 
 
 def serve(
@@ -22,9 +22,23 @@ def serve(
     log_level: str = "info",
     keys_dir: str | None = None,
     env: dict[str, str] | None = None,
+    latency_ms: float = 0.0,
+    jitter: float = 0.0,
 ) -> DaemonProcess:
-    """Start ``vlad serve`` on ``subject``; call ``wait_ready()`` on the result (``with`` stops it)."""
-    if keys_dir:
+    """Start ``vlad serve`` on ``subject``; call ``wait_ready()`` on the result (``with`` stops it).
+
+    ``latency_ms``: every inference takes at least this long (± ``jitter`` of it), what the
+    target robot's computer will take: the subject's backend inside the ``wrapped`` one
+    (:mod:`vlad.testing.plugin`), served unverified (the wrapper is not the manifest's
+    backend)."""
+    if latency_ms > 0:
+        s = subject.serving
+        options = {**dict(s.options), "inner": s.backend, "delay_ms": latency_ms, "jitter": jitter}
+        release = ReleaseConfig(
+            path=str(subject.path), verify=False, backend="wrapped", artifact=s.artifact, options=options
+        )
+        env = {**(env or {}), **PLUGIN_ENV}
+    elif keys_dir:
         release = ReleaseConfig(path=str(subject.path), verify=True, keys_dir=str(keys_dir))
     else:
         s = subject.serving

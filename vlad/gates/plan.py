@@ -156,6 +156,16 @@ class ClosedLoopPlan:
     # fidelity_under_hog, again beside a process spinning one core.
     max_fidelity_drop: float = _limit(0.03)
     fidelity_under_hog: bool = True
+    # The inference latency the target robot will see, ms (from `vladctl plan` for its
+    # hardware, or measured there); 0: not judged. The candidate is served again with that
+    # much injected (± latency_jitter), to a streaming controller executing the newest
+    # chunk, and judged against its own rate in process at zero latency (same seeds): at
+    # most max_latency_drop lower per instruction, at most max_idle_ticks periods without a
+    # valid waypoint, no seam stepping beyond the contract's rate limit.
+    latency_ms: float = _limit(0.0)
+    latency_jitter: float = _limit(0.1)
+    max_latency_drop: float = _limit(0.05)
+    max_idle_ticks: int = _limit(0)
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ class HoldKeeper(Worker):
             # chunk that went out since this tick looked (the serving thread may just have
             # answered).
             obs = loop.last_obs
-            about = obs if obs is not None and obs.sequence != pub.answered_seq else None
+            about = obs if obs is not None and (obs.client or "", obs.sequence) != pub.answered else None
             if pub.publish_hold(
                 "bridge",
                 about.sequence if about else 0,

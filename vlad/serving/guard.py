@@ -106,6 +106,10 @@ class TrustedState:
         self._mapped_i = [i for i in self.index if i >= 0]
         self._lo_m = [float(self.lo[k]) for k in self._mapped_k]
         self._hi_m = [float(self.hi[k]) for k in self._mapped_k]
+        # An announced jump is believed only within the joint limits themselves: the margin
+        # above is for measurement noise, not for a state to re-anchor on.
+        self._lower_m = [float(lower[k]) for k in self._mapped_k]
+        self._upper_m = [float(upper[k]) for k in self._mapped_k]
         self._step_m = [float(self.step[k]) for k in self._mapped_k]
         self._positions_m: list[float] = []
         # Every action joint has a measured position: a trusted state is then all finite.
@@ -221,6 +225,7 @@ class TrustedState:
         if (
             reanchor
             and (self._announced_rx is None or receive - self._announced_rx >= self.announced_interval_ns)
+            and all(lo <= v <= hi for v, lo, hi in zip(q, self._lower_m, self._upper_m, strict=True))
             and not self._within(q, self._positions_m, abs(t_sensor_ns - self.t_ns))
         ):
             self._announced_rx = receive

@@ -107,6 +107,8 @@ class Intake:
             obs = self._observation(msg, receive_ns, peer)
         except protocol.ProtocolError as exc:
             self.reject(exc.reason, str(exc).removeprefix(f"{exc.reason}: "))  # logged as "reason: detail" once
+            if exc.header is not None and bytes(frames[0]) == protocol.TOPIC_OBS:
+                self._remember(exc.header, exc.reason)  # the header names it: the sender hears why
             return None
         except Rejected as exc:
             assert msg is not None  # raised only after the message decoded
@@ -127,13 +129,20 @@ class Intake:
         return obs
 
     def _refuse(self, msg: protocol.Message, reason: str, detail: str) -> None:
-        """A refused observation: counted, and remembered so the serving thread answers it."""
+        """A refused observation: counted, and remembered so the intake thread answers it."""
         self.reject(reason, detail)
-        h = msg.header
+        self._remember(msg.header, reason)
+
+    def _remember(self, h: dict, reason: str) -> None:
+        """A refused observation whose header could be read: answered with an advisory hold
+        (about its ``seq``, when that is a valid one)."""
+        seq = h.get("seq")
+        if type(seq) is not int or not 0 <= seq < 2**63:
+            return
         t_sensor = h.get("t_sensor_ns")
         client = h.get("client", "")
         self.refused = (
-            msg.seq,
+            seq,
             t_sensor if type(t_sensor) is int and 0 < t_sensor < 2**63 else 0,
             reason,
             client if type(client) is str and len(client) <= 128 and client.isprintable() else None,

@@ -347,7 +347,10 @@ class ServingLoop:
         elif (
             woken
             and self.last_obs is not None
-            and (self.last_obs.sequence != self.publisher.answered_seq or self._served_by is not self.active)
+            and (
+                (self.last_obs.client or "", self.last_obs.sequence) != self.publisher.answered
+                or self._served_by is not self.active
+            )
         ):
             # A swap or the e-stop's release: answer the newest observation again (with the
             # new policy), unless a chunk about it already went out since.

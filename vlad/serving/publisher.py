@@ -64,7 +64,9 @@ class Publisher:
         self.generation = 0
         self.seq = 0
         self.last_publish_ns = 0
-        self.answered_seq = 0  # the newest observation answered (a policy chunk or a hold about it)
+        # The newest observation answered (a policy chunk or a hold about it): (client, seq), as
+        # sequence numbers are each controller's own.
+        self.answered: tuple[str, int] = ("", 0)
         self.tap: Callable[..., None] | None = None  # vlad.daemon.tap: never blocks
         self.validity_ns = int(contract.timing.action_validity_ms * 1e6)
         self.deadline_ns = int(contract.timing.e2e_deadline_ms * 1e6)
@@ -173,7 +175,7 @@ class Publisher:
                 continues,
             )
             self.guard.record(verdict.actions, obs.sensor_time_ns, valid_until, self.last_publish_ns, client, self.seq)
-            self.answered_seq = obs.sequence
+            self.answered = (client, obs.sequence)
             t.publish = self.last_publish_ns
             self._swap_done(policy.id.slot)
             self.counts.policy_chunks += 1
@@ -217,12 +219,18 @@ class Publisher:
         ``unless_sent_after``: send nothing if a chunk went out after this time (decided
         outside the lock: the serving thread may have answered meanwhile). While the e-stop
         is engaged only ``kind="estop"`` holds go out, and only with
-        ``safety.estop_output = "hold"``.
+        ``safety.estop_output = "hold"``; while an announced re-anchor waits for its
+        confirmation no advisory hold goes out. False: nothing was sent.
         """
         with self.lock:
             if self.estop_engaged and (kind != "estop" or self.estop_output != "hold"):
                 return False
             if unless_sent_after is not None and self.last_publish_ns > unless_sent_after:
+                return False
+            if advisory and self.guard.trusted.pending is not None:
+                # A re-anchor is in question: the trusted position may be where the arm no
+                # longer is, and a controller with nothing valid would adopt it. It holds
+                # where it is instead (no answer is an answer for an advisory hold).
                 return False
             now = time.monotonic_ns()
             t_sensor = t_sensor_ns or now
@@ -246,7 +254,7 @@ class Publisher:
             )
             guard.record(chunk, t_sensor, valid_until, self.last_publish_ns, client, self.seq, advisory)
             if obs_seq:
-                self.answered_seq = obs_seq
+                self.answered = (client or "", obs_seq)
             self._swap_done(source)
             self.counts.holds[kind] += 1
         return True

@@ -9,7 +9,9 @@
   - ``delay_ms``: the inference takes at least this long (the real engine, then a sleep for
     the rest: a slower accelerator, not CPU load that would slow everything else);
     ``delay_file``: the delay read from that file instead (a number of ms; missing or
-    empty: ``delay_ms``), so one daemon switches speed without a restart;
+    empty: ``delay_ms``), so one daemon switches speed without a restart; ``jitter``: each
+    inference's delay drawn uniformly within ± this fraction of it (``jitter_seed`` seeds
+    the draws: a run is reproducible);
 
   every other option goes to the inner backend. Its outputs are the inner engine's.
 * sensor ``injected``: readings from the JSON file named by ``$VLAD_TEST_SENSOR_FILE`` (it
@@ -64,6 +66,8 @@ class WrappedOptions:
     control_file: str | None = None
     delay_ms: float = field(default=0.0, metadata=bounded(0.0, 3_600_000.0))
     delay_file: str | None = None
+    jitter: float = field(default=0.0, metadata=bounded(0.0, 1.0))
+    jitter_seed: int = field(default=0, metadata=bounded(0, 2**32 - 1))
 
     @classmethod
     def split(cls, name: str, options: Mapping[str, Any] | None) -> tuple[WrappedOptions, dict[str, Any]]:
@@ -88,6 +92,7 @@ class WrappedSession(Session):
         self.backend_name = name
         self.inner = inner
         self.wrap = options
+        self._draws = np.random.default_rng(options.jitter_seed)
 
     def mode(self) -> str:
         """The fault mode the control file asks for now."""
@@ -134,6 +139,8 @@ class WrappedSession(Session):
         elif mode == "oob":
             out = {k: v * 1000.0 for k, v in out.items()}
         delay = self.delay_s()
+        if delay > 0 and self.wrap.jitter:
+            delay *= 1.0 + self._draws.uniform(-self.wrap.jitter, self.wrap.jitter)
         if delay > 0:
             rest = delay - (time.perf_counter() - t0)
             if rest > 0:
