@@ -4,7 +4,7 @@ bounds, in process on a real XPUB (issue 33, section 3.7).
 Each recorder is independent: another subscriber leaving or stalling never stops or thins
 a recorder's stream; a stalled one costs the daemon a bounded amount of memory, measured
 as the daemon's resident set; subscription churn is logged a few times, not per change;
-every recorder starts with the event history.
+every recorder starts with the event history; only the allow list may subscribe.
 """
 
 from __future__ import annotations
@@ -272,6 +272,27 @@ def test_every_recorder_starts_with_the_event_history_and_keeps_each_event_once(
     times = [t for t, _ in rec.events]
     assert len(times) == len(set(times)) and times, rec.events
     assert int(rec.metadata["vlad.recording.summary"]["events_repeated"]) >= 1
+
+
+def test_only_the_allow_list_may_subscribe(tmp_path):
+    """With ``sockets.tap_subscribers`` naming another user, this user's recorder is refused
+    at the handshake: ``vladctl record`` says so in one line, the daemon counts it."""
+    d = start_daemon(tmp_path, extra=["--set", "serve.warmup=3", "--set", "sockets.tap_subscribers=['uid:4242']"])
+    client = d.client()
+    try:
+        t0 = time.monotonic()
+        proc = _record(d, tmp_path / "refused.mcap")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert "Traceback" not in proc.stderr and "refused this recorder" in lines[-1], proc.stderr
+        assert time.monotonic() - t0 < 10  # said at once, not after waiting for messages
+        rejected = client.status()["counters"]["rejected"]
+        assert rejected.get("unauthorized_tap", 0) >= 1, rejected
+        assert not client.status()["tap"]["subscribed"]
+    finally:
+        client.close()
+        d.stop()
+    assert "Traceback" not in d.log(), d.log()
 
 
 def test_the_queue_is_bounded_in_bytes_for_multi_frame_messages(tmp_path):

@@ -287,6 +287,8 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         allow["observations"] = [Principal(p) for p in s.observation_producers]
     if cfg.safety.estop_producers:
         allow["estop"] = [Principal(p) for p in cfg.safety.estop_producers]
+    if tap_ep:  # camera frames: by default only this daemon's own user and root may record
+        allow["tap"] = [Principal(p) for p in s.tap_subscribers or (f"uid:{os.geteuid()}", "uid:0")]
     lock_memory(cfg.realtime)
 
     # The release and every fallback policy: loaded and warmed now, never on the hot path.

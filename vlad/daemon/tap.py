@@ -4,7 +4,8 @@ A recorder connects to the tap socket (``sockets.tap``; by default ``tap`` besid
 control endpoint, e.g. ``ipc:///run/vlad/tap``) and subscribes; the daemon then offers it
 every message on the observation socket as received (heartbeats and refused observations
 included), every action chunk as published, its status snapshots and its events. Nothing
-is offered while no recorder is subscribed.
+is offered while no recorder is subscribed. Who may subscribe is the ZAP allow list of the
+``tap`` role (``sockets.tap_subscribers``, :mod:`vlad.daemon.sockets`).
 
 It can never slow serving. The serving thread (and the cadence and e-stop threads, which
 publish holds) only append the frames they already hold to a bounded queue: no copy of an

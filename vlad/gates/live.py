@@ -11,7 +11,8 @@ disk), or it is interrupted. The file is what :func:`~vlad.gates.recording.read_
 The first events to arrive are the daemon's recent history (its last 100 events), sent
 again each time a recorder subscribes; an event this recorder already holds (the same
 monotonic time) is not written twice, and only those are left out (``events_repeated``
-in the summary).
+in the summary). A daemon whose allow list (``sockets.tap_subscribers``) does not admit
+this user refuses it at the handshake: one line says so at once.
 
 The daemon never waits for the recorder: what it could not queue is dropped and counted on
 its side, what this recorder's own queue in the daemon's socket could not hold is lost to
@@ -72,7 +73,12 @@ def record_daemon(
     events: set[int] = set()  # the monotonic times of the events recorded (the history comes again)
     first: float | None = None
     shown = time.monotonic()
+    # The daemon's allow list refuses at the handshake: say so instead of waiting for nothing.
+    refused = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
     try:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(refused, zmq.POLLIN)
         apply_curve(sock, tap, curve)
         sock.connect(tap)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
@@ -91,7 +97,13 @@ def record_daemon(
                     f"{st['states']} states, {st['events']} events, {st['bytes'] / 2**20:.1f} MiB; "
                     f"dropped {st['dropped']} here, {gaps} by the daemon"
                 )
-            if not sock.poll(POLL_MS):
+            ready = dict(poller.poll(POLL_MS))
+            if refused in ready:
+                raise GateError(
+                    f"the daemon refused this recorder at {tap}: its user is not in sockets.tap_subscribers "
+                    "(by default only the daemon's own user and root may record)"
+                )
+            if sock not in ready:
                 continue
             frames = sock.recv_multipart()
             if len(frames) < 4 or len(frames[1]) != 8 or len(frames[2]) != 8:
@@ -124,6 +136,8 @@ def record_daemon(
             else:
                 malformed += 1
     finally:
+        sock.disable_monitor()
+        refused.close(0)
         sock.close(0)
         stats = rec.close(summary={"daemon_dropped": gaps, "malformed": malformed, "events_repeated": repeated})
     return {**stats, "daemon_dropped": gaps, "malformed": malformed, "events_repeated": repeated, "tap": tap}
