@@ -141,6 +141,7 @@ def test_a_recorder_that_never_reads_costs_serving_nothing(served, tmp_path):
     import zmq
 
     d, client, ctl = served
+    wait_until(lambda: ctl.received, 10, "the controller's first chunk")  # its cadence is judged from here
     ctx = zmq.Context.instance()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.RCVHWM, 1)
