@@ -73,6 +73,9 @@ class SocketsConfig:
     # "uid:1001", "user:robot", "group:vlad-controllers" (ipc peer credentials) or
     # "key:<Z85 CurveZMQ public key>" (tcp). Empty: anyone who can reach the endpoint.
     observation_producers: tuple[str, ...] = ()
+    # Who may subscribe to the recording tap (it carries the camera frames), in the same
+    # forms. Empty: only the daemon's own user and root (ipc); on tcp list the keys.
+    tap_subscribers: tuple[str, ...] = ()
     # Control requests: a bound on requests in flight per peer and in all, and a time limit
     # for each (release operations have their own, longer one).
     control_in_flight_per_peer: int = field(default=4, metadata=bounded(1, 1000))

@@ -1,4 +1,5 @@
-"""Reading files that may be hostile: regular files only, bounded sizes, bounded nesting.
+"""Reading files that may be hostile: regular files only, bounded sizes, bounded nesting;
+and creating a file a user names, refusing what is not one.
 
 Release folders, config files and keys are read through here. A FIFO named
 ``manifest.sig`` would block ``open()`` forever, a device file or a 10 GB "contract"
@@ -9,6 +10,9 @@ Files of a release folder are opened with :func:`open_beneath`: component by com
 each relative to its parent and with ``O_NOFOLLOW``, so a symbolic link anywhere in the
 path (a linked file or a linked sub-folder) is refused before anything behind it is
 opened, and no path can resolve outside the folder.
+
+A file vlad writes where a user says (``vladctl record --out``) is opened by
+:func:`create_regular`: a symbolic link, a FIFO or a device there is refused with one line.
 """
 
 from __future__ import annotations
@@ -56,6 +60,40 @@ def _regular(fd: int, path: Any) -> int:
         if not stat.S_ISREG(st.st_mode):
             raise FileRefused(f"{path}: not a regular file ({_kind(st.st_mode)}); refusing to read it")
         os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def create_regular(path: str | Path, mode: int = 0o640) -> int:
+    """Open ``path`` for writing, created (``mode``) or emptied, refusing anything but a
+    regular file: a symbolic link is not followed (``O_NOFOLLOW``: writing through one
+    would overwrite whatever it points to), a FIFO or device is refused on the opened
+    descriptor (``O_NONBLOCK``: opening a FIFO no one reads fails at once instead of
+    waiting), and an existing file is truncated only after that check.
+    Returns the descriptor (blocking again); the caller closes it.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        try:
+            kind = os.lstat(path).st_mode
+        except OSError:
+            kind = None
+        if kind is not None and not stat.S_ISREG(kind):
+            raise FileRefused(f"{path}: {_kind(kind)}; refusing to write to it") from None
+        raise FileRefused(f"{path}: cannot create ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRefused(f"{path}: {_kind(st.st_mode)}; refusing to write to it")
+        os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+    except OSError as exc:
+        os.close(fd)
+        raise FileRefused(f"{path}: cannot write ({exc.strerror or exc})") from None
     except BaseException:
         os.close(fd)
         raise

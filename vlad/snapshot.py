@@ -266,9 +266,12 @@ class TapStatus:
 
     endpoint: str
     subscribed: bool
+    subscriptions: int  # recorders that subscribed since start
     sent: int
-    queue_items: int
-    dropped: Mapping[str, int]  # by stream, and the socket's own drops
+    queue_items: int  # the bounds of the daemon's queue: items ...
+    queue_bytes: int  # ... and bytes, every frame counted
+    recorder_queue: int  # messages each recorder's own queue in the socket holds
+    dropped: Mapping[str, int]  # by the daemon's queue, by stream (a recorder's own losses are its seq gaps)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,9 @@
-"""MCAP recordings: the recorder's API and limits, reading back, and replay of the fixture."""
+"""MCAP recordings: the recorder's API and limits, the file it writes to and a failed write,
+reading back, and replay of the fixture."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 
 from tests.gates.conftest import RECORDING
 from vlad import protocol
+from vlad.files import FileRefused
 from vlad.gates.recording import (
     TOPIC_ACT,
     TOPIC_OBS,
@@ -322,3 +325,69 @@ def test_replay_command_on_a_hostile_file_is_one_line(tmp_path, capsys):
     assert main(["replay", str(path), "--release", str(candidates.DEMO)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "obs_seq: missing" in err
+
+
+def test_the_recorder_refuses_a_symlink_or_a_fifo_with_one_line(tmp_path):
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    (tmp_path / "link.mcap").symlink_to(target)
+    os.mkfifo(tmp_path / "fifo.mcap")  # no reader: a plain open() would wait for one for ever
+    for name, kind in (("link.mcap", "a symbolic link"), ("fifo.mcap", "a FIFO")):
+        with pytest.raises(FileRefused, match=f"^{tmp_path / name}: {kind}; refusing to write to it$"):
+            McapRecorder(tmp_path / name)
+    assert target.read_text() == "keep me"
+
+
+WRITE_UNTIL_IT_FAILS = """
+import os, sys, time
+from vlad.gates.recording import McapRecorder
+from vlad.gates.results import GateError
+
+rec = McapRecorder(sys.argv[1])
+for i in range(200):  # 12.5 MiB of incompressible frames: more than the file may hold
+    rec.observation([b"obs", b"header", os.urandom(64 * 1024)], 10**12 + i * 20_000_000)
+    time.sleep(0.002)  # paces the offers so that the writer's queue takes them all
+deadline = time.monotonic() + 30
+while rec.stop_reason is None and time.monotonic() < deadline:
+    time.sleep(0.01)  # the writer thread hits the limit on its own time
+try:
+    rec.close()
+except GateError as exc:
+    print(exc)
+    sys.exit(2)
+"""
+
+
+def test_a_failed_write_ends_the_recording_with_one_line_and_keeps_what_was_written(tmp_path):
+    """A real write failure (the file-size limit: EFBIG, as a full disk gives ENOSPC) in a
+    recorder process: one line, and the file cut back to its last complete record and
+    finished there, readable, with the chunk written before."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "limited.mcap"
+
+    def limit_file_size() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3 * 2**20 // 2, resource.RLIM_INFINITY))
+
+    proc = subprocess.run(
+        [sys.executable, "-c", WRITE_UNTIL_IT_FAILS, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        preexec_fn=limit_file_size,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    line = proc.stdout.strip()
+    assert "\n" not in line and line.startswith(f"{out}: cannot write (File too large); recording stopped, the ")
+    assert line.endswith("messages written before it are kept, readable"), line
+    observations = [m for m in iter_messages(out) if m[0] == "/vlad/observations"]
+    assert 1 <= len(observations) < 200
+    summary = read_recording(out).metadata["vlad.recording.summary"]
+    assert summary["written"] == str(len(observations)) and "File too large" in summary["stop_reason"]

@@ -146,12 +146,17 @@ def bind(
     role: str,
     max_message: int,
     rcvhwm: int | None = None,
+    sndhwm: int | None = None,
     curve: tuple[bytes, bytes] | None = None,
 ) -> None:
-    """Bind with the limits and the ZAP domain of ``role`` (see module docstring)."""
+    """Bind with the limits and the ZAP domain of ``role`` (see module docstring). The
+    high-water marks are set here, before the bind: libzmq copies a socket's options into
+    its listener at bind time, so a later change never reaches the connections it accepts."""
     sock.setsockopt(zmq.MAXMSGSIZE, max_message)
     if rcvhwm is not None:
         sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    if sndhwm is not None:
+        sock.setsockopt(zmq.SNDHWM, sndhwm)
     sock.setsockopt(zmq.ZAP_DOMAIN, role.encode())
     if endpoint.startswith("tcp://"):
         if curve is None:

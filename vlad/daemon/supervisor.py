@@ -52,7 +52,7 @@ from vlad.daemon.releases import ReleaseManager
 from vlad.daemon.safety import EStop
 from vlad.daemon.sockets import Gatekeeper, Principal, bind, load_curve, prepare_ipc
 from vlad.daemon.systemd import Notifier
-from vlad.daemon.tap import Tap, tap_endpoint
+from vlad.daemon.tap import Tap, recorder_queue, tap_endpoint
 from vlad.errors import StartupError
 from vlad.health.state import State, StateMachine
 from vlad.logs import context as log_context
@@ -292,6 +292,8 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         allow["observations"] = [Principal(p) for p in s.observation_producers]
     if cfg.safety.estop_producers:
         allow["estop"] = [Principal(p) for p in cfg.safety.estop_producers]
+    if tap_ep:  # camera frames: by default only this daemon's own user and root may record
+        allow["tap"] = [Principal(p) for p in s.tap_subscribers or (f"uid:{os.geteuid()}", "uid:0")]
     lock_memory(cfg.realtime)
 
     # The release and every fallback policy: loaded and warmed now, never on the hot path.
@@ -346,12 +348,14 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     gatekeeper.start()
     stack.callback(gatekeeper.stop)
 
-    def make(c: zmq.Context, kind: int, role: str, max_message: int, rcvhwm: int | None = None) -> Any:
+    def make(
+        c: zmq.Context, kind: int, role: str, max_message: int, rcvhwm: int | None = None, sndhwm: int | None = None
+    ) -> Any:
         endpoint = roles[role]
         sock = c.socket(kind)
         sock.setsockopt(zmq.LINGER, s.linger_ms)
         stack.callback(sock.close, s.linger_ms)
-        bind(sock, endpoint, role=role, max_message=max_message, rcvhwm=rcvhwm, curve=curve)
+        bind(sock, endpoint, role=role, max_message=max_message, rcvhwm=rcvhwm, sndhwm=sndhwm, curve=curve)
         if endpoint.startswith("ipc://"):
             stack.callback(Path(endpoint[len("ipc://") :]).unlink, missing_ok=True)
         return sock
@@ -365,8 +369,10 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     status_sock.setsockopt(zmq.SNDHWM, 8)
     control_sock = make(actx, zmq.ROUTER, "control", protocol.MAX_REQUEST_BYTES, 64)
     control_sock.setsockopt(zmq.SNDHWM, 64)
-    obs_bytes = _largest_frame(contract) * max(1, len(contract.cameras))
-    tap = Tap(make(ctx, zmq.XPUB, "tap", SMALL_MESSAGE), roles["tap"], obs_bytes) if tap_ep else None
+    tap = None
+    if tap_ep:
+        largest = _largest_observation(contract)
+        tap = Tap(make(ctx, zmq.XPUB, "tap", SMALL_MESSAGE, sndhwm=recorder_queue(largest)), roles["tap"], largest)
     estop_sock = None
     if cfg.safety.estop_endpoint:
         estop_sock = make(ctx, zmq.SUB, "estop", SMALL_MESSAGE, 16)
@@ -479,6 +485,20 @@ def _progress(notifier: Notifier, name: str) -> Callable[[str], None]:
             notifier.status(f"loading {name}: {line}")
 
     return say
+
+
+def _largest_observation(contract: Contract) -> int:
+    """The largest legal observation message, every frame counted: the topic, the header
+    limit and each tensor the contract has at its largest."""
+    import numpy as np
+
+    size = len(protocol.TOPIC_OBS) + protocol.MAX_HEADER_BYTES
+    for cam in contract.cameras:
+        r = cam.raw
+        size += r.height * r.width * 3 * np.dtype(r.dtype).itemsize
+    if contract.proprio is not None:
+        size += contract.proprio.dim * 8
+    return size
 
 
 def _largest_frame(contract: Contract) -> int:

@@ -37,13 +37,14 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 
 from vlad import protocol, schema
 from vlad.client import ActionChunk
 from vlad.errors import ProblemsError, VladError
+from vlad.files import create_regular
 from vlad.gates.results import GateError
 
 RECORDING_FORMAT = "vlad.recording/1"
@@ -79,6 +80,37 @@ def unpack_frames(data: bytes) -> list[bytes]:
     return out
 
 
+class _Output:
+    """The recording's file as the MCAP writer's stream: each write whole or an OSError
+    (``os.write`` may write part of a buffer), its position known, and ``good``, the end of
+    the last complete record: where the file is cut back to when a write fails."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.position = self.good = 0
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+        self.position += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.position
+
+    def flush(self) -> None:
+        pass  # nothing buffered here
+
+    def commit(self) -> None:
+        self.good = self.position
+
+    def cut(self) -> None:
+        os.ftruncate(self.fd, self.good)
+        os.lseek(self.fd, self.good, os.SEEK_SET)
+        self.position = self.good
+
+
 def _as_bytes(frame: Any) -> bytes:
     # zmq.Frame exposes .bytes; memoryview/bytearray copy through bytes(): the caller's
     # buffer may be reused as soon as we return.
@@ -91,8 +123,15 @@ class McapRecorder:
     Call :meth:`observation` / :meth:`actions` with the message frames and a
     ``time.monotonic_ns()`` stamp, :meth:`state` with a status dict; each returns at once
     (False when the message was dropped). Recording stops by itself at ``max_bytes`` of
-    message data or ``max_seconds`` after the first observation or chunk; :meth:`close` flushes and finishes the file.
+    message data or ``max_seconds`` after the first observation or chunk, or when the file
+    cannot be written (a full disk); :meth:`close` flushes and finishes the file.
     ``stop_reason`` and :meth:`stats` say what happened.
+
+    ``path`` is created (``0640``) or emptied; a symbolic link, FIFO or device there is
+    refused (:func:`vlad.files.create_regular`). When a write fails, the file is cut back to
+    the end of the last complete record and finished there (the MCAP end records need a
+    few dozen bytes, which the last block almost always has), so what was written before
+    stays readable; :meth:`close` then raises one :class:`GateError` line saying so.
     """
 
     def __init__(
@@ -109,21 +148,28 @@ class McapRecorder:
 
         self.path = Path(path)
         self.max_bytes, self.max_ns = int(max_bytes), int(max_seconds * 1e9)
-        self._file = open(self.path, "wb")
-        self._writer = Writer(self._file, compression=CompressionType.ZSTD)
-        self._writer.start(profile="", library="vlad")
+        self._out = _Output(create_regular(self.path))
         self._offset_ns = time.time_ns() - time.monotonic_ns()
         self._t0: int | None = None
-        self._channels = self._register()
-        info = {
-            "format": RECORDING_FORMAT,
-            "tap": tap,
-            "clock_offset_ns": str(self._offset_ns),
-            "max_bytes": str(self.max_bytes),
-            "max_seconds": str(max_seconds),
-            **{k: str(v) for k, v in (metadata or {}).items()},
-        }
-        self._writer.add_metadata("vlad.recording", info)
+        try:
+            # The writer uses write and tell (and flush when asked), which _Output has.
+            self._writer = Writer(cast(IO[bytes], self._out), compression=CompressionType.ZSTD)
+            self._writer.start(profile="", library="vlad")
+            self._channels = self._register()
+            info = {
+                "format": RECORDING_FORMAT,
+                "tap": tap,
+                "clock_offset_ns": str(self._offset_ns),
+                "max_bytes": str(self.max_bytes),
+                "max_seconds": str(max_seconds),
+                **{k: str(v) for k, v in (metadata or {}).items()},
+            }
+            self._writer.add_metadata("vlad.recording", info)
+        except OSError as exc:
+            os.close(self._out.fd)
+            raise GateError(f"{self.path}: cannot write ({exc.strerror or exc})") from None
+        self._out.commit()
+        self._kept = 0  # messages in the file up to its last complete record
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._accepted_bytes = 0
@@ -215,12 +261,52 @@ class McapRecorder:
         self._thread.join()
         stats = self.stats()
         extra = {k: str(v) for k, v in (summary or {}).items()}
-        self._writer.add_metadata("vlad.recording.summary", {**{k: str(v) for k, v in stats.items()}, **extra})
-        self._writer.finish()
-        self._file.close()
+        info = {**{k: str(v) for k, v in stats.items()}, **extra}
+        finished = True
+        try:
+            if self._error is None:
+                try:
+                    self._writer.add_metadata("vlad.recording.summary", info)
+                    self._writer.finish()
+                except OSError as exc:
+                    self._error = exc
+            if self._error is not None:
+                finished = self._finish_after_failure(info)
+        finally:
+            os.close(self._out.fd)
         if self._error is not None:
-            raise GateError(f"recording {self.path} failed: {self._error}") from self._error
+            why = self._error.strerror if isinstance(self._error, OSError) and self._error.strerror else self._error
+            kept = (
+                f"the {self._kept} messages written before it are kept, readable"
+                if finished
+                else "the file could not be finished and is not readable"
+            )
+            raise GateError(f"{self.path}: cannot write ({why}); recording stopped, {kept}")
         return stats
+
+    def _finish_after_failure(self, info: dict[str, str]) -> bool:
+        """Cut the file back to its last complete record and end it there: the summary,
+        the data end, a footer without a summary section and the magic; without the summary
+        when even that does not fit. False when nothing fits."""
+        from mcap.records import DataEnd, Footer, Metadata, RecordBuilder
+        from mcap.writer import MCAP0_MAGIC
+
+        info = {**info, "written": str(self._kept)}  # the counts above are what was accepted
+        for records in ([Metadata("vlad.recording.summary", info)], []):
+            builder = RecordBuilder()
+            for record in [*records, DataEnd(0), Footer(0, 0, 0)]:
+                record.write(builder)
+            try:
+                self._out.cut()
+                self._out.write(builder.end() + MCAP0_MAGIC)
+                return True
+            except OSError:
+                continue
+        try:
+            self._out.cut()
+        except OSError:
+            pass
+        return False
 
     def __enter__(self) -> McapRecorder:
         return self
@@ -242,20 +328,28 @@ class McapRecorder:
             seq += 1
             try:
                 self._write(kind, t_ns + self._offset_ns, payload, seq)
-            except Exception as exc:  # a full disk must not take the daemon down with it
+            except Exception as exc:  # a full disk must not take the caller down with it
                 self._error = exc
+                with self._lock:
+                    if self.stop_reason is None:
+                        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                        self.stop_reason = f"cannot write {self.path} ({why})"
 
     def _write(self, kind: str, log_time: int, payload: Any, seq: int) -> None:
-        add = self._writer.add_message
         if kind in ("states", "events"):
-            add(self._channels[TOPIC_STATE if kind == "states" else TOPIC_EVENTS], log_time, payload, log_time, seq)
+            self._add(TOPIC_STATE if kind == "states" else TOPIC_EVENTS, log_time, payload, seq)
             return
-        topic = TOPIC_OBS if kind == "observations" else TOPIC_ACT
-        add(self._channels[topic], log_time, pack_frames(payload), log_time, seq)
+        self._add(TOPIC_OBS if kind == "observations" else TOPIC_ACT, log_time, pack_frames(payload), seq)
         info = _info(kind, payload)
         if info is not None:
             info_topic = TOPIC_OBS_INFO if kind == "observations" else TOPIC_ACT_INFO
-            add(self._channels[info_topic], log_time, json.dumps(info).encode(), log_time, seq)
+            self._add(info_topic, log_time, json.dumps(info).encode(), seq)
+
+    def _add(self, topic: str, log_time: int, data: bytes, seq: int) -> None:
+        self._writer.add_message(self._channels[topic], log_time, data, log_time, seq)
+        if self._out.position != self._out.good:  # a chunk went out whole: everything up to here is in the file
+            self._out.commit()
+            self._kept = seq
 
 
 def _info(kind: str, frames: list[bytes]) -> dict[str, Any] | None:
