@@ -99,6 +99,9 @@ host_link_source  # unused variable (vlad/planner/spec.py): a hardware.toml key 
 last_ok_age_s  # status wire field (vlad/backend.py)
 first_command_ms  # status wire field (vlad/snapshot.py)
 reanchors_announced  # status wire field (vlad/snapshot.py)
+reanchors_contradicted  # status wire field (vlad/snapshot.py)
+exec_unknown  # status wire field (vlad/snapshot.py)
+seam  # per-policy guard counter, written by name (vlad/serving/publisher.py), on the wire
 budget_host_bytes  # status wire field (vlad/snapshot.py)
 budget_device_bytes  # status wire field (vlad/snapshot.py)
 policies_host_bytes  # status wire field (vlad/snapshot.py)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -137,3 +139,15 @@ def test_ticks_in_step_with_the_frames_neither_repeat_nor_skip_under_jitter():
     strict = ChunkExecutor(overlap=0, tolerance=0.0)
     strict.offer(chunk(0, range(8)), now_ns=0)
     assert int(strict.step(P - 300_000)[0]) == 0  # without tolerance: waypoint 0 again
+
+
+def test_chunks_addressed_to_another_controller_are_not_executed():
+    """Two controllers on one action stream: each executes its own chunks and those for
+    every controller (docs/protocol.md, "Which chunk to execute")."""
+    ex = ChunkExecutor(client="arm", overlap=0, blend="none")
+    mine = dataclasses.replace(chunk(0, range(8), seq=1), client="arm")
+    theirs = dataclasses.replace(chunk(20, range(8), seq=2), client="other")
+    everyone = dataclasses.replace(chunk(40, range(8), seq=3), client=None)
+    assert ex.offer(mine, 0) and not ex.offer(theirs, 20 * MS) and ex.stats.foreign == 1
+    assert ex.current is mine
+    assert ex.offer(everyone, 40 * MS) and ex.current is everyone

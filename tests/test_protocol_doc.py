@@ -213,3 +213,98 @@ def test_live_chunks_carry_exactly_the_documented_keys(daemon):
         assert set(header) == documented, sorted(set(header) ^ documented)
     assert policy["timings_ms"] and set(policy["timings_ms"]) <= stages, sorted(set(policy["timings_ms"]) - stages)
     assert hold["timings_ms"] == {}
+
+
+# -- every rejection row of the observation socket, against the live daemon -------------------
+
+
+def _obs_frames(seq: int, *, header: dict | None = None, tensors: dict | None = None, topic: bytes = b"obs") -> list:
+    """A demo observation, with header keys and tensors replaced where given (None: dropped)."""
+    import msgpack
+    import numpy as np
+
+    from vlad.testing import load_golden
+
+    raw = load_golden()[0]["raw"]
+    h = {"v": 1, "kind": "obs", "seq": seq, "t_sensor_ns": time.monotonic_ns(), "instruction": raw.instruction}
+    h.update(header or {})
+    h = {k: v for k, v in h.items() if v is not None}
+    ts = {"image/overhead": raw.images["overhead"], "proprio": np.asarray(raw.proprio, np.float32)}
+    ts.update(tensors or {})
+    ts = {k: v for k, v in ts.items() if v is not None}
+    descs = [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape)} for k, v in ts.items()]
+    h["tensors"] = h.get("tensors", descs)
+    return [topic, msgpack.packb(h), *(np.ascontiguousarray(v).tobytes() for v in ts.values())]
+
+
+def _cases():
+    """(reason, frames builder (seq -> frames), answered with hold:rejected)."""
+    import numpy as np
+
+    far = np.array([3.9, 2.9, 0.0, 0.0], np.float32)
+    return [
+        ("malformed", lambda s: _obs_frames(s, header={"t_sensor_ns": -1}), True),
+        ("malformed", lambda s: _obs_frames(s, header={"exec": [1]}), True),
+        ("malformed", lambda s: [b"obs", b"\x93not-a-map"], False),  # no header to answer to
+        ("unknown_topic", lambda s: _obs_frames(s, topic=b"obsx"), False),
+        ("bad_version", lambda s: _obs_frames(s, header={"v": 2}), True),
+        ("bad_dtype", lambda s: _obs_frames(s, tensors={"proprio": np.zeros(4, np.complex64)}), True),
+        ("bad_dtype", lambda s: _obs_frames(s, tensors={"image/overhead": np.zeros((64, 64, 3), np.float32)}), True),
+        ("bad_shape", lambda s: _obs_frames(s, tensors={"image/overhead": np.zeros((32, 64, 3), np.uint8)}), True),
+        ("unknown_tensor", lambda s: _obs_frames(s, tensors={"image/wrist": np.zeros((2, 2, 3), np.uint8)}), True),
+        ("missing_tensor", lambda s: _obs_frames(s, tensors={"proprio": None}), True),
+        ("nonfinite", lambda s: _obs_frames(s, tensors={"proprio": np.array([0.1, 0.1, 1e39, 0.0])}), True),
+        ("future_timestamp", lambda s: _obs_frames(s, header={"t_sensor_ns": time.monotonic_ns() + 10**9}), True),
+        ("proprio_out_of_limits", lambda s: _obs_frames(s, tensors={"proprio": far * 3}), True),
+        ("implausible_proprio", lambda s: _obs_frames(s, tensors={"proprio": far}), True),
+        ("instruction_too_long", lambda s: _obs_frames(s, header={"instruction": "reach " * 20}), True),
+    ]
+
+
+@pytest.mark.parametrize(("reason", "frames", "answered"), _cases(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_observation_rejection_is_counted_and_answered_as_the_table_says(daemon, reason, frames, answered):
+    """One message per row: its counter moves, and the sender gets ``hold:rejected`` with that
+    reason exactly when the header names an observation (docs/protocol.md, "Hold chunks")."""
+    from vlad.testing import load_golden, wait_until
+
+    documented = {_names(r[0])[0] for r in _table("reasons")}
+    assert reason in documented
+    raw = load_golden()[0]["raw"]
+    client = daemon.client("rows")
+    try:
+        # The trusted state first (a good observation), so implausibility can be judged.
+        seq0 = 70_000 + 1000 * len(reason) + int(time.monotonic_ns() % 97) * 10
+        sent = []
+
+        def answered_once() -> bool:  # sent until the subscription has propagated (slow joiner)
+            sent.append(seq0 + len(sent))
+            client.publish_observation(dict(raw.images), raw.proprio, raw.instruction, seq=sent[-1])
+            time.sleep(0.02)
+            return any(c.obs_seq in sent for c in _drain(client))
+
+        wait_until(answered_once, 10, "the good observation's answer", poll=0)
+        before = client.status()["counters"]["rejected"].get(reason, 0)
+        seq = sent[-1] + 1
+        got = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            client.send_raw(frames(seq))
+            time.sleep(0.02)
+            got += [c for c in _drain(client) if c.obs_seq == seq]
+            if client.status()["counters"]["rejected"].get(reason, 0) > before and (got or not answered):
+                break
+        assert client.status()["counters"]["rejected"].get(reason, 0) > before, reason
+        holds = [c for c in got if c.source == "hold:rejected"]
+        if answered:
+            assert holds and holds[0].reason == reason and holds[0].advisory, (reason, got)
+        else:
+            assert not holds, (reason, got)
+    finally:
+        client.close()
+
+
+def _drain(client) -> list:
+    out = []
+    while (chunk := client.recv_chunk(timeout_ms=0)) is not None:
+        out.append(chunk)
+    return out

@@ -207,3 +207,52 @@ def test_gpu_h2d_time_is_the_device_copy_only(contract, golden):
         t = s.last_timing
         print(f"torch cuda: h2d {t.h2d_ms:.3f} compute {t.compute_ms:.3f} d2h {t.d2h_ms:.3f} wall {wall_ms:.3f} ms")
         assert 0 <= t.h2d_ms and t.total_ms <= wall_ms
+
+
+# ---------------------------------------------------------------------------------------
+# Real-time chunking by guidance (vlad_torch.guided)
+# ---------------------------------------------------------------------------------------
+
+GUIDED = {"threads": 1, "rtc_encoder": "policy_encoder.pt2", "rtc_velocity": "policy_velocity.pt2"}
+
+
+def test_guidance_computes_the_plain_chunk_without_weights_and_continues_a_chunk_with_them(contract, golden):
+    """The demo release's flow head as two programs, integrated with guidance: with every
+    weight zero it is the exported graph's plain chunk; with weights it pulls the chunk
+    towards the waypoints to continue (less exactly than the graph's inpainting, which
+    reproduces weight-1 waypoints, and by the policy's own field, not by overwriting)."""
+    import numpy as np
+
+    from vlad.processing import normalize_actions
+    from vlad.serving.rtc import soft_mask
+
+    assert contract.rtc is not None
+    out = contract.action.output
+    plain = TorchBackend().load(DEMO / "policy.pt2", contract, {"threads": 1})
+    guided = TorchBackend().load(DEMO / "policy.pt2", contract, GUIDED)
+    inputs = dict(golden[0]["inputs"])
+    free = plain.infer(inputs)[out][0]
+    np.testing.assert_allclose(guided.infer(inputs)[out][0], free, atol=1e-5)
+
+    h, frozen = contract.action.chunk_length, 10
+    shifted = golden[0]["actions"] + np.float32(0.3)  # another plan, 0.3 rad off everywhere
+    inputs[contract.rtc.actions_input] = normalize_actions(contract, shifted)[None]
+    inputs[contract.rtc.weights_input] = soft_mask(h, frozen, 40)[None]
+    target = inputs[contract.rtc.actions_input][0]
+    pulled = guided.infer(inputs)[out][0]
+    inpainted = plain.infer(inputs)[out][0]
+    before = float(np.abs(free[:frozen] - target[:frozen]).mean())
+    assert float(np.abs(pulled[:frozen] - target[:frozen]).mean()) < 0.5 * before
+    assert float(np.abs(inpainted[:frozen] - target[:frozen]).max()) < 1e-5  # the graph: exactly
+    assert guided.describe().backend == "torch"
+
+
+def test_guidance_options_are_checked(contract):
+    with pytest.raises(BackendError, match="rtc_encoder and rtc_velocity go together"):
+        TorchBackend().load(DEMO / "policy.pt2", contract, {"rtc_encoder": "policy_encoder.pt2"})
+    with pytest.raises(BackendError, match="a file name beside the artifact"):
+        TorchBackend().load(DEMO / "policy.pt2", contract, {**GUIDED, "rtc_velocity": "../policy_velocity.pt2"})
+    with pytest.raises(BackendError, match="does not exist"):
+        TorchBackend().load(DEMO / "policy.pt2", contract, {**GUIDED, "rtc_velocity": "missing.pt2"})
+    with pytest.raises(BackendError, match="use backend 'torch'"):
+        TorchAOTIBackend().load(DEMO / "policy.pt2", contract, GUIDED)

@@ -363,12 +363,10 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
     obs_sock = make(ctx, zmq.SUB, "observations", _largest_frame(contract), cfg.serve.observation_hwm)
     for topic in (protocol.TOPIC_OBS, protocol.TOPIC_HEARTBEAT):
         obs_sock.setsockopt(zmq.SUBSCRIBE, topic)
-    actions_sock = make(ctx, zmq.PUB, "actions", SMALL_MESSAGE)
-    actions_sock.setsockopt(zmq.SNDHWM, 16)
-    status_sock = make(actx, zmq.PUB, "status", SMALL_MESSAGE)
-    status_sock.setsockopt(zmq.SNDHWM, 8)
-    control_sock = make(actx, zmq.ROUTER, "control", protocol.MAX_REQUEST_BYTES, 64)
-    control_sock.setsockopt(zmq.SNDHWM, 64)
+    # Send limits before the bind: libzmq copies them into each connection at bind time.
+    actions_sock = make(ctx, zmq.PUB, "actions", SMALL_MESSAGE, sndhwm=16)
+    status_sock = make(actx, zmq.PUB, "status", SMALL_MESSAGE, sndhwm=8)
+    control_sock = make(actx, zmq.ROUTER, "control", protocol.MAX_REQUEST_BYTES, 64, sndhwm=64)
     tap = None
     if tap_ep:
         largest = _largest_observation(contract)

@@ -241,3 +241,31 @@ class TinyPi0(nn.Module):
         prefix = self.prefix(image, tokens, proprio)
         v = self.velocity(self.prefix_kv(prefix), self.condition(prefix), x_t, t)
         return F.mse_loss(v, actions - noise)
+
+
+class FlowEncoder(nn.Module):
+    """The flow head's context from the observation (real-time chunking by guidance,
+    ``vlad_torch.guided``): the expert's keys/values per layer and the instruction condition."""
+
+    def __init__(self, model: TinyPi0) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, image: torch.Tensor, tokens: torch.Tensor, proprio: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        prefix = self.model.prefix(image, tokens, proprio)
+        kv = self.model.prefix_kv(prefix)
+        return (*[t for pair in kv for t in pair], self.model.condition(prefix))
+
+
+class FlowVelocity(nn.Module):
+    """The flow head's velocity at ``(x, t)`` given :class:`FlowEncoder`'s context."""
+
+    def __init__(self, model: TinyPi0) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        *context, x, t = args
+        *kv, cond = context
+        pairs = [(kv[i], kv[i + 1]) for i in range(0, len(kv), 2)]
+        return self.model.velocity(pairs, cond, x, t)

@@ -146,7 +146,44 @@ def export_release(model, contract, tokenizer, out: Path, fixtures_path: Path, l
     checks = [*fixtures, _guided(contract, fixtures[0])] if contract.rtc is not None else fixtures
     comparisons = export_onnx(model, contract, checks, out / "policy.onnx", log=log)
     log(f"export: {out / 'policy.onnx'}")
+    if contract.rtc is not None:
+        export_flow_head(model, contract, fixtures[0], out)
+        log(f"export: {out / ENCODER} and {out / VELOCITY} (real-time chunking by guidance)")
     return comparisons
+
+
+ENCODER, VELOCITY = "policy_encoder.pt2", "policy_velocity.pt2"  # the torch backend's rtc_* options
+
+
+def export_flow_head(model, contract, example: dict, out: Path) -> None:
+    """The flow head as two ``torch.export`` programs (vlad_torch.guided): the encoder from the
+    observation inputs, the velocity from its context, ``x`` and ``t``. Checked: the Euler
+    integration of the two, unguided, computes what ``policy.pt2`` computes."""
+    import torch
+
+    from vlad.demo.model import FlowEncoder, FlowVelocity
+    from vlad.errors import ExportError
+
+    names = [s.name for s in contract.inputs]
+    skip = {contract.noise.input, contract.rtc.actions_input, contract.rtc.weights_input}
+    observation = [torch.from_numpy(example[n]) for n in names if n not in skip]
+    encoder, velocity = FlowEncoder(model).eval(), FlowVelocity(model).eval()
+    with torch.no_grad():
+        context = encoder(*observation)
+        noise = torch.from_numpy(example[contract.noise.input])
+        t = torch.zeros(noise.shape[0])
+        torch.export.save(torch.export.export(encoder, tuple(observation)), str(out / ENCODER))
+        torch.export.save(torch.export.export(velocity, (*context, noise, t)), str(out / VELOCITY))
+        enc = torch.export.load(str(out / ENCODER)).module()
+        vel = torch.export.load(str(out / VELOCITY)).module()
+        ctx = enc(*observation)
+        x, n = noise, contract.noise.denoising_steps
+        for k in range(n):
+            x = x + vel(*ctx, x, torch.full((x.shape[0],), k / n)) / n
+        ref = model(*(torch.from_numpy(example[name]) for name in names))
+    err = float((x - ref).abs().max())
+    if err > 1e-5:
+        raise ExportError(f"the flow head's programs integrate to {err:.3g} away from policy.pt2 (> 1e-5)")
 
 
 def _guided(contract, inputs: dict) -> dict:

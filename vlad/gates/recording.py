@@ -406,6 +406,7 @@ class ObservationHeader:
     seq: int = field(metadata=schema.bounded(0, 2**64 - 1))
     t_sensor_ns: int = field(metadata=schema.bounded(0, 2**63 - 1))
     instruction: str | None = field(default=None, metadata={"allow_empty": True})
+    client: str | None = field(default=None, metadata={"allow_empty": True, "max_len": 128})
 
 
 @dataclass(frozen=True)
@@ -425,6 +426,7 @@ class ChunkHeader:
     release: str = field(default="", metadata={"allow_empty": True, "max_len": 256})
     state: str = field(default="", metadata={"allow_empty": True, "max_len": 64})
     reason: str = field(default="", metadata={"allow_empty": True, "max_len": 256})
+    client: str | None = field(default=None, metadata={"allow_empty": True, "max_len": 128})
 
 
 @dataclass(frozen=True)
@@ -438,6 +440,8 @@ class RecordedObservation:
     images: dict[str, np.ndarray]
     proprio: np.ndarray | None
     reanchor: bool = False  # the controller announced a joint-state jump (docs/protocol.md)
+    client: str | None = None
+    executing: tuple[int, int] | None = (-1, -1)  # its `exec` report ((-1, -1): none)
 
 
 @dataclass
@@ -667,7 +671,17 @@ def _observation(frames: list[bytes], t_ns: int, where: str) -> RecordedObservat
     images = {k[len("image/") :]: v for k, v in msg.tensors.items() if k.startswith("image/")}
     # reanchor: as the daemon's intake reads it (only a true boolean announces a jump)
     reanchor = msg.header.get("reanchor") is True
-    return RecordedObservation(h.seq, h.t_sensor_ns, t_ns, h.instruction, images, msg.tensors.get("proprio"), reanchor)
+    report = msg.header.get("exec", (-1, -1))
+    executing = (
+        (report[0], report[1])
+        if isinstance(report, list) and len(report) == 2 and all(type(v) is int for v in report)
+        else None
+        if report is None
+        else (-1, -1)
+    )
+    return RecordedObservation(
+        h.seq, h.t_sensor_ns, t_ns, h.instruction, images, msg.tensors.get("proprio"), reanchor, h.client, executing
+    )
 
 
 def _chunk(frames: list[bytes], t_ns: int, where: str) -> ActionChunk:
@@ -698,6 +712,7 @@ def _chunk(frames: list[bytes], t_ns: int, where: str) -> ActionChunk:
         t_receive_ns=t_ns,
         advisory=h.advisory,
         reason=h.reason,
+        client=h.client,
     )
 
 

@@ -74,26 +74,39 @@ def replay_guard(
     trusted = TrustedState(contract)
     guard = ActionGuard(contract, trusted)
     out = GuardReplay(JointErrors(tuple(j.name for j in contract.action.joints)))
+    # The trusted joint state as the daemon had it when it guarded each chunk: every
+    # observation received before then judged, in the order they arrived.
+    arrivals = sorted(observations.values(), key=lambda o: o.t_ns)
+    verdicts: dict[int, str | None] = {}
+    judged = 0
     for chunk in sorted(recording.chunks, key=lambda c: c.seq):
+        while judged < len(arrivals) and arrivals[judged].t_ns <= chunk.t_issue_ns:
+            o = arrivals[judged]
+            judged += 1
+            if o.proprio is not None:
+                verdicts[o.seq] = trusted.judge(np.asarray(o.proprio), o.t_sensor_ns, o.reanchor, o.t_ns)
+        trusted.settle(chunk.t_issue_ns)
         if chunk.is_hold or chunk.obs_seq not in actions:
-            # A hold (or an unreplayed observation) still moved the guard's reference,
-            # unless it was advisory.
-            if not chunk.advisory:
-                _sent(guard, chunk)
+            _sent(guard, chunk)  # what the robot may have executed meanwhile
             continue
         obs = observations[chunk.obs_seq]
-        verdict_in = (
-            trusted.judge(np.asarray(obs.proprio), obs.t_sensor_ns, obs.reanchor) if obs.proprio is not None else None
-        )
-        if verdict_in is not None:
+        if verdicts.get(chunk.obs_seq) is not None:
             # This daemon refuses that joint state and would not answer it; the recorded
             # chunk still moved the recording daemon's reference.
             _sent(guard, chunk)
             out.refused += 1
             continue
-        # The guard's rate limit depends on the chunks' time slots, not on when it ran.
+        # The seams depend on what the robot executed and on when the guard ran (the slot the
+        # chunk arrived in): the recorded report and the recorded issue time.
+        client = obs.client or ""
         verdict = guard.check(
-            np.array(actions[chunk.obs_seq], np.float32), chunk.t_sensor_ns, chunk.valid_until_ns, chunk.t_sensor_ns
+            np.array(actions[chunk.obs_seq], np.float32),
+            chunk.t_issue_ns,
+            chunk.valid_until_ns,
+            chunk.t_sensor_ns,
+            executing=guard.executing(client, chunk.t_sensor_ns, obs.executing),
+            client=client,
+            seq=chunk.seq,
         )
         if verdict.actions is None:
             continue
@@ -111,8 +124,16 @@ def replay_guard(
 
 
 def _sent(guard, chunk) -> None:
-    """``chunk`` (recorded) as the last chunk the guard sent."""
-    guard.record_hold(np.asarray(chunk.actions, np.float32), chunk.t_sensor_ns, chunk.valid_until_ns)
+    """``chunk`` (recorded) as a chunk the guard sent."""
+    guard.record(
+        np.asarray(chunk.actions, np.float32),
+        chunk.t_sensor_ns,
+        chunk.valid_until_ns,
+        chunk.t_issue_ns,
+        chunk.client,
+        chunk.seq,
+        chunk.advisory,
+    )
 
 
 @dataclass

@@ -189,14 +189,6 @@ class Controllers:
                 del self._table[name]
         return gone
 
-    def forget(self, names: list[str] | None = None) -> list[str]:
-        """Drop the given controllers (every one when None); the names dropped."""
-        with self._lock:
-            gone = list(self._table) if names is None else [n for n in names if n in self._table]
-            for name in gone:
-                del self._table[name]
-        return gone
-
     def snapshot(self) -> dict[str, Beat]:
         """The controllers judged, with their newest heartbeat."""
         return {name: Beat(e.last_beat_ns, e.cadence) for name, e in list(self._table.items()) if e.judged}

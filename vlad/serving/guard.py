@@ -330,7 +330,6 @@ class ActionGuard:
         self.upper = np.asarray([j.upper for j in spec.joints], dtype=np.float32)
         self.rate = np.asarray([j.rate_limit for j in spec.joints], dtype=np.float32)
         self._rate_tol = self.rate + np.float32(1e-6)  # what the limits compare steps with
-        self._steps = np.empty((max(spec.chunk_length - 1, 0), spec.dim), np.float32)
         self.period_ns = int(contract.timing.control_period_ms * 1e6)
         self.sent: dict[int, Sent] = {}  # by seq, oldest first (at most SENT_KEPT)
         self._newest: dict[str | None, int] = {}  # per addressee: the newest binding chunk's seq

@@ -2,8 +2,9 @@
 
 While a chunk executes, the next one is computed from a newer observation; it arrives
 ``d`` control periods after that observation was captured (the delay, from vlad's own
-latency measurements: the largest sensor-to-publish time of the last chunks, so a slow
-outlier widens it at once). Its first ``d`` waypoints are therefore already decided: they
+latency measurements: the 90th percentile of the sensor-to-publish times of the last 20
+chunks, in whole periods; overestimating it only freezes a waypoint the robot executes
+anyway, underestimating it switches where the weights are still close to 1). Its first ``d`` waypoints are therefore already decided: they
 are what the robot executes meanwhile. Real-time chunking (K. Black, M. Y. Galliker,
 S. Levine, "Real-Time Execution of Action Chunking Flow Policies", 2025, arXiv 2506.07339)
 conditions the new chunk on them: weight 1 on the waypoints that will have run, weights
@@ -59,10 +60,11 @@ class RealTimeChunking:
         self._latency.append(latency_ns)
 
     def delay_periods(self) -> int:
-        """Whole periods between an observation and its chunk (the recent worst case)."""
+        """Whole periods between an observation and its chunk (the recent 90th percentile)."""
         if not self._latency or not self.period_ns:
             return 0
-        return max(self._latency) // self.period_ns
+        recent = sorted(self._latency)
+        return recent[int(0.9 * (len(recent) - 1))] // self.period_ns
 
     def guide(self, executing: Executing, length: int) -> Guide | None:
         """What the next chunk continues, or None when it arrives within its first slot."""

@@ -193,6 +193,8 @@ class TorchAOTIBackend(Backend):
         """Load a package made by :func:`compile_aoti`; refuses one for another torch or device."""
         options = dict(options or {})
         opts = TorchOptions.parse(self.name, options)
+        if opts.rtc_encoder or opts.rtc_velocity:
+            raise BackendError(f"{self.name}: rtc_encoder / rtc_velocity guide the eager program: use backend 'torch'")
         require(self.availability())
         import torch
         import torch._inductor

@@ -8,7 +8,9 @@ Options: ``device`` (``"cpu"`` default, ``"cuda"``, ``"cuda:N"``), ``threads``
 (``torch.set_num_threads``; process-wide) and ``precision`` (``"fp32"`` default; on CUDA
 also ``"tf32"``, ``"fp16"`` and ``"bf16"``, see :mod:`vlad_torch.session`). A program
 exported with bf16 or fp16 weights computes in that precision on any device, and its
-``precision`` option must name it.
+``precision`` option must name it. ``rtc_encoder`` / ``rtc_velocity`` (file names beside
+the artifact) and ``rtc_guidance``: real-time chunking by guidance instead of the graph's
+own inpainting (:mod:`vlad_torch.guided`).
 
 Memory: :func:`torch.export.load` copies each weight record of the archive into its own
 storage (it has no memory-mapped load), so a loaded program holds its weights once, in
@@ -101,7 +103,9 @@ class TorchBackend(Backend):
             # Moves parameters, buffers and the device constants baked into the graph;
             # Module.to() would miss the latter.
             program = move_to_device_pass(program, device)
-        module = program.module()
+        module: Any = program.module()
+        if opts.rtc_encoder or opts.rtc_velocity:
+            module = self._guided(artifact, contract, opts, names, device)
         return TorchSession(
             contract,
             artifact,
@@ -114,6 +118,34 @@ class TorchBackend(Backend):
             precision=precision,
             autocast=weights == "fp32",
         )
+
+    def _guided(self, artifact: Path, contract: Contract, opts: TorchOptions, names: list[str], device: Any) -> Any:
+        """The guided flow from the two programs beside ``artifact`` (vlad_torch.guided)."""
+        from vlad_torch.guided import GuidedFlow
+
+        if not (opts.rtc_encoder and opts.rtc_velocity):
+            raise BackendError(f"{self.name}: options rtc_encoder and rtc_velocity go together")
+        programs = []
+        for option, name in (("rtc_encoder", opts.rtc_encoder), ("rtc_velocity", opts.rtc_velocity)):
+            if "/" in name or name in (".", ".."):
+                raise BackendError(f"{self.name}: option {option} = {name!r}: a file name beside the artifact")
+            programs.append(self._program(artifact.parent / name, device).module())
+        return GuidedFlow(contract, names, programs[0], programs[1], opts.rtc_guidance)
+
+    def _program(self, path: Path, device: Any) -> Any:
+        import torch
+
+        try:
+            program = torch.export.load(str(path))
+        except FileNotFoundError as exc:
+            raise BackendError(f"{self.name}: artifact {path} does not exist") from exc
+        except Exception as exc:
+            raise BackendError(f"{self.name}: {path} is not a torch.export program: {_first_line(exc)}") from exc
+        if device.type != "cpu":
+            from torch.export.passes import move_to_device_pass
+
+            program = move_to_device_pass(program, device)
+        return program
 
 
 def _first_line(exc: BaseException) -> str:

@@ -120,6 +120,11 @@ class TorchOptions:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     threads: int | None = field(default=None, metadata=bounded(1))  # torch intra-op threads (process-wide)
     precision: Precision = "fp32"  # checked against the device and the weights by resolve_precision
+    # Real-time chunking by guidance (vlad_torch.guided): the flow head's two programs, file
+    # names beside the artifact, and the guidance clip. The ``torch`` backend only.
+    rtc_encoder: str | None = None
+    rtc_velocity: str | None = None
+    rtc_guidance: float = field(default=5.0, metadata=bounded(0.0, 1000.0))
 
     @classmethod
     def parse(cls, backend: str, options: Mapping[str, Any] | None) -> TorchOptions:

@@ -97,17 +97,6 @@ def affine(ckpt: Checkpoint, feature: Feature, *, decode: bool = False) -> tuple
 RANGE_STATS = {"MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99"), "QUANTILE10": ("q10", "q90")}
 
 
-def constant_entries(ckpt: Checkpoint, feature: Feature) -> np.ndarray:
-    """Entries of ``feature`` whose normalization range is empty (``max = min``): LeRobot maps
-    only the constant itself into [-1, 1]."""
-    mode = ckpt.mode(feature)
-    s = ckpt.stats.get(feature.key, {})
-    if mode not in RANGE_STATS or not s:
-        return np.zeros(feature.shape[0], bool)
-    lo_key, hi_key = RANGE_STATS[mode]
-    return (s[hi_key].reshape(-1) - s[lo_key].reshape(-1)) == 0
-
-
 def _units(given: tuple[str, ...], n: int, what: str, names: tuple[str, ...], flag: str) -> list[str]:
     if not given:
         raise CheckpointError(
