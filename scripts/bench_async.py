@@ -18,7 +18,8 @@ every inference takes at least the injected latency, drawn within ±``--jitter``
 
 The reference: the same release in this process (ONNX Runtime, one thread), the ``wait``
 rule at zero latency, on the same seeds (unseen in training, ``--episodes`` per
-instruction). Per row: success per instruction; idle ticks (no valid waypoint: the arm held);
+instruction). Per row: success per instruction; idle ticks (no valid waypoint once the first chunk came: the arm held; the periods before it,
+waiting for the first plan, are reported apart);
 the seam step (the change of the executed command where a new chunk takes over, the
 episode's start from the still arm included): max, p99 and how many exceed the contract's
 rate limit; the joint jerk (third difference of the measured joint angles); chunks the
@@ -115,7 +116,8 @@ def summarize(logs: list[EpisodeLog], contract: Contract) -> dict:
         "episodes": len(logs),
         "success": sum(log.success for log in logs),
         "success_by_instruction": by_instruction,
-        "idle_ticks": sum(log.held for log in logs),
+        "idle_ticks": sum(log.idle for log in logs),  # once the first chunk was there
+        "start_ticks_mean": round(float(np.mean([log.waited for log in logs])), 2),  # waiting for it
         "ticks": sum(len(log.commands) for log in logs),
         "seam_max_rad": round(max(seams, default=0.0), 4),
         "seam_p99_rad": round(float(np.percentile(seams, 99)) if seams else 0.0, 4),
@@ -220,6 +222,7 @@ COLUMNS = (
     "rule",
     "success",
     "idle ticks",
+    "first chunk after (periods)",
     "seam step max / p99 rad",
     "seams over the rate limit",
     "jerk RMS rad/s³",
@@ -235,6 +238,7 @@ def _cells(r: dict) -> list[str]:
         r["rule"],
         f"{r['success']}/{r['episodes']} ({by})",
         f"{r['idle_ticks']} of {r['ticks']}",
+        f"{r['start_ticks_mean']:.1f}",
         f"{r['seam_max_rad']:.3f} / {r['seam_p99_rad']:.3f}",
         f"{r['seams_over_rate_limit']} of {r['seams']}",
         f"{r['jerk_rms_rad_s3']:.0f}",

@@ -18,6 +18,7 @@ from vlad.testing import start_daemon
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 PERIOD = 20_000_000
+CHUNK = sim.CHUNK_HORIZON  # the demo contract's chunk_length
 SEEDS = (43000, 43001)  # x both instructions: four episodes through the daemon
 
 
@@ -34,8 +35,8 @@ def test_in_process_episodes_are_deterministic_and_number_their_observations(in_
     in_process.infer = lambda frame, seq: seqs.append(seq) or infer(frame, seq)
     try:
         with sim.ReacherTask(render=False) as task:
-            a = run_episode(task, in_process, SEEDS[0], sim.INSTRUCTIONS[0], period_ns=PERIOD)
-            b = run_episode(task, in_process, SEEDS[0], sim.INSTRUCTIONS[0], period_ns=PERIOD)
+            a = run_episode(task, in_process, SEEDS[0], sim.INSTRUCTIONS[0], period_ns=PERIOD, chunk_length=CHUNK)
+            b = run_episode(task, in_process, SEEDS[0], sim.INSTRUCTIONS[0], period_ns=PERIOD, chunk_length=CHUNK)
     finally:
         in_process.infer = infer
     assert a.commands == b.commands and a.trajectory == b.trajectory
@@ -51,14 +52,22 @@ def test_through_the_daemon_an_episode_differs_from_in_process_only_where_servin
     guard intervention and no late answer is the in-process one, tick for tick."""
     plan = [(seed, instruction) for seed in SEEDS for instruction in sim.INSTRUCTIONS]
     with sim.ReacherTask(render=False) as task:
-        refs = [run_episode(task, in_process, seed, instruction, period_ns=PERIOD) for seed, instruction in plan]
+        refs = [
+            run_episode(task, in_process, seed, instruction, period_ns=PERIOD, chunk_length=CHUNK)
+            for seed, instruction in plan
+        ]
     daemon = start_daemon(tmp_path)
     try:
         client = daemon.client("episodes")
         link = DaemonLink(client)
         with sim.ReacherTask(render=False) as task:  # back to back: a controller that pauses gets holds
-            run_episode(task, link, 1, sim.INSTRUCTIONS[0], period_ns=PERIOD)  # warm caches, not compared
-            got = [run_episode(task, link, seed, instruction, period_ns=PERIOD) for seed, instruction in plan]
+            run_episode(
+                task, link, 1, sim.INSTRUCTIONS[0], period_ns=PERIOD, chunk_length=CHUNK
+            )  # warm caches, not compared
+            got = [
+                run_episode(task, link, seed, instruction, period_ns=PERIOD, chunk_length=CHUNK)
+                for seed, instruction in plan
+            ]
         pairs = [(r, g, compare(r, g)) for r, g in zip(refs, got, strict=True)]
         status = client.status()
         events = [(e["kind"], e["reason"]) for e in client.control("events", limit=20)]

@@ -454,8 +454,8 @@ class ChunkExecutor:
 
     * Switching: a new chunk is adopted at the index for *now*: waypoint k covers
       ``[t_sensor + k * period, t_sensor + (k + 1) * period)``, so waypoints already in
-      the past are dropped (counted). A chunk from an older observation than the current
-      one, a stale one, or one wholly in the past is refused.
+      the past are dropped (counted). A policy chunk from an older observation than the
+      policy chunk being executed, a stale one, or one wholly in the past is refused.
     * Blending: for ``overlap`` waypoints after a switch the command mixes the new chunk
       with the old one (while the old one is still valid): weight of the new one ``w_j``
       for the j-th waypoint after the switch, ``linear`` ``(j + 1) / (overlap + 1)``,
@@ -536,7 +536,16 @@ class ChunkExecutor:
         if chunk.advisory and self._usable(self.current, now):
             self.stats.ignored_advisory += 1
             return False
-        if self.current is not None and not chunk.is_hold and chunk.t_sensor_ns < self.current.t_sensor_ns:
+        current = self.current
+        if (
+            current is not None
+            and not chunk.is_hold
+            and not current.is_hold
+            and chunk.t_sensor_ns < current.t_sensor_ns
+        ):
+            # A plan from an older observation than the plan being executed (a hold has no
+            # plan: a policy chunk sent after it takes over, by the page's rule of the
+            # highest seq).
             self.stats.rejected_older += 1
             return False
         k = self.index(chunk, now)

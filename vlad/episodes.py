@@ -28,8 +28,17 @@ and :class:`EpisodeLog` records each of those per tick.
 **Chunk execution rule** (both links): ask for a chunk at the first tick, then whenever
 ``exec_steps`` waypoints of the current one have run; switch hard (no blending: what the
 policy was trained and evaluated with); execute nothing stale; hold the measured pose when
-no valid waypoint is left. The daemon's bridging holds are ignored while the current chunk
-is valid; any other hold (e-stop, fallback, a refused or failed observation) is adopted.
+no valid waypoint is left (before the first chunk comes, too: the arm waits for its first
+plan). The daemon's bridging holds are ignored while the current chunk is valid; any other
+hold (e-stop, fallback, a refused or failed observation) is adopted. With ``follow``: a
+streaming controller that asks with every observation and executes the newest chunk
+addressed to it (what real-time chunking serves). Every observation reports the chunk and
+waypoint executed (``exec``).
+
+**The reset.** A streaming controller announces each episode's reset (``reanchor``) one
+period before the first tick (the reset settles): the first tick's observation confirms it,
+and is answered like any other. A controller that only asks announces it with its first
+request.
 """
 
 from __future__ import annotations
@@ -118,14 +127,11 @@ class Link(Protocol):
     def receive(self, seq: int, deadline_ns: int) -> list[ActionChunk]: ...
 
 
-START_SEQS = 128  # observation numbers an episode may use while it waits for its first chunk
-
-
 def seq_base(seed: int, steps: int) -> int:
     """First observation sequence number of the episode on ``seed``: disjoint per seed and
     increasing with it, so both links number (and so seed the noise of) every tick alike
-    (the numbers after the ticks are the observations sent while the first chunk is computed)."""
-    return 1 + seed * (steps + START_SEQS)
+    (the number after the ticks is the reset's announcement, :func:`_announce`)."""
+    return 1 + seed * (steps + 1)
 
 
 @dataclass
@@ -145,10 +151,21 @@ class EpisodeLog:
     answered_in_time: int = 0
     late: list[int] = field(default_factory=list)  # ticks whose request was not answered in budget
     held: int = 0  # ticks with no valid waypoint: the runner held the measured pose
+    first_chunk_tick: int = -1  # the first tick a policy chunk was executed (-1: none)
     holds_adopted: Counter[str] = field(default_factory=Counter)
     holds_received: Counter[str] = field(default_factory=Counter)
     interventions: Counter[str] = field(default_factory=Counter)  # on the chunks that answered a request
     latencies_ms: list[float] = field(default_factory=list)  # sensor time -> answer received
+
+    @property
+    def waited(self) -> int:
+        """Ticks before the first policy chunk came: the first plan's latency (the arm still)."""
+        return self.first_chunk_tick if self.first_chunk_tick >= 0 else len(self.sources)
+
+    @property
+    def idle(self) -> int:
+        """Ticks with no valid waypoint once the first policy chunk had come (the runner held)."""
+        return sum(src == "held" for src in self.sources[self.waited :])
 
     def seam_steps(self) -> list[float]:
         """The change of the executed command where a new chunk takes over (from the still arm
@@ -173,13 +190,11 @@ class EpisodeLog:
             "answered_in_time": self.answered_in_time,
             "late_ticks": self.late,
             "held_periods": self.held,
+            "first_chunk_tick": self.first_chunk_tick,
             "holds_adopted": dict(self.holds_adopted),
             "holds_received": dict(self.holds_received),
             "interventions": dict(self.interventions),
         }
-
-
-START_WAIT_NS = 2_000_000_000  # the longest an episode waits for its first chunk
 
 
 def run_episode(
@@ -189,8 +204,8 @@ def run_episode(
     instruction: str,
     *,
     period_ns: int,
+    chunk_length: int,
     exec_steps: int = 4,
-    chunk_length: int = 8,
     budget: float = 0.8,
     label: str = "",
     executor: Callable[[], ChunkExecutor] | None = None,
@@ -231,7 +246,10 @@ def run_episode(
     sim_t0 = period_ns  # the simulation's clock: tick t at sim_t0 + t * period (never 0)
     ticks: dict[int, int] = {}  # observation seq -> its tick
     requested: set[int] = set()
-    _start(task, link, ex, log, base, requested, ticks, sim_t0, period_ns)
+    streaming = link.realtime and link.streams
+    if streaming:
+        ticks[base + task.steps] = -1  # the period before the first tick
+        _announce(task, link, base + task.steps, period_ns)
     wall0 = time.monotonic_ns()
     for tick in range(task.steps):
         now_sim = sim_t0 + tick * period_ns
@@ -241,14 +259,16 @@ def run_episode(
         # First what arrived since the last tick (a late answer): it decides whether to ask.
         for chunk in link.receive(-1, time.monotonic_ns()):
             _offer(ex, log, chunk, -1, requested, ticks, now_sim, sim_t0, period_ns, follow)
-        wanted = tick > 0 and (follow or ex.should_request(now_sim))  # tick 0 asked before the start
+        wanted = follow or ex.should_request(now_sim)
         seq = base + tick
         deadline = time.monotonic_ns()  # not waiting: what has arrived
-        if tick > 0 and (wanted or link.streams):
+        if wanted or link.streams:
             frame = task.observe(render=True)
             t_sensor = time.monotonic_ns()
             ticks[seq] = tick
-            link.send(frame, seq, t_sensor, reanchor=False, wanted=wanted, executing=ex.report(now_sim))
+            # A controller that only asks announces the reset's jump with its first request.
+            reanchor = tick == 0 and not streaming
+            link.send(frame, seq, t_sensor, reanchor=reanchor, wanted=wanted, executing=ex.report(now_sim))
             if wanted:
                 ex.request_sent(seq, now_sim)
                 requested.add(seq)
@@ -267,6 +287,8 @@ def run_episode(
             log.sources.append("held")
             log.chunks.append(-1)
         else:
+            if log.first_chunk_tick < 0 and current is not None and not current.is_hold:
+                log.first_chunk_tick = tick
             log.sources.append(current.source if current is not None else "?")
             log.chunks.append(current.obs_seq if current is not None else -1)
         log.commands.append([float(x) for x in command])
@@ -276,45 +298,14 @@ def run_episode(
     return log
 
 
-def _start(
-    task: Task,
-    link: Link,
-    ex: ChunkExecutor,
-    log: EpisodeLog,
-    base: int,
-    requested: set[int],
-    ticks: dict[int, int],
-    sim_t0: int,
-    period_ns: int,
-) -> None:
-    """The episode's first request, answered before its clock starts: a robot starts a task
-    once its first plan is there (the policy's answer to it, or a binding hold: vlad cannot
-    serve), the arm still meanwhile. The first observation announces the reset's jump
-    (``reanchor``); while its answer is computed the controller goes on heartbeating and
-    observing (the still arm: what confirms the announcement)."""
-    frame = task.observe(render=True)
-    t_sensor = time.monotonic_ns()
-    ticks[base] = 0
-    link.send(frame, base, t_sensor, reanchor=True, wanted=True, executing=None)
-    ex.request_sent(base, sim_t0)
-    requested.add(base)
-    log.requests += 1
-    give_up = t_sensor + START_WAIT_NS
-    extra = base + task.steps  # observation numbers after the episode's ticks
-    while True:
-        step = time.monotonic_ns() + period_ns if link.realtime else 0
-        for chunk in link.receive(base, min(step, give_up)):
-            _offer(ex, log, chunk, base, requested, ticks, sim_t0, sim_t0, period_ns, False)
-        current = ex.current
-        answered = current is not None and (current.obs_seq == base or (current.is_hold and not current.advisory))
-        if answered or time.monotonic_ns() >= give_up or not link.realtime:
-            return
-        link.tick()
-        if link.streams:
-            link.send(
-                task.observe(render=True), extra, time.monotonic_ns(), reanchor=False, wanted=False, executing=None
-            )
-            extra += 1
+def _announce(task: Task, link: Link, seq: int, period_ns: int) -> None:
+    """The reset settles for one period: a streaming controller observes the still arm and
+    announces the jump (``reanchor``) one period before the episode's first tick, whose own
+    observation then confirms it (vlad believes an announced jump once a later observation
+    agrees), so the first tick is answered like any other."""
+    link.tick()
+    link.send(task.observe(render=True), seq, time.monotonic_ns(), reanchor=True, wanted=False, executing=None)
+    time.sleep(period_ns / 1e9)
 
 
 def _pace(wall0: int, tick: int, period_ns: int) -> int:

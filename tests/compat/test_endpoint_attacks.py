@@ -440,7 +440,8 @@ def test_malformed_heartbeats_keep_nobody_alive(daemon, native):
     ghost = daemon.client("ghost")
     try:
         before = status(daemon)["counters"]["rejected"].get("malformed", 0)
-        for _ in range(5):  # past the slow joiner: observations and good heartbeats
+        # Past the slow joiner, and long enough to be judged (heartbeats over the limit, 5 periods).
+        for _ in range(10):
             ghost.publish_observation(dict(raw.images), proprio=raw.proprio, instruction=raw.instruction)
             ghost.heartbeat()
             time.sleep(0.02)  # a controller's period

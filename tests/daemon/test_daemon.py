@@ -84,7 +84,7 @@ def test_fresh_observations_yield_correct_chunks(daemon, client, contract, golde
             np.testing.assert_allclose(chunk.actions, ref, atol=1e-5)
         else:
             g = ActionGuard(contract)
-            assert set(chunk.interventions) <= {"rate", "bounds", "out_of_bounds"}
+            assert set(chunk.interventions) <= {"seam", "rate", "bounds", "out_of_bounds"}
             assert np.all(chunk.actions >= g.lower) and np.all(chunk.actions <= g.upper)
         assert chunk.seq > 0
 

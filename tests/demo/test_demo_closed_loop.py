@@ -44,7 +44,14 @@ def test_language_changes_the_goal(contract, policy_link):
     with sim.ReacherTask(render=False) as task:
         for instruction in sim.INSTRUCTIONS:
             for seed in fixed_seeds(EPISODES):
-                run_episode(task, policy_link, seed, instruction, period_ns=20_000_000)
+                run_episode(
+                    task,
+                    policy_link,
+                    seed,
+                    instruction,
+                    period_ns=20_000_000,
+                    chunk_length=contract.action.chunk_length,
+                )
                 mirrored = -task.goal  # the other instruction's goal for the same target
                 nearer += np.linalg.norm(task.fingertip - task.goal) < np.linalg.norm(task.fingertip - mirrored)
                 n += 1

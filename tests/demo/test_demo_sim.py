@@ -28,6 +28,7 @@ from vlad.demo.sim import (  # noqa: E402
 from vlad.episodes import run_episode  # noqa: E402
 
 PERIOD = 20_000_000
+CHUNK = sim.CHUNK_HORIZON  # the demo contract's chunk_length
 
 
 @pytest.fixture(scope="module")
@@ -144,9 +145,12 @@ def test_expert_succeeds_and_zero_baseline_does_not(contract):
     try:
         expert, zero = expert_link(task, contract), no_motion_link(contract)
         for instruction in INSTRUCTIONS:
-            ok = [run_episode(task, expert, s, instruction, period_ns=PERIOD).success for s in range(5)]
+            ok = [
+                run_episode(task, expert, s, instruction, period_ns=PERIOD, chunk_length=CHUNK).success
+                for s in range(5)
+            ]
             assert sum(ok) >= 4, (instruction, ok)
-            z = [run_episode(task, zero, s, instruction, period_ns=PERIOD) for s in range(5)]
+            z = [run_episode(task, zero, s, instruction, period_ns=PERIOD, chunk_length=CHUNK) for s in range(5)]
             assert sum(r.success for r in z) <= 1, (instruction, z)
             assert all(len(r.commands) == sim.EPISODE_STEPS for r in z)
             # The zero baseline really holds the start pose.
@@ -166,7 +170,9 @@ def test_the_runner_renders_only_the_observations_it_sends(contract):
 
     task.observe = counting  # type: ignore[method-assign]
     try:
-        log = run_episode(task, expert_link(task, contract), 0, INSTRUCTIONS[0], period_ns=PERIOD, exec_steps=4)
+        log = run_episode(
+            task, expert_link(task, contract), 0, INSTRUCTIONS[0], period_ns=PERIOD, chunk_length=CHUNK, exec_steps=4
+        )
     finally:
         task.close()
     assert len(log.commands) == 50
@@ -180,7 +186,7 @@ def test_collect_demonstrations_samples():
     for s in samples:
         assert s.image.shape == (64, 64, 3) and s.image.dtype == np.uint8
         assert s.proprio.shape == (4,) and s.proprio.dtype == np.float32
-        assert s.chunk.shape == (8, 2) and s.chunk.dtype == np.float32
+        assert s.chunk.shape == (sim.CHUNK_HORIZON, 2) and s.chunk.dtype == np.float32
         steps = np.diff(np.vstack([s.proprio[:2], s.chunk]), axis=0)
         assert np.all(np.abs(steps) <= RATE_LIMIT + 1e-5)
     assert [s.t for s in samples[:5]] == [0, 10, 20, 30, 40]

@@ -388,7 +388,8 @@ def test_a_controller_that_reports_its_chunk_is_limited_from_the_waypoint_it_exe
     against the chunk vlad last *sent*, which it never executed. Its report says which."""
     ts = _trusted(contract, (0.0, 0.0))
     g = ActionGuard(contract, ts)
-    ramp = np.repeat(0.2 * np.arange(contract.action.chunk_length, dtype=np.float32)[:, None], 2, axis=1)
+    steps = np.minimum(0.2 * np.arange(contract.action.chunk_length, dtype=np.float32), 2.0)  # then it stays
+    ramp = np.repeat(steps[:, None], 2, axis=1)
     assert g.check(ramp.copy(), NOW, NOW + VALID, NOW, client="arm", seq=1).interventions == ()  # 0, 0.2, ...
     g.check(
         _chunk(contract, 0.0), NOW + PERIOD, NOW + PERIOD + VALID, NOW + PERIOD, client="arm", seq=2

@@ -226,7 +226,7 @@ class StatusModel:
             heartbeats=intake.heartbeats,
             superseded=intake.superseded,
             input_rejected=intake.input_rejected,
-            reanchors=intake.reanchors + self.guard.reanchors,
+            reanchors=intake.reanchors,
             reanchors_announced=self.intake.trusted.announced,
             published=pub.policy_chunks,
             published_hold=sum(pub.holds.values()),

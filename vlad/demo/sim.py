@@ -66,7 +66,7 @@ CONTROL_DT = 0.02  # seconds per control period (frame_skip 2 x 0.01 s)
 SUCCESS_RADIUS = 0.02  # metres, fingertip-to-goal at the final step
 RATE_LIMIT = 0.25  # rad per control period per joint, for waypoint chunks
 JOINT1_LIMIT = 3.0  # rad, MuJoCo range of joint1 in reacher.xml
-CHUNK_HORIZON = 8
+CHUNK_HORIZON = 50
 
 # Joint PD gains (ctrl units; the actuators have gear 200, so torque = 200 * ctrl).
 # Each joint is dominated by its armature (inertia ~1 kg m^2) with damping 1, so the

@@ -111,6 +111,7 @@ class TrustedState:
         self._lower_m = [float(lower[k]) for k in self._mapped_k]
         self._upper_m = [float(upper[k]) for k in self._mapped_k]
         self._step_m = [float(self.step[k]) for k in self._mapped_k]
+        self._rate_m = [float(spec.joints[k].rate_limit) for k in self._mapped_k]
         self._positions_m: list[float] = []
         # Every action joint has a measured position: a trusted state is then all finite.
         self.complete = bool(self._mapped_k) and len(self._mapped_k) == len(self.index)
@@ -203,9 +204,7 @@ class TrustedState:
         p = self.pending
         if p is not None:
             self._quiet = False
-            near_new = self._within(q, p.q, abs(t_sensor_ns - p.t_sensor_ns))
-            near_old = self._within(q, self._positions_m, abs(t_sensor_ns - self.t_ns))
-            if near_new and not near_old:
+            if self._within(q, p.q, abs(t_sensor_ns - p.t_sensor_ns)):  # the arm is where it was announced
                 if receive - p.receive_ns >= self.corroborate_ns and t_sensor_ns > p.t_sensor_ns:
                     self.pending = None
                     self.confirmed_id = p.id
@@ -213,7 +212,8 @@ class TrustedState:
                     return None
                 self.provisional = p.id  # the announced state again, too soon to confirm it
                 return None
-            if near_old:  # the arm is where it was: the announcement was not about this arm
+            if self._within(q, self._positions_m, abs(t_sensor_ns - self.t_ns)):
+                # The arm is where it was, not where it was announced: not about this arm.
                 self.pending = None
                 self.contradicted += 1
                 if self.contradicted <= 10 or self.contradicted % 1000 == 0:
@@ -226,8 +226,9 @@ class TrustedState:
             reanchor
             and (self._announced_rx is None or receive - self._announced_rx >= self.announced_interval_ns)
             and all(lo <= v <= hi for v, lo, hi in zip(q, self._lower_m, self._upper_m, strict=True))
-            and not self._within(q, self._positions_m, abs(t_sensor_ns - self.t_ns))
+            and any(abs(a - b) > r for a, b, r in zip(q, self._positions_m, self._rate_m, strict=True))
         ):
+            # Announced (and more than a period's step away: a jump, not a no-op): provisional.
             self._announced_rx = receive
             self.announced += 1
             self._ids += 1
@@ -339,7 +340,6 @@ class ActionGuard:
         self._auto_seq = 0
         self.counts = dict.fromkeys(INTERVENTIONS, 0)
         self.reports_unknown = 0  # ``exec`` reports naming no chunk vlad sent this controller
-        self.reanchors = 0  # kept for the status (the trusted state counts its own)
 
     @property
     def last_command(self) -> np.ndarray | None:
@@ -373,12 +373,13 @@ class ActionGuard:
         else:
             seq, k = report
             reported = self.sent.get(seq)
+            # (A chunk from before a re-anchor is believed when reported: the controller that
+            # jumped drops its chunks, one that reports one did not jump.)
             if (
                 reported is None
                 or reported.client not in (client, None)
                 or not 0 <= k < len(reported.actions)
                 or reported.seq <= self._since_seq
-                or reported.t_sensor_ns < self._since_ns
                 or t_sensor_ns > reported.valid_until_ns
             ):
                 self.reports_unknown += 1
@@ -417,8 +418,7 @@ class ActionGuard:
             sent = self.sent.get(seq) if seq is not None else None
             if (
                 sent is not None
-                and sent.seq > self._since_seq
-                and sent.t_sensor_ns >= self._since_ns
+                and self._reference(sent)
                 and t_sensor_ns <= sent.valid_until_ns
                 and (best is None or sent.seq > best.seq)
             ):
@@ -432,9 +432,19 @@ class ActionGuard:
             sent = self.sent[seq]
             if seq <= reported.seq:
                 return True
-            if not sent.advisory and sent.client in (reported.client, None) and sent.issued_ns < t_sensor_ns:
+            if (
+                not sent.advisory
+                and sent.client in (reported.client, None)
+                and sent.issued_ns < t_sensor_ns
+                and self._reference(sent)
+            ):
                 return False  # a newer chunk was there before its observation: it kept its own
         return True
+
+    def _reference(self, sent: Sent) -> bool:
+        """A chunk the robot may still be executing: sent after the e-stop's last release,
+        about an observation after the last re-anchor."""
+        return sent.seq > self._since_seq and sent.t_sensor_ns >= self._since_ns
 
     def _index(self, chunk: Sent, t_sensor_ns: int) -> int:
         """The waypoint of ``chunk`` a controller executes at ``t_sensor_ns`` (its rule: a
@@ -468,7 +478,6 @@ class ActionGuard:
             self._seen_generation = trusted.generation
             self._newest.clear()
             self._since_ns = trusted.anchor_t_ns
-            self.reanchors += 1
 
     # -- the checks ----------------------------------------------------------------------------
 
