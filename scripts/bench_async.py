@@ -1,29 +1,35 @@
 #!/usr/bin/env python3
-"""The latency sweep: real-time chunking, plain asynchronous execution and the waiting rule,
-through the daemon at injected inference latencies, against the policy in process.
+"""The latency sweep: real-time chunking (by inpainting in the graph, and by guidance),
+plain asynchronous execution and the waiting rule, through the daemon at injected inference
+latencies, against the policy in process.
 
 The MuJoCo Reacher arm (``vlad.demo.sim``) runs in real time at the contract's control
 period and talks to a real ``vlad serve`` subprocess over its real ZeroMQ sockets, every
 episode on the one episode runner (:func:`vlad.episodes.run_episode`). The daemon serves the
-demo release on the ``wrapped`` backend (:mod:`vlad.testing.plugin`) around ONNX Runtime:
+demo release on the ``wrapped`` backend (:mod:`vlad.testing.plugin`) around a real engine:
 every inference takes at least the injected latency, drawn within ±``--jitter`` of it
-(0 ms: the engine's own time, a few ms). Rules, per latency:
+(0 ms: the engine's own time). Rules, per latency:
 
 * ``rtc``: a streaming controller (an observation and a heartbeat every period, reporting
   the chunk it executes) that executes the newest chunk; the daemon computes each chunk to
-  continue it (``serve.rtc = "on"``, :mod:`vlad.serving.rtc`);
+  continue it (``serve.rtc = "on"``, :mod:`vlad.serving.rtc`) with the graph's own
+  gradient-free inpainting (ONNX Runtime, one thread);
+* ``guided``: the same, by guidance (a vector-Jacobian product per denoising step,
+  :mod:`vlad_torch.guided`: the torch backend, one thread);
 * ``async``: the same controller; every chunk computed plain (``serve.rtc = "off"``);
-* ``wait``: the runner's default rule: ask for a chunk every ``--execute`` waypoints, wait
-  up to 80 % of the period for it inside the tick, switch hard (``serve.rtc = "off"``).
+* ``wait``: the runner's default rule: ask for a chunk every ``--execute`` waypoints (an
+  observation only then, heartbeats declaring the ``request`` cadence), wait up to 80 % of
+  the period for it inside the tick, switch hard (``serve.rtc = "off"``).
 
 The reference: the same release in this process (ONNX Runtime, one thread), the ``wait``
 rule at zero latency, on the same seeds (unseen in training, ``--episodes`` per
-instruction). Per row: success per instruction; idle ticks (no valid waypoint once the first chunk came: the arm held; the periods before it,
-waiting for the first plan, are reported apart);
-the seam step (the change of the executed command where a new chunk takes over, the
-episode's start from the still arm included): max, p99 and how many exceed the contract's
-rate limit; the joint jerk (third difference of the measured joint angles); chunks the
-guard changed, by kind; the latency from sensor time to the chunk received.
+instruction). Per row: success per instruction, and the seeds it lost and gained against
+the reference; idle ticks (no valid waypoint: the arm held; an episode starts once its
+first plan came, the mean wait for it reported apart); the seam step (the change of the
+executed command where a new chunk takes over, the episode's start from the still arm
+included): max, p99 and how many exceed the contract's rate limit; the joint jerk (third
+difference of the measured joint angles); chunks the guard changed, by kind; the latency
+from sensor time to the chunk received.
 
     .venv/bin/python scripts/bench_async.py [--episodes 100] [--latency 0,50,100,200] [--hog] [--markdown]
     .venv/bin/python scripts/bench_async.py --ci     # one episode per row at 0 and 100 ms (~1 min)
@@ -45,7 +51,6 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np
 
-from vlad.client import Client
 from vlad.config import Config, ReleaseConfig, ServeConfig
 from vlad.contract import Contract, load_contract
 from vlad.demo import sim
@@ -57,38 +62,36 @@ from vlad.testing import DEMO, PLUGIN_ENV, launch, unsigned_copy
 from vlad.testing.conditions import conditions as shared_conditions
 
 WAIT_FRACTION = 0.8
-RULES = ("rtc", "async", "wait")
+RULES = ("rtc", "guided", "async", "wait")
+ONNX = {"inner": "onnxruntime", "intra_op_threads": 1}
+GUIDED = {"inner": "torch", "threads": 1, "rtc_encoder": "policy_encoder.pt2", "rtc_velocity": "policy_velocity.pt2"}
+# The engine each rule is served by: artifact, the inner backend and its options, serve.rtc.
+ENGINES = {
+    "inpainting": ("policy.onnx", ONNX, "on"),
+    "guidance": ("policy.pt2", GUIDED, "on"),
+    "plain": ("policy.onnx", ONNX, "off"),
+}
+ENGINE = {"rtc": "inpainting", "guided": "guidance", "async": "plain", "wait": "plain"}
 
 
-def daemon_config(folder: Path, latency_ms: float, jitter: float, rtc: bool, contract: Contract) -> Config:
-    """An unsigned copy of the demo release on the delayed ``wrapped`` backend. Only the
-    contract's e2e deadline changes (the slowness is the point: the deadline monitor should
-    not call it a fault)."""
+def daemon_config(folder: Path, latency_ms: float, jitter: float, engine: str, contract: Contract) -> Config:
+    """An unsigned copy of the demo release on the delayed ``wrapped`` backend around
+    ``engine`` (:data:`ENGINES`). Only the contract's e2e deadline changes (the slowness is the point: the
+    deadline monitor should not call it a fault)."""
     deadline = max(contract.timing.e2e_deadline_ms, 1.5 * latency_ms * (1 + jitter) + 20.0)
     line = f"e2e_deadline_ms = {contract.timing.e2e_deadline_ms}"
     release = unsigned_copy(folder / "release", edits={line: f"e2e_deadline_ms = {deadline}"})
+    artifact, options, rtc = ENGINES[engine]
     return Config(
         release=ReleaseConfig(
             path=str(release),
             verify=False,
             backend="wrapped",
-            artifact="policy.onnx",
-            options={"delay_ms": latency_ms, "jitter": jitter, "inner": "onnxruntime", "intra_op_threads": 1},
+            artifact=artifact,
+            options={"delay_ms": latency_ms, "jitter": jitter, **options},
         ),
-        serve=ServeConfig(warmup=2, rtc="on" if rtc else "off"),
+        serve=ServeConfig(warmup=2, rtc=rtc),
     )
-
-
-def settle(client: Client, task: sim.ReacherTask) -> None:
-    """Between episodes: three periods of observations of the still arm and heartbeats (a
-    streaming controller that pauses is a stalled sensor), the answers drained."""
-    for _ in range(3):
-        frame = task.observe(render=True)
-        client.publish_observation(frame.images, frame.proprio, frame.instruction, executing=None)
-        client.heartbeat()
-        time.sleep(0.02)
-        while client.recv_chunk(timeout_ms=0) is not None:
-            pass
 
 
 def jerks(log: EpisodeLog, period_s: float) -> list[float]:
@@ -116,8 +119,9 @@ def summarize(logs: list[EpisodeLog], contract: Contract) -> dict:
         "episodes": len(logs),
         "success": sum(log.success for log in logs),
         "success_by_instruction": by_instruction,
-        "idle_ticks": sum(log.idle for log in logs),  # once the first chunk was there
-        "start_ticks_mean": round(float(np.mean([log.waited for log in logs])), 2),  # waiting for it
+        "failed": sorted([log.instruction, log.seed] for log in logs if not log.success),
+        "idle_ticks": sum(log.held for log in logs),
+        "first_plan_ms": round(float(np.mean([log.first_plan_ms for log in logs])), 1),
         "ticks": sum(len(log.commands) for log in logs),
         "seam_max_rad": round(max(seams, default=0.0), 4),
         "seam_p99_rad": round(float(np.percentile(seams, 99)) if seams else 0.0, 4),
@@ -163,26 +167,23 @@ def in_process(contract: Contract, seeds: list[tuple[int, str]], execute: int) -
 def through_vlad(
     contract: Contract, seeds: list[tuple[int, str]], latency_ms: float, rules: list[str], args, hog: bool
 ) -> list[dict]:
-    """Every rule at one latency: one daemon with real-time chunking on, one without."""
+    """Every rule at one latency, one daemon per engine (rules sharing one share it)."""
     period_ns = int(contract.timing.control_period_ms * 1e6)
     rows = []
-    for rtc in (True, False):
-        mine = [r for r in rules if (r == "rtc") == rtc]
-        if not mine:
-            continue
+    for engine in dict.fromkeys(ENGINE[r] for r in rules):
+        mine = [r for r in rules if ENGINE[r] == engine]
         with tempfile.TemporaryDirectory() as tmp:
             d = launch(
-                daemon_config(Path(tmp), latency_ms, args.jitter, rtc, contract), folder=Path(tmp), env=PLUGIN_ENV
+                daemon_config(Path(tmp), latency_ms, args.jitter, engine, contract), folder=Path(tmp), env=PLUGIN_ENV
             )
             try:
                 client = d.client("bench")
-                link = DaemonLink(client)
                 with sim.ReacherTask(render=False) as task:
                     task.reset(seeds[0][0], seeds[0][1])
                     for rule in mine:
+                        link = DaemonLink(client, streams=rule != "wait")
                         logs = []
                         for k, (seed, instruction) in enumerate(seeds):
-                            settle(client, task)
                             logs.append(
                                 run_episode(
                                     task,
@@ -221,8 +222,9 @@ COLUMNS = (
     "latency",
     "rule",
     "success",
+    "vs in process: lost / gained",
     "idle ticks",
-    "first chunk after (periods)",
+    "first plan after ms",
     "seam step max / p99 rad",
     "seams over the rate limit",
     "jerk RMS rad/s³",
@@ -231,14 +233,16 @@ COLUMNS = (
 )
 
 
-def _cells(r: dict) -> list[str]:
+def _cells(r: dict, reference: dict) -> list[str]:
     by = " / ".join(str(v) for v in r["success_by_instruction"].values())
+    failed, failed_ref = {tuple(f) for f in r["failed"]}, {tuple(f) for f in reference["failed"]}
     return [
         "–" if r["rule"] == "in process" else f"{r['latency_ms']:g} ms",
         r["rule"],
         f"{r['success']}/{r['episodes']} ({by})",
+        "–" if r is reference else f"{len(failed - failed_ref)} / {len(failed_ref - failed)}",
         f"{r['idle_ticks']} of {r['ticks']}",
-        f"{r['start_ticks_mean']:.1f}",
+        f"{r['first_plan_ms']:.0f}",
         f"{r['seam_max_rad']:.3f} / {r['seam_p99_rad']:.3f}",
         f"{r['seams_over_rate_limit']} of {r['seams']}",
         f"{r['jerk_rms_rad_s3']:.0f}",
@@ -249,7 +253,8 @@ def _cells(r: dict) -> list[str]:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+    reference = next(r for r in rows if r["rule"] == "in process")
+    lines += ["| " + " | ".join(_cells(r, reference)) + " |" for r in rows]
     return "\n".join(lines)
 
 

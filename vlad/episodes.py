@@ -28,17 +28,19 @@ and :class:`EpisodeLog` records each of those per tick.
 **Chunk execution rule** (both links): ask for a chunk at the first tick, then whenever
 ``exec_steps`` waypoints of the current one have run; switch hard (no blending: what the
 policy was trained and evaluated with); execute nothing stale; hold the measured pose when
-no valid waypoint is left (before the first chunk comes, too: the arm waits for its first
-plan). The daemon's bridging holds are ignored while the current chunk is valid; any other
+no valid waypoint is left. The daemon's bridging holds are ignored while the current chunk is valid; any other
 hold (e-stop, fallback, a refused or failed observation) is adopted. With ``follow``: a
 streaming controller that asks with every observation and executes the newest chunk
 addressed to it (what real-time chunking serves). Every observation reports the chunk and
 waypoint executed (``exec``).
 
-**The reset.** A streaming controller announces each episode's reset (``reanchor``) one
-period before the first tick (the reset settles): the first tick's observation confirms it,
-and is answered like any other. A controller that only asks announces it with its first
-request.
+**The start.** The episode's clock starts once its first plan has come (the arm still
+until then, the scene static): the policy's latency costs an episode its reactions, not its
+start, and the plan is executed from the waypoint for the time since its observation. A
+streaming controller announces the reset (``reanchor``) one period before its first
+request, which confirms it; a controller that only asks announces it with that request
+(:func:`_first_plan`). Before it, the link rests (:meth:`Link.rest`): answers about the
+last episode still in flight are awaited and dropped, as a robot between tasks does.
 """
 
 from __future__ import annotations
@@ -119,19 +121,25 @@ class Link(Protocol):
 
     realtime: bool  # True: the runner paces ticks against the wall clock
     streams: bool  # True: an observation every tick (the daemon sees a streaming controller)
+    announces: bool  # True: it can send an observation that asks for nothing (a reset's announcement)
 
     def tick(self) -> None: ...  # once per control period (a heartbeat)
+    def rest(self, period_ns: int) -> None: ...  # between episodes: answers in flight awaited, dropped
     def send(
         self, frame: Frame, seq: int, t_sensor_ns: int, *, reanchor: bool, wanted: bool, executing: Executing
     ) -> None: ...
     def receive(self, seq: int, deadline_ns: int) -> list[ActionChunk]: ...
 
 
+START_WAIT_NS = 2_000_000_000  # the longest an episode waits for its first plan
+START_SEQS = 64  # observation numbers after an episode's ticks: its reset and its wait
+
+
 def seq_base(seed: int, steps: int) -> int:
     """First observation sequence number of the episode on ``seed``: disjoint per seed and
     increasing with it, so both links number (and so seed the noise of) every tick alike
-    (the number after the ticks is the reset's announcement, :func:`_announce`)."""
-    return 1 + seed * (steps + 1)
+    (the numbers after the ticks are its reset's and its wait's, :func:`_first_plan`)."""
+    return 1 + seed * (steps + START_SEQS)
 
 
 @dataclass
@@ -151,21 +159,11 @@ class EpisodeLog:
     answered_in_time: int = 0
     late: list[int] = field(default_factory=list)  # ticks whose request was not answered in budget
     held: int = 0  # ticks with no valid waypoint: the runner held the measured pose
-    first_chunk_tick: int = -1  # the first tick a policy chunk was executed (-1: none)
+    first_plan_ms: float = 0.0  # from the first request to the first plan (the episode started then)
     holds_adopted: Counter[str] = field(default_factory=Counter)
     holds_received: Counter[str] = field(default_factory=Counter)
     interventions: Counter[str] = field(default_factory=Counter)  # on the chunks that answered a request
     latencies_ms: list[float] = field(default_factory=list)  # sensor time -> answer received
-
-    @property
-    def waited(self) -> int:
-        """Ticks before the first policy chunk came: the first plan's latency (the arm still)."""
-        return self.first_chunk_tick if self.first_chunk_tick >= 0 else len(self.sources)
-
-    @property
-    def idle(self) -> int:
-        """Ticks with no valid waypoint once the first policy chunk had come (the runner held)."""
-        return sum(src == "held" for src in self.sources[self.waited :])
 
     def seam_steps(self) -> list[float]:
         """The change of the executed command where a new chunk takes over (from the still arm
@@ -190,7 +188,7 @@ class EpisodeLog:
             "answered_in_time": self.answered_in_time,
             "late_ticks": self.late,
             "held_periods": self.held,
-            "first_chunk_tick": self.first_chunk_tick,
+            "first_plan_ms": round(self.first_plan_ms, 1),
             "holds_adopted": dict(self.holds_adopted),
             "holds_received": dict(self.holds_received),
             "interventions": dict(self.interventions),
@@ -240,45 +238,41 @@ def run_episode(
             tolerance=0.0,
             request_timeout_ns=period_ns,
         )
+    link.rest(period_ns)
     task.reset(seed, instruction)
     log.trajectory.append([float(x) for x in task.hold()])
     base = seq_base(seed, task.steps)
     sim_t0 = period_ns  # the simulation's clock: tick t at sim_t0 + t * period (never 0)
     ticks: dict[int, int] = {}  # observation seq -> its tick
     requested: set[int] = set()
-    streaming = link.realtime and link.streams
-    if streaming:
-        ticks[base + task.steps] = -1  # the period before the first tick
-        _announce(task, link, base + task.steps, period_ns)
-    wall0 = time.monotonic_ns()
+    wall0 = _first_plan(task, link, ex, log, base, ticks, requested, sim_t0, period_ns, follow)
     for tick in range(task.steps):
         now_sim = sim_t0 + tick * period_ns
         if link.realtime:
             wall0 = _pace(wall0, tick, period_ns)
-        link.tick()
-        # First what arrived since the last tick (a late answer): it decides whether to ask.
-        for chunk in link.receive(-1, time.monotonic_ns()):
-            _offer(ex, log, chunk, -1, requested, ticks, now_sim, sim_t0, period_ns, follow)
-        wanted = follow or ex.should_request(now_sim)
-        seq = base + tick
-        deadline = time.monotonic_ns()  # not waiting: what has arrived
-        if wanted or link.streams:
-            frame = task.observe(render=True)
-            t_sensor = time.monotonic_ns()
-            ticks[seq] = tick
-            # A controller that only asks announces the reset's jump with its first request.
-            reanchor = tick == 0 and not streaming
-            link.send(frame, seq, t_sensor, reanchor=reanchor, wanted=wanted, executing=ex.report(now_sim))
-            if wanted:
-                ex.request_sent(seq, now_sim)
-                requested.add(seq)
-                log.requests += 1
-                if wait:
-                    deadline = t_sensor + int(budget * period_ns)
-        for chunk in link.receive(seq if wanted and wait else -1, deadline):
-            _offer(ex, log, chunk, seq if wanted else -1, requested, ticks, now_sim, sim_t0, period_ns, follow)
-        if wanted and wait and (ex.current is None or ex.current.obs_seq != seq):
-            log.late.append(tick)
+        if tick > 0:  # tick 0's observation was the episode's first request
+            link.tick()
+            # First what arrived since the last tick (a late answer): it decides whether to ask.
+            for chunk in link.receive(-1, time.monotonic_ns()):
+                _offer(ex, log, chunk, -1, requested, ticks, now_sim, sim_t0, period_ns, follow)
+            wanted = follow or ex.should_request(now_sim)
+            seq = base + tick
+            deadline = time.monotonic_ns()  # not waiting: what has arrived
+            if wanted or link.streams:
+                frame = task.observe(render=True)
+                t_sensor = time.monotonic_ns()
+                ticks[seq] = tick
+                link.send(frame, seq, t_sensor, reanchor=False, wanted=wanted, executing=ex.report(now_sim))
+                if wanted:
+                    ex.request_sent(seq, now_sim)
+                    requested.add(seq)
+                    log.requests += 1
+                    if wait:
+                        deadline = t_sensor + int(budget * period_ns)
+            for chunk in link.receive(seq if wanted and wait else -1, deadline):
+                _offer(ex, log, chunk, seq if wanted else -1, requested, ticks, now_sim, sim_t0, period_ns, follow)
+            if wanted and wait and (ex.current is None or ex.current.obs_seq != seq):
+                log.late.append(tick)
         command = ex.step(now_sim)
         current = ex.current
         if command is None:
@@ -287,8 +281,6 @@ def run_episode(
             log.sources.append("held")
             log.chunks.append(-1)
         else:
-            if log.first_chunk_tick < 0 and current is not None and not current.is_hold:
-                log.first_chunk_tick = tick
             log.sources.append(current.source if current is not None else "?")
             log.chunks.append(current.obs_seq if current is not None else -1)
         log.commands.append([float(x) for x in command])
@@ -298,14 +290,91 @@ def run_episode(
     return log
 
 
-def _announce(task: Task, link: Link, seq: int, period_ns: int) -> None:
-    """The reset settles for one period: a streaming controller observes the still arm and
-    announces the jump (``reanchor``) one period before the episode's first tick, whose own
-    observation then confirms it (vlad believes an announced jump once a later observation
-    agrees), so the first tick is answered like any other."""
-    link.tick()
-    link.send(task.observe(render=True), seq, time.monotonic_ns(), reanchor=True, wanted=False, executing=None)
-    time.sleep(period_ns / 1e9)
+def _first_plan(
+    task: Task,
+    link: Link,
+    ex: ChunkExecutor,
+    log: EpisodeLog,
+    base: int,
+    ticks: dict[int, int],
+    requested: set[int],
+    sim_t0: int,
+    period_ns: int,
+    follow: bool,
+) -> int:
+    """The episode's first request, answered before its clock starts: a robot starts a task
+    once its first plan has come, the arm still meanwhile (the scene does not move), so the
+    policy's latency costs the episode its reactions, not its start. The start observations
+    lie on the grid of periods the ticks continue: the clock starts at the first grid time
+    after the plan came (a controller switches at its next tick), and the plan is executed from its
+    waypoint for then (its first waypoints were the arm standing still). Returns that time
+    (the wall clock of tick 0).
+
+    A controller announces the reset's jump (``reanchor``) with an observation one period
+    before its first request, which confirms it (vlad believes an announced jump once a later
+    observation agrees, and then answers that one: the announcement's own answer is
+    superseded; a reset that moved nothing is no jump, and its answer is a plan like any
+    other). While it waits, a controller goes on heartbeating and, every period, asks
+    again with a new observation of the still arm. One that can send nothing but requests
+    (openpi's client) announces the reset with its first request."""
+    announcing = link.realtime and link.announces
+    extra = base + task.steps  # observation numbers after the ticks
+    # Start observations on a grid of periods from the first one, as the ticks will be: the
+    # plan's waypoints then map onto the ticks exactly.
+    seen: dict[int, int] = {}  # start observation -> its sensor time
+    grid0 = 0
+    if announcing:
+        frame = task.observe(render=True)  # (a renderer's first frame is slow: before the heartbeat)
+        link.tick()
+        grid0 = time.monotonic_ns()
+        link.send(frame, extra, grid0, reanchor=True, wanted=False, executing=None)
+        seen[extra] = grid0  # its answer is a plan too (vlad answers it when the reset moved nothing)
+        requested.add(extra)
+        extra += 1
+        time.sleep(max(0, grid0 + period_ns - time.monotonic_ns()) / 1e9)
+    frame = task.observe(render=True)
+    seq, t_first = base, time.monotonic_ns()
+    grid0 = grid0 or t_first
+    link.send(frame, seq, t_first, reanchor=not announcing, wanted=True, executing=None)
+    seen[seq] = t_first
+    ex.request_sent(seq, sim_t0)
+    requested.add(seq)
+    log.requests += 1
+    give_up = t_first + START_WAIT_NS
+    wall0 = None
+    while True:
+        # the next grid time (grid points a slow render missed are skipped)
+        step = grid0 + ((time.monotonic_ns() - grid0) // period_ns + 1) * period_ns if link.realtime else 0
+        for chunk in link.receive(seq, min(step, give_up)):
+            if wall0 is None and not chunk.is_hold and chunk.obs_seq in seen:
+                # The clock starts at the first grid time after the plan came (a controller
+                # switches at its next tick): every start observation lies that many periods
+                # back, and the plan is executed from the waypoint for then.
+                wall0 = grid0 + (-(-(chunk.t_receive_ns - grid0) // period_ns) * period_ns if link.realtime else 0)
+                log.first_plan_ms = (chunk.t_receive_ns - t_first) / 1e6
+                for s, t in seen.items():
+                    ticks[s] = (t - wall0 + period_ns // 2) // period_ns
+            _offer(ex, log, chunk, seq, requested, ticks, sim_t0, sim_t0, period_ns, follow)
+        current = ex.current
+        if current is not None and (not current.is_hold or not current.advisory):
+            break  # a plan, or a binding hold (vlad cannot serve it)
+        if not link.realtime or time.monotonic_ns() >= give_up:
+            break
+        link.tick()
+        if extra < base + task.steps + START_SEQS:
+            # Observing the still arm again, a request too (an answer may be lost: a stale
+            # observation, one superseded, a refused one).
+            frame = task.observe(render=True)
+            seq = extra
+            seen[seq] = time.monotonic_ns()
+            link.send(frame, seq, seen[seq], reanchor=False, wanted=True, executing=None)
+            requested.add(seq)
+            log.requests += 1
+            extra += 1
+    if wall0 is None:  # no plan came (a binding hold, or given up): the episode starts now
+        log.first_plan_ms = (time.monotonic_ns() - t_first) / 1e6
+        return time.monotonic_ns()
+    return wall0
 
 
 def _pace(wall0: int, tick: int, period_ns: int) -> int:
@@ -338,9 +407,9 @@ def _offer(
         return  # the answer to an observation nobody asked about (streaming): not executed
     tick = ticks.get(chunk.obs_seq)
     if tick is None:
-        if not chunk.is_hold:
-            return  # from before this episode
-        t_sensor = now_sim  # a hold about no observation of this episode: it starts now
+        if not chunk.is_hold or chunk.obs_seq:
+            return  # about an observation from before this episode (before its reset's re-anchor)
+        t_sensor = now_sim  # a hold about no observation (e-stop, fallback): it starts now
     else:
         t_sensor = sim_t0 + tick * period_ns
     mapped = dataclasses.replace(
@@ -380,6 +449,7 @@ class InProcessLink:
 
     realtime = False
     streams = False
+    announces = False
 
     def __init__(
         self,
@@ -399,6 +469,9 @@ class InProcessLink:
 
     def tick(self) -> None:
         pass
+
+    def rest(self, period_ns: int) -> None:
+        self._answer = None
 
     @classmethod
     def for_contract(cls, contract: Contract, infer: Callable[[Frame, int], np.ndarray]) -> InProcessLink:
@@ -476,14 +549,30 @@ class DaemonLink:
     (``streams=False``: openpi's action chunk broker's cadence, declared as ``request``)."""
 
     realtime = True
+    announces = True
 
     def __init__(self, client: Client, *, streams: bool = True) -> None:
         self.client = client
         self.streams = streams
         self._cadence = "stream" if streams else "request"
+        self._latency_ns = 0  # the longest sensor-to-receive time of recent chunks
 
     def tick(self) -> None:
         self.client.heartbeat(self._cadence)
+
+    def rest(self, period_ns: int) -> None:
+        """Between tasks: no observation, a heartbeat every period declaring the ``request``
+        cadence (the silence is no stalled sensor), until the answers still in flight have
+        come and been dropped (a chunk about the last task's arm is none to execute in the
+        next one): until nothing came for 1.5 latencies and 3 periods, at most 2 s."""
+        period_ms = period_ns / 1e6
+        quiet_ns = int(1.5 * self._latency_ns + 3 * period_ns)
+        last = time.monotonic_ns()
+        give_up = last + 2_000_000_000
+        while time.monotonic_ns() - last < quiet_ns and time.monotonic_ns() < give_up:
+            self.client.heartbeat("request")
+            while self.client.recv_chunk(timeout_ms=period_ms) is not None:
+                last = time.monotonic_ns()
 
     def send(
         self,
@@ -522,6 +611,9 @@ class DaemonLink:
         while (chunk := self.client.recv_chunk(timeout_ms=0)) is not None:
             if chunk.for_client(name):
                 out.append(chunk)
+        for chunk in out:
+            if not chunk.is_hold:
+                self._latency_ns = max(int(0.9 * self._latency_ns), chunk.t_receive_ns - chunk.t_sensor_ns)
         return out
 
 

@@ -50,6 +50,7 @@ from vlad.testing import (  # noqa: E402
 )
 
 SPAWN = multiprocessing.get_context("spawn")
+CHUNK_SHAPE = (sim.CHUNK_HORIZON, 2)  # the demo release's action chunk
 OBS = {
     demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
     demo_openpi.STATE_KEY: np.zeros(4, np.float32),
@@ -257,7 +258,7 @@ def test_a_thousand_idle_connections_to_each_port(daemon, native):
     assert all(a[1] <= 16 for a in alive), alive  # at most max_connections kept, each
     # both serve again at once
     policy = WebsocketClientPolicy("127.0.0.1", daemon.openpi_port)
-    assert policy.infer(OBS)["actions"].shape == (8, 2)
+    assert policy.infer(OBS)["actions"].shape == CHUNK_SHAPE
     policy._ws.close()
     assert "vlad_published_total" in scrape(daemon.metrics_port)
     print(f"1000 idle connections to each port: {opened}, kept {alive}; {summary}")
@@ -391,7 +392,7 @@ def test_idle_squatters_lose_their_slot_and_handshakes_time_out(daemon, native):
     raw.settimeout(10)
     time.sleep(1.2)  # idle past idle_timeout_s (1 s): the squatting is the behaviour under test
     newcomer = WebsocketClientPolicy("127.0.0.1", daemon.openpi_port)  # takes the idle one's slot
-    assert newcomer.infer(OBS)["actions"].shape == (8, 2)
+    assert newcomer.infer(OBS)["actions"].shape == CHUNK_SHAPE
     from websockets.exceptions import ConnectionClosed
 
     with pytest.raises(ConnectionClosed):
@@ -415,7 +416,7 @@ def test_an_openpi_client_never_hides_a_dead_native_controller(daemon, native):
     openpi client does, and the release serves again at once when it is back."""
     policy = WebsocketClientPolicy("127.0.0.1", daemon.openpi_port)
     try:
-        assert policy.infer(OBS)["actions"].shape == (8, 2)  # the openpi client is there and heartbeating
+        assert policy.infer(OBS)["actions"].shape == CHUNK_SHAPE  # the openpi client is there and heartbeating
         native.send_heartbeat = False  # the native control loop died; its camera goes on
         st = wait_status(daemon, lambda st: st["state"] == "FALLBACK")
         assert any("'native'" in f["message"] for f in st["findings"]), st["findings"]
@@ -479,7 +480,7 @@ def test_the_endpoint_processes_are_restarted_and_stopped(daemon, native, tmp_pa
     # request may be superseded by its observation (an error reply saying so); the next is served.
     for attempt in range(3):
         try:
-            assert policy.infer(OBS)["actions"].shape == (8, 2)
+            assert policy.infer(OBS)["actions"].shape == CHUNK_SHAPE
             break
         except RuntimeError as exc:
             assert "superseded" in str(exc) and attempt < 2, exc

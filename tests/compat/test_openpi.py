@@ -35,6 +35,7 @@ EPISODES = 12
 SEEDS = range(20_000, 20_000 + EPISODES)
 HORIZON = 4  # openpi's action_horizon: periods per chunk before asking again
 # an observation as openpi's client sends it for the demo arm (never modified: copies are)
+CHUNK_SHAPE = (sim.CHUNK_HORIZON, 2)  # the demo release's action chunk
 OBS = {
     demo_openpi.IMAGE_KEY: np.zeros((64, 64, 3), np.uint8),
     demo_openpi.STATE_KEY: np.zeros(4, np.float32),
@@ -80,7 +81,7 @@ def wait_status(client, predicate, timeout: float = 5.0) -> dict:
 def answer(policy: WebsocketClientPolicy, obs: dict) -> str:
     """The error an openpi request is answered with, "" for a chunk of the right shape."""
     try:
-        return "" if policy.infer(obs)["actions"].shape == (8, 2) else "a chunk of another shape"
+        return "" if policy.infer(obs)["actions"].shape == CHUNK_SHAPE else "a chunk of another shape"
     except RuntimeError as exc:
         return str(exc)
 
@@ -176,9 +177,9 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
     try:
         policy = WebsocketClientPolicy("127.0.0.1", port)
         meta = policy.get_server_metadata()
-        assert meta["server"] == "vlad" and meta["action_dim"] == 2 and meta["chunk_length"] == 8
+        assert meta["server"] == "vlad" and meta["action_dim"] == 2 and meta["chunk_length"] == sim.CHUNK_HORIZON
         out = policy.infer(OBS)
-        assert out["actions"].shape == (8, 2) and out["actions"].dtype == np.float32
+        assert out["actions"].shape == CHUNK_SHAPE and out["actions"].dtype == np.float32
         assert out["server_timing"]["infer_ms"] > 0
         out = policy.infer(OBS)
         assert "prev_total_ms" in out["server_timing"]
@@ -207,7 +208,7 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
             )
         )
         assert "not one of the numeric dtypes" in ws.recv()
-        assert policy.infer(OBS)["actions"].shape == (8, 2)  # the connection still serves
+        assert policy.infer(OBS)["actions"].shape == CHUNK_SHAPE  # the connection still serves
         # The connection limit (1): a second client is refused before the handshake.
         with pytest.raises(Exception, match="503"):
             WebsocketClientPolicy("127.0.0.1", port)
@@ -223,7 +224,7 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         # again once the client is back in its slot.
         def serves() -> bool:
             try:
-                return policy.infer(OBS)["actions"].shape == (8, 2)
+                return policy.infer(OBS)["actions"].shape == CHUNK_SHAPE
             except RuntimeError as exc:  # an answer naming why there is no chunk yet (hold, stale, expired)
                 if "Error in inference server" not in str(exc):
                     raise
@@ -260,7 +261,7 @@ def test_bridge_serves_under_an_allow_list_and_survives_bad_input(tmp_path):
         wait_until(lambda: "estop" in answer(policy, OBS), 10, "the e-stop at the openpi endpoint", poll=0.05)
         estop.write_text("0")
         wait_until(lambda: answer(policy, OBS) == "", 10, "serving after the e-stop was released", poll=0.05)
-        assert policy.infer(OBS)["actions"].shape == (8, 2)
+        assert policy.infer(OBS)["actions"].shape == CHUNK_SHAPE
         # The same counters reach Prometheus (here over the metrics unix socket), from the
         # status the daemon publishes (twice a second here).
         wait_until(
@@ -352,7 +353,7 @@ def test_tls_and_token(tmp_path, monkeypatch):
         with pytest.raises(Exception):  # noqa: B017 - plain ws:// to a TLS port: no handshake at all
             WebsocketClientPolicy(f"ws://127.0.0.1:{port}")
         policy = WebsocketClientPolicy(f"wss://127.0.0.1:{port}", api_key="s3cret-token-for-the-test")
-        assert policy.infer(OBS)["actions"].shape == (8, 2)
+        assert policy.infer(OBS)["actions"].shape == CHUNK_SHAPE
         client = d.client()
         # the endpoint process reports its counters once a second
         st = wait_status(client, lambda st: st["openpi"].get("replies", 0) >= 1)
@@ -467,7 +468,7 @@ def test_endpoints_on_tcp_curve_sockets(tmp_path):
     )
     try:
         policy = WebsocketClientPolicy("127.0.0.1", port)
-        assert policy.infer(OBS)["actions"].shape == (8, 2)
+        assert policy.infer(OBS)["actions"].shape == CHUNK_SHAPE
         policy._ws.close()
         wait_until(
             lambda: (

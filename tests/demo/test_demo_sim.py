@@ -137,7 +137,7 @@ def test_expert_chunk_respects_rate_limit_and_ends_at_ik():
     # Already at the goal: the chunk holds still.
     q = np.array([0.3, -0.7])
     held = expert_chunk(q, forward_kinematics(q))
-    np.testing.assert_allclose(held, np.tile(q, (8, 1)), atol=1e-6)
+    np.testing.assert_allclose(held, np.tile(q, (len(held), 1)), atol=1e-6)
 
 
 def test_expert_succeeds_and_zero_baseline_does_not(contract):

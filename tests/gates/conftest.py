@@ -26,6 +26,8 @@ SMALL = [
     "4",
     "--max-fidelity-drop",
     "0.5",
+    "--max-latency-drop",
+    "0.5",
     "--replay-limit",
     "40",
     "--rollout-episodes",
@@ -52,7 +54,7 @@ def small_plan(overrides: dict | None = None, plan_file: Path = DEMO_PLAN):
     plan = load_plan(ROOT, plan_file).with_overrides(
         equivalence={"replay_limit": 40, "rollout_episodes": 1},
         performance={"warm_calls": 300, "bursts": 20, "shape_switch_calls": 15},
-        closed_loop={"episodes": 3, "max_fidelity_drop": 0.5},
+        closed_loop={"episodes": 3, "max_fidelity_drop": 0.5, "max_latency_drop": 0.5},
     )
     return plan.with_overrides(**(overrides or {}))
 

@@ -59,11 +59,22 @@ def test_a_controller_is_judged_once_it_observed_and_heartbeated_for_the_limit()
     last = beats(c, "arm", T0, 4)  # 4 periods: not yet the limit
     assert c.snapshot() == {}
     last = beats(c, "arm", last + PERIOD, 0)  # the 5th period
-    assert c.snapshot() == {"arm": Beat(last, "stream")}
+    assert c.snapshot() == {"arm": Beat(last, "stream", since_ns=T0)}
     beats(c, "openpi/1", T0, 6, cadence="request")  # heartbeats alone: never judged
     assert set(c.snapshot()) == {"arm"}
     c.heartbeat({"t_ns": 6, "client": "arm", "bye": True}, last + 1)
     assert c.snapshot() == {} and c.left_ns == last + 1
+
+
+def test_each_heartbeat_declares_the_cadence_and_a_change_is_dated():
+    c = Controllers(establish_ns=LIMIT)
+    observe(c, "arm", T0)
+    last = beats(c, "arm", T0, 6, cadence="request")
+    assert c.snapshot()["arm"] == Beat(last, "request", since_ns=T0)
+    c.heartbeat({"t_ns": 1, "client": "arm"}, last + PERIOD)  # no cadence: streaming again
+    assert c.snapshot()["arm"] == Beat(last + PERIOD, "stream", since_ns=last + PERIOD)
+    c.heartbeat({"t_ns": 1, "client": "arm", "cadence": "stream"}, last + 2 * PERIOD)
+    assert c.snapshot()["arm"].since_ns == last + PERIOD  # unchanged: the same cadence
 
 
 def test_a_name_used_once_never_holds_the_robot_and_is_forgotten():
@@ -118,7 +129,7 @@ def test_a_name_belongs_to_its_connection_while_it_lives():
         assert refused(c.heartbeat, header, last + 1, spoof) == "name_in_use"
     assert refused(c.heartbeat, {"t_ns": 1, "client": "arm", "cadence": "request"}, last + 1, spoof) == "name_in_use"
     assert refused(c.admit, "arm", last + 1, spoof) == "name_in_use"
-    assert c.snapshot() == {"arm": Beat(last, "stream")}
+    assert c.snapshot() == {"arm": Beat(last, "stream", since_ns=T0)}
     later = last + LIMIT + PERIOD  # the controller died
     assert refused(c.heartbeat, {"t_ns": 1, "client": "arm"}, later, stranger) == "name_in_use"
     c.heartbeat({"t_ns": 1, "client": "arm"}, later, spoof)  # same principal: the restart

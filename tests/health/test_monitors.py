@@ -124,6 +124,21 @@ def test_silence_is_a_stall_unless_every_live_controller_asks_on_request():
     ]
 
 
+def test_a_controller_that_streams_again_owes_observations_from_when_it_said_so():
+    """Between tasks a controller asked by request (no observation for long); its first
+    heartbeat declaring ``stream`` again starts the stall clock, not its last observation."""
+    stall = MonitorsConfig().sensor_stall_periods * PERIOD
+    long_ago = T0 - 50 * stall
+    mon = m.SensorStreamMonitor()
+    just_switched = {"arm": Beat(T0, "stream", since_ns=T0 - PERIOD)}
+    assert mon.check(view(last_observation_ns=long_ago, controllers=just_switched)) == []
+    silent_since = {"arm": Beat(T0, "stream", since_ns=T0 - stall - 1)}
+    assert codes(mon.check(view(last_observation_ns=long_ago, controllers=silent_since))) == [("sensor_stall", "fault")]
+    # another controller streaming all along still sees the camera stop
+    both = {**just_switched, "cam": Beat(T0, "stream", since_ns=long_ago)}
+    assert codes(mon.check(view(last_observation_ns=long_ago, controllers=both))) == [("sensor_stall", "fault")]
+
+
 def test_policy_faults_are_blamed_on_the_policy_that_produced_them():
     mon = m.PolicyOutputMonitor()
     window = {A: PolicyCounts(), B: PolicyCounts(backend_errors=2)}

@@ -1,5 +1,5 @@
-"""scripts/bench_async.py --ci: the latency sweep (real-time chunking, plain asynchronous
-execution, the waiting rule) through the real daemon in the MuJoCo simulator, at 0 and 100 ms
+"""scripts/bench_async.py --ci: the latency sweep (real-time chunking by inpainting and by
+guidance, plain asynchronous execution, the waiting rule) through the real daemon in the MuJoCo simulator, at 0 and 100 ms
 of injected latency, beside the policy in process. Figures are benchmark output, not asserted:
 this checks that every row ran and reported what it should."""
 
@@ -27,7 +27,9 @@ def test_bench_async_ci_mode(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     rows = {(r["latency_ms"], r["rule"]): r for r in result["rows"]}
-    expected = {(0, "in process")} | {(lat, rule) for lat in (0.0, 100.0) for rule in ("rtc", "async", "wait")}
+    expected = {(0, "in process")} | {
+        (lat, rule) for lat in (0.0, 100.0) for rule in ("rtc", "guided", "async", "wait")
+    }
     assert set(rows) == expected
     for key, r in rows.items():
         assert r["episodes"] == 2 and 0 <= r["success"] <= 2, key  # one per instruction
@@ -36,6 +38,7 @@ def test_bench_async_ci_mode(tmp_path):
         if key[1] != "in process":
             assert r["daemon"]["heartbeat_lost"] == 0, (key, r["daemon"])
     assert rows[(100.0, "rtc")]["latency_p50_ms"] >= 90  # the injected latency is there
-    assert rows[(100.0, "rtc")]["daemon"]["guided"] > 0  # and real-time chunking answered it
+    for rule in ("rtc", "guided"):
+        assert rows[(100.0, rule)]["daemon"]["guided"] > 0, rule  # and real-time chunking answered it
     cond = result["conditions"]
     assert cond["period_ms"] == 20.0 and cond["episodes_per_instruction"] == 1

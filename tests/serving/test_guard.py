@@ -388,21 +388,57 @@ def test_a_controller_that_reports_its_chunk_is_limited_from_the_waypoint_it_exe
     against the chunk vlad last *sent*, which it never executed. Its report says which."""
     ts = _trusted(contract, (0.0, 0.0))
     g = ActionGuard(contract, ts)
-    steps = np.minimum(0.2 * np.arange(contract.action.chunk_length, dtype=np.float32), 2.0)  # then it stays
+    # still for the three periods it may take to switch to it, then 0.2 rad a period, then it stays
+    steps = np.clip(0.2 * (np.arange(contract.action.chunk_length, dtype=np.float32) - 2), 0.0, 2.0)
     ramp = np.repeat(steps[:, None], 2, axis=1)
-    assert g.check(ramp.copy(), NOW, NOW + VALID, NOW, client="arm", seq=1).interventions == ()  # 0, 0.2, ...
+    assert g.check(ramp.copy(), NOW, NOW + VALID, NOW, client="arm", seq=1).interventions == ()
     g.check(
         _chunk(contract, 0.0), NOW + PERIOD, NOW + PERIOD + VALID, NOW + PERIOD, client="arm", seq=2
     )  # not executed
     t = NOW + 4 * PERIOD  # it asks again after 4 waypoints of chunk 1: it runs waypoint 4 (1.0) now
     ex = g.executing("arm", t, (1, 4))
     assert ex.chunk == 1
-    np.testing.assert_allclose(ex.path[0], ramp[3])  # the slot before: waypoint 3, 0.6
-    r = g.check(np.full_like(ramp, 0.8), t, t + VALID, t, executing=ex, client="arm", remember=False)
-    assert r.interventions == ()  # 0.8 is 0.2 from 0.6: a seam within the limit
+    np.testing.assert_allclose(ex.path[0], ramp[3])  # the slot before: waypoint 3, 0.2
+    r = g.check(np.full_like(ramp, 0.4), t, t + VALID, t, executing=ex, client="arm", remember=False)
+    assert r.interventions == ()  # 0.4 is within the limit of 0.2, 0.4 and 0.6: no seam
     # Without the report vlad assumes it followed the newest chunk (2, at 0.0): a seam there.
-    r = g.check(np.full_like(ramp, 0.8), t, t + VALID, t, executing=g.executing("arm", t), client="arm", seq=4)
+    r = g.check(np.full_like(ramp, 0.4), t, t + VALID, t, executing=g.executing("arm", t), client="arm", seq=4)
     assert "seam" in r.interventions
+
+
+def test_a_newer_report_of_the_same_controller_says_what_it_executes_better(contract):
+    """The controller reported nothing executing with the observation being served, then
+    took a plan and said so with its next observations (they arrive while the policy
+    computes): the chunk is limited from the plan's waypoints, not from the still arm."""
+    ts = _trusted(contract, (0.0, 0.0))
+    g = ActionGuard(contract, ts)
+    # still for the three periods it may take to switch to it, then 0.25 rad a period
+    steps = np.clip(0.25 * (np.arange(contract.action.chunk_length, dtype=np.float32) - 2), 0.0, 2.0)
+    ramp = np.repeat(steps[:, None], 2, axis=1)
+    assert g.check(ramp.copy(), NOW, NOW + VALID, NOW, client="arm", seq=1).interventions == ()
+    t = NOW + PERIOD  # an observation of the still arm, before plan 1 came: "executing nothing"
+    g.reported("arm", t, None)
+    assert g.executing("arm", t, None).chunk == 0
+    later = NOW + 6 * PERIOD  # its later observation: plan 1, waypoint 6 (1.0 rad)
+    g.reported("arm", later, (1, 6))
+    g.reported("arm", t, None)  # an older report never replaces a newer one
+    ex = g.executing("arm", t, None)
+    assert ex.chunk == 1
+    # slot i of a chunk about t runs at t + i periods: slot 5 is the report's waypoint 6
+    np.testing.assert_allclose(ex.path[5 + 1], ramp[6])
+    np.testing.assert_allclose(ex.path[5], ramp[5])
+    follow_on = np.concatenate([ramp[1:], ramp[-1:]])  # continues plan 1 where it is
+    r = g.check(follow_on.copy(), later, t + VALID, t, executing=ex, client="arm", remember=False)
+    assert r.interventions == ()
+    # without the newer report the arm is believed still: the same chunk is a seam
+    blind = ActionGuard(contract, ts)
+    blind.check(ramp.copy(), NOW, NOW + VALID, NOW, client="arm", seq=1)
+    r = blind.check(follow_on.copy(), later, t + VALID, t, executing=blind.executing("arm", t, None), remember=False)
+    assert "seam" in r.interventions
+    # a report from before the chunk's observation says nothing newer
+    g2 = ActionGuard(contract, ts)
+    g2.reported("arm", NOW - PERIOD, None)
+    assert g2.executing("arm", NOW, (-1, -1)).chunk == 0
 
 
 def test_a_report_of_a_chunk_never_sent_to_that_controller_is_not_believed(contract):

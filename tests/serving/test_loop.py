@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from tests.helpers import history_data
-from tests.serving.rig import FakeSession, Rig
+from tests.serving.rig import GENEROUS_NS, PROPRIO, FakeSession, Rig
 from vlad.contract import parse_contract
 from vlad.errors import BackendError, RemoteUnavailable
 from vlad.processing import preprocess_proprio
@@ -36,7 +36,8 @@ def test_a_burst_is_answered_with_the_newest_observation_only(rig):
     assert rig.session.entered.wait(5)  # the engine is inside obs 1's inference
     for seq in range(2, 12):
         rig.send_obs(seq)
-    # inproc delivers into the subscriber's queue as it sends: the whole burst is queued
+    # the intake thread reads the burst while the engine is busy; release it once all is in
+    wait_until(lambda: rig.intake.counts.observations == 11, what="the burst to arrive")
     rig.session.gate.set()
     served = [rig.recv().header["obs_seq"], rig.recv().header["obs_seq"]]
     assert served == [1, 11]
@@ -67,7 +68,8 @@ def test_the_estop_keeps_the_policy_from_being_asked(rig):
 def test_an_estop_during_inference_stops_the_chunk_and_release_restarts_from_the_trusted_state(rig):
     rig.send_obs(1)
     assert rig.recv() is not None
-    assert rig.guard.last_command is not None
+    # the guard records a chunk once it is sent
+    wait_until(lambda: rig.guard.last_command is not None, what="the chunk to be recorded")
     rig.session.gate = threading.Event()
     rig.session.entered.clear()
     rig.send_obs(2)
@@ -178,3 +180,22 @@ def test_observations_superseded_during_an_inference_enter_the_history_window(co
         assert rig.intake.counts.superseded == 3
     finally:
         rig.close()
+
+
+def test_a_held_reanchor_chunk_gives_way_to_the_observation_that_confirmed_it(rig):
+    """An announced re-anchor (an episode reset): its chunk waits for confirmation. When the
+    controller's next observation confirms it, that newer observation is answered instead
+    (latest wins): the held chunk, computed from an older view, is never sent."""
+    rig.intake.trusted.settle_ns = GENEROUS_NS  # only the next observation confirms, never silence
+    rig.send_obs(1)
+    assert rig.recv().header["obs_seq"] == 1
+    reset = PROPRIO + np.array([1.0, 0.0, 0.0, 0.0], np.float32)
+    rig.send_obs(2, proprio=reset, reanchor=True)
+    wait_until(lambda: rig.loop._held is not None, what="obs 2's chunk held for its announcement")
+    assert rig.recv(0.1) is None
+    time.sleep(rig.intake.trusted.corroborate_ns / 1e9)
+    rig.send_obs(3, proprio=reset)  # the arm is there later on: confirmed
+    assert rig.recv().header["obs_seq"] == 3
+    assert rig.recv(0.2) is None  # obs 2's chunk was dropped, not sent late
+    assert rig.intake.counts.superseded == 1
+    assert rig.intake.trusted.reanchors == 1 and rig.session.calls == 3

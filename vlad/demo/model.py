@@ -207,16 +207,21 @@ class TinyPi0(nn.Module):
         ``rtc_actions`` / ``rtc_weights`` (``[B, H, D]`` normalized like the output, ``[B, H]``
         in [0, 1]) are real-time chunking by inpainting, without gradients (Black et al. 2025,
         arXiv 2506.07339, the variant for graphs that cannot differentiate): before every
-        Euler step the chunk is pulled, by each waypoint's weight, onto the straight path from
-        the noise to ``rtc_actions``, and after the last one onto ``rtc_actions`` itself, so a
-        weight of 1 reproduces the given waypoint and 0 leaves the policy free. All-zero
+        Euler step the chunk is pulled towards the straight path from the noise to
+        ``rtc_actions``, and after the last one towards ``rtc_actions`` itself, each pull by the
+        share of the waypoint's weight that makes the pulls together amount to it: a weight of
+        1 reproduces the given waypoint, 0.5 ends half way, 0 leaves the policy free. All-zero
         weights compute exactly what the plain policy computes (``x + 0 * (...)`` is ``x``).
         """
         prefix = self.prefix(image_overhead, tokens, proprio)
         kv, cond = self.prefix_kv(prefix), self.condition(prefix)
         x = noise
         dt = 1.0 / self.cfg.steps
-        w = rtc_weights[:, :, None] if rtc_weights is not None else None
+        w = None
+        if rtc_weights is not None:
+            # Each of the steps + 1 pulls takes this share, so that together they pull a waypoint
+            # of weight w by w (weight 1: all the way at every pull; 0: never).
+            w = (1.0 - (1.0 - rtc_weights.clamp(0.0, 1.0)) ** (1.0 / (self.cfg.steps + 1)))[:, :, None]
         for k in range(self.cfg.steps):
             tk = k * dt
             if w is not None and rtc_actions is not None:

@@ -49,6 +49,7 @@ class OpenPILink:
 
     realtime = True
     streams = False
+    announces = False  # every message is a request
 
     def __init__(self, policy: Any, period_ns: int, validity_ns: int) -> None:
         self.policy = policy
@@ -59,6 +60,9 @@ class OpenPILink:
 
     def tick(self) -> None:
         pass  # the endpoint heartbeats for its clients
+
+    def rest(self, period_ns: int) -> None:
+        self._answer = None  # every request is answered before the next: nothing in flight
 
     def send(
         self,

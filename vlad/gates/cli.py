@@ -65,6 +65,11 @@ def add_gate_commands(subparsers: Any) -> None:
         help="closed loop: success rate through vlad at most this much below in process (0.03 = 3 points)",
     )
     p.add_argument(
+        "--max-latency-drop",
+        type=float,
+        help="closed loop: success rate at closed_loop.latency_ms at most this much below in process",
+    )
+    p.add_argument(
         "--no-hog", action="store_true", help="skip the CPU-hog scenarios (performance, closed-loop fidelity)"
     )
     p.add_argument("--no-html", action="store_true", help="write report.json only")
@@ -119,6 +124,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     closed = {
         "episodes": args.episodes,
         "max_fidelity_drop": args.max_fidelity_drop,
+        "max_latency_drop": args.max_latency_drop,
         "fidelity_under_hog": False if args.no_hog else None,
     }
     return {"equivalence": eq, "performance": perf, "closed_loop": closed}

@@ -74,8 +74,8 @@ def replay_guard(
     trusted = TrustedState(contract)
     guard = ActionGuard(contract, trusted)
     out = GuardReplay(JointErrors(tuple(j.name for j in contract.action.joints)))
-    # The trusted joint state as the daemon had it when it guarded each chunk: every
-    # observation received before then judged, in the order they arrived.
+    # The trusted joint state and the controllers' reports as the daemon had them when it
+    # guarded each chunk: every observation received before then judged, in arrival order.
     arrivals = sorted(observations.values(), key=lambda o: o.t_ns)
     verdicts: dict[int, str | None] = {}
     judged = 0
@@ -85,6 +85,8 @@ def replay_guard(
             judged += 1
             if o.proprio is not None:
                 verdicts[o.seq] = trusted.judge(np.asarray(o.proprio), o.t_sensor_ns, o.reanchor, o.t_ns)
+            if verdicts.get(o.seq) is None:
+                guard.reported(o.client or "", o.t_sensor_ns, o.executing)
         trusted.settle(chunk.t_issue_ns)
         if chunk.is_hold or chunk.obs_seq not in actions:
             _sent(guard, chunk)  # what the robot may have executed meanwhile
@@ -169,7 +171,15 @@ def replay(
 ) -> ReplayResult:
     """Feed every observation of ``recording`` through ``candidate``'s serving cycle; compare
     with the recording and, given one, a ``baseline`` session's chunks for the same
-    observations. A cycle that fails raises :class:`GateError` naming the observation."""
+    observations. A cycle that fails raises :class:`GateError` naming the observation, as
+    does a recording whose chunks are not of the contract's shape (another release's)."""
+    shape = (contract.action.chunk_length, contract.action.dim)
+    other = next((c for c in recording.chunks if np.shape(c.actions) != shape), None)
+    if other is not None:
+        raise GateError(
+            f"replay: the recording's chunks are {list(np.shape(other.actions))}, the release's contract "
+            f"makes {list(shape)}: record this release (vladctl record --demo RELEASE, docs/gates.md)"
+        )
     served = ServedPolicy(PolicyId("candidate", "replay"), contract, candidate, tokenizer)
     base = ServedPolicy(PolicyId("baseline", "replay"), contract, baseline, tokenizer) if baseline else None
     actions: dict[int, np.ndarray] = {}

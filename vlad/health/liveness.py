@@ -60,10 +60,13 @@ CADENCES = ("stream", "request")
 
 
 class Beat(NamedTuple):
-    """One judged controller's newest heartbeat: when it arrived (daemon clock) and how it asks."""
+    """One judged controller's newest heartbeat: when it arrived (daemon clock), how it asks,
+    and since when it has asked so (a controller that starts streaming again owes an
+    observation from then on, not from its last request)."""
 
     last_ns: int
     cadence: str
+    since_ns: int = 0
 
 
 @dataclass
@@ -75,6 +78,7 @@ class _Entry:
     last_beat_ns: int = 0
     last_seen_ns: int = 0  # any accepted message under the name
     cadence: str = "stream"
+    cadence_since_ns: int = 0  # when its current cadence was first declared
     observed: bool = False
     judged: bool = False
 
@@ -121,7 +125,8 @@ class Controllers:
             if not entry.first_beat_ns or receive_ns - entry.last_beat_ns > self.establish_ns:
                 entry.first_beat_ns = receive_ns  # a new run of heartbeats
             entry.last_beat_ns = entry.last_seen_ns = receive_ns
-            entry.cadence = cadence
+            if cadence != entry.cadence or not entry.cadence_since_ns:
+                entry.cadence, entry.cadence_since_ns = cadence, receive_ns
             self._judge(entry)
 
     def admit(self, client: object, receive_ns: int, peer: str | None = None) -> None:
@@ -191,7 +196,11 @@ class Controllers:
 
     def snapshot(self) -> dict[str, Beat]:
         """The controllers judged, with their newest heartbeat."""
-        return {name: Beat(e.last_beat_ns, e.cadence) for name, e in list(self._table.items()) if e.judged}
+        return {
+            name: Beat(e.last_beat_ns, e.cadence, e.cadence_since_ns)
+            for name, e in list(self._table.items())
+            if e.judged
+        }
 
     def __len__(self) -> int:
         return len(self._table)

@@ -123,9 +123,10 @@ class SensorStreamMonitor(Monitor):
     def check(self, v: HealthView) -> list[Finding]:
         out = []
         t = v.thresholds
-        if v.last_observation_ns and self._streaming(v):
+        streaming_since = self._streaming_since(v)
+        if v.last_observation_ns and streaming_since is not None:
             limit = t.sensor_stall_periods * v.period_ns
-            age = v.read_until_ns - v.last_observation_ns
+            age = v.read_until_ns - max(v.last_observation_ns, streaming_since)
             if age > limit:
                 out.append(
                     Finding(
@@ -179,15 +180,18 @@ class SensorStreamMonitor(Monitor):
         return out
 
     @staticmethod
-    def _streaming(v: HealthView) -> bool:
-        """Whether silence on the observation socket is a stall: unless every live controller
-        said it asks only when it needs a chunk (``cadence = "request"``), it is; with none
+    def _streaming_since(v: HealthView) -> int | None:
+        """Since when silence on the observation socket is a stall (None: it is not). Unless
+        every live controller said it asks only when it needs a chunk (``cadence =
+        "request"``), it is, from when the first of those that stream declared it (one that
+        streams again after asking by request owes an observation from then on); with none
         live, unless the last one said goodbye after the last observation (it left)."""
         limit = v.thresholds.heartbeat_missing_periods * v.period_ns
-        live = [b.cadence for b in v.controllers.values() if v.read_until_ns - b.last_ns <= limit]
+        live = [b for b in v.controllers.values() if v.read_until_ns - b.last_ns <= limit]
         if not live:
-            return v.last_observation_ns > v.controllers_left_ns
-        return any(c != "request" for c in live)
+            return 0 if v.last_observation_ns > v.controllers_left_ns else None
+        streaming = [b.since_ns for b in live if b.cadence != "request"]
+        return min(streaming) if streaming else None
 
 
 def _top(reasons: dict[str, int], n: int = 3) -> str:

@@ -30,7 +30,7 @@ trusted state only.
    as ``out_of_bounds``, which the health monitors treat as a broken policy;
 3. **seams** (``seam``): the robot switches to a new chunk at a period boundary, coming from
    what it executes (:meth:`ActionGuard.executing`, the :class:`Executing` path). At
-   the boundaries where it can switch (the slot the chunk arrives in and the next one)
+   the boundaries where it can switch (the slot the chunk arrives in and the next two)
    the new waypoint is within each joint's ``rate_limit`` of the command of the slot
    before;
 4. **steps** (``rate``): from there on, consecutive waypoints within the rate limit;
@@ -39,7 +39,9 @@ trusted state only.
 What the robot executes is never what was merely sent: a controller executes the newest
 valid chunk addressed to it (its ``client`` name, or every controller), from the moment it
 arrives; one that executes chunks otherwise reports the chunk and waypoint it executes
-with its observation (``exec``), and vlad takes that chunk as the one it keeps executing.
+with its observation (``exec``), and vlad takes that chunk as the one it keeps executing;
+the newest report counts (a controller's later observations arrive while the policy
+computes on an earlier one).
 A controller that executes nothing (it holds its measured pose), a chunk that ran out or
 expired, a re-anchor and the e-stop's release leave the trusted joint state as what it
 executes. Binding holds go through the same seams (a hold ramps from the executed command
@@ -67,7 +69,10 @@ log = logging.getLogger("vlad.guard")
 
 INTERVENTIONS = ("nonfinite", "bounds", "out_of_bounds", "seam", "rate", "expired")
 SENT_KEPT = 64  # chunks remembered for references (more than a second of chunks at 50 Hz)
-SEAM_SLOTS = 2  # boundaries at which a controller can switch: the arrival slot and the next one
+# Boundaries at which a controller can switch to a chunk: the slot it arrives in, the next one
+# (a controller ticks at period boundaries) and one more (the chunk's way to it, the
+# controller's own scheduling).
+SEAM_SLOTS = 3
 UNREPORTED = (-1, -1)  # an observation without an ``exec`` report
 
 
@@ -312,11 +317,16 @@ class Executing(NamedTuple):
     ``path[i + 1]`` is the command of slot ``i`` (``path[0]``: the slot before the chunk's
     first), ``float32[chunk_length + 1, dim]``; ``covered``: the slots the executed chunk
     itself covers (after them the robot holds its measured pose); ``chunk``: its seq (0:
-    none, the trusted state)."""
+    none, the trusted state). ``before``: when ``chunk`` is one the controller is taken to
+    have switched to since its report (sent after that observation, at ``switched_ns``),
+    the path of what it reported: until a period after that chunk was sent, the new one may
+    find the robot on either (two chunks arriving within one period, the newer is executed)."""
 
     path: np.ndarray
     covered: int
     chunk: int
+    before: np.ndarray | None = None
+    switched_ns: int = 0
 
 
 class ActionGuard:
@@ -340,6 +350,9 @@ class ActionGuard:
         self._auto_seq = 0
         self.counts = dict.fromkeys(INTERVENTIONS, 0)
         self.reports_unknown = 0  # ``exec`` reports naming no chunk vlad sent this controller
+        # Per controller: its newest ``exec`` report (sensor time, report), written by the
+        # intake thread as observations arrive (one dict store), read here.
+        self._reports: dict[str, tuple[int, tuple[int, int] | None]] = {}
 
     @property
     def last_command(self) -> np.ndarray | None:
@@ -356,42 +369,70 @@ class ActionGuard:
 
     # -- what the robot executes ---------------------------------------------------------------
 
+    def reported(self, client: str, t_sensor_ns: int, report: tuple[int, int] | None) -> None:
+        """An accepted observation's ``exec`` report (also of one never served: superseded
+        by a newer one). The newest per controller says what it executes now."""
+        if report == UNREPORTED:
+            return
+        known = self._reports.get(client)
+        if known is None and len(self._reports) >= SENT_KEPT:
+            self._reports.pop(next(iter(self._reports)), None)  # names come and go: bounded
+        if known is None or t_sensor_ns > known[0]:
+            self._reports[client] = (t_sensor_ns, report)
+
     def executing(self, client: str | None, t_sensor_ns: int, report: tuple[int, int] | None = UNREPORTED) -> Executing:
         """What the controller ``client`` executes on the slots of a chunk about its
         observation at ``t_sensor_ns`` (module doc). ``report``: the observation's ``exec``
         (chunk seq, waypoint index at ``t_sensor_ns``), None: it executes nothing,
-        :data:`UNREPORTED`: it did not say."""
-        spec = self.contract.action
+        :data:`UNREPORTED`: it did not say. The controller's newest report (:meth:`reported`)
+        says it better when it is newer (its observations arrive while the policy computes),
+        or when this one says nothing (a hold about no observation): the path is taken from
+        it, shifted by the periods between the two."""
         self._check_generation()
+        newest = self._reports.get(client or "")
+        n = self.contract.action.chunk_length
+        if newest is not None and self.period_ns and newest[0] >= self._since_ns:
+            shift = (newest[0] - t_sensor_ns + self.period_ns // 2) // self.period_ns
+            if (shift > 0 or report == UNREPORTED) and -n <= shift <= n:
+                ex = self._executing(client, newest[0], newest[1])
+                covered = max(0, min(n, ex.covered + shift)) if ex.chunk else 0
+                before = None if ex.before is None else _shifted(ex.before, shift)
+                return Executing(_shifted(ex.path, shift), covered, ex.chunk, before, ex.switched_ns)
+        return self._executing(client, t_sensor_ns, report)
+
+    def _executing(self, client: str | None, t_sensor_ns: int, report: tuple[int, int] | None) -> Executing:
         chunk, index = None, 0
+        before = None  # (chunk, index) it reported, when taken to have switched since
         newest = self._newest_for(client, t_sensor_ns)
-        if report is None:
-            pass  # holding its measured pose
-        elif report == UNREPORTED:
+        if report == UNREPORTED:
             if newest is not None:
                 chunk, index = newest, self._index(newest, t_sensor_ns)
         else:
-            seq, k = report
-            reported = self.sent.get(seq)
-            # (A chunk from before a re-anchor is believed when reported: the controller that
-            # jumped drops its chunks, one that reports one did not jump.)
-            if (
-                reported is None
-                or reported.client not in (client, None)
-                or not 0 <= k < len(reported.actions)
-                or reported.seq <= self._since_seq
-                or t_sensor_ns > reported.valid_until_ns
-            ):
+            reported = None if report is None else self._believed(report, client, t_sensor_ns)
+            if report is not None and reported is None:
                 self.reports_unknown += 1
                 if newest is not None:
                     chunk, index = newest, self._index(newest, t_sensor_ns)
-            elif newest is not None and newest.seq != seq and self._published_before(newest, reported, t_sensor_ns):
-                # It follows the newest chunk (it had what it reports when it looked): the
-                # newest one is what it will execute when the new chunk comes.
-                chunk, index = newest, self._index(newest, t_sensor_ns)
-            else:
-                chunk, index = reported, k
+            elif newest is not None and (reported is None or newest.seq != reported.seq):
+                if self._follows_newest(reported, client, t_sensor_ns):
+                    # Nothing newer than what it reports was there when it looked: it follows
+                    # the newest chunk, which is what it executes when the new one comes.
+                    chunk, index = newest, self._index(newest, t_sensor_ns)
+                    before = (reported, report[1] if reported is not None and report is not None else 0)
+                elif reported is not None and report is not None:
+                    chunk, index = reported, report[1]
+            elif reported is not None and report is not None:
+                chunk, index = reported, report[1]
         hold = self._hold_position()
+        path, covered = self._path(chunk, index, hold)
+        if before is None or chunk is None:
+            return Executing(path, covered, chunk.seq if chunk is not None else 0)
+        return Executing(path, covered, chunk.seq, self._path(before[0], before[1], hold)[0], chunk.issued_ns)
+
+    def _path(self, chunk: Sent | None, index: int, hold: np.ndarray) -> tuple[np.ndarray, int]:
+        """The :class:`Executing` path of ``chunk`` run from waypoint ``index`` (None: the
+        hold position), and the slots it covers."""
+        spec = self.contract.action
         path = np.empty((spec.chunk_length + 1, spec.dim), np.float32)
         path[:] = hold
         covered = 0
@@ -407,7 +448,7 @@ class ActionGuard:
                     break
                 path[i + 1] = chunk.actions[max(j, lo)]
                 covered = i + 1
-        return Executing(path, covered, chunk.seq if chunk is not None else 0)
+        return path, covered
 
     def _newest_for(self, client: str | None, t_sensor_ns: int) -> Sent | None:
         """The newest binding chunk a controller named ``client`` executes (its own or every
@@ -425,20 +466,39 @@ class ActionGuard:
                 best = sent
         return best
 
-    def _published_before(self, newest: Sent, reported: Sent, t_sensor_ns: int) -> bool:
-        """Whether the reported chunk was the newest a controller could have had at its
-        observation (so it follows the newest one), not one it kept while newer ones came."""
+    def _believed(self, report: tuple[int, int], client: str | None, t_sensor_ns: int) -> Sent | None:
+        """The chunk an ``exec`` report names, if vlad sent it to that controller and it is
+        valid at the observation; None: not believed. (A chunk from before a re-anchor is
+        believed: the controller that jumped drops its chunks, one that reports one did not
+        jump.)"""
+        seq, k = report
+        reported = self.sent.get(seq)
+        if (
+            reported is None
+            or reported.client not in (client, None)
+            or not 0 <= k < len(reported.actions)
+            or reported.seq <= self._since_seq
+            or t_sensor_ns > reported.valid_until_ns
+        ):
+            return None
+        return reported
+
+    def _follows_newest(self, reported: Sent | None, client: str | None, t_sensor_ns: int) -> bool:
+        """Whether a controller that reported ``reported`` (None: nothing) at its observation
+        follows the newest chunk: no chunk for it newer than that one had come before the
+        observation (had one come, it kept its own instead)."""
+        after = reported.seq if reported is not None else 0
         for seq in reversed(self.sent):
-            sent = self.sent[seq]
-            if seq <= reported.seq:
+            if seq <= after:
                 return True
+            sent = self.sent[seq]
             if (
                 not sent.advisory
-                and sent.client in (reported.client, None)
+                and sent.client in (client, None)
                 and sent.issued_ns < t_sensor_ns
                 and self._reference(sent)
             ):
-                return False  # a newer chunk was there before its observation: it kept its own
+                return False
         return True
 
     def _reference(self, sent: Sent) -> bool:
@@ -491,7 +551,7 @@ class ActionGuard:
         spec = self.contract.action
         chunk = np.repeat(self._hold_position()[None], spec.chunk_length, axis=0)
         if executing is not None and spec.hold_posture == "hold_position":
-            self._limit(chunk, executing, 0)
+            self._limit(chunk, executing, 0, now_ns)
         return chunk
 
     def check(
@@ -538,7 +598,7 @@ class ActionGuard:
         if executing is None:
             executing = self.executing(client, t_sensor)
         arrival = max(0, (now_ns - t_sensor) // self.period_ns) if self.period_ns else 0
-        hit.extend(self._limit(out, executing, min(arrival, len(out) - 1)))
+        hit.extend(self._limit(out, executing, min(arrival, len(out) - 1), now_ns))
         for kind in hit:
             self.counts[kind] += 1
         if remember:
@@ -565,16 +625,22 @@ class ActionGuard:
         while len(self.sent) > SENT_KEPT:
             del self.sent[next(iter(self.sent))]
 
-    def _limit(self, chunk: np.ndarray, executing: Executing, first: int) -> list[str]:
+    def _limit(self, chunk: np.ndarray, executing: Executing, first: int, now_ns: int | None) -> list[str]:
         """Clamp ``chunk`` in place: at the seams from ``first`` (the slot it arrives in) on,
-        each waypoint within the rate limit of the command of the slot before; then every
-        step. The kinds of correction made."""
+        each waypoint within the rate limit of the command of the slot before (of both
+        commands the robot may be on, :attr:`Executing.before`); then every step. The kinds
+        of correction made."""
         tol, rate, path = self._rate_tol, self.rate, executing.path
+        other = executing.before
+        if other is not None and (now_ns is None or now_ns - executing.switched_ns >= self.period_ns):
+            other = None  # a period after it was sent, the robot has switched to it
         hit = []
         seams = range(first, min(first + SEAM_SLOTS, len(chunk)))
         for i in seams:
             before = path[i]  # the command of slot i - 1 if the robot has not switched yet
             lo, hi = before - rate, before + rate
+            if other is not None:
+                lo, hi = np.maximum(lo, other[i] - rate), np.minimum(hi, other[i] + rate)
             if i > first:  # and a step from the chunk's own previous waypoint
                 lo, hi = np.maximum(lo, chunk[i - 1] - rate), np.minimum(hi, chunk[i - 1] + rate)
             if ((chunk[i] < lo - 1e-6) | (chunk[i] > hi + 1e-6)).any():
@@ -591,3 +657,19 @@ class ActionGuard:
         if hit:
             np.clip(chunk, self.lower, self.upper, out=chunk)
         return hit
+
+
+def _shifted(path: np.ndarray, shift: int) -> np.ndarray:
+    """An :class:`Executing` path about an observation ``shift`` periods later (earlier, when
+    negative) as seen from this one: slots before the later one's repeat its first command,
+    slots past the earlier one's end its last."""
+    if shift == 0:
+        return path
+    out = np.empty_like(path)
+    if shift > 0:
+        out[:shift] = path[0]
+        out[shift:] = path[: len(path) - shift]
+    else:
+        out[: len(path) + shift] = path[-shift:]
+        out[len(path) + shift :] = path[-1]
+    return out

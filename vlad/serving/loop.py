@@ -287,6 +287,8 @@ class ServingLoop:
             obs = intake.accept(frames, receive_ns)
             if obs is not None:
                 accepted.append(Accepted(obs, receive_ns))
+                # What the controller executes now, for the chunk being computed (its seams)
+                self.publisher.guard.reported(obs.client or "", obs.sensor_time_ns, obs.executing)
                 refused = None
             elif intake.refused is not None:
                 refused = intake.refused
@@ -341,7 +343,7 @@ class ServingLoop:
             taken, self._waiting = self._waiting, []
             woken, self._woken = self._woken, False
         if self._held is not None:  # also on a timeout: it may settle without another observation
-            self._offer_held(gen)
+            self._offer_held(gen, taken)
         if taken:
             newest = taken[-1]
         elif (
@@ -418,15 +420,19 @@ class ServingLoop:
             broken.__cause__ = exc
             self._failed(gen, policy, obs, broken)
 
-    def _offer_held(self, gen: int) -> None:
-        """The chunk held back for an announced re-anchor: sent once a later observation
-        confirmed it (the one just taken, usually), dropped when one contradicted it."""
+    def _offer_held(self, gen: int, taken: list[Accepted]) -> None:
+        """The chunk held back for an announced re-anchor: sent once it is confirmed, unless
+        the controller's newer observation (``taken``, the one that confirmed it, usually) is
+        answered now instead (latest wins); dropped when an observation contradicted it."""
         held = self._held
         assert held is not None
         self.intake.trusted.settle(time.monotonic_ns())
         if self.publisher.announcement(held.obs) == "pending" and gen == self.generation:
             return
         self._held = None
+        if any(a.obs.client == held.obs.client for a in taken):
+            self.intake.counts.superseded += 1
+            return
         try:
             self.publisher.publish(held.actions, held.obs, held.times, held.policy, gen, held.continues)
         except Exception as exc:  # a bug in the guard or the send: still answer, count, log

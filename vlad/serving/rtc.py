@@ -3,7 +3,8 @@
 While a chunk executes, the next one is computed from a newer observation; it arrives
 ``d`` control periods after that observation was captured (the delay, from vlad's own
 latency measurements: the 90th percentile of the sensor-to-publish times of the last 20
-chunks, in whole periods; overestimating it only freezes a waypoint the robot executes
+chunks, rounded up to whole periods, since a controller switches at the first period
+boundary after the chunk came; overestimating it only freezes a waypoint the robot executes
 anyway, underestimating it switches where the weights are still close to 1). Its first ``d`` waypoints are therefore already decided: they
 are what the robot executes meanwhile. Real-time chunking (K. Black, M. Y. Galliker,
 S. Levine, "Real-Time Execution of Action Chunking Flow Policies", 2025, arXiv 2506.07339)
@@ -60,11 +61,15 @@ class RealTimeChunking:
         self._latency.append(latency_ns)
 
     def delay_periods(self) -> int:
-        """Whole periods between an observation and its chunk (the recent 90th percentile)."""
+        """The periods that start before a chunk can be executed: the recent 90th percentile
+        of the latency, rounded up to whole periods (a controller switches at the first
+        period boundary after the chunk came); 0 while it is under one period (the chunk
+        arrives in the period its observation was captured in)."""
         if not self._latency or not self.period_ns:
             return 0
         recent = sorted(self._latency)
-        return recent[int(0.9 * (len(recent) - 1))] // self.period_ns
+        latency = recent[int(0.9 * (len(recent) - 1))]
+        return 0 if latency < self.period_ns else -(-latency // self.period_ns)
 
     def guide(self, executing: Executing, length: int) -> Guide | None:
         """What the next chunk continues, or None when it arrives within its first slot."""
