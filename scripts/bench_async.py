@@ -41,6 +41,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -82,6 +83,9 @@ def daemon_config(folder: Path, latency_ms: float, jitter: float, engine: str, c
     line = f"e2e_deadline_ms = {contract.timing.e2e_deadline_ms}"
     release = unsigned_copy(folder / "release", edits={line: f"e2e_deadline_ms = {deadline}"})
     artifact, options, rtc = ENGINES[engine]
+    for name in (artifact, options.get("rtc_encoder"), options.get("rtc_velocity")):
+        if name and not (release / name).exists():  # the copy holds the ONNX graph only
+            shutil.copy(DEMO / name, release / name)
     return Config(
         release=ReleaseConfig(
             path=str(release),

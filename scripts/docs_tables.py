@@ -65,6 +65,10 @@ def closed_loop(report: dict[str, Any]) -> str:
     rows = [("through vlad (`vlad serve`, ONNX Runtime)", d["candidate"])]
     if d.get("candidate_under_hog"):
         rows.append(("through vlad, beside a process spinning one core", d["candidate_under_hog"]))
+    late = d.get("candidate_at_latency")
+    if late:
+        label = f"through vlad at {d['latency_ms']:g} ms inference latency (real-time chunking)"
+        rows.append((label, late))
     rows.append(("the same artifact in process (no daemon)", d["in_process"]))
     rows.append(("no motion (hold the starting pose)", d["no_motion"]))
     head = "| policy | " + " | ".join(f"`{i}`" for i in instructions) + " |"
@@ -82,6 +86,15 @@ def closed_loop(report: dict[str, Any]) -> str:
         f"Seeds {seeds[0]}–{seeds[1]} per instruction (unseen in training), success = fingertip within "
         f"20 mm of the goal after 50 periods, each chunk executed for {d['exec_steps']} periods.",
     ]
+    if late:
+        seams = late["seams"]
+        out.append(
+            f"At {d['latency_ms']:g} ms (± {100 * report['plan']['closed_loop'].get('latency_jitter', 0.0):.0f} %, a streaming controller "
+            f"executing the newest chunk): {late['held_periods']} of {late['ticks']} periods without a valid "
+            f"waypoint; {seams['count']} seams, largest {seams['max_rad']:.3f} rad, p99 {seams['p99_rad']:.3f} rad, "
+            f"{seams['over_rate_limit']} beyond the rate limit; sensor-to-chunk latency p50 "
+            f"{late['latency_ms']['p50']:.0f} ms, p99 {late['latency_ms']['p99']:.0f} ms."
+        )
     for name, key in (("quiet", "fidelity"), ("beside the CPU hog", "fidelity_under_hog")):
         f = d.get(key)
         if not f:

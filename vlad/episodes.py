@@ -565,13 +565,15 @@ class DaemonLink:
         cadence (the silence is no stalled sensor), until the answers still in flight have
         come and been dropped (a chunk about the last task's arm is none to execute in the
         next one): until nothing came for 1.5 latencies and 3 periods, at most 2 s."""
-        period_ms = period_ns / 1e6
         quiet_ns = int(1.5 * self._latency_ns + 3 * period_ns)
-        last = time.monotonic_ns()
+        last = beat = time.monotonic_ns()
         give_up = last + 2_000_000_000
-        while time.monotonic_ns() - last < quiet_ns and time.monotonic_ns() < give_up:
-            self.client.heartbeat("request")
-            while self.client.recv_chunk(timeout_ms=period_ms) is not None:
+        self.client.heartbeat("request")
+        while (now := time.monotonic_ns()) - last < quiet_ns and now < give_up:
+            if now - beat >= period_ns:  # every period, however many chunks come meanwhile
+                self.client.heartbeat("request")
+                beat = now
+            if self.client.recv_chunk(timeout_ms=max(0, beat + period_ns - now) / 1e6) is not None:
                 last = time.monotonic_ns()
 
     def send(

@@ -170,8 +170,9 @@ def ignores_instruction(dest: Path, fixtures: Path) -> Path:
             self.register_buffer("fixed", fixed)
 
         # Argument names = the contract's input names: torch.export matches dynamic shapes by them.
-        def forward(self, image_overhead, tokens, proprio, noise):
-            return self.inner(image_overhead, self.fixed.expand(tokens.shape[0], -1), proprio, noise)
+        def forward(self, image_overhead, tokens, proprio, noise, rtc_actions, rtc_weights):
+            fixed = self.fixed.expand(tokens.shape[0], -1)
+            return self.inner(image_overhead, fixed, proprio, noise, rtc_actions, rtc_weights)
 
     model = IgnoresInstruction(load_trained_model(DEMO)).eval()
     with warnings.catch_warnings():

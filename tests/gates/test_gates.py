@@ -80,6 +80,8 @@ def test_demo_release_passes_every_gate(demo_run):
     perf = _gate(report, "performance")["details"]
     assert set(perf["scenarios"]) == {"warm", "burst", "cpu_hog", "debug_logging"}
     assert perf["scenarios"]["warm"]["stages_ms"]["engine"]["count"] > 0
+    # the recording's episode starts announce re-anchors: sent, answered by the next one, not measured
+    assert perf["scenarios"]["warm"]["announced"] > 0
     assert perf["peak_rss_mib"] > 0 and perf["shape_switches"]["shapes"] == [1, 4, 8]
     eq = _gate(report, "equivalence")["details"]
     assert "tensorrt" in eq["skipped"]  # skipped with the reason, not silently

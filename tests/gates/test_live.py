@@ -44,7 +44,7 @@ def test_record_a_live_daemon_and_replay_it_through_a_candidate(served, tmp_path
     d, client, ctl = served
     out = tmp_path / "live.mcap"
     proc = subprocess.run(
-        [*VLADCTL, "record", "--out", str(out), "--seconds", "2", "--endpoint", d.endpoints["control"]],
+        [*VLADCTL, "record", "--out", str(out), "--seconds", "3", "--endpoint", d.endpoints["control"]],
         capture_output=True,
         text=True,
         timeout=60,
@@ -60,8 +60,8 @@ def test_record_a_live_daemon_and_replay_it_through_a_candidate(served, tmp_path
     rec = read_recording(out)
     info = rec.metadata["vlad.recording"]
     assert info["tap"] == "daemon" and info["release"] == "vlad-demo-reacher@1.0.0"
-    # About 2 s at 50 Hz (the first and last period may fall either side of the limit).
-    assert 80 <= len(rec.observations) <= 110 and len(rec.chunk_for()) >= 70
+    # About 3 s at 50 Hz (the first and last period may fall either side of the limit).
+    assert 130 <= len(rec.observations) <= 160 and len(rec.chunk_for()) >= 110
     assert len(rec.states) >= 2 and rec.states[-1][1]["release"] == "vlad-demo-reacher@1.0.0"
     assert any(e["kind"] == "transition" and e["state_to"] == "ACTIVE" for _, e in rec.events)
     assert rec.metadata["vlad.recording.summary"]["daemon_dropped"] == "0"
@@ -72,7 +72,8 @@ def test_record_a_live_daemon_and_replay_it_through_a_candidate(served, tmp_path
         d2 = replay(rec, ort, contract, tokenizer).to_dict()
     finally:
         ort.close()
-    assert d2["chunks_compared"] >= 70
+    # The first second's chunks may continue one sent before the recording: references only.
+    assert d2["chunks_warmup"] >= 40 and d2["chunks_compared"] >= 70
     assert max(d2["vs_recorded_max_abs_per_joint"]) < 1e-4 and d2["intervention_flips_vs_recorded"] == 0
     # And the replay command takes it, as the equivalence gate's recordings do.
     proc = subprocess.run(
@@ -113,7 +114,7 @@ def test_record_refuses_an_out_that_is_a_symlink_or_a_fifo(served, tmp_path):
 
 
 def test_a_full_disk_ends_the_recording_with_one_line_and_keeps_what_was_written(served, tmp_path):
-    """``vladctl record`` onto a 64 KiB tmpfs (mounted in a private user and mount namespace):
+    """``vladctl record`` onto a 1 MiB tmpfs (mounted in a private user and mount namespace):
     the disk fills within seconds; one line says so, exit 2, and the file (copied out before
     the namespace goes) is readable, with what was written before."""
     from vlad.gates.recording import read_recording
@@ -124,7 +125,7 @@ def test_a_full_disk_ends_the_recording_with_one_line_and_keeps_what_was_written
     disk = tmp_path / "disk"
     disk.mkdir()
     out, kept = disk / "rec.mcap", tmp_path / "kept.mcap"
-    script = f'mount -t tmpfs -o size=64k tmpfs {disk} && "$@"; rc=$?; cp {out} {kept}; exit $rc'
+    script = f'mount -t tmpfs -o size=1m tmpfs {disk} && "$@"; rc=$?; cp {out} {kept}; exit $rc'
     proc = _record(d, out, seconds=60, wrap=["unshare", "-Urm", "sh", "-c", script, "sh"])
     assert proc.returncode == 2, proc.stdout + proc.stderr
     last = proc.stderr.strip().splitlines()[-1]

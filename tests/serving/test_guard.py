@@ -399,10 +399,11 @@ def test_a_controller_that_reports_its_chunk_is_limited_from_the_waypoint_it_exe
     ex = g.executing("arm", t, (1, 4))
     assert ex.chunk == 1
     np.testing.assert_allclose(ex.path[0], ramp[3])  # the slot before: waypoint 3, 0.2
-    r = g.check(np.full_like(ramp, 0.4), t, t + VALID, t, executing=ex, client="arm", remember=False)
-    assert r.interventions == ()  # 0.4 is within the limit of 0.2, 0.4 and 0.6: no seam
+    ahead = np.concatenate([ramp[4:], np.repeat(ramp[-1:], 4, axis=0)])  # chunk 1 from waypoint 4 on
+    r = g.check(ahead.copy(), t, t + VALID, t, executing=ex, client="arm", remember=False)
+    assert r.interventions == ()  # each slot 0.2 from chunk 1's waypoint of the slot before: no seam
     # Without the report vlad assumes it followed the newest chunk (2, at 0.0): a seam there.
-    r = g.check(np.full_like(ramp, 0.4), t, t + VALID, t, executing=g.executing("arm", t), client="arm", seq=4)
+    r = g.check(ahead.copy(), t, t + VALID, t, executing=g.executing("arm", t), client="arm", seq=4)
     assert "seam" in r.interventions
 
 
@@ -415,7 +416,8 @@ def test_a_newer_report_of_the_same_controller_says_what_it_executes_better(cont
     # still for the three periods it may take to switch to it, then 0.25 rad a period
     steps = np.clip(0.25 * (np.arange(contract.action.chunk_length, dtype=np.float32) - 2), 0.0, 2.0)
     ramp = np.repeat(steps[:, None], 2, axis=1)
-    assert g.check(ramp.copy(), NOW, NOW + VALID, NOW, client="arm", seq=1).interventions == ()
+    # valid past the seams
+    assert g.check(ramp.copy(), NOW, NOW + 2 * VALID, NOW, client="arm", seq=1).interventions == ()
     t = NOW + PERIOD  # an observation of the still arm, before plan 1 came: "executing nothing"
     g.reported("arm", t, None)
     assert g.executing("arm", t, None).chunk == 0
@@ -432,7 +434,7 @@ def test_a_newer_report_of_the_same_controller_says_what_it_executes_better(cont
     assert r.interventions == ()
     # without the newer report the arm is believed still: the same chunk is a seam
     blind = ActionGuard(contract, ts)
-    blind.check(ramp.copy(), NOW, NOW + VALID, NOW, client="arm", seq=1)
+    blind.check(ramp.copy(), NOW, NOW + 2 * VALID, NOW, client="arm", seq=1)
     r = blind.check(follow_on.copy(), later, t + VALID, t, executing=blind.executing("arm", t, None), remember=False)
     assert "seam" in r.interventions
     # a report from before the chunk's observation says nothing newer

@@ -192,3 +192,35 @@ def test_observers_see_the_release_chunk_before_the_guard(bench):
     )
     assert bench.publish(fallback, seq=4)
     assert len(seen) == 1  # only the release's chunks are compared
+
+
+def test_no_binding_hold_while_a_reanchor_is_in_question(bench):
+    """Found at 150 ms in the closed-loop gate: a fallback during an episode's reset sent a
+    binding hold at the pose from before the reset (the announcement not yet confirmed),
+    1.9 rad from the arm. Until the announcement settles no hold goes out but the e-stop's;
+    the next one starts from where it settled."""
+    period = int(bench.contract.timing.control_period_ms * 1e6)
+    reset = PROPRIO + np.array([1.5, 0.0, 0.0, 0.0], np.float32)
+    t = bench.now + period
+    assert bench.trusted.judge(reset, t, reanchor=True) is None and bench.trusted.pending is not None
+    assert not bench.publisher.publish_hold("fallback")
+    assert not bench.publisher.publish_hold("stale", 3, t, advisory=True)
+    assert bench.recv(0.1) is None
+    assert bench.trusted.judge(reset, t + period) is None and bench.trusted.pending is None  # confirmed
+    assert bench.publisher.publish_hold("fallback")
+    msg = bench.recv()
+    assert msg.header["source"] == "hold:fallback"
+    np.testing.assert_allclose(msg.tensors["actions"], np.tile(reset[:2], (bench.contract.action.chunk_length, 1)))
+
+
+def test_a_quiet_announcement_settles_when_a_hold_is_due(bench):
+    """A controller that asks by request sends nothing after its announcement: the hold
+    due 1.5 periods later settles it (believed: nothing contradicted it) and goes out."""
+    period = int(bench.contract.timing.control_period_ms * 1e6)
+    reset = PROPRIO + np.array([-1.0, 0.5, 0.0, 0.0], np.float32)
+    now = time.monotonic_ns()
+    assert bench.trusted.judge(reset, now, reanchor=True, receive_ns=now) is None
+    assert not bench.publisher.publish_hold("fallback")
+    time.sleep(1.6 * period / 1e9)
+    assert bench.publisher.publish_hold("fallback") and bench.trusted.pending is None
+    np.testing.assert_allclose(bench.recv().tensors["actions"][-1], reset[:2])

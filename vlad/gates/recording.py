@@ -713,7 +713,17 @@ def _chunk(frames: list[bytes], t_ns: int, where: str) -> ActionChunk:
         advisory=h.advisory,
         reason=h.reason,
         client=h.client,
+        rtc=_continues(msg.header.get("rtc"), where),
     )
+
+
+def _continues(value: Any, where: str) -> tuple[int, int] | None:
+    """A chunk header's ``rtc`` (the chunk it continues, the delay in periods), or None."""
+    if value is None:
+        return None
+    if type(value) is list and len(value) == 2 and all(type(v) is int and 0 <= v < 2**63 for v in value):
+        return (value[0], value[1])
+    raise RecordingError(where, [f"rtc: expected [chunk seq, delay periods], got {value!r:.64}"])
 
 
 def _pick(header: Mapping[str, Any], cls: type) -> dict[str, Any]:

@@ -7,8 +7,9 @@ it had just been sensed (no stale check; a remote engine gets the contract's dea
 final guard replayed in the recorded publish order at the recorded guard times (its rate
 limit depends on the previous command and the time since, so the replayed guard matches
 the recorded one to the timestamps' resolution, not bit for bit). The guarded actions are
-compared with what the robot actually received, and the raw actions with a baseline
-session's on the same inputs.
+compared with what the robot actually received (but for the chunks that continue one the
+recording does not hold: docs/gates.md), and the raw actions with a baseline session's on
+the same inputs.
 
     from vlad.gates.recording import read_recording
     from vlad.gates.replay import replay
@@ -58,6 +59,8 @@ class GuardReplay:
     flips: int = 0
     compared: int = 0
     refused: int = 0  # observations this daemon's trusted joint state would refuse
+    continued: int = 0  # chunks computed by real-time chunking: not compared (below)
+    warmup: int = 0  # chunks while references from before the recording may count: not compared
     examples: list[str] = field(default_factory=list)
 
 
@@ -79,7 +82,13 @@ def replay_guard(
     arrivals = sorted(observations.values(), key=lambda o: o.t_ns)
     verdicts: dict[int, str | None] = {}
     judged = 0
-    for chunk in sorted(recording.chunks, key=lambda c: c.seq):
+    chunks = sorted(recording.chunks, key=lambda c: c.seq)
+    # A recording that began after the daemon's first chunk (seq 1): until one validity after
+    # its first chunk the robot may execute one sent before, which the replayed guard never
+    # saw, so those chunks are its references only (sent, not compared).
+    validity_ns = int(contract.timing.action_validity_ms * 1e6)
+    complete_ns = chunks[0].t_issue_ns + validity_ns if chunks and chunks[0].seq > 1 else 0
+    for chunk in chunks:
         while judged < len(arrivals) and arrivals[judged].t_ns <= chunk.t_issue_ns:
             o = arrivals[judged]
             judged += 1
@@ -90,6 +99,17 @@ def replay_guard(
         trusted.settle(chunk.t_issue_ns)
         if chunk.is_hold or chunk.obs_seq not in actions:
             _sent(guard, chunk)  # what the robot may have executed meanwhile
+            continue
+        if chunk.t_issue_ns < complete_ns:
+            _sent(guard, chunk)
+            out.warmup += 1
+            continue
+        if chunk.rtc is not None:
+            # Computed to continue the chunk the robot executed then (vlad.serving.rtc), from
+            # the guard's view when its inference started, which the recording does not hold:
+            # the candidate's plain chunk is no replay of it. Sent, counted, not compared.
+            _sent(guard, chunk)
+            out.continued += 1
             continue
         obs = observations[chunk.obs_seq]
         if verdicts.get(chunk.obs_seq) is not None:
@@ -151,6 +171,8 @@ class ReplayResult:
         d = {
             "observations": self.observations,
             "chunks_compared": self.guard.compared,
+            "chunks_continued": self.guard.continued,
+            "chunks_warmup": self.guard.warmup,
             "vs_recorded_max_abs_per_joint": self.guard.errors.max_per_joint(),
             "intervention_flips_vs_recorded": self.guard.flips,
             "flip_examples": self.guard.examples,

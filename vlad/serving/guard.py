@@ -30,7 +30,7 @@ trusted state only.
    as ``out_of_bounds``, which the health monitors treat as a broken policy;
 3. **seams** (``seam``): the robot switches to a new chunk at a period boundary, coming from
    what it executes (:meth:`ActionGuard.executing`, the :class:`Executing` path). At
-   the boundaries where it can switch (the slot the chunk arrives in and the next two)
+   the boundaries where it can switch (the slot the chunk arrives in and the next three)
    the new waypoint is within each joint's ``rate_limit`` of the command of the slot
    before;
 4. **steps** (``rate``): from there on, consecutive waypoints within the rate limit;
@@ -70,9 +70,10 @@ log = logging.getLogger("vlad.guard")
 INTERVENTIONS = ("nonfinite", "bounds", "out_of_bounds", "seam", "rate", "expired")
 SENT_KEPT = 64  # chunks remembered for references (more than a second of chunks at 50 Hz)
 # Boundaries at which a controller can switch to a chunk: the slot it arrives in, the next one
-# (a controller ticks at period boundaries) and one more (the chunk's way to it, the
-# controller's own scheduling).
-SEAM_SLOTS = 3
+# (a controller ticks at period boundaries), one more for the chunk's way to it and the lag of
+# a sensor time behind the tick it was taken on (capture, rendering), and one more for the
+# controller's own scheduling (a tick that runs late).
+SEAM_SLOTS = 4
 UNREPORTED = (-1, -1)  # an observation without an ``exec`` report
 
 

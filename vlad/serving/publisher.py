@@ -220,19 +220,23 @@ class Publisher:
         outside the lock: the serving thread may have answered meanwhile). While the e-stop
         is engaged only ``kind="estop"`` holds go out, and only with
         ``safety.estop_output = "hold"``; while an announced re-anchor waits for its
-        confirmation no advisory hold goes out. False: nothing was sent.
+        confirmation no hold but the e-stop's goes out (it settles within 1.5 periods, the
+        next hold then starts from where it settled). False: nothing was sent.
         """
         with self.lock:
             if self.estop_engaged and (kind != "estop" or self.estop_output != "hold"):
                 return False
             if unless_sent_after is not None and self.last_publish_ns > unless_sent_after:
                 return False
-            if advisory and self.guard.trusted.pending is not None:
-                # A re-anchor is in question: the trusted position may be where the arm no
-                # longer is, and a controller with nothing valid would adopt it. It holds
-                # where it is instead (no answer is an answer for an advisory hold).
-                return False
             now = time.monotonic_ns()
+            if kind != "estop" and self.guard.trusted.pending is not None and not self.guard.trusted.settle(now):
+                # A re-anchor is in question: the arm is where it was announced (an episode's
+                # reset) or where it was (a forged announcement), and a hold commands one of
+                # the two: up to the whole joint range away from the arm. A controller with
+                # nothing valid holds where it is instead; one executing a chunk goes on with
+                # it until the announcement settles (the next observation, or 1.5 periods of
+                # silence) and the next hold (every period while one serves) starts from there.
+                return False
             t_sensor = t_sensor_ns or now
             guard = self.guard
             ramp = None if advisory or kind == "estop" else guard.executing(client, t_sensor)
