@@ -166,7 +166,7 @@ def _relabel(events: list[dict], on_cpu: set[str], default: str = CUDA) -> list[
 def test_profile_nodes_carry_op_provider_and_output_types(demo_profile):
     nodes = {n.name: n for n in nodes_from_profile(demo_profile)}
     assert len(nodes) > 500
-    concat = nodes["node_Concat_9"]
+    concat = nodes["node_Concat_11"]
     assert (concat.op, concat.provider, concat.outputs) == ("Concat", CPU, (("int64", (4,)),))
     assert concat.is_shape_computation
     expand = nodes["node_expand"]
@@ -175,16 +175,16 @@ def test_profile_nodes_carry_op_provider_and_output_types(demo_profile):
 
 def test_shape_nodes_on_the_cpu_are_allowed(demo_profile):
     """ORT puts the demo's Shape -> Concat (int64) on the CPU on purpose; that is fine."""
-    events = _relabel(demo_profile, {"node_Shape_0", "node_Concat_9"})
+    events = _relabel(demo_profile, {"node_Shape_0", "node_Concat_11"})
     placement, refusal = judge_placement(events, [CUDA])
     assert refusal is None
-    assert [n.name for n in placement.cpu_shape_nodes] == ["node_Shape_0", "node_Concat_9"]
+    assert [n.name for n in placement.cpu_shape_nodes] == ["node_Shape_0", "node_Concat_11"]
     assert not placement.cpu_compute_nodes
     assert placement.nodes_per_provider[CPU] == 2 and placement.nodes_per_provider[CUDA] > 500
 
 
 def test_compute_nodes_on_the_cpu_are_refused(demo_profile):
-    events = _relabel(demo_profile, {"node_Concat_9", "node_expand", "node_linear"})
+    events = _relabel(demo_profile, {"node_Concat_11", "node_expand", "node_linear"})
     placement, refusal = judge_placement(events, [CUDA])
     assert sorted(n.name for n in placement.cpu_compute_nodes) == ["node_expand", "node_linear"]
     assert refusal.startswith("2 compute node(s) fell back to CPUExecutionProvider, which was not requested")
@@ -264,9 +264,12 @@ def test_precision_provider_options_are_owned_by_the_backend(backend, contract):
 
 def test_tensorrt_provider_gets_the_contract_profile(contract):
     assert gpu_paths.trt_profile_options(contract) == {
-        "trt_profile_min_shapes": "image_overhead:1x3x64x64,tokens:1x8,proprio:1x4,noise:1x8x2",
-        "trt_profile_opt_shapes": "image_overhead:1x3x64x64,tokens:1x8,proprio:1x4,noise:1x8x2",
-        "trt_profile_max_shapes": "image_overhead:8x3x64x64,tokens:8x8,proprio:8x4,noise:8x8x2",
+        "trt_profile_min_shapes": "image_overhead:1x3x64x64,tokens:1x8,proprio:1x4,noise:1x50x2,"
+        "rtc_actions:1x50x2,rtc_weights:1x50",
+        "trt_profile_opt_shapes": "image_overhead:1x3x64x64,tokens:1x8,proprio:1x4,noise:1x50x2,"
+        "rtc_actions:1x50x2,rtc_weights:1x50",
+        "trt_profile_max_shapes": "image_overhead:8x3x64x64,tokens:8x8,proprio:8x4,noise:8x50x2,"
+        "rtc_actions:8x50x2,rtc_weights:8x50",
     }
 
 

@@ -85,13 +85,21 @@ def _with_batch_min(contract: Contract, new_min: int) -> Contract:
 
 def test_profile_from_demo_contract(contract):
     profile = derive_profile(contract)
-    assert [t.name for t in profile.tensors] == ["image_overhead", "tokens", "proprio", "noise"]
+    assert [t.name for t in profile.tensors] == [
+        "image_overhead",
+        "tokens",
+        "proprio",
+        "noise",
+        "rtc_actions",
+        "rtc_weights",
+    ]
     assert profile["image_overhead"].min == (1, 3, 64, 64)
     assert profile["image_overhead"].opt == (1, 3, 64, 64)
     assert profile["image_overhead"].max == (8, 3, 64, 64)
     assert (profile["tokens"].min, profile["tokens"].max) == ((1, 8), (8, 8))
     assert (profile["proprio"].min, profile["proprio"].max) == ((1, 4), (8, 4))
-    assert (profile["noise"].min, profile["noise"].opt, profile["noise"].max) == ((1, 8, 2), (1, 8, 2), (8, 8, 2))
+    assert (profile["noise"].min, profile["noise"].opt, profile["noise"].max) == ((1, 50, 2), (1, 50, 2), (8, 50, 2))
+    assert (profile["rtc_weights"].min, profile["rtc_weights"].max) == ((1, 50), (8, 50))
     assert not profile.narrowed
     # Static axes equal the contract shape at min, opt and max.
     for spec in contract.inputs:
@@ -105,7 +113,7 @@ def test_profile_canonical_json_is_stable_and_sorted(contract):
     assert a.canonical_json() == b.canonical_json()
     data = json.loads(a.canonical_json())
     assert list(data) == sorted(data)
-    assert data["noise"] == {"max": [8, 8, 2], "min": [1, 8, 2], "opt": [1, 8, 2]}
+    assert data["noise"] == {"max": [8, 50, 2], "min": [1, 50, 2], "opt": [1, 50, 2]}
     assert " " not in a.canonical_json()
 
 

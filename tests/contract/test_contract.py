@@ -71,10 +71,18 @@ def test_demo_contract_loads(demo: Contract) -> None:
     assert demo.cameras[0].model.mean == (0.5, 0.5, 0.5)
     assert demo.language is not None and demo.language.max_tokens == 8
     assert demo.proprio is not None and demo.proprio.dim == 4
-    assert demo.noise is not None and demo.noise.shape == (8, 2)
+    assert demo.noise is not None and demo.noise.shape == (50, 2)
     assert [j.name for j in demo.action.joints] == ["joint0", "joint1"]
     assert demo.timing.control_period_ms == 20.0
-    assert [t.name for t in demo.inputs] == ["image_overhead", "tokens", "proprio", "noise"]
+    assert [t.name for t in demo.inputs] == [
+        "image_overhead",
+        "tokens",
+        "proprio",
+        "noise",
+        "rtc_actions",
+        "rtc_weights",
+    ]
+    assert demo.rtc is not None and (demo.rtc.actions_input, demo.rtc.weights_input) == ("rtc_actions", "rtc_weights")
 
 
 def test_demo_helpers(demo: Contract) -> None:
@@ -83,7 +91,7 @@ def test_demo_helpers(demo: Contract) -> None:
     assert image.opt_shape == image.shape == (1, 3, 64, 64)
     assert image.max_shape == (8, 3, 64, 64)
     assert image.accepts((4, 3, 64, 64)) and not image.accepts((9, 3, 64, 64))
-    assert demo.output("actions").shape == (1, 8, 2)
+    assert demo.output("actions").shape == (1, 50, 2)
     assert demo.tokenizer_path == DEMO.parent / "tokenizer.json"
     assert demo.base_dir == DEMO.parent
     with pytest.raises(KeyError, match="no input named 'nope'"):
@@ -235,7 +243,7 @@ def test_inconsistent_lengths(data: dict) -> None:
     assert "proprio.std[1]: must be > 0, got 0.0" in problems
     assert "cameras[0].model.mean: has 2 values, expected 3 (one per color channel)" in problems
     assert "action.joints: has 2 joints, expected dim = 3" in problems
-    assert any(p.startswith("outputs[0].shape: [1, 8, 2] does not match action") for p in problems)
+    assert any(p.startswith("outputs[0].shape: [1, 50, 2] does not match action") for p in problems)
 
 
 def test_language_and_noise_wiring(data: dict) -> None:

@@ -89,26 +89,29 @@ def test_unsupported_operator_fails_loudly(contract, golden, tmp_path):
         return torch.empty_like(x)
 
     class Odd(torch.nn.Module):
-        def forward(self, image_overhead, tokens, proprio, noise):
+        def forward(self, image_overhead, tokens, proprio, noise, rtc_actions, rtc_weights):
             return mystery(noise)
 
-    with pytest.raises(ExportError, match="ONNX export failed"):
+    with pytest.raises(ExportError, match="ONNX export failed: .*vlad_test.mystery"):
         export_onnx(Odd(), contract, [golden[0]["inputs"]], tmp_path / "odd.onnx", log=lambda m: None)
 
 
 class _TwoCameraLike(torch.nn.Module):
-    """A policy whose trunk (``prefix``) needs every input, the noise included: like a LeRobot
-    Diffusion Policy with two cameras (two images, the state, the noise)."""
+    """A policy whose trunk (``prefix``) needs every input, the noise and the real-time chunking
+    guide included: like a LeRobot Diffusion Policy with two cameras (two images, the state,
+    the noise)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.proj = torch.nn.Linear(4, 2)
 
-    def prefix(self, image_overhead, tokens, proprio, noise):
-        return self.proj(proprio)[:, None, :] + image_overhead.mean(dim=(1, 2, 3))[:, None, None] + noise
+    def prefix(self, image_overhead, tokens, proprio, noise, rtc_actions, rtc_weights):
+        guide = rtc_weights[:, :, None] * rtc_actions
+        return self.proj(proprio)[:, None, :] + image_overhead.mean(dim=(1, 2, 3))[:, None, None] + noise + guide
 
-    def forward(self, image_overhead, tokens, proprio, noise):
-        return torch.tanh(self.prefix(image_overhead, tokens, proprio, noise)) + tokens[:, :1, None].float() * 0
+    def forward(self, image_overhead, tokens, proprio, noise, rtc_actions, rtc_weights):
+        trunk = self.prefix(image_overhead, tokens, proprio, noise, rtc_actions, rtc_weights)
+        return torch.tanh(trunk) + tokens[:, :1, None].float() * 0
 
 
 def test_the_prefix_is_computed_from_every_input(contract, golden, tmp_path):
@@ -125,7 +128,7 @@ def test_an_export_failure_is_one_line_with_its_cause_and_nothing_else(contract,
     error is the root cause's line."""
 
     class Mismatched(torch.nn.Module):
-        def forward(self, image_overhead, tokens, proprio, noise):
+        def forward(self, image_overhead, tokens, proprio, noise, rtc_actions, rtc_weights):
             return torch.cat([noise, proprio[:, None, :3]], dim=1)  # 2 vs 3 columns
 
     capfd.readouterr()

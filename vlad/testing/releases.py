@@ -104,9 +104,11 @@ class Payload:
 
 def demo_payload() -> Payload:
     """The signed demo release and its first golden observation."""
+    from vlad.contract import load_contract
     from vlad.testing.golden import load_golden
 
     raw = load_golden()[0]["raw"]
+    action = load_contract(DEMO / "contract.toml").action
     return Payload(
         "demo (1 camera 64x64, 4 proprio, language)",
         DEMO,
@@ -114,7 +116,7 @@ def demo_payload() -> Payload:
         {k: np.ascontiguousarray(v) for k, v in raw.images.items()},
         np.asarray(raw.proprio, np.float32),
         raw.instruction,
-        (8, 2),
+        (action.chunk_length, action.dim),
     )
 
 
