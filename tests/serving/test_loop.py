@@ -199,3 +199,29 @@ def test_a_held_reanchor_chunk_gives_way_to_the_observation_that_confirmed_it(ri
     assert rig.recv(0.2) is None  # obs 2's chunk was dropped, not sent late
     assert rig.intake.counts.superseded == 1
     assert rig.intake.trusted.reanchors == 1 and rig.session.calls == 3
+
+
+def test_a_held_reanchor_chunk_waits_for_the_confirming_observation_to_be_handed_over(rig):
+    """The intake thread confirms an announcement while it judges the observation and hands
+    that observation over a moment later. A serving thread waking in between (its quarter-
+    period timeout) sees the announcement confirmed and nothing taken: it still drops the
+    held chunk for the confirming observation, not sends it."""
+    rig.intake.trusted.settle_ns = GENEROUS_NS
+    rig.send_obs(1)
+    assert rig.recv().header["obs_seq"] == 1
+    reset = PROPRIO + np.array([1.0, 0.0, 0.0, 0.0], np.float32)
+    rig.send_obs(2, proprio=reset, reanchor=True)
+    wait_until(lambda: rig.loop._held is not None, what="obs 2's chunk held for its announcement")
+    reported = rig.publisher.guard.reported
+
+    def slow_reported(client, t_sensor_ns, report):  # between judging and handing over
+        if rig.intake.trusted.confirmed_id:
+            time.sleep(4 * rig.loop.period_ns / 1e9)  # the serving thread wakes several times
+        reported(client, t_sensor_ns, report)
+
+    rig.publisher.guard.reported = slow_reported
+    time.sleep(rig.intake.trusted.corroborate_ns / 1e9)
+    rig.send_obs(3, proprio=reset)
+    assert rig.recv().header["obs_seq"] == 3
+    assert rig.recv(0.2) is None
+    assert rig.intake.counts.superseded == 1 and rig.session.calls == 3

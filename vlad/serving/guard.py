@@ -133,6 +133,7 @@ class TrustedState:
         self._ids = 0
         self.pending: Announcement | None = None
         self.confirmed_id = 0  # the last announcement a later observation confirmed
+        self.confirmed_rx = 0  # receive time of the observation that confirmed it (0: silence did)
         self.provisional = 0  # set by every judgement: the announcement the observation belongs to
         self.announced = 0
         self.contradicted = 0
@@ -191,7 +192,7 @@ class TrustedState:
             if p is None or not self._quiet or now_ns - p.receive_ns < self.settle_ns:
                 return False
             self.pending = None
-            self.confirmed_id = p.id
+            self.confirmed_id, self.confirmed_rx = p.id, 0
             self._reanchor(
                 p.q, p.t_sensor_ns, "announced by the controller, nothing contradicting", anchor=p.t_sensor_ns
             )
@@ -213,7 +214,7 @@ class TrustedState:
             if self._within(q, p.q, abs(t_sensor_ns - p.t_sensor_ns)):  # the arm is where it was announced
                 if receive - p.receive_ns >= self.corroborate_ns and t_sensor_ns > p.t_sensor_ns:
                     self.pending = None
-                    self.confirmed_id = p.id
+                    self.confirmed_id, self.confirmed_rx = p.id, receive
                     self._reanchor(q, t_sensor_ns, "announced by the controller and confirmed", anchor=p.t_sensor_ns)
                     return None
                 self.provisional = p.id  # the announced state again, too soon to confirm it

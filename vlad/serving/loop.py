@@ -127,6 +127,7 @@ class ServingLoop:
         # The hand-over from the intake thread to the serving thread.
         self._handover = threading.Condition(threading.Lock())
         self._waiting: list[Accepted] = []  # accepted, not yet served (at most `history`)
+        self._taken_rx = 0  # receive time of the newest observation the serving thread took
         self._woken = False
         self._wake_addr = f"inproc://vlad-wake-{id(self)}"
         self._wake_rx = ctx.socket(zmq.PULL)  # stops the intake thread's poll
@@ -342,6 +343,8 @@ class ServingLoop:
                 return False
             taken, self._waiting = self._waiting, []
             woken, self._woken = self._woken, False
+            if taken:
+                self._taken_rx = taken[-1].receive_ns
         if self._held is not None:  # also on a timeout: it may settle without another observation
             self._offer_held(gen, taken)
         if taken:
@@ -426,8 +429,15 @@ class ServingLoop:
         answered now instead (latest wins); dropped when an observation contradicted it."""
         held = self._held
         assert held is not None
-        self.intake.trusted.settle(time.monotonic_ns())
-        if self.publisher.announcement(held.obs) == "pending" and gen == self.generation:
+        trusted = self.intake.trusted
+        trusted.settle(time.monotonic_ns())
+        status = self.publisher.announcement(held.obs)
+        if gen == self.generation and (
+            status == "pending"
+            # Confirmed by an observation the intake thread has not handed over yet: it is
+            # about to be, and answering it is what latest-wins means.
+            or (status == "confirmed" and trusted.confirmed_rx > self._taken_rx)
+        ):
             return
         self._held = None
         if any(a.obs.client == held.obs.client for a in taken):
