@@ -133,6 +133,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="onnxruntime")
     p.add_argument("--options", default='{"intra_op_threads": 1}', help="backend options as JSON")
     p.add_argument("--parent", help="parent release id (lineage); the change kind is then export_only")
+    p.add_argument(
+        "--canary-window-s",
+        type=float,
+        default=CANARY_DEFAULTS["window_s"],
+        help="[canary] window_s: how long a canary deploy of the release is watched",
+    )
+    p.add_argument(
+        "--canary-max-deadline-miss-rate",
+        type=float,
+        default=CANARY_DEFAULTS["max_deadline_miss_rate"],
+        help="[canary] max_deadline_miss_rate: the fraction of missed cycles that aborts a canary",
+    )
     args = p.parse_args(argv)
 
     release = Path(args.release_dir)
@@ -158,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             fallback=[{"kind": "hold"}],
             lineage={"change": "export_only", "parent": args.parent} if args.parent else {"change": "retrain"},
             gates=gates,
-            canary=CANARY_DEFAULTS,
+            canary={
+                **CANARY_DEFAULTS,
+                "window_s": args.canary_window_s,
+                "max_deadline_miss_rate": args.canary_max_deadline_miss_rate,
+            },
         )
         # The release carries its own gate plan (docs/gates.md), naming only its own files.
         data["gate_plan"] = release_plan(Path(args.gate_plan), release)

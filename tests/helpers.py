@@ -12,16 +12,15 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from vlad.config import Config, ReleaseConfig, ServeConfig, StoreConfig
 from vlad.release.authoring import new_manifest_data, write_manifest
 from vlad.release.signing import generate_keypair, sign_release
-from vlad.testing import DEMO, PERIOD_S, ControllerSim, Received, wait_until
+from vlad.testing import PERIOD_S, ControllerSim, Received, wait_until
 from vlad.testing.releases import REPO as ROOT
+from vlad.testing.releases import signed_demo_copy  # noqa: F401 (the tests' name for it)
 
 KEYS = ROOT / "etc" / "vlad" / "keys.d"  # the demo signing key's public half
 DEMO_CONTRACT = ROOT / "manifests" / "demo" / "contract.toml"
@@ -111,58 +110,6 @@ def make_release(
 # ---------------------------------------------------------------------------------------
 # The demo release under another version (deploy, memory, FIFO tests)
 # ---------------------------------------------------------------------------------------
-
-
-def signed_demo_copy(
-    dest: Path,
-    version: str,
-    code: int,
-    backend: str = "onnxruntime",
-    options: str | None = None,
-    required_gates: tuple[str, ...] = ("closed_loop",),
-    closed_loop_passes: bool = True,
-) -> Path:
-    """A signed copy of the demo release with another id and version.
-
-    Its gate plan requires only ``required_gates``; the copy carries the demo's closed-loop
-    evidence (eval.json, judged against a threshold it passes or, with
-    ``closed_loop_passes=False``, fails) and no other, so the default deploys without --force."""
-    dest.mkdir(parents=True)
-    plan = dest.parent / f"{dest.name}-gates.toml"
-    plan.write_text("required = [" + ", ".join(f'"{g}"' for g in required_gates) + "]\n")
-    for f in DEMO.iterdir():
-        if f.name not in ("manifest.toml", "manifest.sig"):
-            shutil.copy(f, dest / f.name)
-    contract = dest / "contract.toml"
-    contract.write_text(contract.read_text().replace('version = "1.0.0"', f'version = "{version}"', 1))
-    args = [
-        sys.executable,
-        str(ROOT / "scripts" / "make_demo_manifest.py"),
-        "--release-dir",
-        str(dest),
-        "--release-id",
-        f"vlad-demo-reacher-{version}",
-        "--version",
-        version,
-        "--version-code",
-        str(code),
-        "--backend",
-        backend,
-        "--parent",
-        "vlad-demo-reacher-1.0.0",
-        "--min-success-rate",
-        "0" if closed_loop_passes else "1.01",
-        "--min-margin",
-        "0",
-        "--gate-plan",
-        str(plan),
-    ]
-    if options:
-        args += ["--options", options]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    passes = closed_loop_passes and required_gates == ("closed_loop",)
-    assert out.returncode == (0 if passes else 1), out.stdout + out.stderr  # 1: evidence does not pass
-    return dest
 
 
 def store_config(store_root: Path) -> Config:

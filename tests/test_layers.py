@@ -41,9 +41,11 @@ LAYERS: list[tuple[str, ...]] = [
     # compat: the endpoint processes the daemon starts (vlad.daemon.endpoints reads their spec type).
     # testing: runs the daemon as a subprocess for the gates, the benchmarks and the tests.
     # importers: tools that write releases (export, authoring, signing) from other frameworks.
-    ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat", "vlad.testing", "vlad.importers"),
+    # fleet.registry: releases to and from OCI registries (verified with release.signing).
+    ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat", "vlad.testing", "vlad.importers", "vlad.fleet"),
     # vlad.pi0 builds a release from the planner's description with the demo's builders.
-    ("vlad.cli", "vlad.demo", "vlad.pi0"),
+    # fleet.mender: the Mender update module drives the daemon as vladctl does.
+    ("vlad.cli", "vlad.demo", "vlad.pi0", "vlad.fleet.mender"),
 ]
 
 # (importer, imported) -> why an upward import is acceptable. Keep this short.

@@ -21,6 +21,7 @@ from vlad.cli.common import run
 def vladctl_parser() -> argparse.ArgumentParser:
     from vlad.cli.contract import add_contract_commands
     from vlad.cli.daemon import add_daemon_commands
+    from vlad.cli.fleet import add_fleet_commands
     from vlad.cli.importer import add_import_commands
     from vlad.cli.plan import add_plan_commands
     from vlad.cli.release import add_release_commands
@@ -32,6 +33,7 @@ def vladctl_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_daemon_commands(sub)
     add_release_commands(sub)
+    add_fleet_commands(sub)
     add_contract_commands(sub)
     add_plan_commands(sub)
     add_gate_commands(sub)

@@ -212,20 +212,23 @@ def with_progress(args: argparse.Namespace, call: Callable[[], Any]) -> Any:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    """verify -> stage -> warm -> hot-swap on the running daemon (or refuse with the reason)."""
-    r = with_progress(
-        args,
-        lambda: request(
+    """(pull ->) verify -> stage -> warm -> hot-swap on the running daemon (or refuse with the reason)."""
+    from vlad.cli.fleet import release_folder
+
+    with release_folder(args) as folder:
+        r = with_progress(
             args,
-            "deploy",
-            max(args.timeout_ms, 120_000),
-            path=str(Path(args.release).resolve()),
-            who=operator(args.who),
-            why=args.why,
-            canary=args.canary,
-            force=args.force,
-        ),
-    )
+            lambda: request(
+                args,
+                "deploy",
+                max(args.timeout_ms, 120_000),
+                path=str(folder.resolve()),
+                who=operator(args.who),
+                why=args.why,
+                canary=args.canary,
+                force=args.force,
+            ),
+        )
     extra = " as a canary (auto-rollback armed)" if r["canary"] else ""
     ev = r.get("evidence") or {}
     if ev.get("status") == "forced":
@@ -306,6 +309,7 @@ def cmd_shadow(args: argparse.Namespace) -> int:
 
 def add_daemon_commands(sub: Any) -> None:
     """Add the running-daemon commands to ``vladctl``'s subparsers."""
+    from vlad.cli.fleet import add_registry_args
     from vlad.daemon.control import COMMANDS
 
     p = sub.add_parser("status", help=COMMANDS["status"].help)
@@ -321,12 +325,15 @@ def add_daemon_commands(sub: Any) -> None:
 
     p = sub.add_parser("deploy", help=COMMANDS["deploy"].help)
     add_daemon_args(p)
-    p.add_argument("release", help="release folder (signed manifest)")
+    p.add_argument("release", help="release folder (signed manifest), or an OCI reference host/repo@sha256:...")
     add_operator_args(
         p,
         force="allow missing or failed gate evidence or a deliberate downgrade (recorded with --why); "
         "never an integrity failure",
     )
+    p.add_argument("--root", help="release store whose incoming/ and blobs/ a pull uses (default: the config's)")
+    p.add_argument("--keys", help="trusted keys a pull verifies against (default: $VLAD_KEYS_DIR or the config's)")
+    add_registry_args(p)
     p.add_argument(
         "--canary",
         action="store_true",

@@ -375,11 +375,11 @@ class ServingLoop:
         """One observation in, one action chunk out (or a hold saying why not). ``earlier``:
         accepted observations superseded by ``obs`` (a policy's [history] window takes them in)."""
         shadow = self.shadow
-        if shadow is not None:
-            shadow.offer(obs, receive_ns)
         policy = self.active
         self._served_by = policy
         if policy is None:  # the hold posture serves: answer with it at once
+            if shadow is not None:
+                shadow.offer(obs, receive_ns)
             self.publisher.publish_hold("fallback", obs.sequence, obs.sensor_time_ns, client=obs.client or "")
             return
         t = self._times
@@ -393,18 +393,21 @@ class ServingLoop:
         # for in_flight to clear before closing its session.
         self.in_flight = Inference(policy, receive_ns)
         try:
-            if policy.retired:
-                return
-            policy.counts.cycles += 1
-            if earlier and policy.pre.frames > 1:
-                policy.pre.take_in([a.obs for a in earlier])
             guide, continues = None, None
             if self.rtc is not None and policy.contract.rtc is not None:  # continue what the robot executes
                 executing = self.publisher.executing(obs)
                 guide = self.rtc.guide(executing, policy.contract.action.chunk_length)
                 if guide is not None:
-                    policy.counts.guided += 1
                     continues = (executing.chunk, self.rtc.delay)
+            if shadow is not None:  # a shadow or canary reference: the same observation and guide
+                shadow.offer(obs, receive_ns, guide)
+            if policy.retired:
+                return
+            policy.counts.cycles += 1
+            if guide is not None:
+                policy.counts.guided += 1
+            if earlier and policy.pre.frames > 1:
+                policy.pre.take_in([a.obs for a in earlier])
             actions = run_cycle(policy, obs, t, guide=guide)  # stale check, preprocess, infer, decode
         except CycleFailure as failure:
             self._failed(gen, policy, obs, failure)

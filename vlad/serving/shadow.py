@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from vlad.processing import RawObservation
+from vlad.processing import Guide, RawObservation
 from vlad.serving.cycle import CycleFailure, run_cycle
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.tracing import CycleTimes, LatencyStats
@@ -95,13 +95,18 @@ class ShadowRun(Worker):
         self.started_ns = time.monotonic_ns()
         self.outputs = 0
         self._cond = threading.Condition()
-        self._item: tuple[RawObservation, int] | None = None
+        self._item: tuple[RawObservation, int, Guide | None] | None = None
         self._times = CycleTimes()
 
-    def offer(self, obs: RawObservation, receive_ns: int) -> None:
-        """Hand over an observation (the newest wins; never blocks the serving thread)."""
+    def offer(self, obs: RawObservation, receive_ns: int, guide: Guide | None = None) -> None:
+        """Hand over an observation (the newest wins; never blocks the serving thread) and
+        the real-time chunking guide the serving policy computes its chunk with: the shadow
+        continues the same executing chunk, so the two chunks are comparable."""
+        c = self.policy.contract
+        if guide is not None and (c.rtc is None or guide.actions.shape != (c.action.chunk_length, c.action.dim)):
+            guide = None  # a shadow without [rtc], or another chunk shape: its plain chunk
         with self._cond:
-            self._item = (obs, receive_ns)
+            self._item = (obs, receive_ns, guide)
             self._cond.notify()
 
     def wake(self) -> None:
@@ -116,20 +121,20 @@ class ShadowRun(Worker):
                 if self.stopping:
                     return
                 assert self._item is not None  # the wait ends on an item or on stop
-                (obs, receive_ns), self._item = self._item, None
+                (obs, receive_ns, guide), self._item = self._item, None
             try:
-                self._cycle(obs, receive_ns)
+                self._cycle(obs, receive_ns, guide)
             except Exception:  # a bug, not bad input: keep the shadow going, but loudly
                 self.policy.counts.cycle_errors += 1
                 log.exception("shadow %s: cycle failed", self.policy.id)
 
-    def _cycle(self, obs: RawObservation, receive_ns: int) -> None:
+    def _cycle(self, obs: RawObservation, receive_ns: int, guide: Guide | None) -> None:
         """The serving thread's cycle (:func:`vlad.serving.cycle.run_cycle`), never published."""
         p, t = self.policy, self._times
         t.reset(obs.sensor_time_ns, receive_ns)
         p.counts.cycles += 1
         try:
-            actions = run_cycle(p, obs, t)
+            actions = run_cycle(p, obs, t, guide=guide)
         except CycleFailure as failure:
             if failure.reason == "stale":
                 p.counts.stale += 1

@@ -63,7 +63,8 @@ class ControllerSim:
 
     ``case`` is a golden case (``case["raw"]`` is sent); the flags change what is sent while
     it runs: no observations, no heartbeats, observations a second old (``stale``), or an
-    image of the wrong shape (``bad_shape``).
+    image of the wrong shape (``bad_shape``), and an observation only every ``obs_every``
+    periods.
     """
 
     client: Any  # a vlad.client.Client
@@ -72,6 +73,7 @@ class ControllerSim:
     send_heartbeat: bool = True
     stale: bool = False
     bad_shape: bool = False
+    obs_every: int = 1  # an observation every this many periods (heartbeats every period): many robots on one host
     received: list[Received] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -92,7 +94,7 @@ class ControllerSim:
         seq = 0
         while not self._stop.is_set():
             seq += 1
-            if self.send_obs:
+            if self.send_obs and seq % self.obs_every == 0:
                 t_sensor = time.monotonic_ns() - (int(1e9) if self.stale else 0)
                 img = raw.images["overhead"]
                 if self.bad_shape:

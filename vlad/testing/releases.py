@@ -4,6 +4,8 @@ it, and the payloads the serving benchmarks send.
 * :data:`DEMO` (``manifests/demo``, signed with the demo-only key in :data:`DEMO_KEYS`) and
   :data:`DEMO_CONFIG` (``etc/vlad/demo.toml``): found beside the package in a source
   checkout, where the tests, the gates' examples and the benchmarks run;
+* :func:`signed_demo_copy`: the demo re-signed (demo key) under another id and version,
+  with a chosen backend, gate plan and canary thresholds (deploys, canaries, fleets);
 * :func:`unsigned_copy`: the demo's contract, tokenizer and ONNX model in another folder,
   with another version or a changed contract line, served with ``verify = false`` (the
   fault rig, the remote and slowed backends);
@@ -20,6 +22,8 @@ from __future__ import annotations
 import datetime as dt
 import platform
 import shutil
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,3 +295,64 @@ def synthetic_payload(folder: Path) -> Payload:
         None,
         (SYN_CHUNK, SYN_DIM),
     )
+
+
+def signed_demo_copy(
+    dest: Path,
+    version: str,
+    code: int,
+    backend: str = "onnxruntime",
+    options: str | None = None,
+    required_gates: tuple[str, ...] = ("closed_loop",),
+    closed_loop_passes: bool = True,
+    canary_window_s: float | None = None,
+    canary_max_deadline_miss_rate: float | None = None,
+) -> Path:
+    """A signed copy of the demo release with another id and version.
+
+    Its gate plan requires only ``required_gates``; the copy carries the demo's closed-loop
+    evidence (eval.json, judged against a threshold it passes or, with
+    ``closed_loop_passes=False``, fails) and no other, so the default deploys without --force.
+    ``canary_window_s``, ``canary_max_deadline_miss_rate``: its ``[canary]`` thresholds
+    (default: vlad's, a 600 s window)."""
+    dest.mkdir(parents=True)
+    plan = dest.parent / f"{dest.name}-gates.toml"
+    plan.write_text("required = [" + ", ".join(f'"{g}"' for g in required_gates) + "]\n")
+    for f in DEMO.iterdir():
+        if f.name not in ("manifest.toml", "manifest.sig"):
+            shutil.copy(f, dest / f.name)
+    contract = dest / "contract.toml"
+    contract.write_text(contract.read_text().replace('version = "1.0.0"', f'version = "{version}"', 1))
+    args = [
+        sys.executable,
+        str(REPO / "scripts" / "make_demo_manifest.py"),
+        "--release-dir",
+        str(dest),
+        "--release-id",
+        f"vlad-demo-reacher-{version}",
+        "--version",
+        version,
+        "--version-code",
+        str(code),
+        "--backend",
+        backend,
+        "--parent",
+        "vlad-demo-reacher-1.0.0",
+        "--min-success-rate",
+        "0" if closed_loop_passes else "1.01",
+        "--min-margin",
+        "0",
+        "--gate-plan",
+        str(plan),
+    ]
+    if options:
+        args += ["--options", options]
+    if canary_window_s is not None:
+        args += ["--canary-window-s", str(canary_window_s)]
+    if canary_max_deadline_miss_rate is not None:
+        args += ["--canary-max-deadline-miss-rate", str(canary_max_deadline_miss_rate)]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    passes = closed_loop_passes and required_gates == ("closed_loop",)
+    if out.returncode != (0 if passes else 1):  # 1: the evidence does not pass
+        raise RuntimeError(f"make_demo_manifest.py failed: {out.stdout}{out.stderr}")
+    return dest

@@ -1,6 +1,12 @@
 """A small KServe v2 server for a release's ONNX model (tests, the demo, benchmarks).
 
     python -m vlad_kserve.server --release manifests/demo --grpc-port 8001 --http-port 8000
+    python -m vlad_kserve.server --release registry.example/fleet/reacher@sha256:... --keys /etc/vlad/keys.d
+
+``--release`` is a release folder, or a vlad release in an OCI registry pinned by digest
+(``vladctl push`` prints it): the server pulls it into ``--model-dir`` (KServe's
+``/mnt/models`` by default), verified against ``--keys`` as a robot verifies it (signature
+first, every file against its signed digest), then serves it (docs/fleet.md).
 
 It serves the release's ONNX artifact with ONNX Runtime through ``kserve.ModelServer``
 (gRPC and HTTP, v2 protocol), bound to ``--host`` (default 127.0.0.1: kserve itself binds
@@ -28,6 +34,7 @@ import asyncio
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 import tomllib
@@ -61,6 +68,33 @@ class FaultFile:
                 self.fault = {}  # a half-written file: no fault this time
             self._stamp = stamp
         return self.fault
+
+
+def release_folder(args: argparse.Namespace) -> Path:
+    """``--release`` as a folder: itself, or a registry reference pulled and verified by
+    ``vladctl pull`` (a plugin stays off vlad's release layers: it runs the operator
+    command, as a KServe storage container would)."""
+    if Path(args.release).exists() or "@sha256:" not in args.release:
+        return Path(args.release)
+    if not args.keys:
+        raise SystemExit("vlad_kserve.server: a registry reference is verified before it is served: pass --keys")
+    digest = args.release.rsplit("@sha256:", 1)[1]
+    dest = Path(args.model_dir) / digest[:16]
+    vladctl = [sys.executable, "-m", "vlad.cli"]
+    if dest.is_dir():  # pulled by an earlier start of this server: verified again, not trusted
+        cmd = [*vladctl, "verify", str(dest), "--keys", args.keys]
+    else:
+        cmd = [*vladctl, "pull", args.release, "--out", str(dest), "--keys", args.keys, "--root", args.model_dir]
+        cmd += ["--cache", str(Path(args.model_dir) / ".blobs")]
+        cmd += ["--plain-http"] if args.plain_http else []
+        cmd += ["--ca-file", args.ca_file] if args.ca_file else []
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"vlad_kserve.server: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else cmd[3]}")
+    print(
+        f"vlad_kserve.server: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else 'verified'}", flush=True
+    )
+    return dest
 
 
 def release_model(release: Path, artifact: str | None) -> tuple[str, Path]:
@@ -276,7 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m vlad_kserve.server", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--release", type=Path, required=True, help="release folder (contract.toml + the ONNX artifact)")
+    ap.add_argument(
+        "--release", required=True, help="release folder (contract.toml + the ONNX artifact) or host/repo@sha256:..."
+    )
+    ap.add_argument("--keys", help="trusted release keys, for a registry reference (required with one)")
+    ap.add_argument("--model-dir", default="/mnt/models", help="where a registry reference is pulled to")
+    ap.add_argument("--plain-http", action="store_true", help="the registry speaks HTTP, not HTTPS")
+    ap.add_argument("--ca-file", help="CA certificate(s) for the registry's TLS")
     ap.add_argument("--artifact", help="ONNX file in the release (default: the manifest's, or the only .onnx)")
     ap.add_argument("--model-name", help="name served under (default: the contract's model id)")
     ap.add_argument("--host", default="127.0.0.1")
@@ -294,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--tls-cert and --tls-key go together")
     # kserve parses sys.argv when it is imported: give it none of ours.
     sys.argv = sys.argv[:1]
-    name, onnx_path = release_model(args.release, args.artifact)
+    name, onnx_path = release_model(release_folder(args), args.artifact)
     token = Path(args.token_file).read_text().strip() if args.token_file else None
     model = build_model(args.model_name or name, onnx_path, args.threads, FaultFile(args.fault_file), token)
     server = build_server(

@@ -1,0 +1,1 @@
+"""Fleets: releases through OCI registries and over-the-air updaters (docs/fleet.md)."""
