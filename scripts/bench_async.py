@@ -6,7 +6,7 @@ latencies, against the policy in process.
 The MuJoCo Reacher arm (``vlad.demo.sim``) runs in real time at the contract's control
 period and talks to a real ``vlad serve`` subprocess over its real ZeroMQ sockets, every
 episode on the one episode runner (:func:`vlad.episodes.run_episode`). The daemon serves the
-demo release on the ``wrapped`` backend (:mod:`vlad.testing.plugin`) around a real engine:
+demo release on the ``wrapped`` backend (:mod:`vlad.gates.wrapped`) around a real engine:
 every inference takes at least the injected latency, drawn within ±``--jitter`` of it
 (0 ms: the engine's own time). Rules, per latency:
 

@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vlad.config import Config, ReleaseConfig, ServeConfig, StoreConfig  # noqa: E402
+from vlad.daemon.child import launch  # noqa: E402
 from vlad.release.store import ReleaseStore  # noqa: E402
 from vlad.testing import DEMO, PLUGIN_ENV, ControllerSim, load_golden  # noqa: E402
 from vlad.testing.conditions import conditions  # noqa: E402
-from vlad.testing.daemon import launch  # noqa: E402
 from vlad.testing.registry import RegistryProcess, registry_unavailable  # noqa: E402
 from vlad.testing.releases import DEMO_KEYS, signed_demo_copy  # noqa: E402
 

@@ -162,12 +162,12 @@ def netem_available() -> str:
 
 
 def start_server(threads: int):
-    """The test server (:class:`vlad.testing.kserve.ServerProcess`) on free ports."""
+    """The test server (:class:`vlad_kserve.testing.ServerProcess`) on free ports."""
     import tempfile
 
-    from vlad.testing.kserve import ServerProcess
+    from vlad_kserve.testing import ServerProcess
 
-    server = ServerProcess(Path(tempfile.mkdtemp(prefix="vlad-bench-remote-")), extra=["--threads", str(threads)])
+    server = ServerProcess(Path(tempfile.mkdtemp(prefix="vlad-bench-remote-")), DEMO, extra=["--threads", str(threads)])
     server.start()
     return server, server.grpc_port, server.http_port
 

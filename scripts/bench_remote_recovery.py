@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How fast a remote policy's link comes back, and how often a flapping server swaps it.
 
-Against the hostile v2 HTTP server of the tests (``vlad.testing.kserve.HostileServer``: the
+Against the hostile v2 HTTP server of the tests (``vlad_kserve.testing.HostileServer``: the
 demo model on ONNX Runtime, answering in ~2 ms, or trickling its answer a byte every 8 ms
 when told to), one ``kserve`` session on 127.0.0.1 with the options a release would use:
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-ms", type=float, default=50.0)
     ap.add_argument("--recover-after", type=int, default=3)
     args = ap.parse_args(argv)
-    from vlad.testing.kserve import HostileServer
+    from vlad_kserve.testing import HostileServer
 
     c = conditions("onnxruntime")
     print(
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         f"HTTP to 127.0.0.1, demo model (ONNX Runtime, 1 thread) answering in ~2 ms; "
         f"probe_interval_ms {args.probe_ms:g}, recover_after {args.recover_after}"
     )
-    server = HostileServer()
+    server = HostileServer(DEMO / "policy.onnx")
     try:
         back = np.asarray(return_after_one_late(server, args)) * 1e3
         print(

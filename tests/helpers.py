@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 from vlad.config import Config, ReleaseConfig, ServeConfig, StoreConfig
+from vlad.protocol import ActionChunk
 from vlad.release.authoring import new_manifest_data, write_manifest
 from vlad.release.signing import generate_keypair, sign_release
-from vlad.testing import PERIOD_S, ControllerSim, Received, wait_until
+from vlad.testing import PERIOD_S, ControllerSim, wait_until
 from vlad.testing.releases import REPO as ROOT
 from vlad.testing.releases import signed_demo_copy  # noqa: F401 (the tests' name for it)
 
@@ -174,12 +175,12 @@ def wait_state(client, state: str, serving_prefix: str | None = None, timeout: f
     return dict(last)
 
 
-def wait_chunks(ctl: ControllerSim, source: str = "", n: int = 10, timeout: float = 10.0) -> list[Received]:
+def wait_chunks(ctl: ControllerSim, source: str = "", n: int = 10, timeout: float = 10.0) -> list[ActionChunk]:
     """The first ``n`` chunks from a source starting with ``source`` (any source: "") that
     ``ctl`` gets from now."""
     t0 = time.monotonic()
 
-    def got() -> list[Received]:
+    def got() -> list[ActionChunk]:
         return [c for c in ctl.since(t0) if c.source.startswith(source)]
 
     try:

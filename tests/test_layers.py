@@ -6,6 +6,10 @@ Every module under ``vlad/`` is parsed with :mod:`ast` (nothing is imported), an
 An import of a higher layer fails unless it is in :data:`ALLOWED_UPWARD`, with its reason.
 Imports within one layer are allowed (e.g. ``health`` reads ``serving``'s typed counters,
 ``daemon`` checks ``gates`` evidence), but never in a cycle between modules at import time.
+
+``vlad.testing`` is the top layer, above the CLI and the demo: the product (``vlad`` outside
+it, the plugins, the plugin example) never imports it, not even by a module name in a string
+(``importlib.import_module``, ``__import__``, a plugin module list).
 """
 
 from __future__ import annotations
@@ -34,19 +38,25 @@ LAYERS: list[tuple[str, ...]] = [
         "vlad.demo.sim",
         "vlad.demo.model",
         "vlad.demo.evaluate",
+        # a built-in plugin (vlad.plugins.DEFAULT_PLUGINS): the demo's tasks for the gates
+        "vlad.demo.tasks",
     ),
     ("vlad.release",),
     # The planner reads signed manifests (planner.measure -> release), so it sits above
     # release with the other tools that consume releases, not beside serving.
+    # daemon.child: the daemon as a child process (the gates and the demo run it so).
     # compat: the endpoint processes the daemon starts (vlad.daemon.endpoints reads their spec type).
-    # testing: runs the daemon as a subprocess for the gates, the benchmarks and the tests.
     # importers: tools that write releases (export, authoring, signing) from other frameworks.
     # fleet.registry: releases to and from OCI registries (verified with release.signing).
-    ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat", "vlad.testing", "vlad.importers", "vlad.fleet"),
+    ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat", "vlad.importers", "vlad.fleet"),
     # vlad.pi0 builds a release from the planner's description with the demo's builders.
     # fleet.mender: the Mender update module drives the daemon as vladctl does.
     ("vlad.cli", "vlad.demo", "vlad.pi0", "vlad.fleet.mender"),
+    # The test harness, on top of everything: nothing in the product imports it
+    # (test_the_product_never_imports_the_test_harness).
+    ("vlad.testing",),
 ]
+HARNESS = "vlad.testing"
 
 # (importer, imported) -> why an upward import is acceptable. Keep this short.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {
@@ -167,6 +177,58 @@ def test_no_import_cycles_at_import_time():
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
+# Loops that only lazy imports close (a module's entry point reaching a sibling that imports
+# it): harmless at run time, but each one is named here with its reason, so no new one creeps in
+# (vlad.testing.releases <-> vlad.testing.golden was one: the payload now reads the golden
+# fixtures through the gate's reader).
+LAZY_LOOPS: dict[frozenset[str], str] = {
+    frozenset({"vlad.demo.sim", "vlad.demo.evaluate"}): "python -m vlad.demo.sim evaluates the expert",
+    frozenset({"vlad.cli.daemon", "vlad.cli.watch"}): "status --watch reuses the status command's summaries",
+}
+
+
+def import_loops(modules: dict[str, Path]) -> list[frozenset[str]]:
+    """The groups of modules that import each other around a loop, lazy imports included
+    (strongly connected components of more than one module)."""
+    graph = {m: {d for d in imports(modules, m) if not m.startswith(d + ".")} for m in modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops: list[frozenset[str]] = []
+
+    def visit(m: str) -> None:
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if d not in index:
+                visit(d)
+                low[m] = min(low[m], low[d])
+            elif d in stack:
+                low[m] = min(low[m], index[d])
+        if low[m] == index[m]:
+            group = set()
+            while True:
+                d = stack.pop()
+                group.add(d)
+                if d == m:
+                    break
+            if len(group) > 1:
+                loops.append(frozenset(group))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return loops
+
+
+def test_no_import_loops_even_lazily():
+    loops = import_loops(MODULES)
+    new = [", ".join(sorted(g)) for g in loops if g not in LAZY_LOOPS]
+    assert not new, "modules importing each other (lazy imports included): " + "; ".join(new)
+    gone = [", ".join(sorted(g)) for g in LAZY_LOOPS if g not in loops]
+    assert not gone, "no longer a loop, drop it from LAZY_LOOPS: " + "; ".join(gone)
+
+
 ENTRY_POINT = "vlad.daemon.supervisor"  # the Daemon's module: `vlad serve` starts it
 
 
@@ -203,6 +265,91 @@ def test_plugins_use_only_the_plugin_facing_layers():
     assert not found, "\n".join(found)
 
 
+def _tuple_of_strings(path: Path, name: str) -> set[str]:
+    """The ``"pkg.module"`` strings of the module-level tuple ``name`` in ``path`` (parsed, not imported)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return {e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    raise AssertionError(f"no {name} in {path}")
+
+
+def test_built_in_plugins_use_only_the_plugin_facing_layers():
+    """``vlad.plugins`` registers its built-in plugins by module name (``DEFAULT_PLUGINS``),
+    the way it loads an entry point: an import that the layer check cannot see. So a
+    built-in plugin is held to the plugins' rule: it and what it imports (lazily too) stay in
+    the layers a plugin may use, and loading plugins never pulls in the daemon, the gates
+    or the CLI."""
+    builtins = _tuple_of_strings(ROOT / "vlad" / "plugins.py", "DEFAULT_PLUGINS")
+    assert builtins, "DEFAULT_PLUGINS is empty"
+    highest = layer_of("vlad.health")
+    for module in sorted(builtins):
+        assert module in MODULES, f"DEFAULT_PLUGINS names {module}, which is not a module of vlad"
+        too_high = sorted(m for m in imports(MODULES, module) | {module} if layer_of(m) > highest)
+        assert not too_high, f"built-in plugin {module}: {', '.join(too_high)} above the plugin-facing layers"
+
+
+PRODUCT_SOURCES = sorted(
+    p
+    for d in ("vlad", "plugins", "docs/examples")
+    for p in (ROOT / d).rglob("*.py")
+    if not p.relative_to(ROOT).as_posix().startswith("vlad/testing/")
+)
+
+
+def harness_uses(text: str) -> list[str]:
+    """Where ``text`` reaches ``vlad.testing``, as "line: what": an import at any level, or a
+    string naming one of its modules (``importlib.import_module("vlad.testing.x")``,
+    ``__import__``, ``VLAD_PLUGIN_MODULES="a,vlad.testing.plugin"``, ``"vlad.testing.x:attr"``)."""
+
+    def harness(name: str) -> bool:
+        return name == HARNESS or name.startswith(HARNESS + ".")
+
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [part.strip().split(":")[0] for part in node.value.split(",")]
+            if any(harness(n) for n in names):
+                out.append(f"{node.lineno}: names {node.value!r}")
+            continue
+        else:
+            continue
+        if any(harness(n) for n in names):
+            out.append(f"{node.lineno}: imports {HARNESS}")
+    return out
+
+
+@pytest.mark.parametrize("path", PRODUCT_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_product_never_imports_the_test_harness(path):
+    """``vlad.testing`` is for tests and benchmarks: what the product needs of it (the
+    daemon as a child process, the gates' latency wrapper) lives in the product."""
+    found = harness_uses(path.read_text(encoding="utf-8"))
+    assert not found, f"{path.relative_to(ROOT)}: " + "; ".join(found)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "from vlad.testing import launch\n",
+        "import vlad.testing.daemon\n",
+        "from vlad import testing\n",
+        "def f():\n    from vlad.testing.plugin import PLUGIN_ENV\n",
+        "import importlib\nm = importlib.import_module('vlad.testing.kserve')\n",
+        "m = __import__('vlad.testing')\n",
+        "ENV = {'VLAD_PLUGIN_MODULES': 'vlad.gates.wrapped, vlad.testing.plugin'}\n",
+    ],
+)
+def test_the_harness_scan_catches(text):
+    assert harness_uses(text)
+
+
+def test_the_harness_scan_lets_words_be():
+    assert not harness_uses('"""Tests run the daemon through vlad.testing, and vlad.testingfoo is no module."""\n')
+
+
 def _fake_package(root: Path, files: dict[str, str]) -> dict[str, Path]:
     for rel, text in {"vlad/__init__.py": "", **files}.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -229,6 +376,7 @@ def test_the_checks_see_violations(tmp_path):
         "vlad.errors (layer 0) imports vlad.daemon.supervisor (layer 6)",
     ]
     assert import_cycle(modules) == ["vlad.cli.main", "vlad.daemon.supervisor", "vlad.cli.main"]
+    assert import_loops(modules) == [frozenset({"vlad.cli.main", "vlad.daemon.supervisor"})]
     assert entry_point_importers(modules) == ["vlad.errors"]  # the CLI's import is the allowed one
 
 

@@ -29,7 +29,7 @@ import zmq
 
 from vlad import protocol
 from vlad.errors import ClientError, DaemonUnreachable
-from vlad.protocol import ProtocolError
+from vlad.protocol import ActionChunk, ProtocolError
 
 if TYPE_CHECKING:
     from vlad.snapshot import StatusSnapshot
@@ -47,56 +47,6 @@ __all__ = [
 ]
 
 UNREPORTED = (-1, -1)  # publish_observation without an ``exec`` report
-
-
-@dataclass(frozen=True)
-class ActionChunk:
-    """One action chunk as the daemon published it (after the guard): received by a
-    controller (``t_receive_ns`` = when it arrived) or read back from a recording (its log time)."""
-
-    seq: int
-    obs_seq: int
-    t_sensor_ns: int
-    t_issue_ns: int
-    valid_until_ns: int
-    period_ns: int
-    release: str
-    state: str
-    source: str  # the policy that produced it ("release", "fallback1", ...) or "hold:<reason>"
-    interventions: tuple[str, ...]
-    timings_ms: Mapping[str, float]
-    actions: np.ndarray  # [chunk_length, action_dim], contract units
-    t_receive_ns: int
-    advisory: bool = False  # a hold saying "no policy answer for this observation" (docs/protocol.md)
-    reason: str = ""  # on a hold: why (e.g. "stale", "instruction_too_long", "estop")
-    client: str | None = None  # the controller whose observation it answers; None: every controller
-    # Real-time chunking: the chunk (seq; 0: the held pose) it continues and the periods of it
-    # that were frozen (they had run when it arrived); None: computed plain.
-    rtc: tuple[int, int] | None = None
-
-    def for_client(self, name: str) -> bool:
-        """Whether the controller ``name`` executes this chunk: it answers that controller's
-        observation, or it is for every controller (docs/protocol.md, "Which chunk to execute")."""
-        return self.client is None or self.client == name
-
-    @property
-    def is_hold(self) -> bool:
-        """A hold posture (fallback, e-stop or a late inference), not a policy output."""
-        return self.source.startswith("hold")
-
-    def is_stale(self, now_ns: int | None = None) -> bool:
-        """True once the chunk's validity has passed: never execute a stale chunk."""
-        return (now_ns if now_ns is not None else time.monotonic_ns()) > self.valid_until_ns
-
-    def action_at(self, now_ns: int | None = None) -> np.ndarray | None:
-        """The waypoint for ``now``: waypoint k applies during the (k+1)-th control period
-        after the sensor time, ``[t_sensor + k*period, t_sensor + (k+1)*period)``. None when
-        stale or past the chunk's end."""
-        now = now_ns if now_ns is not None else time.monotonic_ns()
-        if self.is_stale(now):
-            return None
-        k = max(0, (now - self.t_sensor_ns) // self.period_ns) if self.period_ns else 0
-        return self.actions[k] if k < len(self.actions) else None
 
 
 class Client:
@@ -299,16 +249,7 @@ class Client:
         msg = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,), layout=layout)
         if learn is not None and msg.layout is None and msg.tensors:
             learn._act_layout = protocol.Layout.of(msg)
-        h = msg.header
-        return ActionChunk(
-            seq=h["seq"], obs_seq=h["obs_seq"], t_sensor_ns=h["t_sensor_ns"], t_issue_ns=h["t_issue_ns"],
-            valid_until_ns=h["valid_until_ns"], period_ns=h["period_ns"], release=h["release"], state=h["state"], source=h.get("source", ""),
-            interventions=tuple(h.get("interventions", ())), timings_ms=h.get("timings_ms", {}),
-            actions=msg.tensors["actions"], t_receive_ns=t, advisory=h.get("advisory") is True,
-            reason=h.get("reason", "") if type(h.get("reason")) is str else "",
-            client=h.get("client") if type(h.get("client")) is str else None,
-            rtc=tuple(h["rtc"]) if _pair(h.get("rtc")) else None,
-        )  # fmt: skip
+        return protocol.decode_chunk(msg, t)
 
     def recv_status(self, timeout_ms: int = 2000) -> dict[str, Any] | None:
         """The next status broadcast (the daemon publishes at >= 1 Hz)."""
@@ -362,10 +303,6 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _pair(value: Any) -> bool:
-    return type(value) is list and len(value) == 2 and all(type(v) is int for v in value)
 
 
 def load_curve(curve: tuple[str, str]) -> tuple[bytes, bytes, bytes]:
@@ -469,7 +406,7 @@ class ChunkExecutor:
       repeat one waypoint and skip the next. A sample up to ``tolerance`` of a period
       before a boundary counts as the next waypoint's (default 0.1).
     * Validity: nothing is ever returned past a chunk's ``valid_until_ns``.
-    * Holds: the daemon's advisory holds (``hold:bridge``, ``hold:stale``, ``hold:rejected``:
+    * Holds: the daemon's advisory holds (:class:`~vlad.protocol.HoldKind` bridge, stale, rejected:
       this observation got no policy answer) are ignored while the current chunk still
       has a valid waypoint; any other hold (e-stop, fallback, backend error) is adopted at
       once, without blending.

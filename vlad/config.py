@@ -6,6 +6,8 @@ is :mod:`vlad.schema`'s, like the contract's and the manifest's: unknown keys, w
 types (``cpu_temp_warn_c = "hot"``, ``heartbeat_missing_periods = 2.7``) and out-of-range
 values are one clear error each, all reported at once. Durations are converted to
 nanoseconds once, here (the ``*_ns`` attributes), so nothing downstream converts units.
+:func:`config_toml` writes a config built in code back as TOML that :func:`load_config`
+reads to the same config.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +23,7 @@ from vlad import schema
 from vlad.errors import ProblemsError
 from vlad.files import load_toml_or_raise
 from vlad.schema import bounded
+from vlad.tomlwrite import dumps
 
 _NS = {"internal": True}
 
@@ -564,3 +567,30 @@ def load_config(
             ),
         ),
     )
+
+
+def _as_mapping(obj: Any) -> Any:
+    if is_dataclass(obj) and not isinstance(obj, type):
+        # None has no TOML form: such a field is left out (its default, None, applies);
+        # derived fields (``*_ns``, the source) are the loader's, not the file's.
+        out = {
+            f.name: _as_mapping(getattr(obj, f.name))
+            for f in fields(obj)
+            if not f.metadata.get("internal") and getattr(obj, f.name) is not None
+        }
+        for f in fields(obj):
+            if f.metadata.get("tables"):  # a mapping of sub-tables ([monitors.<name>]), written as such
+                out.update(_as_mapping(getattr(obj, f.name)))
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_as_mapping(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {k: _as_mapping(v) for k, v in obj.items()}
+    return obj
+
+
+def config_toml(cfg: Any) -> str:
+    """A :class:`Config` (or any section of it) as TOML text (:func:`vlad.tomlwrite.dumps`),
+    leaving out the fields the loader derives and those set to None, so that
+    :func:`load_config` of the text gives the same config."""
+    return dumps(_as_mapping(cfg))

@@ -58,6 +58,7 @@ from vlad.backend import Session
 from vlad.client import UNREPORTED, ActionChunk, ChunkExecutor, Client
 from vlad.contract import Contract
 from vlad.processing import RawObservation, Tokenizer
+from vlad.protocol import HOLD_PREFIX
 from vlad.serving.counters import PolicyId
 from vlad.serving.cycle import CycleFailure, run_cycle
 from vlad.serving.policy import ServedPolicy
@@ -501,8 +502,7 @@ class InProcessLink:
         try:
             actions = np.asarray(self.infer(frame, seq), dtype=np.float32)
         except CycleFailure as exc:  # what vlad answers too: a hold of where the arm is
-            reason, advisory = exc.reason, exc.input_fault
-            source = "hold:" + ("stale" if reason == "stale" else "rejected" if advisory else reason)
+            reason, advisory, source = exc.reason, exc.input_fault, exc.hold.source
             actions = np.repeat(np.asarray(frame.proprio[: self.action_dim], np.float32)[None], self.chunk_length, 0)
         now = time.monotonic_ns()
         self._answer = ActionChunk(
@@ -635,7 +635,7 @@ def compare(reference: EpisodeLog, other: EpisodeLog, atol: float = 1e-6) -> dic
         src = other.sources[first]
         if first in other.late:
             why = "late answer"
-        elif src.startswith("hold"):
+        elif src.startswith(HOLD_PREFIX):
             why = src
         elif src == "held":
             why = "nothing valid (held)"

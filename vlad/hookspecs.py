@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Callable
+    from pathlib import Path
+
     from vlad.backend import Backend
+    from vlad.config import Config
     from vlad.episodes import SimTask
     from vlad.health.base import Monitor, Sensor
 
@@ -77,4 +82,21 @@ def vlad_sim_tasks() -> list[SimTask]:
     Each :class:`vlad.episodes.SimTask` is named (a gate plan's ``closed_loop.task``) and
     makes its task lazily: listing tasks must not import the simulator. Task names must be
     unique across all plugins.
+    """
+
+
+# ---------------------------------------------------------------------------------------
+# Demo hooks
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def vlad_remote_demo() -> Callable[[Path, Path], tuple[Config, subprocess.Popen]] | None:
+    """Return the function that starts a remote inference server for ``./scripts/demo
+    --remote``, or None (the first plugin that returns one wins).
+
+    The function is called with the demo's config file and a temporary folder of its own; it
+    starts the server (its log in ``<folder>/server.log``) and returns the daemon config that
+    serves the demo release from it, and the server process (the demo stops it). A server that
+    fails raises :class:`SystemExit` with one line. The hook itself starts nothing.
     """

@@ -23,12 +23,22 @@ import os
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pluggy
 
 from vlad import hookspecs
 from vlad.errors import BackendUnavailable, VladError
+
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from vlad.config import Config
+
+    # the function a plugin offers ./scripts/demo --remote (hook vlad_remote_demo)
+    RemoteDemo = Callable[[Path, Path], tuple[Config, subprocess.Popen]]
 
 ENTRY_POINT_GROUP = "vlad"
 DEFAULT_PLUGINS = ("vlad.health.monitors", "vlad.health.sensors", "vlad.demo.tasks")
@@ -235,3 +245,8 @@ def monitor_settings(pm: pluggy.PluginManager | None = None) -> dict[str, type |
 def sensors(pm: pluggy.PluginManager | None = None) -> list:
     pm = pm or plugin_manager()
     return [s for result in pm.hook.vlad_sensors() for s in (result or ())]
+
+
+def remote_demo(pm: pluggy.PluginManager | None = None) -> RemoteDemo | None:
+    """What a plugin offers ``./scripts/demo --remote`` (hook ``vlad_remote_demo``), or None."""
+    return cast("RemoteDemo | None", (pm or plugin_manager()).hook.vlad_remote_demo())

@@ -15,7 +15,9 @@ is decoded with ``strict_map_key`` and without extension types, tensors with
 
 from __future__ import annotations
 
+import enum
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -354,3 +356,177 @@ def decode_reply(frame: Any) -> dict[str, Any]:
     if not isinstance(rep, dict) or not is_version(rep.get("v")):
         raise ProtocolError("bad_version", "control reply has an unknown version")
     return rep
+
+
+# -- action chunks ---------------------------------------------------------------------------
+
+
+class HoldKind(enum.StrEnum):
+    """Why a chunk is the hold posture, not a policy's output (``source`` ``hold:<kind>``
+    on the wire; docs/protocol.md, "Hold chunks")."""
+
+    ESTOP = "estop"  # the e-stop is engaged (binding, every period)
+    FALLBACK = "fallback"  # the hold posture is what the fallback chain serves (binding)
+    BRIDGE = "bridge"  # nothing went out for 1.5 periods while a controller streams (advisory)
+    STALE = "stale"  # this observation was too old when inference would start (advisory)
+    REJECTED = "rejected"  # this observation was refused; ``reason`` says why (advisory)
+    BACKEND_ERROR = "backend_error"  # this observation's inference failed in the engine (binding)
+    REMOTE_UNAVAILABLE = "remote_unavailable"  # ... on the remote link (binding)
+    INTERNAL_ERROR = "internal_error"  # ... in vlad's own code (binding)
+
+    @property
+    def source(self) -> str:
+        """The wire ``source`` of a hold of this kind."""
+        return HOLD_PREFIX + self.value
+
+
+HOLD_PREFIX = "hold:"
+_HOLDS = {k.source: k for k in HoldKind}
+
+
+@dataclass(frozen=True)
+class ActionChunk:
+    """One action chunk (after the guard): what the daemon publishes (:meth:`header`) and what
+    a controller, a recording, the openpi endpoint and the episode runner read back
+    (:func:`decode_chunk`; ``t_receive_ns`` = when it arrived, or its log time)."""
+
+    seq: int
+    obs_seq: int
+    t_sensor_ns: int
+    t_issue_ns: int
+    valid_until_ns: int
+    period_ns: int
+    release: str
+    state: str
+    source: str  # the policy that produced it ("release", "fallback1", ...) or HoldKind.source
+    interventions: tuple[str, ...]
+    timings_ms: Mapping[str, float]
+    actions: np.ndarray  # [chunk_length, action_dim], contract units
+    t_receive_ns: int = 0
+    advisory: bool = False  # a hold saying "no policy answer for this observation" (docs/protocol.md)
+    reason: str = ""  # on a hold: why (e.g. "stale", "instruction_too_long", "estop")
+    client: str | None = None  # the controller whose observation it answers; None: every controller
+    # Real-time chunking: the chunk (seq; 0: the held pose) it continues and the periods of it
+    # that were frozen (they had run when it arrived); None: computed plain.
+    rtc: tuple[int, int] | None = None
+    policy: str = ""  # "<slot>:<release id>" of the policy that computed it, "hold" for a hold
+
+    @property
+    def hold(self) -> HoldKind | None:
+        """The hold's kind; None for a policy chunk (and for a hold kind this vlad does not know)."""
+        return _HOLDS.get(self.source)
+
+    @property
+    def is_hold(self) -> bool:
+        """A hold posture (fallback, e-stop or a late inference), not a policy output."""
+        return self.source.startswith(HOLD_PREFIX)
+
+    def for_client(self, name: str) -> bool:
+        """Whether the controller ``name`` executes this chunk: it answers that controller's
+        observation, or it is for every controller (docs/protocol.md, "Which chunk to execute")."""
+        return self.client is None or self.client == name
+
+    def is_stale(self, now_ns: int | None = None) -> bool:
+        """True once the chunk's validity has passed: never execute a stale chunk."""
+        return (now_ns if now_ns is not None else time.monotonic_ns()) > self.valid_until_ns
+
+    def action_at(self, now_ns: int | None = None) -> np.ndarray | None:
+        """The waypoint for ``now``: waypoint k applies during the (k+1)-th control period
+        after the sensor time, ``[t_sensor + k*period, t_sensor + (k+1)*period)``. None when
+        stale or past the chunk's end."""
+        now = now_ns if now_ns is not None else time.monotonic_ns()
+        if self.is_stale(now):
+            return None
+        k = max(0, (now - self.t_sensor_ns) // self.period_ns) if self.period_ns else 0
+        return self.actions[k] if k < len(self.actions) else None
+
+    def header(self) -> dict[str, Any]:
+        """The chunk's header on the wire (``encode(TOPIC_ACTIONS, header, (actions,))``)."""
+        return {
+            "seq": self.seq,
+            "obs_seq": self.obs_seq,
+            "t_sensor_ns": self.t_sensor_ns,
+            "t_issue_ns": self.t_issue_ns,
+            "valid_until_ns": self.valid_until_ns,
+            "period_ns": self.period_ns,
+            "release": self.release,
+            "state": self.state,
+            "source": self.source,
+            "policy": self.policy,
+            "interventions": list(self.interventions),
+            "timings_ms": dict(self.timings_ms),
+            "advisory": self.advisory,
+            "reason": self.reason,
+            "client": self.client,
+            "rtc": list(self.rtc) if self.rtc is not None else None,
+        }
+
+
+_U63 = 2**63 - 1
+
+
+def decode_chunk(msg: Message, t_receive_ns: int) -> ActionChunk:
+    """An ``act`` message as an :class:`ActionChunk`, every header field checked; raises
+    :class:`ProtocolError` (reason ``malformed``) naming each field that is off."""
+    h, problems = msg.header, []
+
+    def integer(name: str, low: int = 0, high: int = _U63) -> int:
+        v = h.get(name)
+        if name not in h:
+            problems.append(f"{name}: missing")
+            return 0
+        if type(v) is not int or not low <= v <= high:
+            problems.append(f"{name}: expected an integer in [{low}, {high}], got {v!r:.32}")
+            return 0
+        return v
+
+    def text(name: str, max_len: int = 256, optional: bool = False) -> Any:
+        v = h.get(name, None if optional else "")
+        if v is None and optional:
+            return None
+        if not isinstance(v, str) or len(v) > max_len or (v and not v.isprintable()):
+            problems.append(f"{name}: expected a printable string of at most {max_len} characters, got {v!r:.32}")
+            return ""
+        return v
+
+    seq, obs_seq = integer("seq", high=2**64 - 1), integer("obs_seq", high=2**64 - 1)
+    t_sensor, t_issue, valid_until = integer("t_sensor_ns"), integer("t_issue_ns"), integer("valid_until_ns")
+    period = integer("period_ns", low=1)
+    release, state, source, reason = text("release"), text("state", 64), text("source"), text("reason")
+    policy = text("policy")
+    client = text("client", 128, optional=True)
+    interventions = h.get("interventions", [])
+    if type(interventions) is not list or not all(isinstance(i, str) and len(i) <= 64 for i in interventions):
+        problems.append(f"interventions: expected a list of names, got {interventions!r:.32}")
+        interventions = []
+    timings = h.get("timings_ms", {})
+    if not isinstance(timings, dict):
+        problems.append(f"timings_ms: expected a map of names to numbers, got {timings!r:.32}")
+        timings = {}
+    for k, v in timings.items():
+        if not isinstance(k, str) or type(v) not in (int, float) or not math.isfinite(v):
+            problems.append(f"timings_ms.{str(k)[:32]}: expected a finite number, got {v!r:.32}")
+            timings = {}
+            break
+    advisory = h.get("advisory", False)
+    if type(advisory) is not bool:
+        problems.append(f"advisory: expected true or false, got {advisory!r:.32}")
+    rtc = h.get("rtc")
+    if rtc is not None and not (
+        type(rtc) is list and len(rtc) == 2 and all(type(v) is int and 0 <= v <= _U63 for v in rtc)
+    ):
+        problems.append(f"rtc: expected [chunk seq, delay periods], got {rtc!r:.64}")
+        rtc = None
+    actions = msg.tensors.get("actions")
+    if actions is None or actions.ndim != 2 or actions.dtype != np.float32:
+        problems.append("actions: expected a 2-D float32 tensor")
+    if problems:
+        raise ProtocolError("malformed", "action chunk: " + "; ".join(problems))
+    assert actions is not None  # checked above
+    return ActionChunk(
+        seq=seq, obs_seq=obs_seq, t_sensor_ns=t_sensor, t_issue_ns=t_issue, valid_until_ns=valid_until,
+        period_ns=period, release=release, state=state, source=source, interventions=tuple(interventions),
+        timings_ms={k: float(v) for k, v in timings.items()}, actions=actions, t_receive_ns=t_receive_ns,
+        advisory=advisory is True, reason=reason, client=client, rtc=(rtc[0], rtc[1]) if rtc is not None else None,
+        policy=policy,
+    )  # fmt: skip

@@ -155,6 +155,14 @@ class Percentiles:
     max: float
 
 
+def percentiles(summary: Mapping[str, Mapping[str, float]]) -> dict[str, Percentiles]:
+    """A latency window's summary (:meth:`vlad.serving.tracing.LatencyStats.summary`) typed."""
+    return {
+        stage: Percentiles(count=int(v["count"]), p50=v["p50"], p95=v["p95"], p99=v["p99"], max=v["max"])
+        for stage, v in summary.items()
+    }
+
+
 @dataclass(frozen=True, kw_only=True)
 class Histogram:
     """One stage's cumulative latency histogram (:class:`vlad.daemon.status.Tallies`)."""
@@ -181,9 +189,6 @@ class PolicyMemory:
     host_bytes: int
     device_bytes: int
     source: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"host_bytes": self.host_bytes, "device_bytes": self.device_bytes, "source": self.source}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,7 +231,8 @@ class Operation:
 
 @dataclass(frozen=True, kw_only=True)
 class Divergence:
-    """A shadow run's actions against the served ones (:class:`vlad.serving.shadow.Divergence`)."""
+    """A shadow run's actions against the served ones, as its
+    :class:`vlad.serving.shadow.DivergenceMeter` adds them up."""
 
     pairs: int  # chunks compared
     per_joint_max_abs: tuple[float, ...]

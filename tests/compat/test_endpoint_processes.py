@@ -262,3 +262,39 @@ def test_a_taken_port_refuses_the_start_with_one_line(tmp_path):
         f"(ss -ltnp 'sport = :{port}' shows which); stop it or choose another port"
     ], d.log()
     assert "loading" not in d.log() and "endpoint process" not in d.log(), d.log()
+
+
+def test_an_endpoint_reads_its_section_typed_and_refuses_a_bad_one_in_one_line():
+    """The process parses ``spec.config`` with the daemon's own config schema and checks."""
+    from vlad.compat.endpoint import EndpointStartError, Spec, section
+    from vlad.config import MetricsConfig, OpenPIConfig
+
+    spec = Spec("openpi", {"listen": "127.0.0.1:8000", "proprio": ["a", "b"], "max_clients": 2}, {}, {})
+    cfg = section(spec, OpenPIConfig, "compat.openpi")
+    assert cfg == OpenPIConfig(listen="127.0.0.1:8000", proprio=("a", "b"), max_clients=2)
+    bad = Spec("metrics", {"listen": "0.0.0.0:9464", "idle_timeout_s": -1, "port": 1}, {}, {})
+    with pytest.raises(EndpointStartError) as exc:
+        section(bad, MetricsConfig, "metrics")
+    msg = str(exc.value)
+    assert msg.startswith("metrics: ") and "\n" not in msg
+    assert "idle_timeout_s: must be >= 0.1" in msg and "port: unknown key" in msg
+    with pytest.raises(EndpointStartError, match="beyond loopback"):  # the config's checks, too
+        section(Spec("metrics", {"listen": "0.0.0.0:9464"}, {}, {}), MetricsConfig, "metrics")
+
+
+def test_an_endpoint_report_that_does_not_parse_keeps_the_daemons_part(caplog):
+    """The daemon types each process's report (JSON from another process) where it reads it."""
+    from vlad.compat.endpoint import Spec
+    from vlad.daemon.endpoints import EndpointProcess
+    from vlad.snapshot import MetricsStatus
+
+    p = EndpointProcess("metrics", Spec("metrics", {"listen": "127.0.0.1:1"}, {}, {}), None, None)  # type: ignore[arg-type]
+    p.report = {"listen": "127.0.0.1:1", "scrapes": 3, "renders": 1}
+    st = p.status(MetricsStatus)
+    assert (st.listen, st.scrapes, st.renders, st.running, st.pid) == ("127.0.0.1:1", 3, 1, False, None)
+    p.restarts = 2
+    p.report = {"scrapes": "many"}  # another version's report
+    for _ in range(3):
+        st = p.status(MetricsStatus)
+    assert st == MetricsStatus(pid=None, running=False, restarts=2)
+    assert sum("does not parse" in r.getMessage() for r in caplog.records) == 1  # logged once

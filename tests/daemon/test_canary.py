@@ -14,7 +14,7 @@ import pytest
 
 from vlad.daemon.releases import Canary, CanaryThresholds
 from vlad.serving.counters import PolicyCounts, PolicyId
-from vlad.serving.shadow import Divergence
+from vlad.serving.shadow import DivergenceMeter
 
 THRESHOLDS = CanaryThresholds(
     window_s=600.0, max_deadline_miss_rate=0.05, max_interventions=0, max_divergence=0.1, max_heartbeat_faults=3
@@ -28,7 +28,7 @@ def canary(**counts: int) -> Canary:
 
 
 def shadow_with(mean_error: float, pairs: int) -> SimpleNamespace:
-    d = Divergence(dim=2, tolerance=1.0)
+    d = DivergenceMeter(dim=2, tolerance=1.0)
     for seq in range(pairs):
         ref = np.zeros((8, 2), np.float32)
         d.reference(seq, ref)
@@ -74,7 +74,16 @@ def test_heartbeat_faults_abort_beyond_the_allowance():
     assert c.check(None) == "4 heartbeat faults > 3"
 
 
-def test_report_names_both_releases():
+def test_status_names_both_releases():
     c = canary(published=1)
-    r = c.report(c.started_ns + 2_500_000_000)
+    r = c.status(c.started_ns + 2_500_000_000)
     assert r.release == "new@2" and r.previous == "old@1" and r.elapsed_s == 2.5
+
+
+def test_the_divergence_meter_reports_the_status_type():
+    from vlad.snapshot import Divergence
+
+    d = shadow_with(0.25, 4).divergence.status()
+    assert isinstance(d, Divergence)
+    assert d.pairs == 4 and d.per_joint_max_abs == (0.25, 0.25) and d.per_joint_mean_abs == (0.25, 0.25)
+    assert (d.max_abs, d.mean_abs, d.tolerance, d.fraction_beyond_tolerance) == (0.25, 0.25, 1.0, 0.0)

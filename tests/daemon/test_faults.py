@@ -1,7 +1,7 @@
 """Fault injection against the real daemon process, one scenario per fault.
 
 Each test starts ``vlad serve`` with the primary policy on the ``wrapped`` backend
-(vlad/testing/plugin.py: faults injected around real ONNX Runtime), a fallback chain of
+(vlad/gates/wrapped.py: faults injected around real ONNX Runtime), a fallback chain of
 [a previous release (real ONNX Runtime), hold], and a simulated controller that publishes
 observations and heartbeats at the control rate and records every chunk it receives.
 Each asserts the state transition, the event log, and what the controller got: a fresh
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from tests.helpers import MAX_GAP_S, wait_chunks, wait_state
+from vlad.protocol import ActionChunk
 from vlad.testing import (
     ControllerSim,
-    Received,
     load_golden,
     max_gap,
     start_daemon,
@@ -65,7 +65,7 @@ class Rig:
     def wait_state(self, state: str, serving_prefix: str | None = None, timeout: float = 10.0) -> dict:
         return wait_state(self.client, state, serving_prefix, timeout)
 
-    def wait_chunks(self, source: str, n: int = 10, timeout: float = 10.0) -> list[Received]:
+    def wait_chunks(self, source: str, n: int = 10, timeout: float = 10.0) -> list[ActionChunk]:
         return wait_chunks(self.ctl, source, n, timeout)
 
     def events(self) -> list[dict]:
@@ -75,7 +75,7 @@ class Rig:
         evs = self.events()
         assert any(e["kind"] == kind and text in e["reason"] for e in evs), [(e["kind"], e["reason"]) for e in evs]
 
-    def assert_safe(self, chunks: list[Received], contract) -> None:
+    def assert_safe(self, chunks: list[ActionChunk], contract) -> None:
         lower = np.array([j.lower for j in contract.action.joints])
         upper = np.array([j.upper for j in contract.action.joints])
         for c in chunks:
@@ -84,7 +84,7 @@ class Rig:
 
     def run_fault(
         self, contract, inject, expect_state: str, expect_serving: str, event: tuple[str, str], settle: int = 10
-    ) -> list[Received]:
+    ) -> list[ActionChunk]:
         """Inject, wait for the transition and then for ``settle`` chunks from what serves
         after it, and check what the controller saw meanwhile (through the switch-over)."""
         t0 = time.monotonic()

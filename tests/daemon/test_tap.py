@@ -320,6 +320,9 @@ def test_the_queue_is_bounded_in_bytes_for_multi_frame_messages(tmp_path):
         assert tap.dropped["observations"] == offered - tap.budget[0] // size
         tap.observation([b"obs", b"h", bytes(2**20)], 0)  # larger than any legal observation
         assert tap.dropped["observations"] == offered - tap.budget[0] // size + 1
+        st = tap.status()  # the status's typed part: the same figures
+        assert st.subscribed and st.queue_bytes == sum(tap.budget) and st.queue_items == tap.max_items
+        assert st.dropped == dict(tap.dropped) and st.endpoint == f"ipc://{tmp_path}/tap"
     finally:
         sub.close(0)
         pub.close(0)

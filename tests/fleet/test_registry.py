@@ -345,7 +345,7 @@ def test_vladctl_deploys_a_reference_pinned_by_digest_on_a_live_daemon(registry,
 def test_the_kserve_v2_server_serves_a_release_pulled_from_the_registry(registry, pushed, tmp_path):
     """The same artifact for remote inference: the v2 server pulls the pinned reference,
     verified, into its model folder and serves it; an unsigned reference is refused."""
-    from vlad.testing.kserve import ServerProcess, server_unavailable
+    from vlad_kserve.testing import ServerProcess, server_unavailable
 
     if (why := server_unavailable()) is not None:
         pytest.skip(why)

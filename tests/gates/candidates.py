@@ -7,7 +7,7 @@ Each is a complete, valid, unsigned release folder (manifest written by
   (contract gate);
 * :func:`perturbed_weight`: the ONNX artifact re-exported from the demo weights with one
   weight matrix perturbed, the ``torch.export`` program left as trained (equivalence gate);
-* :func:`slowed_backend`: served by ``wrapped`` (vlad/testing/plugin.py) slowed to 100 ms per
+* :func:`slowed_backend`: served by ``wrapped`` (vlad/gates/wrapped.py) slowed to 100 ms per
   inference against a 20 ms deadline (performance gate);
 * :func:`ignores_instruction`: a model that always reads the tokens of the first
   instruction, exported consistently (program and ONNX) with its own golden fixtures, so

@@ -191,7 +191,7 @@ def test_tap_offers_never_block_and_every_item_is_sent_or_counted(tmp_path):
         for i in range(3000):
             tap.observation([b"obs", frame], i)
         wait_until(lambda: tap.sent + tap.dropped["observations"] >= 3000, 10, "every offer sent or counted", poll=0.01)
-        assert tap.queued_bytes() == 0 and tap.sent + tap.dropped["observations"] == 3000, tap.stats()
+        assert tap.queued_bytes() == 0 and tap.sent + tap.dropped["observations"] == 3000, tap.status()
     finally:
         tap.stop()
         sub.close(0)

@@ -486,3 +486,17 @@ def test_cli_joint_limits_that_do_not_parse_are_one_line(tmp_path, capsys, value
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith(f"error: --joint-limits '{value}': expected NAME=LOWER:UPPER"), err
     assert "\n" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("key", ["input_features", "output_features"])
+def test_a_feature_name_that_is_not_printable_is_refused_in_one_line(tmp_path, key):
+    """Feature names reach every later message (cameras, contract names): a name with a line
+    break or a control character is refused where it is read."""
+    root = write_checkpoint(tmp_path / "c", "act")
+    cfg = json.loads((root / "config.json").read_text())
+    first = next(iter(cfg[key]))
+    cfg[key]["bad\nname\x1b[2J"] = cfg[key].pop(first)
+    (root / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="not a printable name") as exc:
+        read_checkpoint(root)
+    assert "\n" not in str(exc.value) and "\x1b" not in str(exc.value)

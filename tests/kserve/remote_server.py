@@ -1,4 +1,4 @@
-"""The session-wide KServe v2 test server (:class:`vlad.testing.kserve.ServerProcess`).
+"""The session-wide KServe v2 test server (:class:`vlad_kserve.testing.ServerProcess`).
 
 The fixture :func:`kserve_server` is shared by the backend conformance suite (tests/backends)
 and tests/kserve: both conftests import it, and the module-level cache makes them one
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from vlad.testing import free_port
-from vlad.testing.kserve import MODEL, ServerProcess, server_unavailable
+from vlad.testing import DEMO, free_port
+from vlad_kserve.testing import MODEL, ServerProcess, server_unavailable
 
 __all__ = [
     "MODEL",
@@ -36,7 +36,7 @@ def kserve_server(tmp_path_factory) -> ServerProcess:
     global _shared
     require_server()
     if _shared is None or _shared.proc is None or _shared.proc.poll() is not None:
-        _shared = ServerProcess(tmp_path_factory.mktemp("kserve-server")).start()
+        _shared = ServerProcess(tmp_path_factory.mktemp("kserve-server"), DEMO).start()
     _shared.fault()
     yield _shared
     _shared.stop()
@@ -54,7 +54,7 @@ def started_server(folder: Path, **options: Any) -> Iterator[ServerProcess]:
     """A server of the caller's own (one its tests kill, or start with other ``options``),
     stopped afterwards; the test is skipped where none can run."""
     require_server()
-    server = ServerProcess(folder, **options).start()
+    server = ServerProcess(folder, **{"release": DEMO, **options}).start()
     try:
         yield server
     finally:

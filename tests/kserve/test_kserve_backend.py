@@ -237,3 +237,14 @@ def test_soak_short_no_memory_growth(kserve_server, contract):
             s.infer(inputs)
         gc.collect()
         assert host_rss_bytes() - before < 10 * 2**20
+
+
+def test_the_remote_demo_is_offered_through_the_plugin_hook(monkeypatch):
+    """``./scripts/demo --remote`` reaches the plugin's server through the
+    ``vlad_remote_demo`` hook (vlad imports no plugin package); without the plugin it gets none."""
+    from vlad import plugins
+    from vlad_kserve.demo import start_remote_demo
+
+    assert plugins.remote_demo(plugins.make_plugin_manager()) is start_remote_demo
+    monkeypatch.setenv("VLAD_PLUGINS", "onnxruntime")
+    assert plugins.remote_demo(plugins.make_plugin_manager()) is None

@@ -12,7 +12,7 @@ daemon holds, falls back to the local policy within the contract's deadline plus
 tick, never quarantines the remote policy, and returns to it once the link's prober has
 seen the server answer within the deadline a few times in a row. A server that does not
 answer at start does not stop the daemon: it starts on the fallback. A hostile server
-(vlad.testing.kserve.HostileServer: a trickling answer) is a link fault too, and the serving
+(vlad_kserve.testing.HostileServer: a trickling answer) is a link fault too, and the serving
 core beside it keeps its cadence and its watchdog. Deselect them all with
 ``-m "not daemon_remote"``.
 """
@@ -29,6 +29,7 @@ from tests.helpers import MAX_GAP_S, wait_chunks, wait_state
 from tests.kserve.remote_server import ServerProcess, started_server
 from vlad.config import Config, ReleaseConfig, ServeConfig
 from vlad.testing import (
+    DEMO,
     WATCHDOG_ENV,
     ControllerSim,
     assert_core_unaffected,
@@ -37,8 +38,8 @@ from vlad.testing import (
     start_daemon,
     unsigned_copy,
 )
-from vlad.testing.kserve import HostileServer
 from vlad.testing.releases import local_fallback
+from vlad_kserve.testing import HostileServer
 
 pytestmark = pytest.mark.daemon_remote
 
@@ -143,7 +144,7 @@ def test_a_trickling_server_is_a_link_fault_and_the_core_keeps_its_cadence(tmp_p
     """Issue 22 item 5: one byte every 8 ms. Each request ends at its deadline (a link
     fault), so the serving thread is never held past it, the remote policy is not
     quarantined, and it serves again as soon as the server answers in time."""
-    hostile = HostileServer()
+    hostile = HostileServer(DEMO / "policy.onnx")
     d = start_daemon(tmp_path, config=write_config(tmp_path, hostile.endpoint), env=WATCHDOG_ENV)
     r = RemoteRig(d, None)
     try:
@@ -173,7 +174,7 @@ def test_an_unreachable_server_at_start_starts_on_the_fallback(tmp_path):
     """Issue 21 item 6: the server is down when vlad starts: vlad starts anyway, on the
     local fallback, and says so (state FALLBACK, finding remote_unreachable, the link lost);
     it serves the remote policy once the server answers."""
-    hostile = HostileServer()
+    hostile = HostileServer(DEMO / "policy.onnx")
     hostile.mode = "down"
     d = start_daemon(tmp_path, config=write_config(tmp_path, hostile.endpoint, {"connect_timeout_ms": 1000}))
     r = RemoteRig(d, None)

@@ -1,4 +1,4 @@
-"""A broken or hostile KServe server against one remote session (vlad.testing.kserve.HostileServer,
+"""A broken or hostile KServe server against one remote session (vlad_kserve.testing.HostileServer,
 a proxy in front of the real test server): every request bounded by its deadline in total,
 bodies bounded before they are read, and the prober alive whatever it is answered."""
 
@@ -13,8 +13,8 @@ import pytest
 from vlad.backend import SessionStats, example_inputs
 from vlad.errors import BackendError, RemoteUnavailable
 from vlad.testing import wait_until
-from vlad.testing.kserve import HostileServer
 from vlad_kserve import KServeBackend
+from vlad_kserve.testing import HostileServer
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "policy.onnx"
 
@@ -25,7 +25,7 @@ pytest.importorskip("onnxruntime")  # the hostile server's model
 
 @pytest.fixture()
 def hostile():
-    h = HostileServer()
+    h = HostileServer(ARTIFACT)
     yield h
     h.close()
 

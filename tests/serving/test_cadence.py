@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from vlad.protocol import HoldKind
 from vlad.serving.cadence import HoldKeeper
 from vlad.testing import wait_until
 
@@ -128,7 +129,7 @@ def test_a_bridge_decided_before_an_answer_went_out_is_not_sent(rig):
     period = rig.loop.period_ns
     keeper, published = _streaming(rig, period)
     looked = rig.publisher.last_publish_ns - 1  # what a tick saw just before that chunk went out
-    assert not rig.publisher.publish_hold("bridge", 2, 0, advisory=True, unless_sent_after=looked)
+    assert not rig.publisher.publish_hold(HoldKind.BRIDGE, 2, 0, advisory=True, unless_sent_after=looked)
     assert rig.recv(0.1) is None and rig.publisher.counts.holds["bridge"] == 0
     assert rig.publisher.answered == ("", 2)
 

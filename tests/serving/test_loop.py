@@ -96,7 +96,7 @@ def test_a_fallback_swap_answers_the_newest_observation_at_once(rig):
     assert (h["obs_seq"], h["source"], h["policy"]) == (1, "fallback1", "fallback1:backup@1")
     assert backup.session.calls == 1 and rig.session.calls == 1
     # recorded just after the send, under the publisher's lock
-    wait_until(lambda: [s["to"] for s in rig.publisher.swap_ms] == ["fallback1"], what="the swap timing")
+    wait_until(lambda: [s.to for s in rig.publisher.swap_ms] == ["fallback1"], what="the swap timing")
 
     rig.loop.active = None  # the hold posture: no model runs
     rig.loop.wake()
@@ -255,3 +255,36 @@ def test_a_shadow_computes_with_the_guide_the_served_policy_got(rig):
     assert served[spec.weights_input].any(), "obs 2 was served guided"
     for name in (spec.actions_input, spec.weights_input):
         np.testing.assert_array_equal(shadowed[name], served[name])
+
+
+def test_a_shadow_run_hands_the_status_its_typed_part(rig):
+    """``ShadowRun.status()`` is the status's ``shadow`` (a :class:`ShadowStatus` with one
+    :class:`vlad.snapshot.Divergence`), and ``vladctl shadow report`` gets its wire map."""
+    from vlad import schema
+    from vlad.errors import ProblemsError
+    from vlad.serving.shadow import ShadowRun
+    from vlad.snapshot import Divergence, Percentiles, ShadowStatus, plain
+
+    run = ShadowRun(rig.served("shadow", "demo@0", FakeSession(rig.contract)), "shadow", 0.05)
+    rig.publisher.observers.append(run.divergence.reference)
+    run.start()
+    try:
+        rig.loop.shadow = run
+        for seq in (1, 2, 3):
+            rig.send_obs(seq)
+            assert rig.recv().header["obs_seq"] == seq
+            wait_until(lambda seq=seq: run.divergence.pairs == seq, what=f"the shadow's pair for obs {seq}")
+    finally:
+        rig.loop.shadow = None
+        rig.publisher.observers.remove(run.divergence.reference)
+        run.stop()
+    st = run.status()
+    assert isinstance(st, ShadowStatus) and isinstance(st.divergence, Divergence)
+    assert (st.release, st.purpose, st.divergence.pairs, st.divergence.tolerance) == ("demo@0", "shadow", 3, 0.05)
+    assert len(st.divergence.per_joint_max_abs) == rig.contract.action.dim
+    assert st.divergence.max_abs == 0.0  # the same fake session on both sides
+    assert isinstance(st.latency_ms["e2e"], Percentiles) and st.latency_ms["e2e"].count == 3
+    assert st.faults["outputs"] == 3 and st.faults["cycles"] == 3
+    report = plain(st)  # the shadow_report answer: the same fields, as a map that parses back
+    assert report["divergence"]["pairs"] == 3 and report["latency_ms"]["e2e"]["count"] == 3
+    assert schema.parse(ShadowStatus, report, "shadow_report", ProblemsError) == st

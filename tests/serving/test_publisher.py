@@ -14,6 +14,7 @@ import zmq
 from tests.serving.rig import PROPRIO, FakeSession, connected
 from vlad import protocol
 from vlad.processing import RawObservation
+from vlad.protocol import HoldKind
 from vlad.serving.counters import PolicyId, PublishCounts
 from vlad.serving.guard import ActionGuard, TrustedState
 from vlad.serving.policy import ServedPolicy
@@ -120,8 +121,8 @@ def test_the_estop_gate(bench):
     bench.publisher.set_estop(True)
     assert not bench.publish()
     assert bench.policy.counts.estop_blocked == 1
-    assert not bench.publisher.publish_hold("fallback")  # only e-stop holds while engaged
-    assert bench.publisher.publish_hold("estop")  # safety.estop_output = "hold"
+    assert not bench.publisher.publish_hold(HoldKind.FALLBACK)  # only e-stop holds while engaged
+    assert bench.publisher.publish_hold(HoldKind.ESTOP)  # safety.estop_output = "hold"
     h = bench.recv().header
     assert (h["source"], h["policy"]) == ("hold:estop", "hold")
     assert bench.recv(0.1) is None
@@ -136,7 +137,7 @@ def test_silence_while_engaged(contract, tokenizer):
     b = Bench(contract, tokenizer, estop_output="silence")
     try:
         b.publisher.set_estop(True)
-        assert not b.publisher.publish_hold("estop")
+        assert not b.publisher.publish_hold(HoldKind.ESTOP)
         assert not b.publish()
         assert b.recv(0.1) is None and b.counts.chunks == 0
     finally:
@@ -203,11 +204,11 @@ def test_no_binding_hold_while_a_reanchor_is_in_question(bench):
     reset = PROPRIO + np.array([1.5, 0.0, 0.0, 0.0], np.float32)
     t = bench.now + period
     assert bench.trusted.judge(reset, t, reanchor=True) is None and bench.trusted.pending is not None
-    assert not bench.publisher.publish_hold("fallback")
-    assert not bench.publisher.publish_hold("stale", 3, t, advisory=True)
+    assert not bench.publisher.publish_hold(HoldKind.FALLBACK)
+    assert not bench.publisher.publish_hold(HoldKind.STALE, 3, t, advisory=True)
     assert bench.recv(0.1) is None
     assert bench.trusted.judge(reset, t + period) is None and bench.trusted.pending is None  # confirmed
-    assert bench.publisher.publish_hold("fallback")
+    assert bench.publisher.publish_hold(HoldKind.FALLBACK)
     msg = bench.recv()
     assert msg.header["source"] == "hold:fallback"
     np.testing.assert_allclose(msg.tensors["actions"], np.tile(reset[:2], (bench.contract.action.chunk_length, 1)))
@@ -220,7 +221,7 @@ def test_a_quiet_announcement_settles_when_a_hold_is_due(bench):
     reset = PROPRIO + np.array([-1.0, 0.5, 0.0, 0.0], np.float32)
     now = time.monotonic_ns()
     assert bench.trusted.judge(reset, now, reanchor=True, receive_ns=now) is None
-    assert not bench.publisher.publish_hold("fallback")
+    assert not bench.publisher.publish_hold(HoldKind.FALLBACK)
     time.sleep(1.6 * period / 1e9)
-    assert bench.publisher.publish_hold("fallback") and bench.trusted.pending is None
+    assert bench.publisher.publish_hold(HoldKind.FALLBACK) and bench.trusted.pending is None
     np.testing.assert_allclose(bench.recv().tensors["actions"][-1], reset[:2])

@@ -14,9 +14,11 @@ from tests.conftest import ROOT
 from vlad.config import ChainEntry, Config, FallbackConfig, ReleaseConfig, load_config, parse_config
 from vlad.errors import BackendError
 from vlad.gates.plan import DEFAULT_BUDGETS
+from vlad.gates.wrapped import WrappedBackend
 from vlad.testing import (
     DEMO,
     MAX_ABS,
+    DaemonFailed,
     DaemonProcess,
     config_toml,
     dumps,
@@ -26,8 +28,7 @@ from vlad.testing import (
     unsigned_copy,
     write_fault_rig,
 )
-from vlad.testing.daemon import DaemonFailed
-from vlad.testing.plugin import InjectedSensor, WrappedBackend
+from vlad.testing.plugin import InjectedSensor
 
 
 def test_a_config_written_as_toml_reads_back_the_same(tmp_path):
@@ -208,4 +209,7 @@ def test_the_fault_rig_is_a_typed_config_that_reads_back(tmp_path):
     assert again == dataclasses.replace(rig.config, source="rig")
     assert again.release.backend == "wrapped" and again.release.options["control_file"] == str(rig.control)
     assert [e.kind for e in again.fallback.chain] == ["release", "hold"]
-    assert rig.env == {"VLAD_PLUGIN_MODULES": "vlad.testing.plugin", "VLAD_TEST_SENSOR_FILE": str(rig.sensors)}
+    assert rig.env == {
+        "VLAD_PLUGIN_MODULES": "vlad.gates.wrapped,vlad.testing.plugin",
+        "VLAD_TEST_SENSOR_FILE": str(rig.sensors),
+    }

@@ -38,10 +38,13 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 import zmq.asyncio
+
+from vlad import schema
+from vlad.config import CHECKS, ConfigError
 
 if TYPE_CHECKING:
     from vlad.snapshot import StatusSnapshot
@@ -67,7 +70,7 @@ class Spec:
     """What the daemon tells an endpoint process (JSON on its stdin)."""
 
     kind: str  # "openpi" | "metrics"
-    config: dict[str, Any]  # the endpoint's config section, as parsed
+    config: dict[str, Any]  # the endpoint's config section, as parsed (read with :func:`section`)
     sockets: dict[str, str]  # the daemon's endpoints: observations, actions, status
     limits: dict[str, int]  # nofile, address_space_bytes, nice
     contract: dict[str, Any] = field(default_factory=dict)  # what the openpi mapping needs
@@ -75,6 +78,7 @@ class Spec:
     logging: dict[str, str] = field(default_factory=dict)  # level, journald
     status_hz: float = 2.0
     listen_fds: list[int] = field(default_factory=list)  # the daemon's listening sockets, inherited
+    token: str = ""  # openpi: what clients must send (the daemon reads compat.openpi.token_file)
 
     def to_json(self) -> bytes:
         return json.dumps(self.__dict__, separators=(",", ":")).encode() + b"\n"
@@ -82,6 +86,19 @@ class Spec:
     @classmethod
     def from_json(cls, raw: bytes) -> Spec:
         return cls(**json.loads(raw))
+
+
+S = TypeVar("S")
+
+
+def section(spec: Spec, cls: type[S], name: str) -> S:
+    """The endpoint's config section (``spec.config``) as ``cls``, the daemon's config type
+    (:mod:`vlad.config`): parsed with the same schema and checks, so the process reads
+    attributes, never keys; :class:`EndpointStartError` lists what does not parse."""
+    try:
+        return schema.parse(cls, spec.config, name, ConfigError, CHECKS)
+    except ConfigError as exc:
+        raise EndpointStartError(f"{name}: {'; '.join(exc.problems)}") from None
 
 
 # -- limits ------------------------------------------------------------------------------------

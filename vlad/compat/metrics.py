@@ -44,9 +44,10 @@ from vlad.compat.endpoint import (
     connect,
     listening_sockets,
     peer_of,
+    section,
     status_updates,
 )
-from vlad.config import parse_listen
+from vlad.config import MetricsConfig, parse_listen
 from vlad.health.state import StateName
 from vlad.snapshot import StatusSnapshot
 
@@ -284,10 +285,10 @@ class MetricsEndpoint(Endpoint):
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
-        self.cfg = spec.config
-        self.listen = parse_listen(self.cfg["listen"])
-        self.admission = Admission(self.cfg["max_connections"], self.cfg["max_connections_per_peer"])
-        self.idle_s = self.cfg["idle_timeout_s"]
+        cfg = section(spec, MetricsConfig, "metrics")
+        self.listen = parse_listen(cfg.listen)
+        self.admission = Admission(cfg.max_connections, cfg.max_connections_per_peer)
+        self.idle_s = cfg.idle_timeout_s
         self.status_period_s = 1.0 / spec.status_hz
         self.status: StatusSnapshot | None = None
         self.status_at = 0.0  # time.monotonic() when it arrived

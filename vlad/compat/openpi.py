@@ -25,8 +25,8 @@ is no sensor stall). A client that closes its connection (a close frame) says go
 whose connection is lost is dead for the daemon until a client is back in its slot.
 
 **No stale chunk, ever.** A request answered by a hold posture (fallback, e-stop, backend
-error), refused or found stale by the daemon (its advisory ``hold:rejected`` / ``hold:stale``
-answer says why, at once), or answered by nothing within ``request_timeout_ms`` gets an
+error), refused or found stale by the daemon (its advisory rejected or stale hold says why,
+at once), or answered by nothing within ``request_timeout_ms`` gets an
 error reply naming the reason; so does a chunk already past its ``valid_until``. The
 connection stays open.
 
@@ -65,10 +65,12 @@ from vlad.compat.endpoint import (
     connect,
     listening_sockets,
     peer_of,
+    section,
     status_updates,
 )
 from vlad.compat.msgpack_numpy import BadRequest, pack, unpack
-from vlad.config import parse_listen
+from vlad.config import OpenPIConfig, parse_listen
+from vlad.protocol import HoldKind
 from vlad.snapshot import Counters, StatusSnapshot
 
 log = logging.getLogger("vlad.openpi")
@@ -86,15 +88,15 @@ class OpenPIEndpoint(Endpoint):
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
-        cfg = self.cfg = spec.config
+        cfg = self.cfg = section(spec, OpenPIConfig, "compat.openpi")
         self.contract = spec.contract
-        self.listen = parse_listen(cfg["listen"])
-        self.token: str = cfg.get("token", "")
+        self.listen = parse_listen(cfg.listen)
+        self.token = spec.token
         self.ssl = self._ssl_context()
-        self.max_bytes = int(cfg["max_message_mb"] * 2**20)
-        self.timeout_s = cfg["request_timeout_ms"] / 1e3
+        self.max_bytes = int(cfg.max_message_mb * 2**20)
+        self.timeout_s = cfg.request_timeout_ms / 1e3
         self.period_ns = int(self.contract["control_period_ms"] * 1e6)
-        self.admission = Admission(cfg["max_connections"], cfg["max_connections_per_peer"])
+        self.admission = Admission(cfg.max_connections, cfg.max_connections_per_peer)
         self.expect: dict[str, str] = self.contract["expect"]
         self.proprio_dim: int | None = self.contract.get("proprio_dim")
         self.metadata = {
@@ -104,14 +106,14 @@ class OpenPIEndpoint(Endpoint):
             "action_dim": self.contract["action_dim"],
             "chunk_length": self.contract["chunk_length"],
             "control_period_ms": self.contract["control_period_ms"],
-            "cameras": dict(cfg["cameras"]),
-            "proprio": list(cfg["proprio"]),
-            "prompt": cfg["prompt"],
+            "cameras": dict(cfg.cameras),
+            "proprio": list(cfg.proprio),
+            "prompt": cfg.prompt,
         }
         self.counts: Counter[str] = Counter()  # connections, requests, replies
         self.errors: Counter[str] = Counter()  # error replies and refusals, by reason
         self.infer_ms: deque[float] = deque(maxlen=1000)  # request -> chunk (status p50/p99)
-        self.slots: list[Any] = [None] * cfg["max_clients"]  # the connection in each slot
+        self.slots: list[Any] = [None] * cfg.max_clients  # the connection in each slot
         self.status: StatusSnapshot | None = None  # the daemon's newest status
         self._seq = itertools.count(1)
         self._waiters: dict[tuple[int, int], asyncio.Future] = {}
@@ -119,7 +121,7 @@ class OpenPIEndpoint(Endpoint):
         self._tasks: list[asyncio.Task] = []
 
     def _ssl_context(self) -> ssl.SSLContext | None:
-        if not self.cfg.get("tls_cert"):
+        if not self.cfg.tls_cert:
             return None
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -128,7 +130,7 @@ class OpenPIEndpoint(Endpoint):
         # the client's 10 s open timeout). Clients connect once and stay; resumption buys nothing.
         ctx.num_tickets = 0
         try:
-            ctx.load_cert_chain(self.cfg["tls_cert"], self.cfg["tls_key"])
+            ctx.load_cert_chain(self.cfg.tls_cert, self.cfg.tls_key)
         except (OSError, ssl.SSLError) as exc:
             raise EndpointStartError(f"compat.openpi TLS certificate/key: {exc}") from None
         return ctx
@@ -193,7 +195,7 @@ class OpenPIEndpoint(Endpoint):
             ping_interval=5,
             ping_timeout=10,
             close_timeout=1,
-            open_timeout=self.cfg["handshake_timeout_s"],
+            open_timeout=self.cfg.handshake_timeout_s,
             logger=_ws_logger,
             create_connection=Connection,
             backlog=ACCEPT_BACKLOG,
@@ -282,7 +284,7 @@ class OpenPIEndpoint(Endpoint):
                 self.slots[i] = connection
                 connection.vlad_slot = i
                 return i
-        idle_ns = int(self.cfg["idle_timeout_s"] * 1e9)
+        idle_ns = int(self.cfg.idle_timeout_s * 1e9)
         now = time.monotonic_ns()
         i, oldest = min(enumerate(self.slots), key=lambda kv: kv[1].vlad_last_ns)
         if now - oldest.vlad_last_ns < idle_ns:
@@ -326,7 +328,7 @@ class OpenPIEndpoint(Endpoint):
                     ):
                         self._error(
                             "too_large",
-                            f"message over compat.openpi.max_message_mb ({self.cfg['max_message_mb']:g} MiB): "
+                            f"message over compat.openpi.max_message_mb ({self.cfg.max_message_mb:g} MiB): "
                             "connection closed",
                         )
                     goodbye = exc.rcvd is not None and exc.rcvd.code in (1000, 1001)
@@ -368,7 +370,7 @@ class OpenPIEndpoint(Endpoint):
         before = self.status.counters if self.status is not None else None
         try:
             # Sent also while the e-stop is engaged: the daemon answers the newest observation
-            # the moment the e-stop is released. While it is engaged, the next hold:estop
+            # the moment the e-stop is released. While it is engaged, the next e-stop hold
             # (one every control period) answers this request (_read_actions).
             await self._pub.send_multipart(protocol.encode(protocol.TOPIC_OBS, header, tensors))
             chunk = await asyncio.wait_for(future, self.timeout_s)
@@ -380,17 +382,15 @@ class OpenPIEndpoint(Endpoint):
             if chunk == "estop":
                 return self._error("estop", "e-stop engaged: vlad sends no policy actions until it is released")
             return self._error(f"rejected_{chunk}", f"vlad refused the observation: {chunk}{self._hint(chunk)}")
-        h = chunk.header
-        source = h.get("source", "")
-        if source.startswith("hold"):
-            reason = source.partition(":")[2] or "hold"
+        if chunk.is_hold:
+            kind = chunk.hold.value if chunk.hold is not None else "hold"
             return self._error(
-                f"hold_{reason}",
-                f"vlad answered with the hold posture ({reason}, state {h.get('state')}): "
+                f"hold_{kind}",
+                f"vlad answered with the hold posture ({kind}, state {chunk.state}): "
                 "no policy action for this observation",
             )
         now = time.monotonic_ns()
-        if now > h["valid_until_ns"]:
+        if chunk.is_stale(now):
             return self._error("expired", "the chunk for this observation expired before it could be sent")
         infer_ms = (now - t_receive) / 1e6
         self.counts["replies"] += 1
@@ -400,18 +400,18 @@ class OpenPIEndpoint(Endpoint):
             timing["prev_total_ms"] = prev_total_ms
         return pack(
             {
-                "actions": np.asarray(chunk.tensors["actions"], dtype=np.float32),
+                "actions": np.asarray(chunk.actions, dtype=np.float32),
                 "server_timing": timing,
                 # vlad's own view of the cycle: which policy answered, and the stage timings.
-                "policy_timing": {"infer_ms": float(h.get("timings_ms", {}).get("engine", 0.0))},
+                "policy_timing": {"infer_ms": float(chunk.timings_ms.get("engine", 0.0))},
                 "vlad": {
-                    "release": h.get("release", ""),
-                    "state": h.get("state", ""),
-                    "policy": h.get("policy", ""),
-                    "interventions": list(h.get("interventions", ())),
-                    "timings_ms": dict(h.get("timings_ms", {})),
-                    "valid_until_ns": h["valid_until_ns"],
-                    "period_ns": h["period_ns"],
+                    "release": chunk.release,
+                    "state": chunk.state,
+                    "policy": chunk.policy,
+                    "interventions": list(chunk.interventions),
+                    "timings_ms": dict(chunk.timings_ms),
+                    "valid_until_ns": chunk.valid_until_ns,
+                    "period_ns": chunk.period_ns,
                 },
             }
         )
@@ -421,16 +421,16 @@ class OpenPIEndpoint(Endpoint):
         the daemon's, on its observation socket; here only what the mapping needs)."""
         cfg = self.cfg
         tensors: dict[str, np.ndarray] = {}
-        for cam, key in cfg["cameras"].items():
+        for cam, key in cfg.cameras.items():
             img = _lookup(obs, key)
             if not isinstance(img, np.ndarray):
                 raise BadRequest(
                     "bad_observation", f"{key!r} (camera {cam}) must be an image array, got {type(img).__name__}"
                 )
             tensors[f"image/{cam}"] = img
-        if cfg["proprio"]:
+        if cfg.proprio:
             parts = []
-            for key in cfg["proprio"]:
+            for key in cfg.proprio:
                 v = _lookup(obs, key)
                 if isinstance(v, (int, float, np.generic)) and not isinstance(v, bool):
                     v = np.asarray([v])
@@ -444,28 +444,28 @@ class OpenPIEndpoint(Endpoint):
             if self.proprio_dim is not None and proprio.shape != (self.proprio_dim,):
                 raise BadRequest(
                     "bad_observation",
-                    f"proprio from {', '.join(cfg['proprio'])} has {proprio.size} "
+                    f"proprio from {', '.join(cfg.proprio)} has {proprio.size} "
                     f"values, the contract needs {self.proprio_dim}",
                 )
             tensors["proprio"] = proprio.astype(np.float32)
         client = f"{CLIENT_PREFIX}{(slot or 0) + 1}"
         header: dict[str, Any] = {"seq": next(self._seq), "t_sensor_ns": t_receive, "client": client}
-        prompt = _find(obs, cfg["prompt"])
+        prompt = _find(obs, cfg.prompt)
         if prompt is None:
-            prompt = cfg["default_prompt"] or None
+            prompt = cfg.default_prompt or None
         if isinstance(prompt, bytes):
             prompt = prompt.decode("utf-8", "replace")
         if prompt is not None and not isinstance(prompt, str):
-            raise BadRequest("bad_observation", f"{cfg['prompt']!r} must be a string, got {type(prompt).__name__}")
+            raise BadRequest("bad_observation", f"{cfg.prompt!r} must be a string, got {type(prompt).__name__}")
         if self.contract["language"] and prompt is None:
             raise BadRequest(
                 "bad_observation",
-                f"no {cfg['prompt']!r} in the observation and no "
+                f"no {cfg.prompt!r} in the observation and no "
                 "compat.openpi.default_prompt; the policy needs an instruction",
             )
         if prompt is not None:
             header["instruction"] = prompt
-        if _find(obs, cfg["reanchor"]) is True:
+        if _find(obs, cfg.reanchor) is True:
             header["reanchor"] = True
         for name, arr in tensors.items():
             if arr.dtype.name not in protocol.WIRE_DTYPES:
@@ -502,23 +502,23 @@ class OpenPIEndpoint(Endpoint):
         while True:
             frames = await self._act.recv_multipart()
             try:
-                msg = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,))
-                h = msg.header
-                key = (h["obs_seq"], h["t_sensor_ns"])
-                source = h.get("source", "")
-            except (protocol.ProtocolError, KeyError, TypeError):
+                chunk = protocol.decode_chunk(
+                    protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,)), time.monotonic_ns()
+                )
+            except protocol.ProtocolError:
                 continue
-            if source == "hold:estop":  # engaged: no policy chunk will come, say so now
+            key = (chunk.obs_seq, chunk.t_sensor_ns)
+            if chunk.hold is HoldKind.ESTOP:  # engaged: no policy chunk will come, say so now
                 for k in list(self._waiters):
                     self._resolve(k, "estop")
                 continue
-            if not self._waiters or source == "hold:bridge":
+            if not self._waiters or chunk.hold is HoldKind.BRIDGE:
                 continue  # chunks for other controllers; a bridge covers a late inference: the answer follows
-            if h.get("advisory") is True:  # refused or stale: no policy answer will come, say why now
-                reason = h.get("reason")
-                self._resolve(key, reason if isinstance(reason, str) and set(reason) <= _REASON_CHARS else "refused")
+            if chunk.advisory:  # refused or stale: no policy answer will come, say why now
+                reason = chunk.reason
+                self._resolve(key, reason if reason and set(reason) <= _REASON_CHARS else "refused")
                 continue
-            self._resolve(key, msg)
+            self._resolve(key, chunk)
 
     async def _read_status(self) -> None:
         async for st in status_updates(self._st, self.counts):
@@ -539,7 +539,7 @@ class OpenPIEndpoint(Endpoint):
         st = self.status
         if st is not None and st.estop.engaged:  # with safety.estop_output = "silence" no hold says so
             return "estop", "e-stop engaged: vlad sends no policy actions until it is released"
-        limit = f"within compat.openpi.request_timeout_ms ({self.cfg['request_timeout_ms']:g} ms)"
+        limit = f"within compat.openpi.request_timeout_ms ({self.cfg.request_timeout_ms:g} ms)"
         if st is not None and before is not None:
             after = st.counters
             for k, moved in (

@@ -49,16 +49,18 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import zmq
 from anyio.abc import TaskStatus
 
+from vlad import schema
 from vlad.compat.endpoint import ACCEPT_BACKLOG, CHILD_ENV, MAX_LINE, REPORT_TIMEOUT_S, Spec
 from vlad.config import Config, Listen, parse_listen
 from vlad.daemon.sockets import listen_sockets
 from vlad.errors import StartupError
+from vlad.snapshot import EndpointStatus, MetricsStatus, OpenpiStatus
 
 if TYPE_CHECKING:
     from vlad.contract import Contract
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
     from vlad.health.state import StateMachine
 
 log = logging.getLogger("vlad.endpoints")
+E = TypeVar("E", bound=EndpointStatus)
 
 # File descriptors the daemon itself may use: libraries and model files, ZeroMQ's own, and
 # the connections of controllers and vladctl on its ipc/tcp sockets.
@@ -178,6 +181,7 @@ class EndpointProcess:
         self.failed_starts = 0  # starts again that did not reach the ready line
         self.unresponsive = 0  # killed for sending no report within REPORT_TIMEOUT_S
         self.last_failure = ""  # why it last ended or failed to start, one line
+        self._unparsed = False  # its last report did not parse (logged once)
         self.started_at = 0.0
         self._stdin: int | None = None  # our end of its stdin (non-blocking)
         self._lock = threading.Lock()  # the serving thread writes, the event loop closes
@@ -367,11 +371,13 @@ class EndpointProcess:
         self._forget()
         return proc.returncode
 
-    def status(self) -> dict[str, Any]:
-        """Its report with the daemon's part: ``running`` once ready and until it ends."""
+    def status(self, cls: type[E]) -> E:
+        """Its report with the daemon's part (``running`` once ready and until it ends),
+        typed: the report is JSON from another process, parsed here with the status's own
+        schema. A report that does not parse (logged once until one parses again: the
+        status is built several times a second) leaves the daemon's part alone."""
         running = self.ready and self.proc is not None and self.proc.returncode is None
-        return {
-            **self.report,
+        own: dict[str, Any] = {
             "pid": self.pid if running else None,
             "running": running,
             "restarts": self.restarts,
@@ -379,6 +385,15 @@ class EndpointProcess:
             "unresponsive": self.unresponsive,
             "last_failure": self.last_failure,
         }
+        problems: list[str] = []
+        parsed = schema.convert(cls, {**self.report, **own}, self.kind, problems)
+        if not problems:
+            self._unparsed = False
+            return cast(E, parsed)
+        if not self._unparsed:
+            self._unparsed = True
+            log.warning("the %s endpoint's report does not parse: %s", self.kind, "; ".join(problems[:3]))
+        return cls(**own)
 
 
 class Endpoints:
@@ -402,8 +417,15 @@ class Endpoints:
                 tg.start_soon(p.run, name=f"endpoint-{name}")
             task_status.started()
 
-    def status(self) -> dict[str, Any]:
-        return {name: (p.status() if (p := self.processes.get(name)) else None) for name in ("openpi", "metrics")}
+    def openpi(self) -> OpenpiStatus | None:
+        """The openpi endpoint's part of the status (None: not enabled)."""
+        p = self.processes.get("openpi")
+        return p.status(OpenpiStatus) if p is not None else None
+
+    def metrics(self) -> MetricsStatus | None:
+        """The metrics endpoint's part of the status (None: not enabled)."""
+        p = self.processes.get("metrics")
+        return p.status(MetricsStatus) if p is not None else None
 
 
 def build(
@@ -430,8 +452,6 @@ def build(
     if cfg.compat.openpi.enabled:
         _need("websockets", "openpi", "compat.openpi")
         o = cfg.compat.openpi
-        config = dataclasses.asdict(o)
-        config["token"] = _read_token(o.token_file)
         limits = {
             "nofile": CHILD_BASE_FDS + o.max_connections,
             "address_space_bytes": _address_space(o.max_message_mb, o.max_clients),
@@ -439,7 +459,7 @@ def build(
         }
         spec = Spec(
             "openpi",
-            config,
+            dataclasses.asdict(o),
             sockets,
             limits,
             _openpi_contract(o.cameras, o.proprio, contract, release),
@@ -447,6 +467,7 @@ def build(
             logging_cfg,
             cfg.serve.status_hz,
             listeners["openpi"].fds,
+            _read_token(o.token_file),
         )
         processes["openpi"] = EndpointProcess("openpi", spec, gatekeeper, events)
     if cfg.metrics.enabled:

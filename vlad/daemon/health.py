@@ -22,6 +22,7 @@ from anyio.abc import TaskStatus
 
 from vlad.health.base import Finding, HealthView, InFlight, Monitor, Sensor
 from vlad.health.state import State, StateMachine
+from vlad.protocol import HoldKind
 from vlad.serving.counters import PolicyCounts, PolicyId
 
 if TYPE_CHECKING:
@@ -190,7 +191,7 @@ class HealthService:
             current = self.state.state
             self.state_before_estop = current if current not in (State.ESTOPPED, State.STARTING) else State.ACTIVE
             self.state.transition(State.ESTOPPED, reason)
-            self.loop.publisher.publish_hold("estop")
+            self.loop.publisher.publish_hold(HoldKind.ESTOP)
         else:
             self.state.transition(self.state_before_estop, reason)
             self.loop.wake()  # serve the newest observation again at once

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from vlad.backend import host_rss_bytes
 from vlad.errors import VladError
 from vlad.release.loading import LoadedPolicy
-from vlad.snapshot import PolicyMemory  # the status carries the same figures
+from vlad.snapshot import MemoryStatus, PolicyMemory  # the status carries the same figures
 
 GB = 1e9
 MODEL_ROLES = ("model", "weights", "engine", "adapter")
@@ -111,16 +111,21 @@ class MemoryBudget:
         self.device = int(device_budget_mb * 2**20)
         self.swap = swap
 
-    def to_dict(self, loaded: Mapping[str, PolicyMemory]) -> dict[str, Any]:
-        """For the status: the budget, what every loaded policy holds, and the sum."""
-        return {
-            "budget_host_bytes": self.host or None,
-            "budget_device_bytes": self.device or None,
-            "swap": self.swap,
-            "policies": {k: v.to_dict() for k, v in loaded.items()},
-            "policies_host_bytes": sum(v.host_bytes for v in loaded.values()),
-            "policies_device_bytes": sum(v.device_bytes for v in loaded.values()),
-        }
+    def status(
+        self, loaded: Mapping[str, PolicyMemory], host_rss_bytes: int, readings_bytes: Mapping[str, float]
+    ) -> MemoryStatus:
+        """For the status: the daemon's resident memory and the sensors' memory readings
+        (given), the budget, what every loaded policy holds, and the sum."""
+        return MemoryStatus(
+            host_rss_bytes=host_rss_bytes,
+            readings_bytes=readings_bytes,
+            budget_host_bytes=self.host or None,
+            budget_device_bytes=self.device or None,
+            swap=self.swap,
+            policies=dict(loaded),
+            policies_host_bytes=sum(v.host_bytes for v in loaded.values()),
+            policies_device_bytes=sum(v.device_bytes for v in loaded.values()),
+        )
 
     def over(self, need: PolicyMemory, loaded: Mapping[str, PolicyMemory]) -> list[str]:
         """Where ``need`` beside ``loaded`` exceeds the budget, as message parts (empty: fits)."""

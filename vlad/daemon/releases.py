@@ -56,7 +56,7 @@ from vlad.schema import LINE_MAX_LEN, one_line
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.publisher import Publisher
 from vlad.serving.shadow import ShadowRun
-from vlad.snapshot import CanaryStatus, Evidence, Operation
+from vlad.snapshot import CanaryStatus, Evidence, Operation, plain
 
 log = logging.getLogger("vlad.releases")
 
@@ -97,7 +97,7 @@ class Canary:
             return f"{self.heartbeat_faults} heartbeat faults > {t.max_heartbeat_faults}"
         return None
 
-    def report(self, now_ns: int) -> CanaryStatus:
+    def status(self, now_ns: int) -> CanaryStatus:
         return CanaryStatus(
             release=self.policy.id.release,
             previous=self.previous.id.release,
@@ -133,14 +133,14 @@ class ReleaseManager:
         # The release operation in progress, for the status: what, since when, its last step.
         self.operation: dict[str, Any] | None = None
         self.evidence = self._evidence_of(chain.release.loaded)
-        if self.evidence["status"] == "unverified":
+        if self.evidence.status == "unverified":
             message = (
-                f"release {self.evidence['release']} serves WITHOUT passing gate evidence and without a recorded "
-                f"override ({'; '.join(self.evidence['problems'][:4])}): gate it, or activate it with "
+                f"release {self.evidence.release} serves WITHOUT passing gate evidence and without a recorded "
+                f"override ({'; '.join(self.evidence.problems[:4])}): gate it, or activate it with "
                 "--force --why to record the decision"
             )
             log.error(message)
-            state.record("release_unverified", message, problems=self.evidence["problems"])
+            state.record("release_unverified", message, problems=list(self.evidence.problems))
 
     def store(self) -> ReleaseStore:
         s = self.cfg.store
@@ -324,7 +324,7 @@ class ReleaseManager:
             "release": new.id.release,
             "previous": old.id.release,
             "canary": canary,
-            "evidence": self.evidence,
+            "evidence": plain(self.evidence),  # as the status shows it
         }
         if canary:
             assert loaded.manifest is not None
@@ -389,7 +389,7 @@ class ReleaseManager:
         result: dict[str, Any] = {
             "release": loaded.release_id,
             "rolled_back_from": old.id.release,
-            "evidence": self.evidence,
+            "evidence": plain(self.evidence),  # as the status shows it
         }
         if swapped is not None:
             result["swap_gap_s"] = self._swapped_in(swapped)
@@ -399,27 +399,27 @@ class ReleaseManager:
 
     # -- evidence of the serving release -----------------------------------------------------
 
-    def _evidence_of(self, loaded: LoadedPolicy, entry: HistoryEntry | None = None) -> dict[str, Any]:
+    def _evidence_of(self, loaded: LoadedPolicy, entry: HistoryEntry | None = None) -> Evidence:
         """``passed``, ``forced`` (with the journal's who, why and when) or ``unverified``."""
         manifest, evidence = loaded.manifest, loaded.evidence
         if manifest is None or evidence is None:
-            return {
-                "status": "unverified",
-                "release": loaded.release_id,
-                "gate_evidence": None,
-                "problems": ["unsigned release (release.verify = false): no gate evidence is checked"],
-            }
-        out: dict[str, Any] = {
-            "status": "passed" if evidence.ok else "unverified",
-            "release": manifest.id,
-            "gate_evidence": evidence.status,
-            "problems": list(evidence.problems),
-        }
+            return Evidence(
+                status="unverified",
+                release=loaded.release_id,
+                gate_evidence=None,
+                problems=("unsigned release (release.verify = false): no gate evidence is checked",),
+            )
+        out = Evidence(
+            status="passed" if evidence.ok else "unverified",
+            release=manifest.id,
+            gate_evidence=evidence.status,
+            problems=tuple(evidence.problems),
+        )
         if evidence.ok:
             return out
         entry = entry or self._journal_entry(loaded.folder, manifest.id)
         if entry is not None and entry.to_release == manifest.id and entry.forced and entry.evidence == evidence.status:
-            out.update(status="forced", who=entry.who, why=entry.why, time=entry.time)
+            return dataclasses.replace(out, status="forced", who=entry.who, why=entry.why, time=entry.time)
         return out
 
     def _journal_entry(self, folder: Path, release_id: str) -> HistoryEntry | None:
@@ -436,10 +436,9 @@ class ReleaseManager:
 
     def evidence_status(self) -> Evidence:
         """The serving release's evidence for the status; unverified ones count their chunks."""
-        out = dict(self.evidence)
-        if out["status"] == "unverified":
-            out["published_unverified"] = self.chain.release.served.counts.published
-        return Evidence(**out)
+        if self.evidence.status != "unverified":
+            return self.evidence
+        return dataclasses.replace(self.evidence, published_unverified=self.chain.release.served.counts.published)
 
     # -- shadow ----------------------------------------------------------------------------
 
@@ -470,18 +469,19 @@ class ReleaseManager:
         return {"shadow": loaded.release_id, "tolerance": tolerance}
 
     def shadow_report(self) -> dict[str, Any]:
+        """The shadow run's status (:meth:`ShadowRun.status`) as its wire map."""
         if self.shadow is None:
             raise VladError("no shadow run (start one with `vladctl shadow start RELEASE`)")
-        return self.shadow.report()
+        return plain(self.shadow.status())
 
     async def shadow_stop(self) -> dict[str, Any]:
         if self.shadow is None or self.shadow.purpose != "shadow":
             raise VladError("no shadow run to stop")
-        report = self.shadow.report()
+        final = self.shadow.status()
         run = self._stop_shadow()
         await self._retire(run)
-        self.state.record("shadow", f"shadow run of {report['release']} stopped", pairs=report["divergence"]["pairs"])
-        return report
+        self.state.record("shadow", f"shadow run of {final.release} stopped", pairs=final.divergence.pairs)
+        return plain(final)
 
     # -- canary ----------------------------------------------------------------------------
 

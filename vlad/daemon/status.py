@@ -22,11 +22,11 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vlad import __version__, schema
+from vlad import __version__
 from vlad.backend import SessionStats
 from vlad.config import RealtimeConfig
 from vlad.serving.tracing import STAGES
@@ -34,25 +34,16 @@ from vlad.snapshot import (
     BackendStatus,
     ControllerStatus,
     Counters,
-    Divergence,
-    EndpointStatus,
     EStopStatus,
     FindingStatus,
     Histogram,
-    MemoryStatus,
-    MetricsStatus,
-    OpenpiStatus,
-    Percentiles,
     Rates,
-    ShadowStatus,
     StatusSnapshot,
-    Swap,
-    TapStatus,
+    percentiles,
     split_readings,
 )
 
 log = logging.getLogger("vlad.status")
-E = TypeVar("E", bound=EndpointStatus)
 
 if TYPE_CHECKING:
     from vlad.daemon.chain import PolicyChain
@@ -199,7 +190,6 @@ class StatusModel:
     started_ns: int = field(init=False, default_factory=time.monotonic_ns)
     rates: RateMeter = field(init=False, default_factory=RateMeter)
     tallies: Tallies = field(init=False)  # cumulative figures the status carries
-    unparsed: set[str] = field(init=False, default_factory=set)  # endpoints whose report did not parse (logged once)
 
     def __post_init__(self) -> None:
         self.tallies = Tallies(self.started_ns)
@@ -264,7 +254,7 @@ class StatusModel:
         rates = self.rates.update(now, c.observations, c.published + c.published_hold)
         release = self.chain.release
         desc = release.served.session.describe()
-        latency = _percentiles(self.stats.summary())
+        latency = percentiles(self.stats.summary())
         health = self.chain.health
         serving = self.chain.serving
         backend_stats = {str(p.id): p.served.session.stats() for p in self.chain.policies}
@@ -272,10 +262,6 @@ class StatusModel:
         # A sensor that failed reads NaN: no figure to show, and JSON has no NaN.
         readings = {k: float(v) for k, v in self.health.readings.items() if math.isfinite(v)}
         temperatures, memory_readings = split_readings(readings)
-        loaded = self.releases.loaded_memory()
-        budget = self.releases.budget.to_dict(loaded)
-        budget["policies"] = dict(loaded)  # the typed figures, not their maps
-        endpoints = self.endpoints.status()
         return StatusSnapshot(
             version=__version__,
             pid=os.getpid(),
@@ -296,9 +282,9 @@ class StatusModel:
                 counts=dict(self.estop.counts),
             ),
             findings=tuple(_finding(f) for f in self.health.findings),
-            swaps_ms=tuple(Swap(**s) for s in self.publisher.swap_ms),
-            shadow=_shadow(self.releases.shadow.report()) if self.releases.shadow else None,
-            canary=self.releases.canary.report(now) if self.releases.canary else None,
+            swaps_ms=tuple(self.publisher.swap_ms),
+            shadow=self.releases.shadow.status() if self.releases.shadow else None,
+            canary=self.releases.canary.status(now) if self.releases.canary else None,
             backend=BackendStatus(
                 name=desc.backend,
                 runtime=f"{desc.runtime} {desc.runtime_version}",
@@ -324,48 +310,23 @@ class StatusModel:
             latency_ms=latency,
             engine_ms=latency.get("engine"),
             temperatures_c=temperatures,
-            memory=MemoryStatus(
+            # per loaded policy (measured at its load), the sum and the [memory] budget
+            memory=self.releases.budget.status(
+                self.releases.loaded_memory(),
                 host_rss_bytes=int(memory_readings.get("rss", 0)) or release.served.session.memory().host_rss_bytes,
                 readings_bytes=memory_readings,
-                **budget,  # per loaded policy (measured at its load), the sum and the [memory] budget
             ),
             realtime=self.realtime,
-            tap=TapStatus(**self.tap.stats()) if self.tap is not None else None,
+            tap=self.tap.status() if self.tap is not None else None,
             monotonic_ns=now,  # the daemon's clock when this was built (the metrics' status age)
             readings=readings,
             bucket_edges_s=BUCKETS_S,
             histograms=self.tallies.histograms(),
             event_counts=dict(self.tallies.events),
             transition_counts=dict(self.tallies.transitions),
-            openpi=_endpoint(OpenpiStatus, "openpi", endpoints.get("openpi"), self.unparsed),
-            metrics=_endpoint(MetricsStatus, "metrics", endpoints.get("metrics"), self.unparsed),
+            openpi=self.endpoints.openpi(),
+            metrics=self.endpoints.metrics(),
         )
-
-
-def _percentiles(summary: Mapping[str, Mapping[str, float]]) -> dict[str, Percentiles]:
-    """:meth:`LatencyStats.summary` typed."""
-    return {
-        stage: Percentiles(count=int(v["count"]), p50=v["p50"], p95=v["p95"], p99=v["p99"], max=v["max"])
-        for stage, v in summary.items()
-    }
-
-
-def _shadow(report: Mapping[str, Any]) -> ShadowStatus:
-    d = report["divergence"]
-    return ShadowStatus(
-        release=report["release"],
-        purpose=report["purpose"],
-        running_s=report["running_s"],
-        divergence=Divergence(
-            **{
-                **d,
-                "per_joint_max_abs": tuple(d["per_joint_max_abs"]),
-                "per_joint_mean_abs": tuple(d["per_joint_mean_abs"]),
-            }
-        ),
-        latency_ms=_percentiles(report["latency_ms"]),
-        faults=report["faults"],
-    )
 
 
 def _finding(f: Finding) -> FindingStatus:
@@ -374,27 +335,3 @@ def _finding(f: Finding) -> FindingStatus:
         if d[key] is not None and not math.isfinite(d[key]):
             d[key] = None
     return FindingStatus(**d)
-
-
-def _endpoint(cls: type[E], name: str, report: Mapping[str, Any] | None, unparsed: set[str]) -> E | None:
-    """An endpoint process's report (JSON from a child process), or the parent's own part
-    of it (pid, running, restarts ...) when the child's part does not parse (logged once
-    until it parses again: the status is built several times a second)."""
-    if report is None:
-        return None
-    problems: list[str] = []
-    parsed = schema.convert(cls, dict(report), name, problems)
-    if not problems:
-        unparsed.discard(name)
-        return cast(E, parsed)
-    if name not in unparsed:
-        unparsed.add(name)
-        log.warning("the %s endpoint's report does not parse: %s", name, "; ".join(problems[:3]))
-    return cls(
-        pid=report.get("pid"),
-        running=bool(report.get("running")),
-        restarts=int(report.get("restarts", 0)),
-        failed_starts=int(report.get("failed_starts", 0)),
-        unresponsive=int(report.get("unresponsive", 0)),
-        last_failure=str(report.get("last_failure", "")),
-    )

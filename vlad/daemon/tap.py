@@ -56,6 +56,7 @@ from typing import Any
 
 import zmq
 
+from vlad.snapshot import TapStatus
 from vlad.threads import Worker
 
 log = logging.getLogger("vlad.tap")
@@ -261,14 +262,15 @@ class Tap(Worker):
         """Bytes of every frame queued for the tap's thread now."""
         return sum(self._queued_in) - sum(self._queued_out)
 
-    def stats(self) -> dict[str, Any]:
-        return {
-            "endpoint": self.endpoint,
-            "subscribed": self.subscribed,
-            "subscriptions": self.subscriptions,
-            "sent": self.sent,
-            "queue_items": self.max_items,
-            "queue_bytes": sum(self.budget),
-            "recorder_queue": self.recorder_queue,
-            "dropped": dict(self.dropped),
-        }
+    def status(self) -> TapStatus:
+        """The tap as the status shows it."""
+        return TapStatus(
+            endpoint=self.endpoint,
+            subscribed=self.subscribed,
+            subscriptions=self.subscriptions,
+            sent=self.sent,
+            queue_items=self.max_items,
+            queue_bytes=sum(self.budget),
+            recorder_queue=self.recorder_queue,
+            dropped=dict(self.dropped),
+        )

@@ -11,8 +11,9 @@ changed something), the latency the controller saw, and ``vladctl status``.
 
     ./scripts/demo [--episodes 10] [--config etc/vlad/demo.toml] [--no-daemon-log] [--remote] [--openpi [--port 8000]]
 
-``--remote`` serves the policy from a real KServe v2 server on 127.0.0.1 instead
-(:mod:`vlad_kserve.demo`; local ONNX Runtime is its fallback), from a release copy in a
+``--remote`` serves the policy from a real KServe v2 server on 127.0.0.1 instead (what a
+plugin offers through the ``vlad_remote_demo`` hook: the kserve plugin's
+:mod:`vlad_kserve.demo`; local ONNX Runtime is its fallback), from a release copy in a
 temporary folder. ``--openpi`` drives the arm with openpi's own client through vlad's
 openpi-compatible endpoint on 127.0.0.1:``--port`` (:mod:`vlad.demo.openpi`).
 
@@ -39,12 +40,12 @@ import numpy as np
 
 from vlad.cli.daemon import format_status
 from vlad.client import Client
-from vlad.config import Config, load_config
+from vlad.config import Config, config_toml, load_config
+from vlad.daemon.child import SOCKETS, DaemonFailed, DaemonProcess, launch
 from vlad.demo import sim
 from vlad.episodes import DaemonLink, EpisodeLog, InProcessLink, compare, contract_infer, run_episode
 from vlad.release.loading import LoadedPolicy, PolicySource, load_policy
 from vlad.snapshot import parse_status
-from vlad.testing.daemon import SOCKETS, DaemonFailed, DaemonProcess, launch
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENPI_PORT = 8000  # openpi's default
@@ -160,12 +161,17 @@ def run_with_cleanup(args: argparse.Namespace) -> int:
 
 
 def start_remote(config: Path, workdir: Path) -> tuple[Path, subprocess.Popen]:
-    """:func:`vlad_kserve.demo.start_remote_demo`, its daemon config written into ``workdir``;
-    when the server fails, its one-line error carries the last line of the server's log (the
-    folder holding the log is removed)."""
-    from vlad.testing import config_toml
-    from vlad_kserve.demo import start_remote_demo
+    """The remote demo a plugin offers (hook ``vlad_remote_demo``: :mod:`vlad_kserve.demo`),
+    its daemon config written into ``workdir``; when the server fails, its one-line error
+    carries the last line of the server's log (the folder holding the log is removed)."""
+    from vlad.plugins import remote_demo
 
+    start_remote_demo = remote_demo()
+    if start_remote_demo is None:
+        raise SystemExit(
+            "demo: --remote needs a plugin that offers a remote demo server (vlad_kserve: "
+            "pip install -e plugins/vlad_kserve 'vlad[kserve-server]'; ./scripts/demo --remote does)"
+        )
     try:
         remote, server = start_remote_demo(config, workdir)
     except SystemExit as exc:

@@ -1,7 +1,7 @@
 """Runs the real daemon (``vlad serve``) on a release under test, with its real sockets.
 
 The performance and closed-loop gates judge what a robot would get, so they go through
-the daemon process, not an in-process shortcut (:func:`vlad.testing.launch`: ipc sockets in
+the daemon process, not an in-process shortcut (:func:`vlad.daemon.child.launch`: ipc sockets in
 a private folder, a datagram ``NOTIFY_SOCKET`` standing in for systemd, READY=1 marking the
 end of loading and warm-up). A release that is not signed yet (the usual case: evidence is
 recorded before signing) is served unverified with the backend, artifact and options of
@@ -11,8 +11,9 @@ its manifest; with ``keys_dir`` it is verified first.
 from __future__ import annotations
 
 from vlad.config import Config, LoggingConfig, ReleaseConfig, ServeConfig
+from vlad.daemon.child import DaemonProcess, launch
 from vlad.gates.subject import Subject
-from vlad.testing import PLUGIN_ENV, DaemonProcess, launch
+from vlad.gates.wrapped import PLUGIN_ENV
 
 
 def serve(
@@ -29,7 +30,7 @@ def serve(
 
     ``latency_ms``: every inference takes at least this long (± ``jitter`` of it), what the
     target robot's computer will take: the subject's backend inside the ``wrapped`` one
-    (:mod:`vlad.testing.plugin`), served unverified (the wrapper is not the manifest's
+    (:mod:`vlad.gates.wrapped`), served unverified (the wrapper is not the manifest's
     backend)."""
     if latency_ms > 0:
         s = subject.serving

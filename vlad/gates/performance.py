@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from vlad.client import ActionChunk, Client
+from vlad.daemon.child import DaemonProcess
 from vlad.gates.conditions import cpu_hog
 from vlad.gates.launcher import serve
 from vlad.gates.metrics import percentiles
@@ -40,7 +41,6 @@ from vlad.gates.plan import GatePlan
 from vlad.gates.results import GateError, GateResult, check
 from vlad.gates.subject import Subject
 from vlad.snapshot import parse_status
-from vlad.testing import DaemonProcess
 
 # Observations after a cold start (or a new neighbour) that are not measured: the first
 # calls after warm-up still run on cold caches and freshly faulted-in pages.

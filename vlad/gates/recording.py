@@ -27,6 +27,7 @@ when the queue is full or a size/time limit is reached messages are dropped and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -42,10 +43,10 @@ from typing import IO, Any, cast
 import numpy as np
 
 from vlad import protocol, schema
-from vlad.client import ActionChunk
 from vlad.errors import ProblemsError, VladError
 from vlad.files import create_regular
 from vlad.gates.results import GateError
+from vlad.protocol import ActionChunk
 
 RECORDING_FORMAT = "vlad.recording/1"
 FRAMES_ENCODING = "vlad.frames/1"
@@ -410,26 +411,6 @@ class ObservationHeader:
 
 
 @dataclass(frozen=True)
-class ChunkHeader:
-    """What replay needs from a recorded action chunk's header."""
-
-    seq: int = field(metadata=schema.bounded(0, 2**64 - 1))
-    obs_seq: int = field(metadata=schema.bounded(0, 2**64 - 1))
-    t_sensor_ns: int = field(metadata=schema.bounded(0, 2**63 - 1))
-    t_issue_ns: int = field(metadata=schema.bounded(0, 2**63 - 1))
-    valid_until_ns: int = field(metadata=schema.bounded(0, 2**63 - 1))
-    period_ns: int = field(metadata=schema.bounded(1, 2**63 - 1))
-    source: str = field(default="", metadata={"allow_empty": True, "max_len": 256})
-    interventions: tuple[str, ...] = ()
-    timings_ms: dict[str, Any] = field(default_factory=dict)
-    advisory: bool = False
-    release: str = field(default="", metadata={"allow_empty": True, "max_len": 256})
-    state: str = field(default="", metadata={"allow_empty": True, "max_len": 64})
-    reason: str = field(default="", metadata={"allow_empty": True, "max_len": 256})
-    client: str | None = field(default=None, metadata={"allow_empty": True, "max_len": 128})
-
-
-@dataclass(frozen=True)
 class RecordedObservation:
     """One observation as the daemon received it."""
 
@@ -687,43 +668,11 @@ def _observation(frames: list[bytes], t_ns: int, where: str) -> RecordedObservat
 def _chunk(frames: list[bytes], t_ns: int, where: str) -> ActionChunk:
     """A recorded chunk as the controller-side type; ``t_receive_ns`` is its log time."""
     msg = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,))
-    h = schema.parse(ChunkHeader, _pick(msg.header, ChunkHeader), where, RecordingError)
-    timings = {}
-    for k, v in h.timings_ms.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-            raise RecordingError(where, [f"timings_ms.{str(k)[:32]}: expected a finite number, got {v!r:.32}"])
-        timings[str(k)] = float(v)
-    actions = msg.tensors.get("actions")
-    if actions is None or actions.ndim != 2 or actions.dtype != np.float32:
-        raise RecordingError(where, ["actions: expected a 2-D float32 tensor"])
-    return ActionChunk(
-        seq=h.seq,
-        obs_seq=h.obs_seq,
-        t_sensor_ns=h.t_sensor_ns,
-        t_issue_ns=h.t_issue_ns,
-        valid_until_ns=h.valid_until_ns,
-        period_ns=h.period_ns,
-        release=h.release,
-        state=h.state,
-        source=h.source,
-        interventions=h.interventions,
-        timings_ms=timings,
-        actions=np.array(actions),
-        t_receive_ns=t_ns,
-        advisory=h.advisory,
-        reason=h.reason,
-        client=h.client,
-        rtc=_continues(msg.header.get("rtc"), where),
-    )
-
-
-def _continues(value: Any, where: str) -> tuple[int, int] | None:
-    """A chunk header's ``rtc`` (the chunk it continues, the delay in periods), or None."""
-    if value is None:
-        return None
-    if type(value) is list and len(value) == 2 and all(type(v) is int and 0 <= v < 2**63 for v in value):
-        return (value[0], value[1])
-    raise RecordingError(where, [f"rtc: expected [chunk seq, delay periods], got {value!r:.64}"])
+    try:
+        chunk = protocol.decode_chunk(msg, t_ns)
+    except protocol.ProtocolError as exc:
+        raise RecordingError(where, [str(exc).removeprefix("malformed: ")]) from None
+    return dataclasses.replace(chunk, actions=np.array(chunk.actions))  # its own copy, not the frame's memory
 
 
 def _pick(header: Mapping[str, Any], cls: type) -> dict[str, Any]:

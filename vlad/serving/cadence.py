@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 
+from vlad.protocol import HoldKind
 from vlad.serving.loop import ServingLoop
 from vlad.threads import Worker
 
@@ -87,10 +88,10 @@ class HoldKeeper(Worker):
         intake = loop.intake
         if pub.estop_engaged:
             if pub.estop_output == "hold" and since >= period:
-                pub.publish_hold("estop")
+                pub.publish_hold(HoldKind.ESTOP)
         elif loop.active is None:
             if since >= period and intake.last_observation_ns:
-                pub.publish_hold("fallback")
+                pub.publish_hold(HoldKind.FALLBACK)
         elif last and since > 1.5 * period and self._waiting(now):
             # About the newest observation if it is still unanswered (a late inference),
             # else about none (the camera stopped while heartbeats go on). Never after a
@@ -99,7 +100,7 @@ class HoldKeeper(Worker):
             obs = loop.last_obs
             about = obs if obs is not None and (obs.client or "", obs.sequence) != pub.answered else None
             if pub.publish_hold(
-                "bridge",
+                HoldKind.BRIDGE,
                 about.sequence if about else 0,
                 about.sensor_time_ns if about else 0,
                 advisory=True,

@@ -37,6 +37,7 @@ import numpy as np
 
 from vlad.errors import ObservationError, RemoteUnavailable, TokenizerError, VladError
 from vlad.processing import Guide, RawObservation
+from vlad.protocol import HoldKind
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.tracing import CycleTimes
 
@@ -56,6 +57,14 @@ class CycleFailure(Exception):
     def input_fault(self) -> bool:
         """The observation's fault (the controller's to fix), not the policy's or vlad's."""
         return self.reason in INPUT_REASONS
+
+    @property
+    def hold(self) -> HoldKind:
+        """The hold that answers the observation instead: advisory for an input fault
+        (stale, or refused with ``reason``), binding for a failure of the policy or of vlad."""
+        if self.reason == "stale":
+            return HoldKind.STALE
+        return HoldKind.REJECTED if self.input_fault else HoldKind(self.reason)
 
 
 def run_cycle(

@@ -39,6 +39,7 @@ import zmq
 
 from vlad.config import RealtimeConfig
 from vlad.processing import RawObservation
+from vlad.protocol import HoldKind
 from vlad.serving import alloctrace
 from vlad.serving.cycle import CycleFailure, run_cycle
 from vlad.serving.intake import Intake
@@ -297,7 +298,7 @@ class ServingLoop:
             # The controller learns at once that this observation gets no policy answer (and
             # why); one answer per wake-up, so a flood of junk cannot flood the action socket.
             seq, t_sensor, reason, client = refused
-            self.publisher.publish_hold("rejected", seq, t_sensor, advisory=True, reason=reason, client=client)
+            self.publisher.publish_hold(HoldKind.REJECTED, seq, t_sensor, advisory=True, reason=reason, client=client)
         return accepted
 
     def _hand_over(self, accepted: list[Accepted]) -> None:
@@ -380,7 +381,7 @@ class ServingLoop:
         if policy is None:  # the hold posture serves: answer with it at once
             if shadow is not None:
                 shadow.offer(obs, receive_ns)
-            self.publisher.publish_hold("fallback", obs.sequence, obs.sensor_time_ns, client=obs.client or "")
+            self.publisher.publish_hold(HoldKind.FALLBACK, obs.sequence, obs.sensor_time_ns, client=obs.client or "")
             return
         t = self._times
         t.reset(obs.sensor_time_ns, receive_ns)
@@ -470,13 +471,12 @@ class ServingLoop:
             return  # a replaced thread never sends
         client = obs.client or ""
         if failure.input_fault:
-            hold = "stale" if reason == "stale" else "rejected"
             self.publisher.publish_hold(
-                hold, obs.sequence, obs.sensor_time_ns, advisory=True, reason=reason, client=client
+                failure.hold, obs.sequence, obs.sensor_time_ns, advisory=True, reason=reason, client=client
             )
             return
-        self.publisher.publish_hold(reason, obs.sequence, obs.sensor_time_ns, client=client)
-        n = counts.cycle_errors if reason == "internal_error" else self.publisher.counts.holds[reason]
+        self.publisher.publish_hold(failure.hold, obs.sequence, obs.sensor_time_ns, client=client)
+        n = counts.cycle_errors if reason == "internal_error" else self.publisher.counts.holds[failure.hold.value]
         if n <= 10 or n % 1000 == 0:  # loud for the first ones, then sampled
             log.error(
                 "%s: %s on observation %d (%s, %d so far): %s",

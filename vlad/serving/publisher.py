@@ -25,6 +25,7 @@ from vlad.serving.counters import HOLD, PublishCounts
 from vlad.serving.guard import ActionGuard, Executing
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.tracing import CycleTimes, LatencyStats
+from vlad.snapshot import Swap
 
 Observer = Callable[[int, np.ndarray], None]
 # What became of a policy chunk: sent; held back until the re-anchor its observation announced
@@ -75,7 +76,7 @@ class Publisher:
         # the release, while a shadow run or a canary compares another policy against it.
         self.observers: list[Observer] = []
         # Hot-swap timing: decision -> first command from the new policy, in ms (last 20).
-        self.swap_ms: deque[dict[str, Any]] = deque(maxlen=20)
+        self.swap_ms: deque[Swap] = deque(maxlen=20)
         self._swap_pending: tuple[str, int] | None = None
         self._header: dict[str, Any] = {}
         self._timings: dict[str, float] = {}
@@ -198,7 +199,7 @@ class Publisher:
 
     def publish_hold(
         self,
-        kind: str,
+        kind: protocol.HoldKind,
         obs_seq: int = 0,
         t_sensor_ns: int = 0,
         *,
@@ -207,7 +208,7 @@ class Publisher:
         unless_sent_after: int | None = None,
         client: str | None = None,
     ) -> bool:
-        """Send the contract's hold posture (from the trusted joint state) as ``hold:<kind>``;
+        """Send the contract's hold posture (from the trusted joint state) as a hold of ``kind`` (:class:`~vlad.protocol.HoldKind`);
         ``reason`` (default ``kind``) says why in the header.
 
         ``advisory``: the observation ``obs_seq`` got no policy answer (late, stale, refused);
@@ -224,12 +225,13 @@ class Publisher:
         next hold then starts from where it settled). False: nothing was sent.
         """
         with self.lock:
-            if self.estop_engaged and (kind != "estop" or self.estop_output != "hold"):
+            estop = kind is protocol.HoldKind.ESTOP
+            if self.estop_engaged and (not estop or self.estop_output != "hold"):
                 return False
             if unless_sent_after is not None and self.last_publish_ns > unless_sent_after:
                 return False
             now = time.monotonic_ns()
-            if kind != "estop" and self.guard.trusted.pending is not None and not self.guard.trusted.settle(now):
+            if not estop and self.guard.trusted.pending is not None and not self.guard.trusted.settle(now):
                 # A re-anchor is in question: the arm is where it was announced (an episode's
                 # reset) or where it was (a forged announcement), and a hold commands one of
                 # the two: up to the whole joint range away from the arm. A controller with
@@ -239,10 +241,10 @@ class Publisher:
                 return False
             t_sensor = t_sensor_ns or now
             guard = self.guard
-            ramp = None if advisory or kind == "estop" else guard.executing(client, t_sensor)
+            ramp = None if advisory or estop else guard.executing(client, t_sensor)
             chunk = guard.hold_posture(ramp)
             valid_until = now + self.validity_ns
-            source = f"hold:{kind}"
+            source = kind.source
             self._send(
                 chunk,
                 ("hold",),
@@ -253,14 +255,14 @@ class Publisher:
                 _HOLD_NAME,
                 {},
                 advisory,
-                reason or kind,
+                reason or kind.value,
                 client,
             )
             guard.record(chunk, t_sensor, valid_until, self.last_publish_ns, client, self.seq, advisory)
             if obs_seq:
                 self.answered = (client or "", obs_seq)
             self._swap_done(source)
-            self.counts.holds[kind] += 1
+            self.counts.holds[kind.value] += 1
         return True
 
     def _send(
@@ -279,9 +281,7 @@ class Publisher:
         continues: tuple[int, int] | None = None,
     ) -> None:
         self.seq += 1
-        h = self._header
-        h.clear()
-        h.update(
+        chunk = protocol.ActionChunk(
             seq=self.seq,
             obs_seq=obs_seq,
             t_sensor_ns=t_sensor_ns,
@@ -291,14 +291,16 @@ class Publisher:
             release=self.release_name(),
             state=self.state_name(),
             source=source,
-            policy=policy,
-            interventions=list(interventions),
+            interventions=interventions,
             timings_ms=timings,
+            actions=actions,
             advisory=advisory,
             reason=reason,
             client=client,
             rtc=continues,
+            policy=policy,
         )
+        h = chunk.header()
         msg = self._layout.encode(protocol.TOPIC_ACTIONS, h, (actions,))
         self.sock.send_multipart(msg)
         self.last_publish_ns = time.monotonic_ns()
@@ -308,8 +310,10 @@ class Publisher:
 
     def _swap_done(self, source: str) -> None:
         pending = self._swap_pending
-        if pending is not None and (source == pending[0] or (pending[0] == "hold" and source.startswith("hold"))):
+        if pending is not None and (
+            source == pending[0] or (pending[0] == "hold" and source.startswith(protocol.HOLD_PREFIX))
+        ):
             self.swap_ms.append(
-                {"to": pending[0], "first_command_ms": round((self.last_publish_ns - pending[1]) / 1e6, 3)}
+                Swap(to=pending[0], first_command_ms=round((self.last_publish_ns - pending[1]) / 1e6, 3))
             )
             self._swap_pending = None

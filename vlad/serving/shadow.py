@@ -3,8 +3,10 @@
 The serving thread offers each observation it serves (:meth:`ShadowRun.offer`, latest
 wins, never blocking); the shadow's own thread runs the same cycle on it
 (:func:`vlad.serving.cycle.run_cycle`: stale check, preprocess, infer, decode), and
-:class:`Divergence` pairs its chunk with the release's chunk for the same observation
-(the publisher's observer hook) before either is guarded. Used by ``vladctl shadow`` and
+:class:`DivergenceMeter` pairs its chunk with the release's chunk for the same observation
+(the publisher's observer hook) before either is guarded. :meth:`ShadowRun.status` is the
+run as the status shows it (:class:`vlad.snapshot.ShadowStatus`); ``vladctl shadow report``
+gets the same, as its wire map. Used by ``vladctl shadow`` and
 by a canary, where the previous release runs as the shadow (the divergence reference,
 and the warm policy an abort swaps back to).
 """
@@ -15,7 +17,6 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any
 
 import numpy as np
 
@@ -23,13 +24,15 @@ from vlad.processing import Guide, RawObservation
 from vlad.serving.cycle import CycleFailure, run_cycle
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.tracing import CycleTimes, LatencyStats
+from vlad.snapshot import Divergence, ShadowStatus, percentiles
 from vlad.threads import Worker
 
 log = logging.getLogger("vlad.shadow")
 
 
-class Divergence:
-    """Pairs two policies' action chunks by observation sequence and accumulates errors."""
+class DivergenceMeter:
+    """Pairs two policies' action chunks by observation sequence and accumulates errors;
+    :meth:`status` is what they add up to (:class:`vlad.snapshot.Divergence`)."""
 
     def __init__(self, dim: int, tolerance: float, keep: int = 256) -> None:
         self.tolerance = tolerance
@@ -69,18 +72,18 @@ class Divergence:
     def mean_abs(self) -> float:
         return float(self.sum_abs.sum() / max(1, self.values * len(self.sum_abs)))
 
-    def report(self) -> dict[str, Any]:
+    def status(self) -> Divergence:
         with self._lock:
             n = max(1, self.values * len(self.sum_abs))
-            return {
-                "pairs": self.pairs,
-                "per_joint_max_abs": [round(float(x), 6) for x in self.max_abs],
-                "per_joint_mean_abs": [round(float(x), 6) for x in self.sum_abs / max(1, self.values)],
-                "max_abs": round(float(self.max_abs.max(initial=0.0)), 6),
-                "mean_abs": round(self.mean_abs, 6),
-                "tolerance": self.tolerance,
-                "fraction_beyond_tolerance": round(self.beyond / n, 6),
-            }
+            return Divergence(
+                pairs=self.pairs,
+                per_joint_max_abs=tuple(round(float(x), 6) for x in self.max_abs),
+                per_joint_mean_abs=tuple(round(float(x), 6) for x in self.sum_abs / max(1, self.values)),
+                max_abs=round(float(self.max_abs.max(initial=0.0)), 6),
+                mean_abs=round(self.mean_abs, 6),
+                tolerance=self.tolerance,
+                fraction_beyond_tolerance=round(self.beyond / n, 6),
+            )
 
 
 class ShadowRun(Worker):
@@ -90,7 +93,7 @@ class ShadowRun(Worker):
         super().__init__(f"vlad-shadow-{policy.id.release}")
         self.policy = policy
         self.purpose = purpose  # "shadow" or "canary-reference"
-        self.divergence = Divergence(policy.contract.action.dim, tolerance)
+        self.divergence = DivergenceMeter(policy.contract.action.dim, tolerance)
         self.stats = LatencyStats(window)
         self.started_ns = time.monotonic_ns()
         self.outputs = 0
@@ -152,12 +155,13 @@ class ShadowRun(Worker):
         self.outputs += 1
         self.divergence.candidate(obs.sequence, actions)
 
-    def report(self) -> dict[str, Any]:
-        return {
-            "release": self.policy.id.release,
-            "purpose": self.purpose,
-            "running_s": round((time.monotonic_ns() - self.started_ns) / 1e9, 3),
-            "divergence": self.divergence.report(),
-            "latency_ms": self.stats.summary(),
-            "faults": {**self.policy.counts.to_dict(), "outputs": self.outputs},
-        }
+    def status(self) -> ShadowStatus:
+        """The run so far: divergence, latency and faults (the status's ``shadow``)."""
+        return ShadowStatus(
+            release=self.policy.id.release,
+            purpose=self.purpose,
+            running_s=round((time.monotonic_ns() - self.started_ns) / 1e9, 3),
+            divergence=self.divergence.status(),
+            latency_ms=percentiles(self.stats.summary()),
+            faults={**self.policy.counts.to_dict(), "outputs": self.outputs},
+        )

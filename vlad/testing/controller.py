@@ -2,8 +2,8 @@
 
 :class:`ControllerSim` streams one observation (a golden case's raw observation, see
 :mod:`vlad.testing.golden`) and one heartbeat every control period on its own thread, and
-keeps every chunk that arrives as a :class:`Received`, stamped with this process's
-``time.monotonic()``. The fault, deploy and flood tests and ``scripts/bench_swap.py`` judge
+keeps every chunk that arrives (:class:`vlad.protocol.ActionChunk`, its ``t_receive_ns``
+this process's ``time.monotonic_ns()`` at arrival). The fault, deploy and flood tests and ``scripts/bench_swap.py`` judge
 what a robot would have got from that record: the longest gap between chunks
 (:func:`max_gap`), where each chunk came from, what it commanded;
 :func:`assert_core_unaffected` judges the controller's cadence and the systemd watchdog
@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vlad.protocol import ActionChunk
+
 if TYPE_CHECKING:
-    from vlad.testing.daemon import DaemonProcess, NotifyListener
+    from vlad.daemon.child import DaemonProcess, NotifyListener
 
 PERIOD_S = 0.02  # the demo contract's control period
 
@@ -45,19 +47,6 @@ class Ticker:
 
 
 @dataclass
-class Received:
-    """One chunk as the controller got it."""
-
-    t: float  # time.monotonic() at arrival, in this process
-    source: str
-    state: str
-    actions: np.ndarray
-    interventions: tuple[str, ...]
-    t_issue_ns: int = 0  # the daemon's CLOCK_MONOTONIC, comparable with time.monotonic_ns() here
-    obs_seq: int = 0
-
-
-@dataclass
 class ControllerSim:
     """Publishes observations and heartbeats every :data:`PERIOD_S` and records every chunk.
 
@@ -74,7 +63,7 @@ class ControllerSim:
     stale: bool = False
     bad_shape: bool = False
     obs_every: int = 1  # an observation every this many periods (heartbeats every period): many robots on one host
-    received: list[Received] = field(default_factory=list)
+    received: list[ActionChunk] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -109,23 +98,13 @@ class ControllerSim:
                 chunk = self.client.recv_actions(timeout_ms=max(0, int((next_t - time.monotonic()) * 1000)))
                 if chunk is None:
                     break
-                self.received.append(
-                    Received(
-                        time.monotonic(),
-                        chunk.source,
-                        chunk.state,
-                        chunk.actions.copy(),
-                        chunk.interventions,
-                        chunk.t_issue_ns,
-                        chunk.obs_seq,
-                    )
-                )
+                self.received.append(chunk)
                 if time.monotonic() >= next_t:
                     break
 
-    def since(self, t0: float) -> list[Received]:
+    def since(self, t0: float) -> list[ActionChunk]:
         """The chunks received at or after ``t0`` (``time.monotonic()``)."""
-        return [r for r in list(self.received) if r.t >= t0]
+        return [r for r in list(self.received) if r.t_receive_ns / 1e9 >= t0]
 
 
 class FollowingController:
@@ -148,7 +127,7 @@ class FollowingController:
             request_threshold=1_000_000, overlap=0, blend="none", tolerance=0.0, client=client.name
         )
         self.commands: list[tuple[int, np.ndarray]] = []  # (period start, CLOCK_MONOTONIC ns; command)
-        self.chunks: list[Any] = []  # every chunk addressed to it (vlad.client.ActionChunk)
+        self.chunks: list[ActionChunk] = []  # every chunk addressed to it
         self.proprio = np.asarray(case["raw"].proprio, np.float32).copy()  # the arm: it tracks the commands
         self.proprio[2:] = 0.0
         self._stop = threading.Event()
@@ -204,9 +183,9 @@ class FollowingController:
         )
 
 
-def max_gap(chunks: list[Received]) -> float:
+def max_gap(chunks: list[ActionChunk]) -> float:
     """The longest time (s) between two consecutive chunks; inf with fewer than two."""
-    ts = [c.t for c in chunks]
+    ts = [c.t_receive_ns / 1e9 for c in chunks]
     return float(max(np.diff(ts))) if len(ts) > 1 else float("inf")
 
 
@@ -237,7 +216,7 @@ def assert_core_unaffected(d: DaemonProcess, ctl: ControllerSim, t0: float, t1: 
     """The native controller kept its cadence and the watchdog kept pinging from t0 to t1
     (see above); a one-line summary of the figures for the test's output."""
     t1 = time.monotonic() if t1 is None else t1
-    ts = [t0] + [c.t for c in ctl.since(t0) if c.t <= t1] + [t1]
+    ts = [t0] + [t for t in (c.t_receive_ns / 1e9 for c in ctl.since(t0)) if t <= t1] + [t1]
     gaps = np.diff(ts)
     dog = watchdog_gap(d.notify, t0, t1)
     periods = (t1 - t0) / PERIOD_S

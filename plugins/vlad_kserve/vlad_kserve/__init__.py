@@ -11,12 +11,30 @@ this package imports no client library; the backend imports tritonclient when it
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vlad.hookspecs import hookimpl
 from vlad_kserve.backend import KServeBackend, KServeSession
 from vlad_kserve.monitor import RemoteLinkMonitor
 from vlad_kserve.options import RemoteOptions, parse_options
 
-__all__ = ["KServeBackend", "KServeSession", "RemoteLinkMonitor", "RemoteOptions", "parse_options", "vlad_backends"]
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from vlad.config import Config
+
+__all__ = [
+    "KServeBackend",
+    "KServeSession",
+    "RemoteLinkMonitor",
+    "RemoteOptions",
+    "parse_options",
+    "vlad_backends",
+    "vlad_monitors",
+    "vlad_remote_demo",
+]
 
 
 @hookimpl
@@ -30,3 +48,12 @@ def vlad_monitors(config: dict) -> list:
     """The remote-link monitor (it looks only at remote policies' session stats); its
     thresholds: ``[monitors.remote]`` (:class:`vlad_kserve.monitor.RemoteLinkSettings`)."""
     return [RemoteLinkMonitor()]
+
+
+@hookimpl
+def vlad_remote_demo() -> Callable[[Path, Path], tuple[Config, subprocess.Popen]]:
+    """``./scripts/demo --remote``: :func:`vlad_kserve.demo.start_remote_demo` (a v2 server
+    on the demo release; imported when asked for, not with the plugin)."""
+    from vlad_kserve.demo import start_remote_demo
+
+    return start_remote_demo

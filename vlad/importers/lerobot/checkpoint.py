@@ -150,9 +150,11 @@ def _features(config: dict, key: str, path: Path) -> list[Feature]:
         raise CheckpointError(f"{path}/config.json: no {key}; re-save the policy with LeRobot >= 0.4")
     out = []
     for name, f in raw.items():
+        if not name or len(name) > 200 or not name.isprintable():  # names reach every later message
+            raise CheckpointError(f"{path}/config.json: {key} names a feature {name!r:.80}: not a printable name")
         shape = f.get("shape") if isinstance(f, dict) else None
         if not isinstance(shape, list) or not all(type(n) is int and 0 < n <= 1 << 16 for n in shape):
-            raise CheckpointError(f"{path}/config.json: {key}.{name} has no shape of positive integers")
+            raise CheckpointError(f"{path}/config.json: {key}.{name!r:.80} has no shape of positive integers")
         out.append(Feature(name, str(f.get("type")), tuple(shape)))
     return out
 

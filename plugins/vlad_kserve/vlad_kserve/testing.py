@@ -1,13 +1,14 @@
-"""KServe v2 servers for the remote backend's tests and benchmarks, on 127.0.0.1.
+"""KServe v2 servers for the remote backend's tests and benchmarks (vlad's and a plugin
+user's), on 127.0.0.1. Not used by the backend itself.
 
-* :class:`ServerProcess`: the real one, ``python -m vlad_kserve.server``, on free ports with a
-  fault file: it waits until the model answers, injects faults through that file (see
+* :class:`ServerProcess`: the real one, ``python -m vlad_kserve.server`` on a release, on free
+  ports with a fault file: it waits until the model answers, injects faults through that file (see
   :mod:`vlad_kserve.server`), and can be killed and restarted on the same ports (what a
   crashed and restarted inference server looks like to vlad). It needs the
   ``kserve-server`` extra (:func:`server_unavailable` says what is missing).
-* :class:`HostileServer`: a v2 HTTP server in this process (binary tensors, the demo's ONNX
-  model) answering the way a broken or malicious server does. ``mode`` (set any time,
-  atomically):
+* :class:`HostileServer`: a v2 HTTP server in this process (binary tensors, an ONNX model
+  such as the demo's, on ONNX Runtime) answering the way a broken or malicious server does.
+  ``mode`` (set any time, atomically):
 
   - ``proxy``: answers properly (ONNX Runtime here: ~2 ms, well inside the demo's 20 ms
     deadline, where kserve's own HTTP path takes ~14 ms); with ``late_every = N`` every Nth
@@ -39,10 +40,19 @@ from pathlib import Path
 
 import numpy as np
 
-from vlad.testing.daemon import free_ports
-from vlad.testing.releases import DEMO, REPO
-
 MODEL = "vlad-demo-reacher"
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 right now (bound together while chosen)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def server_unavailable() -> str | None:
@@ -57,9 +67,10 @@ class ServerProcess:
     """One ``vlad_kserve.server`` subprocess; ``kill`` and ``start`` keep the ports."""
 
     def __init__(
-        self, folder: Path, release: Path = DEMO, extra: list[str] | None = None, tls: dict[str, Path] | None = None
+        self, folder: Path, release: Path | str, extra: list[str] | None = None, tls: dict[str, Path] | None = None
     ) -> None:
-        """``tls``: ``{"cert", "key", "ca"[, "client_cert", "client_key"]}``: serve over TLS,
+        """``release``: a release folder (or a reference the server pulls, see ``extra``);
+        ``tls``: ``{"cert", "key", "ca"[, "client_cert", "client_key"]}``: serve over TLS,
         requiring client certificates signed by ``ca`` when client files are given."""
         self.folder = folder
         self.release = release
@@ -98,7 +109,7 @@ class ServerProcess:
         ]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -168,12 +179,14 @@ def _response(status: str, body: bytes, extra: str = "") -> bytes:
 
 
 class HostileServer:
-    def __init__(self, model: str = "vlad-demo-reacher", trickle_s: float = 0.008) -> None:
+    """The hostile server (see the module doc) on ``onnx_model`` (e.g. the demo's ``policy.onnx``)."""
+
+    def __init__(self, onnx_model: Path, model: str = MODEL, trickle_s: float = 0.008) -> None:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
         so.intra_op_num_threads = 1
-        self.sess = ort.InferenceSession(str(DEMO / "policy.onnx"), so, providers=["CPUExecutionProvider"])
+        self.sess = ort.InferenceSession(str(onnx_model), so, providers=["CPUExecutionProvider"])
 
         def signature(args) -> list[dict]:
             return [
