@@ -380,3 +380,52 @@ def test_the_kserve_v2_server_serves_a_release_pulled_from_the_registry(registry
         timeout=60,
     )
     assert out.returncode != 0 and "pass --keys" in out.stderr
+
+
+def test_a_pull_past_its_deadline_stops_and_the_next_one_completes(registry, pushed, tmp_path):
+    """A registry that trickles cannot hold a robot: the pull stops at its deadline with one
+    line, keeping what it got (resuming it: test_an_interrupted_pull_resumes_where_it_stopped);
+    the next pull completes."""
+    ref, _ = pushed
+    cache = tmp_path / "cache"
+    with pytest.raises(RegistryError, match="ran past its deadline.*pull again to resume") as exc:
+        pull(
+            ref,
+            tmp_path / "a",
+            keys_dir=KEYS,
+            cache=cache,
+            registry=Registry(registry.host, plain_http=True),
+            deadline_s=0,
+        )
+    assert "\n" not in str(exc.value) and not (tmp_path / "a").exists()
+    got = pull(ref, tmp_path / "a", keys_dir=KEYS, cache=cache, registry=Registry(registry.host, plain_http=True))
+    assert files_of(tmp_path / "a") == files_of(DEMO) and got.blobs_moved + got.blobs_local == got.files
+
+
+def test_two_pulls_into_one_cache_at_once_both_complete(registry, pushed, tmp_path):
+    import threading
+
+    ref, _ = pushed
+    results: dict[str, object] = {}
+
+    def one(name: str) -> None:
+        try:
+            results[name] = pull(
+                ref,
+                tmp_path / name,
+                keys_dir=KEYS,
+                cache=tmp_path / "cache",
+                registry=Registry(registry.host, plain_http=True),
+            )
+        except Exception as exc:  # reported below
+            results[name] = exc
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in ("a", "b")]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert all(not isinstance(r, Exception) for r in results.values()), results
+    assert files_of(tmp_path / "a") == files_of(tmp_path / "b") == files_of(DEMO)
+    moved = sum(r.blobs_moved for r in results.values())  # type: ignore[attr-defined]
+    assert moved == len(files_of(DEMO))  # each blob crossed the network once

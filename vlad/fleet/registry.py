@@ -39,6 +39,7 @@ take blobs from the local store: none of which the SDK's pull offers.
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import http.client
 import json
@@ -81,7 +82,8 @@ ROLE = "io.vlad.release.role"
 MAX_OCI_MANIFEST_BYTES = 4 << 20  # the distribution registry's own limit
 MAX_LAYERS = 10_000
 BLOCK = 1 << 20
-TIMEOUT_S = 60.0  # per socket operation, not per transfer
+TIMEOUT_S = 60.0  # per socket operation
+DEADLINE_S = 3600.0  # a whole pull (tens of GB over a slow link fit; a registry that trickles does not)
 _DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _REPO_RE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
 _TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -573,11 +575,13 @@ def pull(
     registry: Registry | None = None,
     progress: Progress | None = None,
     verify_files: bool = True,
+    deadline_s: float = DEADLINE_S,
 ) -> Transfer:
     """Pull the release at ``ref`` into the new folder ``dest`` (verified: signature first,
     every blob against its signed digest while it streams, the folder as a whole at the
     end). Blobs come from ``cache`` or the store at ``store_root`` when they are there; the
-    cache keeps what was downloaded. ``verify_files=False`` skips the final whole-folder
+    cache keeps what was downloaded; a download still running after ``deadline_s`` stops
+    (its part is kept: the next pull resumes it). ``verify_files=False`` skips the final whole-folder
     check (a deploy verifies the folder again anyway)."""
     target = parse_reference(ref)
     dest = Path(dest)
@@ -597,7 +601,7 @@ def pull(
     t = Transfer(reference=f"{target.host}/{target.repository}@{digest}", digest=digest, path=dest)
     t.files, t.bytes_total = len(layers), sum(size for *_, size in layers)
     try:
-        fetch = _Fetcher(reg, target, blobs, _store_blobs(store_root), t, progress)
+        fetch = _Fetcher(reg, target, blobs, _store_blobs(store_root), t, progress, t._t0 + deadline_s)
         limits = {MANIFEST_FILE: MAX_MANIFEST_BYTES, SIGNATURE_FILE: MAX_SIGNATURE_BYTES}
         for title in (MANIFEST_FILE, SIGNATURE_FILE):
             _, d, size = head[title]
@@ -651,22 +655,28 @@ class _Fetcher:
         store: Mapping[str, Path],
         t: Transfer,
         progress: Progress | None,
+        deadline: float,
     ) -> None:
         self.reg, self.target, self.blobs, self.store, self.t, self.progress = reg, target, blobs, store, t, progress
+        self.deadline = deadline  # time.monotonic(): a registry that trickles cannot hold a robot forever
 
     def into(self, digest: str, size: int, path: Path) -> None:
         hexdigest = digest.split(":", 1)[1]
         blob = self.blobs / hexdigest
-        if not (blob.is_file() and _hash_file(blob, size) == hexdigest):
-            local = self.store.get(hexdigest)
-            if local is None or not self._copy_checked(local, blob, size, hexdigest):
-                self._download(digest, size, blob)
-                self.t.blobs_moved += 1
-                _place(blob, path)
-                return
-        self.t.blobs_local += 1
-        self.t.bytes_local += size
-        _place(blob, path)
+        # One writer per blob: two pulls into one cache (two releases sharing weights) take
+        # turns on it instead of writing the same partial file.
+        with (self.blobs / f"{hexdigest}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (blob.is_file() and _hash_file(blob, size) == hexdigest):
+                local = self.store.get(hexdigest)
+                if local is None or not self._copy_checked(local, blob, size, hexdigest):
+                    self._download(digest, size, blob)
+                    self.t.blobs_moved += 1
+                    _place(blob, path)
+                    return
+            self.t.blobs_local += 1
+            self.t.bytes_local += size
+            _place(blob, path)
         self.t.tick(self.progress, "pull")
 
     def _copy_checked(self, src: Path, blob: Path, size: int, hexdigest: str) -> bool:
@@ -716,8 +726,8 @@ class _Fetcher:
             with partial.open("r+b" if have else "wb") as f:
                 f.seek(have)
                 f.truncate()
-                while have < size:
-                    chunk = resp.read(min(BLOCK, size - have))
+                while have < size and time.monotonic() <= self.deadline:
+                    chunk = resp.read1(min(BLOCK, size - have))  # one receive's worth: the deadline is seen often
                     if not chunk:
                         break
                     f.write(chunk)
@@ -728,13 +738,18 @@ class _Fetcher:
                     self.t.tick(self.progress, "pull")
                 f.flush()
                 os.fsync(f.fileno())
-            extra = resp.read(1)
+            extra = resp.read(1) if have >= size else b""
         except (OSError, http.client.HTTPException) as exc:
             raise RegistryError(
                 f"{self.target}: download of {digest} broke off ({exc}); pull again to resume"
             ) from None
         finally:
             resp.close()
+        if have < size and time.monotonic() > self.deadline:
+            raise RegistryError(
+                f"{self.target}: the pull ran past its deadline; {have} of {size} bytes of {digest} kept,"
+                " pull again to resume"
+            )
         if have < size:
             raise RegistryError(
                 f"{self.target}: blob {digest} ended after {have} of {size} bytes; pull again to resume"
