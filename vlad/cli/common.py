@@ -98,16 +98,22 @@ def request(args: argparse.Namespace, cmd: str, timeout_ms: int | None = None, *
     return control_request(zmq.Context.instance(), endpoint, cmd, timeout_ms or args.timeout_ms, curve=curve, **kw)
 
 
-def store(args: argparse.Namespace, create: bool = False) -> Any:
-    """The release store: ``--root``, else the config's ``store.root`` (one source)."""
+def keys_dir(args: argparse.Namespace) -> str:
+    """The trusted keys: ``--keys``, else ``$VLAD_KEYS_DIR``, else the config's ``release.keys_dir``."""
     import os
 
     from vlad.release.signing import DEFAULT_KEYS_DIR
+
+    cfg = load_config_or_defaults(getattr(args, "config", None))
+    return (
+        getattr(args, "keys", None) or os.environ.get("VLAD_KEYS_DIR") or cfg.release.keys_dir or str(DEFAULT_KEYS_DIR)
+    )
+
+
+def store(args: argparse.Namespace, create: bool = False) -> Any:
+    """The release store: ``--root``, else the config's ``store.root`` (one source)."""
     from vlad.release.store import ReleaseStore
 
     cfg = load_config_or_defaults(getattr(args, "config", None))
     root = getattr(args, "root", None) or cfg.store.root
-    keys = (
-        getattr(args, "keys", None) or os.environ.get("VLAD_KEYS_DIR") or cfg.release.keys_dir or str(DEFAULT_KEYS_DIR)
-    )
-    return ReleaseStore(root, keys, create=create, lock_timeout_s=cfg.store.lock_timeout_s)
+    return ReleaseStore(root, keys_dir(args), create=create, lock_timeout_s=cfg.store.lock_timeout_s)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from vlad.cli.common import load_config_or_defaults
+from vlad.cli.common import keys_dir, load_config_or_defaults
 from vlad.errors import VladError
 
 
@@ -35,12 +34,6 @@ def registry_for(args: argparse.Namespace, host: str) -> Any:
         ca_file=Path(args.ca_file) if args.ca_file else None,
         auth_file=Path(args.authfile) if args.authfile else None,
     )
-
-
-def keys_dir(args: argparse.Namespace) -> Path:
-    """--keys, else $VLAD_KEYS_DIR, else the config's release.keys_dir (as the store uses)."""
-    cfg = load_config_or_defaults(getattr(args, "config", None))
-    return Path(getattr(args, "keys", None) or os.environ.get("VLAD_KEYS_DIR") or cfg.release.keys_dir)
 
 
 def store_root(args: argparse.Namespace) -> Path:
@@ -80,7 +73,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     t = push(
         Path(args.release),
         args.ref,
-        keys_dir=keys_dir(args),
+        keys_dir=Path(keys_dir(args)),
         registry=registry_for(args, target.host),
         progress=_progress,
     )
@@ -97,7 +90,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     t = pull(
         args.ref,
         Path(args.out),
-        keys_dir=keys_dir(args),
+        keys_dir=Path(keys_dir(args)),
         cache=Path(args.cache) if args.cache else root / "blobs",
         store_root=root,
         registry=registry_for(args, target.host),
@@ -134,7 +127,7 @@ def release_folder(args: argparse.Namespace) -> Iterator[Path]:
     t = pull(
         args.release,
         incoming,
-        keys_dir=keys_dir(args),
+        keys_dir=Path(keys_dir(args)),
         cache=root / "blobs",
         store_root=root,
         registry=registry_for(args, target.host),

@@ -56,6 +56,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 from vlad.errors import VladError
+from vlad.files import hash_file
 from vlad.release.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, SIGNATURE_FILE, Manifest
 from vlad.release.signing import DEFAULT_KEYS_DIR, MAX_SIGNATURE_BYTES, verify_release
 
@@ -377,14 +378,6 @@ def _descriptor(media_type: str, digest: str, size: int, **annotations: str) -> 
     return d
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(BLOCK):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
-
-
 def push(
     release: Path,
     ref: str,
@@ -405,8 +398,8 @@ def push(
     scope = f"repository:{name}:pull,push"
     files: list[tuple[str, str, str, int, dict[str, str]]] = []  # path, media type, digest, size, annotations
     for special, media in ((MANIFEST_FILE, MANIFEST_TYPE), (SIGNATURE_FILE, SIGNATURE_TYPE)):
-        p = folder / special
-        files.append((special, media, _sha256_file(p), p.stat().st_size, {TITLE: special}))
+        size, hexdigest = hash_file(folder / special)
+        files.append((special, media, f"sha256:{hexdigest}", size, {TITLE: special}))
     for a in manifest.artifacts:  # hashes just verified against the signed manifest
         files.append((a.path, FILE_TYPE, f"sha256:{a.sha256}", a.size, {TITLE: a.path, ROLE: a.role}))
     config = json.dumps(
@@ -667,7 +660,7 @@ class _Fetcher:
         # turns on it instead of writing the same partial file.
         with (self.blobs / f"{hexdigest}.lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (blob.is_file() and _hash_file(blob, size) == hexdigest):
+            if not _holds(blob, size, hexdigest):
                 local = self.store.get(hexdigest)
                 if local is None or not self._copy_checked(local, blob, size, hexdigest):
                     self._download(digest, size, blob)
@@ -760,17 +753,13 @@ class _Fetcher:
         os.replace(partial, blob)
 
 
-def _hash_file(path: Path, size: int) -> str | None:
+def _holds(path: Path, size: int, hexdigest: str) -> bool:
+    """``path`` is a regular file of ``size`` bytes with that sha256 (a cached blob is
+    hashed again each time it is used: the cache is not trusted)."""
     try:
-        if path.stat().st_size != size:
-            return None
-        h = hashlib.sha256()
-        with path.open("rb") as f:
-            while chunk := f.read(BLOCK):
-                h.update(chunk)
-    except OSError:
-        return None
-    return h.hexdigest()
+        return path.stat().st_size == size and hash_file(path) == (size, hexdigest)
+    except (OSError, VladError):
+        return False
 
 
 def _place(blob: Path, path: Path) -> None:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import zmq
@@ -78,7 +78,6 @@ class Publisher:
         # Hot-swap timing: decision -> first command from the new policy, in ms (last 20).
         self.swap_ms: deque[Swap] = deque(maxlen=20)
         self._swap_pending: tuple[str, int] | None = None
-        self._header: dict[str, Any] = {}
         self._timings: dict[str, float] = {}
         spec = contract.action
         self._layout = protocol.Layout([("actions", "float32", (spec.chunk_length, spec.dim))])
