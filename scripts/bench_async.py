@@ -3,10 +3,10 @@
 plain asynchronous execution and the waiting rule, through the daemon at injected inference
 latencies, against the policy in process.
 
-The MuJoCo Reacher arm (``vlad.demo.sim``) runs in real time at the contract's control
+The MuJoCo Reacher arm (``vlad_tools.demo.sim``) runs in real time at the contract's control
 period and talks to a real ``vlad serve`` subprocess over its real ZeroMQ sockets, every
-episode on the one episode runner (:func:`vlad.episodes.run_episode`). The daemon serves the
-demo release on the ``wrapped`` backend (:mod:`vlad.gates.wrapped`) around a real engine:
+episode on the one episode runner (:func:`vlad_tools.episodes.run_episode`). The daemon serves the
+demo release on the ``wrapped`` backend (:mod:`vlad_tools.gates.wrapped`) around a real engine:
 every inference takes at least the injected latency, drawn within ±``--jitter`` of it
 (0 ms: the engine's own time). Rules, per latency:
 
@@ -54,13 +54,13 @@ import numpy as np
 
 from vlad.config import Config, ReleaseConfig, ServeConfig
 from vlad.contract import Contract, load_contract
-from vlad.demo import sim
-from vlad.episodes import DaemonLink, EpisodeLog, InProcessLink, contract_infer, run_episode
-from vlad.gates.conditions import cpu_hog
 from vlad.plugins import get_backend
 from vlad.processing import Tokenizer
-from vlad.testing import DEMO, PLUGIN_ENV, launch, unsigned_copy
-from vlad.testing.conditions import conditions as shared_conditions
+from vlad_tools.demo import sim
+from vlad_tools.episodes import DaemonLink, EpisodeLog, InProcessLink, contract_infer, run_episode
+from vlad_tools.gates.conditions import cpu_hog
+from vlad_tools.testing import DEMO, PLUGIN_ENV, launch, unsigned_copy
+from vlad_tools.testing.conditions import conditions as shared_conditions
 
 WAIT_FRACTION = 0.8
 RULES = ("rtc", "guided", "async", "wait")

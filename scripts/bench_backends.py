@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from vlad.files import sha256_file
-from vlad.gates.conditions import capture, version
+from vlad_tools.gates.conditions import capture, version
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "manifests" / "demo"
@@ -47,7 +47,7 @@ ARTIFACTS = {"torch": "policy.pt2", "onnxruntime": "policy.onnx"}
 
 def conditions(threads: int) -> dict:
     """What the figures depend on: hardware, clocks, heat, other load, software versions (the
-    gates' record, :func:`vlad.gates.conditions.capture`), and the session threads."""
+    gates' record, :func:`vlad_tools.gates.conditions.capture`), and the session threads."""
     return {**capture(), "threads": threads}
 
 

@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT))
 from vlad.config import Config, ReleaseConfig, ServeConfig, StoreConfig  # noqa: E402
 from vlad.daemon.child import launch  # noqa: E402
 from vlad.release.store import ReleaseStore  # noqa: E402
-from vlad.testing import DEMO, PLUGIN_ENV, ControllerSim, load_golden  # noqa: E402
-from vlad.testing.conditions import conditions  # noqa: E402
-from vlad.testing.registry import RegistryProcess, registry_unavailable  # noqa: E402
-from vlad.testing.releases import DEMO_KEYS, signed_demo_copy  # noqa: E402
+from vlad_tools.testing import DEMO, PLUGIN_ENV, ControllerSim, load_golden  # noqa: E402
+from vlad_tools.testing.conditions import conditions  # noqa: E402
+from vlad_tools.testing.registry import RegistryProcess, registry_unavailable  # noqa: E402
+from vlad_tools.testing.releases import DEMO_KEYS, signed_demo_copy  # noqa: E402
 
 VLADCTL = str(Path(sys.executable).parent / "vladctl")
 SUMMARY = re.compile(r"([\d.]+) MB: ([\d.]+) MB moved, ([\d.]+) MB already there .*, ([\d.]+) s, (\d+) requests")

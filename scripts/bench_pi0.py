@@ -38,10 +38,10 @@ import numpy as np
 from vlad.client import ChunkExecutor
 from vlad.config import Config, MemoryConfig, MonitorsConfig, ReleaseConfig, ServeConfig, StoreConfig
 from vlad.contract import load_contract
-from vlad.pi0.release import INSTRUCTIONS
-from vlad.planner.execution import async_threshold, chunk_rate
-from vlad.testing import REPO, start_daemon
-from vlad.testing.conditions import conditions as shared_conditions
+from vlad_tools.pi0.release import INSTRUCTIONS
+from vlad_tools.planner.execution import async_threshold, chunk_rate
+from vlad_tools.testing import REPO, start_daemon
+from vlad_tools.testing.conditions import conditions as shared_conditions
 
 ROOT = REPO
 KEYS = ROOT / "etc" / "vlad" / "keys.d"

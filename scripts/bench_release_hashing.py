@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vlad.testing.conditions import conditions as shared_conditions
+from vlad_tools.testing.conditions import conditions as shared_conditions
 
 ROOT = Path(__file__).resolve().parent.parent
 

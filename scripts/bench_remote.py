@@ -13,7 +13,7 @@ What it runs (all on 127.0.0.1, nothing leaves the machine):
    chunk for the link's one-way latency plus its serialisation time at the link's rate,
    per direction (``tc netem`` is the better tool, but this kernel has no ``sch_netem``:
    the script says so when it finds it missing);
-4. the planner: ``vlad.planner.network_times`` for the same link and the bytes actually
+4. the planner: ``vlad_tools.planner.network_times`` for the same link and the bytes actually
    seen by the proxy per request, plus the loopback round trip (the stacks and the
    server), against the measured round trip.
 
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vlad.testing import DEMO, load_golden
-from vlad.testing.conditions import conditions as shared_conditions
+from vlad_tools.testing import DEMO, load_golden
+from vlad_tools.testing.conditions import conditions as shared_conditions
 
 # ---------------------------------------------------------------------------------------
 # A link emulator: one-way latency + serialisation at a rate, per direction
@@ -201,7 +201,7 @@ def measure(session, feeds, calls: int, warmup: int) -> dict[str, float]:
 
 
 def conditions() -> list[str]:
-    """The shared conditions (:func:`vlad.testing.conditions.conditions`), as report lines."""
+    """The shared conditions (:func:`vlad_tools.testing.conditions.conditions`), as report lines."""
     c = shared_conditions("onnxruntime", "kserve", "tritonclient", "grpcio", "numpy")
     versions = ", ".join(f"{k} {v}" for k, v in c["packages"].items())
     return [
@@ -222,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         args.calls, args.warmup = 30, 5
 
     from vlad.contract import load_contract
-    from vlad.planner import load_network
-    from vlad.planner.network import Payload, network_times
     from vlad.plugins import get_backend
+    from vlad_tools.planner import load_network
+    from vlad_tools.planner.network import Payload, network_times
 
     contract = load_contract(DEMO / "contract.toml")
     feeds = golden_inputs(contract)

@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 
-from vlad.testing import DEMO
-from vlad.testing.conditions import conditions
+from vlad_tools.testing import DEMO
+from vlad_tools.testing.conditions import conditions
 
 
 def session(endpoint: str, probe_ms: float, recover_after: int):

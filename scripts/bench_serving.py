@@ -62,10 +62,10 @@ from pathlib import Path
 import numpy as np
 
 from vlad.config import Config, LoggingConfig, RealtimeConfig, ReleaseConfig, ServeConfig
-from vlad.gates.conditions import busy_processes, cpu_hog
-from vlad.testing import DaemonFailed, Ticker, free_port, launch
-from vlad.testing.conditions import conditions as shared_conditions
-from vlad.testing.releases import Payload, demo_payload, synthetic_payload
+from vlad_tools.gates.conditions import busy_processes, cpu_hog
+from vlad_tools.testing import DaemonFailed, Ticker, free_port, launch
+from vlad_tools.testing.conditions import conditions as shared_conditions
+from vlad_tools.testing.releases import Payload, demo_payload, synthetic_payload
 
 SERVERS = ("floor", "openpi-style", "vlad", "vlad+rt", "vlad+rt+spin")
 LOADS = ("quiet", "hog+debug")
@@ -81,7 +81,7 @@ REPLY_HEADER = 320  # bytes standing in for vlad's action header in the floor's 
 
 
 def conditions() -> dict:
-    """The shared conditions (:func:`vlad.testing.conditions.conditions`) and this benchmark's own."""
+    """The shared conditions (:func:`vlad_tools.testing.conditions.conditions`) and this benchmark's own."""
     import zmq
 
     gov = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")

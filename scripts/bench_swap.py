@@ -2,7 +2,7 @@
 """Hot-swap time: how fast vlad moves from a faulting policy to its fallback.
 
 Runs the daemon with the release on the fault-injecting wrapper backend
-(:func:`vlad.testing.write_fault_rig`) and a previous release (real ONNX Runtime) as
+(:func:`vlad_tools.testing.write_fault_rig`) and a previous release (real ONNX Runtime) as
 fallback, a controller at 50 Hz, and for each fault kind repeats: inject -> wait for the
 swap -> fix -> ``resume`` -> wait for ACTIVE. Prints:
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlad.testing import ControllerSim, launch, load_golden, max_gap, write_fault_rig
+from vlad_tools.testing import ControllerSim, launch, load_golden, max_gap, write_fault_rig
 
 
 def wait(client, pred, timeout=10.0):

@@ -34,8 +34,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from vlad.testing import ControllerSim, load_golden, start_daemon
-from vlad.testing.conditions import conditions
+from vlad_tools.testing import ControllerSim, load_golden, start_daemon
+from vlad_tools.testing.conditions import conditions
 
 
 class Recorder:

@@ -5,7 +5,7 @@
     .venv/bin/python scripts/fuzz.py --seconds 300 intake  # one target, 5 minutes
     .venv/bin/python scripts/fuzz.py --list
 
-Targets and invariants: vlad/testing/fuzz.py (protocol, estop, intake, control,
+Targets and invariants: tools/vlad_tools/testing/fuzz.py (protocol, estop, intake, control,
 manifest). Inputs come from seeded mutational generators (random bytes, random msgpack
 structures, mostly-right headers, mutations of valid messages / manifests). For each
 target it prints the inputs fuzzed, crashes (an exception other than the documented
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from vlad.testing.fuzz import TARGETS, FuzzFailure, shared_intake
+from vlad_tools.testing.fuzz import TARGETS, FuzzFailure, shared_intake
 
 
 class Hang(Exception):

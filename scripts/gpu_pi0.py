@@ -2,7 +2,7 @@
 """π0 on an NVIDIA GPU: measured vs the planner's prediction, per component, in bf16.
 
 Run from a checkout on the GPU machine; it needs only PyTorch with CUDA there (the model
-is built from the planner's description, vlad/planner/data/models/pi0.toml, with the
+is built from the planner's description, tools/vlad_tools/planner/data/models/pi0.toml, with the
 release's random weights from the seed: nothing to copy):
 
     python scripts/gpu_pi0.py                      # full size, bf16, cuda:0
@@ -11,7 +11,7 @@ release's random weights from the seed: nothing to copy):
 
 What it does, each step timed with CUDA events after warm-up (p50 and p95 of ``--calls``):
 
-1. builds the model (``vlad.pi0.model``) in bf16 on the GPU;
+1. builds the model (``vlad_tools.pi0.model``) in bf16 on the GPU;
 2. eager: vision, backbone prefill (KV cache), action expert (10 steps) and end to end;
 3. CUDA graphs: each component and the whole forward captured once and replayed (the
    expert launches thousands of small kernels; a graph launches them as one);
@@ -21,7 +21,7 @@ What it does, each step timed with CUDA events after warm-up (p50 and p95 of ``-
    . plugins/vlad_torch``): the model exported with ``torch.export`` (streamed, as the
    release is) and loaded by ``vlad_torch`` with ``device = "cuda"``, ``precision =
    "bf16"``; timed through ``Session.infer`` (host copies included);
-6. prints measured vs predicted (``vlad.planner.predict`` on the matching hardware entry:
+6. prints measured vs predicted (``vlad_tools.planner.predict`` on the matching hardware entry:
    H200, H100, A100, RTX 4090, B100, Jetson; ``--hardware`` to choose) for the built
    model's description and for pi0.toml as published (source A counts a second Q/K/V
    projection and no embedding table), and peak GPU memory vs the planner's memory fit.
@@ -46,20 +46,20 @@ from typing import Any
 import torch
 
 # The GPU machine has a checkout and PyTorch, not vlad installed: the checkout's vlad is
-# imported from here (vlad.pi0.model and vlad.planner import nothing but torch and stdlib).
+# imported from here (vlad_tools.pi0.model and vlad_tools.planner import nothing but torch and stdlib).
 ROOT = Path(__file__).resolve().parent.parent
 if not any(Path(p).resolve() == ROOT for p in sys.path if p):
     sys.path.insert(0, str(ROOT))
 
-from vlad.pi0.model import Pi0, Pi0Shape, build, parameter_count, scaled  # noqa: E402
-from vlad.planner.predict import predict  # noqa: E402
-from vlad.planner.roofline import memory_footprint  # noqa: E402
-from vlad.planner.spec import VLAModel, load_model  # noqa: E402
+from vlad_tools.pi0.model import Pi0, Pi0Shape, build, parameter_count, scaled  # noqa: E402
+from vlad_tools.planner.predict import predict  # noqa: E402
+from vlad_tools.planner.roofline import memory_footprint  # noqa: E402
+from vlad_tools.planner.spec import VLAModel, load_model  # noqa: E402
 
 COMPONENTS = ("vision", "backbone", "action")
-PI0_VOCAB = 257_152  # as vlad.pi0.release builds it (importing that needs numpy)
+PI0_VOCAB = 257_152  # as vlad_tools.pi0.release builds it (importing that needs numpy)
 STATE_DIM = 14
-# GPU name fragments -> planner hardware keys (vlad/planner/data/hardware.toml)
+# GPU name fragments -> planner hardware keys (tools/vlad_tools/planner/data/hardware.toml)
 HARDWARE = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("4090", "rtx-4090"), ("B100", "b100"),
             ("Thor", "jetson-thor"), ("Orin", "jetson-agx-orin-64gb"))  # fmt: skip
 
@@ -73,7 +73,7 @@ def hardware_key(device_name: str) -> str | None:
 
 
 def description(scale: float, layers: int | None, vocab: int | None) -> VLAModel:
-    """The built model's planner description (as vlad.pi0.release writes it)."""
+    """The built model's planner description (as vlad_tools.pi0.release writes it)."""
     spec = scaled(load_model("pi0"), scale, vision_layers=layers, backbone_layers=layers, action_layers=layers)
     small = scale != 1.0 or layers is not None
     return dataclasses.replace(
@@ -157,8 +157,8 @@ def through_backend(args: argparse.Namespace, spec: VLAModel, x: tuple[torch.Ten
     try:
         import numpy as np
 
-        from vlad.pi0.release import Pi0Options, build_release
         from vlad.plugins import get_backend
+        from vlad_tools.pi0.release import Pi0Options, build_release
     except ImportError as exc:
         log(f"torch backend: skipped ({exc.name} is not installed; pip install -e . plugins/vlad_torch)")
         return None

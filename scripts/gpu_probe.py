@@ -5,7 +5,7 @@ Run inside gpu-check's venv (it needs the GPU stack); writes one JSON with table
 figures, speed-ups and conditions:
 
 - **precision**: max |error| of the demo's actions against the fp32 reference (golden
-  fixtures) per backend and precision label, judged by vlad.testing.golden.MAX_ABS; a label
+  fixtures) per backend and precision label, judged by vlad_tools.testing.golden.MAX_ABS; a label
   a backend cannot honour here is N/A with the reason;
 - **tf32**: fp32 within the fp32 budget with TF32 off, TF32 as its own label; plus a
   4096x4096 matmul with TF32 off and on against float64, which shows the switch works;
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from vlad.testing.golden import MAX_ABS, load_golden
+from vlad_tools.testing.golden import MAX_ABS, load_golden
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "manifests" / "demo"
@@ -511,10 +511,10 @@ def check_cold(targets: list[Target]) -> tuple[list[Row], dict[str, dict]]:
 
 
 def conditions() -> dict:
-    """The gates' record of the conditions (:func:`vlad.gates.conditions.capture`: CPU, GPU
+    """The gates' record of the conditions (:func:`vlad_tools.gates.conditions.capture`: CPU, GPU
     clocks, temperature, power and memory, load, versions of the GPU stack), the other
     processes on the GPU, and how the figures were measured."""
-    from vlad.gates.conditions import capture
+    from vlad_tools.gates.conditions import capture
 
     cond: dict[str, Any] = capture()
     smi = shutil.which("nvidia-smi")

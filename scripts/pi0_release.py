@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from vlad.errors import VladError
-from vlad.pi0.release import FORMATS, Pi0Options, build_release
-from vlad.testing import REPO as ROOT
+from vlad_tools.pi0.release import FORMATS, Pi0Options, build_release
+from vlad_tools.testing import REPO as ROOT
 
 
 def main(argv: list[str] | None = None) -> int:

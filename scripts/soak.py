@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from vlad.config import Config, LoggingConfig, ReleaseConfig, ServeConfig
-from vlad.testing import PERIOD_S, DaemonProcess, Ticker, launch
-from vlad.testing.releases import Payload, demo_payload, synthetic_payload
+from vlad_tools.testing import PERIOD_S, DaemonProcess, Ticker, launch
+from vlad_tools.testing.releases import Payload, demo_payload, synthetic_payload
 
 
 def start(payload: Payload, folder: Path, env: dict | None = None) -> DaemonProcess:

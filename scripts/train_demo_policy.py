@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 from vlad.contract import load_contract
-from vlad.demo import sim
-from vlad.demo.model import ModelConfig, TinyPi0
-from vlad.demo.release import build_tokenizer, evaluate_release, export_release, write_contract
 from vlad.processing import Tokenizer, normalize_actions, preprocess_image, preprocess_proprio
+from vlad_tools.demo import sim
+from vlad_tools.demo.model import ModelConfig, TinyPi0
+from vlad_tools.demo.release import build_tokenizer, evaluate_release, export_release, write_contract
 
 ROOT = Path(__file__).resolve().parent.parent
 

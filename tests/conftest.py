@@ -1,4 +1,4 @@
-"""Shared fixtures: the demo release and its golden fixtures (:mod:`vlad.testing`)."""
+"""Shared fixtures: the demo release and its golden fixtures (:mod:`vlad_tools.testing`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import pytest
 
-from vlad.testing.golden import GOLDEN, GoldenCase, load_golden
-from vlad.testing.releases import DEMO, REPO
+from vlad_tools.testing.golden import GOLDEN, GoldenCase, load_golden
+from vlad_tools.testing.releases import DEMO, REPO
 
 # A background job of a non-interactive shell (`./.ci/run &`) starts with SIGINT ignored, and
 # every process the tests start would inherit that: the Ctrl-C tests (demo, watch) need it

@@ -1,4 +1,4 @@
-"""Helpers the test modules share (beyond :mod:`vlad.testing`, which the package ships):
+"""Helpers the test modules share (beyond :mod:`vlad_tools.testing`, which the package ships):
 small signed releases, the demo release re-signed under another version, and waits on a
 live daemon's state and a simulated controller's chunks.
 
@@ -19,9 +19,9 @@ from vlad.config import Config, ReleaseConfig, ServeConfig, StoreConfig
 from vlad.protocol import ActionChunk
 from vlad.release.authoring import new_manifest_data, write_manifest
 from vlad.release.signing import generate_keypair, sign_release
-from vlad.testing import PERIOD_S, ControllerSim, wait_until
-from vlad.testing.releases import REPO as ROOT
-from vlad.testing.releases import signed_demo_copy  # noqa: F401 (the tests' name for it)
+from vlad_tools.testing import PERIOD_S, ControllerSim, wait_until
+from vlad_tools.testing.releases import REPO as ROOT
+from vlad_tools.testing.releases import signed_demo_copy  # noqa: F401 (the tests' name for it)
 
 KEYS = ROOT / "etc" / "vlad" / "keys.d"  # the demo signing key's public half
 DEMO_CONTRACT = ROOT / "manifests" / "demo" / "contract.toml"

@@ -9,7 +9,7 @@ import zmq
 
 from vlad import protocol
 from vlad.client import Client
-from vlad.testing import wait_until
+from vlad_tools.testing import wait_until
 
 
 def _chunk(seq: int) -> list[bytes]:

@@ -11,10 +11,10 @@ import os
 import numpy as np
 import pytest
 
-from vlad.demo import sim
-from vlad.episodes import DaemonLink, InProcessLink, compare, contract_infer, run_episode, seq_base
 from vlad.plugins import get_backend
-from vlad.testing import start_daemon
+from vlad_tools.demo import sim
+from vlad_tools.episodes import DaemonLink, InProcessLink, compare, contract_infer, run_episode, seq_base
+from vlad_tools.testing import start_daemon
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 PERIOD = 20_000_000

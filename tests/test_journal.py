@@ -11,7 +11,7 @@ field names journald accepts. Two ways in, one parser:
   through libsystemd exactly as on a robot (skipped where user namespaces are off);
 * ``VLAD_JOURNAL_SOCKET``: vlad's own sender of the same protocol (:mod:`vlad.logs`).
 
-The daemon runs the fault rig (vlad.testing.write_fault_rig): it starts, serves, its release
+The daemon runs the fault rig (vlad_tools.testing.write_fault_rig): it starts, serves, its release
 turns out non-finite (quarantine, swap, FALLBACK), and it stops. The filters asserted are
 the ``journalctl`` lines docs/operations.md gives technicians.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from vlad.testing import ControllerSim, load_golden, start_daemon, wait_until, write_fault_rig
+from vlad_tools.testing import ControllerSim, load_golden, start_daemon, wait_until, write_fault_rig
 
 pytest.importorskip("systemd.journal", reason="systemd-python is not installed (scripts/bootstrap builds it)")
 

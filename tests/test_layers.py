@@ -1,15 +1,16 @@
-"""The architecture as a test: imports inside ``vlad`` only go down through the layers, and
-no code path can unpickle or run code shipped with a model.
+"""The architecture as a test: the robot runtime (``vlad``) never reaches the workstation
+tools (``vlad_tools``), imports inside either only go down through the layers, and no code
+path can unpickle or run code shipped with a model.
 
-Every module under ``vlad/`` is parsed with :mod:`ast` (nothing is imported), and every
-``import`` counts: top level, inside functions (lazy imports) and under ``TYPE_CHECKING``.
-An import of a higher layer fails unless it is in :data:`ALLOWED_UPWARD`, with its reason.
-Imports within one layer are allowed (e.g. ``health`` reads ``serving``'s typed counters,
-``daemon`` checks ``gates`` evidence), but never in a cycle between modules at import time.
+Every module under ``vlad/`` and ``tools/vlad_tools/`` is parsed with :mod:`ast` (nothing is
+imported), and every ``import`` counts: top level, inside functions (lazy imports) and under
+``TYPE_CHECKING``. An import of a higher layer fails unless it is in :data:`ALLOWED_UPWARD`,
+with its reason. Imports within one layer are allowed (e.g. ``health`` reads ``serving``'s
+typed counters), but never in a cycle between modules at import time.
 
-``vlad.testing`` is the top layer, above the CLI and the demo: the product (``vlad`` outside
-it, the plugins, the plugin example) never imports it, not even by a module name in a string
-(``importlib.import_module``, ``__import__``, a plugin module list).
+The tools sit above the whole runtime, and the product (``vlad``, the plugins, the plugin
+example) names them nowhere, not even by a module name in a string. ``vlad_tools.testing``
+(the test harness) is the top layer: nothing but tests and scripts imports it.
 """
 
 from __future__ import annotations
@@ -20,43 +21,45 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"vlad": ROOT / "vlad", "vlad_tools": ROOT / "tools" / "vlad_tools"}
 
 # Lowest first. A module belongs to the layer of its longest matching prefix. Where a
 # package straddles layers the modules are named one by one (the demo: its simulated
 # robot and model are what the gates drive; its release builder and its runner sit on top).
 LAYERS: list[tuple[str, ...]] = [
+    # -- the robot runtime: the `vlad` distribution --
     ("vlad", "vlad.errors"),  # the package root holds only __version__
     ("vlad.files", "vlad.schema", "vlad.logs", "vlad.tomlwrite", "vlad.threads"),
     ("vlad.config", "vlad.contract"),
     ("vlad.processing", "vlad.backend", "vlad.protocol", "vlad.hookspecs", "vlad.plugins"),
-    (
-        "vlad.serving",
-        "vlad.health",
-        "vlad.client",
-        "vlad.snapshot",
-        "vlad.episodes",
-        "vlad.demo.sim",
-        "vlad.demo.model",
-        "vlad.demo.evaluate",
-        # a built-in plugin (vlad.plugins.DEFAULT_PLUGINS): the demo's tasks for the gates
-        "vlad.demo.tasks",
-    ),
+    ("vlad.serving", "vlad.health", "vlad.client", "vlad.snapshot"),
     ("vlad.release",),
-    # The planner reads signed manifests (planner.measure -> release), so it sits above
-    # release with the other tools that consume releases, not beside serving.
     # daemon.child: the daemon as a child process (the gates and the demo run it so).
     # compat: the endpoint processes the daemon starts (vlad.daemon.endpoints reads their spec type).
-    # importers: tools that write releases (export, authoring, signing) from other frameworks.
     # fleet.registry: releases to and from OCI registries (verified with release.signing).
-    ("vlad.daemon", "vlad.gates", "vlad.planner", "vlad.compat", "vlad.importers", "vlad.fleet"),
-    # vlad.pi0 builds a release from the planner's description with the demo's builders.
+    ("vlad.daemon", "vlad.compat", "vlad.fleet"),
     # fleet.mender: the Mender update module drives the daemon as vladctl does.
-    ("vlad.cli", "vlad.demo", "vlad.pi0", "vlad.fleet.mender"),
-    # The test harness, on top of everything: nothing in the product imports it
+    ("vlad.cli", "vlad.fleet.mender"),
+    # -- the workstation: the `vlad-tools` distribution (tools/) --
+    # The episode runner and the demo's simulated robot, model and tasks: what the gates drive.
+    (
+        "vlad_tools",
+        "vlad_tools.episodes",
+        "vlad_tools.demo.sim",
+        "vlad_tools.demo.model",
+        "vlad_tools.demo.evaluate",
+        "vlad_tools.demo.tasks",
+    ),
+    # The planner reads signed manifests; importers write releases from other frameworks.
+    ("vlad_tools.gates", "vlad_tools.planner", "vlad_tools.importers"),
+    # vlad_tools.pi0 builds a release from the planner's description with the demo's builders.
+    ("vlad_tools.cli", "vlad_tools.demo", "vlad_tools.pi0"),
+    # The test harness, on top of everything: nothing but tests and scripts import it
     # (test_the_product_never_imports_the_test_harness).
-    ("vlad.testing",),
+    ("vlad_tools.testing",),
 ]
-HARNESS = "vlad.testing"
+TOOLS = "vlad_tools"
+HARNESS = "vlad_tools.testing"
 
 # (importer, imported) -> why an upward import is acceptable. Keep this short.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {
@@ -64,19 +67,25 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     # TYPE_CHECKING): at run time hookspecs imports nothing from vlad, so a plugin that
     # imports hookspecs does not pull in the health package.
     ("vlad.hookspecs", "vlad.health.base"): "TYPE_CHECKING only: vlad_monitors/vlad_sensors return types",
-    ("vlad.hookspecs", "vlad.episodes"): "TYPE_CHECKING only: the vlad_sim_tasks return type",
+    # The one place the runtime names the tools: the hook a tools-side plugin implements.
+    ("vlad.hookspecs", "vlad_tools.episodes"): "TYPE_CHECKING only: the vlad_sim_tasks return type",
 }
 
 
-def scan(root: Path) -> dict[str, Path]:
-    """Module name -> file, for every module of the ``vlad`` package under ``root``."""
+def scan(packages: dict[str, Path]) -> dict[str, Path]:
+    """Module name -> file, for every module of the packages (name -> folder)."""
     out = {}
-    for path in sorted((root / "vlad").rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
+    for name, folder in packages.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = [name, *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
     return out
+
+
+def ours(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in PACKAGES)
 
 
 def imports(modules: dict[str, Path], module: str, top_level_only: bool = False) -> set[str]:
@@ -97,7 +106,7 @@ def imports(modules: dict[str, Path], module: str, top_level_only: bool = False)
                 base = ".".join(pkg + ([node.module] if node.module else []))
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         for name in names:
-            if name == "vlad" or name.startswith("vlad."):
+            if ours(name):
                 while name not in modules and "." in name:
                     name = name.rsplit(".", 1)[0]
                 if name != module:
@@ -151,7 +160,7 @@ def import_cycle(modules: dict[str, Path]) -> list[str] | None:
     return None
 
 
-MODULES = scan(ROOT)
+MODULES = scan(PACKAGES)
 
 
 def test_every_module_has_a_layer():
@@ -179,10 +188,12 @@ def test_no_import_cycles_at_import_time():
 
 # Loops that only lazy imports close (a module's entry point reaching a sibling that imports
 # it): harmless at run time, but each one is named here with its reason, so no new one creeps in
-# (vlad.testing.releases <-> vlad.testing.golden was one: the payload now reads the golden
+# (vlad_tools.testing.releases <-> vlad_tools.testing.golden was one: the payload now reads the golden
 # fixtures through the gate's reader).
 LAZY_LOOPS: dict[frozenset[str], str] = {
-    frozenset({"vlad.demo.sim", "vlad.demo.evaluate"}): "python -m vlad.demo.sim evaluates the expert",
+    frozenset(
+        {"vlad_tools.demo.sim", "vlad_tools.demo.evaluate"}
+    ): "python -m vlad_tools.demo.sim evaluates the expert",
     frozenset({"vlad.cli.daemon", "vlad.cli.watch"}): "status --watch reuses the status command's summaries",
 }
 
@@ -288,21 +299,21 @@ def test_built_in_plugins_use_only_the_plugin_facing_layers():
         assert not too_high, f"built-in plugin {module}: {', '.join(too_high)} above the plugin-facing layers"
 
 
-PRODUCT_SOURCES = sorted(
-    p
-    for d in ("vlad", "plugins", "docs/examples")
-    for p in (ROOT / d).rglob("*.py")
-    if not p.relative_to(ROOT).as_posix().startswith("vlad/testing/")
+# The robot's product: the runtime, its backend plugins, the plugin example.
+PRODUCT_SOURCES = sorted(p for d in ("vlad", "plugins", "docs/examples") for p in (ROOT / d).rglob("*.py"))
+# Everything that ships, tools included, but the harness itself.
+SHIPPED_SOURCES = PRODUCT_SOURCES + sorted(
+    p for p in (ROOT / "tools" / "vlad_tools").rglob("*.py") if "testing" not in p.relative_to(ROOT / "tools").parts
 )
 
 
-def harness_uses(text: str) -> list[str]:
-    """Where ``text`` reaches ``vlad.testing``, as "line: what": an import at any level, or a
-    string naming one of its modules (``importlib.import_module("vlad.testing.x")``,
-    ``__import__``, ``VLAD_PLUGIN_MODULES="a,vlad.testing.plugin"``, ``"vlad.testing.x:attr"``)."""
+def package_uses(text: str, package: str) -> list[str]:
+    """Where ``text`` reaches ``package``, as "line: what": an import at any level, or a
+    string naming one of its modules (``importlib.import_module("vlad_tools.testing.x")``,
+    ``__import__``, ``VLAD_PLUGIN_MODULES="a,vlad_tools.testing.plugin"``, ``"vlad_tools.testing.x:attr"``)."""
 
-    def harness(name: str) -> bool:
-        return name == HARNESS or name.startswith(HARNESS + ".")
+    def named(name: str) -> bool:
+        return name == package or name.startswith(package + ".")
 
     out = []
     for node in ast.walk(ast.parse(text)):
@@ -312,20 +323,43 @@ def harness_uses(text: str) -> list[str]:
             names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             names = [part.strip().split(":")[0] for part in node.value.split(",")]
-            if any(harness(n) for n in names):
+            if any(named(n) for n in names):
                 out.append(f"{node.lineno}: names {node.value!r}")
             continue
         else:
             continue
-        if any(harness(n) for n in names):
-            out.append(f"{node.lineno}: imports {HARNESS}")
+        if any(named(n) for n in names):
+            out.append(f"{node.lineno}: imports {package}")
     return out
 
 
+def harness_uses(text: str) -> list[str]:
+    return package_uses(text, HARNESS)
+
+
+# (file, what) -> why the product names the tools there. Keep this short.
+PRODUCT_NAMES_TOOLS: dict[tuple[str, str], str] = {
+    ("vlad/hookspecs.py", "imports vlad_tools"): "TYPE_CHECKING only: the vlad_sim_tasks hook's return type",
+}
+
+
 @pytest.mark.parametrize("path", PRODUCT_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_robot_runtime_never_reaches_the_tools(path):
+    """What a robot installs (``vlad``, the plugins) works without ``vlad-tools``: it never
+    imports it nor names one of its modules for a later import."""
+    rel = str(path.relative_to(ROOT))
+    found = [
+        f
+        for f in package_uses(path.read_text(encoding="utf-8"), TOOLS)
+        if (rel, f.split(": ", 1)[1]) not in PRODUCT_NAMES_TOOLS
+    ]
+    assert not found, f"{rel}: " + "; ".join(found)
+
+
+@pytest.mark.parametrize("path", SHIPPED_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_product_never_imports_the_test_harness(path):
-    """``vlad.testing`` is for tests and benchmarks: what the product needs of it (the
-    daemon as a child process, the gates' latency wrapper) lives in the product."""
+    """``vlad_tools.testing`` is for tests and benchmarks: what the product or the tools need
+    of it (the daemon as a child process, the gates' latency wrapper) lives with them."""
     found = harness_uses(path.read_text(encoding="utf-8"))
     assert not found, f"{path.relative_to(ROOT)}: " + "; ".join(found)
 
@@ -333,13 +367,13 @@ def test_the_product_never_imports_the_test_harness(path):
 @pytest.mark.parametrize(
     "text",
     [
-        "from vlad.testing import launch\n",
-        "import vlad.testing.daemon\n",
-        "from vlad import testing\n",
-        "def f():\n    from vlad.testing.plugin import PLUGIN_ENV\n",
-        "import importlib\nm = importlib.import_module('vlad.testing.kserve')\n",
-        "m = __import__('vlad.testing')\n",
-        "ENV = {'VLAD_PLUGIN_MODULES': 'vlad.gates.wrapped, vlad.testing.plugin'}\n",
+        "from vlad_tools.testing import launch\n",
+        "import vlad_tools.testing.daemon\n",
+        "from vlad_tools import testing\n",
+        "def f():\n    from vlad_tools.testing.plugin import PLUGIN_ENV\n",
+        "import importlib\nm = importlib.import_module('vlad_tools.testing.kserve')\n",
+        "m = __import__('vlad_tools.testing')\n",
+        "ENV = {'VLAD_PLUGIN_MODULES': 'vlad_tools.gates.wrapped, vlad_tools.testing.plugin'}\n",
     ],
 )
 def test_the_harness_scan_catches(text):
@@ -347,14 +381,16 @@ def test_the_harness_scan_catches(text):
 
 
 def test_the_harness_scan_lets_words_be():
-    assert not harness_uses('"""Tests run the daemon through vlad.testing, and vlad.testingfoo is no module."""\n')
+    assert not harness_uses(
+        '"""Tests run the daemon through vlad_tools.testing, and vlad_tools.testingfoo is no module."""\n'
+    )
 
 
 def _fake_package(root: Path, files: dict[str, str]) -> dict[str, Path]:
     for rel, text in {"vlad/__init__.py": "", **files}.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    return scan(root)
+    return scan({"vlad": root / "vlad"})
 
 
 def test_the_checks_see_violations(tmp_path):
@@ -382,7 +418,7 @@ def test_the_checks_see_violations(tmp_path):
 
 # -- nothing in vlad executes code that came with a model ------------------------------------
 
-SOURCES = sorted(p for d in ("vlad", "plugins", "scripts") for p in (ROOT / d).rglob("*.py"))
+SOURCES = sorted(p for d in ("vlad", "tools", "plugins", "scripts") for p in (ROOT / d).rglob("*.py"))
 PICKLERS = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "shelve"}
 
 

@@ -25,8 +25,8 @@ def layout_rows() -> dict[str, str]:
 
 
 def modules() -> set[str]:
-    """Every Python module of vlad and of the built-in plugins' packages."""
-    found = {p for p in (ROOT / "vlad").rglob("*.py")}
+    """Every Python module of vlad, vlad-tools and the built-in plugins' packages."""
+    found = {p for p in (ROOT / "vlad").rglob("*.py")} | {p for p in (ROOT / "tools" / "vlad_tools").rglob("*.py")}
     found |= {p for p in (ROOT / "plugins").glob("*/*/*.py") if p.parent.name == p.parent.parent.name}
     return {str(p.relative_to(ROOT)) for p in found if "__pycache__" not in p.parts}
 

@@ -5,7 +5,7 @@
   example's own ``pyproject.toml``, in a folder on ``PYTHONPATH`` — what ``pip install``
   leaves in site-packages, read by importlib.metadata and pluggy exactly the same way.
 
-Each time a real daemon (``vlad serve``, vlad.testing) serves the demo release's
+Each time a real daemon (``vlad serve``, vlad_tools.testing) serves the demo release's
 contract on the ``example-onnx`` backend, and the door monitor's finding shows in
 ``vladctl status``. The doc itself is checked too: every hook is documented, and every
 code excerpt is in the example's files.
@@ -29,7 +29,7 @@ from tests.conftest import ROOT
 from tests.helpers import exchange
 from vlad import hookspecs
 from vlad.config import Config, ReleaseConfig, ServeConfig
-from vlad.testing import DEMO, QUIET_MONITORS, load_golden, start_daemon, wait_until
+from vlad_tools.testing import DEMO, QUIET_MONITORS, load_golden, start_daemon, wait_until
 
 EXAMPLE = ROOT / "docs" / "examples" / "vlad_example"
 DOC = ROOT / "docs" / "plugins.md"

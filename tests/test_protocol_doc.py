@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from vlad.testing import start_daemon
+from vlad_tools.testing import start_daemon
 
 DOC = ROOT / "docs" / "protocol.md"
 ROLES = ("observations", "actions", "status", "control", "estop")
@@ -179,7 +179,7 @@ def test_live_chunks_carry_exactly_the_documented_keys(daemon):
     """A policy chunk and a hold from the running daemon: header keys as the page's `act`
     table lists them (plus the common keys), `timings_ms` keys among the documented stages."""
     from vlad import protocol
-    from vlad.testing import load_golden
+    from vlad_tools.testing import load_golden
 
     rows = {_names(r[0])[0]: r for r in _table("act")}
     documented = set(rows) | {"v", "kind", "seq", "tensors"}
@@ -223,7 +223,7 @@ def _obs_frames(seq: int, *, header: dict | None = None, tensors: dict | None = 
     import msgpack
     import numpy as np
 
-    from vlad.testing import load_golden
+    from vlad_tools.testing import load_golden
 
     raw = load_golden()[0]["raw"]
     h = {"v": 1, "kind": "obs", "seq": seq, "t_sensor_ns": time.monotonic_ns(), "instruction": raw.instruction}
@@ -265,7 +265,7 @@ def _cases():
 def test_every_observation_rejection_is_counted_and_answered_as_the_table_says(daemon, reason, frames, answered):
     """One message per row: its counter moves, and the sender gets ``hold:rejected`` with that
     reason exactly when the header names an observation (docs/protocol.md, "Hold chunks")."""
-    from vlad.testing import load_golden, wait_until
+    from vlad_tools.testing import load_golden, wait_until
 
     documented = {_names(r[0])[0] for r in _table("reasons")}
     assert reason in documented

@@ -1,11 +1,22 @@
 """The on-robot install (``pip install vlad`` plus one backend extra) pulls in and imports
-no tool package: the daemon and the robot's CLI commands run without them."""
+no tool package and nothing of the workstation tools (``vlad-tools``): the daemon and the
+robot's CLI commands run without them, and a tools command says in one line what to install."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from importlib.metadata import requires
+from pathlib import Path
+
+import pytest
+
+import vlad.cli
+from vlad.cli import WORKSTATION_COMMANDS, vladctl_main, vladctl_parser
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # Packages only the tools, gates, demo and tests use: none of them may be a core requirement
 # of vlad, nor be imported by the daemon or the robot's commands.
@@ -123,3 +134,48 @@ sys.exit(vladctl_main(["gate", "manifests/demo", "--baseline", "manifests/demo",
         in out.stdout + out.stderr
     )
     assert (tmp_path / "report.json").is_file() or any(tmp_path.iterdir())
+
+
+def test_serving_and_operating_import_nothing_of_the_tools():
+    """`vlad serve`, the endpoints, the Mender module and a controller's client load no tools module."""
+    code = (
+        "import json, sys\n"
+        "import vlad.cli, vlad.daemon.supervisor, vlad.compat.openpi, vlad.compat.endpoint\n"
+        "import vlad.fleet.mender, vlad.client, vlad.plugins\n"
+        "vlad.cli.vlad_parser()\n"
+        "vlad.plugins.plugin_manager()\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'vlad_tools')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert json.loads(out.stdout) == []
+
+
+def test_the_installed_tools_add_their_commands():
+    commands = set(vladctl_parser()[1].choices)
+    assert set(WORKSTATION_COMMANDS) <= commands
+    assert {"status", "deploy", "rollback", "verify", "pull"} <= commands
+
+
+def test_a_tools_command_without_the_tools_is_one_line(monkeypatch, capsys):
+    """On a robot (no vladctl entry points), `vladctl gate` names the package to install."""
+    monkeypatch.setattr(vlad.cli, "entry_points", lambda group: [])
+    assert vladctl_main(["gate", "manifests/demo"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "workstation command of vlad-tools" in err[0] and "pip install vlad-tools" in err[0]
+    assert vladctl_main(["contract", "check", str(ROOT / "manifests" / "demo" / "contract.toml")]) == 0
+
+
+@pytest.mark.parametrize("command", ["verify", "status"])
+def test_a_broken_tools_install_leaves_the_operator_commands(tmp_path, command):
+    """A distribution whose vladctl commands do not import is named on stderr; the rest work."""
+    dist = tmp_path / "broken_tools-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-tools\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[vladctl]\nbroken = no_such_module_for_vladctl:add\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "vlad.cli", command, "--help"], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr
+    assert "usage: vladctl " + command in out.stdout
+    assert "warning: commands 'broken' from broken-tools did not load: ModuleNotFoundError" in out.stderr

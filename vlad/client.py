@@ -95,7 +95,7 @@ class Client:
         self._obs_layout: protocol.Layout | None = None
         self._act_layout: protocol.Layout | None = None
         # A recorder of what this controller sends and receives: any object with
-        # observation(frames, t_ns) and actions(frames, t_ns) (vlad.gates.recording.McapRecorder).
+        # observation(frames, t_ns) and actions(frames, t_ns) (vlad_tools.gates.recording.McapRecorder).
         self.tap: Any = None
 
     @classmethod
@@ -221,7 +221,7 @@ class Client:
 
     def recv_chunk(self, timeout_ms: float = 100) -> ActionChunk | None:
         """The next action chunk within ``timeout_ms``, none skipped, stale ones included
-        (for controllers that look at every chunk, e.g. :mod:`vlad.episodes`)."""
+        (for controllers that look at every chunk, e.g. :mod:`vlad_tools.episodes`)."""
         if not zmq.zmq_poll(self._act_poll, max(0, math.ceil(timeout_ms))):
             return None
         frames = self._act.recv_multipart()

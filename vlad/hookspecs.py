@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
     from vlad.backend import Backend
     from vlad.config import Config
-    from vlad.episodes import SimTask
     from vlad.health.base import Monitor, Sensor
+    from vlad_tools.episodes import SimTask
 
 PROJECT = "vlad"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -79,7 +79,7 @@ def vlad_sensors() -> list[Sensor]:
 def vlad_sim_tasks() -> list[SimTask]:
     """Return the simulated tasks this plugin offers the closed-loop and equivalence gates.
 
-    Each :class:`vlad.episodes.SimTask` is named (a gate plan's ``closed_loop.task``) and
+    Each :class:`vlad_tools.episodes.SimTask` is named (a gate plan's ``closed_loop.task``) and
     makes its task lazily: listing tasks must not import the simulator. Task names must be
     unique across all plugins.
     """

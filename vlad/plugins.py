@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     RemoteDemo = Callable[[Path, Path], tuple[Config, subprocess.Popen]]
 
 ENTRY_POINT_GROUP = "vlad"
-DEFAULT_PLUGINS = ("vlad.health.monitors", "vlad.health.sensors", "vlad.demo.tasks")
+DEFAULT_PLUGINS = ("vlad.health.monitors", "vlad.health.sensors")
 # Distribution shown for a plugin registered by import path (VLAD_PLUGIN_MODULES) or by
 # code (pm.register): it came from no installed distribution.
 UNPACKAGED = "(module)"

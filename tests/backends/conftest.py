@@ -24,8 +24,8 @@ import pytest
 from tests.kserve.remote_server import kserve_server  # noqa: F401
 from vlad import plugins
 from vlad.contract import Contract, load_contract
-from vlad.testing.golden import GOLDEN, load_golden
-from vlad.testing.releases import DEMO
+from vlad_tools.testing.golden import GOLDEN, load_golden
+from vlad_tools.testing.releases import DEMO
 
 ROOT = Path(__file__).resolve().parents[2]
 # Compiled artifacts are derived data: cached by source hash, outside version control.

@@ -4,7 +4,7 @@ Parametrized over the variants of the backends the loaded plugins offer, CPU and
 conftest.py); a variant whose runtime or device is missing here skips with its reason.
 References are the golden fixtures' outputs, i.e. PyTorch fp32 outputs of the very model
 that was exported, so nothing here depends on particular weights. Each session is judged
-against the budget of the precision it reports (vlad.testing.golden.MAX_ABS).
+against the budget of the precision it reports (vlad_tools.testing.golden.MAX_ABS).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from vlad.backend import Session, example_inputs, host_rss_bytes
 from vlad.errors import InputRejected, ObservationError
 from vlad.processing import RawObservation, Tokenizer, preprocess
-from vlad.testing.golden import MAX_ABS
+from vlad_tools.testing.golden import MAX_ABS
 
 # ./scripts/test --slow soaks 10,000 calls after 500 warm-up ones; the default run soaks a
 # short version (1,000 after 200: seconds, not minutes, for eager torch at ~6 ms/call).

@@ -368,7 +368,7 @@ def _golden_max_abs(sess, golden) -> float:
 @pytest.mark.gpu
 def test_gpu_cuda_provider_fp32_without_cpu_in_providers(backend, contract, golden):
     """The demo loads on CUDA alone (its shape nodes may sit on the CPU), in true fp32."""
-    from vlad.testing.golden import MAX_ABS
+    from vlad_tools.testing.golden import MAX_ABS
 
     _require_provider(CUDA)
     with backend.load(ONNX, contract, {"providers": [CUDA]}) as sess:
@@ -385,7 +385,7 @@ def test_gpu_cuda_provider_fp32_without_cpu_in_providers(backend, contract, gold
 
 @pytest.mark.gpu
 def test_gpu_cuda_provider_tf32_is_its_own_label(backend, contract, golden):
-    from vlad.testing.golden import MAX_ABS
+    from vlad_tools.testing.golden import MAX_ABS
 
     gpu = _require_provider(CUDA)
     if gpu.compute_capability < (8, 0):
@@ -400,7 +400,7 @@ def test_gpu_cuda_provider_tf32_is_its_own_label(backend, contract, golden):
 
 @pytest.mark.gpu
 def test_gpu_tensorrt_provider_uses_the_profile_and_a_keyed_cache(backend, contract, golden, engine_cache_root):
-    from vlad.testing.golden import MAX_ABS
+    from vlad_tools.testing.golden import MAX_ABS
 
     gpu = _require_provider(TRT)
     precision = "tf32" if gpu.compute_capability >= (8, 0) else "fp32"

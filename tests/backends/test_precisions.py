@@ -22,9 +22,9 @@ def test_every_backend_honours_a_subset_of_the_shared_labels(module):
 
 def test_manifest_and_gates_share_the_label_set():
     from vlad.backend import PRECISIONS
-    from vlad.gates.plan import DEFAULT_BUDGETS
-    from vlad.gates.plan import PRECISIONS as plan_labels
     from vlad.release.manifest import _check_options
+    from vlad_tools.gates.plan import DEFAULT_BUDGETS
+    from vlad_tools.gates.plan import PRECISIONS as plan_labels
 
     assert plan_labels is PRECISIONS and set(DEFAULT_BUDGETS) == set(PRECISIONS)
     for label in PRECISIONS:
@@ -38,6 +38,6 @@ def test_manifest_and_gates_share_the_label_set():
 
 def test_the_lerobot_importer_exports_a_subset_of_the_shared_labels():
     from vlad.backend import PRECISIONS
-    from vlad.importers.lerobot.importer import PRECISIONS as exported
+    from vlad_tools.importers.lerobot.importer import PRECISIONS as exported
 
     assert exported and set(exported) <= set(PRECISIONS)

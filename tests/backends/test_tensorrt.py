@@ -23,7 +23,6 @@ import pytest
 from vlad.backend import Session, SessionDescription, example_inputs
 from vlad.contract import Contract, load_contract
 from vlad.errors import BackendError, BackendUnavailable, InputRejected
-from vlad.testing.golden import MAX_ABS
 from vlad_tensorrt import TensorRTBackend, TensorRTOptions
 from vlad_tensorrt import engine as trt_engine
 from vlad_tensorrt.cache import (
@@ -48,6 +47,7 @@ from vlad_tensorrt.precision import (
     validate_precision,
 )
 from vlad_tensorrt.profiles import Profile, check_profile, derive_profile
+from vlad_tools.testing.golden import MAX_ABS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_DIR = ROOT / "manifests" / "demo"
@@ -865,7 +865,7 @@ def test_host_buffer_is_freed_by_its_last_view_not_before():
 # Hardware: real TensorRT on a CUDA GPU (skipped elsewhere, with the reason)
 # ---------------------------------------------------------------------------------------
 
-# Initial error budgets against ONNX Runtime CPU fp32 (vlad.testing.golden.MAX_ABS): fp32 is
+# Initial error budgets against ONNX Runtime CPU fp32 (vlad_tools.testing.golden.MAX_ABS): fp32 is
 # tight enough to catch TF32 left on. The release's equivalence gate owns the approved budget.
 ATOL = MAX_ABS
 

@@ -161,7 +161,7 @@ def _max_abs(session, golden) -> float:
 
 @pytest.mark.gpu
 def test_gpu_fp32_session_turns_tf32_off_even_after_another_turned_it_on(contract, golden, restore_tf32):
-    from vlad.testing.golden import MAX_ABS
+    from vlad_tools.testing.golden import MAX_ABS
     from vlad_torch.session import set_tf32, tf32_state
 
     torch = _cuda_or_skip()
@@ -178,7 +178,7 @@ def test_gpu_fp32_session_turns_tf32_off_even_after_another_turned_it_on(contrac
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
 def test_gpu_reduced_precisions_are_their_own_labels(contract, golden, precision, restore_tf32):
-    from vlad.testing.golden import MAX_ABS
+    from vlad_tools.testing.golden import MAX_ABS
 
     torch = _cuda_or_skip()
     if precision in ("tf32", "bf16") and torch.cuda.get_device_capability() < (8, 0):
@@ -225,7 +225,7 @@ def test_guidance_computes_the_plain_chunk_without_weights_and_continues_a_chunk
 
     from vlad.processing import normalize_actions
     from vlad.serving.rtc import soft_mask
-    from vlad.testing.golden import load_golden
+    from vlad_tools.testing.golden import load_golden
 
     assert contract.rtc is not None
     out = contract.action.output

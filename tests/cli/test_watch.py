@@ -32,7 +32,7 @@ from tests.conftest import ROOT
 from vlad.cli.daemon import format_status
 from vlad.cli.watch import HIDE, SHOW, render
 from vlad.snapshot import parse_events, parse_status
-from vlad.testing import ControllerSim, load_golden, start_daemon, write_fault_rig
+from vlad_tools.testing import ControllerSim, load_golden, start_daemon, write_fault_rig
 
 TMUX = shutil.which("tmux")
 VLADCTL = Path(sys.executable).parent / "vladctl"
@@ -110,10 +110,10 @@ def assert_fits(lines: list[str]) -> None:
 
 
 def worst_daemon(tmp_path: Path):
-    """The fault rig (:func:`vlad.testing.write_fault_rig`) with the openpi endpoint on a free port."""
+    """The fault rig (:func:`vlad_tools.testing.write_fault_rig`) with the openpi endpoint on a free port."""
     import socket
 
-    from vlad.demo.openpi import OPENPI_SETTINGS
+    from vlad_tools.demo.openpi import OPENPI_SETTINGS
 
     rig = write_fault_rig(tmp_path)
     with socket.socket() as s:

@@ -7,7 +7,7 @@ what is tested is that what the endpoints do with what it sends never reaches th
 while a native ZeroMQ controller streams at 50 Hz from this process. Each test
 asserts, over the attack's time, that the native controller kept its cadence (a chunk at
 least every 3 periods + 10 ms) and that the daemon kept pinging its watchdog (a real
-datagram notify socket, 1 s watchdog: vlad.testing), then what the endpoint
+datagram notify socket, 1 s watchdog: vlad_tools.testing), then what the endpoint
 did: refused, bounded, answered.
 """
 
@@ -33,9 +33,9 @@ pytest.importorskip("openpi_client.websocket_client_policy")
 from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-from vlad.demo import openpi as demo_openpi  # noqa: E402
-from vlad.demo import sim  # noqa: E402
-from vlad.testing import (  # noqa: E402
+from vlad_tools.demo import openpi as demo_openpi  # noqa: E402
+from vlad_tools.demo import sim  # noqa: E402
+from vlad_tools.testing import (  # noqa: E402
     QUIET_MONITORS,
     WATCHDOG_ENV,
     ControllerSim,

@@ -28,9 +28,9 @@ from websockets.sync.client import connect  # noqa: E402
 
 from vlad.cli.daemon import format_status  # noqa: E402
 from vlad.compat.endpoint import REPORT_TIMEOUT_S  # noqa: E402
-from vlad.demo import openpi as demo_openpi  # noqa: E402
 from vlad.snapshot import parse_events, parse_status  # noqa: E402
-from vlad.testing import QUIET_MONITORS, busy_port, free_port, start_daemon, wait_until  # noqa: E402
+from vlad_tools.demo import openpi as demo_openpi  # noqa: E402
+from vlad_tools.testing import QUIET_MONITORS, busy_port, free_port, start_daemon, wait_until  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from vlad.testing import (  # noqa: E402
+from vlad_tools.testing import (  # noqa: E402
     ControllerSim,
     load_golden,  # noqa: E402
     start_daemon,

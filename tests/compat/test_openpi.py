@@ -24,10 +24,10 @@ pytest.importorskip("openpi_client.action_chunk_broker")
 
 from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa: E402
 
-from vlad.demo import openpi as demo_openpi  # noqa: E402
-from vlad.demo import sim  # noqa: E402
-from vlad.episodes import DaemonLink, run_episode  # noqa: E402
-from vlad.testing import busy_port, free_port, free_ports, start_daemon, tcp_endpoints, wait_until  # noqa: E402
+from vlad_tools.demo import openpi as demo_openpi  # noqa: E402
+from vlad_tools.demo import sim  # noqa: E402
+from vlad_tools.episodes import DaemonLink, run_episode  # noqa: E402
+from vlad_tools.testing import busy_port, free_port, free_ports, start_daemon, tcp_endpoints, wait_until  # noqa: E402
 
 # 12 real-time episodes per client (~30 s in all). The flow-matching noise is seeded by the
 # observation sequence, which the endpoint numbers itself, so outcomes differ per episode.

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT, VLAD
 from tests.helpers import exchange, golden_obs
-from vlad.testing import (
+from vlad_tools.testing import (
     QUIET_MONITORS,
     daemon_command,
     endpoints_in,

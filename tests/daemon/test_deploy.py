@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import VLAD
 from tests.helpers import KEYS, MAX_GAP_S, signed_demo_copy, store_config, wait_chunks, wait_release
 from vlad.snapshot import parse_status
-from vlad.testing import DEMO, PERIOD_S, PLUGIN_ENV, ControllerSim, load_golden, max_gap, start_daemon, wait_until
+from vlad_tools.testing import DEMO, PERIOD_S, PLUGIN_ENV, ControllerSim, load_golden, max_gap, start_daemon, wait_until
 
 # A deploy or rollback loads a release (ONNX Runtime session, warm-up) inside the daemon
 # while it serves; on a shared 2-core machine that delays one chunk by up to ~3 periods

@@ -1,7 +1,7 @@
 """Fault injection against the real daemon process, one scenario per fault.
 
 Each test starts ``vlad serve`` with the primary policy on the ``wrapped`` backend
-(vlad/gates/wrapped.py: faults injected around real ONNX Runtime), a fallback chain of
+(tools/vlad_tools/gates/wrapped.py: faults injected around real ONNX Runtime), a fallback chain of
 [a previous release (real ONNX Runtime), hold], and a simulated controller that publishes
 observations and heartbeats at the control rate and records every chunk it receives.
 Each asserts the state transition, the event log, and what the controller got: a fresh
@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers import MAX_GAP_S, wait_chunks, wait_state
 from vlad.protocol import ActionChunk
-from vlad.testing import (
+from vlad_tools.testing import (
     ControllerSim,
     load_golden,
     max_gap,

@@ -4,7 +4,7 @@ One separate process floods the observation socket with junk (random bytes, malf
 msgpack, frames beyond ZMQ_MAXMSGSIZE, valid-looking observations with bad shapes, NaN,
 forged or out-of-limit joint states) and the control socket with junk requests, as fast
 as it can, for the whole test (8 s by default, 22 s under ``--slow``). Meanwhile a good controller runs at 50 Hz
-(:class:`~vlad.testing.ControllerSim`), an observer records *every* chunk on the
+(:class:`~vlad_tools.testing.ControllerSim`), an observer records *every* chunk on the
 action socket, a status poller asks ``status`` twice a second, and the safety bridge
 engages and then releases the e-stop over ZeroMQ (``safety.estop_endpoint``).
 
@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import zmq
 
-from vlad.testing import PERIOD_S, ControllerSim, load_golden, start_daemon, wait_until
+from vlad_tools.testing import PERIOD_S, ControllerSim, load_golden, start_daemon, wait_until
 
 E_STOP_SLACK_S = 0.030
 # How long the flood lasts at least: the default run floods through the e-stop, the release
@@ -44,7 +44,7 @@ ESTOP_WINDOW_S = 2.0  # how long the e-stop holds under the flood while every ch
 def flood(endpoints: dict[str, str], stop, seconds: float, seed: int, counts) -> None:
     """The flooding process: junk on the observation and control sockets until ``stop`` is set
     (or ``seconds`` pass)."""
-    from vlad.testing import fuzz as ft
+    from vlad_tools.testing import fuzz as ft
 
     rng = random.Random(seed)
     ctx = zmq.Context()

@@ -1,5 +1,5 @@
 """Attacks found from outside, against the real daemon and a documented 50 Hz controller
-(:class:`vlad.testing.FollowingController`: it executes the newest chunk addressed to it and
+(:class:`vlad_tools.testing.FollowingController`: it executes the newest chunk addressed to it and
 reports what it executes). Each was a safety hole before: a forged re-anchor moved the arm
 3.38 rad in one period, a float64 velocity quarantined the release, junk names took the
 liveness table, another connection could say goodbye for a controller.
@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import wait_state
 from vlad import protocol
-from vlad.testing import FollowingController, load_golden, start_daemon, wait_until
+from vlad_tools.testing import FollowingController, load_golden, start_daemon, wait_until
 
 RATE = 0.25  # the demo contract's rate limit per period, both joints
 

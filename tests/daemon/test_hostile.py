@@ -22,7 +22,7 @@ import pytest
 import zmq
 
 from vlad.daemon.control import COMMANDS
-from vlad.testing import PERIOD_S, QUIET_MONITORS, load_golden, start_daemon, wait_until
+from vlad_tools.testing import PERIOD_S, QUIET_MONITORS, load_golden, start_daemon, wait_until
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from tests.helpers import signed_demo_copy, store_config, wait_chunks, wait_rele
 from vlad.config import MemoryConfig
 from vlad.daemon.memory import GB, MemoryBudget, PolicyMemory, stated_need
 from vlad.errors import VladError
-from vlad.testing import DEMO, PERIOD_S, ControllerSim, load_golden, max_gap, start_daemon
+from vlad_tools.testing import DEMO, PERIOD_S, ControllerSim, load_golden, max_gap, start_daemon
 
 KEYS = ROOT / "etc" / "vlad" / "keys.d"
 DEMO_KEY = ROOT / "etc" / "vlad" / "demo-signing-key.pem"
@@ -193,9 +193,9 @@ def test_swap_serves_the_fallback_while_a_release_too_large_for_two_loads(tmp_pa
 
 
 def test_the_performance_gate_records_its_measured_peak_as_the_need(tmp_path):
-    from vlad.gates.evidence import record_evidence
-    from vlad.gates.results import REPORT_FORMAT
     from vlad.release.manifest import load_manifest
+    from vlad_tools.gates.evidence import record_evidence
+    from vlad_tools.gates.results import REPORT_FORMAT
 
     rel = tmp_path / "rel"
     shutil.copytree(DEMO, rel)

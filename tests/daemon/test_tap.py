@@ -22,7 +22,7 @@ import zmq
 
 from tests.conftest import ROOT
 from vlad.daemon.tap import LOG_BURST, RECORDER_BYTES, Tap
-from vlad.testing import ControllerSim, load_golden, start_daemon, wait_until
+from vlad_tools.testing import ControllerSim, load_golden, start_daemon, wait_until
 
 VLADCTL = [sys.executable, "-m", "vlad.cli"]
 
@@ -237,7 +237,7 @@ def test_every_recorder_starts_with_the_event_history_and_keeps_each_event_once(
     """Two recordings one after the other both hold the daemon's start (its transition to
     ACTIVE); a subscriber arriving during a recording that already got the history makes the
     tap send it again, and the recording still holds each event once."""
-    from vlad.gates.recording import read_recording
+    from vlad_tools.gates.recording import read_recording
 
     d, client, ctx = served
     for name in ("first", "second"):

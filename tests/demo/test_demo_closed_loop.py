@@ -1,7 +1,7 @@
 """Closed-loop smoke run: the committed demo policy drives the simulated arm in process.
 
 The episodes are seeded and the flow-matching noise is derived from the observation
-sequence (:mod:`vlad.episodes` numbers them per seed), so the outcome is deterministic for
+sequence (:mod:`vlad_tools.episodes` numbers them per seed), so the outcome is deterministic for
 the committed artifacts.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vlad.demo import sim
-from vlad.demo.evaluate import evaluate, fixed_seeds, no_motion_link
-from vlad.episodes import InProcessLink, contract_infer, run_episode
 from vlad.plugins import get_backend
+from vlad_tools.demo import sim
+from vlad_tools.demo.evaluate import evaluate, fixed_seeds, no_motion_link
+from vlad_tools.episodes import InProcessLink, contract_infer, run_episode
 
 EPISODES = 6
 

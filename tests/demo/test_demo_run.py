@@ -1,4 +1,4 @@
-"""``./scripts/demo`` (``python -m vlad.demo.run``) leaves nothing behind and errors in one line.
+"""``./scripts/demo`` (``python -m vlad_tools.demo.run``) leaves nothing behind and errors in one line.
 
 The demo runs as a real subprocess with its own sockets (a config under ``tmp_path``) and
 ``TMPDIR`` pointed at a folder of the test's, so any temporary folder it leaves is seen:
@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.kserve.remote_server import server_unavailable
 from vlad.config import Config, ReleaseConfig, ServeConfig, SocketsConfig
-from vlad.testing import DEMO, DEMO_KEYS, busy_port, config_toml, free_port, wait_until
+from vlad_tools.testing import DEMO, DEMO_KEYS, busy_port, config_toml, free_port, wait_until
 
 
 def demo_config(tmp_path: Path, release: Path = DEMO) -> Path:
@@ -48,7 +48,7 @@ def demo_config(tmp_path: Path, release: Path = DEMO) -> Path:
 
 
 class Demo:
-    """``python -m vlad.demo.run ...`` with its output collected line by line."""
+    """``python -m vlad_tools.demo.run ...`` with its output collected line by line."""
 
     def __init__(self, tmp_path: Path, *args: str, release: Path = DEMO) -> None:
         self.tmpdir = tmp_path / "tmpdir"
@@ -56,7 +56,7 @@ class Demo:
         env = {**os.environ, "TMPDIR": str(self.tmpdir), "MUJOCO_GL": "egl", "PYTHONUNBUFFERED": "1"}
         config = demo_config(tmp_path, release)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vlad.demo.run", "--config", str(config), "--no-daemon-log", *args],
+            [sys.executable, "-m", "vlad_tools.demo.run", "--config", str(config), "--no-daemon-log", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -225,7 +225,10 @@ def test_openpi_demo_serves_on_the_port_given(tmp_path):
 @pytest.mark.parametrize("port", ["70000", "http"])
 def test_bad_port_is_refused_by_the_parser(tmp_path, port):
     out = subprocess.run(
-        [sys.executable, "-m", "vlad.demo.run", "--openpi", "--port", port], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "vlad_tools.demo.run", "--openpi", "--port", port],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert out.returncode == 2
     assert "--port: " in out.stderr and "is not a port number" in out.stderr and "Traceback" not in out.stderr

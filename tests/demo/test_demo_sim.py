@@ -1,4 +1,4 @@
-"""Tests for the demo simulated robot (vlad.demo.sim): task, scripted expert, baselines."""
+"""Tests for the demo simulated robot (vlad_tools.demo.sim): task, scripted expert, baselines."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("gymnasium")
 pytest.importorskip("mujoco")
 
-from vlad.demo import sim  # noqa: E402
-from vlad.demo.evaluate import expert_link, no_motion_link  # noqa: E402
-from vlad.demo.sim import (  # noqa: E402
+from vlad_tools.demo import sim  # noqa: E402
+from vlad_tools.demo.evaluate import expert_link, no_motion_link  # noqa: E402
+from vlad_tools.demo.sim import (  # noqa: E402
     INSTRUCTIONS,
     RATE_LIMIT,
     SUCCESS_RADIUS,
@@ -25,7 +25,7 @@ from vlad.demo.sim import (  # noqa: E402
     forward_kinematics,
     inverse_kinematics,
 )
-from vlad.episodes import run_episode  # noqa: E402
+from vlad_tools.episodes import run_episode  # noqa: E402
 
 PERIOD = 20_000_000
 CHUNK = sim.CHUNK_HORIZON  # the demo contract's chunk_length

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import KEYS, signed_demo_copy, store_config, wait_release
-from vlad.testing import DEMO, PLUGIN_ENV, ControllerSim, load_golden, start_daemon, wait_until
-from vlad.testing.releases import REPO
+from vlad_tools.testing import DEMO, PLUGIN_ENV, ControllerSim, load_golden, start_daemon, wait_until
+from vlad_tools.testing.releases import REPO
 
 SHIM = REPO / "etc" / "mender" / "vlad-release"
 MODULES = Path("/usr/share/mender/modules/v3")
@@ -224,7 +224,7 @@ def test_an_artifact_naming_a_registry_reference_pulls_only_what_the_robot_lacks
     the release from a real registry (verified as it streams; the robot's store already
     holds the weights) and deploys it through the same canary and commit."""
     from vlad.fleet.registry import Registry, push
-    from vlad.testing.registry import RegistryProcess, registry_unavailable
+    from vlad_tools.testing.registry import RegistryProcess, registry_unavailable
 
     if (why := registry_unavailable()) is not None:
         pytest.skip(why)

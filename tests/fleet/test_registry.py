@@ -24,8 +24,8 @@ from vlad.fleet.registry import (
     pull,
     push,
 )
-from vlad.testing import DEMO, start_daemon
-from vlad.testing.registry import RegistryProcess, TokenServer, make_tls, registry_unavailable
+from vlad_tools.testing import DEMO, start_daemon
+from vlad_tools.testing.registry import RegistryProcess, TokenServer, make_tls, registry_unavailable
 
 pytestmark = pytest.mark.skipif(registry_unavailable() is not None, reason=str(registry_unavailable()))
 VLADCTL = VLAD.parent / "vladctl"

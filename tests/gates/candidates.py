@@ -7,7 +7,7 @@ Each is a complete, valid, unsigned release folder (manifest written by
   (contract gate);
 * :func:`perturbed_weight`: the ONNX artifact re-exported from the demo weights with one
   weight matrix perturbed, the ``torch.export`` program left as trained (equivalence gate);
-* :func:`slowed_backend`: served by ``wrapped`` (vlad/gates/wrapped.py) slowed to 100 ms per
+* :func:`slowed_backend`: served by ``wrapped`` (tools/vlad_tools/gates/wrapped.py) slowed to 100 ms per
   inference against a 20 ms deadline (performance gate);
 * :func:`ignores_instruction`: a model that always reads the tokens of the first
   instruction, exported consistently (program and ONNX) with its own golden fixtures, so
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlad.testing import DEMO, PLUGIN_ENV
+from vlad_tools.testing import DEMO, PLUGIN_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOW_ENV = PLUGIN_ENV  # the daemon loads the wrapper backend
@@ -120,7 +120,7 @@ def perturbed_weight(dest: Path, scale: float = 0.02, seed: int = 0) -> Path:
     import torch
 
     from vlad.contract import load_contract
-    from vlad.demo.release import load_trained_model
+    from vlad_tools.demo.release import load_trained_model
 
     copy_demo(dest)
     model = load_trained_model(DEMO)
@@ -153,10 +153,10 @@ def ignores_instruction(dest: Path, fixtures: Path) -> Path:
     import torch
 
     from vlad.contract import load_contract
-    from vlad.demo import sim
-    from vlad.demo.release import load_trained_model, write_golden_fixtures
     from vlad.processing import Tokenizer
     from vlad.release.export import export_program
+    from vlad_tools.demo import sim
+    from vlad_tools.demo.release import load_trained_model, write_golden_fixtures
 
     copy_demo(dest, skip=("policy.onnx", "policy.pt2"))
     contract = load_contract(DEMO / "contract.toml")

@@ -49,7 +49,7 @@ def gate_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 400
 
 def small_plan(overrides: dict | None = None, plan_file: Path = DEMO_PLAN):
     """The demo plan with the small run's numbers (as the CLI options above set them)."""
-    from vlad.gates.plan import load_plan
+    from vlad_tools.gates.plan import load_plan
 
     plan = load_plan(ROOT, plan_file).with_overrides(
         equivalence={"replay_limit": 40, "rollout_episodes": 1},

@@ -9,7 +9,7 @@ import pytest
 from tests.gates import candidates
 from tests.gates.conftest import RECORDING
 from vlad.cli import vladctl_main as main
-from vlad.gates.cli import add_gate_commands
+from vlad_tools.gates.cli import add_gate_commands
 
 
 def test_commands_plug_into_a_parser_and_set_func():
@@ -52,8 +52,8 @@ def test_expected_failures_are_one_line(tmp_path, capsys):
 
 
 def test_evidence_command_and_deploy_enforcement_on_the_demo(capsys):
-    from vlad.gates.evidence import EvidenceMissing, enforce_evidence
     from vlad.release.manifest import read_manifest_document
+    from vlad_tools.gates.evidence import EvidenceMissing, enforce_evidence
 
     # The demo ships its own signed evidence for all four gates.
     assert main(["evidence", str(candidates.DEMO)]) == 0
@@ -71,8 +71,8 @@ def test_evidence_command_and_deploy_enforcement_on_the_demo(capsys):
 
 
 def test_required_gates_come_from_the_manifest_plan(tmp_path):
-    from vlad.gates.evidence import check_evidence, required_gates
     from vlad.release.manifest import read_manifest_document
+    from vlad_tools.gates.evidence import check_evidence, required_gates
 
     doc = dict(read_manifest_document(candidates.DEMO))
     assert required_gates(doc) == ["contract", "equivalence", "performance", "closed_loop"]
@@ -101,7 +101,7 @@ def test_replay_command_on_the_fixture(capsys):
 
 
 def test_record_command_stops_at_its_time_limit(tmp_path, capsys):
-    from vlad.gates.recording import read_recording
+    from vlad_tools.gates.recording import read_recording
 
     out = tmp_path / "short.mcap"
     argv = ["record", "--out", str(out), "--demo", str(candidates.DEMO), "--episodes", "3", "--seconds", "0.5"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from vlad.testing.conditions import conditions
+from vlad_tools.testing.conditions import conditions
 
 
 def test_conditions_name_the_machine_load_and_versions() -> None:

@@ -127,8 +127,8 @@ def test_the_demo_release_regates_from_a_copy(tmp_path):
 
 
 def test_a_release_plan_naming_files_outside_the_release_is_refused(tmp_path):
-    from vlad.gates.plan import PlanError, load_plan
     from vlad.release.manifest import read_manifest_document
+    from vlad_tools.gates.plan import PlanError, load_plan
 
     doc = read_manifest_document(candidates.DEMO)
     doc["gate_plan"]["equivalence"]["golden"] = "../../elsewhere/golden.npz"
@@ -144,9 +144,9 @@ def test_recording_refuses_a_malformed_report_or_manifest_in_one_line(tmp_path):
     """A report without its candidate, or a manifest whose artifact entry lost its path, is a
     one-line error (GateError / ManifestError), never a KeyError from deep inside."""
     from vlad import tomlwrite
-    from vlad.gates.evidence import record_evidence
-    from vlad.gates.results import REPORT_FORMAT, GateError
     from vlad.release.manifest import ManifestError
+    from vlad_tools.gates.evidence import record_evidence
+    from vlad_tools.gates.results import REPORT_FORMAT, GateError
 
     release, reports = tmp_path / "release", tmp_path / "reports"
     shutil.copytree(candidates.DEMO, release)

@@ -95,9 +95,9 @@ def test_demo_release_passes_every_gate(demo_run):
 
 
 def test_recorded_evidence_is_signed_and_passes_the_deploy_check(demo_run):
-    from vlad.gates.evidence import check_evidence, enforce_evidence
     from vlad.release.manifest import load_manifest
     from vlad.release.signing import sign_release, verify_release
+    from vlad_tools.gates.evidence import check_evidence, enforce_evidence
 
     release, _, out = demo_run
     assert "sign it again" in out.stdout
@@ -124,9 +124,9 @@ def test_recorded_evidence_is_signed_and_passes_the_deploy_check(demo_run):
 
 
 def test_evidence_for_other_artifacts_or_a_changed_report_is_refused(demo_run, tmp_path):
-    from vlad.gates.evidence import check_evidence
     from vlad.release.authoring import update_hashes
     from vlad.release.manifest import load_manifest
+    from vlad_tools.gates.evidence import check_evidence
 
     release = shutil.copytree(demo_run[0], tmp_path / "release")
     (release / "manifest.sig").unlink(missing_ok=True)
@@ -180,7 +180,7 @@ def test_html_report_renders_in_headless_chromium(demo_run, tmp_path):
 
 
 def test_changed_normalization_fails_the_contract_gate(built):
-    from vlad.gates.runner import run_gates
+    from vlad_tools.gates.runner import run_gates
 
     release = candidates.changed_normalization(built / "normalization")
     report = run_gates(
@@ -194,7 +194,7 @@ def test_changed_normalization_fails_the_contract_gate(built):
 
 
 def test_perturbed_weight_fails_the_equivalence_gate(built):
-    from vlad.gates.runner import run_gates
+    from vlad_tools.gates.runner import run_gates
 
     release = candidates.perturbed_weight(built / "perturbed")
     report = run_gates(
@@ -269,7 +269,7 @@ def test_slowed_backend_fails_the_performance_gate(built):
 
 
 def test_policy_ignoring_the_instruction_fails_the_closed_loop_gate(built, ignores_instruction):
-    from vlad.gates.runner import run_gates
+    from vlad_tools.gates.runner import run_gates
 
     release, plan_file = ignores_instruction
     # Its performance is the demo's (same graph on the same engine), measured in the demo test.

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from vlad.testing import DEMO, PERIOD_S, ControllerSim, load_golden, max_gap, start_daemon, wait_until
+from vlad_tools.testing import DEMO, PERIOD_S, ControllerSim, load_golden, max_gap, start_daemon, wait_until
 
 VLADCTL = [sys.executable, "-m", "vlad.cli"]
 
@@ -37,9 +37,9 @@ def served(tmp_path):
 
 
 def test_record_a_live_daemon_and_replay_it_through_a_candidate(served, tmp_path, contract, tokenizer):
-    from vlad.gates.recording import read_recording
-    from vlad.gates.replay import replay
     from vlad.plugins import get_backend
+    from vlad_tools.gates.recording import read_recording
+    from vlad_tools.gates.replay import replay
 
     d, client, ctl = served
     out = tmp_path / "live.mcap"
@@ -117,7 +117,7 @@ def test_a_full_disk_ends_the_recording_with_one_line_and_keeps_what_was_written
     """``vladctl record`` onto a 1 MiB tmpfs (mounted in a private user and mount namespace):
     the disk fills within seconds; one line says so, exit 2, and the file (copied out before
     the namespace goes) is readable, with what was written before."""
-    from vlad.gates.recording import read_recording
+    from vlad_tools.gates.recording import read_recording
 
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "true"]).returncode != 0:
         pytest.skip("needs unshare -Urm (user and mount namespaces) to mount a small tmpfs")

@@ -8,7 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from vlad.gates.metrics import DecisionStats, ErrorStats, JointErrors, guard_decisions, percentiles, wilson_interval
+from vlad_tools.gates.metrics import (
+    DecisionStats,
+    ErrorStats,
+    JointErrors,
+    guard_decisions,
+    percentiles,
+    wilson_interval,
+)
 
 
 @pytest.mark.parametrize(
@@ -72,7 +79,7 @@ def test_a_warm_scenario_with_no_answers_gives_a_finite_burst_deadline():
     """A slow release on a loaded machine can have every warm observation go to a fallback
     hold; the burst scenario after it must still run, so the gate fails instead of erroring."""
     from vlad.client import ActionChunk
-    from vlad.gates.performance import _stats, burst_deadline_ms
+    from vlad_tools.gates.performance import _stats, burst_deadline_ms
 
     sent = {seq: seq * 20_000_000 for seq in range(1, 101)}
     hold = ActionChunk(

@@ -7,8 +7,17 @@ import typing
 
 import pytest
 
-from vlad.gates.plan import DEFAULT_BUDGETS, PRECISIONS, EngineSpec, Gate, GatePlan, PlanError, load_plan, parse_plan
-from vlad.gates.results import GATE_ORDER, check
+from vlad_tools.gates.plan import (
+    DEFAULT_BUDGETS,
+    PRECISIONS,
+    EngineSpec,
+    Gate,
+    GatePlan,
+    PlanError,
+    load_plan,
+    parse_plan,
+)
+from vlad_tools.gates.results import GATE_ORDER, check
 
 
 def test_defaults_require_every_gate_with_a_budget_per_precision():

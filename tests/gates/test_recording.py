@@ -13,7 +13,7 @@ import pytest
 from tests.gates.conftest import RECORDING
 from vlad import protocol
 from vlad.files import FileRefused
-from vlad.gates.recording import (
+from vlad_tools.gates.recording import (
     TOPIC_ACT,
     TOPIC_OBS,
     TOPIC_STATE,
@@ -24,7 +24,7 @@ from vlad.gates.recording import (
     read_recording,
     unpack_frames,
 )
-from vlad.gates.results import GateError
+from vlad_tools.gates.results import GateError
 
 
 def _obs(seq: int) -> list[bytes]:
@@ -138,8 +138,8 @@ def test_not_a_recording_is_refused_with_what_to_do(tmp_path):
 
 
 def test_shipped_fixture_is_small_and_replays_exactly_through_the_demo(contract, tokenizer, demo_dir):
-    from vlad.gates.replay import replay
     from vlad.plugins import get_backend
+    from vlad_tools.gates.replay import replay
 
     assert RECORDING.stat().st_size < 1_000_000
     rec = read_recording(RECORDING)
@@ -162,8 +162,8 @@ def test_shipped_fixture_is_small_and_replays_exactly_through_the_demo(contract,
 
 def test_a_recording_of_another_contract_is_refused_in_one_line(contract, tokenizer, demo_dir):
     """Chunks of another shape (a recording of an older release): named, not a numpy error."""
-    from vlad.gates.replay import replay
     from vlad.plugins import get_backend
+    from vlad_tools.gates.replay import replay
 
     rec = read_recording(RECORDING)
     rec.chunks[-1] = dataclasses.replace(rec.chunks[-1], actions=rec.chunks[-1].actions[:8])
@@ -238,7 +238,7 @@ def test_a_zstd_bomb_is_refused_before_it_is_inflated(tmp_path):
     # holds far more than the limit.
     code = (
         "import re, sys\n"
-        "from vlad.gates.recording import read_recording, RecordingError\n"
+        "from vlad_tools.gates.recording import read_recording, RecordingError\n"
         "try:\n    read_recording(sys.argv[1])\nexcept RecordingError as e:\n    print(e)\n"
         "print(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1))\n"
     )
@@ -360,8 +360,8 @@ def test_the_recorder_refuses_a_symlink_or_a_fifo_with_one_line(tmp_path):
 
 WRITE_UNTIL_IT_FAILS = """
 import os, sys, time
-from vlad.gates.recording import McapRecorder
-from vlad.gates.results import GateError
+from vlad_tools.gates.recording import McapRecorder
+from vlad_tools.gates.results import GateError
 
 rec = McapRecorder(sys.argv[1])
 for i in range(200):  # 12.5 MiB of incompressible frames: more than the file may hold

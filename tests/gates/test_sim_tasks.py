@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vlad.gates import closed_loop
-from vlad.gates.results import GateError
+from vlad_tools.gates import closed_loop
+from vlad_tools.gates.results import GateError
 
 GATES = Path(closed_loop.__file__).parent
 
@@ -48,6 +48,6 @@ def test_gates_import_no_simulator(path: Path):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)  # `from vlad.demo import sim`
-    banned = {n for n in names if n.split(".")[0] in {"mujoco", "gymnasium"} or n.startswith("vlad.demo.sim")}
+            names.update(f"{node.module}.{a.name}" for a in node.names)  # `from vlad_tools.demo import sim`
+    banned = {n for n in names if n.split(".")[0] in {"mujoco", "gymnasium"} or n.startswith("vlad_tools.demo.sim")}
     assert not banned, banned

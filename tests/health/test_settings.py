@@ -19,8 +19,8 @@ import pytest
 from vlad.backend import SessionStats
 from vlad.config import Config, ConfigError, MonitorsConfig, ReleaseConfig, ServeConfig, parse_config
 from vlad.schema import bounded
-from vlad.testing import DEMO, QUIET_MONITORS, config_toml, start_daemon, wait_until
 from vlad_kserve.monitor import RemoteLinkMonitor, RemoteLinkSettings
+from vlad_tools.testing import DEMO, QUIET_MONITORS, config_toml, start_daemon, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "vlad_example"

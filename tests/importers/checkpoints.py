@@ -82,7 +82,7 @@ def make_checkpoint(path: Path, kind: str = "act", seed: int = 0, robot: Robot =
     """A random-weight ``kind`` checkpoint at ``path`` (``act``, ``diffusion``) for ``robot``;
     overrides go to the policy config, e.g. ``n_obs_steps``, ``noise_scheduler_type``,
     ``normalization_mapping``."""
-    from vlad.importers.lerobot.runtime import load_lerobot
+    from vlad_tools.importers.lerobot.runtime import load_lerobot
 
     load_lerobot()
     import torch

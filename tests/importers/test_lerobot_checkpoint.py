@@ -20,8 +20,8 @@ pytest.importorskip("safetensors", reason="the lerobot extra is not installed (s
 from safetensors.numpy import save_file  # noqa: E402
 
 from vlad.cli import vladctl_main  # noqa: E402
-from vlad.importers.lerobot.checkpoint import CheckpointError, read_checkpoint, read_dataset_meta  # noqa: E402
-from vlad.importers.lerobot.contract import (  # noqa: E402
+from vlad_tools.importers.lerobot.checkpoint import CheckpointError, read_checkpoint, read_dataset_meta  # noqa: E402
+from vlad_tools.importers.lerobot.contract import (  # noqa: E402
     ContractOptions,
     affine,
     build_contract,
@@ -401,7 +401,7 @@ def test_symlinked_files_are_hashed_by_what_they_point_to(tmp_path):
     ids=["hub-cache", "run-folder", "policy-repo", "job-name", "default-job-name", "folder"],
 )
 def test_the_release_is_named_after_the_checkpoint(tmp_path, layout, train_config, want):
-    from vlad.importers.lerobot.checkpoint import release_name
+    from vlad_tools.importers.lerobot.checkpoint import release_name
 
     root = write_checkpoint(tmp_path / "x" / layout)
     if train_config is not None:
@@ -411,7 +411,7 @@ def test_the_release_is_named_after_the_checkpoint(tmp_path, layout, train_confi
 
 
 def test_generic_names_are_warned_about(tmp_path):
-    from vlad.importers.lerobot.contract import naming_warnings
+    from vlad_tools.importers.lerobot.contract import naming_warnings
 
     ckpt = read_checkpoint(write_checkpoint(tmp_path / "c"))
     warnings = naming_warnings(ckpt, None)

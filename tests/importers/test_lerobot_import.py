@@ -17,18 +17,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlad.importers.lerobot.runtime import lerobot_version
+from vlad_tools.importers.lerobot.runtime import lerobot_version
 
 if lerobot_version() is None:
     pytest.skip("LeRobot is not installed: scripts/bootstrap dev (or lerobot) installs it", allow_module_level=True)
 
 from tests.importers.checkpoints import SO101, SO101_JOINTS, Robot, make_checkpoint, write_dataset_meta  # noqa: E402
-from vlad.importers.lerobot.checkpoint import read_checkpoint  # noqa: E402
-from vlad.importers.lerobot.contract import ContractOptions, build_contract, contract_data  # noqa: E402
-from vlad.importers.lerobot.fixtures import synthetic_windows  # noqa: E402
-from vlad.importers.lerobot.importer import ImportOptions, Stat, _noise, _vlad_window, import_checkpoint  # noqa: E402
-from vlad.importers.lerobot.policies import export_module, lerobot_reference, load_policy  # noqa: E402
 from vlad.processing import decode_actions  # noqa: E402
+from vlad_tools.importers.lerobot.checkpoint import read_checkpoint  # noqa: E402
+from vlad_tools.importers.lerobot.contract import ContractOptions, build_contract, contract_data  # noqa: E402
+from vlad_tools.importers.lerobot.fixtures import synthetic_windows  # noqa: E402
+from vlad_tools.importers.lerobot.importer import ImportOptions, Stat, _noise, _vlad_window, import_checkpoint  # noqa: E402
+from vlad_tools.importers.lerobot.policies import export_module, lerobot_reference, load_policy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTS = ContractOptions(release_id="t", fps=50, state_units=("rad",), action_units=("rad",))
@@ -268,7 +268,7 @@ def test_torchvision_operators_are_declared_not_faked():
     import torch
     import torchvision
 
-    from vlad.importers.lerobot.runtime import prepare_torchvision
+    from vlad_tools.importers.lerobot.runtime import prepare_torchvision
 
     prepare_torchvision()  # idempotent
     assert torchvision.models.resnet18 is not None
@@ -284,10 +284,10 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[dict[str, n
     on ``release``; each chunk must equal what the release computes in process on the same
     window (the one Preprocessor, ONNX Runtime)."""
     from vlad.contract import load_contract
-    from vlad.gates.launcher import serve
-    from vlad.gates.subject import open_subject
     from vlad.plugins import get_backend
     from vlad.processing import Preprocessor, RawObservation
+    from vlad_tools.gates.launcher import serve
+    from vlad_tools.gates.subject import open_subject
 
     contract = load_contract(release / "contract.toml")
     session = get_backend("onnxruntime").load(release / "policy.onnx", contract, {"intra_op_threads": 1})
@@ -362,7 +362,7 @@ def test_train_import_sign_act(tmp_path, keys):
     env_py = sys.executable
     ds = tmp_path / "dataset"
     run = subprocess.run(
-        [env_py, "-m", "vlad.importers.lerobot.dataset", str(ds), "--episodes", "2"],
+        [env_py, "-m", "vlad_tools.importers.lerobot.dataset", str(ds), "--episodes", "2"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -376,7 +376,7 @@ def test_train_import_sign_act(tmp_path, keys):
         [
             env_py,
             "-m",
-            "vlad.importers.lerobot.train",
+            "vlad_tools.importers.lerobot.train",
             "--dataset.repo_id=local/t",
             f"--dataset.root={ds}",
             "--dataset.video_backend=pyav",
@@ -471,8 +471,8 @@ def test_so101_like_import_verify_gate_serve(tmp_path, keys, kind, overrides):
     the contract and equivalence gates, and served by a real vlad serve, chunk for chunk what the
     release computes in process. ACT with the dataset's joint names, Diffusion without (warned)."""
     from vlad.contract import load_contract
-    from vlad.gates.runner import run_gates
     from vlad.release.signing import verify_release
+    from vlad_tools.gates.runner import run_gates
 
     private, trusted = keys
     run = tmp_path / "outputs" / "train" / f"so101_{kind}"
@@ -533,7 +533,7 @@ def _frames(release: Path, n: int, seed: int = 1) -> list[tuple[dict[str, np.nda
 @pytest.mark.slow  # a closed-loop episode: 8 s on the 2-core dev machine
 def test_a_checkpoint_runs_in_closed_loop_through_lerobots_own_predict_path(tmp_path):
     """``demo --checkpoint``: the simulator driven by LeRobot's inference, every request answered."""
-    from vlad.importers.lerobot.demo import lerobot_in_process
+    from vlad_tools.importers.lerobot.demo import lerobot_in_process
 
     summary = lerobot_in_process(make_checkpoint(tmp_path / "act"), 1, 10_000, 4, progress=lambda *a: None)
     row = summary["per_instruction"]["reach the red target"]

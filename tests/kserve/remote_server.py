@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from vlad.testing import DEMO, free_port
 from vlad_kserve.testing import MODEL, ServerProcess, server_unavailable
+from vlad_tools.testing import DEMO, free_port
 
 __all__ = [
     "MODEL",

@@ -1,6 +1,6 @@
 """The daemon serving a remote policy, against a real KServe v2 server: faults at the server.
 
-``vlad serve`` runs as a subprocess (vlad.testing) with an unsigned copy of the
+``vlad serve`` runs as a subprocess (vlad_tools.testing) with an unsigned copy of the
 demo release on the ``kserve`` backend, a fallback chain of [a previous release on local
 ONNX Runtime, hold], and a simulated controller at 50 Hz. Faults are injected at the
 server (late answers, UNAVAILABLE) or by killing and restarting it. Only what is visible
@@ -28,7 +28,8 @@ import pytest
 from tests.helpers import MAX_GAP_S, wait_chunks, wait_state
 from tests.kserve.remote_server import ServerProcess, started_server
 from vlad.config import Config, ReleaseConfig, ServeConfig
-from vlad.testing import (
+from vlad_kserve.testing import HostileServer
+from vlad_tools.testing import (
     DEMO,
     WATCHDOG_ENV,
     ControllerSim,
@@ -38,8 +39,7 @@ from vlad.testing import (
     start_daemon,
     unsigned_copy,
 )
-from vlad.testing.releases import local_fallback
-from vlad_kserve.testing import HostileServer
+from vlad_tools.testing.releases import local_fallback
 
 pytestmark = pytest.mark.daemon_remote
 

@@ -18,8 +18,8 @@ import pytest
 from tests.kserve.remote_server import started_server
 from vlad.backend import example_inputs
 from vlad.errors import BackendError, RemoteUnavailable
-from vlad.testing import wait_until
 from vlad_kserve import KServeBackend, RemoteLinkMonitor
+from vlad_tools.testing import wait_until
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "policy.onnx"
 RECOVERY_S = 15.0  # generous: the prober checks every 50 ms here; the machine is shared

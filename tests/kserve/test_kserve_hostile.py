@@ -12,9 +12,9 @@ import pytest
 
 from vlad.backend import SessionStats, example_inputs
 from vlad.errors import BackendError, RemoteUnavailable
-from vlad.testing import wait_until
 from vlad_kserve import KServeBackend
 from vlad_kserve.testing import HostileServer
+from vlad_tools.testing import wait_until
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "policy.onnx"
 

@@ -22,7 +22,7 @@ _spec.loader.exec_module(gpu_pi0)
 
 
 def test_gpu_names_map_to_planner_hardware():
-    from vlad.planner.spec import load_hardware_file
+    from vlad_tools.planner.spec import load_hardware_file
 
     known = load_hardware_file()
     for name, key in (

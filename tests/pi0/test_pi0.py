@@ -1,6 +1,6 @@
 """The π0-architecture model built from the planner's description, and its release.
 
-The model's shapes come from vlad/planner/data/models/pi0.toml; at full size only the
+The model's shapes come from tools/vlad_tools/planner/data/models/pi0.toml; at full size only the
 parameter count is checked (on the meta device, nothing allocated). The release is built
 at a small scale (width x0.125, two backbone layers, one in the others: ~5 M parameters, ~20 MB in fp32)
 through the same streamed exports a full-size one uses, and loaded by the real ONNX
@@ -19,10 +19,10 @@ import torch
 
 from tests.conftest import ROOT
 from vlad.errors import BackendError
-from vlad.pi0.model import Pi0Shape, build, init_tensor, parameter_count, scaled
-from vlad.pi0.release import Pi0Options, build_release, example_inputs, model_toml, release_model
-from vlad.planner.roofline import memory_footprint, parameter_counts
-from vlad.planner.spec import PlannerError, load_model, parse_model
+from vlad_tools.pi0.model import Pi0Shape, build, init_tensor, parameter_count, scaled
+from vlad_tools.pi0.release import Pi0Options, build_release, example_inputs, model_toml, release_model
+from vlad_tools.planner.roofline import memory_footprint, parameter_counts
+from vlad_tools.planner.spec import PlannerError, load_model, parse_model
 
 KEYS = ROOT / "etc" / "vlad" / "keys.d"
 DEMO_KEY = ROOT / "etc" / "vlad" / "demo-signing-key.pem"
@@ -214,7 +214,7 @@ def test_a_bf16_program_computes_in_bf16_on_the_cpu(tmp_path):
 
 @pytest.mark.slow  # the small release is exported once per module (~30 s)
 def test_the_planner_measures_the_release_with_its_own_description(small_release):
-    from vlad.planner.measure import measure_release
+    from vlad_tools.planner.measure import measure_release
 
     out, _ = small_release
     m = measure_release(out, keys_dir=KEYS, short=True, calls=3, warmup=1)

@@ -1,4 +1,4 @@
-"""``vladctl plan`` (through ``add_plan_commands`` and ``python -m vlad.cli.plan``)."""
+"""``vladctl plan`` (through ``add_plan_commands`` and ``python -m vlad_tools.cli.plan``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import DEMO, ROOT
-from vlad.cli.plan import add_plan_commands, main
+from vlad_tools.cli.plan import add_plan_commands, main
 
 
 def test_wires_into_an_argparse_parser_like_vladctl(capsys):
@@ -75,7 +75,7 @@ def test_measure_the_demo_release_on_this_machine():
         [
             sys.executable,
             "-m",
-            "vlad.cli.plan",
+            "vlad_tools.cli.plan",
             "--measure",
             str(DEMO),
             "--keys",

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from vlad import planner
-from vlad.planner.execution import async_threshold, chunk_rate
-from vlad.planner.spec import PlannerError, PlannerFileError
+from vlad_tools import planner
+from vlad_tools.planner.execution import async_threshold, chunk_rate
+from vlad_tools.planner.spec import PlannerError, PlannerFileError
 
 
 def test_builtin_data_loads_with_sources():

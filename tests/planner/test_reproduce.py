@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vlad import planner
-from vlad.planner.network import Payload
+from vlad_tools import planner
+from vlad_tools.planner.network import Payload
 
 # (hardware, vision, VLM, action, E2E) in ms; None where the reference page gives none.
 PUBLISHED = [

@@ -19,7 +19,7 @@ def test_committed_onnx_matches_pytorch_weights(demo_dir, contract, golden):
     """The committed ONNX and .pt2 reproduce the PyTorch model built from the committed weights."""
     import onnxruntime as ort
 
-    from vlad.demo.release import load_trained_model
+    from vlad_tools.demo.release import load_trained_model
 
     model = load_trained_model(demo_dir)
     program = torch.export.load(str(demo_dir / "policy.pt2")).module()
@@ -66,7 +66,7 @@ def test_only_contract_axes_are_dynamic(demo_dir, contract):
 @pytest.mark.slow  # ~45 s; test_committed_onnx_matches_pytorch_weights checks the shipped export
 def test_fresh_export_is_equivalent(demo_dir, contract, golden, tmp_path):
     """Re-export from the weights: fixed shapes, intermediate prefix and dynamic batch are checked."""
-    from vlad.demo.release import load_trained_model
+    from vlad_tools.demo.release import load_trained_model
 
     model = load_trained_model(demo_dir)
     fixtures = [c["inputs"] for c in golden]

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import ROOT, VLAD
 from vlad.config import Config, MonitorsConfig, ReleaseConfig, ServeConfig, StoreConfig
-from vlad.testing import DEMO, start_daemon
+from vlad_tools.testing import DEMO, start_daemon
 
 KEYS = ROOT / "etc" / "vlad" / "keys.d"
 VLADCTL = VLAD.parent / "vladctl"

@@ -16,7 +16,7 @@ import numpy as np
 
 from vlad.protocol import HoldKind
 from vlad.serving.cadence import HoldKeeper
-from vlad.testing import wait_until
+from vlad_tools.testing import wait_until
 
 
 def _sleep_until(t_ns: int) -> None:

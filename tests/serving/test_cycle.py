@@ -14,7 +14,7 @@ from vlad.errors import BackendError, ObservationError, RemoteUnavailable
 from vlad.processing import RawObservation
 from vlad.serving.cycle import CycleFailure, run_cycle
 from vlad.serving.tracing import CycleTimes
-from vlad.testing import wait_until
+from vlad_tools.testing import wait_until
 
 LONG = "reach the red target " * 10  # more tokens than the demo contract's max_tokens (8)
 

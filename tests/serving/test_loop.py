@@ -13,7 +13,7 @@ from tests.serving.rig import GENEROUS_NS, PROPRIO, FakeSession, Rig
 from vlad.contract import parse_contract
 from vlad.errors import BackendError, RemoteUnavailable
 from vlad.processing import preprocess_proprio
-from vlad.testing import wait_until
+from vlad_tools.testing import wait_until
 
 
 def test_one_observation_one_chunk(rig):

@@ -1,6 +1,6 @@
 """Property-based fuzzing of everything that parses untrusted bytes (issue 9).
 
-Targets and their invariants are in vlad/testing/fuzz.py (shared with scripts/fuzz.py,
+Targets and their invariants are in tools/vlad_tools/testing/fuzz.py (shared with scripts/fuzz.py,
 which runs the same targets for minutes). Here each target gets hypothesis-generated
 input of three kinds: raw bytes, random msgpack structures, and mutations of valid
 messages (hypothesis drives the mutators through ``st.randoms``). Bounded for CI:
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vlad.testing import fuzz as ft
+from vlad_tools.testing import fuzz as ft
 
 FUZZ = settings(
     max_examples=400,

@@ -1,4 +1,4 @@
-"""vlad.testing: the TOML writer round-trips a daemon config; the launcher runs the real daemon;
+"""vlad_tools.testing: the TOML writer round-trips a daemon config; the launcher runs the real daemon;
 the wrapper backend injects what it is told around a real engine; the demo's copies and
 golden fixtures are what the tests rely on."""
 
@@ -13,9 +13,9 @@ import pytest
 from tests.conftest import ROOT
 from vlad.config import ChainEntry, Config, FallbackConfig, ReleaseConfig, load_config, parse_config
 from vlad.errors import BackendError
-from vlad.gates.plan import DEFAULT_BUDGETS
-from vlad.gates.wrapped import WrappedBackend
-from vlad.testing import (
+from vlad_tools.gates.plan import DEFAULT_BUDGETS
+from vlad_tools.gates.wrapped import WrappedBackend
+from vlad_tools.testing import (
     DEMO,
     MAX_ABS,
     DaemonFailed,
@@ -28,7 +28,7 @@ from vlad.testing import (
     unsigned_copy,
     write_fault_rig,
 )
-from vlad.testing.plugin import InjectedSensor
+from vlad_tools.testing.plugin import InjectedSensor
 
 
 def test_a_config_written_as_toml_reads_back_the_same(tmp_path):
@@ -210,6 +210,6 @@ def test_the_fault_rig_is_a_typed_config_that_reads_back(tmp_path):
     assert again.release.backend == "wrapped" and again.release.options["control_file"] == str(rig.control)
     assert [e.kind for e in again.fallback.chain] == ["release", "hold"]
     assert rig.env == {
-        "VLAD_PLUGIN_MODULES": "vlad.gates.wrapped,vlad.testing.plugin",
+        "VLAD_PLUGIN_MODULES": "vlad_tools.gates.wrapped,vlad_tools.testing.plugin",
         "VLAD_TEST_SENSOR_FILE": str(rig.sensors),
     }

@@ -1,32 +1,59 @@
 """Command-line entry points: ``vlad`` (the daemon) and ``vladctl`` (operators).
 
 One module per command group: :mod:`~vlad.cli.daemon` (the running daemon),
-:mod:`~vlad.cli.release` (keys, signatures, the store), :mod:`~vlad.cli.contract`,
-:mod:`~vlad.cli.plan` (the latency planner), :mod:`~vlad.cli.tools` (plugins, export),
-:mod:`~vlad.cli.importer` (``vladctl import lerobot``),
+:mod:`~vlad.cli.release` (keys, signatures, the store), :mod:`~vlad.cli.fleet` (push, pull),
+:mod:`~vlad.cli.contract`, :mod:`~vlad.cli.plugins` (what is installed),
 :mod:`~vlad.cli.common` (running, exit codes, the operator). Expected failures print one
 line ``error: ...`` and exit with an :class:`~vlad.errors.ExitCode`; anything else is a bug
 and keeps its traceback.
+
+The workstation's commands (``gate``, ``plan``, ``import``, ...) are not part of the robot
+runtime: the ``vlad-tools`` distribution (``tools/``) offers them through the ``vladctl``
+entry-point group, each entry point a function that adds its commands to the parser.
+Where it is not installed, naming one of them says so in one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import entry_points
+from typing import Any
 
 from vlad import __version__
 from vlad.cli.common import run
+from vlad.errors import ExitCode
+
+# The entry-point group through which other distributions add vladctl commands; and the
+# commands vlad-tools adds, so that a robot without it answers them with one line.
+COMMAND_GROUP = "vladctl"
+WORKSTATION_COMMANDS = ("gate", "record", "replay", "evidence", "plan", "import", "export")
 
 
-def vladctl_parser() -> argparse.ArgumentParser:
+def _add_installed_commands(sub: Any) -> None:
+    """Add the commands other installed distributions offer (entry-point group ``vladctl``).
+
+    A distribution whose commands do not load is named on stderr and vladctl goes on with the
+    rest: an operator's ``status`` or ``rollback`` must not depend on a workstation tool.
+    """
+    for ep in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
+        try:
+            ep.load()(sub)
+        except Exception as exc:  # a broken tool install: say which, keep the operator commands
+            dist = ep.dist.name if ep.dist else "?"
+            print(
+                f"vladctl: warning: commands {ep.name!r} from {dist} did not load: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
+
+
+def vladctl_parser() -> tuple[argparse.ArgumentParser, Any]:
+    """The parser and its subparsers (whose ``choices`` are the commands installed here)."""
     from vlad.cli.contract import add_contract_commands
     from vlad.cli.daemon import add_daemon_commands
     from vlad.cli.fleet import add_fleet_commands
-    from vlad.cli.importer import add_import_commands
-    from vlad.cli.plan import add_plan_commands
+    from vlad.cli.plugins import add_plugin_commands
     from vlad.cli.release import add_release_commands
-    from vlad.cli.tools import add_tool_commands
-    from vlad.gates.cli import add_gate_commands
 
     parser = argparse.ArgumentParser(prog="vladctl", description="Operate vlad: the daemon, releases, contracts.")
     parser.add_argument("--version", action="version", version=f"vladctl {__version__}")
@@ -35,15 +62,23 @@ def vladctl_parser() -> argparse.ArgumentParser:
     add_release_commands(sub)
     add_fleet_commands(sub)
     add_contract_commands(sub)
-    add_plan_commands(sub)
-    add_gate_commands(sub)
-    add_tool_commands(sub)
-    add_import_commands(sub)
-    return parser
+    add_plugin_commands(sub)
+    _add_installed_commands(sub)
+    return parser, sub
 
 
 def vladctl_main(argv: list[str] | None = None) -> int:
-    return run(vladctl_parser(), argv)
+    parser, sub = vladctl_parser()
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command in WORKSTATION_COMMANDS and command not in sub.choices:
+        print(
+            f"error: vladctl {command} is a workstation command of vlad-tools, not installed here: "
+            "pip install vlad-tools (on a workstation; a robot does not need it)",
+            file=sys.stderr,
+        )
+        return int(ExitCode.ERROR)
+    return run(parser, args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

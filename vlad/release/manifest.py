@@ -251,7 +251,7 @@ class Manifest:
     lineage: Lineage
     gates: tuple[GateEvidence, ...] = ()
     canary: CanaryPolicy = field(default_factory=CanaryPolicy)
-    # The release's own gate plan (docs/gates.md), checked by vlad.gates.plan when used.
+    # The release's own gate plan (docs/gates.md), checked by vlad_tools.gates.plan when used.
     gate_plan: Mapping[str, Any] | None = None
     memory: MemoryNeed | None = None  # None: the release does not say (the daemon estimates)
     document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False, metadata={"internal": True})

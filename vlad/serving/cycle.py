@@ -2,7 +2,7 @@
 
     stale check -> preprocess -> infer -> decode
 
-The serving thread, a shadow run, the in-process episode link (:mod:`vlad.episodes`) and
+The serving thread, a shadow run, the in-process episode link (:mod:`vlad_tools.episodes`) and
 the gates call :func:`run_cycle`, so the chunk a policy computes for an observation is the
 same, bit for bit, wherever it runs: only what happens to it afterwards (the final guard
 and the publisher on the serving thread, a comparison in a shadow run) differs.

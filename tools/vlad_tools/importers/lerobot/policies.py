@@ -1,0 +1,348 @@
+"""LeRobot policies as exportable graphs, and LeRobot's own inference as the reference.
+
+Per supported policy type, two things:
+
+- an export module: normalized contract inputs (positional, in ``[[inputs]]`` order) ->
+  normalized action chunk, calling the policy's own submodules. ACT is deterministic at
+  inference (its latent is zero). Diffusion Policy samples: the module takes the initial
+  noise (and, with DDPM, each step's noise) as its ``noise`` input and runs the denoising
+  loop with the checkpoint's scheduler unrolled over its fixed timesteps (the scheduler's
+  arithmetic, written out; :func:`check_against_lerobot` proves it equal);
+- the reference: raw robot frames -> LeRobot's ``prepare_observation_for_inference`` ->
+  the checkpoint's preprocessor -> ``predict_action_chunk`` (Diffusion: after filling
+  its observation queue with LeRobot's ``populate_queues``, one frame at a time) -> the
+  postprocessor.
+
+Both also expose ``prefix`` (an intermediate tensor: ACT's backbone features, Diffusion's
+global conditioning) that :func:`vlad.release.export.export_onnx` compares as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vlad_tools.importers.lerobot.checkpoint import STATE, Checkpoint, CheckpointError
+
+
+@dataclass
+class Frame:
+    """One raw robot observation as LeRobot's robots deliver it: uint8 HWC images by
+    LeRobot camera name, the state vector."""
+
+    images: dict[str, np.ndarray]
+    state: np.ndarray
+
+
+def load_policy(ckpt: Checkpoint):
+    """The policy and its processors, loaded by LeRobot from the checkpoint folder (CPU, eval).
+
+    The weights are loaded strictly: ``model.safetensors`` must hold exactly the tensors the
+    configuration builds, with their shapes (LeRobot's ``from_pretrained`` is lenient: a
+    missing tensor stays randomly initialised, with a warning on stderr), and every one of them
+    finite (a diverged run's NaN weights otherwise compare equal to LeRobot's NaN outputs).
+    Each problem is a one-line :class:`CheckpointError`.
+    """
+    from vlad_tools.importers.lerobot.runtime import load_lerobot
+
+    load_lerobot()
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+    try:
+        config = PreTrainedConfig.from_pretrained(str(ckpt.path), local_files_only=True)
+        config.device = "cpu"
+        # Every backbone weight comes from model.safetensors (loaded strictly below): no
+        # download of the ImageNet weights the backbone was initialised with before training.
+        if getattr(config, "pretrained_backbone_weights", None) is not None:
+            config.pretrained_backbone_weights = None
+        policy = get_policy_class(ckpt.type)(config)
+    except Exception as exc:  # LeRobot's own validation of config.json: its reason, in one line
+        raise CheckpointError(f"{ckpt.path}/config.json: LeRobot cannot build the policy: {_first_line(exc)}") from exc
+    _load_weights_strictly(policy, ckpt)
+    policy.eval()
+    try:
+        pre, post = make_pre_post_processors(
+            config,
+            pretrained_path=str(ckpt.path),
+            preprocessor_overrides={"device_processor": {"device": "cpu"}},
+            postprocessor_overrides={"device_processor": {"device": "cpu"}},
+        )
+    except Exception as exc:
+        raise CheckpointError(f"{ckpt.path}: LeRobot cannot load the processors: {_first_line(exc)}") from exc
+    return policy, pre, post
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _load_weights_strictly(policy, ckpt: Checkpoint) -> None:
+    """``model.safetensors`` into ``policy`` as LeRobot's ``from_pretrained`` loads it
+    (``safetensors.torch.load_model``), but strict, and every tensor checked finite."""
+    import torch
+    from safetensors.torch import load_model
+
+    path = ckpt.path / "model.safetensors"
+    expected = {k: tuple(v.shape) for k, v in policy.state_dict().items()}
+    missing = sorted(set(expected) - set(ckpt.weights))
+    unexpected = sorted(set(ckpt.weights) - set(expected))
+    shapes = sorted(k for k in set(expected) & set(ckpt.weights) if ckpt.weights[k][0] != expected[k])
+    for what, keys in (
+        ("lacks {n} tensor(s) the policy config.json describes has", missing),
+        ("holds {n} tensor(s) the policy config.json describes does not have", unexpected),
+    ):
+        if keys:
+            shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
+            raise CheckpointError(
+                f"{path}: {what.format(n=len(keys))} ({shown}): the weights and config.json are not from one "
+                "checkpoint; copy the whole pretrained_model folder again"
+            )
+    if shapes:
+        k = shapes[0]
+        raise CheckpointError(
+            f"{path}: tensor {k} has shape {list(ckpt.weights[k][0])}, the policy config.json describes needs "
+            f"{list(expected[k])}: the weights and config.json are not from one checkpoint"
+        )
+    try:
+        load_model(policy, str(path), strict=True, device="cpu")
+    except Exception as exc:  # the header was read; anything left is a damaged file
+        raise CheckpointError(f"{path}: cannot load the weights: {_first_line(exc)}") from exc
+    bad = [k for k, v in policy.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise CheckpointError(
+            f"{path}: {len(bad)} tensor(s) hold NaN or Inf ({bad[0]}{', ...' if len(bad) > 1 else ''}): "
+            "the training diverged; import an earlier checkpoint"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Export modules
+# ---------------------------------------------------------------------------------------
+
+
+def export_module(policy, ckpt: Checkpoint, input_names: Sequence[str]):
+    """The ``torch.nn.Module`` to export for ``policy`` (eval mode). Its ``forward`` takes the
+    contract's inputs positionally and is *named* after them (``torch.export`` binds the
+    contract's dynamic axes to parameter names)."""
+    import inspect
+
+    module = _act_module(policy) if ckpt.type == "act" else _diffusion_module(policy, ckpt)
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + [
+        inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in input_names
+    ]
+    type(module).forward.__signature__ = inspect.Signature(params)
+    return module.eval()
+
+
+def _act_module(policy):
+    import torch
+    from lerobot.utils.constants import OBS_IMAGES, OBS_STATE
+
+    class ActExport(torch.nn.Module):
+        """cameras..., state -> actions ``[N, chunk_size, action dim]`` (normalized)."""
+
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner  # ACT's model: backbone, encoder, decoder, action head
+
+        def forward(self, *args):
+            *images, state = args
+            actions, _ = self.inner({OBS_STATE: state, OBS_IMAGES: list(images)})
+            return actions
+
+        def prefix(self, *args):
+            return self.inner.backbone(args[0])["feature_map"]
+
+    return ActExport(policy.model)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One denoising step's constants, computed with the scheduler's own float32 arithmetic."""
+
+    t: int
+    x0_from_sample: float  # epsilon: 1 / sqrt(a_t) etc. (see _scheduler_steps)
+    x0_from_output: float
+    eps_from_sample: float
+    eps_from_output: float
+    prev_from_x0: float
+    prev_from_sample_or_eps: float
+    noise_scale: float  # DDPM: sqrt(variance) (0 at t = 0); DDIM: 0
+
+
+def _scheduler_steps(scheduler, steps: int, kind: str) -> list[_Step]:
+    """The scheduler's step as constants per timestep (diffusers' DDPM/DDIM ``step``, eta = 0)."""
+    import torch
+
+    cfg = scheduler.config
+    scheduler.set_timesteps(steps)
+    ac = scheduler.alphas_cumprod
+    stride = cfg.num_train_timesteps // steps
+    one = torch.tensor(1.0)
+    out = []
+    for t in (int(x) for x in scheduler.timesteps):
+        prev_t = t - stride
+        a_t = ac[t]
+        if kind == "DDIM":
+            a_prev = ac[prev_t] if prev_t >= 0 else scheduler.final_alpha_cumprod
+        else:
+            a_prev = ac[prev_t] if prev_t >= 0 else one
+        b_t = 1 - a_t
+        pt = cfg.prediction_type
+        # pred_x0 = x0_from_sample * sample + x0_from_output * model_output, written as the
+        # scheduler writes it: (sample - b_t**0.5 * out) / a_t**0.5 keeps its rounding.
+        if pt not in ("epsilon", "sample"):
+            raise ValueError(f"prediction_type {pt!r}")
+        if kind == "DDIM":
+            # prev = a_prev**0.5 * x0 + (1 - a_prev)**0.5 * eps
+            c_x0, c_other, scale = float(a_prev**0.5), float((1 - a_prev) ** 0.5), 0.0
+        else:
+            b_prev = 1 - a_prev
+            cur_alpha = a_t / a_prev
+            cur_beta = 1 - cur_alpha
+            c_x0 = float((a_prev**0.5 * cur_beta) / b_t)
+            c_other = float(cur_alpha**0.5 * b_prev / b_t)
+            var = torch.clamp((1 - a_prev) / (1 - a_t) * cur_beta, min=1e-20)
+            scale = float(var**0.5) if t > 0 else 0.0
+        out.append(_Step(t, float(b_t**0.5), float(a_t**0.5), float(a_t**0.5), float(b_t**0.5), c_x0, c_other, scale))
+    return out
+
+
+def _diffusion_module(policy, ckpt: Checkpoint):
+    import torch
+    from lerobot.utils.constants import OBS_IMAGES, OBS_STATE
+
+    cfg = ckpt.config
+    kind = cfg.get("noise_scheduler_type", "DDPM")
+    if kind not in ("DDPM", "DDIM"):
+        raise ValueError(f"noise_scheduler_type {kind!r}")
+    model = policy.diffusion
+    steps = _scheduler_steps(model.noise_scheduler, model.num_inference_steps, kind)
+    clip = float(cfg["clip_sample_range"]) if cfg.get("clip_sample") else None
+    prediction = cfg.get("prediction_type", "epsilon")
+    start = ckpt.n_obs_steps - 1
+    n_action = ckpt.n_action_steps
+
+    class DiffusionExport(torch.nn.Module):
+        """cameras ``[N, T, 3, H, W]``..., state ``[N, T, D]``, noise -> actions (normalized)."""
+
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner  # DiffusionModel: the RGB encoder(s) and the 1-D U-Net
+
+        def prefix(self, *args):
+            *images, state, _noise = args
+            batch = {OBS_STATE: state, OBS_IMAGES: torch.stack(images, dim=-4)}
+            return self.inner._prepare_global_conditioning(batch)
+
+        def forward(self, *args):
+            noise = args[-1]
+            cond = self.prefix(*args)
+            sample = noise[:, 0] if kind == "DDPM" else noise
+            timestep = torch.ones(sample.shape[:1], dtype=torch.long)
+            for i, s in enumerate(steps):
+                out = self.inner.unet(sample, timestep * s.t, global_cond=cond)
+                if prediction == "epsilon":
+                    x0 = (sample - s.x0_from_sample * out) / s.x0_from_output
+                    eps = out
+                else:
+                    x0 = out
+                    eps = (sample - s.eps_from_sample * x0) / s.eps_from_output
+                if clip is not None:
+                    x0 = x0.clamp(-clip, clip)
+                if kind == "DDIM":
+                    sample = s.prev_from_x0 * x0 + s.prev_from_sample_or_eps * eps
+                else:
+                    sample = s.prev_from_x0 * x0 + s.prev_from_sample_or_eps * sample
+                    if s.noise_scale:
+                        sample = sample + s.noise_scale * noise[:, 1 + i]
+            return sample[:, start : start + n_action]
+
+    return DiffusionExport(model)
+
+
+# ---------------------------------------------------------------------------------------
+# LeRobot's own inference, the reference
+# ---------------------------------------------------------------------------------------
+
+
+def _lerobot_obs(frame: Frame) -> dict[str, Any]:
+    """A robot observation in LeRobot's key scheme, through its own conversion."""
+    import torch
+    from lerobot.policies.utils import prepare_observation_for_inference
+
+    obs: dict[str, Any] = {f"observation.images.{k}": np.ascontiguousarray(v) for k, v in frame.images.items()}
+    obs[STATE] = np.asarray(frame.state, np.float32)
+    return prepare_observation_for_inference(obs, torch.device("cpu"))
+
+
+@dataclass
+class Reference:
+    """LeRobot's answer to one observation window."""
+
+    inputs: dict[str, np.ndarray]  # LeRobot's preprocessed tensors of the newest frame (normalized)
+    output: np.ndarray  # predict_action_chunk: [1, chunk, action dim], normalized
+    actions: np.ndarray  # after the postprocessor: [chunk, action dim], physical units
+
+
+def lerobot_reference(
+    policy, pre, post, ckpt: Checkpoint, window: Sequence[Frame], noise: np.ndarray | None, seed: int = 0
+) -> Reference:
+    """LeRobot's inference on ``window`` (oldest first; one frame without history).
+
+    Diffusion: ``policy.reset()``, then LeRobot's ``populate_queues`` with each frame (the
+    first one fills the queue, as after a reset), then ``predict_action_chunk`` with the
+    initial noise ``noise[0]`` (DDIM: ``noise`` itself). A DDPM checkpoint's per-step noise
+    cannot be handed to LeRobot: its scheduler draws it from torch's generator, seeded here
+    with ``seed``, and :func:`seeded_ddpm_noise` gives the same values for the export.
+    """
+    import torch
+
+    with torch.inference_mode():
+        batches = [pre(_lerobot_obs(f)) for f in window]
+        batch = batches[-1]
+        if ckpt.type == "act":
+            out = policy.predict_action_chunk(batch)
+        else:
+            from lerobot.policies.utils import populate_queues
+            from lerobot.utils.constants import OBS_IMAGES
+
+            policy.reset()
+            for b in batches:
+                b = {k: v for k, v in b.items() if isinstance(v, torch.Tensor)}
+                b[OBS_IMAGES] = torch.stack([b[k] for k in policy.config.image_features], dim=-4)
+                policy._queues = populate_queues(policy._queues, b)
+            assert noise is not None  # a diffusion contract has a noise input
+            initial = noise[:, 0] if noise.ndim == 4 else noise
+            b = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+            b[OBS_IMAGES] = torch.stack([b[k] for k in policy.config.image_features], dim=-4)
+            torch.manual_seed(seed)
+            out = policy.predict_action_chunk(b, noise=torch.from_numpy(np.ascontiguousarray(initial)))
+        actions = post(out)
+    inputs = {k: v.numpy().copy() for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    return Reference(inputs, out.numpy().copy(), np.asarray(actions)[0].astype(np.float32))
+
+
+def seeded_ddpm_noise(ckpt: Checkpoint, seed: int, batch: int = 1) -> np.ndarray:
+    """The per-step noise LeRobot's DDPM scheduler draws after ``torch.manual_seed(seed)``:
+    one ``torch.randn`` per step with ``t > 0``, in step order (diffusers' ``randn_tensor`` on
+    the CPU). Slot 0 is the initial sample's (handed to LeRobot explicitly); the slot of the
+    final step (t = 0, no noise added) stays zero."""
+    import torch
+
+    from vlad_tools.importers.lerobot.contract import denoising_steps, noise_shape
+
+    shape = noise_shape(ckpt)
+    assert shape is not None and len(shape) == 3
+    out = np.zeros((batch, *shape), np.float32)
+    g = torch.Generator().manual_seed(seed + 1)
+    out[:, 0] = torch.randn((batch, *shape[1:]), generator=g).numpy()
+    torch.manual_seed(seed)
+    for i in range(denoising_steps(ckpt) - 1):  # DDPM's timesteps end at t = 0
+        out[:, 1 + i] = torch.randn((batch, *shape[1:])).numpy()
+    return out
