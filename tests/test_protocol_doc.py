@@ -44,22 +44,12 @@ def _names(cell: str) -> list[str]:
 
 def _code_reasons() -> tuple[set[str], set[str]]:
     """(reasons of the observation and e-stop sockets, reasons of the control channel),
-    as the code spells them."""
+    as the code spells them: every observation reason is a :class:`vlad.protocol.Rejection`
+    (mypy holds every refusal to the type), the control channel adds its own counter keys."""
+    from vlad.protocol import Rejection
+
     vlad = ROOT / "vlad"
     protocol = (vlad / "protocol.py").read_text()
-    intake = (vlad / "serving" / "intake.py").read_text() + (vlad / "serving" / "loop.py").read_text()
-    guard = (vlad / "serving" / "guard.py").read_text()
-    judge = guard[guard.index("def judge") : guard.index("def _accept")]
-    judge = judge[judge.index('"""', judge.index('"""') + 3) + 3 :]  # code after the docstring
-    observations = set(re.findall(r'ProtocolError\(\s*"(\w+)"', protocol))
-    observations |= set(re.findall(r'Rejected\(\s*"(\w+)"', intake))
-    observations |= set(re.findall(r'\.reject\(\s*"(\w+)"', intake))
-    observations |= set(re.findall(r'return "(\w+)"', judge))
-    # the cycle's observation faults (vlad.serving.cycle), counted as rejections by the serving thread
-    from vlad.serving.cycle import INPUT_REASONS
-
-    observations |= set(INPUT_REASONS) - {"stale"}
-    observations |= set(re.findall(r'ProtocolError\(\s*"(\w+)"', (vlad / "health" / "liveness.py").read_text()))
     control_src = (vlad / "daemon" / "control.py").read_text()
     request_path = (
         protocol[protocol.index("def _unpack") : protocol.index("def is_version")]
@@ -68,14 +58,19 @@ def _code_reasons() -> tuple[set[str], set[str]]:
     )
     control = set(re.findall(r'self\.rejected\["(\w+)"\]', control_src))
     control |= set(re.findall(r'return "(\w+)"', control_src[control_src.index("def error_reason") :]))
-    control |= set(re.findall(r'ProtocolError\(\s*"(\w+)"', control_src + request_path))
-    # nothing else in vlad/ produces a reason
-    every = set()
-    for path in vlad.rglob("*.py"):
-        text = path.read_text()
-        every |= set(re.findall(r'(?:ProtocolError|Rejected)\(\s*"(\w+)"', text))
-    assert every <= observations | control, every - observations - control
+    control |= {m.lower() for m in re.findall(r"Rejection\.(\w+)", control_src + request_path)}
+    observations = {r.value for r in Rejection} - {Rejection.UNKNOWN_COMMAND.value}  # the control channel's own
     return observations, control
+
+
+def test_every_rejection_is_produced_somewhere():
+    """No member of the enum is dead: each is raised or returned by some code of vlad."""
+    from vlad.protocol import Rejection
+
+    used = set()
+    for path in (ROOT / "vlad").rglob("*.py"):
+        used |= {m.lower() for m in re.findall(r"Rejection\.([A-Z_]+)\b", path.read_text())}
+    assert used >= {r.value for r in Rejection}, sorted({r.value for r in Rejection} - used)
 
 
 def test_rejection_reasons_table_matches_the_code():

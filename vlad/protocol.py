@@ -48,12 +48,37 @@ MAX_TEXT = 1024  # characters of a string a human or a log sees (instruction, cl
 MAX_REQUEST_BYTES = 64 * 1024  # a control request
 
 
+class Rejection(enum.StrEnum):
+    """Why vlad refused a message: the key it is counted under (``status.counters.rejected``)
+    and, for an observation, the ``reason`` of the ``hold:rejected`` chunk that answers it
+    (docs/protocol.md, "Rejections"). The control channel counts these under ``control_<reason>``."""
+
+    MALFORMED = "malformed"  # not the protocol (frames, header, fields)
+    UNKNOWN_TOPIC = "unknown_topic"
+    BAD_VERSION = "bad_version"
+    TOO_LARGE = "too_large"
+    BAD_DTYPE = "bad_dtype"
+    BAD_SHAPE = "bad_shape"
+    UNKNOWN_TENSOR = "unknown_tensor"
+    MISSING_TENSOR = "missing_tensor"
+    NONFINITE = "nonfinite"
+    TOO_MANY_CONTROLLERS = "too_many_controllers"
+    NAME_IN_USE = "name_in_use"
+    FUTURE_TIMESTAMP = "future_timestamp"
+    PROPRIO_OUT_OF_LIMITS = "proprio_out_of_limits"  # the guard's judgement of the joint state
+    IMPLAUSIBLE_PROPRIO = "implausible_proprio"
+    INSTRUCTION_TOO_LONG = "instruction_too_long"  # the release's tokenizer refused it (a cycle's)
+    BAD_INPUT = "bad_input"  # the release's preprocessing refused it (a cycle's)
+    INTERNAL_ERROR = "internal_error"  # a check raised what vlad did not expect (a bug)
+    UNKNOWN_COMMAND = "unknown_command"  # control channel only
+
+
 class ProtocolError(VladError):
     """A message that does not follow the protocol; ``reason`` is a short counter key.
     ``header``: the message's header map when it could be read (a receiver may still answer
     the sender about it)."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: Rejection, detail: str) -> None:
         self.reason = reason
         self.header: dict | None = None
         super().__init__(f"{reason}: {detail}")
@@ -87,7 +112,7 @@ def encode(topic: bytes, header: Mapping[str, Any], tensors: Mapping[str, np.nda
             a = np.ascontiguousarray(arr)
             if a.dtype.name not in WIRE_DTYPES:
                 raise ProtocolError(
-                    "bad_dtype", f"tensor {name!r} has dtype {a.dtype}, allowed: {', '.join(WIRE_DTYPES)}"
+                    Rejection.BAD_DTYPE, f"tensor {name!r} has dtype {a.dtype}, allowed: {', '.join(WIRE_DTYPES)}"
                 )
             if a.dtype.byteorder == ">":
                 a = a.astype(a.dtype.newbyteorder("<"))
@@ -114,7 +139,7 @@ class Layout:
 
     def __init__(self, tensors: Sequence[tuple[str, str, Sequence[int]]]) -> None:  # (name, dtype, shape)
         if len(tensors) > MAX_TENSORS:
-            raise ProtocolError("malformed", f"a layout of {len(tensors)} tensors (at most {MAX_TENSORS})")
+            raise ProtocolError(Rejection.MALFORMED, f"a layout of {len(tensors)} tensors (at most {MAX_TENSORS})")
         descs: list[dict[str, Any]] = []
         parts: list[tuple[np.dtype, tuple[int, ...], int]] = []
         for name, dtype, shape in tensors:
@@ -145,14 +170,14 @@ class Layout:
     def arrays(self, frames: Sequence[Any]) -> dict[str, np.ndarray]:
         if len(frames) != 2 + len(self._parts):
             raise ProtocolError(
-                "malformed", f"header describes {len(self._parts)} tensor(s), message has {len(frames) - 2}"
+                Rejection.MALFORMED, f"header describes {len(self._parts)} tensor(s), message has {len(frames) - 2}"
             )
         out: dict[str, np.ndarray] = {}
         for name, (dt, shape, nbytes), buf in zip(self.names, self._parts, frames[2:], strict=True):
             view = memoryview(buf)
             if view.nbytes != nbytes:
                 raise ProtocolError(
-                    "bad_shape", f"tensor {name!r}: {view.nbytes} bytes, {dt.name}{list(shape)} needs {nbytes}"
+                    Rejection.BAD_SHAPE, f"tensor {name!r}: {view.nbytes} bytes, {dt.name}{list(shape)} needs {nbytes}"
                 )
             arr = np.frombuffer(view, dtype=dt).reshape(shape)
             out[name] = arr if dt.isnative else arr.astype(dt.newbyteorder("="))
@@ -203,11 +228,11 @@ def unpack_bounded(
 def _unpack(raw: bytes | memoryview, what: str, max_bytes: int) -> Any:
     """msgpack -> Python, with every size bounded before anything is allocated."""
     if len(raw) > max_bytes:
-        raise ProtocolError("too_large", f"{what} of {len(raw)} bytes exceeds {max_bytes}")
+        raise ProtocolError(Rejection.TOO_LARGE, f"{what} of {len(raw)} bytes exceeds {max_bytes}")
     try:
         return unpack_bounded(raw, max_bytes)
     except Exception as exc:  # msgpack raises several types (and RecursionError on deep nesting)
-        raise ProtocolError("malformed", f"{what} is not valid msgpack ({type(exc).__name__})") from None
+        raise ProtocolError(Rejection.MALFORMED, f"{what} is not valid msgpack ({type(exc).__name__})") from None
 
 
 def is_version(value: Any) -> bool:
@@ -218,11 +243,11 @@ def is_version(value: Any) -> bool:
 def check_text(value: Any, what: str, max_len: int = MAX_TEXT) -> str:
     """A string a human or a log will see: bounded, no NUL or other control characters."""
     if not isinstance(value, str):
-        raise ProtocolError("malformed", f"{what} must be a string, got {type(value).__name__}")
+        raise ProtocolError(Rejection.MALFORMED, f"{what} must be a string, got {type(value).__name__}")
     if len(value) > max_len:
-        raise ProtocolError("malformed", f"{what} longer than {max_len} characters")
+        raise ProtocolError(Rejection.MALFORMED, f"{what} longer than {max_len} characters")
     if not value.isprintable():
-        raise ProtocolError("malformed", f"{what} contains NUL or control characters")
+        raise ProtocolError(Rejection.MALFORMED, f"{what} contains NUL or control characters")
     return value
 
 
@@ -237,13 +262,13 @@ def decode(frames: Sequence[Any], expect: tuple[bytes, ...] = TOPICS, layout: La
     construction); anything else takes the full checks, so the verdict is the same.
     """
     if len(frames) < 2:
-        raise ProtocolError("malformed", f"{len(frames)} frame(s), need at least topic and header")
+        raise ProtocolError(Rejection.MALFORMED, f"{len(frames)} frame(s), need at least topic and header")
     topic = bytes(frames[0])
     if topic not in expect:
-        raise ProtocolError("unknown_topic", f"topic {topic[:32]!r} not one of {[t.decode() for t in expect]}")
+        raise ProtocolError(Rejection.UNKNOWN_TOPIC, f"topic {topic[:32]!r} not one of {[t.decode() for t in expect]}")
     header = _unpack(memoryview(frames[1]), "header", MAX_HEADER_BYTES)
     if not isinstance(header, dict):
-        raise ProtocolError("malformed", "header is not a map")
+        raise ProtocolError(Rejection.MALFORMED, "header is not a map")
     try:
         return _decode_rest(frames, topic, header, layout)
     except ProtocolError as exc:
@@ -255,41 +280,45 @@ def _decode_rest(frames: Sequence[Any], topic: bytes, header: dict, layout: Layo
     """:func:`decode` once the header is a map."""
     version = header.get("v")
     if not is_version(version):
-        raise ProtocolError("bad_version", f"protocol version {version!r:.32}, this daemon speaks {VERSION}")
+        raise ProtocolError(Rejection.BAD_VERSION, f"protocol version {version!r:.32}, this daemon speaks {VERSION}")
     if header.get("kind") != topic.decode():
         raise ProtocolError(
-            "malformed", f"header kind {header.get('kind')!r:.32} does not match topic {topic.decode()!r}"
+            Rejection.MALFORMED, f"header kind {header.get('kind')!r:.32} does not match topic {topic.decode()!r}"
         )
     seq = header.get("seq")
     if type(seq) is not int or not 0 <= seq < 2**64:
-        raise ProtocolError("malformed", f"seq must be an integer in [0, 2**64), got {seq!r:.32}")
+        raise ProtocolError(Rejection.MALFORMED, f"seq must be an integer in [0, 2**64), got {seq!r:.32}")
     descs = header.get("tensors", [])
     if layout is not None and layout.describes(descs):
         return Message(topic, header, layout.arrays(frames), layout)
     if not isinstance(descs, list) or len(descs) > MAX_TENSORS:
-        raise ProtocolError("malformed", f"tensors must be a list of at most {MAX_TENSORS} entries")
+        raise ProtocolError(Rejection.MALFORMED, f"tensors must be a list of at most {MAX_TENSORS} entries")
     if len(frames) != 2 + len(descs):
-        raise ProtocolError("malformed", f"header describes {len(descs)} tensor(s), message has {len(frames) - 2}")
+        raise ProtocolError(
+            Rejection.MALFORMED, f"header describes {len(descs)} tensor(s), message has {len(frames) - 2}"
+        )
     tensors: dict[str, np.ndarray] = {}
     for desc, buf in zip(descs, frames[2:], strict=True):
         name, arr = _tensor(desc, buf)
         if name in tensors:
-            raise ProtocolError("malformed", f"tensor {name!r} appears twice")
+            raise ProtocolError(Rejection.MALFORMED, f"tensor {name!r} appears twice")
         tensors[name] = arr
     return Message(topic, header, tensors)
 
 
 def _tensor(desc: Any, buf: Any) -> tuple[str, np.ndarray]:
     if not isinstance(desc, dict):
-        raise ProtocolError("malformed", "tensor description is not a map")
+        raise ProtocolError(Rejection.MALFORMED, "tensor description is not a map")
     name, dtype, shape = desc.get("name"), desc.get("dtype"), desc.get("shape")
     if not isinstance(name, str) or not name:
-        raise ProtocolError("malformed", "tensor without a name")
+        raise ProtocolError(Rejection.MALFORMED, "tensor without a name")
     check_text(name, "tensor name", 64)
     if not isinstance(dtype, str):
-        raise ProtocolError("malformed", f"tensor {name!r}: dtype must be a string")
+        raise ProtocolError(Rejection.MALFORMED, f"tensor {name!r}: dtype must be a string")
     if dtype not in WIRE_DTYPES:
-        raise ProtocolError("bad_dtype", f"tensor {name!r}: dtype {dtype!r:.32} not one of {', '.join(WIRE_DTYPES)}")
+        raise ProtocolError(
+            Rejection.BAD_DTYPE, f"tensor {name!r}: dtype {dtype!r:.32} not one of {', '.join(WIRE_DTYPES)}"
+        )
     # Every axis at least 1 and bounded: a zero axis makes any byte count "match" and an
     # astronomic one overflows numpy's reshape ([0, 2**63] once passed both checks).
     if (
@@ -298,20 +327,20 @@ def _tensor(desc: Any, buf: Any) -> tuple[str, np.ndarray]:
         or not all(type(n) is int and 1 <= n <= MAX_AXIS for n in shape)
     ):
         raise ProtocolError(
-            "bad_shape",
+            Rejection.BAD_SHAPE,
             f"tensor {name!r}: shape {shape!r:.64} is not a list of 1 to {MAX_RANK} sizes in [1, {MAX_AXIS}]",
         )
     dt = _le(dtype)
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes > MAX_TENSOR_BYTES:
-        raise ProtocolError("too_large", f"tensor {name!r}: {nbytes} bytes exceeds {MAX_TENSOR_BYTES}")
+        raise ProtocolError(Rejection.TOO_LARGE, f"tensor {name!r}: {nbytes} bytes exceeds {MAX_TENSOR_BYTES}")
     view = memoryview(buf)
     if view.nbytes != nbytes:
-        raise ProtocolError("bad_shape", f"tensor {name!r}: {view.nbytes} bytes, {dtype}{shape} needs {nbytes}")
+        raise ProtocolError(Rejection.BAD_SHAPE, f"tensor {name!r}: {view.nbytes} bytes, {dtype}{shape} needs {nbytes}")
     try:
         arr = np.frombuffer(view, dtype=dt).reshape(shape)
     except (ValueError, TypeError) as exc:  # defensive: the checks above should make this unreachable
-        raise ProtocolError("bad_shape", f"tensor {name!r}: {exc}") from None
+        raise ProtocolError(Rejection.BAD_SHAPE, f"tensor {name!r}: {exc}") from None
     return name, arr if dt.isnative else arr.astype(dt.newbyteorder("="))
 
 
@@ -332,17 +361,17 @@ def decode_request(frame: Any) -> tuple[str, dict[str, Any]]:
     """
     req = _unpack(memoryview(frame), "control request", MAX_REQUEST_BYTES)
     if not isinstance(req, dict):
-        raise ProtocolError("malformed", "control request is not a map")
+        raise ProtocolError(Rejection.MALFORMED, "control request is not a map")
     if not is_version(req.get("v")):
         raise ProtocolError(
-            "bad_version", f"control request version {req.get('v')!r:.32}, this daemon speaks {VERSION}"
+            Rejection.BAD_VERSION, f"control request version {req.get('v')!r:.32}, this daemon speaks {VERSION}"
         )
     unknown = set(req) - {"v", "cmd", "args"}
     if unknown:
-        raise ProtocolError("malformed", f"control request has unknown key(s) {sorted(map(str, unknown))[:5]}")
+        raise ProtocolError(Rejection.MALFORMED, f"control request has unknown key(s) {sorted(map(str, unknown))[:5]}")
     cmd, args = req.get("cmd"), req.get("args", {})
     if not isinstance(cmd, str) or not isinstance(args, dict):
-        raise ProtocolError("malformed", "control request needs 'cmd' (a string) and 'args' (a map)")
+        raise ProtocolError(Rejection.MALFORMED, "control request needs 'cmd' (a string) and 'args' (a map)")
     check_text(cmd, "command", 64)
     return cmd, args
 
@@ -354,7 +383,7 @@ def encode_reply(ok: bool, result: Any = None, error: str | None = None) -> byte
 def decode_reply(frame: Any) -> dict[str, Any]:
     rep = _unpack(memoryview(frame), "control reply", 64 * 2**20)
     if not isinstance(rep, dict) or not is_version(rep.get("v")):
-        raise ProtocolError("bad_version", "control reply has an unknown version")
+        raise ProtocolError(Rejection.BAD_VERSION, "control reply has an unknown version")
     return rep
 
 
@@ -382,6 +411,7 @@ class HoldKind(enum.StrEnum):
 
 HOLD_PREFIX = "hold:"
 _HOLDS = {k.source: k for k in HoldKind}
+_REJECTIONS = {r.value: r for r in Rejection}
 
 
 @dataclass(frozen=True)
@@ -404,7 +434,7 @@ class ActionChunk:
     actions: np.ndarray  # [chunk_length, action_dim], contract units
     t_receive_ns: int = 0
     advisory: bool = False  # a hold saying "no policy answer for this observation" (docs/protocol.md)
-    reason: str = ""  # on a hold: why (e.g. "stale", "instruction_too_long", "estop")
+    rejection: Rejection | None = None  # on a hold:rejected, why the observation was refused
     client: str | None = None  # the controller whose observation it answers; None: every controller
     # Real-time chunking: the chunk (seq; 0: the held pose) it continues and the periods of it
     # that were frozen (they had run when it arrived); None: computed plain.
@@ -415,6 +445,12 @@ class ActionChunk:
     def hold(self) -> HoldKind | None:
         """The hold's kind; None for a policy chunk (and for a hold kind this vlad does not know)."""
         return _HOLDS.get(self.source)
+
+    @property
+    def reason(self) -> Rejection | HoldKind | None:
+        """Why this is a hold (the header's ``reason``): the rejection of a ``hold:rejected``,
+        else the hold's kind; None for a policy chunk."""
+        return self.rejection or self.hold
 
     @property
     def is_hold(self) -> bool:
@@ -456,7 +492,7 @@ class ActionChunk:
             "interventions": list(self.interventions),
             "timings_ms": dict(self.timings_ms),
             "advisory": self.advisory,
-            "reason": self.reason,
+            "reason": str(self.reason or ""),
             "client": self.client,
             "rtc": list(self.rtc) if self.rtc is not None else None,
         }
@@ -517,16 +553,21 @@ def decode_chunk(msg: Message, t_receive_ns: int) -> ActionChunk:
     ):
         problems.append(f"rtc: expected [chunk seq, delay periods], got {rtc!r:.64}")
         rtc = None
+    rejection = None
+    if source == HoldKind.REJECTED.source:
+        if reason not in _REJECTIONS:
+            problems.append(f"reason: a hold:rejected needs a rejection reason (docs/protocol.md), got {reason!r:.32}")
+        rejection = _REJECTIONS.get(reason)
     actions = msg.tensors.get("actions")
     if actions is None or actions.ndim != 2 or actions.dtype != np.float32:
         problems.append("actions: expected a 2-D float32 tensor")
     if problems:
-        raise ProtocolError("malformed", "action chunk: " + "; ".join(problems))
+        raise ProtocolError(Rejection.MALFORMED, "action chunk: " + "; ".join(problems))
     assert actions is not None  # checked above
     return ActionChunk(
         seq=seq, obs_seq=obs_seq, t_sensor_ns=t_sensor, t_issue_ns=t_issue, valid_until_ns=valid_until,
         period_ns=period, release=release, state=state, source=source, interventions=tuple(interventions),
         timings_ms={k: float(v) for k, v in timings.items()}, actions=actions, t_receive_ns=t_receive_ns,
-        advisory=advisory is True, reason=reason, client=client, rtc=(rtc[0], rtc[1]) if rtc is not None else None,
+        advisory=advisory is True, rejection=rejection, client=client, rtc=(rtc[0], rtc[1]) if rtc is not None else None,
         policy=policy,
     )  # fmt: skip

@@ -498,18 +498,18 @@ class InProcessLink:
     ) -> None:
         if not wanted:
             return
-        source, reason, advisory = "release", "", False
+        source, rejection, advisory = "release", None, False
         try:
             actions = np.asarray(self.infer(frame, seq), dtype=np.float32)
         except CycleFailure as exc:  # what vlad answers too: a hold of where the arm is
-            reason, advisory, source = exc.reason, exc.input_fault, exc.hold.source
+            rejection, advisory, source = exc.rejection, exc.input_fault, exc.hold.source
             actions = np.repeat(np.asarray(frame.proprio[: self.action_dim], np.float32)[None], self.chunk_length, 0)
         now = time.monotonic_ns()
         self._answer = ActionChunk(
             seq=seq, obs_seq=seq, t_sensor_ns=t_sensor_ns, t_issue_ns=now,
             valid_until_ns=t_sensor_ns + self.validity_ns, period_ns=self.period_ns, release="in-process",
             state="ACTIVE", source=source, interventions=(), timings_ms={}, actions=actions, t_receive_ns=now,
-            reason=reason, advisory=advisory,
+            rejection=rejection, advisory=advisory,
         )  # fmt: skip
 
     def receive(self, seq: int, deadline_ns: int) -> list[ActionChunk]:

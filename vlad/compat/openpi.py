@@ -79,8 +79,6 @@ CLIENT_PREFIX = "openpi/"
 # The websockets library logs every connection at INFO; this endpoint logs its own one line.
 _ws_logger = logging.getLogger("vlad.openpi.websockets")
 _ws_logger.setLevel(logging.WARNING)
-# Reasons a daemon's advisory hold names (its header's "reason"): word characters only.
-_REASON_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz_0123456789")
 
 
 class OpenPIEndpoint(Endpoint):
@@ -514,9 +512,8 @@ class OpenPIEndpoint(Endpoint):
                 continue
             if not self._waiters or chunk.hold is HoldKind.BRIDGE:
                 continue  # chunks for other controllers; a bridge covers a late inference: the answer follows
-            if chunk.advisory:  # refused or stale: no policy answer will come, say why now
-                reason = chunk.reason
-                self._resolve(key, reason if reason and set(reason) <= _REASON_CHARS else "refused")
+            if chunk.advisory:  # refused or stale: no policy answer will come, say why now (a typed reason)
+                self._resolve(key, str(chunk.reason or "refused"))
                 continue
             self._resolve(key, chunk)
 

@@ -228,7 +228,7 @@ def parse_request(frame: Any) -> tuple[Command, Any]:
     cmd = COMMANDS.get(name)
     if cmd is None:
         raise protocol.ProtocolError(
-            "unknown_command", f"unknown control command {name[:64]!r} (known: {', '.join(COMMANDS)})"
+            protocol.Rejection.UNKNOWN_COMMAND, f"unknown control command {name[:64]!r} (known: {', '.join(COMMANDS)})"
         )
     args: Any = schema.parse(cmd.args, raw_args, f"{name}", BadArguments)
     problems = text_problems(args)

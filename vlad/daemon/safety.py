@@ -127,7 +127,9 @@ class EStop(Worker):
             msg = protocol.decode(frames, expect=(protocol.TOPIC_ESTOP,))
             value = msg.header.get("engaged")
             if type(value) is not bool:
-                raise protocol.ProtocolError("malformed", f"'engaged' must be true or false, got {value!r:.32}")
+                raise protocol.ProtocolError(
+                    protocol.Rejection.MALFORMED, f"'engaged' must be true or false, got {value!r:.32}"
+                )
             source = msg.header.get("source", "bridge")
             protocol.check_text(source, "source", 128)
         except protocol.ProtocolError as exc:

@@ -106,16 +106,18 @@ class Controllers:
         """Record one heartbeat; :class:`vlad.protocol.ProtocolError` when it is refused."""
         t = header.get("t_ns")
         if type(t) is not int or not 0 < t < 2**63:
-            raise protocol.ProtocolError("malformed", "heartbeat: t_ns must be a positive integer")
+            raise protocol.ProtocolError(protocol.Rejection.MALFORMED, "heartbeat: t_ns must be a positive integer")
         client = header.get("client", "")
         if client != "":
             protocol.check_text(client, "client", 128)
         cadence = header.get("cadence", "stream")
         if cadence not in CADENCES:
-            raise protocol.ProtocolError("malformed", f"heartbeat: cadence must be one of {', '.join(CADENCES)}")
+            raise protocol.ProtocolError(
+                protocol.Rejection.MALFORMED, f"heartbeat: cadence must be one of {', '.join(CADENCES)}"
+            )
         bye = header.get("bye", False)
         if type(bye) is not bool:
-            raise protocol.ProtocolError("malformed", "heartbeat: bye must be true or false")
+            raise protocol.ProtocolError(protocol.Rejection.MALFORMED, "heartbeat: bye must be true or false")
         with self._lock:
             entry = self._claim(client, receive_ns, peer, "heartbeat")
             if bye:
@@ -154,7 +156,8 @@ class Controllers:
         if entry is None:
             if len(self._table) >= self.limit and not self._evict(now):
                 raise protocol.ProtocolError(
-                    "too_many_controllers", f"{what} from {name!r:.40}: already {self.limit} controllers known"
+                    protocol.Rejection.TOO_MANY_CONTROLLERS,
+                    f"{what} from {name!r:.40}: already {self.limit} controllers known",
                 )
             entry = self._table[name] = _Entry(peer)
             return entry
@@ -165,7 +168,7 @@ class Controllers:
             entry.peer = peer  # the controller restarted (or the name was never owned)
             return entry
         raise protocol.ProtocolError(
-            "name_in_use", f"{what} under {name!r:.40} from another connection than the controller's"
+            protocol.Rejection.NAME_IN_USE, f"{what} under {name!r:.40} from another connection than the controller's"
         )
 
     def _evict(self, now: int) -> bool:

@@ -64,6 +64,7 @@ import numpy as np
 
 from vlad.config import GuardConfig
 from vlad.contract import Contract
+from vlad.protocol import Rejection
 
 log = logging.getLogger("vlad.guard")
 
@@ -162,7 +163,7 @@ class TrustedState:
 
     def judge(
         self, proprio: np.ndarray | None, t_sensor_ns: int, reanchor: bool = False, receive_ns: int | None = None
-    ) -> str | None:
+    ) -> Rejection | None:
         """:meth:`judge_values` for a proprio array (None: nothing to judge)."""
         self.provisional = 0
         if proprio is None:
@@ -171,7 +172,7 @@ class TrustedState:
 
     def judge_values(
         self, proprio: Sequence[float], t_sensor_ns: int, reanchor: bool = False, receive_ns: int | None = None
-    ) -> str | None:
+    ) -> Rejection | None:
         """None when ``proprio`` (finite floats, contract order) is believed, else the
         rejection reason (a counter key: ``proprio_out_of_limits``, ``implausible_proprio``).
         Plain floats, not numpy: a handful of joints judged at every observation costs less
@@ -198,13 +199,13 @@ class TrustedState:
             )
             return True
 
-    def _judge(self, proprio: Sequence[float], t_sensor_ns: int, reanchor: bool, receive: int) -> str | None:
+    def _judge(self, proprio: Sequence[float], t_sensor_ns: int, reanchor: bool, receive: int) -> Rejection | None:
         self.provisional = 0
         if not self._mapped_k:
             return None
         q = [proprio[i] for i in self._mapped_i]
         if any(not lo <= v <= hi for v, lo, hi in zip(q, self._lo_m, self._hi_m, strict=True)):
-            return "proprio_out_of_limits"
+            return Rejection.PROPRIO_OUT_OF_LIMITS
         if self.positions is None:
             self._accept(q, t_sensor_ns)
             return None
@@ -246,7 +247,9 @@ class TrustedState:
             return None
         if t_sensor_ns < self.t_ns:
             # Older than the trusted state (a late frame): judged against it, never replacing it.
-            return None if self._within(q, self._positions_m, self.t_ns - t_sensor_ns) else "implausible_proprio"
+            return (
+                None if self._within(q, self._positions_m, self.t_ns - t_sensor_ns) else Rejection.IMPLAUSIBLE_PROPRIO
+            )
         if self._within(q, self._positions_m, t_sensor_ns - self.t_ns):
             self._accept(q, t_sensor_ns)
             return None
@@ -262,7 +265,7 @@ class TrustedState:
             or t_sensor_ns - self._candidate_t0 < self.min_span_ns
             or receive - self._candidate_rx0 < self.min_span_ns
         ):
-            return "implausible_proprio"
+            return Rejection.IMPLAUSIBLE_PROPRIO
         self._reanchor(q, t_sensor_ns, f"after {self.confirm} consistent observations", anchor=self._candidate_t0)
         return None
 

@@ -26,6 +26,7 @@ from vlad.contract import Contract
 from vlad.errors import TokenizerError
 from vlad.health.liveness import Controllers
 from vlad.processing import RawObservation, Tokenizer
+from vlad.protocol import Rejection
 from vlad.serving.counters import IntakeCounts
 from vlad.serving.guard import TrustedState
 
@@ -37,7 +38,7 @@ _EXPECT = (protocol.TOPIC_OBS, protocol.TOPIC_HEARTBEAT)
 class Rejected(Exception):
     """Internal: one check failed (``reason`` is the counter key)."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: Rejection, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
 
@@ -62,7 +63,7 @@ class Intake:
         # (seq, t_sensor_ns, reason, client) of the message just refused, when it was an
         # observation whose header could be read: the intake thread answers it with an
         # advisory hold.
-        self.refused: tuple[int, int, str, str | None] | None = None
+        self.refused: tuple[int, int, Rejection, str | None] | None = None
         self.last_observation_ns = 0  # receive time of the last accepted observation
         self.last_heartbeat_ns = 0
         self.last_seen_ns = 0  # any well-formed message: the controller is there
@@ -116,10 +117,10 @@ class Intake:
             return None
         except Exception as exc:  # a bug in a check: the message is refused, never the thread's end
             if msg is None or msg.topic != protocol.TOPIC_OBS:
-                self.reject("internal_error", f"{type(exc).__name__}: {exc}")
+                self.reject(Rejection.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
             else:
-                self._refuse(msg, "internal_error", f"{type(exc).__name__}: {exc}")
-            if self.counts.rejected["internal_error"] <= 10:
+                self._refuse(msg, Rejection.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+            if self.counts.rejected[Rejection.INTERNAL_ERROR] <= 10:
                 log.error("intake: unexpected error on a message", exc_info=exc)
             return None
         self.counts.observations += 1
@@ -128,12 +129,12 @@ class Intake:
         self.last_observation_ns = receive_ns
         return obs
 
-    def _refuse(self, msg: protocol.Message, reason: str, detail: str) -> None:
+    def _refuse(self, msg: protocol.Message, reason: Rejection, detail: str) -> None:
         """A refused observation: counted, and remembered so the intake thread answers it."""
         self.reject(reason, detail)
         self._remember(msg.header, reason)
 
-    def _remember(self, h: dict, reason: str) -> None:
+    def _remember(self, h: dict, reason: Rejection) -> None:
         """A refused observation whose header could be read: answered with an advisory hold
         (about its ``seq``, when that is a valid one)."""
         seq = h.get("seq")
@@ -162,10 +163,10 @@ class Intake:
         seq = msg.seq
         t_sensor = h.get("t_sensor_ns")
         if type(t_sensor) is not int or not 0 < t_sensor < 2**63:
-            raise Rejected("malformed", f"obs {seq}: t_sensor_ns must be a positive integer")
+            raise Rejected(Rejection.MALFORMED, f"obs {seq}: t_sensor_ns must be a positive integer")
         if t_sensor > receive_ns + self.max_skew_ns:
             raise Rejected(
-                "future_timestamp",
+                Rejection.FUTURE_TIMESTAMP,
                 f"obs {seq}: t_sensor_ns is {(t_sensor - receive_ns) / 1e6:.1f} ms "
                 "in the future (clocks not on the daemon's CLOCK_MONOTONIC?)",
             )
@@ -176,9 +177,9 @@ class Intake:
                 try:
                     self.tokenizer.encode(instruction)  # cached per instruction: once per new text
                 except TokenizerError as exc:
-                    raise Rejected("instruction_too_long", f"obs {seq}: {exc}") from None
+                    raise Rejected(Rejection.INSTRUCTION_TOO_LONG, f"obs {seq}: {exc}") from None
         elif self._language:
-            raise Rejected("malformed", f"obs {seq}: header needs an 'instruction' string")
+            raise Rejected(Rejection.MALFORMED, f"obs {seq}: header needs an 'instruction' string")
         client = h.get("client")
         if client is not None:
             protocol.check_text(client, "client", 128)
@@ -195,13 +196,13 @@ class Intake:
         proprio = tensors.get("proprio")
         if self._proprio_dim is not None and msg.layout is not self._layout:
             if proprio is None:
-                raise Rejected("missing_tensor", f"obs {seq}: no tensor 'proprio'")
+                raise Rejected(Rejection.MISSING_TENSOR, f"obs {seq}: no tensor 'proprio'")
             if proprio.shape != (self._proprio_dim,):
                 raise Rejected(
-                    "bad_shape", f"obs {seq}: proprio is {list(proprio.shape)}, expected [{self._proprio_dim}]"
+                    Rejection.BAD_SHAPE, f"obs {seq}: proprio is {list(proprio.shape)}, expected [{self._proprio_dim}]"
                 )
             if proprio.dtype not in (np.float32, np.float64):
-                raise Rejected("bad_dtype", f"obs {seq}: proprio is {proprio.dtype}, expected float32")
+                raise Rejected(Rejection.BAD_DTYPE, f"obs {seq}: proprio is {proprio.dtype}, expected float32")
         executing = _report(h.get("exec", _UNREPORTED), seq)
         provisional = 0
         if proprio is not None:
@@ -213,7 +214,7 @@ class Intake:
             # A short vector: plain floats are cheaper than numpy calls on cold caches.
             values = proprio.tolist()
             if not all(map(math.isfinite, values)):
-                raise Rejected("nonfinite", f"obs {seq}: proprio holds NaN or Inf (or a value beyond float32)")
+                raise Rejected(Rejection.NONFINITE, f"obs {seq}: proprio holds NaN or Inf (or a value beyond float32)")
             verdict = self.trusted.judge_values(values, t_sensor, h.get("reanchor") is True, receive_ns)
             if verdict is not None:
                 raise Rejected(
@@ -239,18 +240,18 @@ class Intake:
         """Every camera tensor checked against the contract (any layout but the expected one)."""
         extra = set(tensors) - self._allowed
         if extra:
-            raise Rejected("unknown_tensor", f"obs {seq}: tensor(s) {sorted(extra)[:4]} not in the contract")
+            raise Rejected(Rejection.UNKNOWN_TENSOR, f"obs {seq}: tensor(s) {sorted(extra)[:4]} not in the contract")
         images = {}
         for cam, name, dtype, shape in self._cameras:
             img = tensors.get(name)
             if img is None:
-                raise Rejected("missing_tensor", f"obs {seq}: no tensor {name!r}")
+                raise Rejected(Rejection.MISSING_TENSOR, f"obs {seq}: no tensor {name!r}")
             if img.dtype != dtype:
-                raise Rejected("bad_dtype", f"obs {seq}: {name} is {img.dtype}, expected {dtype}")
+                raise Rejected(Rejection.BAD_DTYPE, f"obs {seq}: {name} is {img.dtype}, expected {dtype}")
             if img.shape != shape:
-                raise Rejected("bad_shape", f"obs {seq}: {name} is {list(img.shape)}, expected {list(shape)}")
+                raise Rejected(Rejection.BAD_SHAPE, f"obs {seq}: {name} is {list(img.shape)}, expected {list(shape)}")
             if dtype.kind == "f" and not np.isfinite(img).all():
-                raise Rejected("nonfinite", f"obs {seq}: {name} holds NaN or Inf")
+                raise Rejected(Rejection.NONFINITE, f"obs {seq}: {name} holds NaN or Inf")
             images[cam] = img
         return images
 
@@ -283,4 +284,4 @@ def _report(value: Any, seq: int) -> tuple[int, int] | None:
         and 0 <= value[1] < 2**31
     ):
         return value[0], value[1]
-    raise Rejected("malformed", f"obs {seq}: exec must be [chunk seq, waypoint index] or nil")
+    raise Rejected(Rejection.MALFORMED, f"obs {seq}: exec must be [chunk seq, waypoint index] or nil")

@@ -298,7 +298,9 @@ class ServingLoop:
             # The controller learns at once that this observation gets no policy answer (and
             # why); one answer per wake-up, so a flood of junk cannot flood the action socket.
             seq, t_sensor, reason, client = refused
-            self.publisher.publish_hold(HoldKind.REJECTED, seq, t_sensor, advisory=True, reason=reason, client=client)
+            self.publisher.publish_hold(
+                HoldKind.REJECTED, seq, t_sensor, advisory=True, rejection=reason, client=client
+            )
         return accepted
 
     def _hand_over(self, accepted: list[Accepted]) -> None:
@@ -423,7 +425,7 @@ class ServingLoop:
             elif outcome == "sent" and self.rtc is not None:
                 self.rtc.published(t.publish - obs.sensor_time_ns)
         except Exception as exc:  # a bug in the guard or the send: still answer, count, log
-            broken = CycleFailure("guard", "internal_error", f"{type(exc).__name__}: {exc}")
+            broken = CycleFailure("guard", HoldKind.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
             broken.__cause__ = exc
             self._failed(gen, policy, obs, broken)
 
@@ -450,33 +452,35 @@ class ServingLoop:
         try:
             self.publisher.publish(held.actions, held.obs, held.times, held.policy, gen, held.continues)
         except Exception as exc:  # a bug in the guard or the send: still answer, count, log
-            broken = CycleFailure("guard", "internal_error", f"{type(exc).__name__}: {exc}")
+            broken = CycleFailure("guard", HoldKind.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
             broken.__cause__ = exc
             self._failed(gen, held.policy, held.obs, broken)
 
     def _failed(self, gen: int, policy: ServedPolicy, obs: RawObservation, failure: CycleFailure) -> None:
         """Count ``failure`` where it belongs and answer the observation with a hold saying why."""
         reason, counts = failure.reason, policy.counts
-        if reason == "stale":
-            counts.stale += 1
-        elif failure.input_fault:
-            self.intake.reject(reason, f"obs {obs.sequence}: {failure}")
-        elif reason == "remote_unavailable":
-            counts.remote_errors += 1
-        elif reason == "backend_error":
-            counts.backend_errors += 1
-        else:
-            counts.cycle_errors += 1
+        failure.count(counts)
+        if failure.rejection is not None:
+            self.intake.reject(failure.rejection, f"obs {obs.sequence}: {failure}")
         if gen != self.generation:
             return  # a replaced thread never sends
         client = obs.client or ""
         if failure.input_fault:
             self.publisher.publish_hold(
-                failure.hold, obs.sequence, obs.sensor_time_ns, advisory=True, reason=reason, client=client
+                failure.hold,
+                obs.sequence,
+                obs.sensor_time_ns,
+                advisory=True,
+                rejection=failure.rejection,
+                client=client,
             )
             return
         self.publisher.publish_hold(failure.hold, obs.sequence, obs.sensor_time_ns, client=client)
-        n = counts.cycle_errors if reason == "internal_error" else self.publisher.counts.holds[failure.hold.value]
+        n = (
+            counts.cycle_errors
+            if reason is HoldKind.INTERNAL_ERROR
+            else self.publisher.counts.holds[failure.hold.value]
+        )
         if n <= 10 or n % 1000 == 0:  # loud for the first ones, then sampled
             log.error(
                 "%s: %s on observation %d (%s, %d so far): %s",
@@ -486,7 +490,7 @@ class ServingLoop:
                 failure.stage,
                 n,
                 failure,
-                exc_info=failure.__cause__ if reason == "internal_error" else None,
+                exc_info=failure.__cause__ if reason is HoldKind.INTERNAL_ERROR else None,
             )
 
 

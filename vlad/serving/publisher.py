@@ -170,7 +170,7 @@ class Publisher:
                 policy.name,
                 t.header_ms(self._timings),
                 False,
-                "",
+                None,
                 client,
                 continues,
             )
@@ -203,12 +203,12 @@ class Publisher:
         t_sensor_ns: int = 0,
         *,
         advisory: bool = False,
-        reason: str = "",
+        rejection: protocol.Rejection | None = None,
         unless_sent_after: int | None = None,
         client: str | None = None,
     ) -> bool:
         """Send the contract's hold posture (from the trusted joint state) as a hold of ``kind`` (:class:`~vlad.protocol.HoldKind`);
-        ``reason`` (default ``kind``) says why in the header.
+        ``rejection``: why the observation was refused (a ``REJECTED`` hold's reason).
 
         ``advisory``: the observation ``obs_seq`` got no policy answer (late, stale, refused);
         a controller with a valid chunk keeps executing it, so an advisory hold is not what
@@ -254,7 +254,7 @@ class Publisher:
                 _HOLD_NAME,
                 {},
                 advisory,
-                reason or kind.value,
+                rejection,
                 client,
             )
             guard.record(chunk, t_sensor, valid_until, self.last_publish_ns, client, self.seq, advisory)
@@ -275,7 +275,7 @@ class Publisher:
         policy: str,
         timings: dict[str, float],
         advisory: bool,
-        reason: str,
+        rejection: protocol.Rejection | None,
         client: str | None,
         continues: tuple[int, int] | None = None,
     ) -> None:
@@ -294,7 +294,7 @@ class Publisher:
             timings_ms=timings,
             actions=actions,
             advisory=advisory,
-            reason=reason,
+            rejection=rejection,
             client=client,
             rtc=continues,
             policy=policy,

@@ -139,14 +139,7 @@ class ShadowRun(Worker):
         try:
             actions = run_cycle(p, obs, t, guide=guide)
         except CycleFailure as failure:
-            if failure.reason == "stale":
-                p.counts.stale += 1
-            elif failure.reason == "backend_error":
-                p.counts.backend_errors += 1
-            elif failure.reason == "remote_unavailable":
-                p.counts.remote_errors += 1
-            elif failure.reason == "internal_error":
-                p.counts.cycle_errors += 1
+            failure.count(p.counts)
             return  # an input fault is the serving policy's to answer (it sees the same observation)
         t.guard_end = t.publish = t.decode_end
         self.stats.record(t)
