@@ -8,14 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from vlad_tools.gates.metrics import (
-    DecisionStats,
-    ErrorStats,
-    JointErrors,
-    guard_decisions,
-    percentiles,
-    wilson_interval,
-)
+from vlad_tools.evaluation import percentiles, wilson_interval
+from vlad_tools.gates.metrics import DecisionStats, ErrorStats, JointErrors, guard_decisions
 
 
 @pytest.mark.parametrize(

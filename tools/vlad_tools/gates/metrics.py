@@ -1,4 +1,5 @@
-"""The numbers gates are judged by: tensor errors, guard decisions, percentiles, intervals.
+"""The numbers gates are judged by: tensor errors and guard decisions (percentiles and success
+intervals: :mod:`vlad_tools.evaluation`).
 
 Pure numpy, no I/O: every function here is a definition the report and docs/gates.md
 refer to.
@@ -7,7 +8,6 @@ refer to.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -179,40 +179,3 @@ class DecisionStats:
             "near_threshold": self.near,
             "examples": self.examples,
         }
-
-
-# ---- distributions ----------------------------------------------------------------------
-
-
-def percentiles(values: Iterable[float | None]) -> dict[str, float]:
-    """count, p50, p95, p99, max and mean of a sample (NaN entries are ignored)."""
-    a = np.asarray([v for v in values if v is not None], dtype=np.float64)
-    a = a[np.isfinite(a)]
-    if a.size == 0:
-        return {"count": 0, "p50": math.nan, "p95": math.nan, "p99": math.nan, "max": math.nan, "mean": math.nan}
-    p50, p95, p99 = np.percentile(a, (50, 95, 99))
-    return {
-        "count": int(a.size),
-        "p50": round(float(p50), 4),
-        "p95": round(float(p95), 4),
-        "p99": round(float(p99), 4),
-        "max": round(float(a.max()), 4),
-        "mean": round(float(a.mean()), 4),
-    }
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95 % for the default ``z``).
-
-    Unlike the normal approximation it stays within [0, 1] and is sensible for 0 or n
-    successes and small n, which is what a handful of robot episodes gives.
-    """
-    if n <= 0:
-        return (0.0, 1.0)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if successes == 0 else max(0.0, centre - half)
-    hi = 1.0 if successes == n else min(1.0, centre + half)
-    return (lo, hi)
