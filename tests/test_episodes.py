@@ -13,7 +13,8 @@ import pytest
 
 from vlad.plugins import get_backend
 from vlad_tools.demo import sim
-from vlad_tools.episodes import DaemonLink, InProcessLink, compare, contract_infer, run_episode, seq_base
+from vlad_tools.episodes import DaemonLink, InProcessLink, contract_infer, run_episode, seq_base
+from vlad_tools.evaluation import compare
 from vlad_tools.testing import start_daemon
 
 os.environ.setdefault("MUJOCO_GL", "egl")

@@ -41,13 +41,14 @@ LAYERS: list[tuple[str, ...]] = [
     # fleet.mender: the Mender update module drives the daemon as vladctl does.
     ("vlad.cli", "vlad.fleet.mender"),
     # -- the workstation: the `vlad-tools` distribution (tools/) --
-    # The episode runner and the demo's simulated robot, model and tasks: what the gates drive.
+    # The episode runner, its evaluation layer and the demo's simulated robot, model and tasks:
+    # what the gates drive.
     (
         "vlad_tools",
         "vlad_tools.episodes",
+        "vlad_tools.evaluation",
         "vlad_tools.demo.sim",
         "vlad_tools.demo.model",
-        "vlad_tools.demo.evaluate",
         "vlad_tools.demo.tasks",
     ),
     # The planner reads signed manifests; importers write releases from other frameworks.
@@ -191,9 +192,6 @@ def test_no_import_cycles_at_import_time():
 # (vlad_tools.testing.releases <-> vlad_tools.testing.golden was one: the payload now reads the golden
 # fixtures through the gate's reader).
 LAZY_LOOPS: dict[frozenset[str], str] = {
-    frozenset(
-        {"vlad_tools.demo.sim", "vlad_tools.demo.evaluate"}
-    ): "python -m vlad_tools.demo.sim evaluates the expert",
     frozenset({"vlad.cli.daemon", "vlad.cli.watch"}): "status --watch reuses the status command's summaries",
 }
 

@@ -14,7 +14,6 @@ pytest.importorskip("gymnasium")
 pytest.importorskip("mujoco")
 
 from vlad_tools.demo import sim  # noqa: E402
-from vlad_tools.demo.evaluate import expert_link, no_motion_link  # noqa: E402
 from vlad_tools.demo.sim import (  # noqa: E402
     INSTRUCTIONS,
     RATE_LIMIT,
@@ -22,10 +21,11 @@ from vlad_tools.demo.sim import (  # noqa: E402
     ReacherTask,
     collect_demonstrations,
     expert_chunk,
+    expert_link,
     forward_kinematics,
     inverse_kinematics,
 )
-from vlad_tools.episodes import run_episode  # noqa: E402
+from vlad_tools.episodes import NoMotionLink, run_episode  # noqa: E402
 
 PERIOD = 20_000_000
 CHUNK = sim.CHUNK_HORIZON  # the demo contract's chunk_length
@@ -143,7 +143,7 @@ def test_expert_chunk_respects_rate_limit_and_ends_at_ik():
 def test_expert_succeeds_and_zero_baseline_does_not(contract):
     task = ReacherTask(render=False)
     try:
-        expert, zero = expert_link(task, contract), no_motion_link(contract)
+        expert, zero = expert_link(task, contract), NoMotionLink(contract)
         for instruction in INSTRUCTIONS:
             ok = [
                 run_episode(task, expert, s, instruction, period_ns=PERIOD, chunk_length=CHUNK).success

@@ -8,14 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from vlad_tools.gates.metrics import (
-    DecisionStats,
-    ErrorStats,
-    JointErrors,
-    guard_decisions,
-    percentiles,
-    wilson_interval,
-)
+from vlad.serving.guard import ActionGuard
+from vlad_tools.evaluation import percentiles, wilson_interval
+from vlad_tools.gates.metrics import DecisionStats, ErrorStats, JointErrors
 
 
 @pytest.mark.parametrize(
@@ -56,14 +51,14 @@ def test_guard_decisions_flip_where_a_bound_or_rate_limit_is_crossed(contract):
     ref[:, 0] = np.linspace(0.1, 0.8, 8)  # 0.1 rad per period: inside the 0.25 rate limit
     got = ref.copy()
     got[3:, 0] += 0.2  # one jump of 0.3 rad: rate limit crossed at waypoint 3
-    d = guard_decisions(contract, ref, proprio)
+    d = ActionGuard(contract).decisions(ref, proprio)
     assert d.shape == (8, 2, 3) and not d.any()
     stats = DecisionStats(near=0.01)
     stats.add(contract, ref, got, proprio, "case")
     assert stats.flips == 1 and "waypoint 3 joint0 rate limit" in stats.examples[0]
     over = ref.copy()
     over[7, 1] = 3.5  # joint1's upper bound is 3.0
-    assert guard_decisions(contract, over, None)[7, 1, 1]
+    assert ActionGuard(contract).decisions(over)[7, 1, 1]
 
 
 def test_joint_errors_and_percentiles():

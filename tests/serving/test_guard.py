@@ -69,6 +69,28 @@ def test_guard_clamps_bounds_and_seams(contract):
     assert (steps <= rate + 1e-5).all()
 
 
+def test_decisions_are_the_checks_the_guard_corrects_by(contract):
+    """What the gates compare (ActionGuard.decisions) is what check() clamps: a chunk it
+    finds nothing in passes untouched; a bound or a step beyond the rate limit is flagged
+    where check() corrects it."""
+    g = ActionGuard(contract, _trusted(contract, (0.1, 0.1)))
+    sane = _chunk(contract, 0.1)
+    assert not g.decisions(sane, _q(0.1, 0.1)).any()
+    assert g.check(sane.copy(), NOW, NOW + 1).interventions == ()
+    hi = np.array([j.upper for j in contract.action.joints], np.float32)
+    rate = contract.action.joints[0].rate_limit
+    c = _chunk(contract, 0.1)
+    c[5:, 0] += 2 * rate  # one step beyond the rate limit at waypoint 5
+    c[9, 1] = hi[1] + 0.01  # above joint1's upper bound at waypoint 9 (and steps to it and back)
+    d = g.decisions(c, _q(0.1, 0.1))
+    assert d.shape == (contract.action.chunk_length, contract.action.dim, 3)
+    assert {tuple(x) for x in np.argwhere(d)} >= {(5, 0, 2), (9, 1, 1)} and not d[:, :, 0].any()
+    assert not g.decisions(c)[0].any()  # no measured position: nothing to step from
+    m = g.margins(c, _q(0.1, 0.1))  # how far from each threshold
+    assert m.shape == d.shape and abs(m[9, 1, 1] - 0.01) < 1e-5 and abs(m[5, 0, 2] - rate) < 1e-5
+    assert {"bounds", "rate"} <= set(g.check(c, NOW, NOW + 1).interventions)  # corrects c in place
+
+
 def test_guard_drops_expired_chunks(contract):
     g = ActionGuard(contract)
     r = g.check(_chunk(contract), NOW, NOW - 1)

@@ -1,8 +1,9 @@
 """The one episode runner: a simulated task driven through :class:`~vlad.client.ChunkExecutor`,
 its policy called in process or served by vlad.
 
-Every closed-loop figure vlad reports comes from :func:`run_episode`: the demo, the
-closed-loop gate, the in-process evaluation of a trained policy and the benchmarks. Only the
+Every closed-loop figure vlad reports comes from :func:`run_episode` (sets of episodes, their
+summaries and pairing: :mod:`vlad_tools.evaluation`): the demo, the closed-loop gate, the
+in-process evaluation of a trained policy and the benchmarks. Only the
 :class:`Link` differs:
 
 * :class:`InProcessLink` runs the release's own pipeline (preprocess -> engine -> decode,
@@ -23,7 +24,8 @@ clock (a slow render) re-bases its schedule instead of bursting.
 is keyed by the sequence number, so a policy in process and the same policy through vlad
 compute bit-identical chunks from identical observations: two episodes on the same seed
 differ only where serving changed something (a late answer, a hold, a guard intervention),
-and :class:`EpisodeLog` records each of those per tick.
+and :class:`EpisodeLog` records each of those per tick (:func:`vlad_tools.evaluation.compare`
+pairs them).
 
 **Chunk execution rule** (both links): ask for a chunk at the first tick, then whenever
 ``exec_steps`` waypoints of the current one have run; switch hard (no blending: what the
@@ -58,7 +60,6 @@ from vlad.backend import Session
 from vlad.client import UNREPORTED, ActionChunk, ChunkExecutor, Client
 from vlad.contract import Contract
 from vlad.processing import RawObservation, Tokenizer
-from vlad.protocol import HOLD_PREFIX
 from vlad.serving.counters import PolicyId
 from vlad.serving.cycle import CycleFailure, run_cycle
 from vlad.serving.policy import ServedPolicy
@@ -72,7 +73,6 @@ __all__ = [
     "Link",
     "NoMotionLink",
     "Task",
-    "compare",
     "contract_infer",
     "run_episode",
     "seq_base",
@@ -521,9 +521,11 @@ class NoMotionLink(InProcessLink):
     """The no-motion baseline: every chunk holds the joint positions the episode started in
     (the first observation of an episode is the one that announces the re-anchor)."""
 
-    def __init__(self, period_ns: int, validity_ns: int, *, chunk_length: int, action_dim: int) -> None:
-        super().__init__(self._hold, period_ns, validity_ns, chunk_length=chunk_length, action_dim=action_dim)
-        self._start = np.zeros(action_dim, np.float32)
+    def __init__(self, contract: Contract) -> None:
+        t, a = contract.timing, contract.action
+        period_ns, validity_ns = int(t.control_period_ms * 1e6), int(t.action_validity_ms * 1e6)
+        super().__init__(self._hold, period_ns, validity_ns, chunk_length=a.chunk_length, action_dim=a.dim)
+        self._start = np.zeros(a.dim, np.float32)
 
     def send(
         self,
@@ -617,38 +619,3 @@ class DaemonLink:
             if not chunk.is_hold:
                 self._latency_ns = max(int(0.9 * self._latency_ns), chunk.t_receive_ns - chunk.t_sensor_ns)
         return out
-
-
-# -- pairing ----------------------------------------------------------------------------------
-
-
-def compare(reference: EpisodeLog, other: EpisodeLog, atol: float = 1e-6) -> dict[str, Any]:
-    """How ``other`` (through vlad) differs from ``reference`` (in process) on the same seed:
-    the first tick whose command differs and what ``other`` did there."""
-    first = None
-    for tick, (a, b) in enumerate(zip(reference.commands, other.commands, strict=False)):
-        if not np.allclose(a, b, atol=atol, rtol=0):
-            first = tick
-            break
-    why = None
-    if first is not None:
-        src = other.sources[first]
-        if first in other.late:
-            why = "late answer"
-        elif src.startswith(HOLD_PREFIX):
-            why = src
-        elif src == "held":
-            why = "nothing valid (held)"
-        elif other.interventions:
-            why = "guard: " + ",".join(sorted(other.interventions))
-        else:
-            why = f"different chunk ({src})"
-    return {
-        "seed": reference.seed,
-        "instruction": reference.instruction,
-        "reference": reference.success,
-        "other": other.success,
-        "flipped": reference.success != other.success,
-        "first_divergence": first,
-        "why": why,
-    }

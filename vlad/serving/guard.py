@@ -559,6 +559,38 @@ class ActionGuard:
             self._limit(chunk, executing, 0, now_ns)
         return chunk
 
+    def decisions(self, actions: np.ndarray, proprio: Sequence[float] | np.ndarray | None = None) -> np.ndarray:
+        """The bound and step checks of :meth:`check` on their own, deciding without correcting:
+        ``bool[H, J, 3]`` = below the lower bound, above the upper bound, a step beyond the rate
+        limit from the previous waypoint (the first waypoint's from the measured joint position,
+        where the trusted state maps ``proprio`` to one). What a gate compares between a
+        reference and a candidate chunk: a differing decision is a *flip*."""
+        a, previous = self._previous(actions, proprio)
+        with np.errstate(invalid="ignore"):
+            rate = np.abs(a - previous) > self._rate_tol
+        rate &= np.isfinite(previous)
+        return np.stack([a < self.lower, a > self.upper, rate], axis=-1)
+
+    def margins(self, actions: np.ndarray, proprio: Sequence[float] | np.ndarray | None = None) -> np.ndarray:
+        """How far each of :meth:`decisions` lies from its threshold, same layout (contract
+        units; a step with no previous waypoint: infinitely far)."""
+        a, previous = self._previous(actions, proprio)
+        with np.errstate(invalid="ignore"):
+            rate = np.abs(np.abs(a - previous) - self._rate_tol)
+        rate = np.where(np.isfinite(rate), rate, np.inf)
+        return np.stack([np.abs(a - self.lower), np.abs(self.upper - a), rate], axis=-1)
+
+    def _previous(
+        self, actions: np.ndarray, proprio: Sequence[float] | np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``actions`` as float32 and each waypoint's previous command (the first's: the
+        measured position, NaN where none)."""
+        a = np.asarray(actions, np.float32)
+        measured = np.full(a.shape[1], np.nan, np.float32)
+        if proprio is not None:
+            measured[:] = [proprio[i] if i >= 0 else np.nan for i in self.trusted.index]
+        return a, np.vstack([measured[None], a[:-1]])
+
     def check(
         self,
         actions: np.ndarray,

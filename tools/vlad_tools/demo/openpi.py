@@ -21,7 +21,8 @@ import numpy as np
 from vlad.client import ActionChunk
 from vlad.contract import Contract
 from vlad_tools.demo import sim
-from vlad_tools.episodes import Frame, run_episode
+from vlad_tools.episodes import Frame
+from vlad_tools.evaluation import EpisodeSet
 
 # The keys this demo's [compat.openpi] mapping names (tests and etc/vlad/demo-openpi.toml).
 IMAGE_KEY = "observation/image"
@@ -112,22 +113,15 @@ def run_episodes(args: Any, contract: Contract, port: int) -> int:
         flush=True,
     )
     ok = 0
+    episodes = EpisodeSet.alternating(args.seed, args.episodes, sim.INSTRUCTIONS, args.exec_steps)
     with sim.ReacherTask(render=False) as task:
-        for i in range(args.episodes):
-            instruction = sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]
-            r = run_episode(
-                task,
-                link,
-                args.seed + i,
-                instruction,
-                period_ns=period_ns,
-                exec_steps=args.exec_steps,
-                chunk_length=contract.action.chunk_length,
-            )
+        for i, r in enumerate(
+            episodes.play(task, link, period_ns=period_ns, chunk_length=contract.action.chunk_length)
+        ):
             ok += r.success
             lat = np.asarray(r.latencies_ms) if r.latencies_ms else np.asarray([np.nan])
             print(
-                f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r.success else 'miss   '}"
+                f"episode {i + 1:>3}  {r.instruction!r:<42} {'SUCCESS' if r.success else 'miss   '}"
                 f"  final distance {r.final_distance * 1000:6.1f} mm   request p50 {np.median(lat):5.2f} ms"
                 f"  held {r.held}",
                 flush=True,

@@ -204,39 +204,47 @@ def evaluate_release(out: Path, episodes: int, log=print) -> dict:
     from vlad.plugins import get_backend
     from vlad.processing import Tokenizer
     from vlad_tools.demo import sim
-    from vlad_tools.demo.evaluate import evaluate, expert_link, fixed_seeds, no_motion_link
-    from vlad_tools.episodes import InProcessLink, contract_infer
+    from vlad_tools.episodes import InProcessLink, NoMotionLink, contract_infer
+    from vlad_tools.evaluation import EpisodeSet, success_line, summarize
 
     contract = load_contract(out / "contract.toml")
     tokenizer = Tokenizer.from_contract(contract)
     session = get_backend("onnxruntime").load(out / "policy.onnx", contract, {"intra_op_threads": 1})
     task = sim.ReacherTask(render=False)
+    seeds = range(10_000, 10_000 + episodes)  # disjoint from the training seeds (0..)
     rows = []
     try:
         links = {
             "policy": InProcessLink.for_contract(contract, contract_infer(contract, tokenizer, session)),
-            "expert": expert_link(task, contract),
-            "zero": no_motion_link(contract),
+            "expert": sim.expert_link(task, contract),
+            "zero": NoMotionLink(contract),
         }
         for name, link in links.items():
-            for instruction in sim.INSTRUCTIONS:
-                r = evaluate(task, link, contract, name, instruction, fixed_seeds(episodes), progress=log)
-                log("eval: " + r.line())
+            logs = EpisodeSet.grid(seeds, sim.INSTRUCTIONS).run(
+                task,
+                link,
+                period_ns=link.period_ns,
+                chunk_length=contract.action.chunk_length,
+                label=name,
+                progress=lambda line: log(f"  {line}"),
+            )
+            for instruction, r in summarize(logs, sim.INSTRUCTIONS)["per_instruction"].items():
+                log("eval: " + success_line(name, instruction, r))
                 rows.append(
                     {
                         "policy": name,
                         "instruction": instruction,
-                        "episodes": r.episodes,
-                        "successes": r.successes,
-                        "success_rate": r.rate,
-                        "mean_final_distance_m": r.mean_final_distance,
+                        "episodes": r["episodes"],
+                        "successes": r["successes"],
+                        "success_rate": r["rate"],
+                        "mean_final_distance_m": r["mean_final_distance_m"],
                     }
                 )
     finally:
         task.close()
         session.close()
     return {
-        "seeds": f"{fixed_seeds(episodes).start}..{fixed_seeds(episodes).stop - 1}",
+        "seeds": f"{seeds.start}..{seeds.stop - 1}",
         "success_radius_m": sim.SUCCESS_RADIUS,
         "episode_steps": sim.EPISODE_STEPS,
         "exec_steps": 4,

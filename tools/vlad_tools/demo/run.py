@@ -1,7 +1,7 @@
 """The demo: ``vlad serve`` on the embedded demo release, a simulated robot as controller.
 
 The MuJoCo arm runs in real time at the contract's control period, driven by the episode
-runner (:mod:`vlad_tools.episodes`): every period it publishes its camera frame, joint state and
+runner (:mod:`vlad_tools.episodes`, the demo's episode set: :mod:`vlad_tools.evaluation`): every period it publishes its camera frame, joint state and
 instruction through :mod:`vlad.client` and sends a heartbeat, executes a chunk for
 ``--exec-steps`` periods before switching to the answer to its newest observation, and
 holds position when it has nothing valid. After the episodes through vlad it runs the same
@@ -45,7 +45,8 @@ from vlad.daemon.child import SOCKETS, DaemonFailed, DaemonProcess, launch
 from vlad.release.loading import LoadedPolicy, PolicySource, load_policy
 from vlad.snapshot import parse_status
 from vlad_tools.demo import sim
-from vlad_tools.episodes import DaemonLink, EpisodeLog, InProcessLink, compare, contract_infer, run_episode
+from vlad_tools.episodes import DaemonLink, EpisodeLog, InProcessLink, contract_infer
+from vlad_tools.evaluation import EpisodeSet, fidelity
 
 ROOT = Path(__file__).resolve().parents[3]
 OPENPI_PORT = 8000  # openpi's default
@@ -246,19 +247,15 @@ def run_demo(args: argparse.Namespace) -> int:
             return demo_openpi.run_episodes(args, load_contract(Path(cfg.release.path) / "contract.toml"), args.port)
         local = load_in_process(cfg)
         contract = local.contract
-        run = functools.partial(
-            run_episode, period_ns=period_ns, exec_steps=args.exec_steps, chunk_length=contract.action.chunk_length
-        )
-        plan = [(args.seed + i, sim.INSTRUCTIONS[i % len(sim.INSTRUCTIONS)]) for i in range(args.episodes)]
+        episodes = EpisodeSet.alternating(args.seed, args.episodes, sim.INSTRUCTIONS, args.exec_steps)
+        play = functools.partial(episodes.play, period_ns=period_ns, chunk_length=contract.action.chunk_length)
         with sim.ReacherTask(render=False) as task:
-            link = DaemonLink(client)
-            for i, (seed, instruction) in enumerate(plan):
-                r = run(task, link, seed, instruction, label="through vlad")
+            for i, r in enumerate(play(task, DaemonLink(client), label="through vlad")):
                 served.append(r)
                 lat = np.asarray(r.latencies_ms) if r.latencies_ms else np.asarray([np.nan])
                 holds = sum(r.holds_adopted.values())
                 print(
-                    f"episode {i + 1:>3}  {instruction!r:<42} {'SUCCESS' if r.success else 'miss   '}"
+                    f"episode {i + 1:>3}  {r.instruction!r:<42} {'SUCCESS' if r.success else 'miss   '}"
                     f"  final distance {r.final_distance * 1000:6.1f} mm   sensor->action p50 {np.median(lat):5.2f} ms"
                     f"  max {lat.max():5.2f} ms   late {len(r.late)}  holds {holds}",
                     flush=True,
@@ -269,17 +266,16 @@ def run_demo(args: argparse.Namespace) -> int:
             client.heartbeat(bye=True)
             print("\ndemo: the same seeds with the same release in this process (no daemon) ...", flush=True)
             inproc = InProcessLink.for_contract(contract, contract_infer(contract, local.tokenizer, local.session))
-            reference = [run(task, inproc, seed, instruction, label="in process") for seed, instruction in plan]
+            reference = list(play(task, inproc, label="in process"))
         local.session.close()
         all_lat = np.concatenate([np.asarray(r.latencies_ms) for r in served if r.latencies_ms] or [np.zeros(1)])
         ok, ref_ok = sum(r.success for r in served), sum(r.success for r in reference)
-        pairs = [compare(a, b) for a, b in zip(reference, served, strict=True)]
-        same = sum(p["first_divergence"] is None for p in pairs)
-        flips = [f"{p['seed']} {'lost' if p['reference'] else 'gained'} ({p['why']})" for p in pairs if p["flipped"]]
+        pair = fidelity(reference, served, episodes.instructions)
+        flips = [f"{p['seed']} {'lost' if p['reference'] else 'gained'} ({p['why']})" for p in pair["flipped"]]
         print(
             f"\ndemo: through vlad {ok}/{len(served)} episodes succeeded, in process {ref_ok}/{len(reference)} "
-            f"(same seeds, same noise); {same} of {len(pairs)} episodes identical tick for tick"
-            + (f"; flipped: {', '.join(flips)}" if flips else "")
+            f"(same seeds, same noise); {pair['identical_episodes']} of {pair['episodes']} episodes identical tick "
+            "for tick" + (f"; flipped: {', '.join(flips)}" if flips else "")
         )
         print(
             "demo: latency seen by the controller (sensor -> action received):"

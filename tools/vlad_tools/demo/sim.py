@@ -36,10 +36,12 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
-from vlad_tools.episodes import Frame
+from vlad_tools.episodes import Frame, InProcessLink
 
 if TYPE_CHECKING:
     from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
+
+    from vlad.contract import Contract
 
 __all__ = [
     "CONTROL_DT",
@@ -55,6 +57,7 @@ __all__ = [
     "Sample",
     "collect_demonstrations",
     "expert_chunk",
+    "expert_link",
     "forward_kinematics",
     "goal_for",
     "inverse_kinematics",
@@ -208,6 +211,16 @@ def expert_chunk(
             cur = cur + err * (step / remaining)
         out[i] = cur
     return out.astype(np.float32)
+
+
+def expert_link(task: ReacherTask, contract: Contract) -> InProcessLink:
+    """The scripted expert toward the task's true goal (privileged: it knows the goal), as a
+    link of the episode runner."""
+
+    def infer(frame: Frame, seq: int) -> np.ndarray:
+        return expert_chunk(frame.proprio[:2], task.goal, contract.action.chunk_length)
+
+    return InProcessLink.for_contract(contract, infer)
 
 
 class ReacherTask:
@@ -474,16 +487,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from vlad.contract import load_contract
-    from vlad_tools.demo.evaluate import evaluate, expert_link, no_motion_link
+    from vlad_tools.episodes import NoMotionLink
+    from vlad_tools.evaluation import EpisodeSet, success_line, summarize
 
     contract = load_contract(Path(__file__).resolve().parents[3] / "manifests" / "demo" / "contract.toml")
     t0 = time.perf_counter()
     print(f"evaluating {args.episodes} episodes per policy x instruction", flush=True)
+    episodes = EpisodeSet.grid(range(args.seed0, args.seed0 + args.episodes), INSTRUCTIONS, args.exec_steps)
     with ReacherTask(render=False) as task:
-        for name, link in (("expert", expert_link(task, contract)), ("zero", no_motion_link(contract))):
-            for instruction in INSTRUCTIONS:
-                seeds = range(args.seed0, args.seed0 + args.episodes)
-                print(evaluate(task, link, contract, name, instruction, seeds, args.exec_steps).line(), flush=True)
+        for name, link in (("expert", expert_link(task, contract)), ("zero", NoMotionLink(contract))):
+            logs = episodes.run(task, link, period_ns=link.period_ns, chunk_length=contract.action.chunk_length)
+            for instruction, row in summarize(logs, INSTRUCTIONS)["per_instruction"].items():
+                print(success_line(name, instruction, row), flush=True)
     print(f"\nevaluation took {time.perf_counter() - t0:.1f}s")
     if not args.no_timing:
         no_r, with_r = _timing()

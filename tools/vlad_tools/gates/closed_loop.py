@@ -1,6 +1,7 @@
 """Closed-loop gate: seeded episodes of the simulated task, through the real daemon and in process.
 
-Every episode runs on the one runner, :func:`vlad_tools.episodes.run_episode`: the candidate and
+Every episode runs on the one runner, :func:`vlad_tools.episodes.run_episode`, in the episode sets
+of :mod:`vlad_tools.evaluation` (which also summarizes and pairs them): the candidate and
 the baseline each serve from their own ``vlad serve`` process (:class:`~vlad_tools.episodes.DaemonLink`,
 real time at the contract's control period), and the candidate's artifact also runs in
 this process (:class:`~vlad_tools.episodes.InProcessLink`) on the same seeds. Observation
@@ -28,27 +29,14 @@ seam (a switch of chunk) that steps beyond the contract's rate limit.
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlad.snapshot import StatusSnapshot
-from vlad_tools.episodes import (
-    DaemonLink,
-    EpisodeLog,
-    InProcessLink,
-    Link,
-    NoMotionLink,
-    SimTask,
-    Task,
-    compare,
-    contract_infer,
-    run_episode,
-)
+from vlad_tools.episodes import DaemonLink, EpisodeLog, InProcessLink, NoMotionLink, SimTask, contract_infer
+from vlad_tools.evaluation import EpisodeSet, fidelity, summarize
 from vlad_tools.gates.conditions import cpu_hog
 from vlad_tools.gates.launcher import serve
-from vlad_tools.gates.metrics import percentiles, wilson_interval
 from vlad_tools.gates.plan import ClosedLoopPlan, GatePlan
 from vlad_tools.gates.results import GateError, GateResult, check
 from vlad_tools.gates.subject import Subject
@@ -86,44 +74,13 @@ def make_task(name: str) -> tuple[Any, tuple[str, ...]]:
     return task.make(), task.instructions()
 
 
-def seeds(plan: ClosedLoopPlan) -> range:
-    """Evaluation seeds: disjoint from the demo's training seeds (0..) by default."""
-    return range(plan.seed, plan.seed + plan.episodes)
+def episode_set(plan: ClosedLoopPlan, instructions: tuple[str, ...]) -> EpisodeSet:
+    """``plan.episodes`` seeds per instruction, disjoint from the demo's training seeds (0..) by default."""
+    return EpisodeSet.grid(range(plan.seed, plan.seed + plan.episodes), instructions, plan.exec_steps)
 
 
-def episodes(
-    task: Task,
-    link: Link,
-    plan: ClosedLoopPlan,
-    instructions: tuple[str, ...],
-    period_ns: int,
-    chunk_length: int,
-    label: str,
-    progress: Callable[[str], None],
-    follow: bool = False,
-) -> list[EpisodeLog]:
-    """``plan.episodes`` seeded episodes per instruction through ``link`` (``follow``: a
-    streaming controller executing the newest chunk, else the plan's waiting rule)."""
-    logs = []
-    for instruction in instructions:
-        ok = 0
-        for i, seed in enumerate(seeds(plan)):
-            log = run_episode(
-                task,
-                link,
-                seed,
-                instruction,
-                period_ns=period_ns,
-                exec_steps=plan.exec_steps,
-                chunk_length=chunk_length,
-                label=label,
-                follow=follow,
-            )
-            logs.append(log)
-            ok += log.success
-            if (i + 1) % 10 == 0 or i + 1 == plan.episodes:
-                progress(f"  closed loop {label}: {instruction!r} episode {i + 1}/{plan.episodes}, {ok} successes")
-    return logs
+def _progress(progress: Callable[[str], None]) -> Callable[[str], None]:
+    return lambda line: progress(f"  closed loop {line}")
 
 
 def run_daemon_episodes(
@@ -135,10 +92,10 @@ def run_daemon_episodes(
     hog: bool = False,
     tap: Any = None,
     latency_ms: float = 0.0,
-) -> dict[str, Any]:
+) -> tuple[list[EpisodeLog], dict[str, Any]]:
     """Serve ``subject`` from ``vlad serve`` and run the plan's episodes through it (beside a
     process spinning one core when ``hog``; with ``latency_ms`` injected into every inference,
-    to a controller that executes the newest chunk); the summary, with every episode's log."""
+    to a controller that executes the newest chunk): every episode's log and the summary."""
     from vlad.client import Client
 
     cl = plan.closed_loop
@@ -161,21 +118,19 @@ def run_daemon_episodes(
             ) as client:
                 client.tap = tap
                 before = client.snapshot()
-                logs = episodes(
+                logs = episode_set(cl, instructions).run(
                     task,
                     DaemonLink(client),
-                    cl,
-                    instructions,
-                    int(before.control_period_ms * 1e6),
-                    subject.contract.action.chunk_length,
-                    label,
-                    progress,
+                    period_ns=int(before.control_period_ms * 1e6),
+                    chunk_length=subject.contract.action.chunk_length,
+                    label=label,
                     follow=latency_ms > 0,
+                    progress=_progress(progress),
                 )
                 after = client.snapshot()
     finally:
         task.close()
-    return summarize(logs, instructions, before, after, rate_limit=_rate_limit(subject))
+    return logs, summarize(logs, instructions, before, after, rate_limit=_rate_limit(subject))
 
 
 def _rate_limit(subject: Subject) -> float:
@@ -184,7 +139,7 @@ def _rate_limit(subject: Subject) -> float:
 
 def run_in_process_episodes(
     subject: Subject, plan: GatePlan, progress: Callable[[str], None] = print
-) -> dict[str, Any]:
+) -> tuple[list[EpisodeLog], dict[str, Any]]:
     """The plan's episodes with ``subject``'s serving artifact called in this process."""
     from vlad.plugins import get_backend
 
@@ -201,127 +156,32 @@ def run_in_process_episodes(
             link = InProcessLink.for_contract(
                 subject.contract, contract_infer(subject.contract, subject.tokenizer(), session)
             )
-            period_ns = int(subject.contract.timing.control_period_ms * 1e6)
-            logs = episodes(
-                task, link, cl, instructions, period_ns, subject.contract.action.chunk_length, "in process", progress
+            logs = episode_set(cl, instructions).run(
+                task,
+                link,
+                period_ns=link.period_ns,
+                chunk_length=subject.contract.action.chunk_length,
+                label="in process",
+                progress=_progress(progress),
             )
         finally:
             session.close()
     finally:
         task.close()
-    return summarize(logs, instructions)
-
-
-def summarize(
-    logs: list[EpisodeLog],
-    instructions: tuple[str, ...],
-    before: StatusSnapshot | None = None,
-    after: StatusSnapshot | None = None,
-    rate_limit: float | None = None,
-) -> dict[str, Any]:
-    """Success per instruction (with Wilson intervals), every episode, the seams (with
-    ``rate_limit``: how many stepped beyond it) and, given the daemon's status before and
-    after the run, its safety events (counter differences)."""
-    per: dict[str, Any] = {}
-    for instruction in instructions:
-        mine = [e for e in logs if e.instruction == instruction]
-        ok = sum(e.success for e in mine)
-        lo, hi = wilson_interval(ok, len(mine))
-        per[instruction] = {
-            "episodes": len(mine),
-            "successes": ok,
-            "rate": ok / len(mine) if mine else 0.0,
-            "wilson95": [lo, hi],
-            "mean_final_distance_m": sum(e.final_distance for e in mine) / max(1, len(mine)),
-        }
-    holds: Counter[str] = Counter()
-    for e in logs:
-        holds.update(e.holds_adopted)
-    seams = [x for e in logs for x in e.seam_steps()]
-    out: dict[str, Any] = {
-        "per_instruction": per,
-        "episodes": [e.to_dict() for e in logs],
-        "seams": {
-            "count": len(seams),
-            "max_rad": max(seams, default=0.0),
-            "p99_rad": percentiles(seams)["p99"] if seams else 0.0,
-            "over_rate_limit": None if rate_limit is None else sum(x > rate_limit + 1e-4 for x in seams),
-        },
-        "held_periods": sum(e.held for e in logs),
-        "first_plan_ms": percentiles(e.first_plan_ms for e in logs),  # each episode starts once it came
-        "ticks": sum(len(e.commands) for e in logs),
-        "late_answers": sum(len(e.late) for e in logs),
-        "holds_adopted": dict(holds),
-        "logs": logs,  # for pairing; dropped before the report is written
-    }
-    if before is not None and after is not None:
-        c0, c1 = before.counters, after.counters
-        published = c1.published - c0.published
-        misses = c1.deadline_misses - c0.deadline_misses
-        interventions = c1.interventions - c0.interventions
-        entered = after.transition_counts.get("FALLBACK", 0) - before.transition_counts.get("FALLBACK", 0)
-        out["safety"] = {
-            "published": published,
-            "deadline_misses": misses,
-            "deadline_miss_rate": misses / published if published else 0.0,
-            "bound_clamps": c1.guard_bounds - c0.guard_bounds,
-            "out_of_bounds": c1.guard_out_of_bounds - c0.guard_out_of_bounds,
-            "rate_clamps": c1.guard_rate - c0.guard_rate,
-            "seam_clamps": c1.guard_seam - c0.guard_seam,
-            "guided": c1.guided - c0.guided,
-            "interventions": interventions,
-            "intervention_rate": interventions / published if published else 0.0,
-            "hold_chunks": c1.published_hold - c0.published_hold,
-            # Times the daemon entered FALLBACK during the run (at least 1 when it ends there).
-            "fallbacks": max(entered, int(after.on_fallback)),
-            "held_periods": out["held_periods"],
-            "final_state": after.state,
-        }
-        out["latency_ms"] = percentiles(x for e in logs for x in e.latencies_ms)
-    return out
-
-
-def fidelity(reference: dict[str, Any], served: dict[str, Any], instructions: tuple[str, ...]) -> dict[str, Any]:
-    """The same seeds in process (``reference``) and through vlad (``served``), paired."""
-    ref = {(e.instruction, e.seed): e for e in reference["logs"]}
-    pairs = [compare(ref[(e.instruction, e.seed)], e) for e in served["logs"] if (e.instruction, e.seed) in ref]
-    per = {}
-    for instruction in instructions:
-        mine = [p for p in pairs if p["instruction"] == instruction]
-        n = max(1, len(mine))
-        a = sum(p["reference"] for p in mine) / n
-        b = sum(p["other"] for p in mine) / n
-        per[instruction] = {
-            "episodes": len(mine),
-            "in_process": a,
-            "through_vlad": b,
-            "drop": round(a - b, 6),
-            "lost": sum(p["reference"] and not p["other"] for p in mine),
-            "gained": sum(p["other"] and not p["reference"] for p in mine),
-        }
-    why = Counter(p["why"] for p in pairs if p["first_divergence"] is not None)
-    return {
-        "per_instruction": per,
-        "identical_episodes": sum(p["first_divergence"] is None for p in pairs),
-        "episodes": len(pairs),
-        "divergence_causes": dict(why),
-        "flipped": [p for p in pairs if p["flipped"]],
-    }
+    return logs, summarize(logs, instructions)
 
 
 def no_motion(plan: ClosedLoopPlan, subject: Subject) -> dict[str, Any]:
     """The no-motion baseline on the same seeds (in process)."""
     task, instructions = make_task(plan.task)
-    t, a = subject.contract.timing, subject.contract.action
-    period_ns = int(t.control_period_ms * 1e6)
-    link = NoMotionLink(period_ns, int(t.action_validity_ms * 1e6), chunk_length=a.chunk_length, action_dim=a.dim)
+    link = NoMotionLink(subject.contract)
     try:
-        logs = episodes(task, link, plan, instructions, period_ns, a.chunk_length, "no motion", lambda _: None)
+        logs = episode_set(plan, instructions).run(
+            task, link, period_ns=link.period_ns, chunk_length=link.chunk_length, label="no motion"
+        )
     finally:
         task.close()
-    out = summarize(logs, instructions)
-    out.pop("logs")
-    return out
+    return summarize(logs, instructions)
 
 
 def run_closed_loop_gate(
@@ -335,25 +195,23 @@ def run_closed_loop_gate(
         "real time through vlad serve, and in process"
     )
     instructions = task_instructions(cl.task)
-    reference = run_in_process_episodes(candidate, plan, progress)
-    cand = run_daemon_episodes(candidate, plan, "candidate", progress, keys_dir)
-    hogged = (
-        run_daemon_episodes(candidate, plan, "candidate+hog", progress, keys_dir, hog=True)
-        if cl.fidelity_under_hog
-        else None
-    )
+    reference_logs, reference = run_in_process_episodes(candidate, plan, progress)
+    cand_logs, cand = run_daemon_episodes(candidate, plan, "candidate", progress, keys_dir)
+    quiet = fidelity(reference_logs, cand_logs, instructions)
+    hogged = loaded = None
+    if cl.fidelity_under_hog:
+        hogged_logs, hogged = run_daemon_episodes(candidate, plan, "candidate+hog", progress, keys_dir, hog=True)
+        loaded = fidelity(reference_logs, hogged_logs, instructions)
     if Path(baseline.path) == Path(candidate.path):
         base, same = cand, True  # the same release: its episodes are the baseline's
     else:
-        base, same = run_daemon_episodes(baseline, plan, "baseline", progress, keys_dir), False
+        base, same = run_daemon_episodes(baseline, plan, "baseline", progress, keys_dir)[1], False
     late = None
     if cl.latency_ms > 0:
         late = run_daemon_episodes(
             candidate, plan, f"candidate at {cl.latency_ms:g} ms", progress, keys_dir, latency_ms=cl.latency_ms
-        )
+        )[1]
     zero = no_motion(cl, candidate)
-    quiet = fidelity(reference, cand, instructions)
-    loaded = fidelity(reference, hogged, instructions) if hogged is not None else None
     for instruction, c in cand["per_instruction"].items():
         b = base["per_instruction"][instruction]["rate"]
         z = zero["per_instruction"][instruction]["rate"]
@@ -432,9 +290,6 @@ def run_closed_loop_gate(
             note=f"{s['deadline_misses']} of {s['published']} chunks",
         )
     )
-    for run in (reference, cand, hogged, base, late):
-        if run is not None:
-            run.pop("logs", None)
     result.details = {
         "candidate": cand,
         "candidate_under_hog": hogged,
@@ -482,21 +337,16 @@ def record_demo(
                 client.tap = recorder
                 st = client.snapshot()
                 recorder.state(st.to_dict())
-                period_ns = int(st.control_period_ms * 1e6)
-                link = DaemonLink(client)
-                for i in range(episodes_):
-                    instruction = instructions[i % len(instructions)]
-                    log = run_episode(
-                        task,
-                        link,
-                        seed + i,
-                        instruction,
-                        period_ns=period_ns,
-                        exec_steps=plan.closed_loop.exec_steps,
-                        chunk_length=subject.contract.action.chunk_length,
-                    )
+                episodes = EpisodeSet.alternating(seed, episodes_, instructions, plan.closed_loop.exec_steps)
+                played = episodes.play(
+                    task,
+                    DaemonLink(client),
+                    period_ns=int(st.control_period_ms * 1e6),
+                    chunk_length=subject.contract.action.chunk_length,
+                )
+                for i, log in enumerate(played):
                     progress(
-                        f"  record: episode {i + 1}/{episodes_} {instruction!r}: "
+                        f"  record: episode {i + 1}/{episodes_} {log.instruction!r}: "
                         f"{'success' if log.success else 'miss'}, {recorder.stats()['observations']} observations"
                     )
                     if recorder.stop_reason:

@@ -1,4 +1,5 @@
-"""The numbers gates are judged by: tensor errors, guard decisions, percentiles, intervals.
+"""The numbers gates are judged by: tensor errors and guard decisions (percentiles and success
+intervals: :mod:`vlad_tools.evaluation`).
 
 Pure numpy, no I/O: every function here is a definition the report and docs/gates.md
 refer to.
@@ -7,12 +8,12 @@ refer to.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from vlad.contract import Contract
+from vlad.serving.guard import ActionGuard
 
 # Relative error divides by |reference|; below this floor the relative error of a value
 # near zero says nothing (0.001 vs 0.002 is "100 %"), so the floor is used instead.
@@ -98,70 +99,31 @@ class JointErrors:
 # ---- guard decisions ------------------------------------------------------------------
 
 
-def _position_index(contract: Contract) -> list[int]:
-    names = contract.proprio.names if contract.proprio else ()
-    return [names.index(f"{j.name}.position") if f"{j.name}.position" in names else -1 for j in contract.action.joints]
-
-
-def _guard_terms(
-    contract: Contract, actions: np.ndarray, proprio: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(actions, lower, upper, rate limit, previous waypoint)`` as float64 arrays; the
-    first waypoint's previous is the measured joint position where proprio has it, else NaN."""
-    spec = contract.action
-    a = np.asarray(actions, dtype=np.float64)
-    lower = np.asarray([j.lower for j in spec.joints])
-    upper = np.asarray([j.upper for j in spec.joints])
-    rate = np.asarray([j.rate_limit for j in spec.joints])
-    prev = np.full(a.shape[1], np.nan)
-    if proprio is not None:
-        idx = _position_index(contract)
-        prev = np.asarray([proprio[i] if i >= 0 else np.nan for i in idx], dtype=np.float64)
-    return a, lower, upper, rate, np.vstack([prev[None], a[:-1]])
-
-
-def guard_decisions(contract: Contract, actions: np.ndarray, proprio: np.ndarray | None) -> np.ndarray:
-    """The guard's yes/no decisions for one chunk: ``bool[H, J, 3]`` = below the lower
-    bound, above the upper bound, rate limit exceeded (from the previous waypoint; the
-    first from the measured joint position where the proprio vector has it).
-
-    A decision that differs between reference and candidate is a *flip*: the same
-    observation would be clamped by one and not by the other.
-    """
-    a, lower, upper, rate, previous = _guard_terms(contract, actions, proprio)
-    with np.errstate(invalid="ignore"):
-        rate_hit = np.abs(a - previous) > rate
-    rate_hit &= np.isfinite(previous)
-    return np.stack([a < lower, a > upper, rate_hit], axis=-1)
-
-
-def guard_margins(contract: Contract, actions: np.ndarray, proprio: np.ndarray | None) -> np.ndarray:
-    """Distance of each decision from its threshold, same layout as :func:`guard_decisions`
-    (contract units; how near the boundary the reference is)."""
-    a, lower, upper, rate, previous = _guard_terms(contract, actions, proprio)
-    rate_margin = np.abs(np.abs(a - previous) - rate)
-    rate_margin = np.where(np.isfinite(rate_margin), rate_margin, np.inf)
-    return np.stack([np.abs(a - lower), np.abs(upper - a), rate_margin], axis=-1)
-
-
 @dataclass
 class DecisionStats:
     """Flips between reference and candidate guard decisions, and how many reference
-    decisions lay near a threshold (within ``near`` in contract units)."""
+    decisions lay near a threshold (within ``near`` in contract units). The decisions are
+    the guard's own (:meth:`vlad.serving.guard.ActionGuard.decisions`, ``bool[H, J, 3]``:
+    below the lower bound, above the upper bound, rate limit exceeded from the previous
+    waypoint or the measured position): one that differs between reference and candidate
+    is a *flip*, the same observation clamped by one and not by the other."""
 
     near: float
+    guard: ActionGuard | None = field(default=None, repr=False)  # the last contract's
     flips: int = 0
     decisions: int = 0
     near_boundary: int = 0
     examples: list[str] = field(default_factory=list)
 
     def add(self, contract: Contract, ref: np.ndarray, got: np.ndarray, proprio: np.ndarray | None, label: str) -> None:
-        dr = guard_decisions(contract, ref, proprio)
-        dg = guard_decisions(contract, got, proprio)
+        if self.guard is None or self.guard.contract is not contract:
+            self.guard = ActionGuard(contract)
+        dr = self.guard.decisions(ref, proprio)
+        dg = self.guard.decisions(got, proprio)
         diff = dr != dg
         self.flips += int(diff.sum())
         self.decisions += dr.size
-        self.near_boundary += int((guard_margins(contract, ref, proprio) < self.near).sum())
+        self.near_boundary += int((self.guard.margins(ref, proprio) < self.near).sum())
         if diff.any() and len(self.examples) < 5:
             k, j, kind = (int(x) for x in np.argwhere(diff)[0])
             what = ("below lower bound", "above upper bound", "rate limit")[kind]
@@ -179,40 +141,3 @@ class DecisionStats:
             "near_threshold": self.near,
             "examples": self.examples,
         }
-
-
-# ---- distributions ----------------------------------------------------------------------
-
-
-def percentiles(values: Iterable[float | None]) -> dict[str, float]:
-    """count, p50, p95, p99, max and mean of a sample (NaN entries are ignored)."""
-    a = np.asarray([v for v in values if v is not None], dtype=np.float64)
-    a = a[np.isfinite(a)]
-    if a.size == 0:
-        return {"count": 0, "p50": math.nan, "p95": math.nan, "p99": math.nan, "max": math.nan, "mean": math.nan}
-    p50, p95, p99 = np.percentile(a, (50, 95, 99))
-    return {
-        "count": int(a.size),
-        "p50": round(float(p50), 4),
-        "p95": round(float(p95), 4),
-        "p99": round(float(p99), 4),
-        "max": round(float(a.max()), 4),
-        "mean": round(float(a.mean()), 4),
-    }
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95 % for the default ``z``).
-
-    Unlike the normal approximation it stays within [0, 1] and is sensible for 0 or n
-    successes and small n, which is what a handful of robot episodes gives.
-    """
-    if n <= 0:
-        return (0.0, 1.0)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if successes == 0 else max(0.0, centre - half)
-    hi = 1.0 if successes == n else min(1.0, centre + half)
-    return (lo, hi)

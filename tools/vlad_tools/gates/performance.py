@@ -35,9 +35,9 @@ import numpy as np
 from vlad.client import ActionChunk, Client
 from vlad.daemon.child import DaemonProcess
 from vlad.snapshot import parse_status
+from vlad_tools.evaluation import percentiles
 from vlad_tools.gates.conditions import cpu_hog
 from vlad_tools.gates.launcher import serve
-from vlad_tools.gates.metrics import percentiles
 from vlad_tools.gates.plan import GatePlan
 from vlad_tools.gates.results import GateError, GateResult, check
 from vlad_tools.gates.subject import Subject

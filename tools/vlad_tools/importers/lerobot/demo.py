@@ -12,6 +12,7 @@ instruction the policy was trained on (ACT and Diffusion Policy take no language
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -28,34 +29,28 @@ def closed_loop(
     from vlad.client import Client
     from vlad.plugins import get_backend
     from vlad_tools.episodes import DaemonLink, InProcessLink, NoMotionLink, contract_infer
-    from vlad_tools.gates.closed_loop import episodes as run_episodes
-    from vlad_tools.gates.closed_loop import fidelity, make_task, summarize
+    from vlad_tools.evaluation import EpisodeSet, fidelity, summarize
+    from vlad_tools.gates.closed_loop import make_task
     from vlad_tools.gates.launcher import serve
     from vlad_tools.gates.plan import ClosedLoopPlan
     from vlad_tools.gates.subject import open_subject
 
     subject = open_subject(release)
     contract = subject.contract
-    plan = ClosedLoopPlan(episodes=episodes, seed=seed, exec_steps=exec_steps)
-    period_ns = int(contract.timing.control_period_ms * 1e6)
-    chunk = contract.action.chunk_length
     only = (INSTRUCTION,)
-    task, _ = make_task(plan.task)
+    episodes_ = EpisodeSet.grid(range(seed, seed + episodes), only, exec_steps)
+    period_ns = int(contract.timing.control_period_ms * 1e6)
+    run = functools.partial(episodes_.run, period_ns=period_ns, chunk_length=contract.action.chunk_length)
+    task, _ = make_task(ClosedLoopPlan().task)
     try:
         spec = subject.serving
         session = get_backend(spec.backend).load(subject.artifact_path(spec.artifact), contract, dict(spec.options))
         try:
             link = InProcessLink.for_contract(contract, contract_infer(contract, subject.tokenizer(), session))
-            in_process = summarize(run_episodes(task, link, plan, only, period_ns, chunk, "in process", progress), only)
+            in_process_logs = run(task, link, label="in process", progress=progress)
         finally:
             session.close()
-        still = NoMotionLink(
-            period_ns,
-            int(contract.timing.action_validity_ms * 1e6),
-            chunk_length=chunk,
-            action_dim=contract.action.dim,
-        )
-        no_motion = summarize(run_episodes(task, still, plan, only, period_ns, chunk, "no motion", progress), only)
+        no_motion = summarize(run(task, NoMotionLink(contract), label="no motion", progress=progress), only)
         with serve(subject, keys_dir=keys_dir) as daemon:
             ready_s = daemon.wait_ready()
             e = daemon.endpoints
@@ -63,15 +58,14 @@ def closed_loop(
                 observations=e["observations"], actions=e["actions"], control=e["control"], name="lerobot-demo"
             ) as client:
                 before = client.snapshot()
-                logs = run_episodes(task, DaemonLink(client), plan, only, period_ns, chunk, "vlad serve", progress)
+                served_logs = run(task, DaemonLink(client), label="vlad serve", progress=progress)
                 after = client.snapshot()
-        served = summarize(logs, only, before, after)
     finally:
         task.close()
-    pair = fidelity(in_process, served, only)
-    for summary in (in_process, served, no_motion):  # per-episode logs: for pairing, not for the file
-        summary.pop("logs", None)
-        summary.pop("episodes", None)
+    in_process, served = summarize(in_process_logs, only), summarize(served_logs, only, before, after)
+    pair = fidelity(in_process_logs, served_logs, only)
+    for summary in (in_process, served, no_motion):  # every episode: not for the file
+        summary.pop("episodes")
     return {
         "in_process": in_process,
         "through_vlad_serve": served,
@@ -86,8 +80,8 @@ def lerobot_in_process(checkpoint: Path, episodes: int, seed: int, exec_steps: i
     predict_action_chunk -> postprocessor`` (no import, no vlad backend): tells a policy that
     misses from an observation or action mapping that is wrong."""
     from vlad_tools.episodes import InProcessLink
-    from vlad_tools.gates.closed_loop import episodes as run_episodes
-    from vlad_tools.gates.closed_loop import make_task, summarize
+    from vlad_tools.evaluation import EpisodeSet, summarize
+    from vlad_tools.gates.closed_loop import make_task
     from vlad_tools.gates.plan import ClosedLoopPlan
     from vlad_tools.importers.lerobot.checkpoint import read_checkpoint
     from vlad_tools.importers.lerobot.policies import Frame, lerobot_reference, load_policy
@@ -103,16 +97,16 @@ def lerobot_in_process(checkpoint: Path, episodes: int, seed: int, exec_steps: i
         lerobot_frame = Frame(dict(frame.images), frame.proprio)
         return lerobot_reference(policy, pre, post, ckpt, [lerobot_frame], None).actions
 
-    plan = ClosedLoopPlan(episodes=episodes, seed=seed, exec_steps=exec_steps)
     only = (INSTRUCTION,)
-    task, _ = make_task(plan.task)
+    episodes_ = EpisodeSet.grid(range(seed, seed + episodes), only, exec_steps)
+    task, _ = make_task(ClosedLoopPlan().task)
     try:
         link = InProcessLink(infer, period_ns, period_ns * ckpt.n_action_steps, chunk_length=chunk, action_dim=dim)
-        summary = summarize(run_episodes(task, link, plan, only, period_ns, chunk, "lerobot", progress), only)
+        logs = episodes_.run(task, link, period_ns=period_ns, chunk_length=chunk, label="lerobot", progress=progress)
     finally:
         task.close()
-    summary.pop("logs", None)
-    summary.pop("episodes", None)
+    summary = summarize(logs, only)
+    summary.pop("episodes")
     return summary
 
 
