@@ -43,7 +43,7 @@ from typing import Any
 import anyio
 
 from vlad.config import Config
-from vlad.daemon.chain import ChainPolicy, PolicyChain
+from vlad.daemon.chain import ChainPolicy, PolicyChain, served
 from vlad.daemon.memory import MemoryBudget, Plan, PolicyMemory, measured_load, stated_need, swap_gap
 from vlad.errors import VladError
 from vlad.health.base import Finding
@@ -116,13 +116,11 @@ class ReleaseManager:
         chain: PolicyChain,
         publisher: Publisher,
         state: StateMachine,
-        served: Callable[[LoadedPolicy, str], ServedPolicy],
     ) -> None:
         self.cfg = cfg
         self.chain = chain
         self.publisher = publisher
         self.state = state
-        self.served = served  # LoadedPolicy + slot name -> ServedPolicy (the supervisor's recipe)
         self.shadow: ShadowRun | None = None
         self.canary: Canary | None = None
         self._seen_findings: set[tuple] = set()
@@ -141,6 +139,13 @@ class ReleaseManager:
             )
             log.error(message)
             state.record("release_unverified", message, problems=list(self.evidence.problems))
+
+    async def close(self) -> None:
+        """Stop a shadow run's thread (at shutdown, from the supervisor's exit stack)."""
+        run = self.shadow
+        if run is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(run.stop, self.cfg.serve.shutdown_timeout_s)
 
     def store(self) -> ReleaseStore:
         s = self.cfg.store
@@ -230,7 +235,7 @@ class ReleaseManager:
         except VladError as exc:
             self.state.record("memory_swap", f"{old.id} could not be loaded again ({exc}); the fallback chain serves")
             return
-        self.chain.install(ChainPolicy(loaded, self.served(loaded, "release"), self._memory_of(loaded)), "swap failed")
+        self.chain.install(ChainPolicy(loaded, served(loaded, "release"), self._memory_of(loaded)), "swap failed")
         self.chain.serve(0)
 
     def _swapped_in(self, swapped: tuple[int, ChainPolicy]) -> float:
@@ -317,7 +322,7 @@ class ReleaseManager:
             await self._swap_back(swapped)
             raise
         self._note_forced(entry, "deploy")
-        new = ChainPolicy(loaded, self.served(loaded, "release"), self._memory_of(loaded))
+        new = ChainPolicy(loaded, served(loaded, "release"), self._memory_of(loaded))
         old = self.chain.install(new, f"deploy by {who}: {why}")
         self.evidence = self._evidence_of(loaded, entry)
         result: dict[str, Any] = {
@@ -383,7 +388,7 @@ class ReleaseManager:
         finally:
             self.operation = None
         self._note_forced(entry, "rollback")
-        new = ChainPolicy(loaded, self.served(loaded, "release"), self._memory_of(loaded))
+        new = ChainPolicy(loaded, served(loaded, "release"), self._memory_of(loaded))
         old = self.chain.install(new, f"rollback by {who}: {why}")
         self.evidence = self._evidence_of(loaded, entry)
         result: dict[str, Any] = {
@@ -464,7 +469,7 @@ class ReleaseManager:
         await self._plan("shadow", Path(path), replaces=False)
         loaded = await self._load(Path(path))
         self.shadow_memory = self._memory_of(loaded)
-        self._start_shadow(self.served(loaded, "shadow"), loaded, "shadow", tolerance)
+        self._start_shadow(served(loaded, "shadow"), loaded, "shadow", tolerance)
         self.state.record("shadow", f"shadow run of {loaded.release_id} started")
         return {"shadow": loaded.release_id, "tolerance": tolerance}
 
