@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({staged.hashed_bytes / t_stage / 1e9:.2f} GB/s); progress lines: {len(lines)}"
         )
         t0 = time.perf_counter()
-        store.activate(staged.id, who="bench", why="bench", verified=staged)
+        store.activate(store.admit(staged, "bench", "bench", force=False, retry="-"))
         t_act = time.perf_counter() - t0
         again = verify_release(staged.path, keys, known=staged.files)
         print(f"activate (result handed on): {t_act:6.2f} s  hashed {again.hashed_bytes / 1e9:5.2f} GB")

@@ -12,7 +12,6 @@ deploy/rollback tests.
 from __future__ import annotations
 
 import errno
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -84,10 +83,10 @@ async def serving(port: Port, **limits: Any) -> AsyncIterator[tuple[zmq.asyncio.
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.bind(ENDPOINT)
-    server = ControlServer(sock, SocketsConfig(**limits), port, Counter())
+    server = ControlServer(sock, SocketsConfig(**limits))
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(server.run)
+            await tg.start(server.run, port)
             yield ctx, server
             tg.cancel_scope.cancel()
     finally:

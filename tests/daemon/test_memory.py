@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.helpers import signed_demo_copy, store_config, wait_chunks, wait_release
 from vlad.config import MemoryConfig
-from vlad.daemon.memory import GB, MemoryBudget, PolicyMemory, stated_need
+from vlad.daemon.memory import GB, MemoryBudget, PolicyMemory, claimed_manifest, stated_need
 from vlad.errors import VladError
 from vlad_tools.testing import DEMO, PERIOD_S, ControllerSim, load_golden, max_gap, start_daemon
 
@@ -82,17 +82,21 @@ def test_a_need_is_read_only_from_an_authenticated_manifest(tmp_path):
     rel = tmp_path / "rel"
     shutil.copytree(DEMO, rel)
     with_memory(rel, 3 * 2**30, "performance-gate")
-    assert stated_need(rel, str(KEYS)) == PolicyMemory(3 * 2**30, 0, "manifest (performance-gate)")
+
+    def need(folder: Path, keys: str | None) -> PolicyMemory:
+        return stated_need(folder, claimed_manifest(folder, keys))
+
+    assert need(rel, str(KEYS)) == PolicyMemory(3 * 2**30, 0, "manifest (performance-gate)")
     # without verification (release.verify = false) the manifest is read as it is
-    assert stated_need(rel, None).host_bytes == 3 * 2**30
+    assert need(rel, None).host_bytes == 3 * 2**30
     # an edited manifest no longer carries its signature: its claim is not believed
     text = (rel / "manifest.toml").read_text().replace(f"host_bytes = {3 * 2**30}", "host_bytes = 1")
     (rel / "manifest.toml").write_text(text)
-    need = stated_need(rel, str(KEYS))
+    estimated = need(rel, str(KEYS))
     model_files = sum(p.stat().st_size for p in DEMO.glob("*") if p.suffix in (".onnx", ".pt2"))
-    assert need.source.startswith("estimate") and need.host_bytes >= (DEMO / "policy.onnx").stat().st_size
-    assert need.host_bytes <= model_files + (DEMO / "policy_weights.pt").stat().st_size
-    assert stated_need(tmp_path / "missing", str(KEYS)).host_bytes == 0
+    assert estimated.source.startswith("estimate") and estimated.host_bytes >= (DEMO / "policy.onnx").stat().st_size
+    assert estimated.host_bytes <= model_files + (DEMO / "policy_weights.pt").stat().st_size
+    assert need(tmp_path / "missing", str(KEYS)).host_bytes == 0
 
 
 # -- on the real daemon ------------------------------------------------------------------------

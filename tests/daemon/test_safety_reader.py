@@ -10,8 +10,10 @@ import zmq
 from vlad import protocol
 from vlad.config import SafetyConfig
 from vlad.daemon.safety import IDLE_WAIT_MS, EStop
+from vlad.health.state import StateMachine
 from vlad.serving.counters import PublishCounts
 from vlad.serving.guard import ActionGuard
+from vlad.serving.position import ServingState
 from vlad.serving.publisher import Publisher
 from vlad.serving.tracing import LatencyStats
 
@@ -21,7 +23,9 @@ PERIOD = 20_000_000
 def _publisher(contract, ctx):
     sock = ctx.socket(zmq.PUB)
     sock.bind("inproc://actions-safety-test")
-    return Publisher(contract, sock, ActionGuard(contract), LatencyStats(), PublishCounts(), lambda: "r", lambda: "s")
+    return Publisher(
+        contract, sock, ActionGuard(contract), LatencyStats(), PublishCounts(), ServingState(StateMachine(), "r")
+    )
 
 
 def test_the_reader_blocks_until_a_timer_is_due(contract, tmp_path):

@@ -22,9 +22,26 @@ def _finding(code, scope, severity="fault", policy=None):
     return Finding("t", code, severity, scope, code, policy=policy)
 
 
+class Followed(HealthPolicy):
+    """A health policy whose chain serves each decision at once (PolicyChain.follow_health):
+    the health policy itself never moves the serving position."""
+
+    def update(self, findings, now_ns):
+        decision = super().update(findings, now_ns)
+        self.serving.position = decision.target
+        return decision
+
+
 @pytest.fixture()
 def policy():
-    return HealthPolicy([A, B, HOLD], healthy_window_ns=2_000_000_000, events=StateMachine())
+    return Followed([A, B, HOLD], healthy_window_ns=2_000_000_000, events=StateMachine())
+
+
+def test_a_decision_alone_moves_nothing():
+    """The chain is the one writer of the serving position: a decision only says where to go."""
+    policy = HealthPolicy([A, B, HOLD], healthy_window_ns=2_000_000_000, events=StateMachine())
+    assert policy.update([_finding("temperature_high", "system")], NOW).target == 1
+    assert policy.active == policy.serving.position == 0
 
 
 def test_policy_fault_quarantines_the_culprit_only(policy):
@@ -111,7 +128,7 @@ def test_a_finding_with_its_own_window(policy):
 def test_a_swap_from_outside_is_adopted(policy):
     """A canary abort or a deploy points the chain elsewhere between ticks: that is the new position."""
     policy.update([_finding("temperature_high", "system")], NOW)
-    policy.active = 0  # what PolicyChain.serve does
+    policy.serving.position = 0  # what PolicyChain.serve does
     assert policy.update([], NOW + 1).target == 0
 
 

@@ -513,34 +513,34 @@ def test_staging_hashes_once_and_hands_the_result_on(env):
     assert again.hashed_bytes == 0 and again.files == staged.files
     assert verify_release(staged.path, store.keys_dir, NOW).hashed_bytes == total  # a new operation: hashed
 
-    e = store.activate("r1", who="ana", why="first", now=NOW, verified=staged)
+    e = store.activate(store.admit(staged, "ana", "first", force=False, retry="-"), now=NOW)
     assert e.to_release == "r1"
     store.stage(src["r2"], now=NOW)
     staged2 = store.stage_release(src["r2"], now=NOW)  # already staged: verified (hashed) once more
+    admitted = store.admit(staged2, "ana", "second", force=False, retry="-")
     target = store.release_path("r2") / "model_config.json"
     os.chmod(target, 0o644)
     target.write_text('{"width": 9}\n')
-    with pytest.raises(IntegrityError, match="model_config.json: s"):
-        store.activate("r2", who="ana", why="second", now=NOW, verified=staged2)
+    with pytest.raises(IntegrityError, match="model_config.json: s"):  # trusted, but its files' identities checked
+        store.activate(admitted, now=NOW)
 
 
 def test_the_deploy_pipeline_hashes_each_artifact_once(tmp_path):
     """What the daemon's deploy does, step by step, on the demo release: stage (copy and
-    hash), evidence, load (the staging's result handed on), activate: one pass in all."""
-    from vlad.release.evidence import judge_evidence
+    hash, evidence judged), load (the staged release taken as it is), activate: one pass in all."""
     from vlad.release.loading import PolicySource, load_policy
 
     keys = ROOT / "etc" / "vlad" / "keys.d"
     store = ReleaseStore(tmp_path / "store", keys)
     staged = store.stage_release(ROOT / "manifests" / "demo")
     assert staged.hashed_bytes == sum(a.size for a in staged.manifest.artifacts)
-    assert judge_evidence(staged.manifest, staged.path, staged.files).ok
-    policy = load_policy(PolicySource(staged.path, str(keys), verified=staged), warmup=1)
+    assert staged.evidence.ok
+    policy = load_policy(PolicySource(staged.path, str(keys), staged=staged), warmup=1)
     try:
-        assert policy.verified is not None and policy.verified.hashed_bytes == 0 and policy.evidence.ok
-        e = store.activate(staged.id, who="t", why="deploy", verified=policy.verified)
+        assert policy.verified is staged.verified and policy.evidence is staged.evidence and policy.staged is staged
+        e = store.activate(store.admit(staged, "t", "deploy", force=False, retry="-"))
         assert e.evidence == "passed"
-        # A load without the handed-on result (a daemon start) hashes: a new operation.
+        # A load without the staged release (a daemon start) verifies and hashes: a new operation.
         fresh = load_policy(PolicySource(staged.path, str(keys)), warmup=1)
         assert fresh.verified.hashed_bytes == staged.hashed_bytes
         fresh.session.close()

@@ -21,11 +21,13 @@ import zmq
 from vlad import protocol
 from vlad.backend import Session, SessionDescription
 from vlad.config import RealtimeConfig
+from vlad.health.state import StateMachine
 from vlad.serving.counters import IntakeCounts, PolicyId, PublishCounts
 from vlad.serving.guard import ActionGuard, TrustedState
 from vlad.serving.intake import Intake
 from vlad.serving.loop import ServingLoop
 from vlad.serving.policy import ServedPolicy
+from vlad.serving.position import ServingState
 from vlad.serving.publisher import Publisher
 from vlad.serving.tracing import LatencyStats
 
@@ -118,8 +120,7 @@ class Rig:
             self.guard,
             LatencyStats(100),
             PublishCounts(),
-            lambda: "demo@1",
-            lambda: "active",
+            ServingState(StateMachine(), "demo@1"),
             estop_output,
         )
         self.publisher.validity_ns = GENEROUS_NS

@@ -13,11 +13,13 @@ import zmq
 
 from tests.serving.rig import PROPRIO, FakeSession, connected
 from vlad import protocol
+from vlad.health.state import StateMachine
 from vlad.processing import RawObservation
 from vlad.protocol import HoldKind
 from vlad.serving.counters import PolicyId, PublishCounts
 from vlad.serving.guard import ActionGuard, TrustedState
 from vlad.serving.policy import ServedPolicy
+from vlad.serving.position import ServingState
 from vlad.serving.publisher import Publisher
 from vlad.serving.tracing import CycleTimes, LatencyStats
 
@@ -52,8 +54,7 @@ class Bench:
             self.guard,
             LatencyStats(100),
             self.counts,
-            lambda: "demo@1",
-            lambda: "active",
+            ServingState(StateMachine(), "demo@1"),
             estop_output,
         )
         self.policy = ServedPolicy(PolicyId("release", "demo@1"), contract, FakeSession(contract), tokenizer)
@@ -107,7 +108,7 @@ def test_a_chunk_leaves_with_its_header(bench):
         "release",
         "release:demo@1",
         "demo@1",
-        "active",
+        "STARTING",
     )
     assert h["valid_until_ns"] == h["t_sensor_ns"] + int(bench.contract.timing.action_validity_ms * 1e6)
     assert h["interventions"] == []

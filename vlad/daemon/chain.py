@@ -6,6 +6,10 @@ thread plus a wake-up (the newest observation is answered by the new policy at o
 :meth:`PolicyChain.install` puts a newly deployed or rolled-back release in first place.
 The :class:`~vlad.health.policy.HealthPolicy` over the chain decides the position each
 health tick and :meth:`PolicyChain.follow_health` moves there.
+
+The chain is the one writer of the serving position: :meth:`PolicyChain.point` moves the
+shared :class:`~vlad.serving.position.ServingState` (position and release), the serving
+thread's pointer and the swap's record together; everything else reads them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ from vlad.release.loading import LoadedPolicy
 from vlad.serving.counters import HOLD, PolicyId
 from vlad.serving.loop import ServingLoop
 from vlad.serving.policy import ServedPolicy
+from vlad.serving.position import ServingState
+
+
+def served(policy: LoadedPolicy, slot: str) -> ServedPolicy:
+    """``policy`` as the serving thread runs it in ``slot`` (``release``, ``fallback1``, ``shadow``)."""
+    return ServedPolicy(PolicyId(slot, policy.release_id), policy.contract, policy.session, policy.tokenizer)
 
 
 @dataclass(eq=False)
@@ -33,6 +43,10 @@ class ChainPolicy:
     served: ServedPolicy
     memory: PolicyMemory | None = None
 
+    @classmethod
+    def of(cls, loaded: LoadedPolicy, slot: str, memory: PolicyMemory | None) -> ChainPolicy:
+        return cls(loaded, served(loaded, slot), memory)
+
     @property
     def id(self) -> PolicyId:
         return self.served.id
@@ -42,12 +56,19 @@ class PolicyChain:
     """Owns the chain's policies, the health policy over them and the serving pointer."""
 
     def __init__(
-        self, policies: list[ChainPolicy], health_window_ns: int, state: StateMachine, loop: ServingLoop
+        self,
+        policies: list[ChainPolicy],
+        health_window_ns: int,
+        state: StateMachine,
+        loop: ServingLoop,
+        serving: ServingState,
     ) -> None:
         self.policies = policies  # without the hold posture
         self.state = state
         self.loop = loop
-        self.health = HealthPolicy([p.id for p in policies] + [HOLD], health_window_ns, state)
+        self.serving_state = serving
+        self.health = HealthPolicy([p.id for p in policies] + [HOLD], health_window_ns, state, serving)
+        self._route(0)  # the release serves from the first observation on
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -58,13 +79,12 @@ class PolicyChain:
 
     @property
     def active(self) -> int:
-        return self.health.active
+        return self.serving_state.position
 
     @property
     def serving(self) -> ChainPolicy | None:
         """The policy answering now; None: the hold posture."""
-        i = self.health.active
-        return self.policies[i] if i < len(self.policies) else None
+        return self.at(self.serving_state.position)
 
     def ids(self) -> list[PolicyId]:
         return list(self.health.chain)
@@ -76,30 +96,23 @@ class PolicyChain:
 
     def follow_health(self, findings: list[Finding], now_ns: int) -> Decision:
         """Decide this health tick (:func:`vlad.health.policy.decide`) and move to its target."""
-        before = self.health.active
         decision = self.health.update(findings, now_ns)
-        if decision.target != before:
-            self.health.active = before  # the swap is recorded from where the chain was
+        if decision.target != self.serving_state.position:
             self.serve(decision.target)
         return decision
 
     def serve(self, target: int) -> None:
         """Route to chain position ``target`` (a pointer change; every policy is warm)."""
-        before = self.health.active
-        self.health.active = target
-        self.point(
-            target,
-            f"{self.health.chain[before]} -> {self.health.chain[target]}",
-            from_policy=str(self.health.chain[before]),
-        )
+        before = self.health.chain[self.serving_state.position]
+        self.point(target, f"{before} -> {self.health.chain[target]}", from_policy=str(before))
 
     def point(self, target: int, why: str, **details: object) -> None:
-        """Point the serving thread at chain position ``target`` and wake it."""
+        """Point the serving thread at chain position ``target`` and wake it; the swap is
+        recorded (the one place the serving position changes)."""
         t0 = time.monotonic_ns()
         new = self.at(target)
         self.loop.publisher.expect_swap(new.id.slot if new else "hold", t0)
-        self.loop.active = new.served if new else None
-        self.loop.wake()
+        self._route(target)
         self.state.record(
             "swap",
             why,
@@ -108,13 +121,20 @@ class PolicyChain:
             **details,
         )
 
+    def _route(self, target: int) -> None:
+        new = self.at(target)
+        self.serving_state.position = target
+        self.serving_state.release = new.id.release if new else "hold"
+        self.loop.active = new.served if new else None
+        self.loop.wake()
+
     def install(self, policy: ChainPolicy, reason: str) -> ChainPolicy:
         """Make ``policy`` the release being served; returns the one it replaces."""
         old = self.policies[0]
         self.policies[0] = policy
         self.health.replace(0, policy.id)
         log_context.release = policy.id.release
-        if self.health.active == 0:
+        if self.serving_state.position == 0:
             self.point(0, f"{old.id} -> {policy.id}: {reason}")
         self.state.record(
             "release",

@@ -278,18 +278,18 @@ class ControlServer:
 
     Bounded: at most ``control_in_flight_per_peer`` per peer and ``control_in_flight`` in
     all; beyond that a request is answered "busy" at once, never queued. Every refusal is
-    counted in :attr:`rejected` by reason (the status shows them as ``control_*``)."""
+    counted in :attr:`rejected` by reason (the status shows them as ``control_*``). The
+    port is given to :meth:`run`, not here: the daemon's port answers ``status``, which
+    shows this server's counts, so the server exists first."""
 
-    def __init__(
-        self, sock: zmq.asyncio.Socket, limits: SocketsConfig, port: ControlPort, rejected: Counter[str]
-    ) -> None:
+    def __init__(self, sock: zmq.asyncio.Socket, limits: SocketsConfig) -> None:
         self.sock = sock
         self.limits = limits
-        self.port = port
-        self.rejected = rejected  # shared with the status, which shows it
+        self.rejected: Counter[str] = Counter()  # written here only; the status reads it
         self._release_lock = anyio.Lock()
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, port: ControlPort, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Answer requests through ``port`` until cancelled."""
         s = self.limits
         in_flight: Counter[bytes] = Counter()
         async with anyio.create_task_group() as tg:
@@ -318,9 +318,11 @@ class ControlServer:
                     )
                     continue
                 in_flight[peer] += 1
-                tg.start_soon(self._answer, envelope, frame, peer, in_flight)
+                tg.start_soon(self._answer, port, envelope, frame, peer, in_flight)
 
-    async def _answer(self, envelope: list[bytes], frame: bytes, peer: bytes, in_flight: Counter[bytes]) -> None:
+    async def _answer(
+        self, port: ControlPort, envelope: list[bytes], frame: bytes, peer: bytes, in_flight: Counter[bytes]
+    ) -> None:
         s = self.limits
         try:
             try:
@@ -332,12 +334,12 @@ class ControlServer:
                     with anyio.fail_after(s.release_op_timeout_s):
                         await self._release_lock.acquire()
                     try:
-                        result = await cmd.handler(self.port, args)
+                        result = await cmd.handler(port, args)
                     finally:
                         self._release_lock.release()
                 else:
                     with anyio.fail_after(s.control_timeout_s):
-                        result = await cmd.handler(self.port, args)
+                        result = await cmd.handler(port, args)
                 reply = protocol.encode_reply(True, result)
             except TimeoutError:
                 self.rejected["timeout"] += 1

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from vlad.config import Config
     from vlad.daemon.chain import PolicyChain
     from vlad.daemon.releases import ReleaseManager
-    from vlad.daemon.safety import EStop
     from vlad.daemon.status import HealthReadout
     from vlad.serving.loop import ServingLoop
     from vlad.serving.tracing import LatencyStats
@@ -48,7 +47,6 @@ class HealthService:
         loop: ServingLoop,
         stats: LatencyStats,
         releases: ReleaseManager,
-        estop: EStop,
         state: StateMachine,
         readout: HealthReadout,
         period_ns: int,
@@ -59,7 +57,6 @@ class HealthService:
         self.loop = loop
         self.stats = stats
         self.releases = releases
-        self.estop = estop
         self.state = state
         self.readout = readout
         self.period_ns = period_ns
@@ -171,7 +168,7 @@ class HealthService:
                 state=State.ACTIVE if active == 0 else State.FALLBACK,
                 reason="canary aborted: previous release restored",
             )
-        if self.estop.engaged:
+        if self.loop.publisher.estop_engaged:  # the e-stop's gate, set before estop_changed is called
             self.state_before_estop = decision.state
         elif decision.state != self.state.state:
             self.state.transition(decision.state, decision.reason)

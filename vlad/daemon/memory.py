@@ -9,9 +9,10 @@ two of them may not fit. So before a release operation loads anything:
   memory (and of the device's peak allocation, where the backend reports one) while it
   was loaded and warmed up;
 * a candidate's need is what its manifest states (``[memory]``: the planner's figure or
-  the performance gate's measured peak), read after the manifest's signature is checked
-  and before anything else of it is; a release that states nothing is estimated from the
-  size of its model and weight files (a lower bound: state it);
+  the performance gate's measured peak), from the manifest the operation authenticated
+  (:func:`vlad.release.signing.authenticate`) before anything else of the release is read;
+  a release that states nothing is estimated from the size of its model and weight files
+  (a lower bound: state it);
 * the operation is refused, with the numbers, when ``loaded + need`` exceeds the budget of
   ``[memory]`` in the daemon's configuration (0: no budget).
 
@@ -27,12 +28,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from vlad.backend import host_rss_bytes
 from vlad.errors import VladError
 from vlad.release.loading import LoadedPolicy
 from vlad.snapshot import MemoryStatus, PolicyMemory  # the status carries the same figures
+
+if TYPE_CHECKING:
+    from vlad.release.manifest import Manifest
 
 GB = 1e9
 MODEL_ROLES = ("model", "weights", "engine", "adapter")
@@ -51,14 +55,13 @@ def measured_load(load: Callable[[], LoadedPolicy]) -> tuple[LoadedPolicy, Polic
     return policy, PolicyMemory(grown, int(device), "measured")
 
 
-def stated_need(folder: Path, keys_dir: str | None) -> PolicyMemory:
-    """What the release in ``folder`` needs: its manifest's ``[memory]``, or an estimate.
+def stated_need(folder: Path, manifest: Manifest | None) -> PolicyMemory:
+    """What the release in ``folder`` needs: its ``manifest``'s ``[memory]``, or an estimate.
 
-    With ``keys_dir`` the manifest is read only once its signature checks out (its
-    artifacts are hashed later, by the load); a release that cannot be authenticated is
-    left to the load, which refuses it with the reason, so it is estimated here.
+    ``manifest`` is one the caller authenticated (or, with ``release.verify = false``, read
+    as it is); None (a release that cannot be authenticated, which the load then refuses
+    with the reason): estimated from the folder's model files.
     """
-    manifest = _manifest(folder, keys_dir)
     if manifest is not None and manifest.memory is not None:
         m = manifest.memory
         return PolicyMemory(m.host_bytes, m.device_bytes, f"manifest ({m.source})")
@@ -75,21 +78,18 @@ def stated_need(folder: Path, keys_dir: str | None) -> PolicyMemory:
     return PolicyMemory(size, 0, "estimate (model files' size)")
 
 
-def _manifest(folder: Path, keys_dir: str | None) -> Any:
+def claimed_manifest(folder: Path, keys_dir: str | None) -> Manifest | None:
+    """The manifest of ``folder`` to size a shadow run by: authenticated with ``keys_dir``
+    (None: ``release.verify = false``, read as it is); None when it cannot be (unsigned,
+    unknown key, bad signature, invalid): the load refuses it with the reason."""
     from vlad.release.manifest import parse_document, parse_manifest, read_manifest_bytes
+    from vlad.release.signing import authenticate
 
     try:
-        raw = read_manifest_bytes(folder)
         if keys_dir is not None:
-            from vlad.release.signing import load_trusted_keys, read_signature
-
-            signature = read_signature(folder)
-            trusted = load_trusted_keys(keys_dir).get(signature.key_id)
-            if trusted is None:
-                return None
-            trusted.key.verify(signature.signature, raw)
-        return parse_manifest(parse_document(raw, str(folder)), str(folder))
-    except Exception:  # unsigned, unknown key, bad signature, invalid: the load refuses it
+            return authenticate(folder, keys_dir).manifest
+        return parse_manifest(parse_document(read_manifest_bytes(folder), str(folder)), str(folder))
+    except Exception:
         return None
 
 

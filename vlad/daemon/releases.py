@@ -1,14 +1,18 @@
 """Live release changes on a running daemon: deploy, rollback, shadow runs and canaries.
 
-* **deploy**: verify -> stage into the store (each artifact hashed once, while copied) ->
-  gate evidence (the store's rule, :mod:`vlad.release.evidence`) -> load and warm beside
-  the serving release (the staging's hashes handed on, nothing hashed again) -> activate
-  in the store (the same evidence rule, enforced there) -> hot-swap (a pointer change: the
-  action stream never stops). Each multi-second step is progress in the status
-  (``operation``) and the log.
-* **rollback**: the store's one-step rollback, then the same load-warm-swap. The way back
-  is never blocked by the previous release's validity date (recorded as an event); a
-  target without passing gate evidence needs ``force`` and a reason, like an activation.
+* **deploy**: authenticate (the signature checked and the manifest parsed, once) -> plan
+  the memory from that manifest -> stage into the store (each artifact hashed once, while
+  copied; the gate evidence judged once, on the copy) -> admit (the store's evidence rule,
+  :mod:`vlad.release.evidence`, applied once) -> load and warm beside the serving release
+  -> activate in the store -> hot-swap (a pointer change: the action stream never stops).
+  The staging's :class:`~vlad.release.store.StagedRelease` and the admission made of it
+  are what the loader and the store's switch take: neither verifies, parses or judges
+  again. Each multi-second step is progress in the status (``operation``) and the log.
+* **rollback**: the same path (:meth:`ReleaseManager._bring_in`) with the store's previous
+  release, verified once in the store instead of staged, and the store's one-step
+  rollback instead of an activation. The way back is never blocked by the previous
+  release's validity date (recorded as an event); a target without passing gate evidence
+  needs ``force`` and a reason, like an activation.
 * **evidence** of the serving release, for the status: ``passed``, ``forced`` (the store's
   journal holds who overrode what, and why) or ``unverified``. A daemon started on a
   release that has neither passing evidence nor a recorded override serves it (refusing
@@ -38,20 +42,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
 from vlad.config import Config
-from vlad.daemon.chain import ChainPolicy, PolicyChain
-from vlad.daemon.memory import MemoryBudget, Plan, PolicyMemory, measured_load, stated_need, swap_gap
+from vlad.daemon.chain import ChainPolicy, PolicyChain, served
+from vlad.daemon.memory import (
+    MemoryBudget,
+    Plan,
+    PolicyMemory,
+    claimed_manifest,
+    measured_load,
+    stated_need,
+    swap_gap,
+)
 from vlad.errors import VladError
 from vlad.health.base import Finding
 from vlad.health.state import StateMachine
-from vlad.release.evidence import require_verified_evidence
 from vlad.release.loading import LoadedPolicy, PolicySource, compatible, load_policy
-from vlad.release.signing import VerifiedRelease
-from vlad.release.store import HistoryEntry, ReleaseStore
+from vlad.release.manifest import Manifest
+from vlad.release.signing import authenticate
+from vlad.release.store import HistoryEntry, ReleaseStore, StagedRelease
 from vlad.schema import LINE_MAX_LEN, one_line
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.publisher import Publisher
@@ -116,20 +128,17 @@ class ReleaseManager:
         chain: PolicyChain,
         publisher: Publisher,
         state: StateMachine,
-        served: Callable[[LoadedPolicy, str], ServedPolicy],
     ) -> None:
         self.cfg = cfg
         self.chain = chain
         self.publisher = publisher
         self.state = state
-        self.served = served  # LoadedPolicy + slot name -> ServedPolicy (the supervisor's recipe)
         self.shadow: ShadowRun | None = None
         self.canary: Canary | None = None
         self._seen_findings: set[tuple] = set()
         m = cfg.memory
         self.budget = MemoryBudget(m.host_budget_mb, m.device_budget_mb, m.swap)
         self.shadow_memory: PolicyMemory | None = None
-        self._measured: dict[int, PolicyMemory] = {}  # id(LoadedPolicy) -> its load's figure
         # The release operation in progress, for the status: what, since when, its last step.
         self.operation: dict[str, Any] | None = None
         self.evidence = self._evidence_of(chain.release.loaded)
@@ -141,6 +150,13 @@ class ReleaseManager:
             )
             log.error(message)
             state.record("release_unverified", message, problems=list(self.evidence.problems))
+
+    async def close(self) -> None:
+        """Stop a shadow run's thread (at shutdown, from the supervisor's exit stack)."""
+        run = self.shadow
+        if run is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(run.stop, self.cfg.serve.shutdown_timeout_s)
 
     def store(self) -> ReleaseStore:
         s = self.cfg.store
@@ -160,9 +176,12 @@ class ReleaseManager:
         return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
 
     async def _load(
-        self, folder: Path, check_time: bool = True, verified: VerifiedRelease | None = None
-    ) -> LoadedPolicy:
-        """Verify, load and warm a release beside the serving one (off the event loop)."""
+        self, folder: Path, check_time: bool = True, staged: StagedRelease | None = None
+    ) -> tuple[LoadedPolicy, PolicyMemory]:
+        """Load and warm a release beside the serving one (off the event loop), with the
+        memory its load measured. ``staged``: the release as this operation staged and
+        verified it, loaded as it is; otherwise the folder is verified here (signed) or
+        run as configured (``release.verify = false``)."""
         r = self.cfg.release
         keys_dir = r.keys_dir if r.verify else None
         source = PolicySource(
@@ -171,12 +190,11 @@ class ReleaseManager:
             *(("", "", {}) if keys_dir else (r.backend, r.artifact, r.options)),
             site_options=r.site_options,
             check_time=check_time,
-            verified=verified,
+            staged=staged if keys_dir else None,
         )
         policy, memory = await self._in_thread(
             lambda: measured_load(lambda: load_policy(source, self.cfg.serve.warmup, self._progress))
         )
-        self._measured[id(policy)] = memory
         breaking = compatible(self.chain.release.loaded.contract, policy.contract)
         if breaking:
             policy.session.close()
@@ -186,7 +204,7 @@ class ReleaseManager:
             )
         for note in policy.notes:
             self.state.record("release_note", note, release=policy.release_id)
-        return policy
+        return policy, memory
 
     # -- memory ----------------------------------------------------------------------------
 
@@ -197,14 +215,10 @@ class ReleaseManager:
             out[str(self.shadow.policy.id)] = self.shadow_memory
         return out
 
-    def _memory_of(self, policy: LoadedPolicy) -> PolicyMemory | None:
-        return self._measured.pop(id(policy), None)
-
-    async def _plan(self, operation: str, folder: Path, replaces: bool) -> Plan:
+    def _plan(self, operation: str, folder: Path, manifest: Manifest | None, replaces: bool) -> Plan:
         """Refuse (with the numbers) what would not fit beside the loaded policies; say when
         the release must be swapped in instead (see :mod:`vlad.daemon.memory`)."""
-        r = self.cfg.release
-        need = await self._in_thread(lambda: stated_need(folder, r.keys_dir if r.verify else None))
+        need = stated_need(folder, manifest)
         release = str(self.chain.release.id) if replaces else None
         return self.budget.plan(operation, str(folder), need, self.loaded_memory(), release)
 
@@ -226,11 +240,11 @@ class ReleaseManager:
             return
         old = swapped[1]
         try:
-            loaded = await self._load(old.loaded.folder, check_time=False)
+            loaded, memory = await self._load(old.loaded.folder, check_time=False)  # a new load: verified afresh
         except VladError as exc:
             self.state.record("memory_swap", f"{old.id} could not be loaded again ({exc}); the fallback chain serves")
             return
-        self.chain.install(ChainPolicy(loaded, self.served(loaded, "release"), self._memory_of(loaded)), "swap failed")
+        self.chain.install(ChainPolicy.of(loaded, "release", memory), "swap failed")
         self.chain.serve(0)
 
     def _swapped_in(self, swapped: tuple[int, ChainPolicy]) -> float:
@@ -277,55 +291,82 @@ class ReleaseManager:
         )
 
     async def deploy(self, path: str, who: str, why: str, canary: bool, force: bool) -> dict[str, Any]:
-        """verify -> stage -> evidence -> load and warm -> activate in the store -> hot-swap."""
+        """verify and stage -> evidence -> load and warm -> activate in the store -> hot-swap."""
         if self.canary is not None:
             raise VladError(f"a canary of {self.canary.policy.id.release} is running; wait for it to pass or abort")
         if canary and self.shadow is not None:
             raise VladError(f"a shadow of {self.shadow.policy.id.release} is running; stop it before a canary")
-        self._begin("deploy", path)
+        return await self._bring_in("deploy", path, who, why, force, canary)
+
+    async def rollback(self, who: str, why: str, force: bool = False) -> dict[str, Any]:
+        """The store's one-step rollback, then serve that release (loaded and warmed first)."""
+        if self.canary is not None:
+            return await self.abort_canary(f"rollback by {who}: {why}", who)
+        store = await self._in_thread(self.store)
+        target = store.previous()
+        if target is None:
+            raise VladError("nothing to roll back to: the store has no previous release")
+        return await self._bring_in("rollback", target, who, why, force)
+
+    async def _bring_in(
+        self, kind: Literal["deploy", "rollback"], target: str, who: str, why: str, force: bool, canary: bool = False
+    ) -> dict[str, Any]:
+        """Deploy (``target``: a release folder) or roll back (``target``: the store's
+        previous release) in one pass: authenticate -> plan the memory -> stage (or verify
+        the store's copy) -> admit (the evidence rule) -> load and warm -> activate or roll
+        back in the store -> hot-swap. The release is verified once, by the store, into one
+        :class:`~vlad.release.store.StagedRelease` that the loader and the store's switch
+        take as it is: the signature is checked and the manifest parsed once, the evidence
+        judged once."""
+        self._begin(kind, target)
         try:
-            return await self._deploy(path, who, why, canary, force)
+            store = await self._in_thread(self.store)
+            folder = Path(target) if kind == "deploy" else store.release_path(target)
+            # The one signature check and manifest parse of the operation: the memory plan
+            # reads the need from it before a byte of the release is copied or hashed.
+            signed = await self._in_thread(lambda: authenticate(folder, self.cfg.release.keys_dir))
+            plan = self._plan("canary" if canary else kind, folder, signed.manifest, replaces=not canary)
+            if kind == "deploy":
+                staged = await self._in_thread(lambda: store.stage_release(signed, progress=self._progress))
+                retry = f"vladctl deploy {target} --force --why '...'"
+            else:
+                staged = await self._in_thread(lambda: store.verify_staged(signed, progress=self._progress))
+                retry = "vladctl rollback --force --why '...'"
+            # The store's rule, applied before a second is spent loading; the store's switch
+            # below records this admission as it is.
+            self._progress("checking gate evidence")
+            admission = store.admit(staged, who, why, force=force, retry=retry)
+            swapped = await self._swap_out(staged.id) if plan.action == "swap" else None
+            try:
+                loaded, memory = await self._load(staged.path, check_time=kind == "deploy", staged=staged)
+            except BaseException:
+                await self._swap_back(swapped)
+                raise
+            try:
+                if canary and loaded.manifest is None:
+                    raise VladError("a canary needs a signed release (its manifest holds the canary thresholds)")
+                if kind == "deploy":
+                    self._progress("activating in the store")
+                    entry = await self._in_thread(lambda: store.activate(admission))
+                else:
+                    self._progress("rolling back in the store")
+                    entry = await self._in_thread(lambda: store.rollback(admission=admission))
+            except BaseException:
+                loaded.session.close()
+                await self._swap_back(swapped)
+                raise
         finally:
             self.operation = None
-
-    async def _deploy(self, path: str, who: str, why: str, canary: bool, force: bool) -> dict[str, Any]:
-        plan = await self._plan("canary" if canary else "deploy", Path(path), replaces=not canary)
-        store = await self._in_thread(self.store)
-        staged = await self._in_thread(lambda: store.stage_release(path, progress=self._progress))
-        release_id = staged.id
-        # The store's rule, judged before a second is spent loading: activate() below
-        # applies it again (the same function) and records the decision.
-        self._progress("checking gate evidence")
-        require_verified_evidence(
-            staged, path, force=force, why=why, retry=f"vladctl deploy {path} --force --why '...'"
-        )
-        swapped = await self._swap_out(release_id) if plan.action == "swap" else None
-        try:
-            loaded = await self._load(staged.path, verified=staged)
-        except BaseException:
-            await self._swap_back(swapped)
-            raise
-        try:
-            if canary and loaded.manifest is None:
-                raise VladError("a canary needs a signed release (its manifest holds the canary thresholds)")
-            self._progress("activating in the store")
-            entry = await self._in_thread(
-                lambda: store.activate(release_id, who, why, force, verified=loaded.verified, progress=self._progress)
-            )
-        except BaseException:
-            loaded.session.close()
-            await self._swap_back(swapped)
-            raise
-        self._note_forced(entry, "deploy")
-        new = ChainPolicy(loaded, self.served(loaded, "release"), self._memory_of(loaded))
-        old = self.chain.install(new, f"deploy by {who}: {why}")
+        self._note_forced(entry, kind)
+        new = ChainPolicy.of(loaded, "release", memory)
+        old = self.chain.install(new, f"{kind} by {who}: {why}")
         self.evidence = self._evidence_of(loaded, entry)
-        result: dict[str, Any] = {
-            "release": new.id.release,
-            "previous": old.id.release,
-            "canary": canary,
-            "evidence": plain(self.evidence),  # as the status shows it
-        }
+        result: dict[str, Any] = {"release": new.id.release}
+        if kind == "deploy":
+            result.update(previous=old.id.release, canary=canary)
+        else:
+            result["rolled_back_from"] = old.id.release
+        result["evidence"] = plain(self.evidence)  # as the status shows it
         if canary:
             assert loaded.manifest is not None
             c = loaded.manifest.canary
@@ -355,47 +396,6 @@ class ReleaseManager:
                 overrides=list(entry.overrides),
                 evidence=entry.evidence,
             )
-
-    async def rollback(self, who: str, why: str, force: bool = False) -> dict[str, Any]:
-        """The store's one-step rollback, then serve that release (loaded and warmed first)."""
-        if self.canary is not None:
-            return await self.abort_canary(f"rollback by {who}: {why}", who)
-        store = await self._in_thread(self.store)
-        target = store.previous()
-        if target is None:
-            raise VladError("nothing to roll back to: the store has no previous release")
-        plan = await self._plan("rollback", store.release_path(target), replaces=True)
-        self._begin("rollback", target)
-        try:
-            swapped = await self._swap_out(target) if plan.action == "swap" else None
-            try:
-                loaded = await self._load(store.release_path(target), check_time=False)
-            except BaseException:
-                await self._swap_back(swapped)
-                raise
-            try:
-                self._progress("rolling back in the store")
-                entry = await self._in_thread(lambda: store.rollback(who, why, force, verified=loaded.verified))
-            except BaseException:
-                loaded.session.close()
-                await self._swap_back(swapped)
-                raise
-        finally:
-            self.operation = None
-        self._note_forced(entry, "rollback")
-        new = ChainPolicy(loaded, self.served(loaded, "release"), self._memory_of(loaded))
-        old = self.chain.install(new, f"rollback by {who}: {why}")
-        self.evidence = self._evidence_of(loaded, entry)
-        result: dict[str, Any] = {
-            "release": loaded.release_id,
-            "rolled_back_from": old.id.release,
-            "evidence": plain(self.evidence),  # as the status shows it
-        }
-        if swapped is not None:
-            result["swap_gap_s"] = self._swapped_in(swapped)
-        else:
-            await self._retire(old)
-        return result
 
     # -- evidence of the serving release -----------------------------------------------------
 
@@ -461,10 +461,12 @@ class ReleaseManager:
             raise VladError(
                 f"a shadow of {self.shadow.policy.id.release} is running ({self.shadow.purpose}); stop it first"
             )
-        await self._plan("shadow", Path(path), replaces=False)
-        loaded = await self._load(Path(path))
-        self.shadow_memory = self._memory_of(loaded)
-        self._start_shadow(self.served(loaded, "shadow"), loaded, "shadow", tolerance)
+        r = self.cfg.release
+        folder = Path(path)
+        manifest = await self._in_thread(lambda: claimed_manifest(folder, r.keys_dir if r.verify else None))
+        self._plan("shadow", folder, manifest, replaces=False)
+        loaded, self.shadow_memory = await self._load(folder)
+        self._start_shadow(served(loaded, "shadow"), loaded, "shadow", tolerance)
         self.state.record("shadow", f"shadow run of {loaded.release_id} started")
         return {"shadow": loaded.release_id, "tolerance": tolerance}
 
@@ -509,6 +511,16 @@ class ReleaseManager:
             )
             await self._retire(run)
 
+    @staticmethod
+    def _roll_back_to(store: ReleaseStore, previous: ChainPolicy, who: str, why: str) -> HistoryEntry:
+        """The store's rollback, forced, to ``previous``: taken as it was staged when it came
+        in through this daemon (a deploy or rollback), else verified by the store."""
+        staged = previous.loaded.staged
+        if staged is None:
+            return store.rollback(who, why, force=True)
+        admission = store.admit(staged, who, why, force=True, retry="vladctl rollback --force --why '...'")
+        return store.rollback(admission=admission)
+
     async def abort_canary(self, reason: str, who: str) -> dict[str, Any]:
         """Swap back to the previous release (still warm in the shadow) and roll the store back."""
         canary, self.canary = self.canary, None
@@ -534,9 +546,7 @@ class ReleaseManager:
         why = one_line(f"canary aborted: {reason}", LINE_MAX_LEN)
         try:
             store = await self._in_thread(self.store)
-            entry = await self._in_thread(
-                lambda: store.rollback(who, why, force=True, verified=previous.loaded.verified)
-            )
+            entry = await self._in_thread(lambda: self._roll_back_to(store, previous, who, why))
             self._note_forced(entry, "canary abort")
             self.evidence = self._evidence_of(previous.loaded, entry)
         except VladError as exc:

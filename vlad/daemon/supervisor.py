@@ -3,11 +3,18 @@
 Lifecycle (uvicorn-style): :func:`assemble` verifies, loads and warms the release *and
 every fallback policy* (a swap never touches disk), binds the sockets, reads the e-stop
 once and starts the serving, cadence and e-stop threads; then ``READY=1``.
-:meth:`Daemon.main_loop` runs the event-loop tasks in one task group; shutdown stops
-intake, lets the in-flight inference finish within a bound, publishes a final status and
-closes everything through the exit stack. SIGTERM/SIGINT are handled from before loading
-(:func:`serve`): one during a long load or warm-up stops the start-up with ``STOPPING=1``
-and exit status 0; a second one forces the exit.
+:meth:`Daemon.main_loop` runs the event-loop tasks in one task group.
+
+Composed once: :func:`assemble` builds every component, in one place and in dependency
+order (no forward reference), and each one registers its own cleanup on the one exit
+stack as it is opened or started. Unwinding that stack is the shutdown, in reverse: the
+state says STOPPING, the serving thread stops intake and finishes (or abandons, after
+``serve.shutdown_timeout_s``) its in-flight inference, the cadence thread, a shadow run
+and the e-stop thread stop, a final status goes out, the endpoint processes and the tap
+stop, then the sockets, the sessions and the listeners close. SIGTERM/SIGINT are handled
+from before loading (:func:`serve`): one during a long load or warm-up stops the start-up
+with ``STOPPING=1`` and exit status 0 (the stack closes what was opened so far); a second
+one forces the exit.
 
 Who runs where (docs/DESIGN): the **serving thread** (:mod:`vlad.serving.loop`) owns the
 observation socket and runs the hot path; the **e-stop thread** (:mod:`vlad.daemon.safety`)
@@ -19,7 +26,9 @@ control server and its commands in :mod:`vlad.daemon.control`, the status in
 :mod:`vlad.daemon.status`, the health task and the state it decides in
 :mod:`vlad.daemon.health`. Those components receive the parts they use (the control
 server a :class:`~vlad.daemon.control.ControlPort`), never the :class:`Daemon`: only this
-module and the CLI that starts it know it.
+module and the CLI that starts it know it. What several of them read about what serves
+now is one :class:`~vlad.serving.position.ServingState` (position, release, state), which
+only the chain moves.
 """
 
 from __future__ import annotations
@@ -30,7 +39,6 @@ import logging
 import os
 import signal
 import time
-from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -58,11 +66,11 @@ from vlad.health.state import State, StateMachine
 from vlad.logs import context as log_context
 from vlad.release.loading import LoadedPolicy, PolicySource, compatible, load_policy
 from vlad.serving.cadence import HoldKeeper
-from vlad.serving.counters import IntakeCounts, PolicyId, PublishCounts
+from vlad.serving.counters import IntakeCounts, PublishCounts
 from vlad.serving.guard import ActionGuard, TrustedState
 from vlad.serving.intake import Intake
 from vlad.serving.loop import ServingLoop
-from vlad.serving.policy import ServedPolicy
+from vlad.serving.position import ServingState
 from vlad.serving.publisher import Publisher
 from vlad.serving.realtime import lock_memory
 from vlad.serving.tracing import LatencyStats
@@ -73,10 +81,8 @@ SMALL_MESSAGE = 4096  # largest frame a peer may send on the action, status and 
 
 
 class Daemon:
-    """The running supervisor. Built by :func:`assemble`; every part is given, none optional.
-
-    It hands each component the parts that component uses (see the module doc) and keeps
-    what its own tasks need: the status socket, the watchdog's threads, shutdown."""
+    """The running supervisor: what its own event-loop tasks use. Built by :func:`assemble`,
+    which builds every component; every part is given, none optional."""
 
     def __init__(
         self,
@@ -86,16 +92,12 @@ class Daemon:
         state: StateMachine,
         chain: PolicyChain,
         loop: ServingLoop,
-        publisher: Publisher,
-        intake: Intake,
-        guard: ActionGuard,
-        stats: LatencyStats,
-        cadence: HoldKeeper,
         estop: EStop,
-        gatekeeper: Gatekeeper,
-        control_sock: zmq.asyncio.Socket,
         status_sock: zmq.asyncio.Socket,
-        served: Callable[[LoadedPolicy, str], ServedPolicy],
+        status_model: status.StatusModel,
+        control_server: control.ControlServer,
+        controls: control.ControlPort,
+        health: HealthService,
         tap: Tap | None,
         endpoint_processes: endpoints.Endpoints,
     ) -> None:
@@ -104,67 +106,23 @@ class Daemon:
         self.state = state
         self.chain = chain
         self.loop = loop
-        self.cadence = cadence
         self.estop = estop
         self.status_sock = status_sock
+        self.status_model = status_model
+        self.control = control_server
+        self.controls = controls  # what the control server answers through
+        self.health = health
         self.tap = tap  # the recording tap (vlad.daemon.tap), when it has an endpoint
         self.endpoints = endpoint_processes
-        self.contract: Contract = chain.release.loaded.contract
-        self.period_ns = int(self.contract.timing.control_period_ms * 1e6)
-        heartbeat_limit_ns = cfg.monitors.heartbeat_missing_periods * self.period_ns
-        self.releases = ReleaseManager(cfg, chain, publisher, state, served)
-        self.health_out = status.HealthReadout()  # the last health tick's findings and readings
-        control_rejected: Counter[str] = Counter()
-        # The components on the event loop get the parts they use, never the Daemon.
-        self.status_model = status.StatusModel(
-            chain=chain,
-            state=state,
-            intake=intake,
-            publisher=publisher,
-            guard=guard,
-            stats=stats,
-            cadence=cadence,
-            loop=loop,
-            estop=estop,
-            gatekeeper=gatekeeper,
-            releases=self.releases,
-            health=self.health_out,
-            control_rejected=control_rejected,
-            endpoints=endpoint_processes,
-            tap=tap,
-            control_period_ms=self.contract.timing.control_period_ms,
-            heartbeat_limit_ns=heartbeat_limit_ns,
-            realtime=cfg.realtime,
-        )
-        controls = control.DaemonControls(
-            releases=self.releases,
-            status=self.status_model.build,
-            state=state,
-            health=chain.health,
-            controllers=intake.controllers,
-            heartbeat_limit_ns=heartbeat_limit_ns,
-        )
-        self.control = control.ControlServer(control_sock, cfg.sockets, controls, control_rejected)
-        self.health = HealthService(
-            cfg,
-            chain=chain,
-            loop=loop,
-            stats=stats,
-            releases=self.releases,
-            estop=estop,
-            state=state,
-            readout=self.health_out,
-            period_ns=self.period_ns,
-            deadline_ns=int(self.contract.timing.e2e_deadline_ms * 1e6),
-        )
+        self.period_ns = int(chain.release.loaded.contract.timing.control_period_ms * 1e6)
         self.status_seq = 0
 
     # -- the event loop ----------------------------------------------------------------------
 
     async def main_loop(self) -> None:
         async with anyio.create_task_group() as tg:
+            await tg.start(self.control.run, self.controls, name="control")
             for name, fn in (
-                ("control", self.control.run),
                 ("status", self._status_task),
                 ("health", self.health.run),
                 ("watchdog", self._watchdog_task),
@@ -175,19 +133,9 @@ class Daemon:
                 f"serving {self.chain.release.id.release} on {self.chain.release.served.session.describe().backend}"
             )
 
-    async def shutdown(self) -> None:
-        """Stop intake, finish or abandon the in-flight inference, final status."""
+    async def final_status(self) -> None:
+        """The last status, once serving stopped (the exit stack's; bounded to a second)."""
         with anyio.CancelScope(shield=True):
-            self.state.transition(State.STOPPING, "shutdown requested")
-            self.notifier.stopping("stopping: finishing in-flight inference")
-            timeout = self.cfg.serve.shutdown_timeout_s
-            if not await anyio.to_thread.run_sync(self.loop.stop, timeout):
-                log.warning("in-flight inference did not finish within %.1f s; abandoned", timeout)
-            shadow = self.releases.shadow
-            if shadow is not None:
-                await anyio.to_thread.run_sync(shadow.stop, timeout)
-            self.cadence.stop()
-            self.estop.stop()
             try:
                 with anyio.move_on_after(1.0):
                     await self._publish_status()
@@ -376,94 +324,119 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         estop_sock = make(ctx, zmq.SUB, "estop", SMALL_MESSAGE, 16)
         estop_sock.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_ESTOP)
 
+    # The serving path. What serves now (position, release) and the state are one shared
+    # object: the chain moves it, the publisher labels every chunk from it.
+    serving = ServingState(state)
     trusted = TrustedState(contract, cfg.guard)
     guard = ActionGuard(contract, trusted, cfg.guard)
     stats = LatencyStats(cfg.serve.latency_window)
+    heartbeat_limit_ns = cfg.monitors.heartbeat_missing_periods * period_ns
     intake = Intake(
         contract,
         IntakeCounts(),
         trusted,
         cfg.serve.max_clock_skew_ns,
         loaded[0][1].tokenizer,
-        heartbeat_limit_ns=cfg.monitors.heartbeat_missing_periods * period_ns,
+        heartbeat_limit_ns=heartbeat_limit_ns,
     )
-    chain_ref: list[PolicyChain] = []
-
-    def release_name() -> str:
-        serving = chain_ref[0].serving if chain_ref else None
-        return serving.id.release if serving else "hold"
-
-    publisher = Publisher(
-        contract,
-        actions_sock,
-        guard,
-        stats,
-        PublishCounts(),
-        release_name,
-        lambda: state.state.value,
-        cfg.safety.estop_output,
-    )
+    publisher = Publisher(contract, actions_sock, guard, stats, PublishCounts(), serving, cfg.safety.estop_output)
     loop = ServingLoop(
         ctx, obs_sock, intake, publisher, cfg.realtime, period_ns, history=contract.frames, rtc=cfg.serve.rtc == "on"
     )
     stack.callback(loop.close)
-
-    def served(policy: LoadedPolicy, slot: str) -> ServedPolicy:
-        return ServedPolicy(PolicyId(slot, policy.release_id), policy.contract, policy.session, policy.tokenizer)
-
     chain = PolicyChain(
-        [ChainPolicy(p, served(p, name), memory[name]) for name, p in loaded],
+        [ChainPolicy.of(p, name, memory[name]) for name, p in loaded],
         cfg.fallback.healthy_window_ns,
         state,
         loop,
-    )
-    chain_ref.append(chain)
-    loop.active = chain.release.served
-    daemon_ref: list[Daemon] = []
-    estop = EStop(
-        cfg.safety,
-        estop_sock,
-        publisher,
-        period_ns,
-        lambda engaged, reason: daemon_ref[0].health.estop_changed(engaged, reason) if daemon_ref else None,
+        serving,
     )
     cadence = HoldKeeper(loop, period_ns)
-    # The openpi and metrics endpoints: child processes on the daemon's own sockets.
+
+    # The event loop's components, each given the parts it uses.
+    release_manager = ReleaseManager(cfg, chain, publisher, state)
+    stack.push_async_callback(release_manager.close)  # a shadow run's thread
+    health_out = status.HealthReadout()  # the last health tick's findings and readings
+    health = HealthService(
+        cfg,
+        chain=chain,
+        loop=loop,
+        stats=stats,
+        releases=release_manager,
+        state=state,
+        readout=health_out,
+        period_ns=period_ns,
+        deadline_ns=int(contract.timing.e2e_deadline_ms * 1e6),
+    )
+    estop = EStop(cfg.safety, estop_sock, publisher, period_ns, health.estop_changed)
     endpoint_processes = endpoints.build(cfg, contract, chain.release.id.release, gatekeeper, curve, listeners, state)
+    control_server = control.ControlServer(control_sock, cfg.sockets)
+    status_model = status.StatusModel(
+        chain=chain,
+        state=state,
+        intake=intake,
+        publisher=publisher,
+        guard=guard,
+        stats=stats,
+        cadence=cadence,
+        loop=loop,
+        estop=estop,
+        gatekeeper=gatekeeper,
+        releases=release_manager,
+        health=health_out,
+        control_rejected=control_server.rejected,
+        endpoints=endpoint_processes,
+        tap=tap,
+        control_period_ms=contract.timing.control_period_ms,
+        heartbeat_limit_ns=heartbeat_limit_ns,
+        realtime=cfg.realtime,
+    )
+    controls = control.DaemonControls(
+        releases=release_manager,
+        status=status_model.build,
+        state=state,
+        health=chain.health,
+        controllers=intake.controllers,
+        heartbeat_limit_ns=heartbeat_limit_ns,
+    )
     daemon = Daemon(
         cfg,
         notifier=notifier,
         state=state,
         chain=chain,
         loop=loop,
-        publisher=publisher,
-        intake=intake,
-        guard=guard,
-        stats=stats,
-        cadence=cadence,
         estop=estop,
-        gatekeeper=gatekeeper,
-        control_sock=control_sock,
         status_sock=status_sock,
-        served=served,
+        status_model=status_model,
+        control_server=control_server,
+        controls=controls,
+        health=health,
         tap=tap,
         endpoint_processes=endpoint_processes,
     )
-    daemon_ref.append(daemon)
+
+    # Started in order, each registering its stop as it starts: the stack unwinds in the
+    # reverse order (the module doc).
     if tap is not None:  # the recording tap: fed from what the serving path already holds
         loop.tap, publisher.tap = tap.observation, tap.actions
         tap.start()
         stack.callback(tap.stop)
     stack.push_async_callback(endpoint_processes.stop)
     notifier.status("starting the endpoint processes")
-    await daemon.endpoints.start()
-    await daemon.health.first_decision()  # e.g. a remote release unreachable at start: FALLBACK from the start
+    await endpoint_processes.start()
+    stack.push_async_callback(daemon.final_status)  # once every thread below has stopped
+    await health.first_decision()  # e.g. a remote release unreachable at start: FALLBACK from the start
     # The e-stop is read once before serving starts: a robot booted with it engaged never
-    # sees a single policy chunk.
+    # sees a single policy chunk. Its thread stops last: the stop path outlives serving.
     estop.start()
+    stack.callback(estop.stop)
+    # The cadence thread stops after the serving thread (registered before it): holds keep
+    # going out while the in-flight inference finishes.
+    stack.callback(cadence.stop)
     loop.start()
+    stack.push_async_callback(_stop_serving, loop, cfg.serve.shutdown_timeout_s)
     cadence.start()
-    stack.push_async_callback(daemon.shutdown)
+    stack.push_async_callback(_announce_stop, state, notifier)  # the first thing a shutdown does
     if not estop.engaged and state.state == State.STARTING:
         state.transition(
             State.ACTIVE,
@@ -472,6 +445,18 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
             chain=[str(i) for i in chain.ids()],
         )
     return daemon
+
+
+async def _announce_stop(state: StateMachine, notifier: Notifier) -> None:
+    state.transition(State.STOPPING, "shutdown requested")
+    notifier.stopping("stopping: finishing in-flight inference")
+
+
+async def _stop_serving(loop: ServingLoop, timeout: float) -> None:
+    """Stop intake and let the in-flight inference finish, or abandon it after ``timeout``."""
+    with anyio.CancelScope(shield=True):
+        if not await anyio.to_thread.run_sync(loop.stop, timeout):
+            log.warning("in-flight inference did not finish within %.1f s; abandoned", timeout)
 
 
 def _progress(notifier: Notifier, name: str) -> Callable[[str], None]:

@@ -28,7 +28,9 @@ release DEGRADED.
 The decision itself is :func:`decide`, a pure function of the findings, the time and where
 the chain stands (:class:`Standing`); :class:`HealthPolicy` keeps that standing between
 ticks, journals the findings and applies the :class:`Verdict`, and the policy chain
-(:meth:`vlad.daemon.chain.PolicyChain.follow_health`) moves to its target.
+(:meth:`vlad.daemon.chain.PolicyChain.follow_health`) moves to its target. The position
+serving now is the shared :class:`~vlad.serving.position.ServingState`'s, which only the
+chain writes: the health policy reads it and never moves it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 from vlad.health.base import Finding
 from vlad.health.state import State, StateMachine
 from vlad.serving.counters import PolicyId
+from vlad.serving.position import ServingState
 
 
 @dataclass(frozen=True)
@@ -136,18 +139,31 @@ def decide(findings: Sequence[Finding], now_ns: int, standing: Standing) -> Verd
 class HealthPolicy:
     """Fallback decisions with hysteresis over a chain of :class:`PolicyId` (last: hold)."""
 
-    def __init__(self, chain: list[PolicyId], healthy_window_ns: int, events: StateMachine) -> None:
+    def __init__(
+        self,
+        chain: list[PolicyId],
+        healthy_window_ns: int,
+        events: StateMachine,
+        serving: ServingState | None = None,
+    ) -> None:
         self.chain = chain
         self.hold = len(chain) - 1
         self.healthy_window_ns = healthy_window_ns
         self.events = events
-        self.active = 0  # the position serving now (set by the chain on every swap)
+        # Where the chain serves now: read here, moved only by the policy chain (a health
+        # policy of its own, e.g. in a test, gets a state nothing else moves).
+        self.serving = serving if serving is not None else ServingState(events)
         self.position = 0  # where policy and system faults put the chain (hold for input aside)
         self._decided = 0  # the last active this policy decided: another value was set from outside
         self.quarantined: dict[int, str] = {}  # chain position -> the fault code that caused it
         self.findings: dict[tuple, Finding] = {}
         self.ready_ns = 0  # no going back up the chain before this (healthy windows)
         self.last_fault_reason = ""
+
+    @property
+    def active(self) -> int:
+        """The position serving now (the shared :class:`ServingState`'s)."""
+        return self.serving.position
 
     def _next_allowed(self, after: int) -> int:
         return _next_allowed(self.quarantined, len(self.chain), after)
@@ -201,7 +217,9 @@ class HealthPolicy:
             )
         self.position, self.ready_ns = verdict.position, verdict.ready_ns
         self.last_fault_reason = verdict.last_fault_reason
-        self.active = self._decided = verdict.decision.target
+        # The chain moves there (PolicyChain.follow_health); a position that differs from
+        # this at the next tick was set from outside (a deploy, rollback or canary abort).
+        self._decided = verdict.decision.target
         return verdict.decision
 
     def resume(self, who: str, why: str) -> None:

@@ -2,8 +2,11 @@
 
 A release becomes active in three ways: ``vladctl release activate`` (the store), the
 daemon's ``deploy`` (which activates in the store) and a rollback (the store's, from
-``vladctl rollback`` or a canary abort). Each calls :func:`require_verified_evidence` on
-the release it is about to make active (:func:`judge_evidence`, then :func:`require_evidence`):
+``vladctl rollback``, the daemon's ``rollback`` or a canary abort). Each goes through the
+store: the evidence is judged once (:func:`judge_evidence`), when the release is staged or
+verified in the store (:class:`~vlad.release.store.StagedRelease`), and the rule
+(:func:`require_evidence`) is applied once, by :meth:`~vlad.release.store.ReleaseStore.admit`,
+before the release becomes active:
 
 * **passed**: for every gate the manifest requires (``[gate_plan].required``, else all
   four), a ``[[gates]]`` entry with ``passed = true`` whose report is a listed artifact
@@ -30,15 +33,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vlad.errors import VladError
 from vlad.files import open_beneath
 from vlad.release.artifacts import FileCheck
 from vlad.release.manifest import GATES
-
-if TYPE_CHECKING:
-    from vlad.release.signing import VerifiedRelease
 
 __all__ = [
     "GATES",
@@ -50,7 +50,6 @@ __all__ = [
     "judge_evidence",
     "report_verdicts",
     "require_evidence",
-    "require_verified_evidence",
     "required_gates",
 ]
 
@@ -261,16 +260,6 @@ def require_evidence(
         f"`vladctl gate {release_dir} --baseline CURRENT --report DIR --record` where it is built, "
         f"sign it again and stage the new release, or run it anyway with `{retry}` (recorded in the history)"
     )
-
-
-def require_verified_evidence(
-    release: VerifiedRelease, release_dir: str | Path, *, force: bool, why: str | None, retry: str
-) -> dict[str, Any]:
-    """The rule on a release just verified: :func:`judge_evidence` on its manifest, with the
-    hashes its verification computed, then :func:`require_evidence`. The store's
-    activation and rollback and the daemon's deploy all go through here."""
-    evidence = judge_evidence(release.manifest, release.path, release.files)
-    return require_evidence(evidence, release.id, release_dir, force=force, why=why, retry=retry)
 
 
 def enforce_evidence(

@@ -2,8 +2,10 @@
 
 The daemon loads the release being served and every fallback policy this way at start,
 and the release manager loads deployed, shadowed and rolled-back releases the same way.
-A deploy hands the verification of its staging step on (``PolicySource.verified``): the
-files it hashed are not hashed again. Each multi-second step reports progress.
+A deploy or rollback hands its :class:`~vlad.release.store.StagedRelease` on
+(``PolicySource.staged``): the load takes its signature check, manifest, file hashes,
+contract and gate evidence as they are and derives none of them again. Each multi-second
+step reports progress.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlad.backend import Session
 from vlad.contract import Contract, diff_contracts, load_contract
@@ -23,7 +25,10 @@ from vlad.files import sha256_file
 from vlad.processing import Tokenizer
 from vlad.release.evidence import Evidence, judge_evidence
 from vlad.release.manifest import Manifest
-from vlad.release.signing import VerifiedRelease
+from vlad.release.signing import VerifiedRelease, check_window
+
+if TYPE_CHECKING:
+    from vlad.release.store import StagedRelease
 
 log = logging.getLogger("vlad.release")
 
@@ -45,9 +50,9 @@ class PolicySource:
     options: Mapping[str, Any] = field(default_factory=dict)
     site_options: Mapping[str, Any] = field(default_factory=dict)
     check_time: bool = True  # False for a rollback: a date must not block the way back
-    # This operation's verification of ``folder`` (a deploy's staging): files still the ones
-    # it hashed are not hashed again.
-    verified: VerifiedRelease | None = None
+    # The release as this operation staged and verified it (a deploy or rollback): ``folder``
+    # is its path, and the load trusts it as it is (nothing verified or judged again).
+    staged: StagedRelease | None = None
 
 
 @dataclass
@@ -62,6 +67,7 @@ class LoadedPolicy:
     notes: tuple[str, ...] = ()  # what a human should know (e.g. "expired, used for a rollback")
     verified: VerifiedRelease | None = None  # what verification found (hashes with file identities)
     evidence: Evidence | None = None  # its gate evidence; None for an unsigned release
+    staged: StagedRelease | None = None  # the store's release it was loaded from (deploy, rollback)
 
 
 def load_policy(source: PolicySource, warmup: int, progress: Callable[[str], None] | None = None) -> LoadedPolicy:
@@ -76,13 +82,21 @@ def load_policy(source: PolicySource, warmup: int, progress: Callable[[str], Non
     artifacts: dict[str, str] | None = None
     manifest = None
     notes: list[str] = []
-    if source.keys_dir is not None:
+    verified: VerifiedRelease | None = None
+    evidence: Evidence | None = None
+    if source.staged is not None:
+        if source.keys_dir is None or source.staged.path != folder.resolve():
+            raise StartupError(f"release {folder}: a staged release is loaded from its own folder, with verification")
+        verified, evidence = source.staged.verified, source.staged.evidence
+        if source.check_time:
+            check_window(verified.manifest, dt.datetime.now(dt.UTC), f"release {verified.path}")
+    elif source.keys_dir is not None:
         from vlad.release.signing import verify_release
 
-        known = source.verified.files if source.verified and source.verified.path == folder.resolve() else None
-        verified = verify_release(folder, source.keys_dir, check_time=source.check_time, known=known, progress=say)
+        verified = verify_release(folder, source.keys_dir, check_time=source.check_time, progress=say)
         if verified.hash_seconds >= 1.0:  # progress is for the steps a human waits for
             say(verified.hashing)
+    if verified is not None:
         for warning in verified.warnings:
             log.warning("release %s: %s", verified.id, warning)
         m = manifest = verified.manifest
@@ -154,7 +168,8 @@ def load_policy(source: PolicySource, warmup: int, progress: Callable[[str], Non
     # Named by the model it serves (what controllers see in every chunk), for signed and
     # unsigned releases alike; the manifest's release id names the store folder.
     release_id = f"{contract.model.id}@{contract.model.version}"
-    evidence = judge_evidence(manifest, folder, verified.files) if manifest is not None else None
+    if verified is not None and evidence is None:
+        evidence = judge_evidence(verified.manifest, folder, verified.files)
     return LoadedPolicy(
         release_id,
         folder,
@@ -164,8 +179,9 @@ def load_policy(source: PolicySource, warmup: int, progress: Callable[[str], Non
         artifacts,
         manifest,
         tuple(notes),
-        verified if manifest is not None else None,
+        verified,
         evidence,
+        source.staged,
     )
 
 

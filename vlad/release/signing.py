@@ -12,14 +12,18 @@ sha256 of its raw 32 public-key bytes, so file names are free.
 :func:`verify_release` is what the daemon and the store call before trusting a folder:
 signature, validity window, every artifact's size and sha256 (and no extra files, no
 symbolic link at any depth, no ONNX external data outside the listed artifacts), contract
-consistency and runtime compatibility. It refuses
-with an error that names exactly what failed. Gate evidence is judged apart
+consistency and runtime compatibility. It refuses with an error that names exactly what
+failed. It is two steps, each usable alone: :func:`authenticate` (the signature checked
+and the manifest parsed: a :class:`SignedManifest`) and :func:`verify_signed` (the rest,
+on that manifest), so an operation that sizes a release from its manifest before it
+copies the files (the daemon's deploy) checks the signature and parses once. Gate evidence is judged apart
 (:mod:`vlad.release.evidence`): a failed gate is not an integrity failure, an operator may
 override it with a recorded reason.
 
 Public API: :func:`generate_keypair`, :func:`key_id`, :func:`load_private_key`,
 :func:`load_public_key`, :func:`load_trusted_keys`, :func:`sign_release`,
-:func:`read_signature`, :func:`verify_release` -> :class:`VerifiedRelease`,
+:func:`read_signature`, :func:`authenticate` -> :class:`SignedManifest`,
+:func:`verify_release` / :func:`verify_signed` -> :class:`VerifiedRelease`, :func:`check_window`,
 :func:`installed_runtime`, :func:`check_runtime`.
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -50,6 +55,7 @@ from vlad.release.artifacts import FileCheck, Progress, hash_artifacts
 from vlad.release.external_data import external_data_problems, release_models
 from vlad.release.manifest import (
     MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
     RESERVED_FILES,
     SIGNATURE_FILE,
     Manifest,
@@ -74,9 +80,12 @@ __all__ = [
     "TrustedKey",
     "UnknownKey",
     "UnsignedRelease",
+    "SignedManifest",
     "ValidityError",
     "VerifiedRelease",
+    "authenticate",
     "check_runtime",
+    "check_window",
     "generate_keypair",
     "installed_runtime",
     "key_id",
@@ -86,6 +95,7 @@ __all__ = [
     "read_signature",
     "sign_release",
     "verify_release",
+    "verify_signed",
 ]
 
 ALGORITHM = "ed25519"
@@ -320,20 +330,27 @@ def read_signature(path: str | Path) -> Signature:
     """
     path = Path(path)
     folder = path if path.is_dir() else None
-    if folder is not None:
-        path = path / SIGNATURE_FILE
+    return _parse_signature(_read_signature_bytes(path, folder), path / SIGNATURE_FILE if folder else path)
+
+
+def _read_signature_bytes(path: Path, folder: Path | None) -> bytes:
+    where = path / SIGNATURE_FILE if folder is not None else path
     try:
-        raw = (
-            read_bytes_beneath(folder, SIGNATURE_FILE, MAX_SIGNATURE_BYTES)
-            if folder
-            else read_bytes(path, MAX_SIGNATURE_BYTES)
-        )
-        text = raw.decode("utf-8")
+        if folder is not None:
+            return read_bytes_beneath(folder, SIGNATURE_FILE, MAX_SIGNATURE_BYTES)
+        return read_bytes(path, MAX_SIGNATURE_BYTES)
     except FileNotFoundError as exc:
-        raise UnsignedRelease(f"{path.parent}: unsigned release (no {SIGNATURE_FILE})") from exc
+        raise UnsignedRelease(f"{where.parent}: unsigned release (no {SIGNATURE_FILE})") from exc
     except FileRefused as exc:
         raise BadSignature(str(exc)) from exc
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise UnsignedRelease(f"{where}: cannot read signature: {exc}") from exc
+
+
+def _parse_signature(raw: bytes, path: Path) -> Signature:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise UnsignedRelease(f"{path}: cannot read signature: {exc}") from exc
     try:
         data = json.loads(text)
@@ -418,6 +435,40 @@ def check_runtime(validated: RuntimeSpec, installed: RuntimeSpec) -> list[str]:
 
 # ---- verification ---------------------------------------------------------------------
 
+# Only this module makes a SignedManifest or a VerifiedRelease: the steps after it (staging,
+# loading, activation) trust one by its type, so a value of either type is always one that
+# this module's checks produced.
+_SEAL = object()
+
+
+def _sealed(value: object, seal: object) -> None:
+    if seal is not _SEAL:
+        raise TypeError(f"a {type(value).__name__} is made only by vlad.release.signing (authenticate, verify_release)")
+
+
+@dataclass(frozen=True, slots=True)
+class SignedManifest:
+    """A manifest whose raw bytes a trusted key signed, parsed once: :func:`authenticate`'s result.
+
+    ``raw`` and ``signature_raw`` are the bytes that were checked; a copy written from them
+    (the store's staging) holds the signed manifest without a second check."""
+
+    folder: Path
+    raw: bytes
+    signature_raw: bytes
+    signature: Signature
+    manifest: Manifest
+    key: TrustedKey
+    _seal: object = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _sealed(self, self._seal)
+
+    @property
+    def id(self) -> str:
+        """The release id."""
+        return self.manifest.release.id
+
 
 @dataclass(frozen=True, slots=True)
 class VerifiedRelease:
@@ -425,7 +476,7 @@ class VerifiedRelease:
 
     path: Path
     manifest: Manifest
-    contract: object  # vlad.contract.Contract (imported lazily)
+    contract: object  # vlad.contract.Contract (imported lazily); None when files were not checked
     key_id: str
     key_path: Path
     signature: Signature
@@ -437,52 +488,38 @@ class VerifiedRelease:
     hashing: str = ""  # "verifying ID: 9 file(s), 8.4 MB in 0.01 s (0.84 GB/s)"
     hashed_bytes: int = 0  # bytes this verification read and hashed (0: every identity known)
     hash_seconds: float = 0.0
+    signed: SignedManifest | None = None  # the authenticated manifest bytes this verification rests on
+    _seal: object = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _sealed(self, self._seal)
 
     @property
     def id(self) -> str:
         """The release id."""
         return self.manifest.release.id
 
+    def moved(self, path: Path) -> VerifiedRelease:
+        """The same verification of the folder renamed to ``path`` (a rename within one file
+        system keeps every file's identity, so :attr:`files` still describes them). The
+        contract loaded from the old folder names files there: left out (None)."""
+        return dataclasses.replace(self, path=path, contract=None)
 
-def verify_release(
-    path: str | Path,
-    keys_dir: str | Path = DEFAULT_KEYS_DIR,
-    now: dt.datetime | None = None,
-    *,
-    check_time: bool = True,
-    installed: RuntimeSpec | None = None,
-    known: Mapping[str, FileCheck] | None = None,
-    progress: Progress | None = None,
-    check_files: bool = True,
-) -> VerifiedRelease:
-    """Verify the release folder ``path`` completely, or raise naming what failed.
 
-    In order: the signature over the manifest's raw bytes by a trusted key
-    (:class:`UnsignedRelease`, :class:`UnknownKey`, :class:`BadSignature`); the manifest
-    itself (:class:`~vlad.manifest.ManifestError`); the validity window at ``now``
-    (:class:`ValidityError`; skipped with ``check_time=False``, as for a rollback); every
-    artifact's size and sha256, missing, extra or symlinked files (at any depth: nothing
-    is opened through a link), contract and tokenizer hashes, ONNX external data that is
-    not a listed artifact (:mod:`vlad.release.external_data`; one :class:`IntegrityError`
-    listing all); then the runtime against ``installed`` (default:
-    :func:`installed_runtime`): :class:`RuntimeMismatch` for a major difference, a warning
-    line in the result for a minor one.
+def authenticate(path: str | Path, keys_dir: str | Path = DEFAULT_KEYS_DIR) -> SignedManifest:
+    """The release folder's manifest, once its signature by a trusted key checks out.
 
-    ``known``: the :attr:`VerifiedRelease.files` of an earlier step of the same operation;
-    a file still the very one hashed then is not hashed again. ``progress`` gets a line a
-    second while hashing. ``check_files=False`` stops after the signature, the manifest and
-    the window (staging hashes while it copies).
+    Reads ``manifest.sig`` and ``manifest.toml`` once, checks the signature over the raw
+    bytes (:class:`UnsignedRelease`, :class:`UnknownKey`, :class:`BadSignature`), then
+    parses them (:class:`~vlad.release.manifest.ManifestError`): an unsigned or tampered
+    manifest never reaches the parser. The one signature check and parse of an operation.
     """
     folder = Path(path).resolve()
     source = f"release {folder}"
-    now = now or dt.datetime.now(dt.UTC)
-    if now.tzinfo is None:
-        raise ValueError("now must be timezone-aware")
-
     if not folder.is_dir():
         raise ManifestError(str(folder), ["no such release folder"])
-    # Authenticate before interpreting: the manifest's bytes are verified, then parsed.
-    signature = read_signature(folder)
+    signature_raw = _read_signature_bytes(folder, folder)
+    signature = _parse_signature(signature_raw, folder / SIGNATURE_FILE)
     raw = read_manifest_bytes(folder)
     keys = load_trusted_keys(keys_dir)
     trusted = keys.get(signature.key_id)
@@ -500,35 +537,107 @@ def verify_release(
         ) from exc
     document = parse_document(raw, str(folder / MANIFEST_FILE))
     manifest = parse_manifest(document, str(folder / MANIFEST_FILE), path=folder / MANIFEST_FILE)
-    rel = manifest.release
+    return SignedManifest(folder, raw, signature_raw, signature, manifest, trusted, _seal=_SEAL)
 
+
+def check_window(manifest: Manifest, now: dt.datetime, source: str) -> None:
+    """:class:`ValidityError` unless ``now`` lies in the release's validity window."""
+    rel = manifest.release
+    if now < rel.not_before:
+        raise ValidityError(
+            f"{source}: {rel.id} not valid before {rfc3339(rel.not_before)} (now {rfc3339(now)}; check the clock)"
+        )
+    if now >= rel.expires:
+        raise ValidityError(f"{source}: {rel.id} expired at {rfc3339(rel.expires)} (now {rfc3339(now)})")
+
+
+def verify_release(
+    path: str | Path,
+    keys_dir: str | Path = DEFAULT_KEYS_DIR,
+    now: dt.datetime | None = None,
+    *,
+    check_time: bool = True,
+    installed: RuntimeSpec | None = None,
+    known: Mapping[str, FileCheck] | None = None,
+    progress: Progress | None = None,
+    check_files: bool = True,
+) -> VerifiedRelease:
+    """Verify the release folder ``path`` completely, or raise naming what failed:
+    :func:`authenticate`, then :func:`verify_signed` (see both)."""
+    if now is not None and now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    return verify_signed(
+        authenticate(path, keys_dir),
+        now,
+        check_time=check_time,
+        installed=installed,
+        known=known,
+        progress=progress,
+        check_files=check_files,
+    )
+
+
+def verify_signed(
+    signed: SignedManifest,
+    now: dt.datetime | None = None,
+    *,
+    folder: Path | None = None,
+    check_time: bool = True,
+    installed: RuntimeSpec | None = None,
+    known: Mapping[str, FileCheck] | None = None,
+    progress: Progress | None = None,
+    check_files: bool = True,
+) -> VerifiedRelease:
+    """Everything :func:`verify_release` checks after the signature, on a manifest
+    :func:`authenticate` already checked and parsed (neither is done again).
+
+    In order: the validity window at ``now`` (:class:`ValidityError`; skipped with
+    ``check_time=False``, as for a rollback); every artifact's size and sha256, missing,
+    extra or symlinked files (at any depth: nothing is opened through a link), contract and
+    tokenizer hashes, ONNX external data that is not a listed artifact
+    (:mod:`vlad.release.external_data`; one :class:`IntegrityError` listing all); then the
+    runtime against ``installed`` (default: :func:`installed_runtime`):
+    :class:`RuntimeMismatch` for a major difference, a warning line in the result for a
+    minor one.
+
+    ``folder``: another folder holding the same release, the store's copy written from
+    ``signed``'s bytes; its ``manifest.toml`` and ``manifest.sig`` must be those very bytes
+    (compared, not checked again). ``known``: the :attr:`VerifiedRelease.files` of an
+    earlier step of the same operation; a file still the very one hashed then is not hashed
+    again. ``progress`` gets a line a second while hashing. ``check_files=False`` stops
+    after the window (staging hashes while it copies).
+    """
+    where = signed.folder if folder is None else folder.resolve()
+    source = f"release {where}"
+    now = now or dt.datetime.now(dt.UTC)
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    manifest = signed.manifest
+    rel = manifest.release
+    if where != signed.folder:
+        _same_signed_bytes(signed, where, source)
     if check_time:
-        if now < rel.not_before:
-            raise ValidityError(
-                f"{source}: {rel.id} not valid before {rfc3339(rel.not_before)} (now {rfc3339(now)}; check the clock)"
-            )
-        if now >= rel.expires:
-            raise ValidityError(f"{source}: {rel.id} expired at {rfc3339(rel.expires)} (now {rfc3339(now)})")
+        check_window(manifest, now, source)
 
     files: Mapping[str, FileCheck] = {}
     hashing, hashed_bytes, hash_seconds = "", 0, 0.0
     contract = None
     if check_files:
         result = hash_artifacts(
-            folder,
+            where,
             ((a.path, a.size, a.sha256) for a in manifest.artifacts),
             known=known,
             progress=progress,
             what=f"verifying {rel.id}",
         )
         files, hashing, hashed_bytes, hash_seconds = result.checks, result.summary, result.hashed_bytes, result.seconds
-        problems = result.problems + extra_files(folder, manifest)
+        problems = result.problems + extra_files(where, manifest)
         if not problems:
-            contract, contract_problems = _check_contract(folder, manifest)
+            contract, contract_problems = _check_contract(where, manifest)
             problems += contract_problems
             # What the models read at load besides themselves: listed artifacts only.
             listed = {a.path for a in manifest.artifacts}
-            problems += external_data_problems(folder, release_models(manifest), listed)
+            problems += external_data_problems(where, release_models(manifest), listed)
         if problems:
             raise IntegrityError(source, problems)
 
@@ -537,19 +646,39 @@ def verify_release(
     except RuntimeMismatch as exc:
         raise RuntimeMismatch(f"{source}: {exc}") from exc
     return VerifiedRelease(
-        path=folder,
+        path=where,
         manifest=manifest,
         contract=contract,
-        key_id=trusted.key_id,
-        key_path=trusted.path,
-        signature=signature,
+        key_id=signed.key.key_id,
+        key_path=signed.key.path,
+        signature=signed.signature,
         warnings=tuple(warnings),
         verified_at=now,
         files=files,
         hashing=hashing,
         hashed_bytes=hashed_bytes,
         hash_seconds=hash_seconds,
+        signed=signed,
+        _seal=_SEAL,
     )
+
+
+def _same_signed_bytes(signed: SignedManifest, folder: Path, source: str) -> None:
+    """``folder``'s manifest and signature are the bytes ``signed`` authenticated."""
+    problems = []
+    for name, limit, expected in (
+        (MANIFEST_FILE, MAX_MANIFEST_BYTES, signed.raw),
+        (SIGNATURE_FILE, MAX_SIGNATURE_BYTES, signed.signature_raw),
+    ):
+        try:
+            same = read_bytes_beneath(folder, name, limit) == expected
+        except (OSError, FileRefused) as exc:
+            problems.append(f"{name}: cannot read ({exc})")
+            continue
+        if not same:
+            problems.append(f"{name}: not the bytes authenticated for release {signed.id}")
+    if problems:
+        raise IntegrityError(source, problems)
 
 
 def extra_files(folder: Path, manifest: Manifest) -> list[str]:

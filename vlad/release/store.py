@@ -11,12 +11,15 @@ Layout under the root (``/var/lib/vlad`` by default; docs/releases.md explains i
     engines/<cache_key>/        engine caches built on this robot (never removed here)
     history.jsonl               journal of activations and rollbacks (intent, then done)
 
-Gate evidence: activation and rollback make a release active only through
-:mod:`vlad.release.evidence` (passing evidence, or ``force`` with a reason, recorded in the
-journal with what it overrode). Hashing: staging hashes each artifact once, while it
-copies; the :class:`~vlad.release.signing.VerifiedRelease` it returns can be handed to
-:meth:`ReleaseStore.activate` (and the daemon's loader) so they compare file identities
-instead of hashing again (:mod:`vlad.release.artifacts`).
+One verification per operation: staging (or :meth:`ReleaseStore.verify_staged`, for a
+release already here) checks the signature and parses the manifest once
+(:func:`~vlad.release.signing.authenticate`), hashes each artifact once (while it copies),
+and judges the gate evidence once, into a :class:`StagedRelease`. :meth:`ReleaseStore.admit`
+applies the evidence rule (:mod:`vlad.release.evidence`: passing evidence, or ``force``
+with a reason, recorded in the journal with what it overrode) once, into an
+:class:`Admission`; activation and rollback take it as it is, comparing only file
+identities (:mod:`vlad.release.artifacts`). Only the store makes either type, so a value of
+one is one the store's checks produced.
 
 Atomicity: a release directory becomes visible only by ``rename`` of a complete,
 re-verified temp copy; ``active`` and ``previous`` switch together by renaming one
@@ -41,27 +44,46 @@ import secrets
 import shutil
 import signal
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vlad.errors import VladError
 from vlad.files import read_bytes_beneath
-from vlad.release.artifacts import Progress, copy_artifacts
-from vlad.release.evidence import require_verified_evidence
-from vlad.release.manifest import MANIFEST_FILE, MAX_MANIFEST_BYTES, RELEASE_ID_RE, SIGNATURE_FILE, rfc3339
+from vlad.release.artifacts import FileCheck, Progress, copy_artifacts, hash_artifacts
+from vlad.release.evidence import Evidence, judge_evidence, require_evidence
+from vlad.release.manifest import (
+    MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
+    RELEASE_ID_RE,
+    SIGNATURE_FILE,
+    Manifest,
+    rfc3339,
+)
 from vlad.release.signing import (
     DEFAULT_KEYS_DIR,
     MAX_SIGNATURE_BYTES,
     IntegrityError,
+    SignedManifest,
     ValidityError,
     VerifiedRelease,
-    verify_release,
+    authenticate,
+    check_window,
+    verify_signed,
 )
 from vlad.schema import LINE_MAX_LEN, line_problem, one_line
 
-__all__ = ["DEFAULT_ROOT", "DowngradeRefused", "HistoryEntry", "ReleaseStore", "StoreError", "default_operator"]
+__all__ = [
+    "DEFAULT_ROOT",
+    "Admission",
+    "DowngradeRefused",
+    "HistoryEntry",
+    "ReleaseStore",
+    "StagedRelease",
+    "StoreError",
+    "default_operator",
+]
 
 DEFAULT_ROOT = Path("/var/lib/vlad")
 _PTR_RE = re.compile(r"\.ptr-(\d+)")
@@ -166,23 +188,77 @@ def _write_new(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _extra_files(src: VerifiedRelease) -> list[str]:
+def _extra_files(src: SignedManifest) -> list[str]:
     from vlad.release.signing import extra_files
 
-    return extra_files(src.path, src.manifest)
+    return extra_files(src.folder, src.manifest)
 
 
-def _known(verified: VerifiedRelease | None, path: Path) -> Any:
-    """The hashes of an earlier step of this operation, when they describe ``path``."""
-    if verified is None or verified.path.resolve() != path.resolve():
-        return None
-    return verified.files
+# Only the store makes a StagedRelease or an Admission (see _Sealed).
+_SEAL = object()
 
 
-def _evidence_override(evidence: dict[str, Any]) -> list[str]:
-    if evidence["evidence"] == "passed":
-        return []
-    return [f"evidence {evidence['evidence']}: " + "; ".join(evidence.get("evidence_problems", []))]
+class _Sealed:
+    """A value activation trusts by its type: made only by :class:`ReleaseStore`."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        if getattr(self, "_seal", None) is not _SEAL:
+            raise TypeError(f"a {type(self).__name__} is made only by a ReleaseStore")
+
+
+@dataclass(frozen=True, slots=True)
+class StagedRelease(_Sealed):
+    """A release in the store, verified once: signature checked and manifest parsed
+    (:func:`~vlad.release.signing.authenticate`), every file hashed (while it was copied,
+    or in place), gate evidence judged (:func:`~vlad.release.evidence.judge_evidence`).
+
+    Made only by :meth:`ReleaseStore.stage_release` and :meth:`ReleaseStore.verify_staged`;
+    the loader and activation take it as it is and derive none of it again."""
+
+    verified: VerifiedRelease  # of the store's copy (releases/<id>)
+    evidence: Evidence
+    hashing: str  # the hashing's summary line ("copying and hashing: 9 file(s), ...")
+    hashed_bytes: int  # bytes read and hashed to stage or verify it
+    _seal: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def id(self) -> str:
+        return self.verified.id
+
+    @property
+    def path(self) -> Path:
+        return self.verified.path
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.verified.manifest
+
+    @property
+    def files(self) -> Mapping[str, FileCheck]:
+        return self.verified.files
+
+
+@dataclass(frozen=True, slots=True)
+class Admission(_Sealed):
+    """A staged release cleared to become active: its gate evidence passed, or ``force``
+    with a reason overrides it (:func:`~vlad.release.evidence.require_evidence`, applied
+    once, by :meth:`ReleaseStore.admit`). ``evidence`` is what the journal records."""
+
+    release: StagedRelease
+    who: str
+    why: str
+    force: bool
+    evidence: dict[str, Any]
+    _seal: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def overrides(self) -> list[str]:
+        """What ``force`` overrides of the evidence, one line each (empty: nothing)."""
+        if self.evidence["evidence"] == "passed":
+            return []
+        return [f"evidence {self.evidence['evidence']}: " + "; ".join(self.evidence.get("evidence_problems", []))]
 
 
 def _operator_text(who: str | None, why: str) -> str:
@@ -348,135 +424,208 @@ class ReleaseStore:
         progress: Progress | None = None,
     ) -> str:
         """Verify the release folder ``src_dir`` and copy it into the store; returns its id
-        (:meth:`stage_release` returns the verification too)."""
+        (:meth:`stage_release` returns the staged release)."""
         return self.stage_release(src_dir, keys_dir, now, progress).id
 
     def stage_release(
         self,
-        src_dir: str | Path,
+        src: str | Path | SignedManifest,
         keys_dir: str | Path | None = None,
         now: dt.datetime | None = None,
         progress: Progress | None = None,
-    ) -> VerifiedRelease:
-        """Verify the release folder ``src_dir`` and copy it into the store.
+    ) -> StagedRelease:
+        """Verify the release folder ``src`` and copy it into the store.
 
-        The source's signature, manifest and window are checked first; the artifacts are
-        then copied into a temp folder inside ``releases/`` and hashed in the same pass
-        (each file fsynced, read-only), the copy's manifest and signature verified again
-        (the source may change meanwhile) and the folder renamed into place. Staging an
-        identical release again copies nothing, but the folder offered is verified in full
-        (refused as ``vladctl verify`` refuses it) and the staged copy too; a different
-        release under a staged id is refused. A release whose not_before lies ahead may be staged; an expired one may
-        not. Returns the staged copy's verification: pass it to :meth:`activate` (and the
-        loader) so that nothing is hashed twice.
+        ``src`` is a folder, authenticated here with ``keys_dir`` (default: the store's
+        keys), or the :class:`~vlad.release.signing.SignedManifest` a caller already
+        authenticated (the daemon's deploy, which sized the release from it first). The
+        manifest and signature copied are the bytes authenticated, so the copy's are not
+        checked again; the artifacts are copied into a temp folder inside ``releases/`` and
+        hashed in the same pass (each file fsynced, read-only), the copy checked (files,
+        contract, runtime) and the folder renamed into place; the gate evidence is judged
+        on the copy. Staging an identical release again copies nothing, but the folder
+        offered is verified in full (refused as ``vladctl verify`` refuses it) and the
+        staged copy too; a different release under a staged id is refused. A release whose
+        not_before lies ahead may be staged; an expired one may not. Returns the
+        :class:`StagedRelease` that :meth:`admit` and the daemon's loader take as it is.
         """
         keys = Path(keys_dir) if keys_dir is not None else self.keys_dir
         now = now or dt.datetime.now(dt.UTC)
-        src = verify_release(src_dir, keys, now, check_time=False, check_files=False)
-        if now >= src.manifest.release.expires:
+        signed = src if isinstance(src, SignedManifest) else authenticate(src, keys)
+        if now >= signed.manifest.release.expires:
             raise ValidityError(
-                f"release {src.path}: {src.id} expired at {rfc3339(src.manifest.release.expires)}; not staging it"
+                f"release {signed.folder}: {signed.id} expired at {rfc3339(signed.manifest.release.expires)}; "
+                "not staging it"
             )
-        dest = self.releases_dir / src.id
+        dest = self.releases_dir / signed.id
         if dest.exists():
-            return self._already_staged(src, dest, keys, now, progress)
-        extra = [p for p in _extra_files(src) if p]
+            return self._already_staged(signed, dest, keys, now, progress)
+        extra = [p for p in _extra_files(signed) if p]
         if extra:
-            raise IntegrityError(f"release {src.path}", extra)
+            raise IntegrityError(f"release {signed.folder}", extra)
         if not os.access(self.releases_dir, os.W_OK):
             raise StoreError(f"{self.releases_dir}: no permission to stage releases (run as root or the vlad user)")
         tmp = self.releases_dir / f".stage-{os.getpid()}-{secrets.token_hex(4)}"
         tmp.mkdir()
         try:
-            for name, limit in ((MANIFEST_FILE, MAX_MANIFEST_BYTES), (SIGNATURE_FILE, MAX_SIGNATURE_BYTES)):
-                _write_new(tmp / name, read_bytes_beneath(src.path, name, limit))
+            # The bytes authenticated, not the source's files read again (they may have
+            # changed since): the copy holds the signed manifest by construction.
+            _write_new(tmp / MANIFEST_FILE, signed.raw)
+            _write_new(tmp / SIGNATURE_FILE, signed.signature_raw)
             copied = copy_artifacts(
-                src.path, tmp, ((a.path, a.size, a.sha256) for a in src.manifest.artifacts), progress=progress
+                signed.folder, tmp, ((a.path, a.size, a.sha256) for a in signed.manifest.artifacts), progress=progress
             )
             if copied.problems:
-                raise IntegrityError(f"release {src.path}", copied.problems)
+                raise IntegrityError(f"release {signed.folder}", copied.problems)
             if progress is not None:
                 progress(copied.summary)
             for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
                 _fsync_dir(d)
             _crash_point("stage_copied")
-            # The copy's own bytes decide: signature over the manifest copied, every file
-            # the one just hashed (identities compared, nothing read again).
-            staged = verify_release(tmp, keys, now, check_time=False, known=copied.checks)
+            # Every file the one just hashed (identities compared, nothing read again).
+            verified = verify_signed(signed, now, folder=tmp, check_time=False, known=copied.checks)
             with self._lock():
                 if dest.exists():
-                    return self._already_staged(src, dest, keys, now, progress)
+                    return self._already_staged(signed, dest, keys, now, progress)
                 os.rename(tmp, dest)
                 _fsync_dir(self.releases_dir)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         _crash_point("stage_renamed")
-        return dataclasses.replace(
-            staged, path=dest.resolve(), hashing=copied.summary, hashed_bytes=copied.hashed_bytes
-        )
+        return self._staged(verified.moved(dest.resolve()), copied.summary, copied.hashed_bytes)
 
     def _already_staged(
-        self, src: VerifiedRelease, dest: Path, keys: Path, now: dt.datetime, progress: Progress | None
-    ) -> VerifiedRelease:
+        self, src: SignedManifest, dest: Path, keys: Path, now: dt.datetime, progress: Progress | None
+    ) -> StagedRelease:
         """The staged copy of the release ``src`` offers again, once both are found intact.
 
         The folder offered is judged in full, as ``vladctl verify`` judges it (every file,
         no link, nothing unlisted): a staged copy must never hide that the folder offered
         is not intact. Then the staged copy, which is what activation and loading read.
         """
-        staged = verify_release(dest, keys, now, check_time=False, check_files=False)
-        if staged.manifest.canonical_bytes() != src.manifest.canonical_bytes():
-            raise StoreError(
-                f"release {src.id} is already staged with a different manifest; "
-                f"a changed release needs a new release id"
-            )
-        if src.path != dest.resolve():  # the staged folder itself offered: judged once, below
-            verify_release(src.path, keys, now, check_time=False, progress=progress)
-        return verify_release(dest, keys, now, check_time=False, progress=progress)
+        held = src
+        if src.folder != dest.resolve():
+            try:
+                same = (
+                    read_bytes_beneath(dest, MANIFEST_FILE, MAX_MANIFEST_BYTES) == src.raw
+                    and read_bytes_beneath(dest, SIGNATURE_FILE, MAX_SIGNATURE_BYTES) == src.signature_raw
+                )
+            except (OSError, VladError):
+                same = False
+            if not same:  # signed again, or another release: the staged copy speaks for itself
+                held = authenticate(dest, keys)
+                if held.manifest.canonical_bytes() != src.manifest.canonical_bytes():
+                    raise StoreError(
+                        f"release {src.id} is already staged with a different manifest; "
+                        f"a changed release needs a new release id"
+                    )
+            verify_signed(src, now, check_time=False, progress=progress)
+        verified = verify_signed(held, now, folder=dest, check_time=False, progress=progress)
+        return self._staged(verified, verified.hashing, verified.hashed_bytes)
+
+    def verify_staged(self, release: str | SignedManifest, progress: Progress | None = None) -> StagedRelease:
+        """A release already in the store, verified once in place (signature, manifest,
+        every file, evidence judged), as a rollback or an activation takes it: the validity
+        window is left to the caller (a rollback is never blocked by a date). ``release``:
+        its id, or its manifest as the caller authenticated it from the store's folder."""
+        if isinstance(release, SignedManifest):
+            signed = release
+            path = self.release_path(signed.id)
+            if signed.folder != path.resolve():
+                raise StoreError(f"{signed.folder}: not the store's copy of release {signed.id} ({path})")
+        else:
+            path = self.release_path(release)
+            signed = authenticate(path, self.keys_dir)
+            if signed.id != release:
+                raise StoreError(f"{path}: holds release {signed.id}, not {release}")
+        verified = verify_signed(signed, check_time=False, progress=progress)
+        return self._staged(verified, verified.hashing, verified.hashed_bytes)
+
+    def _staged(self, verified: VerifiedRelease, hashing: str, hashed_bytes: int) -> StagedRelease:
+        """The gate evidence judged, once, on the verified copy (its reports hashed already)."""
+        evidence = judge_evidence(verified.manifest, verified.path, verified.files)
+        return StagedRelease(verified, evidence, hashing, hashed_bytes, _seal=_SEAL)
+
+    def admit(self, staged: StagedRelease, who: str | None, why: str, *, force: bool, retry: str) -> Admission:
+        """The gate evidence rule on ``staged``, applied once: passing evidence, or ``force``
+        with a reason (:class:`~vlad.release.evidence.EvidenceMissing` otherwise, naming
+        ``retry``, the command that forces it). ``who`` and ``why`` must each be one line of
+        text (:func:`vlad.schema.line_problem`), checked before anything else."""
+        who = _operator_text(who, why)
+        evidence = require_evidence(staged.evidence, staged.id, staged.path, force=force, why=why, retry=retry)
+        return Admission(staged, who, why, force, evidence, _seal=_SEAL)
+
+    def _own(self, staged: StagedRelease) -> Path:
+        """The store's folder of ``staged``, once it is still the release staged and verified."""
+        path = self.release_path(staged.id)
+        if path.resolve() != staged.path:
+            raise StoreError(f"{staged.path}: not the store's copy of release {staged.id} ({path})")
+        # Only file identities (one fstat each) and the manifest's bytes: a file replaced
+        # since it was verified is hashed again and refused, never trusted.
+        result = hash_artifacts(
+            path, ((a.path, a.size, a.sha256) for a in staged.manifest.artifacts), known=staged.files
+        )
+        signed = staged.verified.signed
+        problems = list(result.problems)
+        if signed is not None and read_bytes_beneath(path, MANIFEST_FILE, MAX_MANIFEST_BYTES) != signed.raw:
+            problems.append(f"{MANIFEST_FILE}: changed since it was verified")
+        if problems:
+            raise IntegrityError(f"release {path}", problems)
+        return path
 
     # ---- switching -------------------------------------------------------------------
 
     def activate(
         self,
-        release_id: str,
+        release: str | Admission,
         who: str | None = None,
         why: str = "",
         force: bool = False,
         now: dt.datetime | None = None,
-        verified: VerifiedRelease | None = None,
         progress: Progress | None = None,
     ) -> HistoryEntry:
         """Make a staged release active; the active one becomes ``previous``.
 
-        The release is verified again (signature, validity window, every file; with
-        ``verified``, the result of this operation's staging or loading, files still the
-        ones hashed then are not hashed again). Refused without ``force`` (and a ``why``):
-        gate evidence missing or failed (:class:`~vlad.release.evidence.EvidenceMissing`);
-        a ``version_code`` lower than the highest ever activated here for a release never
-        activated here, and a release marked bad by a rollback (:class:`DowngradeRefused`).
-        An integrity failure is never overridden. ``who`` and ``why`` must each be one line
-        of text (:func:`vlad.schema.line_problem`), checked before anything is read.
+        ``release``: an :class:`Admission` (the daemon's deploy: staged, verified and
+        admitted once; taken as it is, ``who``/``why``/``force`` are its own), or the id of
+        a staged release, verified here once (:meth:`verify_staged`) and admitted
+        (:meth:`admit`). Refused without ``force`` (and a ``why``): gate evidence missing
+        or failed (:class:`~vlad.release.evidence.EvidenceMissing`); a ``version_code``
+        lower than the highest ever activated here for a release never activated here, and
+        a release marked bad by a rollback (:class:`DowngradeRefused`). Refused always: a
+        release outside its validity window at ``now``, a file changed since it was
+        verified (an integrity failure is never overridden).
         """
-        who = _operator_text(who, why)
+        if not isinstance(release, Admission):
+            _operator_text(who, why)  # before anything is read
+        when = now or dt.datetime.now(dt.UTC)
         with self._lock():
-            path = self.release_path(release_id)
             current = self.active()
+            if isinstance(release, Admission):
+                admission = release
+            else:
+                self.release_path(release)  # an unknown id is refused before anything else
+                if current == release:
+                    raise StoreError(f"release {release} is already active")
+                staged = self.verify_staged(release, progress)
+                check_window(staged.manifest, when, f"release {staged.path}")
+                admission = self.admit(
+                    staged, who, why, force=force, retry=f"vladctl release activate {release} --force --why '...'"
+                )
+            staged = admission.release
+            release_id = staged.id
+            path = self._own(staged)
             if current == release_id:
                 raise StoreError(f"release {release_id} is already active")
-            verified = verify_release(path, self.keys_dir, now, known=_known(verified, path), progress=progress)
-            if verified.id != release_id:
-                raise StoreError(f"{path}: holds release {verified.id}, not {release_id}")
-            evidence = require_verified_evidence(
-                verified, path, force=force, why=why, retry=f"vladctl release activate {release_id} --force --why '...'"
-            )
-            overrides = _evidence_override(evidence)
-            code = verified.manifest.release.version_code
+            check_window(staged.manifest, when, f"release {path}")
+            overrides = admission.overrides
+            code = staged.manifest.release.version_code
             seen = self.activated_versions()
             # A release that never ran here must be newer than everything that did: a
             # reused (or lower) version_code is refused, whatever release carries it.
             if seen and release_id not in self.activated_releases() and code <= max(seen):
-                if not force:
+                if not admission.force:
                     raise DowngradeRefused(
                         f"release {release_id} (version_code {code}) is not newer than releases already "
                         f"activated here (highest version_code {max(seen)}) and was never active here; "
@@ -484,20 +633,20 @@ class ReleaseStore:
                     )
                 overrides.append(f"downgrade: version_code {code} <= {max(seen)} activated here")
             if release_id in self.bad_releases():
-                if not force:
+                if not admission.force:
                     raise DowngradeRefused(
                         f"release {release_id} was rolled back from; use --force --why '...' to activate it again"
                     )
                 overrides.append(f"bad release: {release_id} was rolled back from")
-            return self._switch("activate", release_id, current, who, why, force, code, evidence, overrides)
+            return self._switch("activate", admission, current, overrides)
 
     def rollback(
         self,
         who: str | None = None,
         why: str = "",
         force: bool = False,
-        verified: VerifiedRelease | None = None,
         progress: Progress | None = None,
+        admission: Admission | None = None,
     ) -> HistoryEntry:
         """Swap ``active`` and ``previous``: the one-step rollback, always allowed by version.
 
@@ -507,8 +656,12 @@ class ReleaseStore:
         that ran here before must not be blocked by a date. Its gate evidence is judged
         like an activation's: a target without passing evidence (e.g. one activated before
         the evidence rule) needs ``force`` and a ``why``. ``who`` and ``why`` as for
-        :meth:`activate`.
+        :meth:`activate`. ``admission``: the target as the caller staged and admitted it
+        (the daemon's rollback; ``who``/``why``/``force`` are its own), taken as it is
+        when it is still the store's previous release.
         """
+        if admission is not None:
+            who, why, force = admission.who, admission.why, admission.force
         who = _operator_text(who, why)
         with self._lock():
             current, target = self.active(), self.previous()
@@ -521,52 +674,28 @@ class ReleaseStore:
                         f"previous release {target} was rolled back from; use --force --why '...' to return to it"
                     )
                 overrides.append(f"bad release: {target} was rolled back from")
-            path = self.release_path(target)
-            verified = verify_release(
-                path, self.keys_dir, check_time=False, known=_known(verified, path), progress=progress
-            )
-            evidence = require_verified_evidence(
-                verified, path, force=force, why=why, retry="vladctl rollback --force --why '...'"
-            )
-            overrides = _evidence_override(evidence) + overrides
-            return self._switch(
-                "rollback",
-                target,
-                current,
-                who,
-                why,
-                force,
-                verified.manifest.release.version_code,
-                evidence,
-                overrides,
-            )
+            if admission is None or admission.release.id != target:
+                staged = self.verify_staged(target, progress)
+                admission = self.admit(staged, who, why, force=force, retry="vladctl rollback --force --why '...'")
+            self._own(admission.release)
+            return self._switch("rollback", admission, current, admission.overrides + overrides)
 
-    def _switch(
-        self,
-        event: str,
-        to: str,
-        from_: str | None,
-        who: str,
-        why: str,
-        forced: bool,
-        to_code: int,
-        evidence: dict[str, Any],
-        overrides: list[str],
-    ) -> HistoryEntry:
+    def _switch(self, event: str, admission: Admission, from_: str | None, overrides: list[str]) -> HistoryEntry:
+        to = admission.release.id
         records = self.journal()
         record: dict[str, Any] = {
             "seq": max((r.get("seq", 0) for r in records), default=0) + 1,
             "time": rfc3339(dt.datetime.now(dt.UTC)),
             "event": event,
             "phase": "intent",
-            "who": who,
-            "why": why,
+            "who": admission.who,
+            "why": admission.why,
             "from_release": from_,
             "to_release": to,
             "from_version_code": self._version_code(from_) if from_ else None,
-            "to_version_code": to_code,
-            "forced": forced,
-            **evidence,
+            "to_version_code": admission.release.manifest.release.version_code,
+            "forced": admission.force,
+            **admission.evidence,
             "overrides": overrides,
         }
         self._append(record)

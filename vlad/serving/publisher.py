@@ -24,6 +24,7 @@ from vlad.processing import RawObservation
 from vlad.serving.counters import HOLD, PublishCounts
 from vlad.serving.guard import ActionGuard, Executing
 from vlad.serving.policy import ServedPolicy
+from vlad.serving.position import ServingState
 from vlad.serving.tracing import CycleTimes, LatencyStats
 from vlad.snapshot import Swap
 
@@ -47,8 +48,7 @@ class Publisher:
         guard: ActionGuard,
         stats: LatencyStats,
         counts: PublishCounts,
-        release_name: Callable[[], str],
-        state_name: Callable[[], str],
+        serving: ServingState,
         estop_output: str = "hold",
     ) -> None:
         self.contract = contract
@@ -56,8 +56,7 @@ class Publisher:
         self.guard = guard
         self.stats = stats
         self.counts = counts
-        self.release_name = release_name
-        self.state_name = state_name
+        self.serving = serving  # the release and the state every chunk is labelled with
         self.estop_output = estop_output
         self.lock = threading.Lock()
         self.estop_engaged = False
@@ -287,8 +286,8 @@ class Publisher:
             t_issue_ns=time.monotonic_ns(),
             valid_until_ns=valid_until_ns,
             period_ns=self.period_ns,
-            release=self.release_name(),
-            state=self.state_name(),
+            release=self.serving.release,
+            state=self.serving.state,
             source=source,
             interventions=interventions,
             timings_ms=timings,
