@@ -29,7 +29,7 @@ from vlad.daemon.supervisor import assemble
 from vlad.daemon.systemd import Notifier
 from vlad.health.state import StateMachine
 from vlad.release import evidence, loading, manifest, signing, store
-from vlad.testing import DEMO
+from vlad_tools.testing import DEMO
 
 V1, V2 = "vlad-demo-reacher-1.0.0", "vlad-demo-reacher-1.1.0"
 
