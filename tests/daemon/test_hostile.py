@@ -280,15 +280,21 @@ def test_forged_proprio_between_good_observations_never_reaches_the_output(daemo
     for c in chunks:
         a = c.actions.astype(np.float64)
         assert np.isfinite(a).all()
-        # inside a chunk: one rate limit per waypoint
-        assert (np.abs(np.diff(a, axis=0)) <= rate + 1e-5).all(), (c.source, a)
+        # inside a chunk: one rate limit per waypoint, from the slot the chunk arrived in (the
+        # waypoints of slots already past when it was issued are never executed: a slow
+        # inference on a busy machine leaves some behind, and the guard does not limit them)
+        k0 = min(len(a) - 1, max(0, (c.t_issue_ns - c.t_sensor_ns) // c.period_ns))
+        assert (np.abs(np.diff(a[k0:], axis=0)) <= rate + 1e-5).all(), (c.source, k0, a)
         if prev is not None:
-            periods = max(1.0, (c.t_issue_ns - prev.t_issue_ns) / (PERIOD_S * 1e9))
-            step = np.abs(a[0] - prev.actions[0].astype(np.float64))
-            assert (step <= rate * np.ceil(periods) + 1e-5).all(), (prev.source, c.source, step, periods)
+            # from the previous chunk's first executed waypoint to this one's: at most one rate
+            # limit per period between their slots
+            p0, pk = prev
+            periods = max(1.0, (c.t_sensor_ns + k0 * c.period_ns - p0.t_sensor_ns - pk * p0.period_ns) / c.period_ns)
+            step = np.abs(a[k0] - p0.actions[pk].astype(np.float64))
+            assert (step <= rate * np.ceil(periods) + 1e-5).all(), (p0.source, c.source, step, periods)
         for f in forged_xy:
             assert not (np.abs(a - f) < 0.05).all(axis=1).any(), (c.source, a, f)
-        prev = c
+        prev = (c, k0)
 
 
 def test_forged_bursts_between_good_observations_never_reanchor(daemon, contract):
