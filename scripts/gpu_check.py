@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One-command GPU check: coherent environment, every GPU test, a probe, a PASS/FAIL table.
+"""One-command GPU check: coherent environment, every GPU test, a PASS/FAIL table and figures.
 
 On a machine with an NVIDIA GPU (``scripts/gpu-check``):
 
@@ -9,11 +9,14 @@ On a machine with an NVIDIA GPU (``scripts/gpu-check``):
    or PyTorch's cu12x index, TensorRT's libraries from pypi.nvidia.com;
 3. creates its own venv (``.cache/gpu-check/venv``; reused while the install inputs are
    unchanged) with exactly that stack: never the ``cpu`` extra beside ``gpu``;
-4. runs every GPU test (``pytest -m "gpu and not slow" tests/backends``) and the probe
-   (``scripts/gpu_probe.py``: precision errors per backend, TF32 on/off, CUDA-graph replay
-   with new data, 10x load/close memory, outputs after close, corrupted engine rebuilt,
-   timing split against wall time, cold and warm latency);
-5. prints a PASS/FAIL table and writes every figure, with its conditions, to a JSON file.
+4. runs every GPU test, the one GPU suite (``pytest -m "gpu and not slow" tests/backends``):
+   the conformance suite's GPU variants, the backends' own GPU tests (CUDA-graph replay with
+   new data, corrupted engine rebuilt ...) and ``tests/backends/test_gpu_measures.py``
+   (golden error per backend and precision label, warm latency and timing split, TF32
+   on/off, 10x load/close memory, cold start and outputs after close in a child process);
+5. prints a PASS/FAIL table and writes every figure the tests recorded (JUnit properties),
+   the speed-ups over torch eager and the conditions (``vlad_tools.gates.conditions``) to a
+   JSON file.
 
 Without a GPU it prints one line saying so and exits 0, after a dry run of its own logic
 (driver parsing, stack choice, extras resolution and exclusivity, install commands, test
@@ -56,11 +59,17 @@ MIN_DRIVER = {13: 580, 12: 525}
 CUDA13_MIN_CC = (7, 5)
 # What one run may take, at most, per phase (the whole check targets < 8 min on one
 # data-centre GPU and 16 cores; the install dominates on a cold cache).
-PHASE_TIMEOUT_S = {"install": 900, "tests": 600, "probe": 600}
+PHASE_TIMEOUT_S = {"install": 900, "tests": 1200, "conditions": 120}
+# The target every speed-up is measured against (warm p50, tests/backends/test_gpu_measures.py).
+SPEEDUP_BASE = "torch[cuda] fp32"
 
 SAMPLE_SMI = "NVIDIA H100 80GB HBM3, 580.65.06, 9.0, 81559\nNVIDIA T4, 535.104.05, 7.5, 15360\n"
-SAMPLE_JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="3">
+SAMPLE_JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="5">
 <testcase classname="tests.backends.test_tensorrt" name="test_gpu_engine_matches_onnxruntime[fp32]" time="1.0"/>
+<testcase classname="tests.backends.test_gpu_measures" name="test_gpu_golden_error_within_the_label_budget_and_warm_latency[torch[cuda]-fp32]" time="2.0">
+<properties><property name="target" value="torch[cuda] fp32"/><property name="p50_ms" value="1.5"/></properties></testcase>
+<testcase classname="tests.backends.test_gpu_measures" name="test_gpu_golden_error_within_the_label_budget_and_warm_latency[tensorrt-fp16]" time="2.0">
+<properties><property name="target" value="tensorrt fp16"/><property name="p50_ms" value="0.5"/></properties></testcase>
 <testcase classname="tests.backends.test_tensorrt" name="test_gpu_engine_matches_onnxruntime[fp16]" time="1.0">
 <failure message="AssertionError: max abs 0.2 &gt; 0.03">trace</failure></testcase>
 <testcase classname="tests.backends.test_torch" name="test_gpu_reduced_precisions_are_their_own_labels[bf16]" time="0.1">
@@ -262,7 +271,8 @@ class Row:
 
 
 def parse_junit(text: str) -> list[Row]:
-    """pytest's JUnit XML -> one row per test."""
+    """pytest's JUnit XML -> one row per test, the figures it recorded (``record_property``)
+    beside its duration."""
     rows = []
     for case in ET.fromstring(text).iter("testcase"):
         name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
@@ -272,8 +282,27 @@ def parse_junit(text: str) -> list[Row]:
             if el is not None:
                 status, detail = st, (el.get("message") or "").splitlines()[0][:160] if el.get("message") else ""
                 break
-        rows.append(Row(f"pytest {name}", status, detail, {"seconds": float(case.get("time") or 0)}))
+        figures: dict = {"seconds": float(case.get("time") or 0)}
+        for prop in case.iter("property"):
+            figures[prop.get("name", "")] = _figure(prop.get("value", ""))
+        rows.append(Row(f"pytest {name}", status, detail, figures))
     return rows
+
+
+def _figure(value: str):
+    """A recorded property's value: a number where it reads as one (JUnit keeps strings)."""
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def speedups(rows: list[Row]) -> dict[str, float]:
+    """Warm p50 of :data:`SPEEDUP_BASE` divided by each target's warm p50 (the rows whose
+    figures name a ``target`` and its ``p50_ms``)."""
+    p50 = {r.figures["target"]: r.figures["p50_ms"] for r in rows if "target" in r.figures and r.figures.get("p50_ms")}
+    base = p50.get(SPEEDUP_BASE)
+    return {name: round(base / ms, 2) for name, ms in p50.items()} if base else {}
 
 
 def render_table(rows: list[Row]) -> str:
@@ -341,8 +370,43 @@ def prepare_venv(venv: Path, stack: Stack, log: Path) -> str:
     return ""
 
 
+# Run in the check's venv: the gates' record of the conditions (CPU, GPU clocks,
+# temperature, power and memory, load, versions of the GPU stack) and the other processes
+# on the GPU.
+_CONDITIONS = """
+import json, os, shutil, subprocess
+from vlad_tools.gates.conditions import capture
+cond = capture()
+smi = shutil.which("nvidia-smi")
+if smi:
+    procs = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                           capture_output=True, text=True, check=False)
+    cond["other_gpu_processes"] = [p.strip() for p in procs.stdout.splitlines()]
+print(json.dumps(cond, default=str))
+"""
+
+
+def venv_conditions(python: Path, env: dict) -> dict:
+    """The conditions as the venv's vlad_tools records them; ``{"conditions_error": why}``
+    when that fails."""
+    try:
+        proc = subprocess.run(
+            [str(python), "-c", _CONDITIONS],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PHASE_TIMEOUT_S["conditions"],
+            check=False,
+        )
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        return {"conditions_error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
 def conditions(gpu: Gpu, stack: Stack) -> dict:
-    """The machine the figures were taken on (the probe adds clocks, temperatures, versions)."""
+    """The machine the figures were taken on (:func:`venv_conditions` adds clocks,
+    temperatures, versions)."""
     return {
         "gpu": gpu.name,
         "driver": gpu.driver,
@@ -371,8 +435,9 @@ def dry_run() -> str:
             raise AssertionError(f"{stack.spec}: {'; '.join(problems)}")
         cmds = install_commands(Path("/nonexistent/venv/bin/python"), stack)
         assert not any("vlad[" in " ".join(c) and ",cpu" in " ".join(c) for c in cmds), cmds
-    rows = parse_junit(SAMPLE_JUNIT) + [Row("probe (not run)", "N/A", "no GPU")]
-    assert [r.status for r in rows] == ["PASS", "FAIL", "SKIP", "N/A"], rows
+    rows = parse_junit(SAMPLE_JUNIT) + [Row("pytest (not run)", "N/A", "no GPU")]
+    assert [r.status for r in rows] == ["PASS", "PASS", "PASS", "FAIL", "SKIP", "N/A"], rows
+    assert speedups(rows) == {SPEEDUP_BASE: 1.0, "tensorrt fp16": 3.0}, speedups(rows)
     render_table(rows)
     with tempfile.TemporaryDirectory() as tmp:
         write_report(Path(tmp) / "report.json", {"rows": [asdict(r) for r in rows]})
@@ -384,7 +449,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=Path, default=WORK / "venv", help="the check's own venv (created or reused)")
     parser.add_argument("--out", type=Path, default=None, help="folder for the JSON, logs and engines")
     parser.add_argument("--dry-run", action="store_true", help="only the dry run, even on a GPU machine")
-    parser.add_argument("--no-tests", action="store_true", help="skip pytest, run the probe only")
     parser.add_argument("--nvidia-smi", default=None, help=argparse.SUPPRESS)  # tests point it elsewhere
     args = parser.parse_args(argv)
 
@@ -415,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: {stack.spec} is not coherent: {'; '.join(problems)}")
         return 1
     rows: list[Row] = []
-    probe: dict = {}
+    measured: dict = {}
     if failure := prepare_venv(args.venv, stack, log):
         rows.append(Row("install", "FAIL", failure))
     else:
@@ -423,50 +487,22 @@ def main(argv: list[str] | None = None) -> int:
         python = args.venv / "bin" / "python"
         env = {**os.environ, "VLAD_TEST_ENGINE_CACHE": str(out / "engines"), "MUJOCO_GL": "egl"}
         env.pop("VLAD_PLUGINS", None)
-        if not args.no_tests:
-            junit = out / "junit.xml"
-            rc = _run(
-                [
-                    str(python),
-                    "-m",
-                    "pytest",
-                    "-m",
-                    TEST_SELECTION,
-                    "tests/backends",
-                    "-q",
-                    "-p",
-                    "no:cacheprovider",
-                    f"--junitxml={junit}",
-                ],
-                PHASE_TIMEOUT_S["tests"],
-                env=env,
-                log=out / "pytest.txt",
-            )
-            rows += parse_junit(junit.read_text()) if junit.exists() else []
-            if rc not in (0, 1) or not junit.exists():
-                rows.append(Row("pytest", "FAIL", f"exit {rc} (see {out / 'pytest.txt'})"))
-        probe_json = out / "probe.json"
+        junit = out / "junit.xml"
         rc = _run(
-            [
-                str(python),
-                str(ROOT / "scripts" / "gpu_probe.py"),
-                "--out",
-                str(probe_json),
-                "--engine-cache",
-                str(out / "engines"),
-            ],
-            PHASE_TIMEOUT_S["probe"],
+            [str(python), "-m", "pytest", "-m", TEST_SELECTION, "tests/backends", "-q", "-rs"]
+            + ["-p", "no:cacheprovider", f"--junitxml={junit}"],
+            PHASE_TIMEOUT_S["tests"],
             env=env,
-            log=out / "probe.txt",
+            log=out / "pytest.txt",
         )
-        probe = json.loads(probe_json.read_text()) if probe_json.exists() else {}
-        rows += [Row(**r) for r in probe.get("rows", [])]
-        if rc != 0 and not probe:
-            rows.append(Row("probe", "FAIL", f"exit {rc} (see {out / 'probe.txt'})"))
+        rows += parse_junit(junit.read_text()) if junit.exists() else []
+        if rc not in (0, 1) or not junit.exists():
+            rows.append(Row("pytest", "FAIL", f"exit {rc} (see {out / 'pytest.txt'})"))
+        measured = venv_conditions(python, env)
     report = {
-        "conditions": {**conditions(gpu, stack), **probe.get("conditions", {})},
+        "conditions": {**conditions(gpu, stack), **measured},
         "rows": [asdict(r) for r in rows],
-        "speedups": probe.get("speedups", {}),
+        "speedups": speedups(rows),
         "seconds": round(time.monotonic() - started, 1),
     }
     path = write_report(out / "gpu-check.json", report)

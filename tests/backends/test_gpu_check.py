@@ -1,11 +1,10 @@
-"""scripts/gpu-check and its probe, without a GPU: the dry run, the stack per driver, the
-extras (coherent per CUDA major, cpu and gpu exclusive), the report, and the probe's own
-code on ONNX Runtime's CPU provider."""
+"""scripts/gpu-check without a GPU: the dry run, the stack per driver, the extras (coherent
+per CUDA major, cpu and gpu exclusive), the report (rows, recorded figures, speed-ups), and
+what its GPU suite measures."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -130,48 +129,39 @@ def test_install_commands_install_one_stack():
 
 def test_junit_rows_and_table():
     rows = gpu_check.parse_junit(gpu_check.SAMPLE_JUNIT)
+    measure = "test_gpu_golden_error_within_the_label_budget_and_warm_latency"
     assert [(r.status, r.check.split("::")[-1]) for r in rows] == [
         ("PASS", "test_gpu_engine_matches_onnxruntime[fp32]"),
+        ("PASS", f"{measure}[torch[cuda]-fp32]"),
+        ("PASS", f"{measure}[tensorrt-fp16]"),
         ("FAIL", "test_gpu_engine_matches_onnxruntime[fp16]"),
         ("SKIP", "test_gpu_reduced_precisions_are_their_own_labels[bf16]"),
     ]
-    assert rows[1].detail == "AssertionError: max abs 0.2 > 0.03"
+    assert rows[3].detail == "AssertionError: max abs 0.2 > 0.03"
+    assert rows[1].figures == {"seconds": 2.0, "target": "torch[cuda] fp32", "p50_ms": 1.5}  # record_property
     table = gpu_check.render_table(rows)
-    assert table.splitlines()[-1] == "PASS 1 FAIL 1 SKIP 1 N/A 0"
+    assert table.splitlines()[-1] == "PASS 3 FAIL 1 SKIP 1 N/A 0"
 
 
-def test_probe_runs_its_own_code_on_the_cpu(tmp_path):
-    """The probe's checks on ONNX Runtime's CPU provider: error vs budget, timing split,
-    outputs after close in a child, cold start (a few seconds)."""
-    out = tmp_path / "probe.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "gpu_probe.py"), "--smoke", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
-    status = {r["check"]: r["status"] for r in report["rows"]}
-    assert status == {
-        "precision onnxruntime[cpu] fp32": "PASS",
-        "timing split onnxruntime[cpu] fp32": "PASS",
-        "10x load/close onnxruntime[cpu] fp32": "SKIP",  # no device memory to read
-        "outputs after close onnxruntime[cpu] fp32": "PASS",
-        "cold start onnxruntime[cpu] fp32": "PASS",
-    }
-    fig = report["latency"]["onnxruntime[cpu] fp32"]
-    assert fig["calls"] == 20 and fig["p50_ms"] > 0 and fig["cold_load_s"] > 0
-    assert "versions" in report["conditions"]
+def test_speedups_are_over_torch_eager_fp32():
+    def row(target, p50):
+        return gpu_check.Row("pytest x", "PASS", "", {"target": target, "p50_ms": p50})
+
+    rows = [row("torch[cuda] fp32", 150.0), row("tensorrt fp16", 50.0), gpu_check.Row("install", "PASS")]
+    assert gpu_check.speedups(rows) == {"torch[cuda] fp32": 1.0, "tensorrt fp16": 3.0}
+    assert gpu_check.speedups(rows[1:]) == {}  # no base measured: no speed-ups
 
 
-def test_probe_plan_and_speedups():
-    probe = _load("gpu_probe")
-    names = [t.name for t in probe.plan_targets(Path("/tmp/cache"))]
+def test_the_gpu_suite_measures_every_gpu_backend_at_each_label():
+    """What the GPU suite measures (tests/backends/test_gpu_measures.py), collected here
+    without a GPU: every test there skips with its reason."""
+    from tests.backends import test_gpu_measures as measures
+
+    names = {f"{v.id} {p}" for v, p in measures.TARGETS}
     for name in (
         "torch[cuda] fp32",
-        "onnxruntime[cuda] fp32",
+        "torch[cuda] bf16",
+        "onnxruntime[cuda] tf32",
         "onnxruntime[tensorrt] tf32",
         "tensorrt fp32",
         "tensorrt fp16",
@@ -179,9 +169,4 @@ def test_probe_plan_and_speedups():
         "tensorrt tf32",
     ):
         assert name in names
-    assert "onnxruntime[tensorrt] fp32" in [t.name for t in probe.plan_targets(Path("/c"), ampere=False)]
-    assert probe.speedups({"torch[cuda] fp32": {"p50_ms": 150.0}, "tensorrt fp16": {"p50_ms": 50.0}}) == {
-        "torch[cuda] fp32": 1.0,
-        "tensorrt fp16": 3.0,
-    }
-    assert probe.MAX_ABS["fp32"] == 1e-4
+    assert measures.MAX_ABS["fp32"] == 1e-4

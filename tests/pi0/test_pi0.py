@@ -56,9 +56,7 @@ def test_a_smaller_model_keeps_the_inputs_outputs_and_attention_geometry():
     # what the planner file would describe but the model cannot attend
     import dataclasses
 
-    bad = dataclasses.replace(
-        spec, action=dataclasses.replace(spec.action, transformer=dataclasses.replace(a, head_dim=128))
-    )
+    bad = dataclasses.replace(spec, action=spec.action.with_transformer(dataclasses.replace(a, head_dim=128)))
     with pytest.raises(PlannerError, match="must equal the backbone's"):
         build(Pi0Shape(bad, 14, 64))
     # the description round-trips through the release's planner-model.toml

@@ -189,3 +189,40 @@ def test_chunk_rate_model():
     assert rate(15, "wait").control_hz == pytest.approx(50.0) and rate(72, "wait").control_hz == pytest.approx(50.0)
     assert (rate(88, "wait").cycle_ticks, rate(88, "wait").idle_ticks) == (5, 2)
     assert rate(103, "wait").control_hz == pytest.approx(50 * 2 / 6) and rate(170, "wait").control_hz == 0.0
+
+
+def test_a_component_table_takes_the_keys_of_its_kind():
+    import tomllib
+
+    doc = tomllib.loads((planner.spec.DATA / "models" / "vlad-demo.toml").read_text())
+    doc["vision"]["layers"] = 2  # a conv encoder has no transformer stack
+    del doc["action"]["steps"]  # a flow head needs its steps
+    doc["measure"]["head"] = ["x"]
+    with pytest.raises(PlannerFileError) as exc:
+        planner.spec.parse_model(doc, "demo")
+    assert sorted(exc.value.problems) == [
+        "action.steps: missing",
+        "measure.head: unknown key (known: vision, backbone, action)",
+        "vision.layers: unknown key for kind = 'conv' (it takes: in_channels, conv)",
+    ]
+    doc = tomllib.loads((planner.spec.DATA / "models" / "pi0.toml").read_text())
+    doc["action"] = {"kind": "autoregressive", "chunk": 8, "dof": 2, "steps": 4}
+    del doc["backbone"]["heads"]
+    with pytest.raises(PlannerFileError) as exc:
+        planner.spec.parse_model(doc, "pi0")
+    assert sorted(exc.value.problems) == [
+        "action.steps: unknown key for kind = 'autoregressive' (it takes: tokens, vocab)",
+        "backbone.heads: missing",
+    ]
+
+
+def test_the_file_units_and_their_si_values():
+    hw = planner.load_hardware("rtx-4090")
+    assert hw.tflops["bf16"] == 165 and hw.peak("fp16") == 165e12 == hw.peak_flops["bf16"]
+    assert hw.memory_bytes == 24 * 2**30 and hw.memory_bandwidth == 1008 * 2**30
+    assert hw.onchip_bandwidth == 18000 * 2**30 and hw.host_link_bandwidth == 31.5 * 2**30
+    assert planner.load_hardware("jetson-thor").host_link_bandwidth is None
+    model = planner.load_model("pi0")
+    assert model.vision.transformer is not None and model.vision.transformer.head_dim == 72
+    wider = model.scaled(2.0)
+    assert wider.backbone.transformer.hidden == 4096 and wider.backbone.head_dim == 256  # head size kept

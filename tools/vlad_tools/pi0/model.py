@@ -147,9 +147,9 @@ def scaled(
     return dataclasses.replace(
         spec,
         name=f"{spec.name}-{'-'.join(parts)}",
-        vision=dataclasses.replace(v, transformer=_resize(v.transformer, width, vision_layers)),
-        backbone=dataclasses.replace(b, transformer=backbone_t),
-        action=dataclasses.replace(a, transformer=action_t, qkv_passes=1),
+        vision=v.with_transformer(_resize(v.transformer, width, vision_layers)),
+        backbone=b.with_transformer(backbone_t),
+        action=dataclasses.replace(a.with_transformer(action_t), qkv_passes=1),
     )
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlad_tools.gates.conditions import cpu_model
-from vlad_tools.planner.spec import Hardware, PlannerError
+from vlad_tools.planner.spec import Hardware, HardwareConventions, PlannerError
 
 # (matrix size, repetitions, copy MiB, repetitions): short keeps a CI run under a second.
 SIZES = {"short": (384, 8, 32, 4), "full": (1024, 10, 256, 8)}
@@ -52,12 +52,13 @@ class Peaks:
         peaks = {"fp32": self.peak_flops}
         if "torch_bf16" in self.matmul_flops:
             peaks["bf16"] = self.matmul_flops["torch_bf16"]
+        gb = HardwareConventions().bytes_per_gb
         return Hardware(
             key="this-machine",
             name=f"this machine ({self.threads} thread{'s' * (self.threads > 1)})",
-            peak_flops=peaks,
-            memory_bandwidth=self.bandwidth,
-            memory_bytes=memory_bytes,
+            tflops={p: v / 1e12 for p, v in peaks.items()},
+            bandwidth_gb_s=self.bandwidth / gb,
+            memory_gb=memory_bytes / gb,
             kind="measured",
             source="micro-benchmarks (vlad_tools.planner.calibrate)",
         )

@@ -43,12 +43,12 @@ def payload_for(
     chunk: int | None = None,
 ) -> Payload:
     """The payload of one inference of ``model``; every argument overrides the model's."""
-    net = network or Network("default", "default", 1, 1, 0)
+    net = network or Network(key="default", name="default", upload_mbps=1, download_mbps=1, latency_ms=0)
     h, w = image_size or (model.vision.image_height, model.vision.image_width)
-    ratio = net.jpeg_ratio if jpeg_ratio is None else jpeg_ratio
+    ratio = net.conventions.jpeg_ratio if jpeg_ratio is None else jpeg_ratio
     n = model.vision.cameras if images is None else images
     per_image = int(h * w * 3 * ratio)  # integer bytes, as source A rounds a frame
-    actions = (dof or model.action.dof) * (chunk or model.action.chunk) * net.action_bytes_per_value
+    actions = (dof or model.action.dof) * (chunk or model.action.chunk) * net.conventions.action_bytes_per_value
     return Payload(image_bytes=float(per_image * n), action_bytes=float(actions), images=n)
 
 
@@ -77,8 +77,8 @@ def network_times(path: Sequence[Network], payload: Payload) -> NetworkTimes:
     up = down = up_x = down_x = 0.0
     stream = float("inf")
     for net in path:
-        u = transfer_ms(payload.image_bytes, net.upload_mbps, net.protocol_overhead)
-        d = transfer_ms(payload.action_bytes, net.download_mbps, net.protocol_overhead)
+        u = transfer_ms(payload.image_bytes, net.upload_mbps, net.conventions.protocol_overhead)
+        d = transfer_ms(payload.action_bytes, net.download_mbps, net.conventions.protocol_overhead)
         up, down = up + net.latency_ms + u, down + net.latency_ms + d
         up_x, down_x = up_x + u, down_x + d
         # Base latency is hidden by pipelining; a hop time-multiplexes frames up and

@@ -1,9 +1,11 @@
 """What the planner reasons about: hardware, networks and VLA architectures, from TOML.
 
 The built-in descriptions live in ``tools/vlad_tools/planner/data`` (``hardware.toml``,
-``networks.toml``, ``models/*.toml``), each figure with its source. Files are parsed once
-into frozen dataclasses; a broken file is reported with every problem at once
-(:class:`PlannerError`), never with a traceback.
+``networks.toml``, ``models/*.toml``), each figure with its source. :mod:`vlad.schema`
+parses a file once, straight into the frozen dataclasses below, which keep the file's
+units (TFLOP/s, GB, GB/s, a transformer's keys flat in its component's table) and give
+the SI values and the :class:`Transformer` as properties; a broken file is reported with
+every problem at once (:class:`PlannerError`), never with a traceback.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from vlad import schema
 from vlad.errors import ProblemsError, VladError
@@ -37,6 +39,7 @@ _ALIASES = {"bf16": ("fp16",), "fp16": ("bf16",), "tf32": ("fp32",), "fp32": ("t
 # Field metadata of the files' numbers: counts >= 0, and sizes and rates > 0.
 _AT_LEAST_0 = schema.bounded(0)
 _TEXT = {"allow_empty": True}
+_INTERNAL = {"internal": True}  # filled in by the loader, not read from the file
 
 
 def _positive(default: Any = MISSING) -> Any:
@@ -53,33 +56,77 @@ class PlannerFileError(ProblemsError, PlannerError):
 
 
 # ---- hardware and networks ------------------------------------------------------------
+#
+# Parsed as their files write them (TFLOP/s, GB, GB/s, Mbit/s); the properties give the SI
+# values the model computes with. The key of an entry's table and the file's
+# ``[conventions]`` are filled in by the loader.
 
 
 @dataclass(frozen=True)
-class Hardware:
-    """One accelerator: dense peaks per precision (FLOP/s), memory in bytes and bytes/s.
+class HardwareConventions:
+    """A hardware file's ``[conventions]``: bytes per "GB" in the file, and the on-chip
+    bandwidth (GB/s) of the entries that give none."""
 
-    ``host_link_bandwidth`` is None for unified memory (nothing is copied to the device).
-    ``onchip_bandwidth`` applies to tensors an operator keeps on chip.
+    bytes_per_gb: float = _positive(1e9)
+    onchip_gb_s: float = _positive(math.inf)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """One accelerator: dense TFLOP/s per precision, memory in GB and GB/s ("GB" as
+    ``conventions.bytes_per_gb`` bytes); in FLOP/s, bytes and bytes/s as properties.
+
+    ``host_link_gb_s`` is None for unified memory (nothing is copied to the device).
+    ``onchip_gb_s`` applies to tensors an operator keeps on chip (None: the conventions').
     """
 
-    key: str
-    name: str
-    peak_flops: Mapping[str, float]
-    memory_bandwidth: float
-    memory_bytes: float
-    onchip_bandwidth: float = math.inf
-    host_link_bandwidth: float | None = None
-    kind: str = ""
-    source: str = ""
-    gb: float = 1e9  # bytes per "GB" in the file it came from (display only)
+    tflops: Mapping[str, Any]  # precision -> dense TFLOP/s (see _check_hardware)
+    memory_gb: float = _positive()
+    bandwidth_gb_s: float = _positive()
+    name: str = ""  # the loader gives the table's key when the file does not
+    kind: str = field(default="", metadata=_TEXT)
+    onchip_gb_s: float | None = _positive(None)
+    host_link_gb_s: float | None = _positive(None)
+    source: str = field(default="", metadata=_TEXT)
+    host_link_source: str = field(default="", metadata=_TEXT)  # for readers of the file
+    key: str = field(default="", metadata=_INTERNAL)  # the table's key
+    conventions: HardwareConventions = field(default=HardwareConventions(), metadata=_INTERNAL)
+
+    @property
+    def gb(self) -> float:
+        """Bytes per "GB" in the file this came from (display in its units)."""
+        return self.conventions.bytes_per_gb
+
+    @property
+    def peak_flops(self) -> dict[str, float]:
+        """Dense FLOP/s per precision."""
+        return {p: float(v) * 1e12 for p, v in self.tflops.items()}
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * self.gb
+
+    @property
+    def memory_bandwidth(self) -> float:
+        """Device memory bandwidth, bytes/s."""
+        return self.bandwidth_gb_s * self.gb
+
+    @property
+    def onchip_bandwidth(self) -> float:
+        """Bandwidth of on-chip tensors, bytes/s."""
+        return (self.conventions.onchip_gb_s if self.onchip_gb_s is None else self.onchip_gb_s) * self.gb
+
+    @property
+    def host_link_bandwidth(self) -> float | None:
+        """Host <-> device copies, bytes/s one way; None for unified memory."""
+        return None if self.host_link_gb_s is None else self.host_link_gb_s * self.gb
 
     def peak(self, precision: str) -> float:
         """Dense FLOP/s at ``precision`` (bf16 and fp16 stand in for each other)."""
         for p in (precision, *_ALIASES.get(precision, ())):
-            if p in self.peak_flops:
-                return self.peak_flops[p]
-        known = ", ".join(sorted(self.peak_flops)) or "none"
+            if p in self.tflops:
+                return float(self.tflops[p]) * 1e12
+        known = ", ".join(sorted(self.tflops)) or "none"
         raise PlannerError(f"hardware {self.key!r} has no {precision} peak (it lists: {known})")
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,18 +141,25 @@ class Hardware:
 
 
 @dataclass(frozen=True)
+class NetworkConventions:
+    """A network file's ``[conventions]``: what travels, and the protocol's overhead."""
+
+    protocol_overhead: float = _positive(1.05)
+    jpeg_ratio: float = _positive(0.1)
+    action_bytes_per_value: int = _positive(4)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Network:
     """One network link: effective Mbit/s each way and one-way base latency."""
 
-    key: str
-    name: str
-    upload_mbps: float
-    download_mbps: float
-    latency_ms: float
-    source: str = ""
-    protocol_overhead: float = 1.05
-    jpeg_ratio: float = 0.1
-    action_bytes_per_value: int = 4
+    latency_ms: float = field(metadata=_AT_LEAST_0)
+    upload_mbps: float = _positive()
+    download_mbps: float = _positive()
+    name: str = ""  # the loader gives the table's key when the file does not
+    source: str = field(default="", metadata=_TEXT)
+    key: str = field(default="", metadata=_INTERNAL)  # the table's key
+    conventions: NetworkConventions = field(default=NetworkConventions(), metadata=_INTERNAL)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary."""
@@ -146,6 +200,41 @@ class Transformer:
         return self.layers * 2 * tokens * self.kv_heads * self.head_dim
 
 
+# The keys of a transformer stack every component that has one needs, and all of them.
+_STACK_NEEDS = ("layers", "hidden", "ffn", "heads", "kv_heads")
+_STACK_KEYS = (*_STACK_NEEDS, "head_dim", "gated_ffn")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Stacked:
+    """A component whose table may hold a transformer stack's keys, written flat (None:
+    not given; which kinds need them is checked by :func:`_kind_problems`)."""
+
+    layers: int | None = _positive(None)
+    hidden: int | None = _positive(None)
+    ffn: int | None = _positive(None)
+    heads: int | None = _positive(None)
+    kv_heads: int | None = _positive(None)
+    head_dim: int | None = _positive(None)  # default: hidden / heads
+    gated_ffn: bool = False
+
+    @property
+    def transformer(self) -> Transformer | None:
+        """The stack its keys describe; None for a component without one."""
+        if self.layers is None or self.hidden is None or self.ffn is None or self.heads is None:
+            return None
+        if self.kv_heads is None:
+            return None
+        head_dim = self.hidden // self.heads if self.head_dim is None else self.head_dim
+        return Transformer(self.layers, self.hidden, self.ffn, self.heads, self.kv_heads, head_dim, self.gated_ffn)
+
+    def with_transformer(self, t: Transformer | None) -> Self:
+        """A copy whose stack is ``t`` (None: no stack)."""
+        if t is None:
+            return dataclasses.replace(self, **dict.fromkeys(_STACK_KEYS[:-1]), gated_ffn=False)
+        return dataclasses.replace(self, **{k: getattr(t, k) for k in _STACK_KEYS})
+
+
 @dataclass(frozen=True)
 class ConvLayer:
     """One 2-D convolution of a convolutional image encoder."""
@@ -156,44 +245,47 @@ class ConvLayer:
     padding: int = field(default=0, metadata=_AT_LEAST_0)
 
 
-@dataclass(frozen=True)
-class Vision:
-    """The image encoder, run once per camera: a ViT (``transformer``) or convolutions."""
+@dataclass(frozen=True, kw_only=True)
+class Vision(_Stacked):
+    """The image encoder, run once per camera: a ViT (its stack's keys) or convolutions."""
 
-    kind: str  # "vit" | "conv"
-    cameras: int
-    image_height: int
-    image_width: int
-    tokens_per_image: int
-    transformer: Transformer | None = None
-    in_channels: int = 3
-    conv: tuple[ConvLayer, ...] = ()
+    kind: Literal["vit", "conv"]
+    cameras: int = _positive()
+    image_height: int = _positive()
+    image_width: int = _positive()
+    tokens_per_image: int = _positive()
+    in_channels: int = _positive(3)  # conv
+    conv: tuple[ConvLayer, ...] = ()  # conv
 
 
-@dataclass(frozen=True)
-class Backbone:
+@dataclass(frozen=True, kw_only=True)
+class Backbone(_Stacked):
     """The VLM / trunk that prefills image, language and state tokens."""
 
-    transformer: Transformer
-    language_tokens: int
-    state_tokens: int = 0
-    vocab: int = 0
+    language_tokens: int = field(default=0, metadata=_AT_LEAST_0)
+    state_tokens: int = field(default=0, metadata=_AT_LEAST_0)
+    vocab: int = field(default=0, metadata=_AT_LEAST_0)
+
+    @property
+    def transformer(self) -> Transformer:
+        t = super().transformer
+        assert t is not None  # a backbone's table needs its stack's keys (parse_model)
+        return t
 
 
-@dataclass(frozen=True)
-class ActionHead:
-    """The action head: a flow/diffusion expert run ``steps`` times over the whole chunk,
-    or autoregressive decoding of ``tokens`` action tokens by the backbone."""
+@dataclass(frozen=True, kw_only=True)
+class ActionHead(_Stacked):
+    """The action head: a flow/diffusion expert (its stack's keys) run ``steps`` times over
+    the whole chunk, or autoregressive decoding of ``tokens`` action tokens by the backbone."""
 
-    kind: str  # "flow" | "autoregressive"
-    chunk: int
-    dof: int
-    steps: int = 1
-    transformer: Transformer | None = None  # None: the backbone decodes (autoregressive)
-    context: str = "kv_cache"  # "kv_cache" | "cross_attention"
-    qkv_passes: int = 1
-    tokens: int = 0  # autoregressive: action tokens per chunk (0: dof * chunk)
-    vocab: int = 0  # autoregressive: size of the action-token classifier
+    kind: Literal["flow", "autoregressive"]
+    chunk: int = _positive()
+    dof: int = _positive()
+    steps: int = _positive(1)  # flow
+    context: Literal["kv_cache", "cross_attention"] = "kv_cache"  # flow
+    qkv_passes: int = _positive(1)  # flow
+    tokens: int = field(default=0, metadata=_AT_LEAST_0)  # autoregressive: tokens per chunk (0: dof * chunk)
+    vocab: int = field(default=0, metadata=_AT_LEAST_0)  # autoregressive: size of the action-token classifier
 
     @property
     def decode_tokens(self) -> int:
@@ -201,19 +293,38 @@ class ActionHead:
         return self.tokens or self.dof * self.chunk
 
 
-@dataclass(frozen=True)
-class VLAModel:
-    """A VLA as the planner sees it. ``ids`` are contract ``model.id`` values it describes."""
+# What schema cannot tell by type in [vision], [backbone] and [action]: by the table's
+# kind, (the keys it needs, the keys of its kind); a key another kind takes is refused.
+_KIND_KEYS: dict[str, dict[str | None, tuple[tuple[str, ...], tuple[str, ...]]]] = {
+    "vision": {"vit": (_STACK_NEEDS, _STACK_KEYS), "conv": ((), ("in_channels", "conv"))},
+    "backbone": {None: (_STACK_NEEDS, _STACK_KEYS)},
+    "action": {
+        "flow": ((*_STACK_NEEDS, "steps"), (*_STACK_KEYS, "steps", "context", "qkv_passes")),
+        "autoregressive": ((), ("tokens", "vocab")),
+    },
+}
+_COMPONENTS = ("vision", "backbone", "action")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _About:
+    """A model file's ``[model]`` table: what the model is, apart from its components."""
 
     name: str
+    precision: str = "bf16"  # a key of BYTES_PER_ELEMENT
+    batch: int = _positive(1)
+    ids: tuple[str, ...] = ()  # contract model.id values it describes
+    description: str = field(default="", metadata=_TEXT)
+    source: str = field(default="", metadata=_TEXT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VLAModel(_About):
+    """A VLA as the planner sees it. ``ids`` are contract ``model.id`` values it describes."""
+
     vision: Vision
     backbone: Backbone
     action: ActionHead
-    precision: str = "bf16"
-    batch: int = 1
-    ids: tuple[str, ...] = ()
-    description: str = ""
-    source: str = ""
     measure_scopes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     path: Path | None = field(default=None, compare=False)
 
@@ -256,10 +367,8 @@ class VLAModel:
                 t, hidden=max(1, round(t.hidden * factor)), ffn=max(1, round(t.ffn * factor)), heads=heads, kv_heads=kv
             )
 
-        backbone_t = scale(self.backbone.transformer)
-        assert backbone_t is not None  # Backbone.transformer is required, and scale keeps it
-        backbone = dataclasses.replace(self.backbone, transformer=backbone_t)
-        action = dataclasses.replace(self.action, transformer=scale(self.action.transformer))
+        backbone = self.backbone.with_transformer(scale(self.backbone.transformer))
+        action = self.action.with_transformer(scale(self.action.transformer))
         return dataclasses.replace(self, name=f"{self.name} x{factor:g}", backbone=backbone, action=action)
 
 
@@ -267,197 +376,56 @@ class VLAModel:
 
 
 @dataclass(frozen=True)
-class _HardwareConventions:
-    bytes_per_gb: float = _positive(1e9)
-    onchip_gb_s: float = _positive(math.inf)
-
-
-@dataclass(frozen=True)
-class _HardwareEntry:
-    """One table of a hardware file, in its units (TFLOP/s, GB, GB/s)."""
-
-    tflops: Mapping[str, Any]  # precision -> dense TFLOP/s (see _check_hardware)
-    memory_gb: float = _positive()
-    bandwidth_gb_s: float = _positive()
-    name: str = ""  # default: the table's key
-    kind: str = field(default="", metadata=_TEXT)
-    onchip_gb_s: float | None = _positive(None)  # default: the conventions'
-    host_link_gb_s: float | None = _positive(None)  # None: unified memory
-    source: str = field(default="", metadata=_TEXT)
-    host_link_source: str = field(default="", metadata=_TEXT)  # for readers of the file
-
-    def hardware(self, key: str, conventions: _HardwareConventions) -> Hardware:
-        gb = conventions.bytes_per_gb
-        onchip = conventions.onchip_gb_s if self.onchip_gb_s is None else self.onchip_gb_s
-        return Hardware(
-            key=key, name=self.name or key, kind=self.kind,
-            peak_flops={p: float(v) * 1e12 for p, v in self.tflops.items()},
-            memory_bytes=self.memory_gb * gb, memory_bandwidth=self.bandwidth_gb_s * gb, onchip_bandwidth=onchip * gb,
-            host_link_bandwidth=None if self.host_link_gb_s is None else self.host_link_gb_s * gb,
-            source=self.source, gb=float(gb),
-        )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _NetworkConventions:
-    protocol_overhead: float = _positive(1.05)
-    jpeg_ratio: float = _positive(0.1)
-    action_bytes_per_value: int = _positive(4)
-
-
-@dataclass(frozen=True)
-class _NetworkEntry:
-    """One table of a network file."""
-
-    latency_ms: float = field(metadata=_AT_LEAST_0)
-    upload_mbps: float = _positive()
-    download_mbps: float = _positive()
-    name: str = ""  # default: the table's key
-    source: str = field(default="", metadata=_TEXT)
-
-    def network(self, key: str, conventions: _NetworkConventions) -> Network:
-        return Network(
-            key, self.name or key, self.upload_mbps, self.download_mbps, self.latency_ms, self.source,
-            **dataclasses.asdict(conventions),
-        )  # fmt: skip
-
-
-@dataclass(frozen=True, kw_only=True)
-class _StackKeys:
-    """A transformer stack, its keys written flat in its component's table."""
-
-    layers: int = _positive()
-    hidden: int = _positive()
-    ffn: int = _positive()
-    heads: int = _positive()
-    kv_heads: int = _positive()
-    head_dim: int | None = _positive(None)  # default: hidden / heads
-    gated_ffn: bool = False
-
-    def stack(self) -> Transformer:
-        head_dim = self.hidden // self.heads if self.head_dim is None else self.head_dim
-        return Transformer(self.layers, self.hidden, self.ffn, self.heads, self.kv_heads, head_dim, self.gated_ffn)
-
-
-@dataclass(frozen=True, kw_only=True)
-class _ImageKeys:
-    """The ``[vision]`` keys of every kind of encoder."""
-
-    kind: Literal["vit", "conv"]
-    cameras: int = _positive()
-    image_height: int = _positive()
-    image_width: int = _positive()
-    tokens_per_image: int = _positive()
-
-    def image(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("kind", "cameras", "image_height", "image_width", "tokens_per_image")}
-
-
-@dataclass(frozen=True, kw_only=True)
-class _VitKeys(_StackKeys, _ImageKeys):
-    def vision(self) -> Vision:
-        return Vision(**self.image(), transformer=self.stack())
-
-
-@dataclass(frozen=True, kw_only=True)
-class _ConvKeys(_ImageKeys):
-    in_channels: int = _positive(3)
-    conv: tuple[ConvLayer, ...] = ()
-
-    def vision(self) -> Vision:
-        return Vision(**self.image(), in_channels=self.in_channels, conv=self.conv)
-
-
-@dataclass(frozen=True, kw_only=True)
-class _BackboneKeys(_StackKeys):
-    language_tokens: int = field(default=0, metadata=_AT_LEAST_0)
-    state_tokens: int = field(default=0, metadata=_AT_LEAST_0)
-    vocab: int = field(default=0, metadata=_AT_LEAST_0)
-
-    def backbone(self) -> Backbone:
-        return Backbone(self.stack(), self.language_tokens, self.state_tokens, self.vocab)
-
-
-@dataclass(frozen=True, kw_only=True)
-class _HeadKeys:
-    """The ``[action]`` keys of every kind of head."""
-
-    kind: Literal["flow", "autoregressive"]
-    chunk: int = _positive()
-    dof: int = _positive()
-
-
-@dataclass(frozen=True, kw_only=True)
-class _FlowKeys(_StackKeys, _HeadKeys):
-    steps: int = _positive()
-    context: Literal["kv_cache", "cross_attention"] = "kv_cache"
-    qkv_passes: int = _positive(1)
-
-    def head(self) -> ActionHead:
-        return ActionHead(
-            self.kind, self.chunk, self.dof, self.steps, self.stack(), context=self.context, qkv_passes=self.qkv_passes
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class _AutoregressiveKeys(_HeadKeys):
-    tokens: int = field(default=0, metadata=_AT_LEAST_0)
-    vocab: int = field(default=0, metadata=_AT_LEAST_0)
-
-    def head(self) -> ActionHead:
-        return ActionHead(self.kind, self.chunk, self.dof, tokens=self.tokens, vocab=self.vocab)
-
-
-# The keys of [vision] and [action] by their kind; the first stands in for a kind that is
-# not given or not known (that problem is reported with the ones of its keys).
-_VISION_KINDS: dict[str, type] = {"vit": _VitKeys, "conv": _ConvKeys}
-_ACTION_KINDS: dict[str, type] = {"autoregressive": _AutoregressiveKeys, "flow": _FlowKeys}
-
-
-@dataclass(frozen=True)
-class _ModelKeys:
-    name: str
-    precision: str = "bf16"  # a key of BYTES_PER_ELEMENT
-    batch: int = _positive(1)
-    ids: tuple[str, ...] = ()
-    description: str = field(default="", metadata=_TEXT)
-    source: str = field(default="", metadata=_TEXT)
-
-
-@dataclass(frozen=True)
-class _MeasureKeys:
-    vision: tuple[str, ...] = ()
-    backbone: tuple[str, ...] = ()
-    action: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class _ModelFile:
-    """A model file (``data/models/*.toml``)."""
+    """A model file (``data/models/*.toml``): its tables."""
 
-    model: _ModelKeys
-    vision: Mapping[str, Any]  # read by its kind (_VISION_KINDS)
-    backbone: _BackboneKeys
-    action: Mapping[str, Any]  # read by its kind (_ACTION_KINDS)
-    measure: _MeasureKeys = _MeasureKeys()
+    model: _About
+    vision: Vision
+    backbone: Backbone
+    action: ActionHead
+    measure: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # component -> module scopes
 
 
-def _check_stack(s: _StackKeys, path: str, problems: list[str]) -> None:
-    if s.heads > 0 and s.kv_heads > 0 and s.heads % s.kv_heads:
+def _kind_problems(table: Any, section: str, problems: list[str]) -> None:
+    """The keys of ``[section]`` its kind needs and the keys it refuses (see _KIND_KEYS);
+    nothing when it is not a table or its kind is missing or unknown (schema reports that)."""
+    kinds = _KIND_KEYS[section]
+    if not isinstance(table, dict):
+        return
+    kind = table.get("kind") if None not in kinds else None
+    if not isinstance(kind, str | None) or kind not in kinds:
+        return
+    needs, takes = kinds[kind]
+    others = {k for _, keys in kinds.values() for k in keys} - set(takes)
+    problems += [f"{section}.{k}: missing" for k in needs if k not in table]
+    problems += [
+        f"{section}.{k}: unknown key for kind = {kind!r} (it takes: {', '.join(takes)})" for k in table if k in others
+    ]
+
+
+def _check_stack(s: _Stacked, path: str, problems: list[str]) -> None:
+    if s.heads is not None and s.kv_heads is not None and s.heads % s.kv_heads:
         problems.append(f"{path}: heads ({s.heads}) must be a multiple of kv_heads ({s.kv_heads})")
 
 
-def _check_conv(v: _ConvKeys, path: str, problems: list[str]) -> None:
-    if not v.conv:
+def _check_vision(v: Vision, path: str, problems: list[str]) -> None:
+    _check_stack(v, path, problems)
+    if v.kind == "conv" and not v.conv:
         problems.append(f"{path}.conv: a conv encoder needs at least one [[{path}.conv]] layer")
 
 
-def _check_model(m: _ModelKeys, path: str, problems: list[str]) -> None:
+def _check_about(m: _About, path: str, problems: list[str]) -> None:
     if m.precision not in BYTES_PER_ELEMENT:
         problems.append(f"{path}.precision: unknown precision {m.precision!r} (known: {', '.join(BYTES_PER_ELEMENT)})")
 
 
-def _check_hardware(h: _HardwareEntry, path: str, problems: list[str]) -> None:
+def _check_model_file(f: _ModelFile, path: str, problems: list[str]) -> None:
+    for key in f.measure:
+        if key not in _COMPONENTS:
+            problems.append(f"measure.{key}: unknown key (known: {', '.join(_COMPONENTS)})")
+
+
+def _check_hardware(h: Hardware, path: str, problems: list[str]) -> None:
     if not h.tflops:
         problems.append(f"{path}.tflops: no compute peak given")
     for precision, value in h.tflops.items():
@@ -469,12 +437,12 @@ def _check_hardware(h: _HardwareEntry, path: str, problems: list[str]) -> None:
 
 
 _CHECKS: dict[type, schema.Check] = {
-    _VitKeys: _check_stack,
-    _BackboneKeys: _check_stack,
-    _FlowKeys: _check_stack,
-    _ConvKeys: _check_conv,
-    _ModelKeys: _check_model,
-    _HardwareEntry: _check_hardware,
+    Vision: _check_vision,
+    Backbone: _check_stack,
+    ActionHead: _check_stack,
+    _About: _check_about,
+    _ModelFile: _check_model_file,
+    Hardware: _check_hardware,
 }
 
 
@@ -484,29 +452,26 @@ def _convert(cls: type, raw: Any, path: str, problems: list[str]) -> Any:
     return value if isinstance(value, cls) else None
 
 
-def _by_kind(kinds: Mapping[str, type], raw: Any, path: str, problems: list[str]) -> Any:
-    """A ``[vision]`` or ``[action]`` table read as its ``kind`` says (None if broken or
-    not a table: the file's schema reports that)."""
-    if not isinstance(raw, dict):
-        return None
-    kind, fallback = raw.get("kind"), next(iter(kinds.values()))
-    return _convert(kinds.get(kind, fallback) if isinstance(kind, str) else fallback, raw, path, problems)
-
-
 def _read_toml(path: Path) -> dict[str, Any]:
     return load_toml_or_raise(path, lambda problem: PlannerError(f"{path}: {problem}"))
 
 
 def load_hardware_file(path: str | Path = DATA / "hardware.toml") -> dict[str, Hardware]:
     """Every hardware entry of a file, by key."""
-    conventions, entries = _load_entries(Path(path), _HardwareConventions, _HardwareEntry)
-    return {key: entry.hardware(key, conventions) for key, entry in entries.items()}
+    conventions, entries = _load_entries(Path(path), HardwareConventions, Hardware)
+    return {
+        key: dataclasses.replace(entry, key=key, name=entry.name or key, conventions=conventions)
+        for key, entry in entries.items()
+    }
 
 
 def load_network_file(path: str | Path = DATA / "networks.toml") -> dict[str, Network]:
     """Every network entry of a file, by key."""
-    conventions, entries = _load_entries(Path(path), _NetworkConventions, _NetworkEntry)
-    return {key: entry.network(key, conventions) for key, entry in entries.items()}
+    conventions, entries = _load_entries(Path(path), NetworkConventions, Network)
+    return {
+        key: dataclasses.replace(entry, key=key, name=entry.name or key, conventions=conventions)
+        for key, entry in entries.items()
+    }
 
 
 def _load_entries(path: Path, conventions_cls: type, entry_cls: type) -> tuple[Any, dict[str, Any]]:
@@ -524,23 +489,18 @@ def parse_model(doc: Mapping[str, Any], source: str, path: Path | None = None) -
     """A :class:`VLAModel` from a parsed model file (see ``data/models/*.toml``)."""
     problems: list[str] = []
     doc = dict(doc)
+    for section in _COMPONENTS:
+        _kind_problems(doc.get(section), section, problems)
     top = _convert(_ModelFile, doc, "", problems)
-    vision = _by_kind(_VISION_KINDS, doc.get("vision"), "vision", problems)
-    action = _by_kind(_ACTION_KINDS, doc.get("action"), "action", problems)
     if problems:
         raise PlannerFileError(source, problems)
-    m = top.model
+    about = {f.name: getattr(top.model, f.name) for f in dataclasses.fields(_About)}
     return VLAModel(
-        name=m.name,
-        vision=vision.vision(),
-        backbone=top.backbone.backbone(),
-        action=action.head(),
-        precision=m.precision,
-        batch=m.batch,
-        ids=m.ids,
-        description=m.description,
-        source=m.source,
-        measure_scopes=dataclasses.asdict(top.measure),
+        **about,
+        vision=top.vision,
+        backbone=top.backbone,
+        action=top.action,
+        measure_scopes={k: tuple(top.measure.get(k, ())) for k in _COMPONENTS},
         path=path,
     )
 

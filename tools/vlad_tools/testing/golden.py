@@ -2,7 +2,7 @@
 
 ``manifests/demo/golden.npz`` (written by :mod:`vlad_tools.demo.release`) holds, per case, a raw
 observation, the model inputs the reference preprocessing makes of it, the PyTorch fp32
-reference's outputs and the decoded actions. Tests, benchmarks and ``scripts/gpu_probe.py``
+reference's outputs and the decoded actions. Tests (the GPU suite included) and benchmarks
 read it with :func:`load_golden` (no pickle: plain arrays only).
 
 :data:`MAX_ABS` is the largest absolute error of the model's ``actions`` output against the
