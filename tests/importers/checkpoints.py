@@ -9,8 +9,8 @@ the gripper 0..100), the shape most LeRobot users record with.
 SmolVLA builds only from a local VLM folder (:func:`make_vlm_folder`): a ``SmolVLMConfig``,
 a byte-level BPE tokenizer trained here with the special tokens SmolVLM's processor reads,
 and the processor's settings, all written by transformers' own ``save_pretrained``; tiny
-(:data:`TINY_VLM`: text 128 x 4 layers, vision 96 x 2 on 64x64 images) or at SmolVLM2-500M's
-dimensions (:data:`SMOLVLM2_500M`).
+(:data:`TINY_VLM`: text 128 x 4 layers, vision 96 x 2 on 64x64 images) or of any other
+:class:`VLMShape`.
 """
 
 from __future__ import annotations
@@ -104,8 +104,6 @@ class VLMShape:
 
 
 TINY_VLM = VLMShape(128, 4, 4, 2, 256, 96, 2, 4, 192, 64, 16, 2, 320)
-# HuggingFaceTB/SmolVLM2-500M-Video-Instruct's config.json (SmolVLA keeps its first 16 text layers).
-SMOLVLM2_500M = VLMShape(960, 32, 15, 5, 2560, 768, 12, 12, 3072, 512, 16, 4, 49280)
 VLM_SPECIAL = {
     "fake_image_token": "<fake_token_around_image>",
     "image_token": "<image>",

@@ -326,6 +326,7 @@ def _smolvla_module(policy, ckpt: Checkpoint, pad_id: int):
         """transformers' ``SmolVLMVisionEmbeddings.forward`` for whole images (SmolVLA's: no
         patch is masked), its per-sample loop, which fixes the batch size, done once: every
         sample has the same position ids, computed by the same operations from the image size."""
+        del patch_attention_mask  # None: SmolVLA's images are whole
         _, _, h, w = pixel_values.shape
         patches = embeddings.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
         side = embeddings.num_patches_per_side
