@@ -550,6 +550,22 @@ DEFAULT_GATE_PLAN: dict[str, Any] = {
 }
 
 
+def default_gate_plan(contract: Contract) -> dict[str, Any]:
+    """:data:`DEFAULT_GATE_PLAN`, its fp32 action budget the import's own per joint: the gate has
+    one number for every joint (2e-4 in the joint's unit by default, meant for radians), the
+    import allows ``OUTPUT_MAX_ABS`` x the joint's std; the smallest of those, where it is
+    larger (joints in degrees or gripper percent)."""
+    from vlad_tools.gates.plan import DEFAULT_BUDGETS
+
+    a = contract.action
+    per_joint = min(OUTPUT_MAX_ABS * max(j.std, 1e-3) * a.scale for j in a.joints)
+    plan = json.loads(json.dumps(DEFAULT_GATE_PLAN))
+    default = DEFAULT_BUDGETS["fp32"].action_max_abs
+    if per_joint > default:
+        plan["equivalence"]["budgets"] = {"fp32": {"action_max_abs": float(f"{per_joint:.3g}")}}
+    return plan
+
+
 def _write_manifest(staging: Path, out: Path, ckpt: Checkpoint, contract: Contract, opts: ImportOptions, log) -> None:
     """The manifest of the release in ``staging`` (to become ``out``), signed and verified on request."""
     from vlad.release.authoring import new_manifest_data, write_manifest
@@ -577,7 +593,7 @@ def _write_manifest(staging: Path, out: Path, ckpt: Checkpoint, contract: Contra
         lineage={"change": "retrain"},
         roles={"golden.npz": "report", "import-report.json": "report"},
     )
-    data["gate_plan"] = dict(opts.gate_plan) if opts.gate_plan is not None else DEFAULT_GATE_PLAN
+    data["gate_plan"] = dict(opts.gate_plan) if opts.gate_plan is not None else default_gate_plan(contract)
     manifest = write_manifest(staging, data)
     log(f"import: manifest.toml written ({len(manifest.artifacts)} artifacts)")
     if opts.key is None:
