@@ -5,6 +5,12 @@ and export in seconds.
 Two shapes: the demo's (one 64x64 camera, a 4-D state in radians, 2-D actions) and an
 SO-101-like one (:data:`SO101`: a front and a wrist camera, 6-D state and action in degrees,
 the gripper 0..100), the shape most LeRobot users record with.
+
+SmolVLA builds only from a local VLM folder (:func:`make_vlm_folder`): a ``SmolVLMConfig``,
+a byte-level BPE tokenizer trained here with the special tokens SmolVLM's processor reads,
+and the processor's settings, all written by transformers' own ``save_pretrained``; tiny
+(:data:`TINY_VLM`: text 128 x 4 layers, vision 96 x 2 on 64x64 images) or of any other
+:class:`VLMShape`.
 """
 
 from __future__ import annotations
@@ -78,10 +84,121 @@ def stats(rng: np.random.Generator, robot: Robot = DEMO) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class VLMShape:
+    """A SmolVLM's dimensions (transformers' ``SmolVLMConfig``)."""
+
+    text_hidden: int
+    text_layers: int
+    text_heads: int
+    text_kv_heads: int
+    text_ffn: int
+    vision_hidden: int
+    vision_layers: int
+    vision_heads: int
+    vision_ffn: int
+    image_size: int
+    patch_size: int
+    scale_factor: int
+    vocab: int  # the embedding table's rows (at least the tokenizer's size)
+
+
+TINY_VLM = VLMShape(128, 4, 4, 2, 256, 96, 2, 4, 192, 64, 16, 2, 320)
+VLM_SPECIAL = {
+    "fake_image_token": "<fake_token_around_image>",
+    "image_token": "<image>",
+    "global_image_token": "<global-img>",
+    "end_of_utterance_token": "<end_of_utterance>",
+}
+_CORPUS = (
+    "pick up the red cube and put it in the box",
+    "grasp the handle, then open the drawer.",
+    "stack the blocks\n",
+    "place the mug on the coaster carefully",
+    "move left and right, up and down",
+)
+
+
+def make_vlm_folder(path: Path, shape: VLMShape = TINY_VLM) -> Path:
+    """A local SmolVLM folder as ``--vlm-dir`` takes it (configuration, tokenizer, processor;
+    no weights), written by transformers' ``save_pretrained``."""
+    from vlad_tools.importers.lerobot.runtime import load_lerobot
+
+    load_lerobot()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import (
+        PreTrainedTokenizerFast,
+        SmolVLMConfig,
+        SmolVLMImageProcessor,
+        SmolVLMProcessor,
+        SmolVLMVideoProcessor,
+    )
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=shape.vocab,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", *VLM_SPECIAL.values()],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(list(_CORPUS) * 20, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<end_of_utterance>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        extra_special_tokens=VLM_SPECIAL,
+    )
+    assert len(fast) <= shape.vocab
+    config = SmolVLMConfig(
+        text_config={
+            "model_type": "llama",
+            "hidden_size": shape.text_hidden,
+            "intermediate_size": shape.text_ffn,
+            "num_hidden_layers": shape.text_layers,
+            "num_attention_heads": shape.text_heads,
+            "num_key_value_heads": shape.text_kv_heads,
+            "head_dim": shape.text_hidden // shape.text_heads,
+            "vocab_size": shape.vocab,
+            "max_position_embeddings": 8192,
+            "rope_theta": 100000.0,
+            "rms_norm_eps": 1e-5,
+        },
+        vision_config={
+            "hidden_size": shape.vision_hidden,
+            "intermediate_size": shape.vision_ffn,
+            "num_hidden_layers": shape.vision_layers,
+            "num_attention_heads": shape.vision_heads,
+            "image_size": shape.image_size,
+            "patch_size": shape.patch_size,
+        },
+        scale_factor=shape.scale_factor,
+        image_token_id=fast.convert_tokens_to_ids(VLM_SPECIAL["image_token"]),
+        pad_token_id=fast.pad_token_id,
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(path)
+    edge = {"longest_edge": shape.image_size}
+    seq = (shape.image_size // shape.patch_size) ** 2 // shape.scale_factor**2
+    processor = SmolVLMProcessor(
+        image_processor=SmolVLMImageProcessor(size=edge, max_image_size=edge),
+        tokenizer=fast,
+        video_processor=SmolVLMVideoProcessor(),
+        image_seq_len=seq,
+    )
+    processor.save_pretrained(path)
+    return path
+
+
 def make_checkpoint(path: Path, kind: str = "act", seed: int = 0, robot: Robot = DEMO, **overrides) -> Path:
-    """A random-weight ``kind`` checkpoint at ``path`` (``act``, ``diffusion``) for ``robot``;
-    overrides go to the policy config, e.g. ``n_obs_steps``, ``noise_scheduler_type``,
-    ``normalization_mapping``."""
+    """A random-weight ``kind`` checkpoint at ``path`` (``act``, ``diffusion``, ``smolvla``) for
+    ``robot``; overrides go to the policy config, e.g. ``n_obs_steps``, ``noise_scheduler_type``,
+    ``normalization_mapping``. SmolVLA: ``vlm_model_name`` is the VLM folder
+    (:func:`make_vlm_folder`), which the written config.json names unless ``hub_name`` says
+    which hub id to write instead (what a real checkpoint holds)."""
     from vlad_tools.importers.lerobot.runtime import load_lerobot
 
     load_lerobot()
@@ -101,7 +218,30 @@ def make_checkpoint(path: Path, kind: str = "act", seed: int = 0, robot: Robot =
             k: NormalizationMode(v) for k, v in overrides["normalization_mapping"].items()
         }
     common = dict(input_features=inputs, output_features=outputs, device="cpu", pretrained_backbone_weights=None)
-    if kind == "act":
+    hub_name = overrides.pop("hub_name", None)
+    if kind == "smolvla":
+        import contextlib
+        import io
+
+        from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
+        from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+        del common["pretrained_backbone_weights"]
+        settings = dict(
+            load_vlm_weights=False,
+            resize_imgs_with_padding=(64, 64),
+            chunk_size=10,
+            n_action_steps=10,
+            num_steps=3,
+            num_vlm_layers=4,
+            tokenizer_max_length=16,
+        )
+        settings.update(overrides)
+        settings["vlm_model_name"] = str(settings["vlm_model_name"])
+        cfg = SmolVLAConfig(**common, **settings)
+        with contextlib.redirect_stdout(io.StringIO()):
+            policy = SmolVLAPolicy(cfg)
+    elif kind == "act":
         from lerobot.policies.act.configuration_act import ACTConfig
         from lerobot.policies.act.modeling_act import ACTPolicy
 
@@ -142,6 +282,11 @@ def make_checkpoint(path: Path, kind: str = "act", seed: int = 0, robot: Robot =
             p.add_(0.02 * torch.randn_like(p))
     pre, post = make_pre_post_processors(cfg, dataset_stats=stats(np.random.default_rng(seed), robot))
     path.mkdir(parents=True, exist_ok=True)
+    if hub_name is not None:  # a real checkpoint names the hub model it was trained from
+        cfg.vlm_model_name = hub_name
+        for step in pre.steps:
+            if getattr(step, "tokenizer_name", None) is not None:
+                step.tokenizer_name = hub_name
     policy.save_pretrained(path)
     pre.save_pretrained(path)
     post.save_pretrained(path)

@@ -156,11 +156,22 @@ def test_a_missing_piece_is_one_line_naming_it(tmp_path, breakage, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+SMOLVLA = {"num_steps": 10, "tokenizer_max_length": 48, "max_state_dim": 32, "max_action_dim": 32}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"ptype": "pi0"}, "policy type 'pi0' is not supported (does not build offline here"),
-        ({"ptype": "smolvla"}, "policy type 'smolvla' is not supported"),
+        (
+            {"ptype": "smolvla", **SMOLVLA, "empty_cameras": 1},
+            "SmolVLA with empty_cameras = 1 is not supported: a vlad contract has no camera a robot does not send",
+        ),
+        (
+            {"ptype": "smolvla", **SMOLVLA, "max_action_dim": 1},
+            "action has 2 entries, more than max_action_dim (1): LeRobot pads it to that length",
+        ),
+        ({"ptype": "smolvla", **SMOLVLA, "num_steps": 0}, "num_steps must be an integer in [1, 1000], got 0"),
         ({"ptype": "something"}, "unknown to this importer"),
         (
             {"norm": {"STATE": "MIN_MAX"}, "drop": "observation.state.min"},
@@ -194,7 +205,9 @@ def test_a_missing_piece_is_one_line_naming_it(tmp_path, breakage, message):
     ],
     ids=[
         "pi0",
-        "smolvla",
+        "smolvla-empty-cameras",
+        "smolvla-action-dim",
+        "smolvla-steps",
         "unknown-type",
         "missing-stat",
         "bad-mode",

@@ -279,19 +279,22 @@ def test_torchvision_operators_are_declared_not_faked():
 # -- end to end: dataset -> lerobot-train -> import -> signed -> vlad serve -----------------------
 
 
-def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[dict[str, np.ndarray], np.ndarray]]):
-    """Publish ``frames`` (images by the robot's camera names, the state) to a real ``vlad serve``
-    on ``release``; each chunk must equal what the release computes in process on the same
-    window (the one Preprocessor, ONNX Runtime)."""
+def _serve_and_compare(
+    release: Path, keys: Path, frames: list[tuple[dict[str, np.ndarray], np.ndarray]], instruction: str | None = None
+):
+    """Publish ``frames`` (images by the robot's camera names, the state; ``instruction`` with
+    each, for a release that reads one) to a real ``vlad serve`` on ``release``; each chunk
+    must equal what the release computes in process on the same window (the one
+    Preprocessor and the release's tokenizer, ONNX Runtime)."""
     from vlad.contract import load_contract
     from vlad.plugins import get_backend
-    from vlad.processing import Preprocessor, RawObservation
+    from vlad.processing import Preprocessor, RawObservation, Tokenizer
     from vlad_tools.gates.launcher import serve
     from vlad_tools.gates.subject import open_subject
 
     contract = load_contract(release / "contract.toml")
     session = get_backend("onnxruntime").load(release / "policy.onnx", contract, {"intra_op_threads": 1})
-    pre = Preprocessor(contract, None)
+    pre = Preprocessor(contract, Tokenizer.from_contract(contract) if contract.language else None)
     period = int(contract.timing.control_period_ms * 1e6)
     compared = 0
     with serve(open_subject(release), warmup=2, keys_dir=str(keys)) as daemon:
@@ -308,9 +311,9 @@ def _serve_and_compare(release: Path, keys: Path, frames: list[tuple[dict[str, n
                     time.sleep(0.001)  # paced to the control period
                 t = time.monotonic_ns()
                 tick = max(tick, t)
-                seq = ctl.publish_observation(images, state, None, t_sensor_ns=t)
+                seq = ctl.publish_observation(images, state, instruction, t_sensor_ns=t)
                 ctl.heartbeat()
-                inputs = pre.fill(RawObservation(images, state, "", seq, t))
+                inputs = pre.fill(RawObservation(images, state, instruction or "", seq, t))
                 return seq, decode_actions(contract, session.infer(inputs)).copy()
 
             # The first frame until a policy chunk comes back: the action subscription has

@@ -73,6 +73,8 @@ def cmd_import_lerobot(args: argparse.Namespace) -> int:
         keys_dir=Path(args.keys) if args.keys else None,
         gate_plan=load_toml(args.gate_plan) if args.gate_plan else None,
         force=args.force,
+        vlm_dir=Path(args.vlm_dir) if args.vlm_dir else None,
+        instructions=tuple(args.instruction),
     )
     try:
         report = import_checkpoint(checkpoint, args.out, opts)
@@ -90,7 +92,7 @@ def add_import_commands(sub: Any) -> None:
     isub = p.add_subparsers(dest="framework", metavar="FRAMEWORK", required=True)
     p = isub.add_parser(
         "lerobot",
-        help="a LeRobot ACT or Diffusion Policy checkpoint (docs/lerobot.md)",
+        help="a LeRobot ACT, Diffusion Policy or SmolVLA checkpoint (docs/lerobot.md)",
         description="Contract from the checkpoint, .pt2 and ONNX exports checked against LeRobot's own "
         "inference, golden fixtures, a manifest with lineage, signed with --key.",
     )
@@ -101,6 +103,17 @@ def add_import_commands(sub: Any) -> None:
     )
     p.add_argument(
         "--camera", action="append", default=[], metavar="NAME=ROBOT_CAMERA", help="rename a camera (repeatable)"
+    )
+    p.add_argument(
+        "--vlm-dir",
+        help="SmolVLA: a local folder with its VLM's config.json, tokenizer and processor files "
+        "(e.g. HuggingFaceTB/SmolVLM2-500M-Video-Instruct downloaded; docs/lerobot.md)",
+    )
+    p.add_argument(
+        "--instruction",
+        action="append",
+        default=[],
+        help="SmolVLA: an instruction for the synthetic check windows (repeatable; default: a built-in set)",
     )
     p.add_argument("--precision", default="fp32", help="serving precision: fp32 (default), fp16, bf16 (GPU backends)")
     p.add_argument("--state-units", help="units of observation.state: one for all, or U1,U2,... (e.g. rad,rad,rad/s)")

@@ -35,10 +35,9 @@ import numpy as np
 from vlad.errors import VladError
 from vlad.files import FileRefused, open_regular, sha256_file
 
-SUPPORTED_TYPES = ("act", "diffusion")
+SUPPORTED_TYPES = ("act", "diffusion", "smolvla")
 # Policy types LeRobot 0.4.4 has that the importer refuses, with the reason (docs/lerobot.md).
 UNSUPPORTED_TYPES = {
-    "smolvla": "needs its vision-language model from the hub; not importable offline",
     "pi0": "does not build offline here (PaliGemma from the hub)",
     "pi05": "does not build offline here (PaliGemma from the hub)",
     "pi0fast": "does not build offline here (PaliGemma from the hub)",
@@ -106,7 +105,7 @@ class Checkpoint:
     def chunk_length(self) -> int:
         """Actions per predicted chunk, as ``predict_action_chunk`` returns them."""
         if self.type == "diffusion":
-            return int(self.config["n_action_steps"])
+            return int(self.config["n_action_steps"])  # LeRobot returns the executed slice
         return int(self.config["chunk_size"])
 
     @property
@@ -168,6 +167,15 @@ _INT_SETTINGS = {
         "n_obs_steps": (1, 64),
         "num_train_timesteps": (1, 100_000),
     },
+    "smolvla": {
+        "chunk_size": (1, 10_000),
+        "n_action_steps": (1, 10_000),
+        "n_obs_steps": (1, 1),
+        "num_steps": (1, 1000),
+        "tokenizer_max_length": (1, 4096),
+        "max_state_dim": (1, 4096),
+        "max_action_dim": (1, 4096),
+    },
 }
 
 
@@ -182,6 +190,28 @@ def _check_settings(config: dict, ptype: str, path: Path) -> None:
             f"{config['temporal_ensemble_coeff']!r}) is not supported: vlad serves whole chunks; set "
             "temporal_ensemble_coeff to null and n_action_steps to the actions to execute per chunk (docs/lerobot.md)"
         )
+    if ptype == "smolvla":
+        for key, why in (
+            ("adapt_to_pi_aloha", "converts Aloha joint spaces inside the policy"),
+            ("use_delta_joint_actions_aloha", "not implemented by LeRobot"),
+        ):
+            if config.get(key):
+                raise CheckpointError(f"{path}/config.json: SmolVLA with {key} = true is not supported ({why})")
+        if config.get("empty_cameras"):
+            raise CheckpointError(
+                f"{path}/config.json: SmolVLA with empty_cameras = {config['empty_cameras']!r} is not supported: "
+                "a vlad contract has no camera a robot does not send; retrain with empty_cameras = 0"
+            )
+        if config.get("attention_mode", "cross_attn") != "cross_attn" or not config.get("use_cache", True):
+            raise CheckpointError(
+                f"{path}/config.json: SmolVLA with attention_mode {config.get('attention_mode')!r} and use_cache "
+                f"{config.get('use_cache')!r} is not supported (cross_attn with use_cache = true, LeRobot's default)"
+            )
+        resize = config.get("resize_imgs_with_padding")
+        if resize is not None and (
+            not isinstance(resize, list) or len(resize) != 2 or not all(type(n) is int and n > 0 for n in resize)
+        ):
+            raise CheckpointError(f"{path}/config.json: resize_imgs_with_padding must be [width, height] or null")
     if ptype == "diffusion":
         steps = config.get("num_inference_steps")
         if steps is not None and (type(steps) is not int or not 1 <= steps <= config["num_train_timesteps"]):
@@ -273,6 +303,13 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     actions = [f for f in outputs if f.type == "ACTION"]
     if len(actions) != 1 or actions[0].key != ACTION or len(actions[0].shape) != 1:
         raise CheckpointError(f"the policy needs exactly one 1-D {ACTION} output, has {[f.key for f in outputs]}")
+    if ptype == "smolvla":
+        for feature, limit in ((states[0], "max_state_dim"), (actions[0], "max_action_dim")):
+            if feature.shape[0] > config[limit]:
+                raise CheckpointError(
+                    f"{root}/config.json: {feature.key} has {feature.shape[0]} entries, more than {limit} "
+                    f"({config[limit]}): LeRobot pads it to that length"
+                )
     norm_map = config.get("normalization_mapping") or {}
     if not isinstance(norm_map, dict):
         raise CheckpointError(f"{root}/config.json: normalization_mapping must be a table")

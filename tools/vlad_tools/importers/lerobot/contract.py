@@ -173,9 +173,16 @@ def _f(values: np.ndarray | float) -> Any:
 
 
 def contract_data(
-    ckpt: Checkpoint, meta: DatasetMeta | None, opts: ContractOptions, max_step: np.ndarray | None = None
+    ckpt: Checkpoint,
+    meta: DatasetMeta | None,
+    opts: ContractOptions,
+    max_step: np.ndarray | None = None,
+    language: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The contract as TOML-shaped data (validate with :func:`build_contract`)."""
+    """The contract as TOML-shaped data (validate with :func:`build_contract`).
+
+    ``language``: the ``[language]`` table of a policy that reads an instruction (SmolVLA:
+    :func:`vlad_tools.importers.lerobot.vlm.language_table`); its ``input`` is added here."""
     fps = opts.fps or (meta.fps if meta else None)
     if not fps:
         raise CheckpointError(
@@ -220,6 +227,12 @@ def contract_data(
                 "dynamic": dyn,
             }
         )
+
+    if ckpt.type == "smolvla":
+        if language is None:
+            raise CheckpointError("SmolVLA reads an instruction: its contract needs the VLM's tokenizer (--vlm-dir)")
+        max_tokens = int(language["max_tokens"])
+        inputs.append({"name": "tokens", "dtype": "int64", "layout": "NL", "shape": [1, max_tokens], "dynamic": dyn})
 
     dim = ckpt.state.shape[0]
     state_names = _names(meta, ckpt.state.key, dim, "state")
@@ -297,6 +310,8 @@ def contract_data(
     }
     if frames > 1:
         data["history"] = {"frames": frames}
+    if ckpt.type == "smolvla" and language is not None:
+        data["language"] = {"input": "tokens", **language}
     noise = noise_shape(ckpt)
     if noise is not None:
         data["noise"] = {
@@ -316,6 +331,13 @@ def contract_data(
                 "dynamic": dyn,
             }
         )
+    if ckpt.type == "smolvla":
+        # real-time chunking by inpainting: the export takes the waypoints to continue and their weights
+        data["rtc"] = {"method": "inpaint", "actions_input": "rtc_actions", "weights_input": "rtc_weights"}
+        inputs.append(
+            {"name": "rtc_actions", "dtype": "float32", "layout": "NHD", "shape": [1, chunk, adim], "dynamic": dyn}
+        )
+        inputs.append({"name": "rtc_weights", "dtype": "float32", "layout": "NH", "shape": [1, chunk], "dynamic": dyn})
     return data
 
 
@@ -376,6 +398,8 @@ def _action_range(ckpt: Checkpoint, mean: np.ndarray, std: np.ndarray) -> tuple[
 
 def denoising_steps(ckpt: Checkpoint) -> int:
     c = ckpt.config
+    if ckpt.type == "smolvla":
+        return int(c["num_steps"])
     return int(c.get("num_inference_steps") or c.get("num_train_timesteps") or 1)
 
 
@@ -385,10 +409,15 @@ def noise_shape(ckpt: Checkpoint) -> tuple[int, ...] | None:
     Diffusion Policy: the initial sample ``[horizon, action dim]``; with DDPM, whose every
     step but the last adds fresh noise, one more ``[horizon, action dim]`` per step
     (``[1 + steps, horizon, action dim]``). DDIM (eta = 0) adds none.
+
+    SmolVLA: the flow's starting point ``[chunk_size, max_action_dim]``; LeRobot pads the
+    action to ``max_action_dim`` entries and draws noise for all of them.
     """
+    c = ckpt.config
+    if ckpt.type == "smolvla":
+        return (int(c["chunk_size"]), int(c["max_action_dim"]))
     if ckpt.type != "diffusion":
         return None
-    c = ckpt.config
     base = (int(c["horizon"]), ckpt.action.shape[0])
     if c.get("noise_scheduler_type", "DDPM") == "DDPM":
         return (1 + denoising_steps(ckpt), *base)

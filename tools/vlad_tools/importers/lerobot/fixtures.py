@@ -7,10 +7,14 @@ and states drawn inside the range the state's normalization maps to [-1, 1] (MEA
 two standard deviations around the mean), so they exercise the whole input range. An
 entry whose range is empty (``max = min``: a joint held still in the data) is the constant
 in every synthetic frame, the one value LeRobot maps into [-1, 1], so the checks compare it.
+A policy that reads an instruction (SmolVLA) gets one per synthetic window, in turn from the
+given ones (``--instruction``) or :data:`INSTRUCTIONS`; recorded windows carry the
+dataset's own ``task``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,13 +37,25 @@ def state_range(ckpt: Checkpoint) -> tuple[np.ndarray, np.ndarray]:
     return -np.ones(dim, np.float32), np.ones(dim, np.float32)
 
 
-def synthetic_windows(ckpt: Checkpoint, n: int, seed: int = 0) -> list[list[Frame]]:
+# Instructions of synthetic windows: plain, punctuated, ending in a newline or a space, non-ASCII.
+INSTRUCTIONS = (
+    "pick up the red cube and put it in the box",
+    "Grasp the handle, then open the drawer.",
+    "stack the blocks\n",
+    "move left ",
+    "place the mug on the coaster (carefully) -- 2 cm from the edge",
+    "déplace le cube",
+)
+
+
+def synthetic_windows(ckpt: Checkpoint, n: int, seed: int = 0, instructions: Sequence[str] = ()) -> list[list[Frame]]:
     """``n`` windows of random frames (images uniform in 0..255, states in :func:`state_range`;
-    an entry with an empty range is its constant, exactly)."""
+    an entry with an empty range is its constant, exactly); an instruction each (SmolVLA)."""
     rng = np.random.default_rng(seed)
     lo, hi = state_range(ckpt)
+    tasks = tuple(instructions) or INSTRUCTIONS
     out = []
-    for _ in range(n):
+    for k in range(n):
         window = []
         for _ in range(ckpt.n_obs_steps):
             images = {
@@ -47,7 +63,7 @@ def synthetic_windows(ckpt: Checkpoint, n: int, seed: int = 0) -> list[list[Fram
                 for c in ckpt.cameras
             }
             state = np.where(hi > lo, rng.uniform(lo, hi), lo).astype(np.float32)
-            window.append(Frame(images, state))
+            window.append(Frame(images, state, tasks[k % len(tasks)] if ckpt.type == "smolvla" else ""))
         out.append(window)
     return out
 
@@ -78,6 +94,7 @@ def recorded_windows(ckpt: Checkpoint, root: Path, n: int, seed: int = 0) -> lis
                 images[c.key.removeprefix(IMAGE_PREFIX)] = np.clip(
                     np.rint(np.transpose(img, (1, 2, 0)) * 255), 0, 255
                 ).astype(np.uint8)
-            window.append(Frame(images, item[STATE].numpy().astype(np.float32)))
+            task = item.get("task", "") if ckpt.type == "smolvla" else ""
+            window.append(Frame(images, item[STATE].numpy().astype(np.float32), str(task)))
         out.append(window)
     return out

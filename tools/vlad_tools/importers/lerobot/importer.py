@@ -39,7 +39,7 @@ import numpy as np
 
 from vlad.contract import Contract, load_contract
 from vlad.errors import ExportError, VladError
-from vlad.processing import Preprocessor, RawObservation, decode_actions, make_noise, preprocess
+from vlad.processing import Preprocessor, RawObservation, Tokenizer, decode_actions, make_noise, preprocess
 from vlad_tools.importers.lerobot.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -89,6 +89,8 @@ class ImportOptions:
     valid_days: int = 365
     gate_plan: Mapping[str, Any] | None = None
     force: bool = False
+    vlm_dir: Path | None = None  # SmolVLA: the local folder of its vision-language model
+    instructions: tuple[str, ...] = ()  # instructions of synthetic check windows (SmolVLA)
 
 
 @dataclass
@@ -157,15 +159,17 @@ def _raw(frame: Frame, names: Mapping[str, str], sequence: int, t_ns: int) -> Ra
     return RawObservation(
         images={names[k]: v for k, v in frame.images.items()},
         proprio=np.asarray(frame.state, np.float32),
-        instruction="",
+        instruction=frame.task,
         sequence=sequence,
         sensor_time_ns=t_ns,
     )
 
 
-def _vlad_window(contract: Contract, window: Sequence[Frame], names, sequence: int) -> dict[str, np.ndarray]:
+def _vlad_window(
+    contract: Contract, window: Sequence[Frame], names, sequence: int, tokenizer: Tokenizer | None = None
+) -> dict[str, np.ndarray]:
     """vlad's serving preprocessing of a window: the frames through one Preprocessor."""
-    pre = Preprocessor(contract, None)
+    pre = Preprocessor(contract, tokenizer)
     period_ns = int(contract.timing.control_period_ms * 1e6)
     inputs: dict[str, np.ndarray] = {}
     for i, frame in enumerate(window):
@@ -237,7 +241,15 @@ def _import(
     for w in warnings:
         log(f"import: warning: {w}")
     max_step = max_action_step(dataset_root, ckpt.action.shape[0]) if dataset_root else None
-    data = contract_data(ckpt, meta, opts.contract, max_step)
+    language, vlm = None, None
+    if ckpt.type == "smolvla":
+        from vlad_tools.importers.lerobot.vlm import language_table, read_vlm_dir, write_release_tokenizer
+
+        vlm = read_vlm_dir(opts.vlm_dir, ckpt)
+        log(f"import: VLM {vlm.name} from {vlm.path} (configuration and tokenizer; weights from the checkpoint)")
+        sha = write_release_tokenizer(vlm, staging / "tokenizer.json")
+        language = language_table(vlm, sha, int(ckpt.config["tokenizer_max_length"]))
+    data = contract_data(ckpt, meta, opts.contract, max_step, language)
     build_contract(data)  # every contract problem in one error, before anything heavy
     load_lerobot()
     given = sorted(opts.contract.joint_limits)
@@ -251,6 +263,7 @@ def _import(
         )
     )
     contract = load_contract(staging / "contract.toml")
+    tokenizer = Tokenizer.from_contract(contract) if contract.language is not None else None
     names = {
         feature.key.removeprefix("observation.images."): robot
         for feature, robot in camera_names(ckpt, opts.contract.cameras)
@@ -259,11 +272,14 @@ def _import(
     log("import: loading the policy with LeRobot ...")
     from vlad_tools.importers.lerobot.policies import export_module, load_policy
 
-    policy, pre, post = load_policy(ckpt)
-    module = export_module(policy, ckpt, [t.name for t in contract.inputs])
+    policy, pre, post = load_policy(ckpt, vlm.path if vlm else None)
+    pad_id = contract.language.pad_id if contract.language is not None else 0
+    module = export_module(policy, ckpt, [t.name for t in contract.inputs], pad_id)
 
-    windows, source = _windows(ckpt, dataset_root, opts.windows, log)
-    report_checks, pairs, fixtures = _check_eager(ckpt, contract, policy, pre, post, module, windows, names, log)
+    windows, source = _windows(ckpt, dataset_root, opts.windows, log, opts.instructions)
+    report_checks, pairs, fixtures = _check_eager(
+        ckpt, contract, policy, pre, post, module, windows, names, log, tokenizer
+    )
 
     log("import: exporting policy.pt2 and policy.onnx ...")
     from vlad.release.export import export_onnx, export_program
@@ -284,7 +300,7 @@ def _import(
 
     log("import: checking the artifacts against LeRobot ...")
     report_checks.update(_check_artifacts(contract, staging, pairs))
-    problems = []
+    problems = list(report_checks.pop("problems", []))
     pre_stat: Stat = report_checks["preprocessing"]
     if pre_stat.max_abs > PREPROCESS_MAX_ABS:  # first: a wrong input explains every output after it
         problems.append(
@@ -328,7 +344,8 @@ def _import(
             "joint_max_abs": "output_max_abs x joint std",
         },
         "checks": {
-            k: (v.to_dict(contract) if isinstance(v, ArtifactCheck) else v.to_dict()) for k, v in report_checks.items()
+            k: (v.to_dict(contract) if isinstance(v, ArtifactCheck) else v.to_dict() if isinstance(v, Stat) else v)
+            for k, v in report_checks.items()
         },
         "export": [{"name": c.name, "max_abs": c.max_abs, "mean_abs": c.mean_abs} for c in comparisons],
         "guard": {
@@ -358,7 +375,9 @@ def _dataset(ckpt: Checkpoint, opts: ImportOptions) -> tuple[DatasetMeta | None,
     return read_dataset_meta(root), root
 
 
-def _windows(ckpt: Checkpoint, root: Path | None, n: int, log) -> tuple[list[list[Frame]], str]:
+def _windows(
+    ckpt: Checkpoint, root: Path | None, n: int, log, instructions: Sequence[str] = ()
+) -> tuple[list[list[Frame]], str]:
     windows: list[list[Frame]] = []
     source = "synthetic"
     if root is not None:
@@ -368,7 +387,7 @@ def _windows(ckpt: Checkpoint, root: Path | None, n: int, log) -> tuple[list[lis
         except Exception as exc:  # a dataset LeRobot cannot read here: fall back, say so
             log(f"import: cannot read frames from {root} ({str(exc).splitlines()[0]}); using synthetic frames")
     if not windows:
-        windows = synthetic_windows(ckpt, n)
+        windows = synthetic_windows(ckpt, n, instructions=instructions)
         source = "synthetic"
     log(f"import: {len(windows)} check windows of {ckpt.n_obs_steps} frame(s), {source}")
     return windows, source
@@ -384,18 +403,21 @@ def _noise(ckpt: Checkpoint, contract: Contract, sequence: int) -> np.ndarray | 
     return make_noise(contract, sequence)
 
 
-def _check_eager(ckpt, contract, policy, pre, post, module, windows, names, log):
+def _check_eager(ckpt, contract, policy, pre, post, module, windows, names, log, tokenizer=None):
     """LeRobot's reference per window; vlad's preprocessing and the eager module against it.
 
-    Returns the checks, the (model inputs, LeRobot's answer) pairs the artifacts are checked
-    on, and the golden fixtures: each check window's newest frame as a restarted window,
-    with the contract's own noise (what the equivalence gate replays).
+    Returns the checks (with ``problems``: what no budget covers, e.g. a token id that
+    differs), the (model inputs, LeRobot's answer) pairs the artifacts are checked on, and the
+    golden fixtures: each check window's newest frame as a restarted window, with the
+    contract's own noise (what the equivalence gate replays).
     """
     import torch
 
     pre_stat, eager = Stat(), ArtifactCheck()
+    problems: list[str] = []
     pairs: list[tuple[dict[str, np.ndarray], Reference]] = []
     cams = [names[c.key.removeprefix("observation.images.")] for c in ckpt.cameras]
+    tokens_checked = 0
     for k, window in enumerate(windows):
         sequence = 1000 + k
         noise = _noise(ckpt, contract, sequence)
@@ -403,7 +425,7 @@ def _check_eager(ckpt, contract, policy, pre, post, module, windows, names, log)
         variants = [list(window)] + ([[window[-1]]] if len(window) > 1 else [])
         for frames in variants:
             ref = lerobot_reference(policy, pre, post, ckpt, frames, noise, seed=sequence)
-            inputs = _vlad_window(contract, frames, names, sequence)
+            inputs = _vlad_window(contract, frames, names, sequence, tokenizer)
             if noise is not None:
                 inputs[contract.noise.input] = noise
             # LeRobot's preprocessed tensors are the newest frame's: compare the window's last slot
@@ -412,17 +434,25 @@ def _check_eager(ckpt, contract, policy, pre, post, module, windows, names, log)
                 pre_stat.add(ref.inputs[c.key], last(inputs[f"image_{cam}"]))
             state = last(inputs["state"])
             pre_stat.add(ref.inputs["observation.state"], state)
+            if contract.language is not None:
+                problems += _token_problems(contract, ref, inputs, frames[-1].task)
+                tokens_checked += 1
             with torch.inference_mode():
                 out = module(*(torch.from_numpy(inputs[s.name]) for s in contract.inputs)).numpy()
             eager.add(contract, ref, out)
             pairs.append((inputs, ref))
         log(f"import: LeRobot reference {k + 1}/{len(windows)}")
+    checks: dict[str, Any] = {"preprocessing": pre_stat, "pytorch (eager)": eager, "problems": problems}
+    if contract.language is not None:
+        log(f"import: tokens vs LeRobot's tokenizer: {tokens_checked - len(problems)}/{tokens_checked} identical")
+    if contract.rtc is not None:
+        checks["rtc"] = _check_rtc(contract, module, pairs[0][0], problems)
 
     fixtures = []
     for k, window in enumerate(windows):
         sequence = 2000 + k
         raw = _raw(window[-1], names, sequence, 0)
-        inputs = preprocess(contract, None, raw)
+        inputs = preprocess(contract, tokenizer, raw)
         if contract.noise is not None and len(contract.noise.shape) != 3:
             ref = lerobot_reference(policy, pre, post, ckpt, [window[-1]], inputs[contract.noise.input], seed=sequence)
             output = ref.output  # LeRobot's own chunk for the contract's noise
@@ -432,7 +462,51 @@ def _check_eager(ckpt, contract, policy, pre, post, module, windows, names, log)
             if contract.noise is None:
                 output = lerobot_reference(policy, pre, post, ckpt, [window[-1]], None).output
         fixtures.append({"raw": raw, "inputs": inputs, "output": output})
-    return {"preprocessing": pre_stat, "pytorch (eager)": eager}, pairs, fixtures
+    return checks, pairs, fixtures
+
+
+def _token_problems(contract: Contract, ref: Reference, inputs: dict[str, np.ndarray], task: str) -> list[str]:
+    """vlad's token ids (the release tokenizer, padded to ``max_tokens``) against LeRobot's
+    (padded to the longest task only), and the mask the export derives from them."""
+    spec = contract.language
+    assert spec is not None
+    want = ref.inputs["observation.language.tokens"][0].astype(np.int64)
+    mask = ref.inputs["observation.language.attention_mask"][0].astype(bool)
+    got = inputs[spec.input][0]
+    n = len(want)
+    if n > len(got) or not np.array_equal(got[:n], want) or np.any(got[n:] != spec.pad_id):
+        return [f"tokens: the release tokenizer gives {got.tolist()} for {task!r}, LeRobot's {want.tolist()}"]
+    if not np.array_equal(got[:n] != spec.pad_id, mask):
+        return [f"tokens: the mask tokens != pad_id ({spec.pad_id}) differs from LeRobot's for {task!r}"]
+    return []
+
+
+def _check_rtc(contract: Contract, module, inputs: dict[str, np.ndarray], problems: list[str]) -> dict[str, Any]:
+    """Real-time chunking by inpainting, in the eager module: a waypoint of weight 1 is
+    reproduced, the free ones still move, and a weight of 0 everywhere is the plain chunk."""
+    import torch
+
+    rtc = contract.rtc
+    assert rtc is not None
+
+    def run(actions: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        feed = {**inputs, rtc.actions_input: actions, rtc.weights_input: weights}
+        with torch.inference_mode():
+            return module(*(torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in contract.inputs)).numpy()
+
+    plain = run(np.zeros_like(inputs[rtc.actions_input]), np.zeros_like(inputs[rtc.weights_input]))
+    held = plain.shape[1] // 2
+    target = plain + 0.5  # waypoints the plain chunk does not pass through
+    weights = np.zeros_like(inputs[rtc.weights_input])
+    weights[:, :held] = 1.0
+    guided = run(target, weights)
+    kept = float(np.abs(guided[:, :held] - target[:, :held]).max())
+    moved = float(np.abs(guided[:, held:] - plain[:, held:]).max())
+    if kept > OUTPUT_MAX_ABS:
+        problems.append(f"rtc: waypoints of weight 1 come back {kept:.3g} off (budget {OUTPUT_MAX_ABS:g})")
+    if not moved > 0:
+        problems.append("rtc: the free waypoints ignore the inpainted ones (the guide does not reach the flow)")
+    return {"method": rtc.method, "weight_1_max_abs": kept, "free_changed_max_abs": moved, "held": held}
 
 
 def _check_artifacts(contract: Contract, out: Path, pairs) -> dict[str, ArtifactCheck]:
@@ -476,6 +550,22 @@ DEFAULT_GATE_PLAN: dict[str, Any] = {
 }
 
 
+def default_gate_plan(contract: Contract) -> dict[str, Any]:
+    """:data:`DEFAULT_GATE_PLAN`, its fp32 action budget the import's own per joint: the gate has
+    one number for every joint (2e-4 in the joint's unit by default, meant for radians), the
+    import allows ``OUTPUT_MAX_ABS`` x the joint's std; the smallest of those, where it is
+    larger (joints in degrees or gripper percent)."""
+    from vlad_tools.gates.plan import DEFAULT_BUDGETS
+
+    a = contract.action
+    per_joint = min(OUTPUT_MAX_ABS * max(j.std, 1e-3) * a.scale for j in a.joints)
+    plan = json.loads(json.dumps(DEFAULT_GATE_PLAN))
+    default = DEFAULT_BUDGETS["fp32"].action_max_abs
+    if per_joint > default:
+        plan["equivalence"]["budgets"] = {"fp32": {"action_max_abs": float(f"{per_joint:.3g}")}}
+    return plan
+
+
 def _write_manifest(staging: Path, out: Path, ckpt: Checkpoint, contract: Contract, opts: ImportOptions, log) -> None:
     """The manifest of the release in ``staging`` (to become ``out``), signed and verified on request."""
     from vlad.release.authoring import new_manifest_data, write_manifest
@@ -503,7 +593,7 @@ def _write_manifest(staging: Path, out: Path, ckpt: Checkpoint, contract: Contra
         lineage={"change": "retrain"},
         roles={"golden.npz": "report", "import-report.json": "report"},
     )
-    data["gate_plan"] = dict(opts.gate_plan) if opts.gate_plan is not None else DEFAULT_GATE_PLAN
+    data["gate_plan"] = dict(opts.gate_plan) if opts.gate_plan is not None else default_gate_plan(contract)
     manifest = write_manifest(staging, data)
     log(f"import: manifest.toml written ({len(manifest.artifacts)} artifacts)")
     if opts.key is None:

@@ -7,20 +7,25 @@ Per supported policy type, two things:
   inference (its latent is zero). Diffusion Policy samples: the module takes the initial
   noise (and, with DDPM, each step's noise) as its ``noise`` input and runs the denoising
   loop with the checkpoint's scheduler unrolled over its fixed timesteps (the scheduler's
-  arithmetic, written out; :func:`check_against_lerobot` proves it equal);
+  arithmetic, written out; :func:`check_against_lerobot` proves it equal). SmolVLA samples
+  by flow matching: its module takes the noise and the real-time chunking inputs and runs
+  LeRobot's own prefix, cache and denoising steps (:func:`_smolvla_module`);
 - the reference: raw robot frames -> LeRobot's ``prepare_observation_for_inference`` ->
   the checkpoint's preprocessor -> ``predict_action_chunk`` (Diffusion: after filling
   its observation queue with LeRobot's ``populate_queues``, one frame at a time) -> the
   postprocessor.
 
-Both also expose ``prefix`` (an intermediate tensor: ACT's backbone features, Diffusion's
-global conditioning) that :func:`vlad.release.export.export_onnx` compares as well.
+Each also exposes ``prefix`` (an intermediate tensor: ACT's backbone features, Diffusion's
+global conditioning, SmolVLA's prefix embeddings) that :func:`vlad.release.export.export_onnx` compares as well.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,14 +36,20 @@ from vlad_tools.importers.lerobot.checkpoint import STATE, Checkpoint, Checkpoin
 @dataclass
 class Frame:
     """One raw robot observation as LeRobot's robots deliver it: uint8 HWC images by
-    LeRobot camera name, the state vector."""
+    LeRobot camera name, the state vector, the instruction (LeRobot's ``task``; read by
+    SmolVLA only)."""
 
     images: dict[str, np.ndarray]
     state: np.ndarray
+    task: str = ""
 
 
-def load_policy(ckpt: Checkpoint):
+def load_policy(ckpt: Checkpoint, vlm_dir: Path | None = None):
     """The policy and its processors, loaded by LeRobot from the checkpoint folder (CPU, eval).
+
+    SmolVLA: its VLM's configuration, tokenizer and processor come from ``vlm_dir`` (a
+    checked :class:`~vlad_tools.importers.lerobot.vlm.VLMFolder` path), in place of the
+    hub id the checkpoint names; no VLM weights are loaded from it.
 
     The weights are loaded strictly: ``model.safetensors`` must hold exactly the tensors the
     configuration builds, with their shapes (LeRobot's ``from_pretrained`` is lenient: a
@@ -59,7 +70,15 @@ def load_policy(ckpt: Checkpoint):
         # download of the ImageNet weights the backbone was initialised with before training.
         if getattr(config, "pretrained_backbone_weights", None) is not None:
             config.pretrained_backbone_weights = None
-        policy = get_policy_class(ckpt.type)(config)
+        overrides: dict[str, dict[str, Any]] = {"device_processor": {"device": "cpu"}}
+        if ckpt.type == "smolvla":
+            if vlm_dir is None:
+                raise CheckpointError("SmolVLA needs its vision-language model's folder (--vlm-dir)")
+            config.vlm_model_name = str(vlm_dir)
+            config.load_vlm_weights = False  # every weight comes from model.safetensors
+            overrides["tokenizer_processor"] = {"tokenizer_name": str(vlm_dir)}
+        with contextlib.redirect_stdout(io.StringIO()):  # SmolVLA prints what it builds
+            policy = get_policy_class(ckpt.type)(config)
     except Exception as exc:  # LeRobot's own validation of config.json: its reason, in one line
         raise CheckpointError(f"{ckpt.path}/config.json: LeRobot cannot build the policy: {_first_line(exc)}") from exc
     _load_weights_strictly(policy, ckpt)
@@ -68,7 +87,7 @@ def load_policy(ckpt: Checkpoint):
         pre, post = make_pre_post_processors(
             config,
             pretrained_path=str(ckpt.path),
-            preprocessor_overrides={"device_processor": {"device": "cpu"}},
+            preprocessor_overrides=overrides,
             postprocessor_overrides={"device_processor": {"device": "cpu"}},
         )
     except Exception as exc:
@@ -125,13 +144,18 @@ def _load_weights_strictly(policy, ckpt: Checkpoint) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def export_module(policy, ckpt: Checkpoint, input_names: Sequence[str]):
+def export_module(policy, ckpt: Checkpoint, input_names: Sequence[str], pad_id: int = 0):
     """The ``torch.nn.Module`` to export for ``policy`` (eval mode). Its ``forward`` takes the
     contract's inputs positionally and is *named* after them (``torch.export`` binds the
-    contract's dynamic axes to parameter names)."""
+    contract's dynamic axes to parameter names). ``pad_id``: SmolVLA's padding token."""
     import inspect
 
-    module = _act_module(policy) if ckpt.type == "act" else _diffusion_module(policy, ckpt)
+    if ckpt.type == "act":
+        module = _act_module(policy)
+    elif ckpt.type == "smolvla":
+        module = _smolvla_module(policy, ckpt, pad_id)
+    else:
+        module = _diffusion_module(policy, ckpt)
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + [
         inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in input_names
     ]
@@ -266,6 +290,115 @@ def _diffusion_module(policy, ckpt: Checkpoint):
     return DiffusionExport(model)
 
 
+def _smolvla_module(policy, ckpt: Checkpoint, pad_id: int):
+    """SmolVLA's ``sample_actions`` with the noise, and real-time chunking, as inputs.
+
+    cameras ``[N, 3, H, W]``..., tokens ``[N, L]`` (padded with ``pad_id``), state ``[N, D]``,
+    noise ``[N, chunk, max_action_dim]``, rtc_actions ``[N, chunk, action dim]``, rtc_weights
+    ``[N, chunk]`` -> actions ``[N, chunk, action dim]`` (normalized).
+
+    LeRobot's own steps, in its order: each image resized with padding and mapped to [-1, 1]
+    (``prepare_images``), the state padded to ``max_state_dim``, the language mask, the
+    prefix embedded and run once through the VLM (its keys and values cached), then
+    ``num_steps`` Euler steps of the action expert from ``time = 1`` (noise) to 0
+    (``denoise_step``), the action unpadded. The language mask is ``tokens != pad_id``:
+    LeRobot pads only to the longest task of a batch, the contract to ``max_tokens``; the
+    padding is masked out of the attention either way.
+
+    Real-time chunking by inpainting (docs/contract.md ``[rtc]``, as the demo policy does
+    it): before every step the action entries are pulled towards the straight path from the
+    noise to ``rtc_actions`` at that step's time, after the last towards ``rtc_actions``, each
+    pull by the share of the waypoint's weight that makes the pulls together pull by it; the
+    padded entries stay free. All-zero weights compute exactly LeRobot's chunk.
+    """
+    import torch
+    from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks, pad_vector, resize_with_pad
+
+    cfg = policy.config
+    steps = int(cfg.num_steps)
+    adim = ckpt.action.shape[0]
+    n_cams = len(ckpt.cameras)
+    resize = tuple(cfg.resize_imgs_with_padding) if cfg.resize_imgs_with_padding is not None else None
+
+    embeddings = policy.model.vlm_with_expert.get_vlm_model().vision_model.embeddings
+
+    def full_image_embeddings(pixel_values, patch_attention_mask=None):
+        """transformers' ``SmolVLMVisionEmbeddings.forward`` for whole images (SmolVLA's: no
+        patch is masked), its per-sample loop, which fixes the batch size, done once: every
+        sample has the same position ids, computed by the same operations from the image size."""
+        del patch_attention_mask  # None: SmolVLA's images are whole
+        _, _, h, w = pixel_values.shape
+        patches = embeddings.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
+        side = embeddings.num_patches_per_side
+        boundaries = torch.arange(1 / side, 1.0, 1 / side)
+        nb_h, nb_w = h // embeddings.patch_size, w // embeddings.patch_size
+        rows = torch.bucketize(torch.arange(nb_h, dtype=pixel_values.dtype) / nb_h * (1 - 1e-6), boundaries, right=True)
+        cols = torch.bucketize(torch.arange(nb_w, dtype=pixel_values.dtype) / nb_w * (1 - 1e-6), boundaries, right=True)
+        ids = (rows[:, None] * side + cols).flatten()
+        return patches + embeddings.position_embedding(ids)[None]
+
+    @contextlib.contextmanager
+    def batch_free_vision():
+        embeddings.forward = full_image_embeddings  # this instance only, while the export module runs
+        try:
+            yield
+        finally:
+            del embeddings.forward
+
+    class SmolVLAExport(torch.nn.Module):
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner  # VLAFlowMatching: the VLM with its action expert, the projections
+            self.register_buffer(
+                "action_entries", (torch.arange(int(cfg.max_action_dim)) < adim).float()[None, None], persistent=False
+            )
+
+        def context(self, images, tokens, state):
+            """The prefix (images, language, state) through the VLM: embeddings, mask, cache."""
+            prepared, masks = [], []
+            for img in images:
+                if resize is not None:
+                    img = resize_with_pad(img, *resize, pad_value=0)
+                prepared.append(img * 2.0 - 1.0)
+                masks.append(tokens[:, 0] == tokens[:, 0])  # all true, [N]
+            embs, pad_masks, att_masks = self.inner.embed_prefix(
+                prepared, masks, tokens, tokens != pad_id, state=pad_vector(state, int(cfg.max_state_dim))
+            )
+            _, cache = self.inner.vlm_with_expert.forward(
+                attention_mask=make_att_2d_masks(pad_masks, att_masks),
+                position_ids=torch.cumsum(pad_masks, dim=1) - 1,
+                past_key_values=None,
+                inputs_embeds=[embs, None],
+                use_cache=True,
+                fill_kv_cache=True,
+            )
+            return embs, pad_masks, cache
+
+        def prefix(self, *args):
+            with batch_free_vision():
+                return self.context(list(args[:n_cams]), args[n_cams], args[n_cams + 1])[0]
+
+        def forward(self, *args):
+            images, (tokens, state, noise, rtc_actions, rtc_weights) = list(args[:n_cams]), args[n_cams:]
+            with batch_free_vision():
+                _, pad_masks, cache = self.context(images, tokens, state)
+            target = pad_vector(rtc_actions, int(cfg.max_action_dim))
+            share = 1.0 - (1.0 - rtc_weights.clamp(0.0, 1.0)) ** (1.0 / (steps + 1))
+            w = share[:, :, None] * self.action_entries
+            x = noise
+            dt = -1.0 / steps
+            for k in range(steps):
+                tk = k / steps  # vlad's time: 0 at the noise, 1 at the chunk (LeRobot's time is 1 - tk)
+                x = x + w * ((1.0 - tk) * noise + tk * target - x)
+                t = x[:, 0, 0] * 0.0 + (1.0 + k * dt)  # LeRobot's time, with the batch size symbolic
+                v = self.inner.denoise_step(prefix_pad_masks=pad_masks, past_key_values=cache, x_t=x, timestep=t)
+                x = x + dt * v
+            x = x + w * (target - x)
+            return x[:, :, :adim]
+
+    return SmolVLAExport(policy.model)
+
+
 # ---------------------------------------------------------------------------------------
 # LeRobot's own inference, the reference
 # ---------------------------------------------------------------------------------------
@@ -278,7 +411,7 @@ def _lerobot_obs(frame: Frame) -> dict[str, Any]:
 
     obs: dict[str, Any] = {f"observation.images.{k}": np.ascontiguousarray(v) for k, v in frame.images.items()}
     obs[STATE] = np.asarray(frame.state, np.float32)
-    return prepare_observation_for_inference(obs, torch.device("cpu"))
+    return prepare_observation_for_inference(obs, torch.device("cpu"), task=frame.task)
 
 
 @dataclass
@@ -308,6 +441,10 @@ def lerobot_reference(
         batch = batches[-1]
         if ckpt.type == "act":
             out = policy.predict_action_chunk(batch)
+        elif ckpt.type == "smolvla":
+            assert noise is not None  # a SmolVLA contract has a noise input
+            policy.reset()
+            out = policy.predict_action_chunk(batch, noise=torch.from_numpy(np.ascontiguousarray(noise)))
         else:
             from lerobot.policies.utils import populate_queues
             from lerobot.utils.constants import OBS_IMAGES
