@@ -66,6 +66,13 @@ def test_lock_step_uses_the_engine_call() -> None:
     assert _next_look(loop, now, PERIOD, SETTLE) == now + LOOK_NS
 
 
+def test_lock_step_with_engine_calls_too_short_to_start_in_goes_at_once() -> None:
+    now = 1000 * MS
+    loop = fake_loop(last_publish=now - MS, engine_ms=0.2)
+    in_engine(loop, received=now - MS // 2, engine_start=0)  # preprocessing
+    assert _next_look(loop, now, PERIOD, SETTLE) is None
+
+
 def test_never_waits_past_a_period() -> None:
     async def main() -> float:
         loop = fake_loop(last_publish=0)

@@ -241,6 +241,8 @@ def _next_look(loop: ServingLoop, now: int, period: int, settle: int) -> int | N
         lockstep = running.since_ns - last < period // 2
         left = loop.engine_left_ns(now)
         if lockstep:
+            if loop.publisher.stats.last("engine") * 1e6 < ENGINE_WINDOW_NS:
+                return None  # engine calls too short to start in: no better moment comes
             return None if left is not None and left >= ENGINE_WINDOW_NS else now + LOOK_NS
         return now + LOOK_NS if left is None else now + max(left, 0) + settle  # just after this cycle
     if settle <= since < period // 2:
