@@ -18,7 +18,9 @@ Runtime session settings (CPU, ``intra_op_num_threads = 1``, graph optimisation 
   knobs (``gc_freeze = false``, no pinning, no busy poll); ``vlad+rt`` with them
   (``cpu_affinity`` = the last usable CPU, ``gc_freeze``, and ``fifo_priority`` /
   ``mlockall`` when this machine permits them: probed first, a refusal is reported);
-  ``vlad+rt+spin`` the same plus ``busy_poll_us``.
+  ``vlad+rt+spin`` the same plus ``busy_poll_us``. With ``--baseline DIR``, ``vlad-baseline``
+  is ``vlad`` with the daemon's code (vlad and its plugins) taken from the checkout DIR
+  (``git worktree add DIR <commit>``): before and after a change, side by side in one run.
 
 For each payload (the demo release; a synthetic release with two 224x224 RGB cameras,
 generated and signed with a throwaway key into a temporary folder), load (quiet; a
@@ -36,6 +38,8 @@ and prints overhead p50/p95/p99/max, its ratio to the floor's and to the openpi-
 server's in the same condition, and vlad's own stage breakdown (preprocess, decode, guard).
 
     .venv/bin/python scripts/bench_serving.py [--seconds 20] [--lockstep-seconds 5] [--json]
+    .venv/bin/python scripts/bench_serving.py --payloads demo --loads quiet --servers openpi-style vlad \
+        vlad-baseline --baseline /tmp/vlad-base   # this checkout against another, one run
     .venv/bin/python scripts/bench_serving.py --short      # a smoke run (CI)
 
 Figures are noisy on a shared machine: compare rows of one run only, with its conditions.
@@ -67,7 +71,8 @@ from vlad_tools.testing import DaemonFailed, Ticker, free_port, launch
 from vlad_tools.testing.conditions import conditions as shared_conditions
 from vlad_tools.testing.releases import Payload, demo_payload, synthetic_payload
 
-SERVERS = ("floor", "openpi-style", "vlad", "vlad+rt", "vlad+rt+spin")
+SERVERS = ("floor", "openpi-style", "vlad", "vlad-baseline", "vlad+rt", "vlad+rt+spin")
+PAYLOADS = ("demo", "synthetic")
 LOADS = ("quiet", "hog+debug")
 RATES = ("50 Hz", "lock-step")
 FIFO_PRIORITY = 10
@@ -414,9 +419,25 @@ def _realtime(rt: dict) -> dict:
     return {k: tuple(v) if k == "cpu_affinity" else v for k, v in rt.items()}
 
 
+def code_from(tree: Path) -> dict[str, str]:
+    """The environment that makes ``vlad serve`` import vlad and its plugins from the checkout
+    ``tree`` (ahead of this one's editable install)."""
+    paths = [tree, *sorted(p for p in (tree / "plugins").iterdir() if p.is_dir())]
+    return {"PYTHONPATH": os.pathsep.join(str(p) for p in paths)}
+
+
 class VladClient:
-    def __init__(self, payload: Payload, folder: Path, debug: bool, rt: dict | None, warmup: int) -> None:
-        self.daemon = launch(vlad_config(payload, debug, rt, warmup), folder=folder, wait_ready=False)
+    def __init__(
+        self,
+        payload: Payload,
+        folder: Path,
+        debug: bool,
+        rt: dict | None,
+        warmup: int,
+        tree: Path | None = None,
+    ) -> None:
+        env = code_from(tree) if tree is not None else None
+        self.daemon = launch(vlad_config(payload, debug, rt, warmup), folder=folder, wait_ready=False, env=env)
         self.payload = payload
 
     def connect(self) -> None:
@@ -555,7 +576,9 @@ def hot_stage_costs(payload: Payload, calls: int) -> dict:
 # ---------------------------------------------------------------------------------------
 
 
-def make_client(server: str, payload: Payload, folder: Path, loaded: bool, rt: dict, warmup: int):
+def make_client(
+    server: str, payload: Payload, folder: Path, loaded: bool, rt: dict, warmup: int, baseline: Path | None = None
+):
     """Launch the server (not waiting for it: ``connect()`` does)."""
     folder.mkdir()
     if server == "floor":
@@ -567,7 +590,7 @@ def make_client(server: str, payload: Payload, folder: Path, loaded: bool, rt: d
         knobs = {k: v for k, v in rt.items() if k != "busy_poll_us"}
     elif server == "vlad+rt+spin":
         knobs = rt
-    return VladClient(payload, folder / "vlad", loaded, knobs, warmup)
+    return VladClient(payload, folder / "vlad", loaded, knobs, warmup, baseline if server == "vlad-baseline" else None)
 
 
 def row_of(server: str, payload: Payload, load: str, rate: str, s: Samples, seconds: float) -> dict:
@@ -667,11 +690,22 @@ def run(args) -> dict:
         "vlad+rt+spin": rt,
     }
     cond["vlad_rt_refused"] = refused
+    if args.baseline is not None:
+        head = subprocess.run(
+            ["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        cond["vlad_baseline"] = {"tree": str(args.baseline), "commit": head.stdout.strip() or "not a git checkout"}
+    here = subprocess.run(
+        ["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    cond["vlad_commit"] = here.stdout.strip() or "not a git checkout"
     seconds = {"50 Hz": args.seconds, "lock-step": args.lockstep_seconds}
     rows: list[dict] = []
     tmp = Path(tempfile.mkdtemp(prefix="vlad-bench-"))
     try:
-        payloads = [demo_payload(), synthetic_payload(tmp / "synthetic")]
+        payloads = [demo_payload()] if "demo" in args.payloads else []
+        if "synthetic" in args.payloads:
+            payloads.append(synthetic_payload(tmp / "synthetic"))
         cond["payloads"] = {
             p.name.split(" ")[0]: {
                 "what": p.name,
@@ -684,7 +718,7 @@ def run(args) -> dict:
         servers = [s for s in SERVERS if s in args.servers]
         n = 0
         for payload in payloads:
-            for load in LOADS:
+            for load in [lo for lo in LOADS if lo in args.loads]:
                 loaded = load != "quiet"
                 with cpu_hog() if loaded else contextlib.nullcontext():
                     launched: dict = {}
@@ -693,13 +727,13 @@ def run(args) -> dict:
                             for server in servers:
                                 n += 1
                                 launched[server] = make_client(
-                                    server, payload, tmp / f"run{n}", loaded, rt, args.warmup
+                                    server, payload, tmp / f"run{n}", loaded, rt, args.warmup, args.baseline
                                 )
                         for server in servers:
                             if server not in launched:
                                 n += 1
                                 launched[server] = make_client(
-                                    server, payload, tmp / f"run{n}", loaded, rt, args.warmup
+                                    server, payload, tmp / f"run{n}", loaded, rt, args.warmup, args.baseline
                                 )
                             client = launched[server]
                             try:
@@ -796,7 +830,20 @@ def main() -> int:
     ap.add_argument("--lockstep-seconds", type=float, default=5.0, help="measured seconds lock-step per row")
     ap.add_argument("--warmup-seconds", type=float, default=2.0, help="unmeasured 50 Hz warm-up per server")
     ap.add_argument("--warmup", type=int, default=10, help="the daemon's serve.warmup inferences")
-    ap.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)
+    ap.add_argument(
+        "--servers",
+        nargs="+",
+        default=[s for s in SERVERS if s != "vlad-baseline"],
+        choices=SERVERS,
+        help="vlad-baseline needs --baseline",
+    )
+    ap.add_argument("--payloads", nargs="+", default=list(PAYLOADS), choices=PAYLOADS)
+    ap.add_argument("--loads", nargs="+", default=list(LOADS), choices=LOADS)
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        help="a vlad checkout (git worktree add DIR <commit>): the vlad-baseline server runs its code",
+    )
     ap.add_argument(
         "--short",
         action="store_true",
@@ -818,6 +865,14 @@ def main() -> int:
     if args._openpi_server:
         openpi_server(int(args._openpi_server[0]), args._openpi_server[1], args._debug)
         return 0
+    if "vlad-baseline" in args.servers and args.baseline is None:
+        ap.error("--servers vlad-baseline needs --baseline DIR")
+    if args.baseline is not None:
+        args.baseline = args.baseline.resolve()
+        if not (args.baseline / "vlad" / "__init__.py").is_file():
+            ap.error(f"--baseline {args.baseline}: not a vlad checkout")
+        if "vlad-baseline" not in args.servers:
+            args.servers.append("vlad-baseline")
     if args.short:
         args.seconds, args.lockstep_seconds, args.warmup_seconds, args.warmup = 0.3, 0.15, 0.1, 3
         args.parallel_start = True

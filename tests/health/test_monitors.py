@@ -338,3 +338,72 @@ def test_messages_waiting_behind_a_long_inference_are_not_a_lost_controller():
     stall = MonitorsConfig().sensor_stall_periods * PERIOD
     quiet = T0 - stall - 1
     assert m.SensorStreamMonitor().check(view(last_observation_ns=quiet, socket_read_ns=quiet + 1)) == []
+
+
+# -- artifacts -------------------------------------------------------------------------------
+
+
+def _artifacts_view(tmp_path, now_ns, digest, interval_s=5.0):
+    return view(
+        now_ns=now_ns,
+        thresholds=MonitorsConfig(artifact_check_interval_s=interval_s),
+        release_dir=tmp_path,
+        artifacts={"policy.onnx": digest},
+    )
+
+
+def test_artifacts_are_rehashed_a_block_per_tick(tmp_path):
+    import hashlib
+    import os
+
+    path = tmp_path / "policy.onnx"
+    data = os.urandom(2 * m.ARTIFACT_BYTES_PER_TICK + 1000)
+    path.write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    mon = m.ArtifactMonitor()
+    for tick in range(3):  # 3 ticks to read it: no tick hashes more than its budget
+        assert mon.check(_artifacts_view(tmp_path, T0 + tick * PERIOD, digest)) == []
+        assert mon._job is None if tick == 2 else mon._job is not None
+    # The next pass starts with the next interval; changed meanwhile (same identity here:
+    # the first look recorded it after the change), the pass finds it.
+    mon._identity.clear()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    t = T0 + 5_000_000_000
+    found = [codes(mon.check(_artifacts_view(tmp_path, t + i * PERIOD, digest))) for i in range(3)]
+    assert found == [[], [], [("artifact_modified", "fault")]]
+
+
+def test_an_artifact_whose_identity_changed_is_hashed_at_once(tmp_path):
+    import hashlib
+    import os
+
+    path = tmp_path / "policy.onnx"
+    data = os.urandom(3 * m.ARTIFACT_BYTES_PER_TICK)
+    path.write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    mon = m.ArtifactMonitor()
+    assert mon.check(_artifacts_view(tmp_path, T0, digest, interval_s=0.05)) == []
+    path.write_bytes(b"tampered")
+    t = T0 + 50_000_000
+    assert codes(mon.check(_artifacts_view(tmp_path, t, digest, interval_s=0.05))) == [("artifact_modified", "fault")]
+    path.write_bytes(data)  # restored: the finding goes with the next look
+    assert mon.check(_artifacts_view(tmp_path, t + 50_000_000, digest, interval_s=0.05)) == []
+    path.unlink()  # gone: changed
+    assert mon.check(_artifacts_view(tmp_path, t + 100_000_000, digest, interval_s=0.05)) != []
+
+
+def test_artifacts_of_another_release_are_looked_at_from_scratch(tmp_path):
+    import hashlib
+    import os
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    digests = {}
+    for folder in (old, new):
+        folder.mkdir()
+        data = os.urandom(2 * m.ARTIFACT_BYTES_PER_TICK)
+        (folder / "policy.onnx").write_bytes(data)
+        digests[folder] = hashlib.sha256(data).hexdigest()
+    mon = m.ArtifactMonitor()
+    assert mon.check(_artifacts_view(old, T0, digests[old])) == []  # half of old/policy.onnx hashed
+    for i in range(1, 4):  # a deploy: the old file's pass is not judged against the new digest
+        assert mon.check(_artifacts_view(new, T0 + i * PERIOD, digests[new])) == []

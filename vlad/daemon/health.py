@@ -1,6 +1,6 @@
 """The health service: sensors and monitors each tick, the fallback decision applied.
 
-Each tick (``fallback.monitor_hz``, in the serving thread's idle gap: :func:`between_cycles`)
+Each tick (``fallback.monitor_hz``, while the serving thread needs no GIL: :func:`between_cycles`)
 the sensors and monitors read a :class:`~vlad.health.base.HealthView` of the counters off
 the event loop; the findings go to the policy chain, which decides
 (:func:`vlad.health.policy.decide`) and moves (:meth:`~vlad.daemon.chain.PolicyChain.follow_health`);
@@ -194,35 +194,61 @@ class HealthService:
             self.loop.wake()  # serve the newest observation again at once
 
 
-async def between_cycles(loop: ServingLoop, period_ns: int) -> None:
-    """Wait, at most one control period and four looks, for the serving thread's idle gap.
+# The event loop's periodic work (a status build, a health tick) is ~1-2 ms of Python: it
+# starts inside the serving thread's engine call only when that call has this long left.
+ENGINE_WINDOW_NS = 2_500_000
+LOOK_NS = 500_000  # how often to look while a cycle is under way
 
-    The health tick and the status build are ~1 ms of Python each (more on cold
-    caches). Run while a serving cycle is under way, they hold the GIL the serving
-    thread needs between its engine call and its publish, which showed as the
-    overhead's tail (docs/benchmarks.md). Just after a chunk went out, the thread has
-    most of a period with nothing to do; with no controller there is nothing to avoid.
+
+async def between_cycles(loop: ServingLoop, period_ns: int) -> None:
+    """Wait, at most one control period, for a moment the serving thread does not need the GIL.
+
+    The health tick and the status build are ~1-2 ms of Python each (more on cold caches).
+    Run while the serving thread is between its engine call and its publish, they hold the
+    GIL it needs, which showed as the overhead's tail (docs/benchmarks.md). Two moments are
+    free: just after a chunk went out, when the next observation is still about half a
+    period away (a controller at its rate: the serving thread is idle); and, when the
+    observations come right after the chunks (lock-step) so that no such gap comes, the
+    serving thread's engine call (the engine releases the GIL) while it has at least
+    :data:`ENGINE_WINDOW_NS` left. With no controller there is nothing to avoid.
     """
-    period = period_ns
     # Not at once after the chunk either: its bytes are still on their way out (the
     # ZeroMQ I/O thread) and the controller is being woken, on the same 2 cores.
-    settle = min(2_000_000, period // 8)
-    deadline = time.monotonic_ns() + period
-    for _ in range(4):  # a controller in lock-step leaves no gap: then go ahead anyway
+    settle = min(2_000_000, period_ns // 8)
+    deadline = time.monotonic_ns() + period_ns
+    while True:
         now = time.monotonic_ns()
-        last = loop.publisher.last_publish_ns
-        since = now - last
-        if now >= deadline or now - loop.intake.last_seen_ns > 2 * period:
+        if now >= deadline or now - loop.intake.last_seen_ns > 2 * period_ns:
             return
-        if settle <= since < period // 2 and loop.in_flight is None:
-            return  # the next observation is still about half a period away
-        if since < settle:
-            wake = last + settle  # just after the last chunk
-        elif since < period:
-            wake = last + period + settle  # just after the next one, about a period later
-        else:
-            wake = now + 1_000_000  # the next one is late: look again soon
+        wake = _next_look(loop, now, period_ns, settle)
+        if wake is None:
+            return
         await anyio.sleep(max(300_000, min(wake, deadline) - now) / 1e9)
+
+
+def _next_look(loop: ServingLoop, now: int, period: int, settle: int) -> int | None:
+    """None: now is a moment the serving thread does not need the GIL (:func:`between_cycles`);
+    else when to look again."""
+    last = loop.publisher.last_publish_ns
+    since = now - last
+    running = loop.in_flight
+    if running is not None:
+        # Its observation came right after the last chunk (lock-step, or cycles longer than
+        # the period): no gap will come after this cycle, its engine call is the moment.
+        lockstep = running.since_ns - last < period // 2
+        left = loop.engine_left_ns(now)
+        if lockstep:
+            if loop.publisher.stats.last("engine") * 1e6 < ENGINE_WINDOW_NS:
+                return None  # engine calls too short to start in: no better moment comes
+            return None if left is not None and left >= ENGINE_WINDOW_NS else now + LOOK_NS
+        return now + LOOK_NS if left is None else now + max(left, 0) + settle  # just after this cycle
+    if settle <= since < period // 2:
+        return None  # the next observation is still about half a period away
+    if since < settle:
+        return last + settle  # just after the last chunk
+    if since < period:
+        return last + period + settle  # just after the next one, about a period later
+    return now + 1_000_000  # the next one is late: look again soon
 
 
 def _in_flight(loop: ServingLoop) -> InFlight | None:

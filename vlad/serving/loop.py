@@ -205,6 +205,19 @@ class ServingLoop:
             time.sleep(0.002)
         return False
 
+    def engine_left_ns(self, now_ns: int) -> int | None:
+        """While the serving thread is inside its engine call (which releases the GIL): about
+        how long that call has left, from the previous call's duration (negative once it
+        overran it). None while it is not in one. Read from another thread, without a lock:
+        a stamp of the next cycle read with one of this one can only make it None or negative."""
+        if self.in_flight is None:
+            return None
+        t = self._times
+        start, end = t.infer_start, t.infer_end
+        if start == 0 or end != 0:
+            return None
+        return int(self.publisher.stats.last("engine") * 1e6) - (now_ns - start)
+
     def close(self) -> None:
         with self._wake_lock:
             self._wake_tx.close(0)

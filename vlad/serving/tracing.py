@@ -141,6 +141,11 @@ class LatencyStats:
         idx = np.arange(n - take, n) % self.window
         return np.frombuffer(self._buf[stage])[idx], n, new - take
 
+    def last(self, stage: str) -> float:
+        """The newest sample of ``stage`` in ms (0.0 before the first)."""
+        n = self._n[stage]
+        return self._buf[stage][(n - 1) % self.window] if n else 0.0
+
     def summary(self, stages: tuple[str, ...] = STAGES) -> dict[str, dict[str, float]]:
         """``{stage: {count, p50, p95, p99, max}}`` over the window, for ``stages`` with samples."""
         out = {}

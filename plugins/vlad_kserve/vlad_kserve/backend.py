@@ -35,7 +35,6 @@ when the response says (``vlad_server_ns`` parameter, set by :mod:`vlad_kserve.s
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 import threading
@@ -58,6 +57,7 @@ from vlad.backend import (
 )
 from vlad.contract import Contract, TensorSpec
 from vlad.errors import BackendError, BackendUnavailable, RemoteUnavailable
+from vlad.files import sha256_file
 from vlad_kserve.options import RemoteOptions, parse_options
 from vlad_kserve.stats import LinkStats
 from vlad_kserve.transport import SYSTEM_KINDS, TokenSource, TransportError, make_transport, v2_datatype
@@ -158,6 +158,7 @@ class KServeSession(Session):
     def __init__(self, contract: Contract, artifact: Path, raw_options: Mapping[str, Any], opts: RemoteOptions) -> None:
         super().__init__(contract, artifact, raw_options)
         self.opts = opts
+        self._digest: str | None = None  # the artifact's sha256, hashed once (describe())
         self.link = LinkStats(opts.stats_window, opts.recover_after)
         self._token = TokenSource(opts.token_file)
         self._output_names = [s.name for s in contract.outputs]
@@ -351,7 +352,9 @@ class KServeSession(Session):
     def describe(self) -> SessionDescription:
         """The server and model in use; the device is ``remote:<endpoint>``."""
         md = self.server_metadata  # empty while a link lost at start was never connected
-        digest = hashlib.sha256(self.artifact.read_bytes()).hexdigest()[:16] if self.artifact.is_file() else "?"
+        if self._digest is None:  # once: the status calls this every build
+            self._digest = sha256_file(self.artifact)[:16] if self.artifact.is_file() else "?"
+        digest = self._digest
         return SessionDescription(
             backend="kserve",
             runtime=f"kserve-v2/{self.opts.protocol}",

@@ -82,6 +82,7 @@ import numpy as np
 from vlad.backend import Availability, Backend, Session, SessionDescription, Timing, example_inputs
 from vlad.contract import Contract
 from vlad.errors import BackendError, BackendUnavailable
+from vlad.files import sha256_file
 from vlad_onnxruntime import gpu as gpu_paths
 from vlad_onnxruntime.options import CPU, OPT_LEVELS, OrtOptions
 from vlad_onnxruntime.placement import Placement, judge_placement
@@ -154,6 +155,7 @@ class OnnxRuntimeSession(Session):
         self.opts = opts
         self._ort = ort
         self._sess = None
+        self._digest: str | None = None  # the artifact's sha256, hashed once (describe())
         if not self.artifact.is_file():
             raise _fail(f"artifact {self.artifact} does not exist")
         names, provider_opts = opts.provider_list()
@@ -387,7 +389,9 @@ class OnnxRuntimeSession(Session):
         """Providers that actually run nodes, the device, the true precision label and the
         node placement."""
         ort = self._ort
-        digest = hashlib.sha256(self.artifact.read_bytes()).hexdigest()[:16] if self.artifact.is_file() else "?"
+        if self._digest is None:  # once: the status calls this every build, a model can be GBs
+            self._digest = sha256_file(self.artifact)[:16] if self.artifact.is_file() else "?"
+        digest = self._digest
         level = self.opts.graph_optimization_level
         effective = {}
         if self._sess is not None and hasattr(self._sess, "get_provider_options"):
