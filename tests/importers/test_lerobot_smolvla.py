@@ -159,6 +159,111 @@ def test_real_time_chunking_inpaints_and_zero_weights_are_the_plain_chunk(loaded
     assert 0 < np.abs(half[:, :3] - target[:, :3]).max() < np.abs(plain[:, :3] - target[:, :3]).max()
 
 
+@pytest.fixture(scope="module")
+def guided_release(loaded, tmp_path_factory):
+    """policy.pt2 and the flow head's programs (real-time chunking by guidance) of the tiny
+    SmolVLA, beside its contract and tokenizer, with one check window and LeRobot's answer."""
+    from vlad.release.export import export_program
+    from vlad_tools.importers.lerobot.importer import _export_flow_head
+
+    ckpt, contract, tokenizer, policy, pre, post, module = loaded
+    folder = tmp_path_factory.mktemp("guided")
+    for name in ("contract.toml", "tokenizer.json"):
+        shutil.copy(contract.path.parent / name, folder / name)
+    window = synthetic_windows(ckpt, 1, seed=9)[0]
+    inputs = {**_vlad_window(contract, window, _names(ckpt), 11, tokenizer), "noise": _noise(ckpt, contract, 11)}
+    export_program(module, contract, inputs, folder / "policy.pt2")
+    _export_flow_head(module, contract, inputs, folder)
+    return folder, inputs, lerobot_reference(policy, pre, post, ckpt, window, inputs["noise"])
+
+
+def test_guided_real_time_chunking_on_the_torch_backend(loaded, guided_release):
+    """The flow head's programs as the torch backend integrates them: with zero weights
+    LeRobot's plain chunk; weighted towards waypoints 0.5 off it over the first half, the
+    guidance written in LeRobot's own time over its eager modules, the weighted waypoints
+    much closer (guidance pulls, it does not overwrite) and the free ones moved."""
+    from vlad_tools.importers.lerobot.importer import GUIDED, GUIDED_RUN, _check_artifacts, _check_guidance
+    from vlad_torch import TorchBackend
+
+    ckpt, contract, *_, module = loaded
+    folder, inputs, ref = guided_release
+    with TorchBackend().load(folder / "policy.pt2", contract, GUIDED) as session:
+        plain = session.infer(inputs)["actions"]
+    assert plain.shape == (1, 8, 6)
+    np.testing.assert_allclose(plain, ref.output, atol=1e-5)
+    checks = _check_artifacts(contract, folder, [(inputs, ref)], (GUIDED_RUN,))
+    guided = checks["torch guided (policy_encoder.pt2, policy_velocity.pt2)"]
+    assert guided.output.max_abs <= 1e-5 and not guided.problems("guided", contract)
+    problems: list[str] = []
+    report = _check_guidance(contract, module, folder, inputs, problems)
+    assert problems == []
+    assert report["held"] == 4 and report["vs_reference_max_abs"] <= 1e-5
+    assert report["weight_1_mean_abs_before"] == pytest.approx(0.5, abs=1e-6)
+    assert report["weight_1_mean_abs_after"] < 0.25 * report["weight_1_mean_abs_before"], report
+    assert report["free_changed_max_abs"] > 1e-3, report
+
+
+def test_a_flow_head_left_in_lerobots_time_is_caught(loaded, guided_release, tmp_path, monkeypatch):
+    """The velocity exported without the time conversion (LeRobot's ``denoise_step(x, t)``):
+    the import's checks against LeRobot's plain chunk and the guidance in its time fail."""
+    import torch
+
+    from vlad_tools.importers.lerobot.importer import GUIDED_RUN, _check_artifacts, _check_guidance, _export_flow_head
+
+    ckpt, contract, *_, module = loaded
+    folder, inputs, ref = guided_release
+    heads = type(module).flow_head
+
+    class Unconverted(torch.nn.Module):
+        def __init__(self, velocity) -> None:
+            super().__init__()
+            self.velocity = velocity
+
+        def forward(self, *args):
+            *rest, t = args
+            return -self.velocity(*rest, 1.0 - t)
+
+    monkeypatch.setattr(type(module), "flow_head", lambda self: (heads(self)[0], Unconverted(heads(self)[1])))
+    shutil.copy(folder / "policy.pt2", tmp_path / "policy.pt2")
+    _export_flow_head(module, contract, inputs, tmp_path)
+    checks = _check_artifacts(contract, tmp_path, [(inputs, ref)], (GUIDED_RUN,))
+    assert checks["torch guided (policy_encoder.pt2, policy_velocity.pt2)"].problems("guided", contract)
+    problems: list[str] = []
+    _check_guidance(contract, module, tmp_path, inputs, problems)
+    assert any("differ from the guidance in LeRobot's time" in p for p in problems), problems
+
+
+def test_the_manifest_of_a_torch_release_names_the_flow_head(loaded, guided_release, tmp_path):
+    """--backend torch: the manifest's options run the guided flow (the contract keeps its
+    inpainting, which policy.onnx and a plain torch session use); served from the manifest,
+    zero weights give LeRobot's chunk. Guidance is a SmolVLA choice on the torch backend."""
+    from vlad.plugins import get_backend
+    from vlad.release.manifest import load_manifest
+    from vlad_tools.importers.lerobot.importer import _write_manifest
+
+    ckpt, contract, *_ = loaded
+    folder, inputs, ref = guided_release
+    release = tmp_path / "release"
+    shutil.copytree(folder, release)
+    _write_manifest(release, release, ckpt, contract, ImportOptions(contract=OPTS, backend="torch"), lambda _: None)
+    manifest = load_manifest(release / "manifest.toml")
+    assert manifest.backend.name == "torch" and manifest.backend.artifact == "policy.pt2"
+    assert dict(manifest.backend.options) == {
+        "rtc_encoder": "policy_encoder.pt2",
+        "rtc_velocity": "policy_velocity.pt2",
+    }
+    assert {"policy_encoder.pt2", "policy_velocity.pt2"} <= {a.path for a in manifest.artifacts}
+    loaded_contract = load_contract(release / "contract.toml")
+    assert loaded_contract.rtc is not None and loaded_contract.rtc.method == "inpaint"
+    with get_backend("torch").load(release / "policy.pt2", loaded_contract, manifest.backend.options) as session:
+        np.testing.assert_allclose(session.infer(inputs)["actions"], ref.output, atol=1e-5)
+
+    assert ImportOptions(contract=OPTS).guided(ckpt) is False  # onnxruntime: the graph's inpainting
+    assert ImportOptions(contract=OPTS, backend="torch", rtc_guidance=False).guided(ckpt) is False
+    with pytest.raises(CheckpointError, match="a SmolVLA served by the torch backend"):
+        ImportOptions(contract=OPTS, rtc_guidance=True).guided(ckpt)
+
+
 def _copy(src, dst, drop=(), config=None):
     shutil.copytree(src, dst)
     for name in drop:

@@ -8,11 +8,15 @@ flow-matching head as two more ``torch.export`` programs, named by the backend o
 
 * ``rtc_encoder``: the observation inputs (the contract's inputs but the noise and the
   ``[rtc]`` ones, in contract order) -> a tuple of context tensors;
-* ``rtc_velocity``: ``(*context, x [B, H, D], t [B])`` -> the velocity ``[B, H, D]``,
+* ``rtc_velocity``: ``(*context, x [B, H, S], t [B])`` -> the velocity ``[B, H, S]``,
 
 and this module integrates ``[noise] denoising_steps`` Euler steps from the noise
-(``t = 0``) to the chunk (``t = 1``). At each step, with ``Y`` the waypoints to continue and
-``W`` their weights (the ``[rtc]`` inputs):
+(``t = 0``) to the chunk (``t = 1``). The flow state ``x`` has the noise's shape
+(``[noise] shape``, ``[H, S]``): the action chunk itself (``S`` = ``[action] dim``, the demo)
+or wider (SmolVLA's ``max_action_dim``), the action then being its first ``[action] dim``
+columns and the other columns free (their guide weight is zero; the gradient still moves
+them where the action depends on them). At each step, with ``Y`` the waypoints to continue
+and ``W`` their weights (the ``[rtc]`` inputs, zero-padded to the state's width):
 
     Â¹ = x + (1 - t) v(x, t)                 the chunk the step predicts
     g  = (W ⊙ (Y - Â¹))ᵀ ∂Â¹/∂x               one vector-Jacobian product through the head
@@ -20,7 +24,9 @@ and this module integrates ``[noise] denoising_steps`` Euler steps from the nois
     x  = x + v' / n
 
 ``β`` is ``rtc_guidance`` (the paper's 5). With every weight zero no gradient is taken: the
-plain chunk, the same computation as the exported graph's. Loaded only through
+plain chunk, the same computation as the exported graph's. The time runs from the noise
+(0) to the chunk (1) whatever the policy's own convention: a policy whose time runs the
+other way (LeRobot's SmolVLA) exports ``-v(x, 1 - t)`` as its velocity. Loaded only through
 :func:`torch.export.load` (no pickled code), like the main program.
 """
 
@@ -49,6 +55,15 @@ class GuidedFlow:
         self.rtc = contract.rtc
         self.noise = contract.noise.input
         self.steps = contract.noise.denoising_steps
+        state = tuple(contract.noise.shape)
+        adim = contract.action.dim
+        if len(state) != 2 or state[0] != contract.action.chunk_length or state[1] < adim:
+            raise BackendError(
+                f"torch: guidance integrates a flow state of [noise] shape [chunk_length, >= action dim] = "
+                f"[{contract.action.chunk_length}, >= {adim}]; the contract's is {list(state)}"
+            )
+        # A state wider than the action: the action is its first columns (None: as wide).
+        self.action_dim = adim if state[1] > adim else None
         skip = {self.noise, self.rtc.actions_input, self.rtc.weights_input}
         self.observation = [spec.name for spec in contract.inputs if spec.name not in skip]
         self.order = list(input_order)
@@ -70,6 +85,10 @@ class GuidedFlow:
             target = named[self.rtc.actions_input]
             weights = named[self.rtc.weights_input][..., None]
             guided = bool((weights > 0).any())
+            if self.action_dim is not None:  # guide the action's columns only
+                free = x.shape[-1] - self.action_dim
+                target = torch.nn.functional.pad(target, (0, free))
+                weights = torch.nn.functional.pad(weights.expand(*target.shape[:-1], self.action_dim), (0, free))
             n = self.steps
             batch = x.shape[0]
             for k in range(n):
@@ -88,4 +107,4 @@ class GuidedFlow:
                     with torch.no_grad():
                         v = self.velocity(*context, x, t)
                 x = (x + v / n).detach()
-            return x
+            return x if self.action_dim is None else x[..., : self.action_dim]

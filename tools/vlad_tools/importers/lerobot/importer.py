@@ -13,6 +13,10 @@ Steps (each one prints progress):
    per joint in physical units;
 5. export ``policy.pt2`` and ``policy.onnx`` (:mod:`vlad.release.export`: checked against
    PyTorch) and write the golden fixtures the equivalence gate reads (``golden.npz``);
+   SmolVLA served by ``torch``: also its flow head as ``policy_encoder.pt2`` and
+   ``policy_velocity.pt2``, real-time chunking by guidance (the contract's in-graph
+   inpainting stays, the ONNX Runtime fallback's), checked against LeRobot's chunk and a
+   reference of the guidance in LeRobot's own time;
 6. write ``import-report.json`` (lineage: LeRobot version, policy type, checkpoint sha256;
    every figure of step 4), the manifest, and sign it when a key is given.
 
@@ -68,6 +72,10 @@ OUTPUT_MAX_ABS = 1e-4
 OUTPUT_MEAN_ABS = 1e-5
 PREPROCESS_MAX_ABS = 1e-5  # vlad's (x - mean) / std vs LeRobot's own formula (MIN_MAX: one rounding apart)
 PRECISIONS = ("fp32", "fp16", "bf16")
+# Real-time chunking by guidance (vlad_torch.guided): the flow head's programs, the torch
+# backend's rtc_encoder / rtc_velocity options, and its default guidance cap (the paper's).
+ENCODER, VELOCITY = "policy_encoder.pt2", "policy_velocity.pt2"
+GUIDANCE = 5.0
 
 
 class ImportCheckFailed(VladError):
@@ -91,6 +99,19 @@ class ImportOptions:
     force: bool = False
     vlm_dir: Path | None = None  # SmolVLA: the local folder of its vision-language model
     instructions: tuple[str, ...] = ()  # instructions of synthetic check windows (SmolVLA)
+    # SmolVLA: ship real-time chunking by guidance (the torch backend); None: with backend torch
+    rtc_guidance: bool | None = None
+
+    def guided(self, ckpt: Checkpoint) -> bool:
+        """Whether this import ships the flow head for guidance (a checked choice)."""
+        if self.rtc_guidance is None:
+            return ckpt.type == "smolvla" and self.backend == "torch"
+        if self.rtc_guidance and (ckpt.type != "smolvla" or self.backend != "torch"):
+            raise CheckpointError(
+                f"real-time chunking by guidance: a SmolVLA served by the torch backend (this is a {ckpt.type} "
+                f"checkpoint, backend {self.backend})"
+            )
+        return self.rtc_guidance
 
 
 @dataclass
@@ -195,6 +216,7 @@ def import_checkpoint(
     if out.exists() and any(out.iterdir()) and not opts.force:
         raise CheckpointError(f"{out} is not empty: choose a new folder or pass --force to replace it")
     ckpt = read_checkpoint(checkpoint)
+    opts.guided(ckpt)  # an impossible choice fails before anything is written
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
@@ -297,10 +319,16 @@ def _import(
             "report it with the checkpoint's config.json"
         ) from exc
     log("import: policy.onnx written")
+    guided = opts.guided(ckpt)
+    if guided:
+        _export_flow_head(module, contract, export_inputs[0], staging)
+        log(f"import: {ENCODER} and {VELOCITY} written (real-time chunking by guidance)")
 
     log("import: checking the artifacts against LeRobot ...")
-    report_checks.update(_check_artifacts(contract, staging, pairs))
+    report_checks.update(_check_artifacts(contract, staging, pairs, PLAIN_RUNS + ((GUIDED_RUN,) if guided else ())))
     problems = list(report_checks.pop("problems", []))
+    if guided:
+        report_checks["rtc_guidance"] = _check_guidance(contract, module, staging, pairs[0][0], problems)
     pre_stat: Stat = report_checks["preprocessing"]
     if pre_stat.max_abs > PREPROCESS_MAX_ABS:  # first: a wrong input explains every output after it
         problems.append(
@@ -509,15 +537,22 @@ def _check_rtc(contract: Contract, module, inputs: dict[str, np.ndarray], proble
     return {"method": rtc.method, "weight_1_max_abs": kept, "free_changed_max_abs": moved, "held": held}
 
 
-def _check_artifacts(contract: Contract, out: Path, pairs) -> dict[str, ArtifactCheck]:
-    """The exported artifacts, run by vlad's own backends, against LeRobot's chunks."""
+GUIDED = {"threads": 1, "rtc_encoder": ENCODER, "rtc_velocity": VELOCITY}  # the torch backend's options
+PLAIN_RUNS = (
+    ("torch (policy.pt2)", "torch", "policy.pt2", {"threads": 1}),
+    ("onnxruntime (policy.onnx)", "onnxruntime", "policy.onnx", {"intra_op_threads": 1}),
+)
+GUIDED_RUN = (f"torch guided ({ENCODER}, {VELOCITY})", "torch", "policy.pt2", GUIDED)
+
+
+def _check_artifacts(contract: Contract, out: Path, pairs, runs=PLAIN_RUNS) -> dict[str, ArtifactCheck]:
+    """The exported artifacts, run by vlad's own backends, against LeRobot's chunks (``runs``:
+    name, backend, artifact, options; :data:`GUIDED_RUN`, the flow head's programs with the
+    check windows' weights, all zero, must give LeRobot's plain chunk too)."""
     from vlad.plugins import get_backend
 
     checks: dict[str, ArtifactCheck] = {}
-    for name, backend, artifact, options in (
-        ("torch (policy.pt2)", "torch", "policy.pt2", {"threads": 1}),
-        ("onnxruntime (policy.onnx)", "onnxruntime", "policy.onnx", {"intra_op_threads": 1}),
-    ):
+    for name, backend, artifact, options in runs:
         session = get_backend(backend).load(out / artifact, contract, options)
         try:
             check = ArtifactCheck()
@@ -527,6 +562,81 @@ def _check_artifacts(contract: Contract, out: Path, pairs) -> dict[str, Artifact
         finally:
             session.close()
     return checks
+
+
+def _export_flow_head(module, contract: Contract, example: dict[str, np.ndarray], out: Path) -> None:
+    """SmolVLA's flow head as the two ``torch.export`` programs of ``vlad_torch.guided``
+    (batch of one, like the demo release's): the encoder from the observation inputs, the
+    velocity (vlad's time) from its context, ``x`` and ``t``."""
+    import torch
+
+    from vlad.release.export import root_cause
+
+    rtc, noise = contract.rtc, contract.noise
+    assert rtc is not None and noise is not None
+    skip = {noise.input, rtc.actions_input, rtc.weights_input}
+    observation = tuple(torch.from_numpy(example[s.name]) for s in contract.inputs if s.name not in skip)
+    encoder, velocity = module.flow_head()
+    try:
+        with torch.no_grad():
+            context = encoder(*observation)
+            x = torch.from_numpy(example[noise.input])
+            t = torch.zeros(x.shape[0])
+            torch.export.save(torch.export.export(encoder, observation), str(out / ENCODER))
+            torch.export.save(torch.export.export(velocity, (*context, x, t)), str(out / VELOCITY))
+    except Exception as exc:
+        raise ExportError(f"torch.export of the flow head failed: {root_cause(exc)}") from exc
+
+
+def _check_guidance(
+    contract: Contract, module, out: Path, inputs: dict[str, np.ndarray], problems: list[str]
+) -> dict[str, Any]:
+    """The guided programs as the torch backend runs them, steered: the first half of the chunk
+    weighted 1 towards waypoints 0.5 off LeRobot's plain chunk, against the same guidance written
+    in LeRobot's time over its eager modules (within the output budget); the weighted waypoints
+    come closer to their targets and the free ones move. Guidance pulls by the policy's own
+    field (at most ``GUIDANCE`` times its vector-Jacobian product per step), so unlike the
+    graph's inpainting it does not reproduce a waypoint of weight 1: the report gives how far."""
+    from vlad.plugins import get_backend
+    from vlad_tools.importers.lerobot.policies import smolvla_guided_reference
+
+    rtc = contract.rtc
+    assert rtc is not None
+    session = get_backend("torch").load(out / "policy.pt2", contract, GUIDED)
+    try:
+        out_name = contract.action.output
+        zero = {**inputs, rtc.weights_input: np.zeros_like(inputs[rtc.weights_input])}
+        plain = np.asarray(session.infer(zero)[out_name])
+        held = contract.action.chunk_length // 2
+        target = (plain + 0.5).astype(np.float32)
+        weights = np.zeros_like(inputs[rtc.weights_input])
+        weights[:, :held] = 1.0
+        feed = {**inputs, rtc.actions_input: target, rtc.weights_input: weights}
+        got = np.asarray(session.infer(feed)[out_name])
+    finally:
+        session.close()
+    ref = smolvla_guided_reference(module, contract, feed, GUIDANCE)
+    err = float(np.abs(got - ref).max())
+    before = float(np.abs(plain[:, :held] - target[:, :held]).mean())
+    after = float(np.abs(got[:, :held] - target[:, :held]).mean())
+    moved = float(np.abs(got[:, held:] - plain[:, held:]).max())
+    if not err <= OUTPUT_MAX_ABS:
+        problems.append(
+            f"rtc guidance: the guided programs differ from the guidance in LeRobot's time by {err:.3g} "
+            f"(budget {OUTPUT_MAX_ABS:g})"
+        )
+    if not after < before:
+        problems.append(f"rtc guidance: weighted waypoints do not come closer ({before:.3g} -> {after:.3g} mean)")
+    if not moved > 0:
+        problems.append("rtc guidance: the free waypoints ignore the guide")
+    return {
+        "guidance": GUIDANCE,
+        "held": held,
+        "vs_reference_max_abs": err,
+        "weight_1_mean_abs_before": before,
+        "weight_1_mean_abs_after": after,
+        "free_changed_max_abs": moved,
+    }
 
 
 def _write_golden(path: Path, fixtures: list[dict[str, Any]]) -> None:
@@ -574,6 +684,8 @@ def _write_manifest(staging: Path, out: Path, ckpt: Checkpoint, contract: Contra
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     runtime = installed_runtime()
     options: dict[str, Any] = {"intra_op_threads": 1} if opts.backend == "onnxruntime" else {}
+    if opts.guided(ckpt):  # the torch backend integrates the flow itself, guided
+        options.update(rtc_encoder=ENCODER, rtc_velocity=VELOCITY)
     if opts.precision != "fp32":
         options["precision"] = opts.precision
     artifact = "policy.onnx" if opts.backend in ("onnxruntime", "tensorrt", "kserve") else "policy.pt2"

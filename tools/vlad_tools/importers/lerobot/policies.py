@@ -396,6 +396,42 @@ def _smolvla_module(policy, ckpt: Checkpoint, pad_id: int):
             x = x + w * (target - x)
             return x[:, :, :adim]
 
+        def flow_head(self):
+            """The flow head as two modules for real-time chunking by guidance
+            (``vlad_torch.guided``), in vlad's time (0 at the noise, 1 at the chunk)"""
+            return SmolVLAEncoder(self), SmolVLAVelocity(self)
+
+    class SmolVLAEncoder(torch.nn.Module):
+        """cameras..., tokens, state -> the prefix's pad mask ``[N, P]`` and its cached keys
+        and values (two per VLM layer, in layer order): what every denoising step reads."""
+
+        def __init__(self, export) -> None:
+            super().__init__()
+            self.export = export
+
+        def forward(self, *args):
+            with batch_free_vision():
+                _, pad_masks, cache = self.export.context(list(args[:n_cams]), args[n_cams], args[n_cams + 1])
+            return (pad_masks, *(cache[k][s] for k in sorted(cache) for s in ("key_states", "value_states")))
+
+    class SmolVLAVelocity(torch.nn.Module):
+        """``(pad mask, keys and values..., x [N, chunk, max_action_dim], t [N])`` -> the
+        velocity in vlad's time: ``-denoise_step(x, 1 - t)`` (LeRobot integrates
+        ``x + dt * v`` with ``dt = -1 / steps`` from its time 1 down to 0)."""
+
+        def __init__(self, export) -> None:
+            super().__init__()
+            self.export = export
+
+        def forward(self, *args):
+            pad_masks, *kv, x, t = args
+            layers = range(len(kv) // 2)
+            cache = {i: {"key_states": kv[2 * i], "value_states": kv[2 * i + 1]} for i in layers}
+            v = self.export.inner.denoise_step(
+                prefix_pad_masks=pad_masks, past_key_values=cache, x_t=x, timestep=1.0 - t
+            )
+            return -v
+
     return SmolVLAExport(policy.model)
 
 
@@ -463,6 +499,62 @@ def lerobot_reference(
         actions = post(out)
     inputs = {k: v.numpy().copy() for k, v in batch.items() if isinstance(v, torch.Tensor)}
     return Reference(inputs, out.numpy().copy(), np.asarray(actions)[0].astype(np.float32))
+
+
+def smolvla_guided_reference(module, contract, inputs: dict[str, np.ndarray], guidance: float) -> np.ndarray:
+    """Real-time chunking by guidance written in LeRobot's own time, the reference the release's
+    guided programs are checked against: the eager prefix (``module.context``), then
+    ``num_steps`` Euler steps ``x + dt * v`` with ``dt = -1 / steps`` from LeRobot's time 1 (the
+    noise) to 0, each velocity of ``denoise_step`` corrected by the vector-Jacobian product of
+    the weighted distance between the waypoints and the chunk the step predicts,
+    ``x - time * v`` (the paper's guidance, as ``vlad_torch.guided`` computes it in its own
+    time ``tau = 1 - time``). The waypoints and weights cover the action's columns of the
+    ``max_action_dim``-wide state. Returns the normalized chunk ``[N, chunk, action dim]``.
+
+    LeRobot's own ``RTCProcessor`` (0.4.4) is no reference for this: it calls the denoiser
+    before ``x_t`` requires a gradient, so its correction is the weighted error itself (no
+    product through the policy), and it guides the padded columns towards zero.
+    """
+    import torch
+
+    rtc, noise_spec = contract.rtc, contract.noise
+    adim, steps = contract.action.dim, noise_spec.denoising_steps
+    names = [s.name for s in contract.inputs]
+    skip = {noise_spec.input, rtc.actions_input, rtc.weights_input}
+    observation = [torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in names if n not in skip]
+    encoder, _ = module.flow_head()
+    with torch.no_grad():
+        pad_masks, *kv = encoder(*observation)
+    cache = {i: {"key_states": kv[2 * i], "value_states": kv[2 * i + 1]} for i in range(len(kv) // 2)}
+    x = torch.from_numpy(np.ascontiguousarray(inputs[noise_spec.input]))
+    free = x.shape[-1] - adim
+    target = torch.nn.functional.pad(torch.from_numpy(inputs[rtc.actions_input]), (0, free))
+    w = torch.from_numpy(inputs[rtc.weights_input])[..., None].expand(-1, -1, adim)
+    weights = torch.nn.functional.pad(w, (0, free))
+    guided = bool((weights > 0).any())
+    dt = -1.0 / steps
+
+    def velocity(x_t, time):
+        t = torch.full((x_t.shape[0],), time, dtype=torch.float32)
+        return module.inner.denoise_step(prefix_pad_masks=pad_masks, past_key_values=cache, x_t=x_t, timestep=t)
+
+    for step in range(steps):
+        time = 1.0 + step * dt
+        if guided:
+            with torch.enable_grad():
+                xg = x.detach().requires_grad_(True)
+                v = velocity(xg, time)
+                predicted = xg - time * v
+                (correction,) = torch.autograd.grad(predicted, xg, weights * (target - predicted))
+            tau = 1.0 - time
+            r2 = time**2 / (tau**2 + time**2)
+            weight = guidance if tau == 0.0 else min(guidance, time / (tau * r2))
+            v = v.detach() - weight * correction
+        else:
+            with torch.no_grad():
+                v = velocity(x, time)
+        x = (x + dt * v).detach()
+    return x[:, :, :adim].numpy()
 
 
 def seeded_ddpm_noise(ckpt: Checkpoint, seed: int, batch: int = 1) -> np.ndarray:
