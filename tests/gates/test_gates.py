@@ -217,9 +217,10 @@ def test_perturbed_weight_fails_the_equivalence_gate(built):
     assert worst > 100 * 2e-4  # far outside the fp32 budget, not a rounding question
 
 
-def test_unperturbed_reexport_is_within_the_fp32_budget(built, golden, contract):
-    """Control for the test above: the same re-export without the perturbation matches the
-    recorded PyTorch fp32 outputs, so the failure there is the weight, not the exporter."""
+def test_the_unperturbed_rewrite_is_within_the_fp32_budget(built, golden, contract):
+    """Control for the test above: the same rewrite of the graph without the perturbation
+    matches the recorded PyTorch fp32 outputs, so the failure there is the weight, not the
+    rewrite."""
     from vlad.plugins import get_backend
 
     release = candidates.perturbed_weight(built / "unperturbed", scale=0.0)
