@@ -278,9 +278,12 @@ def test_policy_ignoring_the_instruction_fails_the_closed_loop_gate(built, ignor
         release,
         candidates.DEMO,
         built / "no-language-report",
-        # the CPU-hog run is the demo test's: here only the verdict on the instruction matters,
-        # and two seeds per instruction decide it (0 of 2 where the demo reaches 2 of 2)
-        plan=small_plan({"closed_loop": {"fidelity_under_hog": False, "episodes": 2}}, plan_file=plan_file),
+        # the CPU-hog run and the run at the target's latency (150 ms) are the demo test's:
+        # here only the verdict on the instruction matters, and two seeds per instruction
+        # decide it (0 of 2 where the demo reaches 2 of 2)
+        plan=small_plan(
+            {"closed_loop": {"fidelity_under_hog": False, "latency_ms": 0.0, "episodes": 2}}, plan_file=plan_file
+        ),
         gates=["contract", "equivalence", "closed_loop"],
         progress=lambda m: None,
         html=False,
