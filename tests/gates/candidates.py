@@ -71,11 +71,6 @@ def write_manifest(
     return dest
 
 
-def demo_copy(dest: Path) -> Path:
-    """An unsigned copy of the demo release: the same artifacts re-released (export only)."""
-    return write_manifest(copy_demo(dest), "vlad-demo-reacher-copy")
-
-
 def changed_normalization(dest: Path) -> Path:
     """The camera's blue-channel std 0.25 -> 0.26: the model would be fed other values."""
     copy_demo(dest)

@@ -39,17 +39,17 @@ def _why(report: dict) -> str:
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """``vladctl gate`` on a copy of the demo release with itself as the baseline (as the demo
-    is gated, docs/gates.md), with --record. The closed-loop gate then takes the candidate's
-    episodes as the baseline's; a baseline served by its own daemon is the no-language test's."""
+    """``vladctl gate`` on a copy of the demo release elsewhere with itself as the baseline (as
+    the demo is gated, docs/gates.md), by the plan its manifest carries (the same as
+    etc/vlad/demo-gates.toml, paths inside the release), with --record. The closed-loop gate
+    then takes the candidate's episodes as the baseline's; a baseline served by its own daemon
+    is the no-language test's."""
     tmp = tmp_path_factory.mktemp("demo-gate")
-    release = candidates.demo_copy(tmp / "release")
+    release = shutil.copytree(candidates.DEMO, tmp / "robot" / candidates.DEMO.name)
     out = gate_cli(
         str(release),
         "--baseline",
         str(release),
-        "--plan",
-        str(DEMO_PLAN),
         "--report",
         str(tmp / "report"),
         "--record",
@@ -92,6 +92,18 @@ def test_demo_release_passes_every_gate(demo_run):
     )
     for key in ("cpu", "governor", "loadavg_1_5_15", "versions", "gpu", "temperatures_c"):
         assert key in report["conditions"]
+
+
+def test_the_demo_release_gates_from_a_copy_by_its_own_plan(demo_run):
+    """Everything the demo's signed plan names is inside the release: a copy elsewhere runs
+    its gates (golden fixtures and the recording) from its own files."""
+    release, report_dir, out = demo_run
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["plan"]["source"].endswith("manifest.toml [gate_plan]"), report["plan"]
+    assert report["plan"]["base_dir"] == str(release)
+    golden = _gate(report, "equivalence")["details"]["golden"]
+    assert golden["path"] == str(release / "golden.npz") and golden["fixtures"] == 4
+    assert "replay demo_recording.mcap 40/40" in out.stdout
 
 
 def test_recorded_evidence_is_signed_and_passes_the_deploy_check(demo_run):
