@@ -248,12 +248,20 @@ def test_the_unperturbed_rewrite_is_within_the_fp32_budget(built, golden, contra
 
 def test_slowed_backend_fails_the_performance_gate(built):
     release = candidates.slowed_backend(built / "slow")
+    # The demo plan without the debug-logging run (a second cold start) and the shape
+    # switches (engine calls at 100 ms each): the verdict at stake is the warm one.
+    plan = built / "slow-gates.toml"
+    text = DEMO_PLAN.read_text().replace('"../../manifests/demo/', f'"{ROOT}/manifests/demo/')
+    plan.write_text(
+        text.replace("\n[performance]\n", "\n[performance]\ndebug_logging = false\nshape_switch_calls = 0\n", 1)
+    )
+    assert "debug_logging = false" in plan.read_text()
     out = gate_cli(
         str(release),
         "--baseline",
         str(candidates.DEMO),
         "--plan",
-        str(DEMO_PLAN),
+        str(plan),
         "--report",
         str(built / "slow-report"),
         # the gate at stake: its outputs are the demo's (the wrapper only waits), so the
@@ -273,6 +281,7 @@ def test_slowed_backend_fails_the_performance_gate(built):
     assert [g["status"] for g in report["gates"]] == ["passed", "failed"], _why(report)
     perf = _gate(report, "performance")
     assert perf["reasons"][0].startswith("warm: end-to-end p99")
+    assert "debug_logging" not in perf["details"]["scenarios"]  # the plan's options held
     warm = next(c for c in perf["checks"] if c["name"] == "warm: end-to-end p99")
     # The sleep is a lower bound: 5x the deadline. When the deadline monitor moved every warm
     # observation to the fallback hold (a loaded machine), nothing was answered and the
