@@ -1,4 +1,4 @@
-"""Gate evidence in a release: recorded exactly as run, and a release that re-gates from a copy.
+"""Gate evidence in a release: recorded exactly as run, and a release plan that stays inside it.
 
 ``vladctl gate --record`` on subsets and stopped runs must leave a manifest whose every
 ``[[gates]]`` entry is backed by a report that says the same (issue: entries of gates not
