@@ -5,8 +5,8 @@ Each is a complete, valid, unsigned release folder (manifest written by
 
 * :func:`changed_normalization`: one image normalization constant of the contract differs
   (contract gate);
-* :func:`perturbed_weight`: the ONNX artifact re-exported from the demo weights with one
-  weight matrix perturbed, the ``torch.export`` program left as trained (equivalence gate);
+* :func:`perturbed_weight`: the demo's ONNX artifact with one weight matrix perturbed in
+  place, the ``torch.export`` program left as trained (equivalence gate);
 * :func:`slowed_backend`: served by ``wrapped`` (tools/vlad_tools/gates/wrapped.py) slowed to 100 ms per
   inference against a 20 ms deadline (performance gate);
 * :func:`ignores_instruction`: a model that always reads the tokens of the first
@@ -71,11 +71,6 @@ def write_manifest(
     return dest
 
 
-def demo_copy(dest: Path) -> Path:
-    """An unsigned copy of the demo release: the same artifacts re-released (export only)."""
-    return write_manifest(copy_demo(dest), "vlad-demo-reacher-copy")
-
-
 def changed_normalization(dest: Path) -> Path:
     """The camera's blue-channel std 0.25 -> 0.26: the model would be fed other values."""
     copy_demo(dest)
@@ -115,21 +110,31 @@ def _onnx_export(model, contract, path: Path) -> None:
 
 
 def perturbed_weight(dest: Path, scale: float = 0.02, seed: int = 0) -> Path:
-    """ONNX re-exported from the demo weights with the action head's output projection
-    perturbed by N(0, scale); policy.pt2 (the PyTorch reference) stays as trained."""
-    import torch
+    """The demo's ONNX graph with the action head's output projection (``act_out.1.weight``)
+    perturbed by N(0, scale) in place; policy.pt2 (the PyTorch reference) stays as trained.
 
-    from vlad.contract import load_contract
-    from vlad_tools.demo.release import load_trained_model
+    The initializer is found by its values (the trained weight, as the exporter stored it:
+    transposed for a MatMul), exactly one, and only it changes. (A re-export of the perturbed
+    model would take seconds of tracing per candidate for the same graph.)"""
+    import onnx
+    import torch
+    from onnx import numpy_helper
 
     copy_demo(dest)
-    model = load_trained_model(DEMO)
-    contract = load_contract(DEMO / "contract.toml")
-    weight = dict(model.named_parameters())["act_out.1.weight"]
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        weight.add_(torch.randn(weight.shape, generator=gen) * scale)
-    _onnx_export(model, contract, dest / "policy.onnx")
+    trained = torch.load(DEMO / "policy_weights.pt", weights_only=True, map_location="cpu")["act_out.1.weight"].numpy()
+    model = onnx.load(str(dest / "policy.onnx"))
+    found = [
+        (i, transposed)
+        for i, init in enumerate(model.graph.initializer)
+        for transposed, w in ((False, trained), (True, trained.T))
+        if tuple(init.dims) == w.shape and np.array_equal(numpy_helper.to_array(init), w)
+    ]
+    assert len(found) == 1, f"act_out.1.weight is {len(found)} initializers of the demo ONNX, not one"
+    index, transposed = found[0]
+    noise = np.random.default_rng(seed).standard_normal(trained.shape).astype(np.float32) * np.float32(scale)
+    init = model.graph.initializer[index]
+    init.CopyFrom(numpy_helper.from_array(trained.T + noise.T if transposed else trained + noise, init.name))
+    onnx.save(model, str(dest / "policy.onnx"))
     return write_manifest(dest, "vlad-demo-reacher-perturbed")
 
 

@@ -1,9 +1,10 @@
-"""Gate evidence in a release: recorded exactly as run, and a release that re-gates from a copy.
+"""Gate evidence in a release: recorded exactly as run, and a release plan that stays inside it.
 
 ``vladctl gate --record`` on subsets and stopped runs must leave a manifest whose every
 ``[[gates]]`` entry is backed by a report that says the same (issue: entries of gates not
 run pointed at a report that said "skipped"). The demo release's own plan names only its
-own files, so a copy of it re-runs its gates anywhere.
+own files, so a copy of it re-runs its gates anywhere (the demo test in test_gates.py gates
+such a copy).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.gates import candidates
-from tests.gates.conftest import gate_cli
 from vlad.cli import vladctl_main as main
 
 
@@ -96,34 +96,6 @@ def _doc(release: Path) -> dict:
     from vlad.release.manifest import read_manifest_document
 
     return read_manifest_document(release)
-
-
-def test_the_demo_release_regates_from_a_copy(tmp_path):
-    """Everything the demo's signed plan names is inside the release: a copy elsewhere runs
-    its equivalence gate (golden fixtures and the recording) from its own files."""
-    copy = tmp_path / "robot" / "vlad-demo-reacher-1.0.0"
-    shutil.copytree(candidates.DEMO, copy)
-    report = tmp_path / "report"
-    proc = gate_cli(
-        str(copy),
-        "--baseline",
-        str(copy),
-        "--gates",
-        "equivalence",
-        "--report",
-        str(report),
-        "--replay-limit",
-        "5",
-        "--rollout-episodes",
-        "0",
-        "--no-html",
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    r = json.loads((report / "report.json").read_text())
-    assert r["plan"]["source"].endswith("manifest.toml [gate_plan]") and r["plan"]["base_dir"] == str(copy)
-    details = r["gates"][0]["details"]
-    assert details["golden"]["path"] == str(copy / "golden.npz") and details["golden"]["fixtures"] == 4
-    assert f"replay {'demo_recording.mcap'} 5/5" in proc.stdout + proc.stderr
 
 
 def test_a_release_plan_naming_files_outside_the_release_is_refused(tmp_path):

@@ -39,17 +39,17 @@ def _why(report: dict) -> str:
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """``vladctl gate`` on a copy of the demo release with itself as the baseline (as the demo
-    is gated, docs/gates.md), with --record. The closed-loop gate then takes the candidate's
-    episodes as the baseline's; a baseline served by its own daemon is the no-language test's."""
+    """``vladctl gate`` on a copy of the demo release elsewhere with itself as the baseline (as
+    the demo is gated, docs/gates.md), by the plan its manifest carries (the same as
+    etc/vlad/demo-gates.toml, paths inside the release), with --record. The closed-loop gate
+    then takes the candidate's episodes as the baseline's; a baseline served by its own daemon
+    is the no-language test's."""
     tmp = tmp_path_factory.mktemp("demo-gate")
-    release = candidates.demo_copy(tmp / "release")
+    release = shutil.copytree(candidates.DEMO, tmp / "robot" / candidates.DEMO.name)
     out = gate_cli(
         str(release),
         "--baseline",
         str(release),
-        "--plan",
-        str(DEMO_PLAN),
         "--report",
         str(tmp / "report"),
         "--record",
@@ -92,6 +92,18 @@ def test_demo_release_passes_every_gate(demo_run):
     )
     for key in ("cpu", "governor", "loadavg_1_5_15", "versions", "gpu", "temperatures_c"):
         assert key in report["conditions"]
+
+
+def test_the_demo_release_gates_from_a_copy_by_its_own_plan(demo_run):
+    """Everything the demo's signed plan names is inside the release: a copy elsewhere runs
+    its gates (golden fixtures and the recording) from its own files."""
+    release, report_dir, out = demo_run
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["plan"]["source"].endswith("manifest.toml [gate_plan]"), report["plan"]
+    assert report["plan"]["base_dir"] == str(release)
+    golden = _gate(report, "equivalence")["details"]["golden"]
+    assert golden["path"] == str(release / "golden.npz") and golden["fixtures"] == 4
+    assert "replay demo_recording.mcap 40/40" in out.stdout
 
 
 def test_recorded_evidence_is_signed_and_passes_the_deploy_check(demo_run):
@@ -217,9 +229,10 @@ def test_perturbed_weight_fails_the_equivalence_gate(built):
     assert worst > 100 * 2e-4  # far outside the fp32 budget, not a rounding question
 
 
-def test_unperturbed_reexport_is_within_the_fp32_budget(built, golden, contract):
-    """Control for the test above: the same re-export without the perturbation matches the
-    recorded PyTorch fp32 outputs, so the failure there is the weight, not the exporter."""
+def test_the_unperturbed_rewrite_is_within_the_fp32_budget(built, golden, contract):
+    """Control for the test above: the same rewrite of the graph without the perturbation
+    matches the recorded PyTorch fp32 outputs, so the failure there is the weight, not the
+    rewrite."""
     from vlad.plugins import get_backend
 
     release = candidates.perturbed_weight(built / "unperturbed", scale=0.0)
@@ -235,12 +248,20 @@ def test_unperturbed_reexport_is_within_the_fp32_budget(built, golden, contract)
 
 def test_slowed_backend_fails_the_performance_gate(built):
     release = candidates.slowed_backend(built / "slow")
+    # The demo plan without the debug-logging run (a second cold start) and the shape
+    # switches (engine calls at 100 ms each): the verdict at stake is the warm one.
+    plan = built / "slow-gates.toml"
+    text = DEMO_PLAN.read_text().replace('"../../manifests/demo/', f'"{ROOT}/manifests/demo/')
+    plan.write_text(
+        text.replace("\n[performance]\n", "\n[performance]\ndebug_logging = false\nshape_switch_calls = 0\n", 1)
+    )
+    assert "debug_logging = false" in plan.read_text()
     out = gate_cli(
         str(release),
         "--baseline",
         str(candidates.DEMO),
         "--plan",
-        str(DEMO_PLAN),
+        str(plan),
         "--report",
         str(built / "slow-report"),
         # the gate at stake: its outputs are the demo's (the wrapper only waits), so the
@@ -260,6 +281,7 @@ def test_slowed_backend_fails_the_performance_gate(built):
     assert [g["status"] for g in report["gates"]] == ["passed", "failed"], _why(report)
     perf = _gate(report, "performance")
     assert perf["reasons"][0].startswith("warm: end-to-end p99")
+    assert "debug_logging" not in perf["details"]["scenarios"]  # the plan's options held
     warm = next(c for c in perf["checks"] if c["name"] == "warm: end-to-end p99")
     # The sleep is a lower bound: 5x the deadline. When the deadline monitor moved every warm
     # observation to the fallback hold (a loaded machine), nothing was answered and the
@@ -277,9 +299,12 @@ def test_policy_ignoring_the_instruction_fails_the_closed_loop_gate(built, ignor
         release,
         candidates.DEMO,
         built / "no-language-report",
-        # the CPU-hog run is the demo test's: here only the verdict on the instruction matters,
-        # and two seeds per instruction decide it (0 of 2 where the demo reaches 2 of 2)
-        plan=small_plan({"closed_loop": {"fidelity_under_hog": False, "episodes": 2}}, plan_file=plan_file),
+        # the CPU-hog run and the run at the target's latency (150 ms) are the demo test's:
+        # here only the verdict on the instruction matters, and two seeds per instruction
+        # decide it (0 of 2 where the demo reaches 2 of 2)
+        plan=small_plan(
+            {"closed_loop": {"fidelity_under_hog": False, "latency_ms": 0.0, "episodes": 2}}, plan_file=plan_file
+        ),
         gates=["contract", "equivalence", "closed_loop"],
         progress=lambda m: None,
         html=False,

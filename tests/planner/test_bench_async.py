@@ -1,7 +1,9 @@
-"""scripts/bench_async.py --ci: the latency sweep (real-time chunking by inpainting and by
-guidance, plain asynchronous execution, the waiting rule) through the real daemon in the MuJoCo simulator, at 0 and 100 ms
-of injected latency, beside the policy in process. Figures are benchmark output, not asserted:
-this checks that every row ran and reported what it should."""
+"""scripts/bench_async.py, one episode per instruction and row: the latency sweep (real-time
+chunking by inpainting and by guidance, plain asynchronous execution, the waiting rule)
+through the real daemon in the MuJoCo simulator at 100 ms of injected latency, beside the
+policy in process (the 0 ms reference). Figures are benchmark output, not asserted: this
+checks that every row ran and reported what it should. (``--ci`` adds the same rows at 0 ms:
+the same daemons and episodes with no delay, half again the run time for no other path.)"""
 
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ import sys
 from tests.conftest import ROOT
 
 
-def test_bench_async_ci_mode(tmp_path):
+def test_bench_async_one_episode_per_row_at_100_ms(tmp_path):
     out = tmp_path / "sweep.json"
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_async.py"), "--ci", "--json", str(out)],
+        [sys.executable, str(ROOT / "scripts" / "bench_async.py"), "--episodes", "1", "--latency", "100"]
+        + ["--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -27,9 +30,7 @@ def test_bench_async_ci_mode(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     rows = {(r["latency_ms"], r["rule"]): r for r in result["rows"]}
-    expected = {(0, "in process")} | {
-        (lat, rule) for lat in (0.0, 100.0) for rule in ("rtc", "guided", "async", "wait")
-    }
+    expected = {(0, "in process")} | {(100.0, rule) for rule in ("rtc", "guided", "async", "wait")}
     assert set(rows) == expected
     for key, r in rows.items():
         assert r["episodes"] == 2 and 0 <= r["success"] <= 2, key  # one per instruction

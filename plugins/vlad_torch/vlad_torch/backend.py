@@ -79,6 +79,7 @@ class TorchBackend(Backend):
         import torch
 
         artifact = Path(artifact)
+        guides = self._guide_paths(artifact, opts)  # before the seconds a program takes to load
         device = resolve_device(self.name, opts.device)
         threads = apply_threads(opts.threads)
         try:
@@ -104,8 +105,8 @@ class TorchBackend(Backend):
             # Module.to() would miss the latter.
             program = move_to_device_pass(program, device)
         module: Any = program.module()
-        if opts.rtc_encoder or opts.rtc_velocity:
-            module = self._guided(artifact, contract, opts, names, device)
+        if guides:
+            module = self._guided(guides, contract, opts, names, device)
         return TorchSession(
             contract,
             artifact,
@@ -119,18 +120,28 @@ class TorchBackend(Backend):
             autocast=weights == "fp32",
         )
 
-    def _guided(self, artifact: Path, contract: Contract, opts: TorchOptions, names: list[str], device: Any) -> Any:
-        """The guided flow from the two programs beside ``artifact`` (vlad_torch.guided)."""
-        from vlad_torch.guided import GuidedFlow
-
+    def _guide_paths(self, artifact: Path, opts: TorchOptions) -> list[Path]:
+        """The encoder and velocity programs beside ``artifact`` that guide the flow (none:
+        the plain program), checked: both options or neither, file names, present."""
+        if not (opts.rtc_encoder or opts.rtc_velocity):
+            return []
         if not (opts.rtc_encoder and opts.rtc_velocity):
             raise BackendError(f"{self.name}: options rtc_encoder and rtc_velocity go together")
-        programs = []
+        paths = []
         for option, name in (("rtc_encoder", opts.rtc_encoder), ("rtc_velocity", opts.rtc_velocity)):
             if "/" in name or name in (".", ".."):
                 raise BackendError(f"{self.name}: option {option} = {name!r}: a file name beside the artifact")
-            programs.append(self._program(artifact.parent / name, device).module())
-        return GuidedFlow(contract, names, programs[0], programs[1], opts.rtc_guidance)
+            if not (artifact.parent / name).is_file():
+                raise BackendError(f"{self.name}: artifact {artifact.parent / name} does not exist")
+            paths.append(artifact.parent / name)
+        return paths
+
+    def _guided(self, guides: list[Path], contract: Contract, opts: TorchOptions, names: list[str], device: Any) -> Any:
+        """The guided flow from the encoder and velocity programs (vlad_torch.guided)."""
+        from vlad_torch.guided import GuidedFlow
+
+        encoder, velocity = (self._program(path, device).module() for path in guides)
+        return GuidedFlow(contract, names, encoder, velocity, opts.rtc_guidance)
 
     def _program(self, path: Path, device: Any) -> Any:
         import torch
