@@ -444,6 +444,17 @@ def contract_infer(
     return infer
 
 
+def _link_shape(contract: Contract) -> dict[str, int]:
+    """An in-process link's control period, validity and chunk shape, from the contract."""
+    t, a = contract.timing, contract.action
+    return {
+        "period_ns": int(t.control_period_ms * 1e6),
+        "validity_ns": int(t.action_validity_ms * 1e6),
+        "chunk_length": a.chunk_length,
+        "action_dim": a.dim,
+    }
+
+
 class InProcessLink:
     """The policy called in the runner's own process: ``infer(frame, seq) -> actions``
     (e.g. :func:`contract_infer`); a :class:`~vlad.serving.cycle.CycleFailure` is a hold."""
@@ -477,14 +488,7 @@ class InProcessLink:
     @classmethod
     def for_contract(cls, contract: Contract, infer: Callable[[Frame, int], np.ndarray]) -> InProcessLink:
         """A link with the contract's control period, validity and chunk shape."""
-        t, a = contract.timing, contract.action
-        return cls(
-            infer,
-            int(t.control_period_ms * 1e6),
-            int(t.action_validity_ms * 1e6),
-            chunk_length=a.chunk_length,
-            action_dim=a.dim,
-        )
+        return cls(infer, **_link_shape(contract))
 
     def send(
         self,
@@ -522,10 +526,8 @@ class NoMotionLink(InProcessLink):
     (the first observation of an episode is the one that announces the re-anchor)."""
 
     def __init__(self, contract: Contract) -> None:
-        t, a = contract.timing, contract.action
-        period_ns, validity_ns = int(t.control_period_ms * 1e6), int(t.action_validity_ms * 1e6)
-        super().__init__(self._hold, period_ns, validity_ns, chunk_length=a.chunk_length, action_dim=a.dim)
-        self._start = np.zeros(a.dim, np.float32)
+        super().__init__(self._hold, **_link_shape(contract))
+        self._start = np.zeros(self.action_dim, np.float32)
 
     def send(
         self,
