@@ -106,8 +106,8 @@ def serve_and_check(tmp_path: Path, env: dict[str, str]) -> None:
             guide = None  # real-time chunking, where the daemon's latency made it continue the hold
             if chunk.rtc is not None:
                 assert chunk.rtc[0] == executing.chunk == 0
-                n, d = contract.action.chunk_length, chunk.rtc[1]
-                guide = Guide(executing.path[1:], soft_mask(n, d, max(d, executing.covered)))
+                n, delay = contract.action.chunk_length, chunk.rtc[1]
+                guide = Guide(executing.path[1:], soft_mask(n, delay, max(delay, executing.covered)))
             inputs = pre.fill(replace(case["raw"], sequence=100 + i), guide)
             ref = decode_actions(contract, {"actions": ref_sess.run(["actions"], inputs)[0]})
             # The daemon guarded it just before it left (t_issue): in the same slot, or the one before.
