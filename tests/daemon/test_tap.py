@@ -75,28 +75,30 @@ def stalled(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
 
 def flood(ctx: zmq.Context, d, client, messages: int, frames: list[bytes]) -> None:
     """``messages`` copies of ``frames`` on the observation socket at about 1000/s (refused
-    by the intake, offered to the tap first), returning once the daemon has read them all."""
+    by the intake, offered to the tap first), returning once the daemon has read them all:
+    counted by the intake's refusals, as the fixture's controller keeps sending accepted
+    messages meanwhile (closing this socket earlier would discard the ones not yet read)."""
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
     pub.setsockopt(zmq.SNDHWM, messages + 100)
     pub.connect(d.endpoints["observations"])
     try:
-        start = client.status()["counters"]["messages"]
+        start = client.status()["counters"]["input_rejected"]
         # The daemon's subscription reaches this PUB a moment after the connect: probe until
         # one message arrives, then send the flood whole.
         wait_until(
-            lambda: pub.send_multipart(frames, copy=False) or client.status()["counters"]["messages"] > start,
+            lambda: pub.send_multipart(frames, copy=False) or client.status()["counters"]["input_rejected"] > start,
             10,
             "the daemon reading the flood's connection",
             poll=0.01,
         )
-        start = client.status()["counters"]["messages"]
+        start = client.status()["counters"]["input_rejected"]
         for i in range(messages):
             pub.send_multipart(frames, copy=False)
             if i % 10 == 9:
                 time.sleep(0.01)  # paces the flood at about 1000 messages/s, a burst the tap forwards whole
         wait_until(
-            lambda: client.status()["counters"]["messages"] >= start + messages,
+            lambda: client.status()["counters"]["input_rejected"] >= start + messages,
             60,
             f"the daemon reading {messages} flood messages",
             poll=0.05,
