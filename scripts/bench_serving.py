@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -66,6 +67,7 @@ from pathlib import Path
 import numpy as np
 
 from vlad.config import Config, LoggingConfig, RealtimeConfig, ReleaseConfig, ServeConfig
+from vlad.tomlwrite import dumps
 from vlad_tools.gates.conditions import busy_processes, cpu_hog
 from vlad_tools.testing import DaemonFailed, Ticker, free_port, launch
 from vlad_tools.testing.conditions import conditions as shared_conditions
@@ -419,6 +421,30 @@ def _realtime(rt: dict) -> dict:
     return {k: tuple(v) if k == "cpu_affinity" else v for k, v in rt.items()}
 
 
+def without_defaults(section) -> dict:
+    """A config section as a mapping of the fields set away from their defaults (derived fields
+    left out): what the baseline's daemon reads the same way even where this checkout added a
+    key, while a default changed since then stays the baseline's own."""
+    out = {}
+    for f in dataclasses.fields(section):
+        if not f.init:
+            continue
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            if sub := without_defaults(value):
+                out[f.name] = sub
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = dataclasses.MISSING
+        if value != default and value is not None:
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
 def code_from(tree: Path) -> dict[str, str]:
     """The environment that makes ``vlad serve`` import vlad and its plugins from the checkout
     ``tree`` (ahead of this one's editable install)."""
@@ -436,8 +462,14 @@ class VladClient:
         warmup: int,
         tree: Path | None = None,
     ) -> None:
-        env = code_from(tree) if tree is not None else None
-        self.daemon = launch(vlad_config(payload, debug, rt, warmup), folder=folder, wait_ready=False, env=env)
+        cfg = vlad_config(payload, debug, rt, warmup)
+        env = None
+        if tree is not None:
+            env = code_from(tree)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "baseline.toml").write_text(dumps(without_defaults(cfg)))
+            cfg = folder / "baseline.toml"
+        self.daemon = launch(cfg, folder=folder, wait_ready=False, env=env)
         self.payload = payload
 
     def connect(self) -> None:
