@@ -26,12 +26,87 @@ ROOT = REPO
 VLAD = Path(sys.executable).parent / "vlad"  # the daemon's console script in this environment
 
 
+# Test files that start no daemon and judge nothing by the clock: exports, imports, fuzzers,
+# source scans, pure logic. ./scripts/test runs them (--share cpu) in a second pytest at the
+# lowest CPU priority beside the others (--share timed), so they take the CPU the daemon tests
+# leave idle instead of adding their minutes after them, and never delay a daemon under test.
+# tests/test_shares.py keeps this list honest.
+CPU_SHARE = (
+    "backends",
+    "contract",
+    "importers",
+    "pi0",
+    "demo/test_demo_closed_loop.py",
+    "demo/test_demo_sim.py",
+    "gates/test_cli.py",
+    "gates/test_conditions.py",
+    "gates/test_evidence.py",
+    "gates/test_metrics.py",
+    "gates/test_plan.py",
+    "gates/test_sim_tasks.py",
+    "health/test_monitors.py",
+    "health/test_policy.py",
+    "planner/test_cli.py",
+    "planner/test_model.py",
+    "planner/test_reproduce.py",
+    "release/test_export.py",
+    "release/test_external_data.py",
+    "release/test_manifest.py",
+    "release/test_store.py",
+    "serving/test_guard.py",
+    "serving/test_rtc.py",
+    "testing/test_fuzz.py",
+    "test_chunk_executor.py",
+    "test_docs_tables.py",
+    "test_file_hash.py",
+    "test_files.py",
+    "test_history.py",
+    "test_layers.py",
+    "test_layout_doc.py",
+    "test_processing.py",
+    "test_protocol.py",
+    "test_robot_install.py",
+    "test_schema.py",
+    "test_snapshot.py",
+    "test_shares.py",
+    "test_tomlwrite.py",
+)
+TESTS = Path(__file__).parent
+
+
+def in_cpu_share(path: Path) -> bool:
+    rel = path.relative_to(TESTS).as_posix()
+    return any(rel == entry or rel.startswith(entry + "/") for entry in CPU_SHARE)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--slow",
         action="store_true",
         help="also run the tests marked slow (full-length soaks, AOTInductor compiles, long gate runs)",
     )
+    parser.addoption(
+        "--share",
+        choices=("all", "cpu", "timed"),
+        default="all",
+        help="cpu: only the files of tests/conftest.py's CPU_SHARE; timed: all but those (./scripts/test runs both)",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``--share``: a file of the other share is not even imported."""
+    share = config.getoption("share")
+    if share == "all" or not collection_path.is_relative_to(TESTS) or collection_path == TESTS:
+        return None
+    if collection_path.is_dir():
+        rel = collection_path.relative_to(TESTS).as_posix()
+        if share == "timed":
+            return True if in_cpu_share(collection_path) else None
+        # cpu: descend only into folders that hold part of the share
+        return None if any(e == rel or e.startswith(rel + "/") or rel.startswith(e + "/") for e in CPU_SHARE) else True
+    if collection_path.suffix != ".py":
+        return None
+    return True if in_cpu_share(collection_path) != (share == "cpu") else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
