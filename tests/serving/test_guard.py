@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vlad.config import GuardConfig
-from vlad.serving.guard import ActionGuard, TrustedState
+from vlad.serving.guard import ActionGuard, Executing, TrustedState
 
 NOW = 10_000_000_000
 PERIOD = 20_000_000
@@ -507,3 +507,30 @@ def test_a_binding_hold_ramps_from_the_executed_command_to_the_trusted_position(
     steps = np.abs(np.diff(np.vstack([g.executing(None, t).path[0], hold]), axis=0))
     assert (steps <= rate + 1e-5).all()
     np.testing.assert_allclose(hold[-1], ts.positions)  # and it ends where the arm is
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 6),
+    st.floats(0.0, 3.0),
+    st.booleans(),
+)
+def test_the_one_pass_seam_check_clamps_exactly_as_the_slot_by_slot_loop(contract, seed, first, spread, two_paths):
+    """The guard judges the seams in one pass and clamps slot by slot only where one needs it:
+    on chunks near, at and beyond the rate limit (from the robot's path, from a second path it
+    may be on, and between the seams' own waypoints), the result is the loop's alone, bit for bit."""
+    rng = np.random.default_rng(seed)
+    n, dim = contract.action.chunk_length, contract.action.dim
+    g = ActionGuard(contract)
+    rate = g.rate
+    path = np.cumsum(rng.uniform(-1, 1, (n + 1, dim)) * rate, axis=0).astype(np.float32)
+    chunk = (path[1:] + rng.uniform(-spread, spread, (n, dim)) * rate).astype(np.float32)
+    before = (path + rng.uniform(-1, 1, (n + 1, dim)) * rate).astype(np.float32) if two_paths else None
+    executing = Executing(path, n, 1, before, NOW)
+    fast, loop = chunk.copy(), chunk.copy()
+    hit_fast = g._limit(fast, executing, first, NOW)
+    g._seams_within = lambda *_: False  # the loop alone
+    hit_loop = g._limit(loop, executing, first, NOW)
+    assert hit_fast == hit_loop
+    np.testing.assert_array_equal(fast, loop)

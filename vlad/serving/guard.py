@@ -662,6 +662,21 @@ class ActionGuard:
         while len(self.sent) > SENT_KEPT:
             del self.sent[next(iter(self.sent))]
 
+    def _seams_within(self, chunk: np.ndarray, path: np.ndarray, other: np.ndarray | None, seams: range) -> bool:
+        """True when no seam waypoint needs a clamp (the common case), judged in one pass: with
+        nothing clamped, each seam's bounds are the ones the slot-by-slot loop of :meth:`_limit`
+        would compute from the same, unchanged waypoints."""
+        if len(seams) == 0:
+            return True
+        rate, s = self.rate, slice(seams.start, seams.stop)
+        lo, hi = path[s] - rate, path[s] + rate
+        if other is not None:
+            lo, hi = np.maximum(lo, other[s] - rate), np.minimum(hi, other[s] + rate)
+        prev = chunk[seams.start : seams.stop - 1]  # each later seam's own previous waypoint
+        lo[1:], hi[1:] = np.maximum(lo[1:], prev - rate), np.minimum(hi[1:], prev + rate)
+        c = chunk[s]
+        return not bool(((c < lo - 1e-6) | (c > hi + 1e-6)).any())
+
     def _limit(self, chunk: np.ndarray, executing: Executing, first: int, now_ns: int | None) -> list[str]:
         """Clamp ``chunk`` in place: at the seams from ``first`` (the slot it arrives in) on,
         each waypoint within the rate limit of the command of the slot before (of both
@@ -673,6 +688,8 @@ class ActionGuard:
             other = None  # a period after it was sent, the robot has switched to it
         hit = []
         seams = range(first, min(first + SEAM_SLOTS, len(chunk)))
+        if self._seams_within(chunk, path, other, seams):
+            seams = range(seams.stop, seams.stop)  # nothing to clamp: the loop below has no work
         for i in seams:
             before = path[i]  # the command of slot i - 1 if the robot has not switched yet
             lo, hi = before - rate, before + rate
