@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -118,6 +119,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_child_outlives_the_session():
+    """A test that fails before it stops its daemon must not leave ``vlad serve`` (or any
+    process it started) running after pytest: at the end of the session each child still
+    running is named on stderr, terminated, and killed after 5 s."""
+    yield
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for p in children:
+        with contextlib.suppress(psutil.Error):
+            print(
+                f"\nconftest: {p.pid} still running at the end of the session: {' '.join(p.cmdline())[:200]}",
+                file=sys.stderr,
+            )
+            p.terminate()
+    _, alive = psutil.wait_procs(children, timeout=5)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
 
 
 @pytest.fixture(scope="session")
