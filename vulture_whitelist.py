@@ -74,7 +74,7 @@ robot_type  # unused variable (tools/vlad_tools/importers/lerobot/checkpoint.py:
 _.__signature__  # unused attribute (tools/vlad_tools/importers/lerobot/policies.py:76)
 _.vlm_model_name  # LeRobot's SmolVLA config, read by LeRobot (tools/vlad_tools/importers/lerobot/policies.py)
 _.load_vlm_weights  # LeRobot's SmolVLA config, read by LeRobot (tools/vlad_tools/importers/lerobot/policies.py)
-_.post_processor  # a tokenizers object's attribute (tests/importers/checkpoints.py)
+_.post_processor  # a tokenizers object's attribute (vlad_tools/testing/lerobot.py)
 _.VLAD_RELEASE  # unused attribute (vlad/logs.py:40)
 _.VLAD_STATE  # unused attribute (vlad/logs.py:41)
 _.inter_op_num_threads  # unused attribute (tools/vlad_tools/planner/measure.py:212)

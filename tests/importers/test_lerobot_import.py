@@ -22,13 +22,13 @@ from vlad_tools.importers.lerobot.runtime import lerobot_version
 if lerobot_version() is None:
     pytest.skip("LeRobot is not installed: scripts/bootstrap dev (or lerobot) installs it", allow_module_level=True)
 
-from tests.importers.checkpoints import SO101, SO101_JOINTS, Robot, make_checkpoint, write_dataset_meta  # noqa: E402
 from vlad.processing import decode_actions  # noqa: E402
 from vlad_tools.importers.lerobot.checkpoint import read_checkpoint  # noqa: E402
 from vlad_tools.importers.lerobot.contract import ContractOptions, build_contract, contract_data  # noqa: E402
 from vlad_tools.importers.lerobot.fixtures import synthetic_windows  # noqa: E402
 from vlad_tools.importers.lerobot.importer import ImportOptions, Stat, _noise, _vlad_window, import_checkpoint  # noqa: E402
 from vlad_tools.importers.lerobot.policies import export_module, lerobot_reference, load_policy  # noqa: E402
+from vlad_tools.testing.lerobot import SO101, SO101_JOINTS, Robot, make_checkpoint, write_dataset_meta  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTS = ContractOptions(release_id="t", fps=50, state_units=("rad",), action_units=("rad",))
@@ -255,6 +255,41 @@ def test_a_backbone_trained_from_imagenet_weights_loads_offline(act_checkpoint, 
     saved = load_file(str(ckpt / "model.safetensors"))
     state = policy.state_dict()
     assert all(torch.equal(state[k], v) for k, v in saved.items())
+
+
+def test_large_weights_go_to_onnx_external_data_signed_and_run(act_checkpoint, tmp_path, keys):
+    """Weights above ``external_data_above`` (here 0 bytes, so a tiny ACT counts as large; a
+    SmolVLA at full size is ~1.8 GB) go to ``policy.onnx.data``: the graph file holds none of
+    them, the manifest lists the data file as signed weights (a changed byte fails the
+    verification), and vlad's ONNX Runtime backend runs the release within the budget of LeRobot."""
+    import onnx
+
+    from vlad.release.manifest import load_manifest
+    from vlad.release.signing import IntegrityError, verify_release
+
+    private, trusted = keys
+    out = tmp_path / "release"
+    opts = ImportOptions(contract=OPTS, windows=1, key=private, keys_dir=trusted, external_data_above=0)
+    report = import_checkpoint(act_checkpoint, out, opts, log=lambda _: None)
+    assert report["checks"]["onnxruntime (policy.onnx)"]["output"]["max_abs"] < 1e-4
+    assert [e["name"] for e in report["export"]] == ["actions", "prefix"]  # the fixed and intermediate exports too
+
+    graph = onnx.load(str(out / "policy.onnx"), load_external_data=False)
+    inline = [t.name for t in graph.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL and t.raw_data]
+    external = {e.value for t in graph.graph.initializer for e in t.external_data if e.key == "location"}
+    assert external == {"policy.onnx.data"}
+    weights = sum(t.numel() * t.element_size() for t in load_policy(read_checkpoint(act_checkpoint))[0].parameters())
+    data = out / "policy.onnx.data"
+    assert data.stat().st_size >= 0.9 * weights > (out / "policy.onnx").stat().st_size, inline
+
+    entry = {a.path: a for a in load_manifest(out / "manifest.toml").artifacts}["policy.onnx.data"]
+    assert (entry.role, entry.size) == ("weights", data.stat().st_size)
+    verify_release(out, trusted)
+    blob = bytearray(data.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    data.write_bytes(bytes(blob))
+    with pytest.raises(IntegrityError, match="policy.onnx.data"):
+        verify_release(out, trusted)
 
 
 def _config(path: Path, **changes) -> None:
@@ -494,6 +529,7 @@ def test_so101_like_import_verify_gate_serve(tmp_path, keys, kind, overrides):
     for name in ("torch (policy.pt2)", "onnxruntime (policy.onnx)"):
         assert report["checks"][name]["output"]["max_abs"] < 1e-4
     assert verify_release(out, trusted).id == f"lerobot-so101_{kind}-1.0.0"
+    assert not (out / "policy.onnx.data").exists()  # a small model's weights stay in policy.onnx
     contract = load_contract(out / "contract.toml")
     assert [(c.name, c.raw.height, c.raw.width) for c in contract.cameras] == [
         (name, h, w) for name, (h, w) in overrides["robot"].cameras.items()

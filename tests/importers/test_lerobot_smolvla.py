@@ -24,7 +24,6 @@ if lerobot_version() is None or importlib.util.find_spec("transformers") is None
         "LeRobot or transformers is not installed: scripts/bootstrap dev installs both", allow_module_level=True
     )
 
-from tests.importers.checkpoints import SO101, TINY_VLM, make_checkpoint, make_vlm_folder  # noqa: E402
 from tests.importers.test_lerobot_import import LOADED_CI, SO101_UNITS, _frames, _serve_and_compare  # noqa: E402
 from vlad.contract import load_contract  # noqa: E402
 from vlad.processing import Tokenizer, decode_actions  # noqa: E402
@@ -34,6 +33,7 @@ from vlad_tools.importers.lerobot.fixtures import synthetic_windows  # noqa: E40
 from vlad_tools.importers.lerobot.importer import ImportOptions, _noise, _vlad_window, import_checkpoint  # noqa: E402
 from vlad_tools.importers.lerobot.policies import Frame, export_module, lerobot_reference, load_policy  # noqa: E402
 from vlad_tools.importers.lerobot.vlm import language_table, read_vlm_dir, write_release_tokenizer  # noqa: E402
+from vlad_tools.testing.lerobot import SO101, TINY_VLM, make_checkpoint, make_vlm_folder  # noqa: E402
 
 HUB = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"
 OPTS = ContractOptions(release_id="smolvla-t", fps=30, state_units=SO101_UNITS, action_units=SO101_UNITS)

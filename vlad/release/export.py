@@ -16,6 +16,10 @@ it writes to stdout and stderr while it runs is kept from the terminal, and a fa
 
 The exporter, opset, torch, onnx and vlad versions are written into the ONNX metadata.
 
+A model whose weights exceed :data:`EXTERNAL_DATA_ABOVE` (a SmolVLA at SmolVLM2-500M's size:
+~1.8 GB in fp32) keeps them in ``<path>.data`` beside the ``.onnx`` (ONNX's external data),
+which ONNX Runtime reads from the model's folder.
+
 A model too large to hold twice (a π0-sized release: 6.5 GB in bf16, 13 GB in fp32) is
 exported *streamed* (:func:`export_program_streamed`, :func:`export_onnx_streamed`): traced
 on fake tensors, so no weight is allocated while tracing, then written one tensor at a
@@ -46,6 +50,11 @@ from vlad.contract import Contract
 from vlad.errors import ExportError
 
 OPSET = 18
+#: Weights above this many bytes go to an external data file (``policy.onnx.data``). A protobuf
+#: cannot exceed 2 GiB, and the exported graph holds more than the module's parameters
+#: (constants folded by the optimizer, e.g. transposed or cast copies of weights), so the
+#: switch comes at half the limit, not near it; below it one self-contained file is simpler.
+EXTERNAL_DATA_ABOVE = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -241,9 +250,16 @@ def _onnx_program(module, args, input_names, output_names, dynamic_shapes, *, op
     return prog
 
 
-def _onnx_export(module, args, path: Path, input_names, output_names, dynamic_shapes) -> None:
+def _weight_bytes(module) -> int:
+    """The bytes of ``module``'s parameters and buffers, a tensor shared by two names once."""
+    seen = {id(t): t for t in [*module.parameters(), *module.buffers()]}
+    return sum(t.numel() * t.element_size() for t in seen.values())
+
+
+def _onnx_export(module, args, path: Path, input_names, output_names, dynamic_shapes, *, external: bool) -> None:
+    """``external``: the weights go to ``<path>.data`` (the exporter's name for it)."""
     prog = _onnx_program(module, args, input_names, output_names, dynamic_shapes, optimize=True)
-    prog.save(str(path), external_data=False)
+    prog.save(str(path), external_data=external)
 
 
 def export_onnx(
@@ -253,11 +269,13 @@ def export_onnx(
     path: Path,
     *,
     tolerance: float = 1e-4,
+    external_data_above: int = EXTERNAL_DATA_ABOVE,
     log=print,
 ) -> list[Comparison]:
     """Export ``model`` to ONNX at ``path`` and prove it matches PyTorch on ``fixtures``.
 
     ``model.prefix`` (the trunk's intermediate) takes the same inputs as ``model.forward``.
+    Weights of more than ``external_data_above`` bytes are written to ``<path>.data``.
     Returns the comparisons (final outputs and the prefix intermediate); raises
     :class:`ExportError` when a check fails or an output differs by more than ``tolerance``.
     """
@@ -272,12 +290,16 @@ def export_onnx(
     # torch.export specializes a size-1 axis to a constant, so the dynamic export traces
     # a batch of two; the comparisons below then cover both batch sizes.
     batch2 = _traced(contract, [fixtures[0], fixtures[-1]])
+    weights = _weight_bytes(model)
+    external = weights > external_data_above
+    if external:
+        log(f"export: weights {weights / 2**20:.0f} MiB: ONNX with external data ({path.name}.data)")
 
     with tempfile.TemporaryDirectory() as tmp:
         # 1. Fixed shapes: every dimension at its opt value.
         fixed = Path(tmp) / "fixed.onnx"
         log("export: fixed-shape ONNX ...")
-        _onnx_export(model, example, fixed, names, out_names, None)
+        _onnx_export(model, example, fixed, names, out_names, None, external=external)
         onnx.checker.check_model(str(fixed), full_check=True)
         fixed_cmp = _compare_onnx(model, fixed, names, out_names, fixtures[:1])
         log("export: fixed shapes OK (" + "; ".join(c.line() for c in fixed_cmp) + ")")
@@ -292,14 +314,16 @@ def export_onnx(
                 return self.inner(*args), self.inner.prefix(*args)
 
         inter = Path(tmp) / "intermediate.onnx"
-        _onnx_export(_WithPrefix(model), example, inter, names, [*out_names, "prefix"], None)
+        _onnx_export(_WithPrefix(model), example, inter, names, [*out_names, "prefix"], None, external=external)
         inter_cmp = _compare_onnx(_WithPrefix(model), inter, names, [*out_names, "prefix"], fixtures)
         inter_cmp = [c for c in inter_cmp if c.name == "prefix"]
 
     # 3. The release artifact: only the contract's dynamic axes opened.
     log("export: ONNX with the contract's dynamic axes ...")
-    _onnx_export(model, _to_torch(batch2, names), path, names, out_names, _dynamic_shapes(contract, True))
-    proto = onnx.load(str(path))
+    dynamic = _dynamic_shapes(contract, True)
+    _onnx_export(model, _to_torch(batch2, names), path, names, out_names, dynamic, external=external)
+    # Not the weights: external ones stay in <path>.data (saving this proto keeps the references).
+    proto = onnx.load(str(path), load_external_data=False)
     for key, value in {
         **_torch_versions(),
         "vlad.contract_model": f"{contract.model.id}@{contract.model.version}",

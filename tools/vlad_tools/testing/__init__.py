@@ -15,6 +15,8 @@ run the real thing. The top layer: nothing in vlad or its plugins imports it
   checkout, unsigned copies of it, benchmark payloads, the golden fixtures and the error
   budgets engines are judged by;
 * :mod:`vlad_tools.testing.registry`: a real OCI registry on loopback;
+* :mod:`vlad_tools.testing.lerobot`: random-weight LeRobot checkpoints (ACT, Diffusion, SmolVLA
+  with its VLM folder at any size) for the importer's tests and ``scripts/smolvla_full.py``;
 * :mod:`vlad_tools.testing.fuzz`: fuzz targets and input generators (``tests/testing/test_fuzz.py``,
   ``scripts/fuzz.py``);
 * :func:`config_toml` (:func:`vlad.config.config_toml`) and :func:`dumps`

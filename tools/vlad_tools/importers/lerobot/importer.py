@@ -44,6 +44,7 @@ import numpy as np
 from vlad.contract import Contract, load_contract
 from vlad.errors import ExportError, VladError
 from vlad.processing import Preprocessor, RawObservation, Tokenizer, decode_actions, make_noise, preprocess
+from vlad.release.export import EXTERNAL_DATA_ABOVE
 from vlad_tools.importers.lerobot.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -101,6 +102,8 @@ class ImportOptions:
     instructions: tuple[str, ...] = ()  # instructions of synthetic check windows (SmolVLA)
     # SmolVLA: ship real-time chunking by guidance (the torch backend); None: with backend torch
     rtc_guidance: bool | None = None
+    # weights of more bytes than this go to policy.onnx.data (ONNX external data; no CLI flag)
+    external_data_above: int = EXTERNAL_DATA_ABOVE
 
     def guided(self, ckpt: Checkpoint) -> bool:
         """Whether this import ships the flow head for guidance (a checked choice)."""
@@ -311,7 +314,13 @@ def _import(
         export_program(module, contract, export_inputs[0], staging / "policy.pt2")
         log("import: policy.pt2 written")
         comparisons = export_onnx(
-            module, contract, export_inputs, staging / "policy.onnx", tolerance=OUTPUT_MAX_ABS, log=log
+            module,
+            contract,
+            export_inputs,
+            staging / "policy.onnx",
+            tolerance=OUTPUT_MAX_ABS,
+            external_data_above=opts.external_data_above,
+            log=log,
         )
     except ExportError as exc:
         raise ExportError(
@@ -703,7 +712,7 @@ def _write_manifest(staging: Path, out: Path, ckpt: Checkpoint, contract: Contra
         runtime={k: getattr(runtime, k) for k in ("python", "torch", "onnxruntime") if getattr(runtime, k, None)},
         fallback=[{"kind": "hold"}],
         lineage={"change": "retrain"},
-        roles={"golden.npz": "report", "import-report.json": "report"},
+        roles={"golden.npz": "report", "import-report.json": "report", "policy.onnx.data": "weights"},
     )
     data["gate_plan"] = dict(opts.gate_plan) if opts.gate_plan is not None else default_gate_plan(contract)
     manifest = write_manifest(staging, data)

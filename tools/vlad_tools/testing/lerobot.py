@@ -1,6 +1,6 @@
-"""Random-weight LeRobot checkpoints for the importer's tests, written by LeRobot itself
-(``save_pretrained`` of the policy and of its processor pipelines), small enough to build
-and export in seconds.
+"""Random-weight LeRobot checkpoints for the importer's tests and ``scripts/smolvla_full.py``,
+written by LeRobot itself (``save_pretrained`` of the policy and of its processor pipelines):
+small enough to build and export in seconds, or at a real SmolVLA's size.
 
 Two shapes: the demo's (one 64x64 camera, a 4-D state in radians, 2-D actions) and an
 SO-101-like one (:data:`SO101`: a front and a wrist camera, 6-D state and action in degrees,
@@ -9,8 +9,8 @@ the gripper 0..100), the shape most LeRobot users record with.
 SmolVLA builds only from a local VLM folder (:func:`make_vlm_folder`): a ``SmolVLMConfig``,
 a byte-level BPE tokenizer trained here with the special tokens SmolVLM's processor reads,
 and the processor's settings, all written by transformers' own ``save_pretrained``; tiny
-(:data:`TINY_VLM`: text 128 x 4 layers, vision 96 x 2 on 64x64 images) or of any other
-:class:`VLMShape`.
+(:data:`TINY_VLM`: text 128 x 4 layers, vision 96 x 2 on 64x64 images), SmolVLM2-500M's
+(:data:`SMOLVLM2_500M`) or of any other :class:`VLMShape`.
 """
 
 from __future__ import annotations
@@ -104,6 +104,11 @@ class VLMShape:
 
 
 TINY_VLM = VLMShape(128, 4, 4, 2, 256, 96, 2, 4, 192, 64, 16, 2, 320)
+# HuggingFaceTB/SmolVLM2-500M-Video-Instruct (the VLM of LeRobot's SmolVLA): a SmolLM2-360M text
+# model (960 wide, 32 layers, 15 heads over 5 KV heads, FFN 2560, 49280 tokens) and a SigLIP
+# vision tower (768 wide, 12 layers, 12 heads, FFN 3072) on 512x512 images in 16x16 patches,
+# pixel shuffle 4 (64 image tokens).
+SMOLVLM2_500M = VLMShape(960, 32, 15, 5, 2560, 768, 12, 12, 3072, 512, 16, 4, 49280)
 VLM_SPECIAL = {
     "fake_image_token": "<fake_token_around_image>",
     "image_token": "<image>",
@@ -131,8 +136,10 @@ def make_vlm_folder(path: Path, shape: VLMShape = TINY_VLM) -> Path:
         SmolVLMConfig,
         SmolVLMImageProcessor,
         SmolVLMProcessor,
-        SmolVLMVideoProcessor,
     )
+    from transformers.models.smolvlm.video_processing_smolvlm import (
+        SmolVLMVideoProcessor,
+    )  # not in the stubs' top level
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -193,12 +200,18 @@ def make_vlm_folder(path: Path, shape: VLMShape = TINY_VLM) -> Path:
     return path
 
 
-def make_checkpoint(path: Path, kind: str = "act", seed: int = 0, robot: Robot = DEMO, **overrides) -> Path:
+def make_checkpoint(
+    path: Path, kind: str = "act", seed: int = 0, robot: Robot = DEMO, *, full_size: bool = False, **overrides
+) -> Path:
     """A random-weight ``kind`` checkpoint at ``path`` (``act``, ``diffusion``, ``smolvla``) for
     ``robot``; overrides go to the policy config, e.g. ``n_obs_steps``, ``noise_scheduler_type``,
     ``normalization_mapping``. SmolVLA: ``vlm_model_name`` is the VLM folder
     (:func:`make_vlm_folder`), which the written config.json names unless ``hub_name`` says
-    which hub id to write instead (what a real checkpoint holds)."""
+    which hub id to write instead (what a real checkpoint holds); ``full_size`` keeps LeRobot's
+    own settings (chunk 50, 10 steps, 16 VLM layers, 512x512 images, 48 tokens) instead of the
+    tests' small ones."""
+    if full_size and kind != "smolvla":
+        raise ValueError(f"full_size: a smolvla checkpoint only (not {kind})")
     from vlad_tools.importers.lerobot.runtime import load_lerobot
 
     load_lerobot()
@@ -227,15 +240,16 @@ def make_checkpoint(path: Path, kind: str = "act", seed: int = 0, robot: Robot =
         from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
 
         del common["pretrained_backbone_weights"]
-        settings = dict(
-            load_vlm_weights=False,
-            resize_imgs_with_padding=(64, 64),
-            chunk_size=10,
-            n_action_steps=10,
-            num_steps=3,
-            num_vlm_layers=4,
-            tokenizer_max_length=16,
-        )
+        settings: dict = dict(load_vlm_weights=False)
+        if not full_size:
+            settings.update(
+                resize_imgs_with_padding=(64, 64),
+                chunk_size=10,
+                n_action_steps=10,
+                num_steps=3,
+                num_vlm_layers=4,
+                tokenizer_max_length=16,
+            )
         settings.update(overrides)
         settings["vlm_model_name"] = str(settings["vlm_model_name"])
         cfg = SmolVLAConfig(**common, **settings)
