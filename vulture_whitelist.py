@@ -90,6 +90,7 @@ _.ir_version  # unused attribute (tools/vlad_tools/testing/releases.py:255)
 pytest_addoption  # pytest hook (tests/conftest.py)
 pytest_collection_modifyitems  # pytest hook (tests/conftest.py)
 pytest_ignore_collect  # pytest hook (tests/conftest.py)
+_no_child_outlives_the_session  # autouse session fixture (tests/conftest.py)
 host_link_source  # unused variable (tools/vlad_tools/planner/spec.py): a hardware.toml key kept for its readers
 # Fields of the status map (vlad/snapshot.py, the remote-link stats in vlad/backend.py): written to
 # the wire for dashboards, scripts and vladctl status --json; no Python reader needs them.
