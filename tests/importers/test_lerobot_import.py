@@ -315,15 +315,27 @@ def test_torchvision_operators_are_declared_not_faked():
 
 
 def _serve_and_compare(
-    release: Path, keys: Path, frames: list[tuple[dict[str, np.ndarray], np.ndarray]], instruction: str | None = None
-):
+    release: Path,
+    keys: Path,
+    frames: list[tuple[dict[str, np.ndarray], np.ndarray]],
+    instruction: str | None = None,
+    latency_ms: float = 0.0,
+) -> tuple[int, int]:
     """Publish ``frames`` (images by the robot's camera names, the state; ``instruction`` with
     each, for a release that reads one) to a real ``vlad serve`` on ``release``; each chunk
     must equal what the release computes in process on the same window (the one
-    Preprocessor and the release's tokenizer, ONNX Runtime)."""
+    Preprocessor and the release's tokenizer, ONNX Runtime). The controller reports no
+    executed chunk (``exec`` nil). Where the daemon's real-time chunking continues something (a
+    release with ``[rtc]`` answering a period or more after the observation), the chunk in
+    process gets the same guide: what the daemon's guard takes the robot to execute, derived
+    by the same guard class from the chunks the controller received before.
+    ``latency_ms``: each inference takes that long (the ``wrapped`` backend). Returns the
+    chunks compared and how many of them the daemon computed with a guide."""
     from vlad.contract import load_contract
     from vlad.plugins import get_backend
-    from vlad.processing import Preprocessor, RawObservation, Tokenizer
+    from vlad.processing import Guide, Preprocessor, RawObservation, Tokenizer
+    from vlad.serving.guard import ActionGuard
+    from vlad.serving.rtc import soft_mask
     from vlad_tools.gates.launcher import serve
     from vlad_tools.gates.subject import open_subject
 
@@ -331,25 +343,50 @@ def _serve_and_compare(
     session = get_backend("onnxruntime").load(release / "policy.onnx", contract, {"intra_op_threads": 1})
     pre = Preprocessor(contract, Tokenizer.from_contract(contract) if contract.language else None)
     period = int(contract.timing.control_period_ms * 1e6)
-    compared = 0
-    with serve(open_subject(release), warmup=2, keys_dir=str(keys)) as daemon:
+    n = contract.action.chunk_length
+    compared = guided = 0
+    with serve(open_subject(release), warmup=2, keys_dir=str(keys), latency_ms=latency_ms) as daemon:
         daemon.wait_ready()
         with daemon.client("import-test") as ctl:
             tick = time.monotonic_ns()
 
-            def send(images, state):
-                """One observation per control period (sensor time: now), into the daemon and
-                the local window alike."""
+            def send(images, state) -> RawObservation:
+                """One observation per control period (sensor time: now)."""
                 nonlocal tick
                 tick += period
                 while time.monotonic_ns() < tick:
                     time.sleep(0.001)  # paced to the control period
                 t = time.monotonic_ns()
                 tick = max(tick, t)
-                seq = ctl.publish_observation(images, state, instruction, t_sensor_ns=t)
+                seq = ctl.publish_observation(images, state, instruction, t_sensor_ns=t, executing=None)
                 ctl.heartbeat()
-                inputs = pre.fill(RawObservation(images, state, instruction or "", seq, t))
-                return seq, decode_actions(contract, session.infer(inputs)).copy()
+                for guard in guards:
+                    assert guard.trusted.judge(state, t) is None
+                return RawObservation(images, state, instruction or "", seq, t, client="import-test")
+
+            # The daemon's view of what the robot executes, rebuilt by the same guard class from
+            # the chunks received. The daemon stamps a chunk as sent once it has left: between its
+            # header's t_issue and its arrival here, so one guard stamps each end.
+            guards = (ActionGuard(contract), ActionGuard(contract))
+
+            def receive(chunk):
+                if not chunk.advisory:
+                    for guard, issued in zip(guards, (chunk.t_issue_ns, chunk.t_receive_ns), strict=True):
+                        guard.record(
+                            chunk.actions, chunk.t_sensor_ns, chunk.valid_until_ns, issued, chunk.client, chunk.seq
+                        )
+                return chunk
+
+            def in_process(raw: RawObservation, rtc: tuple[int, int] | None) -> np.ndarray:
+                """The release's chunk for ``raw``; with the daemon's ``rtc`` (continued chunk,
+                delay) the guide the daemon used."""
+                guide = None
+                if rtc is not None:
+                    seen = [g.executing(raw.client, raw.sensor_time_ns, None) for g in guards]
+                    executing = next((e for e in seen if e.chunk == rtc[0]), None)
+                    assert executing is not None, (rtc, [e.chunk for e in seen])
+                    guide = Guide(executing.path[1:], soft_mask(n, rtc[1], max(rtc[1], executing.covered)))
+                return decode_actions(contract, session.infer(pre.fill(raw, guide))).copy()
 
             # The first frame until a policy chunk comes back: the action subscription has
             # joined and the daemon trusts the joint state (it holds until then).
@@ -357,21 +394,32 @@ def _serve_and_compare(
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and (chunk is None or chunk.is_hold):
                 send(*frames[0])
-                chunk = ctl.recv_chunk(50)
+                chunk = ctl.recv_chunk(50 + int(latency_ms))
+                if chunk is not None:
+                    receive(chunk)
             assert chunk is not None and not chunk.is_hold, (chunk, daemon.log_tail(10))
             for images, state in frames:
-                seq, want = send(images, state)
+                raw = send(images, state)
                 # the policy's chunk for this observation (the daemon may bridge with a hold first)
                 chunk = None
                 deadline = time.monotonic() + 10
-                while time.monotonic() < deadline and (chunk is None or chunk.obs_seq < seq or chunk.is_hold):
-                    chunk = ctl.recv_chunk(500) or chunk
-                assert chunk is not None and chunk.obs_seq == seq and not chunk.is_hold, (chunk, daemon.log_tail(10))
+                while time.monotonic() < deadline and (chunk is None or chunk.obs_seq < raw.sequence or chunk.is_hold):
+                    got = ctl.recv_chunk(500)
+                    if got is not None:
+                        chunk = got
+                        if got.obs_seq < raw.sequence or got.is_hold:
+                            receive(got)  # before this observation's own chunk: part of what it continues
+                assert chunk is not None and chunk.obs_seq == raw.sequence and not chunk.is_hold, (
+                    chunk,
+                    daemon.log_tail(10),
+                )
                 assert chunk.interventions == (), chunk.interventions
-                np.testing.assert_allclose(chunk.actions, want, atol=1e-5)
+                np.testing.assert_allclose(chunk.actions, in_process(raw, chunk.rtc), atol=1e-5)
+                receive(chunk)
                 compared += 1
+                guided += chunk.rtc is not None
     session.close()
-    return compared
+    return compared, guided
 
 
 # These tests compare the daemon's chunks with the release computed in process, so nothing
@@ -488,7 +536,7 @@ def test_import_sign_serve_diffusion_with_history(tmp_path, keys):
     )
     report = import_checkpoint(ckpt, out, opts, log=lambda _: None)
     assert report["passed"] and report["windows"]["frames"] == 2
-    assert _serve_and_compare(out, trusted, _frames(out, 3)) == 3
+    assert _serve_and_compare(out, trusted, _frames(out, 3)) == (3, 0)
 
 
 SO101_UNITS = ("deg",) * 5 + ("1",)  # the gripper: 0..100, dimensionless
@@ -548,7 +596,7 @@ def test_so101_like_import_verify_gate_serve(tmp_path, keys, kind, overrides):
         html=False,
     )
     assert gates["passed"], [g["reasons"] for g in gates["gates"]]
-    assert _serve_and_compare(out, trusted, _frames(out, 3)) == 3
+    assert _serve_and_compare(out, trusted, _frames(out, 3)) == (3, 0)
 
 
 def _frames(release: Path, n: int, seed: int = 1) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:

@@ -363,7 +363,12 @@ def test_import_sign_gate_serve_smolvla(tiny, tmp_path, keys):
         html=False,
     )
     assert gates["passed"], [g["reasons"] for g in gates["gates"]]
-    assert _serve_and_compare(out, trusted, _frames(out, 3), "pick up the red cube and put it in the box") == 3
+    task = "pick up the red cube and put it in the box"
+    assert _serve_and_compare(out, trusted, _frames(out, 3), task)[0] == 3
+    # At a VLA's latency (150 ms, 5 periods at 30 fps) the daemon's real-time chunking inpaints
+    # each chunk's start onto the pose the robot holds, as the release does in process.
+    compared, guided = _serve_and_compare(out, trusted, _frames(out, 3), task, latency_ms=150.0)
+    assert compared == 3 and guided >= 2, guided
 
 
 @pytest.fixture(scope="module")
