@@ -14,7 +14,8 @@ flow steps, 16 of the VLM's 32 text layers, 512x512 images) for an SO-101 (two 4
    ``policy.pt2``, three dynamo ONNX exports, every artifact against LeRobot, signing);
 3. ``latency``: the imported release per chunk on this CPU through vlad's backends
    (``onnxruntime`` and ``torch``, where installed): load time, one warm-up, then p50/max;
-4. the planner's prediction (``vladctl plan --model smolvla``) for an Orin and an RTX 4090.
+
+and first the planner's prediction (``vladctl plan --model smolvla``) for an Orin and an RTX 4090.
 
     nice -n 19 .venv/bin/python scripts/smolvla_full.py --work runs/smolvla-full
 
@@ -330,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         "tiny": args.tiny,
     }
     try:
+        figures["plan"] = _plan(args.work)  # first: a prediction needs no import, and holds if one is stopped
         if not args.skip_build:
             figures["build"] = _run_stage(args, "build")
             _say(f"build: {figures['build']['result']}")
@@ -343,7 +345,6 @@ def main(argv: list[str] | None = None) -> int:
         figures["import"]["result"] = _import_report(release)
         figures["release_files"] = {p.name: p.stat().st_size for p in sorted(release.iterdir()) if p.is_file()}
         figures["latency"] = _run_stage(args, "latency")
-        figures["plan"] = _plan(args.work)
     except StageFailed as exc:
         figures["stopped"] = str(exc)
         print(json.dumps(figures, indent=2))
