@@ -34,7 +34,7 @@ def add_plan_commands(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        help="model file or built-in name (pi0, vlad-demo) or contract model.id "
+        help="model file or built-in name (pi0, smolvla, vlad-demo) or contract model.id "
         "(default: the contract's model, else pi0)",
     )
     p.add_argument("--hardware", help="hardware key(s), comma-separated, or 'all' (default: all)")
