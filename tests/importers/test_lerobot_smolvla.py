@@ -10,6 +10,7 @@ dev`` installs both: docs/lerobot.md).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import shutil
@@ -368,6 +369,12 @@ def test_import_sign_gate_serve_smolvla(tiny, tmp_path, keys):
     # At a VLA's latency (150 ms, 5 periods at 30 fps) the daemon's real-time chunking inpaints
     # each chunk's start onto the pose the robot holds, as the release does in process.
     compared, guided = _serve_and_compare(out, trusted, _frames(out, 3), task, latency_ms=150.0)
+    assert compared == 3 and guided >= 2, guided
+    # Imported for the torch backend, the same at 150 ms by guidance (the flow head's programs).
+    opts = dataclasses.replace(opts, backend="torch")
+    torch_release = tmp_path / "release-torch"
+    assert import_checkpoint(ckpt, torch_release, opts, log=lambda _: None)["passed"]
+    compared, guided = _serve_and_compare(torch_release, trusted, _frames(torch_release, 3), task, latency_ms=150.0)
     assert compared == 3 and guided >= 2, guided
 
 
