@@ -99,15 +99,16 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     share = config.getoption("share")
     if share == "all" or not collection_path.is_relative_to(TESTS) or collection_path == TESTS:
         return None
+    inside = in_cpu_share(collection_path)
     if collection_path.is_dir():
-        rel = collection_path.relative_to(TESTS).as_posix()
         if share == "timed":
-            return True if in_cpu_share(collection_path) else None
+            return True if inside else None
         # cpu: descend only into folders that hold part of the share
-        return None if any(e == rel or e.startswith(rel + "/") or rel.startswith(e + "/") for e in CPU_SHARE) else True
+        rel = collection_path.relative_to(TESTS).as_posix()
+        return None if inside or any(e.startswith(rel + "/") for e in CPU_SHARE) else True
     if collection_path.suffix != ".py":
         return None
-    return True if in_cpu_share(collection_path) != (share == "cpu") else None
+    return True if inside != (share == "cpu") else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -340,15 +340,21 @@ def _serve_and_compare(
     from vlad_tools.gates.subject import open_subject
 
     contract = load_contract(release / "contract.toml")
-    serving = open_subject(release).serving  # the engine the daemon runs: the same one in process
+    subject = open_subject(release)
+    serving = subject.serving  # the engine the daemon runs: the same one in process
     session = get_backend(serving.backend).load(release / serving.artifact, contract, serving.options)
     pre = Preprocessor(contract, Tokenizer.from_contract(contract) if contract.language else None)
     period = int(contract.timing.control_period_ms * 1e6)
     n = contract.action.chunk_length
     compared = guided = 0
-    with serve(open_subject(release), warmup=2, keys_dir=str(keys), latency_ms=latency_ms) as daemon:
+    with serve(subject, warmup=2, keys_dir=str(keys), latency_ms=latency_ms) as daemon:
         daemon.wait_ready()
         with daemon.client("import-test") as ctl:
+            # The daemon's view of what the robot executes, rebuilt by the same guard class from
+            # the chunks received. The daemon stamps a chunk as sent once it has left: between its
+            # header's t_issue and its arrival here, so one guard stamps each end.
+            guards = (ActionGuard(contract), ActionGuard(contract))
+
             tick = time.monotonic_ns()
 
             def send(images, state) -> RawObservation:
@@ -365,18 +371,12 @@ def _serve_and_compare(
                     assert guard.trusted.judge(state, t) is None
                 return RawObservation(images, state, instruction or "", seq, t, client="import-test")
 
-            # The daemon's view of what the robot executes, rebuilt by the same guard class from
-            # the chunks received. The daemon stamps a chunk as sent once it has left: between its
-            # header's t_issue and its arrival here, so one guard stamps each end.
-            guards = (ActionGuard(contract), ActionGuard(contract))
-
-            def receive(chunk):
+            def receive(chunk) -> None:
                 if not chunk.advisory:
                     for guard, issued in zip(guards, (chunk.t_issue_ns, chunk.t_receive_ns), strict=True):
                         guard.record(
                             chunk.actions, chunk.t_sensor_ns, chunk.valid_until_ns, issued, chunk.client, chunk.seq
                         )
-                return chunk
 
             def in_process(raw: RawObservation, rtc: tuple[int, int] | None) -> np.ndarray:
                 """The release's chunk for ``raw``; with the daemon's ``rtc`` (continued chunk,

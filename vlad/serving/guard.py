@@ -688,9 +688,8 @@ class ActionGuard:
             other = None  # a period after it was sent, the robot has switched to it
         hit = []
         seams = range(first, min(first + SEAM_SLOTS, len(chunk)))
-        if self._seams_within(chunk, path, other, seams):
-            seams = range(seams.stop, seams.stop)  # nothing to clamp: the loop below has no work
-        for i in seams:
+        clamp = () if self._seams_within(chunk, path, other, seams) else seams
+        for i in clamp:
             before = path[i]  # the command of slot i - 1 if the robot has not switched yet
             lo, hi = before - rate, before + rate
             if other is not None:
