@@ -112,7 +112,7 @@ class ServeConfig:
 
 @dataclass(frozen=True)
 class RealtimeConfig:
-    """Real-time knobs for the hot-path thread (docs/operations.md). Each is off by default
+    """Real-time knobs for the hot-path threads (docs/operations.md). Each is off by default
     where it needs privileges; one that cannot be applied stops the start with the reason."""
 
     cpu_affinity: tuple[int, ...] = ()  # CPUs for the hot-path thread; empty: no pinning

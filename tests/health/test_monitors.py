@@ -407,3 +407,32 @@ def test_artifacts_of_another_release_are_looked_at_from_scratch(tmp_path):
     assert mon.check(_artifacts_view(old, T0, digests[old])) == []  # half of old/policy.onnx hashed
     for i in range(1, 4):  # a deploy: the old file's pass is not judged against the new digest
         assert mon.check(_artifacts_view(new, T0 + i * PERIOD, digests[new])) == []
+
+
+def test_a_sensor_is_read_at_most_every_interval_and_its_readings_reused_in_between():
+    """The 20 Hz health tick takes a slow sensor's last readings until its interval passed
+    (a hwmon scan per tick is interpreter time the serving thread competes with)."""
+    from vlad.health.base import Sensor
+    from vlad.health.sensors import PsutilSensor
+
+    class Counting(Sensor):
+        name = "counting"
+        interval_s = 0.5
+
+        def __init__(self) -> None:
+            self.reads = 0
+
+        def read(self) -> dict[str, float]:
+            self.reads += 1
+            return {"temperature.cpu.die": 40.0 + self.reads}
+
+    s = Counting()
+    seen = [s.sample(t)["temperature.cpu.die"] for t in (100.0, 100.2, 100.49, 100.5, 100.9, 101.0)]
+    assert seen == [41.0, 41.0, 41.0, 42.0, 42.0, 43.0] and s.reads == 3
+    every_tick = Counting()
+    every_tick.interval_s = 0.0
+    assert [every_tick.sample(100.0), every_tick.sample(100.0)] == [
+        {"temperature.cpu.die": 41.0},
+        {"temperature.cpu.die": 42.0},
+    ]
+    assert PsutilSensor.interval_s > 0  # the real ones are slow

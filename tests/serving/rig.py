@@ -157,11 +157,14 @@ class Rig:
         proprio: np.ndarray = PROPRIO,
         instruction: str = INSTRUCTION,
         reanchor: bool = False,
+        executing: list[int] | None = None,
     ) -> None:
         image = np.zeros((64, 64, 3), np.uint8)
-        header = {"seq": seq, "t_sensor_ns": t_sensor_ns or time.monotonic_ns(), "instruction": instruction}
+        header: dict = {"seq": seq, "t_sensor_ns": t_sensor_ns or time.monotonic_ns(), "instruction": instruction}
         if reanchor:
             header["reanchor"] = True
+        if executing is not None:
+            header["exec"] = executing
         self.controller.send_multipart(
             protocol.encode(protocol.TOPIC_OBS, header, {"image/overhead": image, "proprio": proprio})
         )

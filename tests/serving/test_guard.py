@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vlad.config import GuardConfig
-from vlad.serving.guard import ActionGuard, Executing, TrustedState
+from vlad.serving.guard import ActionGuard, Executing, Sent, TrustedState
 
 NOW = 10_000_000_000
 PERIOD = 20_000_000
@@ -534,3 +534,68 @@ def test_the_one_pass_seam_check_clamps_exactly_as_the_slot_by_slot_loop(contrac
     hit_loop = g._limit(loop, executing, first, NOW)
     assert hit_fast == hit_loop
     np.testing.assert_array_equal(fast, loop)
+
+
+def _path_slot_by_slot(g, chunk, index, hold):
+    """The executed path as a loop over the slots: the reference for ActionGuard._path."""
+    spec = g.contract.action
+    path = np.empty((spec.chunk_length + 1, spec.dim), np.float32)
+    path[:] = hold
+    covered = 0
+    n = len(chunk.actions)
+    last_valid = (chunk.valid_until_ns - chunk.t_sensor_ns - 1) // g.period_ns if g.period_ns else n - 1
+    end, lo = min(n, last_valid + 1), max(index - 1, 0)
+    for i in range(-1, spec.chunk_length):
+        if index + i >= end:
+            break
+        path[i + 1] = chunk.actions[max(index + i, lo)]
+        covered = i + 1
+    return path, covered
+
+
+def _hold_joint_by_joint(g):
+    """The hold position joint by joint: the reference for ActionGuard._hold_position."""
+    q, last = g.trusted.positions, g.last_command
+    hold = np.zeros(g.contract.action.dim, dtype=np.float32)
+    for k in range(len(hold)):
+        if q is not None and np.isfinite(q[k]):
+            hold[k] = q[k]
+        elif last is not None:
+            hold[k] = last[k]
+        else:
+            hold[k] = (g.lower[k] + g.upper[k]) / 2
+    return np.clip(hold, g.lower, g.upper)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 80),
+    st.integers(0, 90),
+    st.integers(-3, 60),
+    st.booleans(),
+    st.sampled_from([None, "finite", "unmeasured"]),
+)
+def test_the_executed_path_and_hold_are_the_slot_by_slot_ones(contract, seed, length, index, valid, last, state):
+    """What the robot executes is built with whole-array operations: the path of a chunk run
+    from any waypoint (also past its end or its validity) and the hold position (trusted
+    state, unmeasured joints, last command, neither) equal the per-slot, per-joint loops."""
+    rng = np.random.default_rng(seed)
+    dim = contract.action.dim
+    ts = _trusted(contract, (0.1, -0.2)) if state else TrustedState(contract)
+    if state == "unmeasured":
+        ts.positions = np.array([np.nan, 0.3], np.float32)
+    g = ActionGuard(contract, ts)
+    if last:  # a chunk sent: its first waypoint is the last command
+        g.record(rng.uniform(-2, 2, (contract.action.chunk_length, dim)).astype(np.float32), NOW, NOW + VALID, NOW)
+        assert g.last_command is not None
+    hold = g._hold_position()
+    expected = _hold_joint_by_joint(g)
+    assert hold.dtype == expected.dtype
+    np.testing.assert_array_equal(hold, expected)
+    actions = rng.uniform(-1, 1, (length, dim)).astype(np.float32)
+    chunk = Sent(1, None, actions, NOW, NOW + valid * PERIOD, False, NOW)
+    path, covered = g._path(chunk, index, hold)
+    ref_path, ref_covered = _path_slot_by_slot(g, chunk, index, hold)
+    assert covered == ref_covered
+    np.testing.assert_array_equal(path, ref_path)

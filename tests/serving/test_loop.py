@@ -36,7 +36,7 @@ def test_a_burst_is_answered_with_the_newest_observation_only(rig):
     assert rig.session.entered.wait(5)  # the engine is inside obs 1's inference
     for seq in range(2, 12):
         rig.send_obs(seq)
-    # the intake thread reads the burst while the engine is busy; release it once all is in
+    # the other thread reads the burst while the engine is busy; release it once all is in
     wait_until(lambda: rig.intake.counts.observations == 11, what="the burst to arrive")
     rig.session.gate.set()
     served = [rig.recv().header["obs_seq"], rig.recv().header["obs_seq"]]
@@ -129,6 +129,7 @@ def test_a_replaced_thread_never_publishes(rig):
     assert rig.loop.in_flight is not None and rig.loop.in_flight.policy is rig.policy
     backup = rig.served("fallback1", "backup@1", FakeSession(rig.contract, value=0.1))
     rig.loop.active = backup
+    before = list(rig.loop._threads)  # the hung one and the reader
     rig.loop.replace_thread()
     rig.send_obs(2)
     h = rig.recv().header
@@ -137,11 +138,61 @@ def test_a_replaced_thread_never_publishes(rig):
     wait_until(lambda: rig.policy.counts.cycles == 1 and rig.loop.generation == 1)
     assert rig.recv(0.3) is None
     assert rig.policy.counts.published == 0
+    wait_until(lambda: sum(t.alive for t in before) == 1, what="the hung thread to end once its call returned")
+    assert rig.loop.alive  # two threads take turns again: the reader and its successor
+    for seq in (3, 4):  # and go on serving, one answer per observation
+        rig.send_obs(seq)
+        assert rig.recv().header["obs_seq"] == seq
+
+
+def test_an_observation_that_finds_no_cycle_running_is_served_by_the_thread_that_read_it(rig):
+    """One wake-up per observation: the reader serves it itself and the other thread takes
+    over the socket (a hand-over to a second thread cost a wake-up on the hot path)."""
+    readers, servers = [], []
+    accept = rig.intake.accept
+
+    def reading(frames, receive_ns):
+        readers.append(threading.current_thread().name)
+        return accept(frames, receive_ns)
+
+    rig.intake.accept = reading
+    run = rig.session._run
+
+    def serving(inputs):
+        servers.append(threading.current_thread().name)
+        return run(inputs)
+
+    rig.session._run = serving
+    for seq in range(1, 7):
+        rig.send_obs(seq)
+        assert rig.recv().header["obs_seq"] == seq
+        # the next observation is a period later: the cycle has ended meanwhile
+        wait_until(lambda: rig.loop._server is None, what="the cycle to end")
+    assert servers == readers[-6:]  # each by the thread that read it ...
+    assert len(set(servers)) == 2  # ... and the two threads took turns
+
+
+def test_a_plain_chunk_still_judges_the_report_of_what_the_robot_executes(rig):
+    """A fast policy's chunk arrives within its first slot: real-time chunking does not ask
+    what the robot executes. An ``exec`` report naming no chunk vlad sent is still counted
+    once (``exec_unknown``: the guard judges it for the seams); one naming a chunk it sent is
+    not."""
+    assert rig.contract.rtc is not None and rig.loop.rtc.delay_periods() == 0
+    rig.send_obs(1)
+    first = rig.recv().header["seq"]
+    wait_until(lambda: rig.policy.counts.published == 1, what="the first chunk recorded")
+    rig.send_obs(2, executing=[first, 0])
+    assert rig.recv().header["obs_seq"] == 2
+    assert rig.publisher.guard.reports_unknown == 0
+    rig.send_obs(3, executing=[first + 1000, 0])
+    assert rig.recv().header["obs_seq"] == 3
+    assert rig.publisher.guard.reports_unknown == 1
+    assert rig.policy.counts.guided == 0
 
 
 def test_heartbeats_are_read_while_an_inference_runs(rig):
-    """The intake thread owns the socket: a controller's heartbeats arrive when it sends
-    them, however long the engine takes (liveness on the controller's clock)."""
+    """While one thread serves, the other reads the socket: a controller's heartbeats arrive
+    when it sends them, however long the engine takes (liveness on the controller's clock)."""
     rig.session.gate = threading.Event()
     rig.send_obs(1)
     assert rig.session.entered.wait(5)
@@ -202,10 +253,10 @@ def test_a_held_reanchor_chunk_gives_way_to_the_observation_that_confirmed_it(ri
 
 
 def test_a_held_reanchor_chunk_waits_for_the_confirming_observation_to_be_handed_over(rig):
-    """The intake thread confirms an announcement while it judges the observation and hands
-    that observation over a moment later. A serving thread waking in between (its quarter-
-    period timeout) sees the announcement confirmed and nothing taken: it still drops the
-    held chunk for the confirming observation, not sends it."""
+    """The reader confirms an announcement while it judges the observation and queues that
+    observation a moment later. Nothing looks at the held chunk in between (it sees the
+    announcement confirmed and nothing taken): the held chunk is still dropped for the
+    confirming observation, not sent."""
     rig.intake.trusted.settle_ns = GENEROUS_NS
     rig.send_obs(1)
     assert rig.recv().header["obs_seq"] == 1
@@ -216,7 +267,7 @@ def test_a_held_reanchor_chunk_waits_for_the_confirming_observation_to_be_handed
 
     def slow_reported(client, t_sensor_ns, report):  # between judging and handing over
         if rig.intake.trusted.confirmed_id:
-            time.sleep(4 * rig.loop.period_ns / 1e9)  # the serving thread wakes several times
+            time.sleep(4 * rig.loop.period_ns / 1e9)  # several quarter-period polls' worth
         reported(client, t_sensor_ns, report)
 
     rig.publisher.guard.reported = slow_reported

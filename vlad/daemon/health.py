@@ -260,9 +260,10 @@ def _check(
     view: HealthView, sensor_list: list[Sensor], monitor_list: list[Monitor]
 ) -> tuple[dict[str, float], list[Finding]]:
     readings: dict[str, float] = {}
+    now_s = time.monotonic()
     for s in sensor_list:
         try:
-            readings.update(s.read())
+            readings.update(s.sample(now_s))
         except Exception:
             log.exception("sensor %s failed", s.name)
     view = dataclasses.replace(view, readings=readings)

@@ -134,7 +134,22 @@ class Sensor(abc.ABC):
     """A source of named readings (``temperature.<where>`` in °C, ``memory.<what>`` in bytes)."""
 
     name: str = "?"
+    #: Read at most this often (seconds); the health ticks in between reuse the last
+    #: readings. Temperatures and memory change over seconds, and a scan of the hardware
+    #: monitors on every 20 Hz tick is interpreter time the serving thread competes with.
+    interval_s: float = 0.0
+    _sampled: dict[str, float] | None = None
+    _sampled_at = 0.0
 
     @abc.abstractmethod
     def read(self) -> dict[str, float]:
         """Current readings; an unreadable sensor returns ``{}`` rather than raising."""
+
+    def sample(self, now_s: float) -> dict[str, float]:
+        """:meth:`read`, or its last readings while they are younger than :attr:`interval_s`
+        (``now_s``: ``time.monotonic()``)."""
+        if self._sampled is not None and now_s - self._sampled_at < self.interval_s:
+            return self._sampled
+        readings = self.read()
+        self._sampled, self._sampled_at = readings, now_s
+        return readings

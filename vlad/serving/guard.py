@@ -443,16 +443,16 @@ class ActionGuard:
         covered = 0
         if chunk is not None:
             n = len(chunk.actions)
-            # slot i of the new chunk is waypoint index + i of the executed one, while it is valid
+            # Slot i of the new chunk (from -1, the command before it) is waypoint index + i
+            # of the executed one, while that is valid: rows 0..rows-1 of the path.
             last_valid = (chunk.valid_until_ns - chunk.t_sensor_ns - 1) // self.period_ns if self.period_ns else n - 1
             end = min(n, last_valid + 1)
-            lo = max(index - 1, 0)
-            for i in range(-1, spec.chunk_length):
-                j = index + i
-                if j >= end:
-                    break
-                path[i + 1] = chunk.actions[max(j, lo)]
-                covered = i + 1
+            rows = max(0, min(spec.chunk_length - 1, end - index - 1) + 2)
+            if rows:
+                waypoints = np.arange(index - 1, index - 1 + rows)
+                np.maximum(waypoints, max(index - 1, 0), out=waypoints)
+                path[:rows] = chunk.actions[waypoints]
+                covered = rows - 1
         return path, covered
 
     def _newest_for(self, client: str | None, t_sensor_ns: int) -> Sent | None:
@@ -522,19 +522,14 @@ class ActionGuard:
         """Where the robot holds when it executes nothing: the trusted joint position, else
         the last command, else the middle of the joint's range."""
         spec = self.contract.action
-        hold = np.zeros(spec.dim, dtype=np.float32)
-        if spec.hold_posture == "hold_position":
-            q = self.trusted.positions
-            last = self.last_command
-            for k in range(spec.dim):
-                if q is not None and np.isfinite(q[k]):
-                    hold[k] = q[k]
-                elif last is not None:
-                    hold[k] = last[k]
-                else:
-                    hold[k] = (self.lower[k] + self.upper[k]) / 2
-            hold = np.clip(hold, self.lower, self.upper)
-        return hold
+        if spec.hold_posture != "hold_position":
+            return np.zeros(spec.dim, dtype=np.float32)
+        q = self.trusted.positions
+        last = self.last_command
+        hold = np.array((self.lower + self.upper) / 2 if last is None else last, np.float32)
+        if q is not None:  # a joint it does not measure (NaN) keeps the command's value
+            np.copyto(hold, q, where=np.isfinite(q))
+        return np.clip(hold, self.lower, self.upper)
 
     def _check_generation(self) -> None:
         """A confirmed or announced re-anchor: nothing computed before it is a reference."""

@@ -1,27 +1,32 @@
 """The hot path: observation -> preprocess -> infer -> decode -> guard -> publish.
 
-Two threads share it, so that reading the robot never waits for the policy:
+Two threads share it and take turns, so that reading the robot never waits for the policy
+and an observation that finds the policy idle wakes one thread, not two:
 
-* the **intake thread** owns the observation socket: it polls it, decodes and checks every
-  message as it arrives (:class:`~vlad.serving.intake.Intake`: heartbeats, liveness, the
-  trusted joint state), answers a refused observation with an advisory hold, and hands the
-  accepted ones to the serving thread. A controller's heartbeats are therefore read when
-  they come, however long an inference takes: liveness is judged on the controller's clock.
-* the **serving thread** takes the newest accepted observation (latest wins; older ones
-  still waiting are counted as superseded, and enter a policy's observation window when it
-  has ``[history]``) and runs :meth:`ServingLoop._cycle` on it: read it top to bottom, that
-  is the whole path from the observation to the published chunk.
+* the **reader** holds the observation socket (``_reader``): it polls it, decodes and checks
+  every message as it arrives (:class:`~vlad.serving.intake.Intake`: heartbeats, liveness,
+  the trusted joint state) and answers a refused observation with an advisory hold. A
+  controller's heartbeats are therefore read when they come, however long an inference
+  takes: liveness is judged on the controller's clock.
+* when the reader accepts an observation and no cycle runs, it **serves** it itself: it
+  hands the socket to the other thread (which was waiting for it) and runs
+  :meth:`ServingLoop._cycle`, read top to bottom the whole path from the observation to the
+  published chunk. An observation accepted while a cycle runs waits; the serving thread
+  takes the newest one when its cycle ends (latest wins; older ones still waiting are
+  counted as superseded, and enter a policy's observation window when it has ``[history]``),
+  and joins the reader's queue for the socket once nothing waits.
 
-The asyncio event loop is never on this path; it reads the threads' state through plain
-attributes and counter snapshots.
+The hand-over between the two (the observation queue, who serves) happens under
+``_handover``; at most one thread serves at a time. The asyncio event loop is never on this
+path; it reads the threads' state through plain attributes and counter snapshots.
 
-The policy the serving thread runs is :attr:`ServingLoop.active`, a pointer the supervisor
-sets (a fallback swap, a deploy) and then calls :meth:`wake` so that the newest
-observation is answered by the new policy at once; ``None`` is the hold posture. A hung
-engine is the one case a pointer change cannot fix: the supervisor then calls
-:meth:`replace_thread`, which starts a successor serving thread and bumps the generation,
-so the hung thread can never publish when its call finally returns. The intake thread goes
-on reading throughout.
+The policy a cycle runs is :attr:`ServingLoop.active`, a pointer the supervisor sets (a
+fallback swap, a deploy) and then calls :meth:`wake` so that the newest observation is
+answered by the new policy at once; ``None`` is the hold posture. A hung engine is the one
+case a pointer change cannot fix: the supervisor then calls :meth:`replace_thread`, which
+gives up the hung thread, starts a successor and bumps the generation, so the hung thread
+can never publish when its call finally returns (it ends then). The reader goes on reading
+throughout.
 """
 
 from __future__ import annotations
@@ -53,8 +58,8 @@ from vlad.threads import Worker
 
 log = logging.getLogger("vlad.serving")
 
-# Messages drained per wake-up of the intake thread: bounds the time a flood holds it before
-# the newest valid observation is handed over (each message is decoded and counted).
+# Messages drained per wake-up of the reader: bounds the time a flood holds it before the
+# newest valid observation is queued (each message is decoded and counted).
 DRAIN_BATCH = 64
 
 
@@ -67,7 +72,7 @@ class Inference(NamedTuple):
 
 
 class Accepted(NamedTuple):
-    """An accepted observation and when the intake thread received it."""
+    """An accepted observation and when the reader received it."""
 
     obs: RawObservation
     receive_ns: int
@@ -84,7 +89,7 @@ class HeldBack(NamedTuple):
 
 
 class ServingLoop:
-    """The intake and serving threads and the state the rest of vlad reads from them."""
+    """The reading and serving threads and the state the rest of vlad reads from them."""
 
     def __init__(
         self,
@@ -114,9 +119,9 @@ class ServingLoop:
         self.last_obs: RawObservation | None = None  # the newest accepted (trusted) observation
         self.last_obs_receive_ns = 0
         self.last_progress_ns = time.monotonic_ns()
-        # When the intake thread last looked at its socket: the health monitors judge
-        # heartbeat and observation ages up to here, not up to now, so a starved intake
-        # thread (messages waiting unread) is never taken for a lost controller.
+        # When the reader last looked at the socket: the health monitors judge heartbeat and
+        # observation ages up to here, not up to now, so a starved reader (messages waiting
+        # unread) is never taken for a lost controller.
         self.read_ns = self.last_progress_ns
         self.tap: Callable[..., None] | None = None  # vlad.daemon.tap: never blocks
         self.cycle_errors = 0
@@ -125,13 +130,15 @@ class ServingLoop:
         self._held: HeldBack | None = None  # waits for its re-anchor to be confirmed
         self._anchor = (0, 0)  # the trusted state's generation and announcement the last cycle saw
         self._stopping = False
-        # The hand-over from the intake thread to the serving thread.
-        self._handover = threading.Condition(threading.Lock())
+        self._reader = threading.Lock()  # held by the thread that reads the socket
+        # The hand-over between the threads: what waits to be served, and who serves.
+        self._handover = threading.Lock()
         self._waiting: list[Accepted] = []  # accepted, not yet served (at most `history`)
-        self._taken_rx = 0  # receive time of the newest observation the serving thread took
-        self._woken = False
+        self._taken_rx = 0  # receive time of the newest observation taken to be served
+        self._woken = False  # serve the newest observation again (a swap, the e-stop's release)
+        self._server: _LoopThread | None = None  # the thread serving now, None: none is
         self._wake_addr = f"inproc://vlad-wake-{id(self)}"
-        self._wake_rx = ctx.socket(zmq.PULL)  # stops the intake thread's poll
+        self._wake_rx = ctx.socket(zmq.PULL)  # stops the reader's poll
         self._wake_rx.bind(self._wake_addr)
         self._wake_tx = ctx.socket(zmq.PUSH)
         self._wake_tx.setsockopt(zmq.SNDHWM, 1)
@@ -140,8 +147,8 @@ class ServingLoop:
         self._times = CycleTimes()
         self._spin = False  # busy-poll before the next blocking poll (see _read_once)
         self._alloc = alloctrace.from_env()  # None unless VLAD_ALLOC_TRACE is set (scripts/soak.py)
-        self._intake_thread: _IntakeThread | None = None
-        self._thread: _ServingThread | None = None
+        self._threads: list[_LoopThread] = []  # the two taking turns (not one given up as hung)
+        self._spawned = 0
         self._started = threading.Event()
         self._start_error: BaseException | None = None
 
@@ -149,50 +156,65 @@ class ServingLoop:
 
     def start(self, timeout: float = 5.0) -> None:
         """Start both threads; raises the reason when a real-time knob cannot be applied."""
-        self._intake_thread = _IntakeThread(self)
-        self._intake_thread.start()
-        self._started.wait(timeout)
-        if self._start_error is None:
+        if self.realtime.gc_freeze:
+            gc.collect()
+            gc.freeze()  # the model and everything loaded at start are never scanned again
+        for _ in range(2):
             self._started.clear()
             self._spawn()
             self._started.wait(timeout)
-        if self._start_error is not None:
-            raise self._start_error
+            if self._start_error is not None:
+                self.stop(timeout)
+                raise self._start_error
 
     def _spawn(self) -> None:
-        self._thread = _ServingThread(self, self.generation)
-        self._thread.start()
+        self._spawned += 1
+        thread = _LoopThread(self, self._spawned)
+        self._threads = [*self._threads, thread]
+        thread.start()
 
     def replace_thread(self) -> None:
         """A hung engine holds the serving thread: start a successor (see module doc)."""
         with self.publisher.lock:
             self.generation += 1
             self.publisher.generation = self.generation
+        with self._handover:
+            hung, self._server = self._server, None
+            self._serving_released()
         self.in_flight = None
+        if hung is None:
+            return  # its cycle ended meanwhile: that thread goes on taking turns
+        self._threads = [t for t in self._threads if t is not hung]
         log.error("serving thread stuck in an inference: replaced by a new one (generation %d)", self.generation)
         self._started.clear()
         self._spawn()
+        self._kick()  # the reader serves what waited at once
 
     def wake(self) -> None:
-        """Make the serving thread re-serve the newest observation now (after a swap)."""
+        """Serve the newest observation again now (after a swap, the e-stop's release)."""
         with self._handover:
             self._woken = True
-            self._handover.notify_all()
+        self._kick()
 
-    def stop(self, timeout: float) -> bool:
-        """Stop reading and serving; True when both threads ended (the serving thread's
-        cycle finished) within ``timeout``."""
-        self._stopping = True
+    def _kick(self) -> None:
+        """Wake the reader from its poll (it then looks at what there is to serve)."""
         with self._wake_lock:
             try:
                 self._wake_tx.send(b"", zmq.NOBLOCK)
             except zmq.Again:
                 pass  # a wake-up is already pending: one is enough
-        self.wake()
+            except zmq.ZMQError:
+                pass  # closed: the loop has stopped
+
+    def stop(self, timeout: float) -> bool:
+        """Stop reading and serving; True when both threads ended (a cycle under way
+        finished) within ``timeout``."""
+        self._stopping = True
+        self._kick()
         deadline = time.monotonic() + timeout
-        ok = self._intake_thread.stop(timeout) if self._intake_thread is not None else True
-        if self._thread is not None:
-            ok = self._thread.stop(max(0.0, deadline - time.monotonic())) and ok
+        ok = True
+        for thread in self._threads:
+            ok = thread.stop(max(0.0, deadline - time.monotonic())) and ok
         return ok
 
     def wait_not_running(self, policy: ServedPolicy, timeout: float) -> bool:
@@ -225,12 +247,8 @@ class ServingLoop:
 
     @property
     def alive(self) -> bool:
-        return (
-            self._thread is not None
-            and self._thread.alive
-            and self._intake_thread is not None
-            and self._intake_thread.alive
-        )
+        threads = self._threads
+        return len(threads) == 2 and all(t.alive for t in threads)
 
     def _knobs(self) -> bool:
         """The real-time knobs on the calling thread; False (reported to start()) when one fails."""
@@ -242,37 +260,67 @@ class ServingLoop:
             return False
         return True
 
-    # -- the intake thread -----------------------------------------------------------------
+    # -- taking turns -----------------------------------------------------------------------
 
-    def _read(self) -> None:
+    def _take_turns(self, me: _LoopThread) -> None:
+        """A thread's life: read the socket until there is something to serve, serve it while
+        the other thread reads, then wait for the socket again (module doc)."""
         if not self._knobs():
             return
         self._started.set()
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self._wake_rx, zmq.POLLIN)
+        while not self._stopping:
+            with self._reader:
+                job = self._read(me, poller)
+            if job is not None and not self._serve_all(me, *job):
+                return  # given up as hung (replace_thread): a successor serves
+
+    def _read(self, me: _LoopThread, poller: zmq.Poller) -> tuple[int, list[Accepted], bool] | None:
+        """Read until there is something to serve and no cycle runs: then claim it. None:
+        the loop stops."""
         # Wake at least every quarter period: shutdown is noticed promptly.
         timeout_ms = max(1, self.period_ns // 4_000_000)
         busy_ns = self.realtime.busy_poll_us * 1000
+        self._spin = False
         while not self._stopping:
             try:
-                self._read_once(poller, timeout_ms, busy_ns)
+                job = self._read_once(me, poller, timeout_ms, busy_ns)
             except Exception:  # a bug, not bad input: keep reading, loud but rate-limited
                 self.cycle_errors += 1
                 if self.cycle_errors <= 10 or self.cycle_errors % 1000 == 0:
-                    log.exception("intake thread: unexpected error (%d so far)", self.cycle_errors)
+                    log.exception("reading the observation socket: unexpected error (%d so far)", self.cycle_errors)
+                continue
+            if job is not None:
+                return job
+        return None
 
-    def _read_once(self, poller: zmq.Poller, timeout_ms: int, busy_ns: int) -> None:
-        """One wake-up: poll, drain, hand the accepted observations over."""
+    def _read_once(
+        self, me: _LoopThread, poller: zmq.Poller, timeout_ms: int, busy_ns: int
+    ) -> tuple[int, list[Accepted], bool] | None:
+        """One wake-up: poll, drain, queue the accepted observations; claim them when no
+        cycle runs."""
         # Spin only after a wake-up that brought messages: an idle thread blocks at once
         # instead of spinning busy_poll_us after every quarter-period timeout.
         ready = self._poll(poller, timeout_ms, busy_ns if self._spin else 0)
-        self.read_ns = time.monotonic_ns()  # every message sent before now is read (or about to be)
+        now = self.read_ns = time.monotonic_ns()  # every message sent before now is read (or about to be)
         self._spin = bool(ready)
-        if self.sock in ready:
-            accepted = self._drain()
+        if self._wake_rx in ready:
+            self._clear_wakes()
+        accepted = self._drain() if self.sock in ready else []
+        with self._handover:
             if accepted:
-                self._hand_over(accepted)
+                self._queue(accepted)
+            if self._server is not None:
+                return None  # a cycle runs: it takes what waits when it ends
+            # A held chunk is looked at again on an observation or a quiet poll (it may
+            # settle without another observation), not on every heartbeat.
+            held = self._held is not None and (accepted or self.sock not in ready)
+            if self._waiting or self._woken or held:
+                return self._claim(me)
+            self.last_progress_ns = now
+        return None
 
     def _poll(self, poller: zmq.Poller, timeout_ms: int, busy_ns: int) -> dict:
         if busy_ns:
@@ -282,6 +330,13 @@ class ServingLoop:
                 if ready:
                     return ready
         return dict(poller.poll(timeout_ms))
+
+    def _clear_wakes(self) -> None:
+        while True:
+            try:
+                self._wake_rx.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
 
     def _drain(self) -> list[Accepted]:
         accepted: list[Accepted] = []
@@ -316,52 +371,54 @@ class ServingLoop:
             )
         return accepted
 
-    def _hand_over(self, accepted: list[Accepted]) -> None:
+    def _queue(self, accepted: list[Accepted]) -> None:
+        """Under ``_handover``: accepted observations join what waits to be served."""
         newest = accepted[-1]
-        with self._handover:
-            waiting = self._waiting
-            # The newest waiting one and all but the newest arrived now are never served.
-            self.intake.counts.superseded += (1 if waiting else 0) + len(accepted) - 1
-            waiting.extend(accepted)
-            del waiting[: -self.history]
-            self.last_obs, self.last_obs_receive_ns = newest
-            self._handover.notify_all()
+        waiting = self._waiting
+        # The newest waiting one and all but the newest arrived now are never served.
+        self.intake.counts.superseded += (1 if waiting else 0) + len(accepted) - 1
+        waiting.extend(accepted)
+        del waiting[: -self.history]
+        self.last_obs, self.last_obs_receive_ns = newest
 
-    # -- the serving thread ----------------------------------------------------------------
+    def _claim(self, me: _LoopThread) -> tuple[int, list[Accepted], bool]:
+        """Under ``_handover``: ``me`` serves what waits (the generation it serves for, the
+        observations taken, whether a wake asked for the newest again)."""
+        taken, self._waiting = self._waiting, []
+        woken, self._woken = self._woken, False
+        if taken:
+            self._taken_rx = taken[-1].receive_ns
+        self._server = me
+        return self.generation, taken, woken
 
-    def _serve(self, gen: int) -> None:
-        if not self._knobs():
-            return
-        if self.realtime.gc_freeze:
-            gc.collect()
-            gc.freeze()  # the model and everything loaded at start are never scanned again
-        self._started.set()
-        # Wake at least every quarter period: shutdown and a replaced thread notice promptly.
-        timeout_s = max(0.001, self.period_ns / 4e9)
+    def _serving_released(self) -> None:
+        """Under ``_handover``: no cycle runs (a reader may claim what waits)."""
+        self._server = None
+        self.last_progress_ns = time.monotonic_ns()
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def _serve_all(self, me: _LoopThread, gen: int, taken: list[Accepted], woken: bool) -> bool:
+        """Serve what was claimed, then what arrived meanwhile, until nothing waits. False:
+        this thread was given up as hung (a newer generation serves; it ends)."""
         while True:
             try:
-                if not self._serve_once(gen, timeout_s):
-                    return
+                self._serve(gen, taken, woken)
             except Exception:  # a bug, not bad input: keep serving, loud but rate-limited
                 self.cycle_errors += 1
                 if self.cycle_errors <= 10 or self.cycle_errors % 1000 == 0:
-                    log.exception("serving thread: unexpected error (%d so far)", self.cycle_errors)
-            finally:
-                self.last_progress_ns = time.monotonic_ns()
+                    log.exception("serving: unexpected error (%d so far)", self.cycle_errors)
+            with self._handover:
+                if gen != self.generation:
+                    return False
+                if self._stopping or not (self._waiting or self._woken):
+                    self._serving_released()
+                    return True
+                gen, taken, woken = self._claim(me)
 
-    def _serve_once(self, gen: int, timeout_s: float) -> bool:
-        """Take the newest accepted observation (waiting up to ``timeout_s``) and serve it.
-        False: this thread ends."""
-        with self._handover:
-            if not (self._waiting or self._woken):
-                self._handover.wait(timeout_s)
-            if gen != self.generation or self._stopping:
-                return False
-            taken, self._waiting = self._waiting, []
-            woken, self._woken = self._woken, False
-            if taken:
-                self._taken_rx = taken[-1].receive_ns
-        if self._held is not None:  # also on a timeout: it may settle without another observation
+    def _serve(self, gen: int, taken: list[Accepted], woken: bool) -> None:
+        """Serve the newest of ``taken`` (or, on a wake, the newest observation again)."""
+        if self._held is not None:  # also on a quiet poll: it may settle without another observation
             self._offer_held(gen, taken)
         if taken:
             newest = taken[-1]
@@ -377,13 +434,12 @@ class ServingLoop:
             # new policy), unless a chunk about it already went out since.
             newest = Accepted(self.last_obs, self.last_obs_receive_ns)
         else:
-            return True
+            return
         if not self.estop_engaged():  # e-stop: the policy is not even asked
             if self._alloc is None:
                 self._cycle(newest.obs, newest.receive_ns, gen, taken[:-1])
             else:
                 self._alloc.measure(self._cycle, newest.obs, newest.receive_ns, gen, taken[:-1])
-        return True
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -410,11 +466,13 @@ class ServingLoop:
         self.in_flight = Inference(policy, receive_ns)
         try:
             guide, continues = None, None
-            if self.rtc is not None and policy.contract.rtc is not None:  # continue what the robot executes
+            rtc = self.rtc if policy.contract.rtc is not None else None
+            if rtc is not None and rtc.delay_periods() >= 1:
+                # The chunk arrives after its first slot: it continues what the robot executes.
                 executing = self.publisher.executing(obs)
-                guide = self.rtc.guide(executing, policy.contract.action.chunk_length)
+                guide = rtc.guide(executing, policy.contract.action.chunk_length)
                 if guide is not None:
-                    continues = (executing.chunk, self.rtc.delay)
+                    continues = (executing.chunk, rtc.delay)
             if shadow is not None:  # a shadow or canary reference: the same observation and guide
                 shadow.offer(obs, receive_ns, guide)
             if policy.retired:
@@ -453,7 +511,7 @@ class ServingLoop:
         status = self.publisher.announcement(held.obs)
         if gen == self.generation and (
             status == "pending"
-            # Confirmed by an observation the intake thread has not handed over yet: it is
+            # Confirmed by an observation the reader has not queued yet: it is
             # about to be, and answering it is what latest-wins means.
             or (status == "confirmed" and trusted.confirmed_rx > self._taken_rx)
         ):
@@ -507,28 +565,16 @@ class ServingLoop:
             )
 
 
-class _ServingThread(Worker):
-    """One generation of the serving thread: :meth:`ServingLoop.replace_thread` starts a
-    new one beside a thread hung in an engine call, so the loop holds one per generation;
-    it ends when the loop stops or moves to a newer generation (checked every wake-up)."""
+class _LoopThread(Worker):
+    """One of the two threads that take turns reading the socket and serving
+    (:meth:`ServingLoop._take_turns`); one given up as hung ends when its call returns."""
 
-    def __init__(self, loop: ServingLoop, generation: int) -> None:
-        super().__init__(f"vlad-serving-{generation}")
-        self.loop, self.generation = loop, generation
-
-    def run(self) -> None:
-        self.loop._serve(self.generation)
-
-    def wake(self) -> None:
-        self.loop.wake()
-
-
-class _IntakeThread(Worker):
-    """The thread that reads the observation socket (:meth:`ServingLoop._read`)."""
-
-    def __init__(self, loop: ServingLoop) -> None:
-        super().__init__("vlad-intake")
+    def __init__(self, loop: ServingLoop, number: int) -> None:
+        super().__init__(f"vlad-serving-{number}")
         self.loop = loop
 
     def run(self) -> None:
-        self.loop._read()
+        self.loop._take_turns(self)
+
+    def wake(self) -> None:
+        self.loop._kick()

@@ -1,4 +1,4 @@
-"""Real-time knobs for the serving thread: CPU affinity, SCHED_FIFO, mlockall.
+"""Real-time knobs for the serving threads (vlad.serving.loop): CPU affinity, SCHED_FIFO, mlockall.
 
 Each is off by default where it needs privileges (docs/operations.md, "Real-time"). A knob
 that is configured but cannot be applied stops the start with one clear line saying
