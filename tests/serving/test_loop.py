@@ -190,6 +190,44 @@ def test_a_plain_chunk_still_judges_the_report_of_what_the_robot_executes(rig):
     assert rig.policy.counts.guided == 0
 
 
+class _Turnstile:
+    """An engine gate that lets one inference through per :meth:`allow`."""
+
+    def __init__(self) -> None:
+        self._tokens = threading.Semaphore(0)
+        self._open = False
+
+    def wait(self, timeout: float) -> bool:
+        return self._open or self._tokens.acquire(timeout=timeout)
+
+    def allow(self) -> None:
+        self._tokens.release()
+
+    def set(self) -> None:  # the rig's teardown: every inference through
+        self._open = True
+        self._tokens.release()
+
+
+def test_progress_is_seen_between_cycles_that_follow_each_other(rig):
+    """A slow policy with observations arriving during every inference: the serving thread
+    goes from one cycle to the next without waiting, and the watchdog's progress stamp moves
+    after each cycle all the same (else it would hold back the systemd watchdog ping)."""
+    rig.session.gate = gate = _Turnstile()
+    rig.send_obs(1)
+    assert rig.session.entered.wait(5)
+    rig.send_obs(2)  # arrives while obs 1 is computed
+    wait_until(lambda: rig.intake.counts.observations == 2, what="obs 2 read")
+    rig.session.entered.clear()
+    before = time.monotonic_ns()
+    gate.allow()  # obs 1's cycle ends; obs 2's starts at once and waits in the engine
+    assert rig.recv().header["obs_seq"] == 1
+    assert rig.session.entered.wait(5) and rig.loop.in_flight is not None
+    assert rig.loop._server is not None  # the serving thread never paused between the two
+    assert rig.loop.last_progress_ns > before
+    gate.allow()
+    assert rig.recv().header["obs_seq"] == 2
+
+
 def test_heartbeats_are_read_while_an_inference_runs(rig):
     """While one thread serves, the other reads the socket: a controller's heartbeats arrive
     when it sends them, however long the engine takes (liveness on the controller's clock)."""

@@ -394,7 +394,6 @@ class ServingLoop:
     def _serving_released(self) -> None:
         """Under ``_handover``: no cycle runs (a reader may claim what waits)."""
         self._server = None
-        self.last_progress_ns = time.monotonic_ns()
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -409,6 +408,9 @@ class ServingLoop:
                 if self.cycle_errors <= 10 or self.cycle_errors % 1000 == 0:
                     log.exception("serving: unexpected error (%d so far)", self.cycle_errors)
             with self._handover:
+                # Also between cycles that follow each other without a pause (observations
+                # arriving while every inference runs): the watchdog sees the progress.
+                self.last_progress_ns = time.monotonic_ns()
                 if gen != self.generation:
                     return False
                 if self._stopping or not (self._waiting or self._woken):
