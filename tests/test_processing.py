@@ -161,6 +161,20 @@ def test_noise_is_reproducible_per_sequence(contract):
     assert not make_noise(zeros, 5).any()
 
 
+def test_noise_drawn_ahead_is_the_noise_of_that_observation(contract, tokenizer, golden):
+    """The serving loop draws the next observation's noise between two (Preprocessor.prepare):
+    an observation whose number it guessed gets exactly that noise, any other its own."""
+    from vlad.processing import Preprocessor
+
+    pre = Preprocessor(contract, tokenizer)
+    name = contract.noise.input
+    for case in golden:
+        raw = case["raw"]
+        for guess in (raw.sequence, raw.sequence - 1, raw.sequence + 1):
+            pre.prepare(guess)
+            np.testing.assert_array_equal(pre.fill(raw)[name], make_noise(contract, raw.sequence), err_msg=str(guess))
+
+
 # -- tokenizer -----------------------------------------------------------------------------
 
 

@@ -404,6 +404,12 @@ class Preprocessor:
                 weights[0] = guide.weights
         return self.inputs
 
+    def prepare(self, sequence: int) -> None:
+        """Work for the observation numbered ``sequence`` that needs nothing of it (its
+        flow-matching noise), done ahead: :meth:`fill` then finds it ready."""
+        if self.contract.noise is not None:
+            self._noise.prepare(sequence)
+
     def take_in(self, earlier: Sequence[RawObservation]) -> None:
         """Observations accepted before the next one :meth:`fill` gets, superseded while an
         inference ran: they enter the window in order (the newest ``frames - 1`` of them), so
@@ -452,11 +458,25 @@ class _NoiseSource:
         self._bits = np.random.Philox(key=0)
         self._gen = np.random.Generator(self._bits)
         self._f32 = np.zeros((1, *self.spec.shape), np.float32)
+        self._drawn_for: int | None = None  # the sequence whose noise _f32 holds
 
     def fill(self, sequence: int, out: np.ndarray) -> None:
         if self.spec.seeding == "zeros":
             out[...] = 0
             return
+        if sequence == self._drawn_for:  # drawn ahead (:meth:`prepare`)
+            out[...] = self._f32
+            return
+        self._draw(sequence)
+        out[...] = self._f32
+
+    def prepare(self, sequence: int) -> None:
+        """Draw the noise of ``sequence`` now (the same numbers :meth:`fill` would draw):
+        the serving loop asks for the next observation's between two, off its hot path."""
+        if self.spec.seeding != "zeros" and sequence != self._drawn_for:
+            self._draw(sequence)
+
+    def _draw(self, sequence: int) -> None:
         key = self.spec.seed + sequence
         state = self._bits.state
         state["state"]["key"][:] = (key & 0xFFFFFFFFFFFFFFFF, key >> 64)
@@ -465,7 +485,7 @@ class _NoiseSource:
         state["buffer_pos"], state["has_uint32"], state["uinteger"] = 4, 0, 0
         self._bits.state = state
         self._gen.standard_normal(out=self._f32, dtype=np.float32)
-        out[...] = self._f32
+        self._drawn_for = sequence
 
 
 def _raw_shape(cam: CameraSpec) -> tuple[int, int, int]:

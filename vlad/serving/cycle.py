@@ -34,6 +34,7 @@ controller's to fix; ``backend_error`` is the policy's (the monitors quarantine 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -80,12 +81,19 @@ class CycleFailure(Exception):
 
 
 def run_cycle(
-    policy: ServedPolicy, obs: RawObservation, t: CycleTimes, *, max_age: bool = True, guide: Guide | None = None
+    policy: ServedPolicy,
+    obs: RawObservation,
+    t: CycleTimes,
+    *,
+    max_age: bool = True,
+    guide: Guide | None = None,
+    before_engine: Callable[[], None] | None = None,
 ) -> np.ndarray:
     """``obs`` -> ``policy``'s action chunk in contract units (the decoder's buffer: copy it
     to keep it past the next cycle); raises :class:`CycleFailure`. ``t`` gets the stage
     stamps; ``max_age=False`` skips the stale check (replaying recorded observations);
-    ``guide``: what real-time chunking conditions the chunk on (vlad.serving.rtc)."""
+    ``guide``: what real-time chunking conditions the chunk on (vlad.serving.rtc);
+    ``before_engine``: called once the inputs are ready, just before the engine call."""
     t.pre_start = time.monotonic_ns()
     if max_age and t.pre_start - obs.sensor_time_ns > policy.max_age_ns:
         raise CycleFailure(
@@ -101,6 +109,8 @@ def run_cycle(
         raise CycleFailure("preprocess", HoldKind.REJECTED, str(exc), Rejection.BAD_INPUT) from exc
     except Exception as exc:
         raise CycleFailure("preprocess", HoldKind.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}") from exc
+    if before_engine is not None:
+        before_engine()
     t.pre_end = t.infer_start = time.monotonic_ns()
     try:
         outputs = policy.session.infer(inputs, obs.sensor_time_ns + policy.deadline_ns)

@@ -8,10 +8,11 @@ and an observation that finds the policy idle wakes one thread, not two:
   the trusted joint state) and answers a refused observation with an advisory hold. A
   controller's heartbeats are therefore read when they come, however long an inference
   takes: liveness is judged on the controller's clock.
-* when the reader accepts an observation and no cycle runs, it **serves** it itself: it
-  hands the socket to the other thread (which was waiting for it) and runs
+* when the reader accepts an observation and no cycle runs, it **serves** it itself:
   :meth:`ServingLoop._cycle`, read top to bottom the whole path from the observation to the
-  published chunk. An observation accepted while a cycle runs waits; the serving thread
+  published chunk. It hands the socket to the other thread (waiting for it) once the
+  inputs are ready, just before the engine call: the other thread's wake-up then falls in
+  the engine call, which releases the interpreter, not in the preprocessing that needs it. An observation accepted while a cycle runs waits; the serving thread
   takes the newest one when its cycle ends (latest wins; older ones still waiting are
   counted as superseded, and enter a policy's observation window when it has ``[history]``),
   and joins the reader's queue for the socket once nothing waits.
@@ -131,6 +132,7 @@ class ServingLoop:
         self._anchor = (0, 0)  # the trusted state's generation and announcement the last cycle saw
         self._stopping = False
         self._reader = threading.Lock()  # held by the thread that reads the socket
+        self._reading = 0  # that thread's ident (0: between two)
         # The hand-over between the threads: what waits to be served, and who serves.
         self._handover = threading.Lock()
         self._waiting: list[Accepted] = []  # accepted, not yet served (at most `history`)
@@ -272,10 +274,21 @@ class ServingLoop:
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self._wake_rx, zmq.POLLIN)
         while not self._stopping:
-            with self._reader:
+            self._reader.acquire()
+            self._reading = threading.get_ident()
+            try:
                 job = self._read(me, poller)
-            if job is not None and not self._serve_all(me, *job):
-                return  # given up as hung (replace_thread): a successor serves
+                if job is not None and not self._serve_all(me, *job):
+                    return  # given up as hung (replace_thread): a successor serves
+            finally:
+                self._hand_off()
+
+    def _hand_off(self) -> None:
+        """The socket to the other thread, when the calling one still reads it (before its
+        engine call, or once it has served)."""
+        if self._reading == threading.get_ident():
+            self._reading = 0
+            self._reader.release()
 
     def _read(self, me: _LoopThread, poller: zmq.Poller) -> tuple[int, list[Accepted], bool] | None:
         """Read until there is something to serve and no cycle runs: then claim it. None:
@@ -407,6 +420,7 @@ class ServingLoop:
                 self.cycle_errors += 1
                 if self.cycle_errors <= 10 or self.cycle_errors % 1000 == 0:
                     log.exception("serving: unexpected error (%d so far)", self.cycle_errors)
+            self._hand_off()  # served without an engine call (a hold, the e-stop, a failure)
             with self._handover:
                 # Also between cycles that follow each other without a pause (observations
                 # arriving while every inference runs): the watchdog sees the progress.
@@ -484,7 +498,8 @@ class ServingLoop:
                 policy.counts.guided += 1
             if earlier and policy.pre.frames > 1:
                 policy.pre.take_in([a.obs for a in earlier])
-            actions = run_cycle(policy, obs, t, guide=guide)  # stale check, preprocess, infer, decode
+            # stale check, preprocess, (the socket to the other thread), infer, decode
+            actions = run_cycle(policy, obs, t, guide=guide, before_engine=self._hand_off)
         except CycleFailure as failure:
             self._failed(gen, policy, obs, failure)
             return
@@ -501,6 +516,8 @@ class ServingLoop:
             broken = CycleFailure("guard", HoldKind.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
             broken.__cause__ = exc
             self._failed(gen, policy, obs, broken)
+        # The chunk is out: the next observation's noise is drawn now, before it comes.
+        policy.pre.prepare(obs.sequence + 1)
 
     def _offer_held(self, gen: int, taken: list[Accepted]) -> None:
         """The chunk held back for an announced re-anchor: sent once it is confirmed, unless
