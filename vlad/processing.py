@@ -464,10 +464,8 @@ class _NoiseSource:
         if self.spec.seeding == "zeros":
             out[...] = 0
             return
-        if sequence == self._drawn_for:  # drawn ahead (:meth:`prepare`)
-            out[...] = self._f32
-            return
-        self._draw(sequence)
+        if sequence != self._drawn_for:  # else drawn ahead (:meth:`prepare`)
+            self._draw(sequence)
         out[...] = self._f32
 
     def prepare(self, sequence: int) -> None:

@@ -180,9 +180,8 @@ class ServingLoop:
         with self.publisher.lock:
             self.generation += 1
             self.publisher.generation = self.generation
-        with self._handover:
+        with self._handover:  # no cycle runs now: the reader may claim what waits
             hung, self._server = self._server, None
-            self._serving_released()
         self.in_flight = None
         if hung is None:
             return  # its cycle ended meanwhile: that thread goes on taking turns
@@ -404,10 +403,6 @@ class ServingLoop:
         self._server = me
         return self.generation, taken, woken
 
-    def _serving_released(self) -> None:
-        """Under ``_handover``: no cycle runs (a reader may claim what waits)."""
-        self._server = None
-
     # -- serving ---------------------------------------------------------------------------
 
     def _serve_all(self, me: _LoopThread, gen: int, taken: list[Accepted], woken: bool) -> bool:
@@ -428,7 +423,7 @@ class ServingLoop:
                 if gen != self.generation:
                     return False
                 if self._stopping or not (self._waiting or self._woken):
-                    self._serving_released()
+                    self._server = None  # a reader may claim what comes next
                     return True
                 gen, taken, woken = self._claim(me)
 
