@@ -120,6 +120,10 @@ class RealtimeConfig:
     mlockall: bool = False  # lock all current and future pages in RAM (needs LimitMEMLOCK=infinity)
     gc_freeze: bool = True  # gc.freeze() after warm-up: the loaded model never gets scanned again
     busy_poll_us: int = field(default=0, metadata=bounded(0, 100_000))  # spin this long before blocking
+    # Rehearse the hot path's first stages on scratch copies this long before a steady
+    # controller's next observation is due, so that it finds warm caches
+    # (vlad.serving.rehearsal); 0: off.
+    rehearse_lead_us: int = field(default=1500, metadata=bounded(0, 50_000))
 
 
 @dataclass(frozen=True)

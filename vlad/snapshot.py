@@ -131,6 +131,9 @@ class Counters:
     unconfirmed: int = 0  # policy chunks about such an announcement (not sent)
     exec_unknown: int = 0  # `exec` reports naming no chunk vlad sent that controller
     guided: int = 0  # policy chunks computed to continue what the robot executes (real-time chunking)
+    rehearsals: int = 0  # the hot path's first stages run on scratch copies (vlad.serving.rehearsal)
+    rehearsals_interrupted: int = 0  # of those, stopped early: a message came
+    rehearsal_errors: int = 0  # failed on a bug (logged; serving is not affected)
 
     def guard(self) -> dict[str, int]:
         """The guard's corrections by kind."""

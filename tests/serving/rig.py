@@ -20,7 +20,7 @@ import zmq
 
 from vlad import protocol
 from vlad.backend import Session, SessionDescription
-from vlad.config import RealtimeConfig
+from vlad.config import GuardConfig, RealtimeConfig
 from vlad.health.state import StateMachine
 from vlad.serving.counters import IntakeCounts, PolicyId, PublishCounts
 from vlad.serving.guard import ActionGuard, TrustedState
@@ -29,6 +29,7 @@ from vlad.serving.loop import ServingLoop
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.position import ServingState
 from vlad.serving.publisher import Publisher
+from vlad.serving.rehearsal import Rehearsal
 from vlad.serving.tracing import LatencyStats
 
 INSTRUCTION = "reach the red target"
@@ -85,7 +86,7 @@ def connected(pub: zmq.Socket, sub: zmq.Socket, frames: list[bytes], received: C
 class Rig:
     """The serving side of the daemon, wired like vlad.daemon.supervisor wires it."""
 
-    def __init__(self, contract, tokenizer, estop_output: str = "hold") -> None:
+    def __init__(self, contract, tokenizer, estop_output: str = "hold", rehearse_lead_ns: int = 0) -> None:
         self.contract = contract
         self.tokenizer = tokenizer
         self.ctx = zmq.Context()
@@ -134,6 +135,9 @@ class Rig:
             RealtimeConfig(gc_freeze=False),
             period_ns,
             history=contract.frames,
+            rehearsal=Rehearsal(self.intake, self.publisher, rehearse_lead_ns, GuardConfig())
+            if rehearse_lead_ns
+            else None,
         )
         self.session = FakeSession(contract)
         self.policy = self.served("release", "demo@1", self.session)

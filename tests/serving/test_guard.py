@@ -599,3 +599,42 @@ def test_the_executed_path_and_hold_are_the_slot_by_slot_ones(contract, seed, le
     ref_path, ref_covered = _path_slot_by_slot(g, chunk, index, hold)
     assert covered == ref_covered
     np.testing.assert_array_equal(path, ref_path)
+
+
+def test_what_is_executed_is_built_again_only_when_what_it_depends_on_changed(contract):
+    """The serving thread asks before the engine call and the publisher after it: the second
+    answer is the first's only while nothing it is built from changed."""
+    ts = _trusted(contract, (0.0, 0.0))
+    g = ActionGuard(contract, ts)
+    first = g.executing("arm", NOW)
+    assert g.executing("arm", NOW) is first
+    assert g.executing("arm", NOW + PERIOD) is not first  # another observation
+    assert g.executing("other", NOW) is not g.executing("arm", NOW)  # another controller
+
+    def fresh(change) -> None:
+        before = g.executing("arm", NOW + PERIOD, (-1, -1))
+        change()
+        after = g.executing("arm", NOW + PERIOD, (-1, -1))
+        assert after is not before
+        # and what it is now is what a guard built from scratch on the same state says
+        rebuilt = ActionGuard(contract, ts)
+        rebuilt.sent, rebuilt._newest, rebuilt._reports = g.sent, g._newest, g._reports
+        rebuilt._since_seq, rebuilt._since_ns, rebuilt._seen_generation = g._since_seq, g._since_ns, g._seen_generation
+        expected = rebuilt.executing("arm", NOW + PERIOD, (-1, -1))
+        assert np.array_equal(after.path, expected.path) and after.chunk == expected.chunk
+
+    fresh(lambda: g.record(_chunk(contract, 0.1), NOW, NOW + VALID, NOW, "arm", 1))  # a chunk sent
+    fresh(lambda: g.reported("arm", NOW + 2 * PERIOD, (1, 2)))  # a newer report
+    fresh(lambda: ts.judge(_q(0.05, 0.05), NOW + PERIOD))  # the trusted state moved
+    fresh(g.forget_command)  # the e-stop's release
+
+
+def test_an_unknown_report_is_counted_once_however_often_it_is_judged(contract):
+    ts = _trusted(contract, (0.0, 0.0))
+    g = ActionGuard(contract, ts)
+    g.executing("arm", NOW, (7, 0))
+    g.record(_chunk(contract, 0.1), NOW, NOW + VALID, NOW, "other", 1)  # changes what it is built from
+    g.executing("arm", NOW, (7, 0))
+    assert g.reports_unknown == 1
+    g.executing("arm", NOW + PERIOD, (7, 0))  # the next observation's report
+    assert g.reports_unknown == 2

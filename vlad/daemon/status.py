@@ -210,6 +210,7 @@ class StatusModel:
         if self.estop.counts.get("garbled"):
             rejected["estop_garbled"] = self.estop.counts["garbled"]
         guard = self.guard.counts
+        rehearsal = self.loop.rehearsal
         return Counters(
             messages=intake.messages,
             observations=intake.observations,
@@ -241,6 +242,9 @@ class StatusModel:
             unconfirmed=sum(c.unconfirmed for c in policies),
             exec_unknown=self.guard.reports_unknown,
             guided=sum(c.guided for c in policies),
+            rehearsals=rehearsal.runs if rehearsal else 0,
+            rehearsals_interrupted=rehearsal.interrupted if rehearsal else 0,
+            rehearsal_errors=rehearsal.errors if rehearsal else 0,
         )
 
     def build(self) -> dict[str, Any]:

@@ -73,6 +73,7 @@ from vlad.serving.loop import ServingLoop
 from vlad.serving.position import ServingState
 from vlad.serving.publisher import Publisher
 from vlad.serving.realtime import lock_memory
+from vlad.serving.rehearsal import Rehearsal
 from vlad.serving.tracing import LatencyStats
 
 log = logging.getLogger("vlad.daemon")
@@ -340,8 +341,17 @@ async def assemble(cfg: Config, stack: AsyncExitStack, notifier: Notifier, state
         heartbeat_limit_ns=heartbeat_limit_ns,
     )
     publisher = Publisher(contract, actions_sock, guard, stats, PublishCounts(), serving, cfg.safety.estop_output)
+    lead_ns = cfg.realtime.rehearse_lead_us * 1000
     loop = ServingLoop(
-        ctx, obs_sock, intake, publisher, cfg.realtime, period_ns, history=contract.frames, rtc=cfg.serve.rtc == "on"
+        ctx,
+        obs_sock,
+        intake,
+        publisher,
+        cfg.realtime,
+        period_ns,
+        history=contract.frames,
+        rtc=cfg.serve.rtc == "on",
+        rehearsal=Rehearsal(intake, publisher, lead_ns, cfg.guard) if lead_ns else None,
     )
     stack.callback(loop.close)
     chain = PolicyChain(

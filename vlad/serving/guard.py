@@ -355,6 +355,10 @@ class ActionGuard:
         self._auto_seq = 0
         self.counts = dict.fromkeys(INTERVENTIONS, 0)
         self.reports_unknown = 0  # ``exec`` reports naming no chunk vlad sent this controller
+        self._unknown_counted: tuple | None = None  # the observation whose report was counted last
+        # What executing() built last and what it was built from (see there).
+        self._sent_version = 0  # bumped on every change to the chunks sent (publisher lock)
+        self._cached: tuple[tuple, Executing] | None = None
         # Per controller: its newest ``exec`` report (sensor time, report), written by the
         # intake thread as observations arrive (one dict store), read here.
         self._reports: dict[str, tuple[int, tuple[int, int] | None]] = {}
@@ -371,6 +375,7 @@ class ActionGuard:
         starts from the trusted joint state."""
         self._newest.clear()
         self._since_seq = max(self.sent, default=self._since_seq)
+        self._sent_version += 1
 
     # -- what the robot executes ---------------------------------------------------------------
 
@@ -392,9 +397,40 @@ class ActionGuard:
         :data:`UNREPORTED`: it did not say. The controller's newest report (:meth:`reported`)
         says it better when it is newer (its observations arrive while the policy computes),
         or when this one says nothing (a hold about no observation): the path is taken from
-        it, shifted by the periods between the two."""
+        it, shifted by the periods between the two.
+
+        The serving thread asks before the engine call, while its caches are warm, and the
+        publisher again once the chunk is there: unless something it depends on changed
+        meanwhile (a chunk sent, a newer report, the trusted state), the second call returns
+        the first's result, built from the very same state."""
         self._check_generation()
+        trusted = self.trusted
         newest = self._reports.get(client or "")
+        cached = self._cached
+        if cached is not None:
+            key = cached[0]
+            if (
+                key[0] == client
+                and key[1] == t_sensor_ns
+                and key[2] == report
+                and key[3] is newest
+                and key[4] == self._sent_version
+                and key[5] is trusted.positions  # a new array on every change
+                and key[6] == trusted.generation
+            ):
+                return cached[1]
+        key = (client, t_sensor_ns, report, newest, self._sent_version, trusted.positions, trusted.generation)
+        ex = self._executing_now(client, t_sensor_ns, report, newest)
+        self._cached = (key, ex)
+        return ex
+
+    def _executing_now(
+        self,
+        client: str | None,
+        t_sensor_ns: int,
+        report: tuple[int, int] | None,
+        newest: tuple[int, tuple[int, int] | None] | None,
+    ) -> Executing:
         n = self.contract.action.chunk_length
         if newest is not None and self.period_ns and newest[0] >= self._since_ns:
             shift = (newest[0] - t_sensor_ns + self.period_ns // 2) // self.period_ns
@@ -415,7 +451,10 @@ class ActionGuard:
         else:
             reported = None if report is None else self._believed(report, client, t_sensor_ns)
             if report is not None and reported is None:
-                self.reports_unknown += 1
+                counted = (client, t_sensor_ns, report)
+                if counted != self._unknown_counted:  # once per observation, however often asked
+                    self._unknown_counted = counted
+                    self.reports_unknown += 1
                 if newest is not None:
                     chunk, index = newest, self._index(newest, t_sensor_ns)
             elif newest is not None and (reported is None or newest.seq != reported.seq):
@@ -652,6 +691,7 @@ class ActionGuard:
             self._auto_seq += 1
             seq = self._auto_seq
         self.sent[seq] = Sent(seq, client, chunk.copy(), t_sensor_ns, valid_until_ns, advisory, issued_ns)
+        self._sent_version += 1
         if not advisory:
             self._newest[client] = seq
         while len(self.sent) > SENT_KEPT:

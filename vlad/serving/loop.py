@@ -17,6 +17,13 @@ and an observation that finds the policy idle wakes one thread, not two:
   counted as superseded, and enter a policy's observation window when it has ``[history]``),
   and joins the reader's queue for the socket once nothing waits.
 
+Two things happen on warm caches, not after the engine call that evicts them: the serving
+thread builds the guard's seam reference (what the robot executes,
+:meth:`~vlad.serving.guard.ActionGuard.executing`) before the engine call, and the publisher
+reuses it unless something it depends on changed meanwhile; and the reader, while no cycle
+runs, rehearses the first stages on scratch copies just before a steady controller's next
+observation is due (:mod:`vlad.serving.rehearsal`).
+
 The hand-over between the two (the observation queue, who serves) happens under
 ``_handover``; at most one thread serves at a time. The asyncio event loop is never on this
 path; it reads the threads' state through plain attributes and counter snapshots.
@@ -52,6 +59,7 @@ from vlad.serving.intake import Intake
 from vlad.serving.policy import ServedPolicy
 from vlad.serving.publisher import Publisher
 from vlad.serving.realtime import apply_thread_knobs
+from vlad.serving.rehearsal import Rehearsal
 from vlad.serving.rtc import RealTimeChunking
 from vlad.serving.shadow import ShadowRun
 from vlad.serving.tracing import CycleTimes
@@ -102,6 +110,7 @@ class ServingLoop:
         period_ns: int,
         history: int = 1,
         rtc: bool = True,
+        rehearsal: Rehearsal | None = None,
     ) -> None:
         self.sock = sock
         self.intake = intake
@@ -113,6 +122,8 @@ class ServingLoop:
         self.history = max(1, history)
         # Real-time chunking for policies whose contract has [rtc] (vlad.serving.rtc).
         self.rtc = RealTimeChunking(period_ns) if rtc else None
+        # The hot path run on scratch copies before the next observation is due (warm caches).
+        self.rehearsal = rehearsal
         self.active: ServedPolicy | None = None  # None: the hold posture
         self.shadow: ShadowRun | None = None
         self.estop_engaged: Callable[[], bool] = lambda: publisher.estop_engaged
@@ -313,6 +324,9 @@ class ServingLoop:
     ) -> tuple[int, list[Accepted], bool] | None:
         """One wake-up: poll, drain, queue the accepted observations; claim them when no
         cycle runs."""
+        rehearsal = self.rehearsal
+        if rehearsal is not None:  # wake in time for it
+            timeout_ms = rehearsal.poll_ms(time.monotonic_ns(), timeout_ms)
         # Spin only after a wake-up that brought messages: an idle thread blocks at once
         # instead of spinning busy_poll_us after every quarter-period timeout.
         ready = self._poll(poller, timeout_ms, busy_ns if self._spin else 0)
@@ -324,15 +338,22 @@ class ServingLoop:
         with self._handover:
             if accepted:
                 self._queue(accepted)
-            if self._server is not None:
-                return None  # a cycle runs: it takes what waits when it ends
-            # A held chunk is looked at again on an observation or a quiet poll (it may
-            # settle without another observation), not on every heartbeat.
-            held = self._held is not None and (accepted or self.sock not in ready)
-            if self._waiting or self._woken or held:
-                return self._claim(me)
-            self.last_progress_ns = now
+            cycle_runs = self._server is not None  # it takes what waits when it ends
+            if not cycle_runs:
+                # A held chunk is looked at again on an observation or a quiet poll (it may
+                # settle without another observation), not on every heartbeat.
+                held = self._held is not None and (accepted or self.sock not in ready)
+                if self._waiting or self._woken or held:
+                    return self._claim(me)
+                self.last_progress_ns = now
+        # Nothing to serve: only this thread could start a cycle now.
+        if rehearsal is not None and not ready:
+            rehearsal.maybe_run(now, None if cycle_runs else self.active, self._pending)
         return None
+
+    def _pending(self) -> bool:
+        """A message or a wake-up waits for the reader."""
+        return bool((int(self.sock.get(zmq.EVENTS)) | int(self._wake_rx.get(zmq.EVENTS))) & zmq.POLLIN)
 
     def _poll(self, poller: zmq.Poller, timeout_ms: int, busy_ns: int) -> dict:
         if busy_ns:
@@ -369,6 +390,8 @@ class ServingLoop:
             obs = intake.accept(frames, receive_ns)
             if obs is not None:
                 accepted.append(Accepted(obs, receive_ns))
+                if self.rehearsal is not None:
+                    self.rehearsal.accepted(frames, receive_ns)
                 # What the controller executes now, for the chunk being computed (its seams)
                 self.publisher.guard.reported(obs.client or "", obs.sensor_time_ns, obs.executing)
                 refused = None
@@ -477,10 +500,12 @@ class ServingLoop:
         self.in_flight = Inference(policy, receive_ns)
         try:
             guide, continues = None, None
+            # What the robot executes, the guard's seam reference: built now, on warm caches
+            # (the engine call evicts them), the publisher reuses it unless it changed meanwhile.
+            executing = self.publisher.executing(obs)
             rtc = self.rtc if policy.contract.rtc is not None else None
             if rtc is not None and rtc.delay_periods() >= 1:
                 # The chunk arrives after its first slot: it continues what the robot executes.
-                executing = self.publisher.executing(obs)
                 guide = rtc.guide(executing, policy.contract.action.chunk_length)
                 if guide is not None:
                     continues = (executing.chunk, rtc.delay)
