@@ -43,6 +43,9 @@ server's in the same condition, and vlad's own stage breakdown (preprocess, deco
     .venv/bin/python scripts/bench_serving.py --short      # a smoke run (CI)
 
 Figures are noisy on a shared machine: compare rows of one run only, with its conditions.
+``--interleave 5`` starts every server of a condition at once and lets them take turns at
+50 Hz in 5 s blocks, so that a drifting machine weighs on all of them alike (the idle
+servers wait meanwhile; lock-step rows still run one server after the other).
 """
 
 from __future__ import annotations
@@ -732,6 +735,7 @@ def run(args) -> dict:
     )
     cond["vlad_commit"] = here.stdout.strip() or "not a git checkout"
     seconds = {"50 Hz": args.seconds, "lock-step": args.lockstep_seconds}
+    cond["interleave_s"] = args.interleave
     rows: list[dict] = []
     tmp = Path(tempfile.mkdtemp(prefix="vlad-bench-"))
     try:
@@ -755,6 +759,17 @@ def run(args) -> dict:
                 with cpu_hog() if loaded else contextlib.nullcontext():
                     launched: dict = {}
                     try:
+                        if args.interleave:
+                            for server in servers:
+                                n += 1
+                                launched[server] = make_client(
+                                    server, payload, tmp / f"run{n}", loaded, rt, args.warmup, args.baseline
+                                )
+                            for row in interleaved(launched, payload, load, args):
+                                rows.append(row)
+                                if not args.json:
+                                    print_row(row)
+                            continue
                         if args.parallel_start:  # a smoke run: start every server of the condition at once
                             for server in servers:
                                 n += 1
@@ -792,6 +807,52 @@ def run(args) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
     add_ratios(rows)
     return {"conditions": cond, "rows": rows, "hot_stage_costs_us": hot, "targets": targets(rows)}
+
+
+def interleaved(launched: dict, payload: Payload, load: str, args) -> list[dict]:
+    """Every server of the condition started at once; at 50 Hz they take turns in blocks of
+    ``args.interleave`` seconds (each after :func:`settle`, unmeasured) until each has
+    ``args.seconds``, so that a machine that drifts (other tenants of a VM) is shared by all
+    of them alike; then lock-step, one server after the other."""
+    for client in launched.values():
+        client.connect()
+    for client in launched.values():
+        drive(client.step, 50, args.warmup_seconds, None)
+    samples = {server: Samples() for server in launched}
+    measured = dict.fromkeys(launched, 0.0)
+    load_before = os.getloadavg()[0]
+    while min(measured.values()) < args.seconds:
+        for server, client in launched.items():
+            block = min(args.interleave, args.seconds - measured[server])
+            if block <= 0:
+                continue
+            settle(client)
+            drive(client.step, 50, block, samples[server])
+            measured[server] += block
+    rows = []
+    for server in launched:
+        row = row_of(server, payload, load, "50 Hz", samples[server], args.seconds)
+        row["loadavg_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+        row["interleaved_s"] = args.interleave
+        rows.append(row)
+    for server, client in launched.items():
+        settle(client)
+        s = Samples()
+        drive(client.step, None, args.lockstep_seconds, s)
+        rows.append(row_of(server, payload, load, "lock-step", s, args.lockstep_seconds))
+    return rows
+
+
+def settle(client, limit_s: float = 20.0) -> None:
+    """Back from idle: 50 Hz until half a second in a row was answered by the policy (vlad
+    takes a controller silent for a while as lost and serves holds until it is back)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        s = Samples()
+        drive(client.step, 50, 0.5, s)
+        if not s.missed:
+            return
+    raise RuntimeError(f"{type(client).__name__}: no policy answers for {limit_s:.0f} s after idling")
 
 
 def print_row(r: dict) -> None:
@@ -881,6 +942,12 @@ def main() -> int:
         action="store_true",
         help="a smoke run: every row, few samples, servers of a "
         "condition started together (idle ones run beside the measured one)",
+    )
+    ap.add_argument(
+        "--interleave",
+        type=float,
+        metavar="SECONDS",
+        help="start every server of a condition at once and take turns at 50 Hz in blocks this long",
     )
     ap.add_argument("--parallel-start", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help="print the result as JSON only")

@@ -86,3 +86,25 @@ def test_openpi_rows(result):
         assert r["engine_ms"]["p50"] > 0
     vlad = _rows(result, "vlad")
     assert all(math.isfinite(r["vs_openpi"]["p50"]) for r in vlad.values())
+
+
+def test_interleaved_rows():
+    """--interleave: the servers of a condition take turns at 50 Hz; every row still comes out."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--short", "--json", "--payloads", "demo", "--loads", "quiet"]
+        + ["--servers", "floor", "vlad", "--interleave", "0.1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout)
+    assert result["conditions"]["interleave_s"] == 0.1
+    for server in ("floor", "vlad"):
+        rows = _rows(result, server)
+        assert set(rows) == {("demo", "quiet", rate) for rate in RATES}, server
+        assert rows[("demo", "quiet", "50 Hz")]["interleaved_s"] == 0.1
+        for r in rows.values():
+            assert _finite(r["overhead_ms"]), (server, r["rate"])
