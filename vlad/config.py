@@ -123,7 +123,7 @@ class RealtimeConfig:
     # Rehearse the hot path's first stages on scratch copies this long before a steady
     # controller's next observation is due, so that it finds warm caches
     # (vlad.serving.rehearsal); 0: off.
-    rehearse_lead_us: int = field(default=1500, metadata=bounded(0, 50_000))
+    rehearse_lead_us: int = field(default=1000, metadata=bounded(0, 50_000))
 
 
 @dataclass(frozen=True)

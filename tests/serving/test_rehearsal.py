@@ -157,3 +157,14 @@ def test_what_is_served_is_the_same_with_and_without_it(contract, tokenizer):
     finally:
         plain.close()
         rehearsed.close()
+
+
+def test_it_starts_early_enough_to_end_before_the_observation(rig, rehearsal):
+    r = rehearsal
+    rx = _steady(r, T0)
+    r.maybe_run(r.due_ns(), rig.policy, _never)  # builds the scratch preprocessor
+    rx = _steady(r, rx + PERIOD, 1)
+    r.maybe_run(r.due_ns(), rig.policy, _never)
+    assert r.runs == 2 and 0 < r._takes_ns <= PERIOD // 4
+    rx = _steady(r, rx + PERIOD, 1)
+    assert r.due_ns() == rx + PERIOD - LEAD - r._takes_ns

@@ -6,8 +6,8 @@ intake and preprocessing of one observation took 3-5x longer than the same calls
 back, and a run of the same code 0.5-1 ms earlier, even on other objects, recovered most
 of it (docs/benchmarks.md, "A rehearsal before each observation").
 
-So once a controller's observations come at a steady interval, the reader runs, about
-``realtime.rehearse_lead_us`` before the next one is due, the code that will meet it: the
+So once a controller's observations come at a steady interval, the reader runs, to end
+about ``realtime.rehearse_lead_us`` before the next one is due, the code that will meet it: the
 last accepted observation's frames through a scratch :class:`~vlad.serving.intake.Intake`
 (decoding, the contract and trusted-state checks), a scratch
 :class:`~vlad.processing.Preprocessor` for the policy serving, and a scratch
@@ -26,6 +26,7 @@ counted and logged, never raised.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,6 +72,9 @@ class Rehearsal:
         self._last_interval = 0
         self._interval = 0  # the controller's interval while it is steady, else 0
         self._done_for = 0  # receive time of the observation after which it last rehearsed
+        # How long a rehearsal takes here (a maximum that decays): it starts that much earlier,
+        # so that it ends ``lead_ns`` before the observation (a larger payload takes longer).
+        self._takes_ns = 0
         self.runs = 0
         self.interrupted = 0  # stopped early: a message or a wake-up came
         self.errors = 0
@@ -88,7 +92,7 @@ class Rehearsal:
         """When to rehearse for the next observation; None: no rehearsal is due."""
         if self._frames is None or self._interval < MIN_INTERVAL_NS or self._done_for == self._last_rx:
             return None
-        return self._last_rx + self._interval - self.lead_ns
+        return self._last_rx + self._interval - self.lead_ns - self._takes_ns
 
     def poll_ms(self, now_ns: int, timeout_ms: int) -> int:
         """The reader's poll timeout (whole milliseconds): waking at the rehearsal's time."""
@@ -111,8 +115,12 @@ class Rehearsal:
             or now_ns - self.publisher.last_publish_ns < WARM_AFTER_PUBLISH_NS
         ):
             return
+        start = time.monotonic_ns()
         try:
-            if self._run(now_ns, policy, pending):
+            done = self._run(now_ns, policy, pending)
+            took = time.monotonic_ns() - start
+            self._takes_ns = min(max(took, self._takes_ns * 7 // 8), self._interval // 4)
+            if done:
                 self.runs += 1
             else:
                 self.interrupted += 1
