@@ -168,3 +168,37 @@ def test_it_starts_early_enough_to_end_before_the_observation(rig, rehearsal):
     assert r.runs == 2 and 0 < r._takes_ns <= PERIOD // 4
     rx = _steady(r, rx + PERIOD, 1)
     assert r.due_ns() == rx + PERIOD - LEAD - r._takes_ns
+
+
+def test_preprocessing_that_moves_bytes_is_not_rehearsed_again(rig, rehearsal, monkeypatch):
+    import vlad.serving.rehearsal as module
+
+    r = rehearsal
+    rx = _steady(r, T0)
+    r.maybe_run(r.due_ns(), rig.policy, _never)  # builds the scratch preprocessor
+    assert r._pre is not None
+    monkeypatch.setattr(module, "PREPROCESS_LIMIT_NS", -1)  # every fill is "too long"
+    for k in range(module.SLOW_FILLS):
+        assert r._pre is not None, k  # one slow fill may be the machine
+        rx = _steady(r, rx + PERIOD, 1)
+        r.maybe_run(r.due_ns(), rig.policy, _never)
+    assert r._pre is None and r.runs == 1 + module.SLOW_FILLS
+    rx = _steady(r, rx + PERIOD, 1)
+    r.maybe_run(r.due_ns(), rig.policy, _never)  # the rest still runs
+    assert r.runs == 2 + module.SLOW_FILLS and r.errors == 0
+
+
+def test_one_fast_fill_keeps_the_preprocessing_rehearsed(rig, rehearsal, monkeypatch):
+    import vlad.serving.rehearsal as module
+
+    r = rehearsal
+    rx = _steady(r, T0)
+    r.maybe_run(r.due_ns(), rig.policy, _never)
+    monkeypatch.setattr(module, "PREPROCESS_LIMIT_NS", 10**12)
+    rx = _steady(r, rx + PERIOD, 1)
+    r.maybe_run(r.due_ns(), rig.policy, _never)  # one fast fill
+    monkeypatch.setattr(module, "PREPROCESS_LIMIT_NS", -1)
+    for _ in range(module.SLOW_FILLS + 1):
+        rx = _steady(r, rx + PERIOD, 1)
+        r.maybe_run(r.due_ns(), rig.policy, _never)
+    assert r._pre is not None

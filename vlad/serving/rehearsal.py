@@ -10,7 +10,9 @@ So once a controller's observations come at a steady interval, the reader runs, 
 about ``realtime.rehearse_lead_us`` before the next one is due, the code that will meet it: the
 last accepted observation's frames through a scratch :class:`~vlad.serving.intake.Intake`
 (decoding, the contract and trusted-state checks), a scratch
-:class:`~vlad.processing.Preprocessor` for the policy serving, and a scratch
+:class:`~vlad.processing.Preprocessor` for the policy serving (unless one fill of it took
+over :data:`PREPROCESS_LIMIT_NS` each of its first :data:`SLOW_FILLS` times: large images
+are moving bytes, not waiting for cold caches), and a scratch
 :class:`~vlad.serving.guard.ActionGuard`'s seam reference (:meth:`ActionGuard.executing`,
 which the serving thread builds before the engine call). The stages after the engine are
 not rehearsed: the engine call evicts the caches again.
@@ -48,6 +50,10 @@ MIN_INTERVAL_NS = 4_000_000
 TOO_LATE_NS = 200_000
 # Steady: an interval within a tenth of the one before (a controller at its rate).
 STEADY_FRACTION = 10
+# Preprocessing that takes longer than this when rehearsed is moving bytes (large images),
+# not waiting for cold caches: rehearsing it would only double that work.
+PREPROCESS_LIMIT_NS = 300_000
+SLOW_FILLS = 5  # ... in each of its first fills (one fast fill: it is the caches)
 
 
 class Rehearsal:
@@ -65,8 +71,9 @@ class Rehearsal:
         # chunk, as the serving path's does.
         self._chunk = self._guard.hold_posture()
         self._validity_ns = publisher.validity_ns
-        self._pre: Preprocessor | None = None
+        self._pre: Preprocessor | None = None  # None after a first fill over PREPROCESS_LIMIT_NS
         self._pre_for: ServedPolicy | None = None
+        self._slow_fills = 0  # fills over the limit so far (SLOW_FILLS: judged)
         self._frames: Sequence[Any] | None = None  # the last accepted observation's frames
         self._last_rx = 0  # when it was received
         self._last_interval = 0
@@ -139,11 +146,18 @@ class Rehearsal:
             return False
         if self._pre_for is not policy:  # a swap: the new policy's buffers, built once
             self._pre, self._pre_for = Preprocessor(policy.contract, policy.tokenizer), policy
+            self._slow_fills = 0
             return True
-        assert self._pre is not None
-        self._pre.fill(obs)
-        if pending():
-            return False
+        if self._pre is not None:
+            start = time.monotonic_ns()
+            self._pre.fill(obs)
+            if self._slow_fills < SLOW_FILLS:  # still judging this policy's preprocessing
+                fast = time.monotonic_ns() - start <= PREPROCESS_LIMIT_NS
+                self._slow_fills = SLOW_FILLS if fast else self._slow_fills + 1
+                if self._slow_fills == SLOW_FILLS and not fast:
+                    self._pre = None  # every fill was slow: not rehearsed again
+            if pending():
+                return False
         t_sensor = obs.sensor_time_ns
         client = obs.client or ""
         self._guard.executing(client, t_sensor, obs.executing)
