@@ -87,8 +87,10 @@ def main() -> int:
         "after 17 ms asleep + 1 ms spin": lambda: (time.sleep(0.017), spin(0.001)),
     }
     for lead in (0.5, 1.0, 3.0):
-        conditions_first[f"after {18 - lead:g} ms asleep, rehearsal {lead:g} ms before"] = (
-            lambda lead=lead: (time.sleep(0.018 - lead / 1000), first_stages(scratch), time.sleep(lead / 1000))
+        conditions_first[f"after {18 - lead:g} ms asleep, rehearsal {lead:g} ms before"] = lambda lead=lead: (
+            time.sleep(0.018 - lead / 1000),
+            first_stages(scratch),
+            time.sleep(lead / 1000),
         )
     print(f"conditions: {conditions()}")
     print(f"\nFirst stages of the hot path, demo release, {args.calls} calls per row, p50 / p99 µs:\n")
@@ -101,7 +103,9 @@ def main() -> int:
             rows.append(first_stages(served))
         a = np.asarray(rows, np.float64) / 1e3
         cols = [*a.T, a.sum(axis=1)]
-        print(f"| {name} | " + " | ".join(f"{np.percentile(c, 50):.0f} / {np.percentile(c, 99):.0f}" for c in cols) + " |")
+        print(
+            f"| {name} | " + " | ".join(f"{np.percentile(c, 50):.0f} / {np.percentile(c, 99):.0f}" for c in cols) + " |"
+        )
 
     # After the engine call.
     intake, _, guard = served
@@ -124,7 +128,9 @@ def main() -> int:
         t.append(time.perf_counter_ns())
         executing = guard.executing("bench", t_sensor, obs.executing)
         t.append(time.perf_counter_ns())
-        verdict = guard.check(actions, now, t_sensor + 10**9, t_sensor, executing=executing, client="bench", remember=False)
+        verdict = guard.check(
+            actions, now, t_sensor + 10**9, t_sensor, executing=executing, client="bench", remember=False
+        )
         t.append(time.perf_counter_ns())
         header = protocol.ActionChunk(
             seq=seq, obs_seq=seq, t_sensor_ns=t_sensor, t_issue_ns=now, valid_until_ns=t_sensor + 10**9,
@@ -151,7 +157,9 @@ def main() -> int:
             rows.append(after_engine())
         a = np.asarray(rows, np.float64) / 1e3
         cols = [*a.T, a.sum(axis=1)]
-        print(f"| {name} | " + " | ".join(f"{np.percentile(c, 50):.0f} / {np.percentile(c, 99):.0f}" for c in cols) + " |")
+        print(
+            f"| {name} | " + " | ".join(f"{np.percentile(c, 50):.0f} / {np.percentile(c, 99):.0f}" for c in cols) + " |"
+        )
     return 0
 
 
