@@ -346,7 +346,8 @@ class ServingLoop:
                 if self._waiting or self._woken or held:
                     return self._claim(me)
                 self.last_progress_ns = now
-        # Nothing to serve: only this thread could start a cycle now.
+        # Nothing claimed. The rehearsal runs only while no cycle runs (then only this thread
+        # could start one); during a cycle, this interval's is skipped.
         if rehearsal is not None and not ready:
             rehearsal.maybe_run(now, None if cycle_runs else self.active, self._pending)
         return None

@@ -71,7 +71,7 @@ class Rehearsal:
         # chunk, as the serving path's does.
         self._chunk = self._guard.hold_posture()
         self._validity_ns = publisher.validity_ns
-        self._pre: Preprocessor | None = None  # None after a first fill over PREPROCESS_LIMIT_NS
+        self._pre: Preprocessor | None = None  # None: not rehearsed (see PREPROCESS_LIMIT_NS)
         self._pre_for: ServedPolicy | None = None
         self._slow_fills = 0  # fills over the limit so far (SLOW_FILLS: judged)
         self._frames: Sequence[Any] | None = None  # the last accepted observation's frames
@@ -122,9 +122,12 @@ class Rehearsal:
             or now_ns - self.publisher.last_publish_ns < WARM_AFTER_PUBLISH_NS
         ):
             return
-        start = time.monotonic_ns()
         try:
-            done = self._run(now_ns, policy, pending)
+            if self._pre_for is not policy:  # a swap: this interval builds its scratch buffers
+                self._pre, self._pre_for, self._slow_fills = Preprocessor(policy.contract, policy.tokenizer), policy, 0
+                return
+            start = time.monotonic_ns()
+            done = self._run(now_ns, pending)
             took = time.monotonic_ns() - start
             self._takes_ns = min(max(took, self._takes_ns * 7 // 8), self._interval // 4)
             if done:
@@ -136,7 +139,7 @@ class Rehearsal:
             if self.errors <= 10 or self.errors % 1000 == 0:
                 log.exception("rehearsal failed (%d so far); serving is not affected", self.errors)
 
-    def _run(self, now_ns: int, policy: ServedPolicy, pending: Callable[[], bool]) -> bool:
+    def _run(self, now_ns: int, pending: Callable[[], bool]) -> bool:
         """One rehearsal; False: stopped early because something waits for the reader."""
         assert self._frames is not None
         obs = self._intake.accept(self._frames, now_ns)
@@ -144,10 +147,6 @@ class Rehearsal:
             return True  # refused by the scratch checks: the code ran all the same
         if pending():
             return False
-        if self._pre_for is not policy:  # a swap: the new policy's buffers, built once
-            self._pre, self._pre_for = Preprocessor(policy.contract, policy.tokenizer), policy
-            self._slow_fills = 0
-            return True
         if self._pre is not None:
             start = time.monotonic_ns()
             self._pre.fill(obs)
