@@ -23,11 +23,11 @@ def _frames(seq: int, t_sensor: int, proprio: np.ndarray = PROPRIO) -> list[byte
     return protocol.encode(protocol.TOPIC_OBS, header, {"image/overhead": image, "proprio": proprio})
 
 
-def _steady(r: Rehearsal, start: int, n: int = 3) -> int:
+def _steady(r: Rehearsal, start: int, n: int = 3, client: str = "arm") -> int:
     """``n`` observations one period apart from ``start``; the last one's receive time."""
     for k in range(n):
         rx = start + k * PERIOD
-        r.accepted(_frames(k + 1, rx - 1_000_000), rx)
+        r.accepted(_frames(k + 1, rx - 1_000_000), rx, client)
     return rx
 
 
@@ -43,18 +43,35 @@ def _never() -> bool:
 
 def test_it_is_due_only_for_a_controller_at_a_steady_rate(rehearsal):
     r = rehearsal
-    r.accepted(_frames(1, T0), T0)
+    r.accepted(_frames(1, T0), T0, "arm")
     assert r.due_ns() is None
-    r.accepted(_frames(2, T0 + PERIOD), T0 + PERIOD)
+    r.accepted(_frames(2, T0 + PERIOD), T0 + PERIOD, "arm")
     assert r.due_ns() is None  # one interval says nothing about the next
-    r.accepted(_frames(3, T0 + 2 * PERIOD), T0 + 2 * PERIOD)
+    r.accepted(_frames(3, T0 + 2 * PERIOD), T0 + 2 * PERIOD, "arm")
     assert r.due_ns() == T0 + 3 * PERIOD - LEAD
-    r.accepted(_frames(4, T0 + 2 * PERIOD + 6_000_000), T0 + 2 * PERIOD + 6_000_000)
+    r.accepted(_frames(4, T0 + 2 * PERIOD + 6_000_000), T0 + 2 * PERIOD + 6_000_000, "arm")
     assert r.due_ns() is None  # out of step
     # observations back to back (lock-step) never cool down: nothing to rehearse
     for k in range(4):
-        r.accepted(_frames(10 + k, T0 + 10 * PERIOD + k * 3_000_000), T0 + 10 * PERIOD + k * 3_000_000)
+        rx = T0 + 10 * PERIOD + k * 3_000_000
+        r.accepted(_frames(10 + k, rx), rx, "arm")
     assert r.due_ns() is None
+
+
+def test_it_waits_while_another_controller_is_there(rehearsal):
+    """Two controllers' observations come at times it cannot foresee: one arriving during a
+    rehearsal would wait, and could meet the other's and be superseded."""
+    from vlad.serving.rehearsal import OTHER_CONTROLLER_NS
+
+    r = rehearsal
+    rx = _steady(r, T0)
+    assert r.due_ns() is not None
+    rx += PERIOD // 2
+    r.accepted(_frames(99, rx - 1_000_000), rx, "openpi")  # another controller asks
+    rx = _steady(r, rx + PERIOD // 2, 4)
+    assert r.due_ns() is None
+    rx = _steady(r, rx + OTHER_CONTROLLER_NS, 3)  # alone again for a while
+    assert r.due_ns() == rx + PERIOD - LEAD
 
 
 def test_the_reader_wakes_for_it(rehearsal):

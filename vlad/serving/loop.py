@@ -392,7 +392,7 @@ class ServingLoop:
             if obs is not None:
                 accepted.append(Accepted(obs, receive_ns))
                 if self.rehearsal is not None:
-                    self.rehearsal.accepted(frames, receive_ns)
+                    self.rehearsal.accepted(frames, receive_ns, obs.client or "")
                 # What the controller executes now, for the chunk being computed (its seams)
                 self.publisher.guard.reported(obs.client or "", obs.sensor_time_ns, obs.executing)
                 refused = None

@@ -6,7 +6,8 @@ intake and preprocessing of one observation took 3-5x longer than the same calls
 back, and a run of the same code 0.5-1 ms earlier, even on other objects, recovered most
 of it (docs/benchmarks.md, "A rehearsal before each observation").
 
-So once a controller's observations come at a steady interval, the reader runs, to end
+So once a controller's observations come at a steady interval (and no other controller's
+came for :data:`OTHER_CONTROLLER_NS`), the reader runs, to end
 about ``realtime.rehearse_lead_us`` before the next one is due, the code that will meet it: the
 last accepted observation's frames through a scratch :class:`~vlad.serving.intake.Intake`
 (decoding, the contract and trusted-state checks), a scratch
@@ -50,6 +51,10 @@ MIN_INTERVAL_NS = 4_000_000
 TOO_LATE_NS = 200_000
 # Steady: an interval within a tenth of the one before (a controller at its rate).
 STEADY_FRACTION = 10
+# Another controller's observation: none for this long. Two controllers' observations come
+# at times the rehearsal cannot foresee, and one arriving while it runs waits, where it may
+# meet the other's and be superseded (latest wins).
+OTHER_CONTROLLER_NS = 2_000_000_000
 # Preprocessing that takes longer than this when rehearsed is moving bytes (large images),
 # not waiting for cold caches: rehearsing it would only double that work.
 PREPROCESS_LIMIT_NS = 300_000
@@ -77,6 +82,8 @@ class Rehearsal:
         self._frames: Sequence[Any] | None = None  # the last accepted observation's frames
         self._last_rx = 0  # when it was received
         self._last_interval = 0
+        self._client: str | None = None  # the controller of the last accepted observation
+        self._alone_from = 0  # it has been the only one since (OTHER_CONTROLLER_NS)
         self._interval = 0  # the controller's interval while it is steady, else 0
         self._done_for = 0  # receive time of the observation after which it last rehearsed
         # How long a rehearsal takes here (a maximum that decays): it starts that much earlier,
@@ -86,8 +93,12 @@ class Rehearsal:
         self.interrupted = 0  # stopped early: a message or a wake-up came
         self.errors = 0
 
-    def accepted(self, frames: Sequence[Any], receive_ns: int) -> None:
-        """The reader accepted an observation (its frames, its receive time)."""
+    def accepted(self, frames: Sequence[Any], receive_ns: int, client: str) -> None:
+        """The reader accepted an observation (its frames, its receive time, its controller)."""
+        if client != self._client:
+            if self._client is not None:
+                self._alone_from = receive_ns + OTHER_CONTROLLER_NS
+            self._client = client
         interval, previous = receive_ns - self._last_rx, self._last_interval
         self._last_interval = interval
         steady = previous > 0 and abs(interval - previous) * STEADY_FRACTION <= previous
@@ -97,7 +108,12 @@ class Rehearsal:
 
     def due_ns(self) -> int | None:
         """When to rehearse for the next observation; None: no rehearsal is due."""
-        if self._frames is None or self._interval < MIN_INTERVAL_NS or self._done_for == self._last_rx:
+        if (
+            self._frames is None
+            or self._interval < MIN_INTERVAL_NS
+            or self._done_for == self._last_rx
+            or self._last_rx < self._alone_from
+        ):
             return None
         return self._last_rx + self._interval - self.lead_ns - self._takes_ns
 
