@@ -30,8 +30,13 @@ RATES = ("50 Hz", "lock-step")
 def result(slow) -> dict:
     # The real-time variants only with --slow: each is two more daemon starts per payload.
     servers = ["floor", *(VLAD_SERVERS if slow else VLAD_SERVERS[:1])] + (["openpi-style"] if HAVE_OPENPI else [])
+    return _short_run("--servers", *servers)
+
+
+def _short_run(*args: str) -> dict:
+    """``bench_serving.py --short --json`` with ``args``: its result."""
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--short", "--json", "--servers", *servers],
+        [sys.executable, str(SCRIPT), "--short", "--json", *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -90,17 +95,7 @@ def test_openpi_rows(result):
 
 def test_interleaved_rows():
     """--interleave: the servers of a condition take turns at 50 Hz; every row still comes out."""
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--short", "--json", "--payloads", "demo", "--loads", "quiet"]
-        + ["--servers", "floor", "vlad", "--interleave", "0.1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env=dict(os.environ),
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout)
+    result = _short_run("--payloads", "demo", "--loads", "quiet", "--servers", "floor", "vlad", "--interleave", "0.1")
     assert result["conditions"]["interleave_s"] == 0.1
     for server in ("floor", "vlad"):
         rows = _rows(result, server)
