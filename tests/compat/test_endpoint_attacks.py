@@ -417,6 +417,9 @@ def test_an_openpi_client_never_hides_a_dead_native_controller(daemon, native):
     policy = WebsocketClientPolicy("127.0.0.1", daemon.openpi_port)
     try:
         assert policy.infer(OBS)["actions"].shape == CHUNK_SHAPE  # the openpi client is there and heartbeating
+        # judged once its heartbeats span the heartbeat limit (vlad.health.liveness): before
+        # that it is not a controller the status lists, alive or dead
+        wait_status(daemon, lambda st: st["controllers"].get("openpi/1", {}).get("alive"))
         native.send_heartbeat = False  # the native control loop died; its camera goes on
         st = wait_status(daemon, lambda st: st["state"] == "FALLBACK")
         assert any("'native'" in f["message"] for f in st["findings"]), st["findings"]
