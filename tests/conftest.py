@@ -135,7 +135,7 @@ def _no_child_outlives_the_session():
         with contextlib.suppress(psutil.Error):
             print(
                 f"\nconftest: {p.pid} still running at the end of the session: {' '.join(p.cmdline())[:200]}",
-                file=sys.stderr,
+                file=sys.__stderr__,  # past pytest's capture, which a passing run never shows
             )
             p.terminate()
     _, alive = psutil.wait_procs(children, timeout=5)

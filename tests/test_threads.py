@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
+
+import pytest
+import zmq
 
 from vlad.threads import Worker
 
@@ -74,3 +78,64 @@ def test_a_run_that_raises_ends_the_thread_and_is_logged(caplog):
         w._thread.join(5)
     assert not w.alive  # what the watchdog checks
     assert "test-broken ended with an error" in caplog.text and "a bug" in caplog.text
+
+
+class Poller(Worker):
+    """Blocks in a ZeroMQ poll with a long timeout, its stop descriptor beside the socket."""
+
+    def __init__(self, ctx: zmq.Context, register_late: threading.Event | None = None) -> None:
+        super().__init__("test-poller")
+        self.sock = ctx.socket(zmq.PULL)
+        self.sock.bind("inproc://test-poller")
+        self.register_late = register_late  # wait for it before taking the descriptor
+        self.polling = threading.Event()
+        self.polls = 0
+
+    def run(self) -> None:
+        if self.register_late is not None:
+            self.register_late.wait(5)
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.wake_fd(), zmq.POLLIN)
+        while True:  # polls at least once, stop requested or not
+            self.polling.set()
+            self.polls += 1
+            poller.poll(60_000)  # a stop must cut this poll short
+            if self.stopping:
+                return
+
+
+def test_a_stop_wakes_a_zeromq_poll_and_closes_the_descriptor():
+    ctx = zmq.Context()
+    w = Poller(ctx)
+    try:
+        w.start()
+        assert w.polling.wait(5)
+        fd = w._pipe[0]
+        assert w.stop(5.0) is True  # well before the 60 s poll would end
+        assert w.polls == 1 and w._pipe is None
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed once the thread ended
+    finally:
+        _close(ctx, w)
+
+
+def test_a_stop_before_the_descriptor_exists_still_wakes_the_poll():
+    ctx = zmq.Context()
+    late = threading.Event()
+    w = Poller(ctx, register_late=late)
+    try:
+        w.start()
+        w._stop_requested.set()  # stop()'s request, before run() has taken the descriptor
+        late.set()
+        assert w.stop(5.0) is True and w.polls == 1  # the descriptor was readable from the start
+    finally:
+        _close(ctx, w)
+
+
+def _close(ctx: zmq.Context, w: Poller) -> None:
+    """The socket and context, once the thread has ended (a failed test leaves them: a
+    socket is never closed under a thread polling it, and term would wait for it)."""
+    if not w.alive:
+        w.sock.close(0)
+        ctx.term()

@@ -34,8 +34,8 @@ log = logging.getLogger("vlad.safety")
 
 # Messages handled per wake-up: a flood on the e-stop endpoint cannot hold the thread.
 BATCH = 32
-# The longest a poll blocks when no timer is due (how soon stop() is noticed).
-IDLE_WAIT_MS = 100
+# The longest a poll blocks when no timer is due (a stop wakes it at once: Worker.wake_fd).
+IDLE_WAIT_MS = 1000
 
 
 class EStop(Worker):
@@ -72,15 +72,20 @@ class EStop(Worker):
 
     def run(self) -> None:
         quarter_ms = max(1, self.period_ns // 4_000_000)
+        poller = None
+        if self.sock is not None:
+            poller = zmq.Poller()
+            poller.register(self.sock, zmq.POLLIN)
+            poller.register(self.wake_fd(), zmq.POLLIN)  # readable on stop()
         while not self.stopping:
             timeout_ms = quarter_ms
             try:
                 timeout_ms = self._wait_ms(quarter_ms)
-                self.poll_once(timeout_ms)
+                self.poll_once(timeout_ms, poller)
             except Exception:  # a bug here must not end the stop path: treat as engaged
                 log.exception("e-stop reading failed: treated as engaged")
                 self._set(True, "e-stop reader failed: treated as engaged")
-                time.sleep(timeout_ms / 1000)
+                self.wait(timeout_ms / 1000)
 
     def _wait_ms(self, quarter_ms: int) -> int:
         """How long the next poll may block. A message wakes it at once; only an e-stop file
@@ -97,9 +102,11 @@ class EStop(Worker):
             return quarter_ms  # engaged until the bridge first speaks; keep looking
         return IDLE_WAIT_MS
 
-    def poll_once(self, timeout_ms: int) -> None:
+    def poll_once(self, timeout_ms: int, poller: zmq.Poller | None = None) -> None:
+        """Wait up to ``timeout_ms`` for bridge messages (on ``poller`` when given: the
+        socket and the stop descriptor), read them, then judge the e-stop."""
         if self.sock is not None:
-            if self.sock.poll(timeout_ms):
+            if self.sock.poll(timeout_ms) if poller is None else self.sock in dict(poller.poll(timeout_ms)):
                 for _ in range(BATCH):
                     try:
                         frames = self.sock.recv_multipart(zmq.NOBLOCK)

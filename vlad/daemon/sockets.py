@@ -235,9 +235,12 @@ class Gatekeeper(Worker):
         return ended
 
     def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self.wake_fd(), zmq.POLLIN)  # readable on stop()
         while not self.stopping:
             try:
-                if not self._sock.poll(100):
+                if self._sock not in dict(poller.poll(1000)):
                     continue
                 request = self._sock.recv_multipart()
             except zmq.ZMQError:

@@ -209,10 +209,11 @@ class Tap(Worker):
     def run(self) -> None:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.wake_fd(), zmq.POLLIN)  # readable on stop()
         while not self.stopping:
             try:
                 ready = dict(poller.poll(BUSY_POLL_MS if self.subscribed else IDLE_POLL_MS))
-                if ready:
+                if self.sock in ready:
                     self._subscriptions()
                 self._churn.roll(time.monotonic())
                 self._drain()
