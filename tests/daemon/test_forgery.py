@@ -134,6 +134,15 @@ def test_no_other_connection_can_say_goodbye_or_heartbeat_for_a_controller(daemo
     ``request`` cadence are refused (``name_in_use``); its death is still seen."""
     spoof = daemon.client(victim.client.name)  # the same name, another connection
     probe = daemon.client("probe")
+
+    def heard() -> bool:
+        """Past the slow joiner: what the spoofer sends before the daemon's subscription
+        reaches its socket is dropped. A heartbeat without ``t_ns`` is refused as malformed
+        before its name is looked at, and counted."""
+        spoof.send_raw(protocol.encode(protocol.TOPIC_HEARTBEAT, {"client": victim.client.name}))
+        return probe.status()["counters"]["rejected"].get("malformed", 0) > 0
+
+    wait_until(heard, 5, "the spoofer's connection")
     before = probe.status()["counters"]["rejected"].get("name_in_use", 0)
     spoof.heartbeat(cadence="request")
     spoof.heartbeat(bye=True)
