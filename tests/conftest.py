@@ -130,15 +130,18 @@ def _no_child_outlives_the_session():
     yield
     import psutil
 
-    children = psutil.Process().children(recursive=True)
-    for p in children:
+    running = []
+    for p in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue  # it has ended; its parent reaps it (waiting for it would wait 5 s)
             print(
                 f"\nconftest: {p.pid} still running at the end of the session: {' '.join(p.cmdline())[:200]}",
                 file=sys.__stderr__,  # past pytest's capture, which a passing run never shows
             )
             p.terminate()
-    _, alive = psutil.wait_procs(children, timeout=5)
+            running.append(p)
+    _, alive = psutil.wait_procs(running, timeout=5)
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()
