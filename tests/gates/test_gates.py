@@ -305,11 +305,13 @@ def test_policy_ignoring_the_instruction_fails_the_closed_loop_gate(built, ignor
         plan=small_plan(
             {"closed_loop": {"fidelity_under_hog": False, "latency_ms": 0.0, "episodes": 2}}, plan_file=plan_file
         ),
-        gates=["contract", "equivalence", "closed_loop"],
+        # the equivalence gate compares the export with its own torch reference, which ignores
+        # the instruction just the same: nothing to find there (and 5-8 s of loading torch)
+        gates=["contract", "closed_loop"],
         progress=lambda m: None,
         html=False,
     )
-    assert [g["status"] for g in report["gates"]] == ["passed", "passed", "failed"], _why(report)
+    assert [g["status"] for g in report["gates"]] == ["passed", "failed"], _why(report)
     cl = _gate(report, "closed_loop")
     assert any(r.startswith("success rate 'reach the point opposite the red target': 0") for r in cl["reasons"])
     assert cl["details"]["baseline_is_candidate"] is False  # the baseline served by its own daemon
