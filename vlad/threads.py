@@ -60,8 +60,8 @@ class Worker:
 
     def wake_fd(self) -> int:
         """A file descriptor that turns readable once a stop is requested: a :meth:`run`
-        blocked in ``zmq.Poller.poll`` registers it beside its sockets (``POLLIN``). Called
-        from :meth:`run` (the descriptor lives until :meth:`stop` has seen the thread end)."""
+        blocked in ``zmq.Poller.poll`` registers it beside its sockets (``POLLIN``). Made on
+        the first call; it lives until :meth:`stop` has seen the thread end."""
         with self._pipe_lock:
             if self._pipe is None:
                 self._pipe = os.pipe()

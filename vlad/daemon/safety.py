@@ -63,6 +63,11 @@ class EStop(Worker):
         self._bridge_engaged = False
         self._file = Path(cfg.estop_file) if cfg.estop_file else None
         self.started_ns = time.monotonic_ns()
+        # The bridge's socket and the stop descriptor: a stop ends a poll at once.
+        self._poller = zmq.Poller()
+        if sock is not None:
+            self._poller.register(sock, zmq.POLLIN)
+            self._poller.register(self.wake_fd(), zmq.POLLIN)
 
     def start(self) -> None:
         # The first reading happens before serving starts: a robot booted with the e-stop
@@ -72,16 +77,11 @@ class EStop(Worker):
 
     def run(self) -> None:
         quarter_ms = max(1, self.period_ns // 4_000_000)
-        poller = None
-        if self.sock is not None:
-            poller = zmq.Poller()
-            poller.register(self.sock, zmq.POLLIN)
-            poller.register(self.wake_fd(), zmq.POLLIN)  # readable on stop()
         while not self.stopping:
             timeout_ms = quarter_ms
             try:
                 timeout_ms = self._wait_ms(quarter_ms)
-                self.poll_once(timeout_ms, poller)
+                self.poll_once(timeout_ms)
             except Exception:  # a bug here must not end the stop path: treat as engaged
                 log.exception("e-stop reading failed: treated as engaged")
                 self._set(True, "e-stop reader failed: treated as engaged")
@@ -102,11 +102,11 @@ class EStop(Worker):
             return quarter_ms  # engaged until the bridge first speaks; keep looking
         return IDLE_WAIT_MS
 
-    def poll_once(self, timeout_ms: int, poller: zmq.Poller | None = None) -> None:
-        """Wait up to ``timeout_ms`` for bridge messages (on ``poller`` when given: the
-        socket and the stop descriptor), read them, then judge the e-stop."""
+    def poll_once(self, timeout_ms: int) -> None:
+        """Wait up to ``timeout_ms`` for bridge messages (or a stop), read them, then judge
+        the e-stop."""
         if self.sock is not None:
-            if self.sock.poll(timeout_ms) if poller is None else self.sock in dict(poller.poll(timeout_ms)):
+            if self.sock in dict(self._poller.poll(timeout_ms)):
                 for _ in range(BATCH):
                     try:
                         frames = self.sock.recv_multipart(zmq.NOBLOCK)

@@ -391,10 +391,11 @@ class ServingLoop:
             obs = intake.accept(frames, receive_ns)
             if obs is not None:
                 accepted.append(Accepted(obs, receive_ns))
+                name = obs.client or ""
                 if self.rehearsal is not None:
-                    self.rehearsal.accepted(frames, receive_ns, obs.client or "")
+                    self.rehearsal.accepted(frames, receive_ns, name)
                 # What the controller executes now, for the chunk being computed (its seams)
-                self.publisher.guard.reported(obs.client or "", obs.sensor_time_ns, obs.executing)
+                self.publisher.guard.reported(name, obs.sensor_time_ns, obs.executing)
                 refused = None
             elif intake.refused is not None:
                 refused = intake.refused
