@@ -37,6 +37,7 @@ from vlad_tools.testing.controller import (
     FollowingController,
     Ticker,
     assert_core_unaffected,
+    explain_gap,
     max_gap,
     watchdog_gap,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "daemon_command",
     "dumps",
     "endpoints_in",
+    "explain_gap",
     "free_port",
     "free_ports",
     "launch",

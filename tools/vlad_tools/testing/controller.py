@@ -189,6 +189,26 @@ def max_gap(chunks: list[ActionChunk]) -> float:
     return float(max(np.diff(ts))) if len(ts) > 1 else float("inf")
 
 
+def explain_gap(chunks: list[ActionChunk]) -> str:
+    """Where the longest gap between consecutive chunks went, for a failing assert: the two
+    chunks around it, each with its observation's sensor time, the daemon's issue time and
+    the arrival, in ms since the first chunk. A late sensor time is the controller's sending
+    late; a late issue, the daemon's; a late arrival alone, the delivery or this process."""
+    if len(chunks) < 2:
+        return f"{len(chunks)} chunk(s): no gap to explain"
+    i = int(np.argmax(np.diff([c.t_receive_ns for c in chunks])))
+    t0 = chunks[0].t_receive_ns
+
+    def line(c: ActionChunk) -> str:
+        return (
+            f"seq {c.seq} (observation {c.obs_seq}, {c.source}, {c.release}): sensor {(c.t_sensor_ns - t0) / 1e6:.1f}, "
+            f"issued {(c.t_issue_ns - t0) / 1e6:.1f}, received {(c.t_receive_ns - t0) / 1e6:.1f} ms"
+        )
+
+    a, b = chunks[i], chunks[i + 1]
+    return f"{(b.t_receive_ns - a.t_receive_ns) / 1e6:.1f} ms between {line(a)} and {line(b)}"
+
+
 # An attack beside the serving core must leave two things as they are: a native controller's
 # cadence and the systemd watchdog. Run the daemon with WATCHDOG_ENV (a 1 s watchdog, pinged
 # every 0.5 s) and check both over the attack's time with assert_core_unaffected:
