@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.conftest import VLAD
-from tests.helpers import KEYS, MAX_GAP_S, signed_demo_copy, store_config, wait_chunks, wait_release
+from tests.helpers import KEYS, signed_demo_copy, store_config, wait_chunks, wait_release
 from vlad.snapshot import parse_status
 from vlad_tools.testing import (
     DEMO,
@@ -29,10 +29,14 @@ from vlad_tools.testing import (
     wait_until,
 )
 
-# A deploy or rollback loads a release (ONNX Runtime session, warm-up) inside the daemon
-# while it serves; on a shared 2-core machine that delays one chunk by up to ~3 periods
-# (a fresh-clone CI run saw 63 ms). Every chunk is valid for 8 periods, so the controller
-# never lacks a valid command; this bound still fails a stream that stops.
+# A deploy, a rollback or a canary loads a release (verification, ONNX Runtime session,
+# warm-up) inside the daemon while it serves; on the 2-core test machine, with the rest
+# of the suite beside it, that delays the daemon's stream by up to ~3 periods (fresh-clone
+# runs: 63 ms, and 65 ms through a canary's abort). The bound is on the gaps between the
+# chunks as the daemon *issued* them: the test's own controller thread shares this process
+# with the test's polling, and read the same stream up to 35 ms later still. Every chunk
+# is valid for 8 periods, so the controller never lacks a valid command; this bound still
+# fails a stream that stops.
 LOAD_GAP_S = 4 * PERIOD_S
 VLADCTL = VLAD.parent / "vladctl"
 
@@ -81,8 +85,7 @@ def test_deploy_while_serving_keeps_the_stream(live):
     wait_release(client, "vlad-demo-reacher@1.1.0")
     wait_chunks(ctl, n=10)  # and the new release streaming after the swap
     seen = ctl.since(t0)
-    gap = max_gap(seen)
-    assert gap <= LOAD_GAP_S, f"{gap * 1000:.1f} ms without a chunk during the deploy"
+    assert max_gap(seen, by="issue") <= LOAD_GAP_S, explain_gap(seen, by="issue")
     assert store.active() == "vlad-demo-reacher-1.1.0" and store.previous() == "vlad-demo-reacher-1.0.0"
     # rollback over the control socket: the exact previous release serves again
     out = subprocess.run(
@@ -98,7 +101,8 @@ def test_deploy_while_serving_keeps_the_stream(live):
         [str(VLADCTL), "history", "--endpoint", d.endpoints["control"]], capture_output=True, text=True, timeout=30
     )
     assert "rollback" in hist.stdout and "by tech: overshoots" in hist.stdout, hist.stdout
-    assert max_gap(ctl.since(t0)) <= LOAD_GAP_S
+    seen = ctl.since(t0)
+    assert max_gap(seen, by="issue") <= LOAD_GAP_S, explain_gap(seen, by="issue")
 
 
 def test_deploy_refuses_tampered_and_downgraded_releases(live):
@@ -253,7 +257,7 @@ def test_canary_auto_abort_rolls_back(live):
     assert store.active() == "vlad-demo-reacher-1.0.0"
     wait_chunks(ctl, n=10)  # and the release streaming after the rollback
     seen = ctl.since(t0)
-    assert max_gap(seen) <= MAX_GAP_S, explain_gap(seen)
+    assert max_gap(seen, by="issue") <= LOAD_GAP_S, explain_gap(seen, by="issue")
 
 
 def test_an_operator_rollback_of_a_canary_is_recorded_whatever_the_length_of_its_reason(live):

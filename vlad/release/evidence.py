@@ -37,7 +37,7 @@ from typing import Any
 
 from vlad.errors import VladError
 from vlad.files import open_beneath
-from vlad.release.artifacts import FileCheck
+from vlad.release.artifacts import ByContent, FileCheck
 from vlad.release.manifest import GATES
 
 __all__ = [
@@ -163,10 +163,34 @@ def _read_report(root: Path, report: str, sha256: str, known: FileCheck | None) 
     digest = sha256 if trusted else hashlib.sha256(data).hexdigest()
     if digest != sha256:
         return f"report hash mismatch (file {digest[:12]}, the manifest says {sha256[:12]})"
+    return _REPORTS.get(digest, lambda: _verdict_part(data))
+
+
+# What the evidence rule reads of each report parsed, by its sha256: a release verified
+# again (a rollback, a canary's abort) does not parse its report again.
+_REPORTS: ByContent[Any] = ByContent()
+
+
+def _verdict_part(data: bytes) -> Any:
+    """The parts of a report that :func:`_report_problems` reads (its format, candidate and
+    each gate's verdict); None for a file that is not JSON or not a vlad gate report
+    (external evidence: its hash is what is trusted)."""
     try:
-        return json.loads(data)
+        report = json.loads(data)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
+    if not isinstance(report, Mapping) or report.get("format") != REPORT_FORMAT:
+        return None
+    gates = report.get("gates")
+    return {
+        "format": REPORT_FORMAT,
+        "candidate": report.get("candidate"),
+        "gates": [
+            {"gate": g.get("gate"), "status": g.get("status")}
+            for g in (gates if isinstance(gates, list) else [])
+            if isinstance(g, Mapping)
+        ],
+    }
 
 
 def report_verdicts(report: Any) -> dict[str, str]:

@@ -23,13 +23,15 @@ no references here: its backend refuses it at load.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from vlad.errors import VladError
 from vlad.files import open_beneath
+from vlad.release.artifacts import ByContent, FileCheck
 
 if TYPE_CHECKING:
     from vlad.release.manifest import Manifest
@@ -112,13 +114,27 @@ def release_models(manifest: Manifest) -> list[str]:
     return sorted(onnx | {manifest.backend.artifact})
 
 
-def external_data_problems(folder: str | Path, models: Iterable[str], artifacts: Collection[str] | None) -> list[str]:
+# The references of every model walked, by its sha256: a model verified again is not walked again.
+_REFS: ByContent[tuple[tuple[str, str], ...]] = ByContent()
+
+
+def _refs(model: str, fd: int) -> tuple[tuple[str, str], ...]:
+    return tuple(external_data_refs(model, fd))
+
+
+def external_data_problems(
+    folder: str | Path,
+    models: Iterable[str],
+    artifacts: Collection[str] | None,
+    hashed: Mapping[str, FileCheck] | None = None,
+) -> list[str]:
     """One line per external data location of the ONNX ``models`` (paths relative to
     ``folder``) that breaks the rule: it must be a plain relative path, taken from the
     model's own folder, to one of ``artifacts`` (the manifest's listed paths), or, with
     ``artifacts`` None (an unsigned release), to a regular file inside ``folder`` opened
     without following a link. A model that cannot be opened is left to the caller's
-    file checks."""
+    file checks. ``hashed``: the checks of the files just hashed; a model still the very
+    file hashed has its references from an earlier walk of the same bytes, if any."""
     problems = []
     for model in models:
         try:
@@ -126,7 +142,9 @@ def external_data_problems(folder: str | Path, models: Iterable[str], artifacts:
         except (OSError, VladError):
             continue
         try:
-            refs = external_data_refs(model, fd)
+            check = (hashed or {}).get(model)
+            sha256 = check.sha256 if check is not None and check.same_file(os.fstat(fd)) else None
+            refs = _REFS.get(sha256, functools.partial(_refs, model, fd))
         finally:
             os.close(fd)
         seen: set[str] = set()

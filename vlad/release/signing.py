@@ -637,7 +637,7 @@ def verify_signed(
             problems += contract_problems
             # What the models read at load besides themselves: listed artifacts only.
             listed = {a.path for a in manifest.artifacts}
-            problems += external_data_problems(where, release_models(manifest), listed)
+            problems += external_data_problems(where, release_models(manifest), listed, files)
         if problems:
             raise IntegrityError(source, problems)
 

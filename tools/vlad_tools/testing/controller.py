@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -183,20 +183,29 @@ class FollowingController:
         )
 
 
-def max_gap(chunks: list[ActionChunk]) -> float:
-    """The longest time (s) between two consecutive chunks; inf with fewer than two."""
-    ts = [c.t_receive_ns / 1e9 for c in chunks]
-    return float(max(np.diff(ts))) if len(ts) > 1 else float("inf")
+def _times(chunks: list[ActionChunk], by: Literal["receive", "issue"]) -> list[int]:
+    return [c.t_receive_ns for c in chunks] if by == "receive" else sorted(c.t_issue_ns for c in chunks)
 
 
-def explain_gap(chunks: list[ActionChunk]) -> str:
-    """Where the longest gap between consecutive chunks went, for a failing assert: the two
-    chunks around it, each with its observation's sensor time, the daemon's issue time and
-    the arrival, in ms since the first chunk. A late sensor time is the controller's sending
-    late; a late issue, the daemon's; a late arrival alone, the delivery or this process."""
+def max_gap(chunks: list[ActionChunk], by: Literal["receive", "issue"] = "receive") -> float:
+    """The longest time (s) between two consecutive chunks; inf with fewer than two.
+    ``by="receive"``: as this process received them; ``by="issue"``: as the daemon issued
+    them (its stream, whenever this process's thread got to read it)."""
+    ts = _times(chunks, by)
+    return float(max(np.diff(ts))) / 1e9 if len(ts) > 1 else float("inf")
+
+
+def explain_gap(chunks: list[ActionChunk], by: Literal["receive", "issue"] = "receive") -> str:
+    """Where the longest gap (:func:`max_gap`) went, for a failing assert: the two chunks
+    around it, each with its observation's sensor time, the daemon's issue time and the
+    arrival, in ms since the first chunk arrived. A late sensor time is the controller
+    sending late; a late issue, the daemon; a late arrival alone, the delivery or this
+    process."""
     if len(chunks) < 2:
         return f"{len(chunks)} chunk(s): no gap to explain"
-    i = int(np.argmax(np.diff([c.t_receive_ns for c in chunks])))
+    ordered = chunks if by == "receive" else sorted(chunks, key=lambda c: c.t_issue_ns)
+    ts = _times(ordered, by)
+    i = int(np.argmax(np.diff(ts)))
     t0 = chunks[0].t_receive_ns
 
     def line(c: ActionChunk) -> str:
@@ -205,8 +214,8 @@ def explain_gap(chunks: list[ActionChunk]) -> str:
             f"issued {(c.t_issue_ns - t0) / 1e6:.1f}, received {(c.t_receive_ns - t0) / 1e6:.1f} ms"
         )
 
-    a, b = chunks[i], chunks[i + 1]
-    return f"{(b.t_receive_ns - a.t_receive_ns) / 1e6:.1f} ms between {line(a)} and {line(b)}"
+    a, b = ordered[i], ordered[i + 1]
+    return f"{(ts[i + 1] - ts[i]) / 1e6:.1f} ms ({by}) between {line(a)} and {line(b)}"
 
 
 # An attack beside the serving core must leave two things as they are: a native controller's
