@@ -19,8 +19,8 @@ references, a gate report's verdicts) is kept by that sha256 in a :class:`ByCont
 same bytes give the same answer, so verifying a release again (a rollback, a canary's
 abort, while a policy serves) hashes its files but does not walk the model or parse the
 report again. That walk and that parse are the Python-heavy part of a verification; the
-JSON parse of a 1.7 MB report holds the GIL for its whole 17-25 ms, and the serving
-threads wait for it.
+JSON parser holds the GIL for the whole parse (tens of milliseconds for the demo's 1.7 MB
+report), and the serving threads wait for it.
 """
 
 from __future__ import annotations
