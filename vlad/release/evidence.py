@@ -181,15 +181,10 @@ def _verdict_part(data: bytes) -> Any:
         return None
     if not isinstance(report, Mapping) or report.get("format") != REPORT_FORMAT:
         return None
-    gates = report.get("gates")
     return {
         "format": REPORT_FORMAT,
         "candidate": report.get("candidate"),
-        "gates": [
-            {"gate": g.get("gate"), "status": g.get("status")}
-            for g in (gates if isinstance(gates, list) else [])
-            if isinstance(g, Mapping)
-        ],
+        "gates": [{"gate": gate, "status": status} for gate, status in report_verdicts(report).items()],
     }
 
 

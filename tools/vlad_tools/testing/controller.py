@@ -183,15 +183,19 @@ class FollowingController:
         )
 
 
-def _times(chunks: list[ActionChunk], by: Literal["receive", "issue"]) -> list[int]:
-    return [c.t_receive_ns for c in chunks] if by == "receive" else sorted(c.t_issue_ns for c in chunks)
+def _timeline(chunks: list[ActionChunk], by: Literal["receive", "issue"]) -> tuple[list[ActionChunk], list[int]]:
+    """The chunks in the order of ``by``'s clock, and their times on it (ns)."""
+    if by == "receive":
+        return chunks, [c.t_receive_ns for c in chunks]
+    ordered = sorted(chunks, key=lambda c: c.t_issue_ns)
+    return ordered, [c.t_issue_ns for c in ordered]
 
 
 def max_gap(chunks: list[ActionChunk], by: Literal["receive", "issue"] = "receive") -> float:
     """The longest time (s) between two consecutive chunks; inf with fewer than two.
     ``by="receive"``: as this process received them; ``by="issue"``: as the daemon issued
     them (its stream, whenever this process's thread got to read it)."""
-    ts = _times(chunks, by)
+    ts = _timeline(chunks, by)[1]
     return float(max(np.diff(ts))) / 1e9 if len(ts) > 1 else float("inf")
 
 
@@ -203,8 +207,7 @@ def explain_gap(chunks: list[ActionChunk], by: Literal["receive", "issue"] = "re
     process."""
     if len(chunks) < 2:
         return f"{len(chunks)} chunk(s): no gap to explain"
-    ordered = chunks if by == "receive" else sorted(chunks, key=lambda c: c.t_issue_ns)
-    ts = _times(ordered, by)
+    ordered, ts = _timeline(chunks, by)
     i = int(np.argmax(np.diff(ts)))
     t0 = chunks[0].t_receive_ns
 
