@@ -162,9 +162,12 @@ class Rig:
         instruction: str = INSTRUCTION,
         reanchor: bool = False,
         executing: list[int] | None = None,
+        client: str | None = None,
     ) -> None:
         image = np.zeros((64, 64, 3), np.uint8)
         header: dict = {"seq": seq, "t_sensor_ns": t_sensor_ns or time.monotonic_ns(), "instruction": instruction}
+        if client is not None:
+            header["client"] = client
         if reanchor:
             header["reanchor"] = True
         if executing is not None:

@@ -46,6 +46,26 @@ def test_a_burst_is_answered_with_the_newest_observation_only(rig):
     assert rig.session.calls == 2
 
 
+def test_latest_wins_per_controller_so_a_fast_stream_never_starves_another_request(rig):
+    """Two controllers on one daemon (a native 50 Hz stream and an openpi client's request):
+    while an inference runs, the stream's newer observations supersede only its own older
+    ones; the request waits in its own place and is served in turn, before the stream's
+    newest, since it started waiting first."""
+    rig.session.gate = threading.Event()
+    rig.send_obs(1, client="stream")
+    assert rig.session.entered.wait(5)  # the engine is inside the stream's obs 1
+    rig.send_obs(100, client="request")
+    for seq in range(2, 6):
+        rig.send_obs(seq, client="stream")
+    wait_until(lambda: rig.intake.counts.observations == 6, what="all six to arrive")
+    rig.session.gate.set()
+    served = [(m.header["client"], m.header["obs_seq"]) for m in (rig.recv(), rig.recv(), rig.recv())]
+    assert served == [("stream", 1), ("request", 100), ("stream", 5)]
+    assert rig.recv(0.2) is None  # nothing for the stream's 2..4
+    assert rig.intake.counts.superseded == 3
+    assert rig.session.calls == 3
+
+
 def test_a_stale_observation_is_answered_with_an_advisory_hold_without_inference(rig):
     rig.policy.max_age_ns = 500_000_000
     rig.send_obs(1, t_sensor_ns=time.monotonic_ns() - 5_000_000_000)

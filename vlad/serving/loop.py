@@ -12,10 +12,14 @@ and an observation that finds the policy idle wakes one thread, not two:
   :meth:`ServingLoop._cycle`, read top to bottom the whole path from the observation to the
   published chunk. It hands the socket to the other thread (waiting for it) once the
   inputs are ready, just before the engine call: the other thread's wake-up then falls in
-  the engine call, which releases the interpreter, not in the preprocessing that needs it. An observation accepted while a cycle runs waits; the serving thread
-  takes the newest one when its cycle ends (latest wins; older ones still waiting are
-  counted as superseded, and enter a policy's observation window when it has ``[history]``),
-  and joins the reader's queue for the socket once nothing waits.
+  the engine call, which releases the interpreter, not in the preprocessing that needs it.
+  An observation accepted while a cycle runs waits; the serving thread takes the newest one
+  when its cycle ends (latest wins; older ones still waiting are counted as superseded, and
+  enter a policy's observation window when it has ``[history]``), and joins the reader's
+  queue for the socket once nothing waits. Latest wins per controller (``client``): with
+  several, each one's newest observation waits in its own place and they are served in
+  turn, in the order they started waiting, so a fast controller's stream never starves
+  another's request (an openpi client beside a native controller).
 
 Two things happen on warm caches, not after the engine call that evicts them: the serving
 thread builds the guard's seam reference (what the robot executes,
@@ -146,7 +150,9 @@ class ServingLoop:
         self._reading = 0  # that thread's ident (0: between two)
         # The hand-over between the threads: what waits to be served, and who serves.
         self._handover = threading.Lock()
-        self._waiting: list[Accepted] = []  # accepted, not yet served (at most `history`)
+        # Accepted, not yet served: per controller (at most `history` each), in the order
+        # they started waiting (the order they are served in).
+        self._waiting: dict[str, list[Accepted]] = {}
         self._taken_rx = 0  # receive time of the newest observation taken to be served
         self._woken = False  # serve the newest observation again (a swap, the e-stop's release)
         self._server: _LoopThread | None = None  # the thread serving now, None: none is
@@ -409,19 +415,28 @@ class ServingLoop:
         return accepted
 
     def _queue(self, accepted: list[Accepted]) -> None:
-        """Under ``_handover``: accepted observations join what waits to be served."""
-        newest = accepted[-1]
+        """Under ``_handover``: accepted observations join what waits to be served, each
+        behind its own controller's (latest wins per controller)."""
         waiting = self._waiting
-        # The newest waiting one and all but the newest arrived now are never served.
-        self.intake.counts.superseded += (1 if waiting else 0) + len(accepted) - 1
-        waiting.extend(accepted)
-        del waiting[: -self.history]
-        self.last_obs, self.last_obs_receive_ns = newest
+        superseded = 0
+        for item in accepted:
+            name = item.obs.client or ""
+            mine = waiting.get(name)
+            if mine is None:
+                waiting[name] = [item]
+                continue
+            superseded += 1  # that controller's newest waiting one is never served now
+            mine.append(item)
+            del mine[: -self.history]
+        self.intake.counts.superseded += superseded
+        self.last_obs, self.last_obs_receive_ns = accepted[-1]
 
     def _claim(self, me: _LoopThread) -> tuple[int, list[Accepted], bool]:
         """Under ``_handover``: ``me`` serves what waits (the generation it serves for, the
-        observations taken, whether a wake asked for the newest again)."""
-        taken, self._waiting = self._waiting, []
+        observations taken, whether a wake asked for the newest again): the observations of
+        the controller that has waited longest; the others' are claimed after this cycle."""
+        waiting = self._waiting
+        taken = waiting.pop(next(iter(waiting))) if waiting else []
         woken, self._woken = self._woken, False
         if taken:
             self._taken_rx = taken[-1].receive_ns

@@ -52,8 +52,7 @@ TOO_LATE_NS = 200_000
 # Steady: an interval within a tenth of the one before (a controller at its rate).
 STEADY_FRACTION = 10
 # Another controller's observation: none for this long. Two controllers' observations come
-# at times the rehearsal cannot foresee, and one arriving while it runs waits, where it may
-# meet the other's and be superseded (latest wins).
+# at times the rehearsal cannot foresee, and one arriving while it runs waits for it.
 OTHER_CONTROLLER_NS = 2_000_000_000
 # Preprocessing that takes longer than this when rehearsed is moving bytes (large images),
 # not waiting for cold caches: rehearsing it would only double that work.
