@@ -44,6 +44,7 @@ CPU_SHARE = (
     "gates/test_conditions.py",
     "gates/test_evidence.py",
     "gates/test_metrics.py",
+    "gates/test_offline_gates.py",
     "gates/test_plan.py",
     "gates/test_sim_tasks.py",
     "health/test_monitors.py",

@@ -47,6 +47,21 @@ def gate_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 400
     )
 
 
+def gate_named(report: dict, name: str) -> dict:
+    """The entry of the gate ``name`` in a gate report."""
+    return next(g for g in report["gates"] if g["gate"] == name)
+
+
+def why(report: dict) -> str:
+    """Each gate's status and reasons (and a gate error's traceback): what a failed assert shows."""
+    lines = []
+    for g in report["gates"]:
+        lines.append(f"{g['gate']}: {g['status']}: {'; '.join(g['reasons'])}")
+        if g["status"] == "error":
+            lines.append(g["details"].get("traceback", ""))
+    return "\n".join(lines)
+
+
 def small_plan(overrides: dict | None = None, plan_file: Path = DEMO_PLAN):
     """The demo plan with the small run's numbers (as the CLI options above set them)."""
     from vlad_tools.gates.plan import load_plan
