@@ -27,7 +27,18 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa:
 from vlad_tools.demo import openpi as demo_openpi  # noqa: E402
 from vlad_tools.demo import sim  # noqa: E402
 from vlad_tools.episodes import DaemonLink, run_episode  # noqa: E402
-from vlad_tools.testing import busy_port, free_port, free_ports, start_daemon, tcp_endpoints, wait_until  # noqa: E402
+from vlad_tools.testing import (  # noqa: E402
+    PLUGIN_ENV,
+    ControllerSim,
+    busy_port,
+    free_port,
+    free_ports,
+    load_golden,
+    start_daemon,
+    tcp_endpoints,
+    unsigned_copy,
+    wait_until,
+)
 
 # 12 real-time episodes per client (~30 s in all). The flow-matching noise is seeded by the
 # observation sequence, which the endpoint numbers itself, so outcomes differ per episode.
@@ -361,6 +372,61 @@ def test_tls_and_token(tmp_path, monkeypatch):
         assert st["openpi"]["errors"]["unauthorized"] == 2
     finally:
         d.stop()
+
+
+def test_a_native_stream_beside_never_starves_an_openpi_request_of_a_slow_policy(tmp_path, contract):
+    """A native controller streaming at 50 Hz and an openpi client on one daemon whose every
+    inference takes 3 periods (60 ms): the stream's observations come in while each one runs,
+    and latest wins per controller, so they supersede only the stream's own. Every openpi
+    request is answered with a chunk within its request timeout (500 ms): the controllers take
+    turns, so it waits at most for the inference running, one of the stream's that was
+    waiting before it, and its own (about 180 ms here)."""
+    slow = 60.0
+    # what a contract of a policy this slow says: observations and chunks a few inferences old
+    timing = contract.timing
+    release = unsigned_copy(
+        tmp_path / "release",
+        edits={
+            f"e2e_deadline_ms = {timing.e2e_deadline_ms}": "e2e_deadline_ms = 150.0",
+            f"max_observation_age_ms = {timing.max_observation_age_ms}": "max_observation_age_ms = 200.0",
+        },
+    )
+    port = free_port()
+    d = start_daemon(
+        tmp_path,
+        settings(
+            port,
+            f"release.path='{release}'",
+            "release.verify=false",
+            "release.backend='wrapped'",
+            "release.artifact='policy.onnx'",
+            f"release.options={{delay_ms={slow}}}",
+        ),
+        env=PLUGIN_ENV,
+    )
+    native = d.client("native")
+    stream = ControllerSim(native, load_golden()[0]).start()
+    policy = None
+    try:
+        wait_until(lambda: sum(c.source == "release" for c in stream.since(time.monotonic() - 0.5)) >= 3, 10)
+        policy = WebsocketClientPolicy("127.0.0.1", port)
+        took = []
+        for _ in range(10):
+            t0 = time.monotonic()
+            assert answer(policy, OBS) == ""
+            took.append(time.monotonic() - t0)
+            time.sleep(0.04)
+        served = [c.obs_seq for c in stream.since(0) if c.source == "release"]
+        assert len(served) > 10  # the stream kept its own answers meanwhile
+        st = native.status()
+        assert st["counters"]["superseded"] > 0  # the stream's own, while inferences ran
+    finally:
+        if policy is not None:
+            policy._ws.close()
+        stream.stop()
+        native.close()
+        d.stop()
+    print(f"openpi request -> chunk beside a 50 Hz stream, {slow:.0f} ms inferences: max {max(took) * 1000:.0f} ms")
 
 
 def test_busy_port_refuses_the_start_with_one_line(tmp_path):
