@@ -3,7 +3,6 @@ prometheus_client's own parser."""
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 import pytest
@@ -14,16 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from vlad_tools.testing import (  # noqa: E402
     ControllerSim,
+    free_port,
     load_golden,  # noqa: E402
     start_daemon,
     wait_until,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(url: str) -> dict[str, dict]:

@@ -11,7 +11,6 @@ given and the simulated robot connects exactly as in the local demo.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,12 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from vlad.config import ChainEntry, Config, FallbackConfig, ReleaseConfig, load_config
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from vlad_kserve.testing import free_ports
 
 
 def start_remote_demo(config: Path, workdir: Path, timeout_s: float = 90.0) -> tuple[Config, subprocess.Popen]:
@@ -37,7 +31,7 @@ def start_remote_demo(config: Path, workdir: Path, timeout_s: float = 90.0) -> t
     release.mkdir(parents=True, exist_ok=True)
     for name in ("contract.toml", "tokenizer.json", "policy.onnx"):
         shutil.copy(demo / name, release / name)
-    grpc_port, http_port = _free_port(), _free_port()
+    grpc_port, http_port = free_ports(2)  # distinct: bound together while chosen
     log = open(workdir / "server.log", "wb")
     server = subprocess.Popen(
         [
