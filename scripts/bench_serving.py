@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Serving overhead, three servers in one run: the transport floor, an openpi-style server, vlad.
+"""Serving overhead, side by side in one run: the two transports' floors, an openpi-style server, vlad.
 
 Every server gets the same raw observation and runs the same ONNX model with the same ONNX
 Runtime session settings (CPU, ``intra_op_num_threads = 1``, graph optimisation "all"):
@@ -7,6 +7,11 @@ Runtime session settings (CPU, ``intra_op_num_threads = 1``, graph optimisation 
 * **floor**: a bare pyzmq PUB/SUB ping-pong between two processes over ipc: the raw
   observation's bytes out, an action-chunk-sized reply back, no decoding, no model. What
   ZeroMQ and two Python processes cost at the least.
+* **ws-floor**: the same bytes both ways over a websocket instead: an asyncio ``websockets``
+  server answering each message at once, driven by ``websockets``' own synchronous client
+  (what openpi's client uses), with openpi's connection settings (no compression, no size
+  limit). What a websocket and two Python processes cost at the least: the transport under
+  the openpi-style server, as the floor is the one under vlad.
 * **openpi-style**: openpi's websocket policy protocol (``serving/websocket_policy_server.py``:
   asyncio ``websockets`` server, msgpack-numpy, metadata frame first, ``server_timing``
   and ``policy_timing`` in every answer), re-implemented minimally here; its policy does
@@ -76,7 +81,7 @@ from vlad_tools.testing import DaemonFailed, Ticker, free_port, launch
 from vlad_tools.testing.conditions import conditions as shared_conditions
 from vlad_tools.testing.releases import Payload, demo_payload, synthetic_payload
 
-SERVERS = ("floor", "openpi-style", "vlad", "vlad-baseline", "vlad+rt", "vlad+rt+spin")
+SERVERS = ("floor", "ws-floor", "openpi-style", "vlad", "vlad-baseline", "vlad+rt", "vlad+rt+spin")
 PAYLOADS = ("demo", "synthetic")
 LOADS = ("quiet", "hog+debug")
 RATES = ("50 Hz", "lock-step")
@@ -100,7 +105,7 @@ def conditions() -> dict:
         "governor": gov.read_text().strip() if gov.exists() else "not readable",
         "libzmq": zmq.zmq_version(),
         "ort_session": "CPUExecutionProvider, intra_op_num_threads=1, graph_optimization_level=all, batch 1",
-        "transport": "vlad and floor: ZeroMQ ipc; openpi-style: websocket on 127.0.0.1",
+        "transport": "vlad and floor: ZeroMQ ipc; openpi-style and ws-floor: websocket on 127.0.0.1",
     }
 
 
@@ -244,6 +249,73 @@ class FloorClient:
             self.pub.close(0)
             self.sub.close(0)
             self.ctx.term()
+        self.proc.kill()
+        self.proc.wait()
+
+
+# ---------------------------------------------------------------------------------------
+# The websocket floor: the same bytes over a websocket (what openpi's protocol rides on)
+# ---------------------------------------------------------------------------------------
+
+
+def ws_floor_server(port: int, reply_bytes: int) -> None:
+    import websockets.asyncio.server as _server
+
+    reply = b"h" * REPLY_HEADER + b"\0" * reply_bytes
+
+    async def handler(websocket):
+        async for _ in websocket:
+            await websocket.send(reply)
+
+    async def run():
+        async with _server.serve(handler, "127.0.0.1", port, compression=None, max_size=None) as server:
+            print("READY", flush=True)
+            await server.serve_forever()
+
+    asyncio.run(run())
+
+
+class WsFloorClient:
+    def __init__(self, payload: Payload, folder: Path) -> None:
+        self.port = free_port()
+        reply = int(np.prod(payload.action_shape)) * 4
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--_ws-floor-server", str(self.port), str(reply)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.payload = payload
+
+    def connect(self) -> None:
+        from websockets.sync.client import connect
+
+        from vlad import protocol
+
+        payload = self.payload
+        if self.proc.stdout.readline().strip() != "READY":
+            raise RuntimeError("websocket floor server did not start")
+        tensors = {f"image/{k}": v for k, v in payload.images.items()}
+        tensors["proprio"] = payload.proprio
+        header = {"seq": 1, "t_sensor_ns": 1, "instruction": payload.instruction or "", "client": "bench"}
+        self.message = b"".join(protocol.encode(protocol.TOPIC_OBS, header, tensors))  # the floor's bytes
+        self.ws = connect(f"ws://127.0.0.1:{self.port}", compression=None, max_size=None, open_timeout=10)
+
+    def step(self, s: Samples | None) -> None:
+        t0 = time.perf_counter_ns()
+        self.ws.send(self.message)
+        try:
+            self.ws.recv(timeout=1.0)
+        except TimeoutError:
+            if s is not None:
+                s.missed += 1
+            return
+        if s is not None:
+            s.add((time.perf_counter_ns() - t0) / 1e6, 0.0)
+
+    def close(self) -> None:
+        if hasattr(self, "ws"):
+            with contextlib.suppress(Exception):
+                self.ws.close()
         self.proc.kill()
         self.proc.wait()
 
@@ -618,6 +690,8 @@ def make_client(
     folder.mkdir()
     if server == "floor":
         return FloorClient(payload, folder)
+    if server == "ws-floor":
+        return WsFloorClient(payload, folder)
     if server == "openpi-style":
         return OpenpiClient(payload, folder, debug=loaded)
     knobs = None
@@ -953,6 +1027,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print the result as JSON only")
     ap.add_argument("--json-out", type=Path, help="also write the result as JSON to this file")
     ap.add_argument("--_floor-server", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--_ws-floor-server", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--_openpi-server", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--_debug", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -960,6 +1035,10 @@ def main() -> int:
     if args._floor_server:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         floor_server(args._floor_server[0], args._floor_server[1], int(args._floor_server[2]))
+        return 0
+    if args._ws_floor_server:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        ws_floor_server(int(args._ws_floor_server[0]), int(args._ws_floor_server[1]))
         return 0
     if args._openpi_server:
         openpi_server(int(args._openpi_server[0]), args._openpi_server[1], args._debug)
@@ -985,6 +1064,14 @@ def main() -> int:
                 file=sys.stderr,
             )
             args.servers = [s for s in args.servers if s != "openpi-style"]
+    try:
+        import websockets  # noqa: F401
+    except ImportError:
+        if "ws-floor" in args.servers:
+            print(
+                "websockets is not installed: the ws-floor rows are skipped (pip install websockets)", file=sys.stderr
+            )
+            args.servers = [s for s in args.servers if s != "ws-floor"]
     result = run(args)
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=2))

@@ -20,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "bench_serving.py"
 HAVE_OPENPI = importlib.util.find_spec("openpi_client") is not None
+HAVE_WEBSOCKETS = importlib.util.find_spec("websockets") is not None
 VLAD_SERVERS = ("vlad", "vlad+rt", "vlad+rt+spin")
 PAYLOADS = ("demo", "synthetic")
 LOADS = ("quiet", "hog+debug")
@@ -30,6 +31,7 @@ RATES = ("50 Hz", "lock-step")
 def result(slow) -> dict:
     # The real-time variants only with --slow: each is two more daemon starts per payload.
     servers = ["floor", *(VLAD_SERVERS if slow else VLAD_SERVERS[:1])] + (["openpi-style"] if HAVE_OPENPI else [])
+    servers += ["ws-floor"] if HAVE_WEBSOCKETS else []
     return _short_run("--servers", *servers)
 
 
@@ -55,17 +57,19 @@ def _rows(result: dict, server: str) -> dict:
     return {(r["payload"], r["load"], r["rate"]): r for r in result["rows"] if r["server"] == server}
 
 
-@pytest.mark.parametrize("server", ["floor", *VLAD_SERVERS])
+@pytest.mark.parametrize("server", ["floor", "ws-floor", *VLAD_SERVERS])
 def test_floor_and_vlad_rows(result, server, slow):
-    if server not in ("floor", "vlad") and not slow:
+    if server not in ("floor", "ws-floor", "vlad") and not slow:
         pytest.skip("slow: run with ./scripts/test --slow")
+    if server == "ws-floor" and not HAVE_WEBSOCKETS:
+        pytest.skip("websockets is not installed")
     rows = _rows(result, server)
     for key in [(p, lo, ra) for p in PAYLOADS for lo in LOADS for ra in RATES]:
         assert key in rows, f"{server}: no row for {key}"
         r = rows[key]
         for what in ("round_trip_ms", "engine_ms", "overhead_ms"):
             assert _finite(r[what]), f"{server} {key} {what}: {r[what]}"
-        if server != "floor":
+        if server not in ("floor", "ws-floor"):
             assert r["engine_ms"]["p50"] > 0
             assert math.isfinite(r["above_floor_ms"]["p50"]) and math.isfinite(r["above_floor_ms"]["p99"])
             for stage in ("preprocess", "decode", "guard", "pre+decode+guard"):
