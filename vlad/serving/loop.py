@@ -153,6 +153,11 @@ class ServingLoop:
         # Accepted, not yet served: per controller (at most `history` each), in the order
         # they started waiting (the order they are served in).
         self._waiting: dict[str, list[Accepted]] = {}
+        # At most as many places as the intake admits controllers at once. Names the intake
+        # forgot (silent, never judged) may be followed by new ones while an inference runs:
+        # past this many, a newcomer's observation is superseded, so memory stays bounded
+        # however long an inference takes.
+        self._places = intake.controllers.limit
         self._taken_rx = 0  # receive time of the newest observation taken to be served
         self._woken = False  # serve the newest observation again (a swap, the e-stop's release)
         self._server: _LoopThread | None = None  # the thread serving now, None: none is
@@ -423,7 +428,10 @@ class ServingLoop:
             name = item.obs.client or ""
             mine = waiting.get(name)
             if mine is None:
-                waiting[name] = [item]
+                if len(waiting) < self._places:
+                    waiting[name] = [item]
+                else:
+                    superseded += 1
                 continue
             superseded += 1  # that controller's newest waiting one is never served now
             mine.append(item)
