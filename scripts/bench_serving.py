@@ -178,6 +178,16 @@ def drive(step, rate_hz: float | None, seconds: float, samples: Samples | None) 
 # ---------------------------------------------------------------------------------------
 
 
+def floor_frames(payload: Payload) -> list[bytes]:
+    """The payload's observation as vlad's own wire frames, encoded once: what both floors send."""
+    from vlad import protocol
+
+    tensors = {f"image/{k}": v for k, v in payload.images.items()}
+    tensors["proprio"] = payload.proprio
+    header = {"seq": 1, "t_sensor_ns": 1, "instruction": payload.instruction or "", "client": "bench"}
+    return protocol.encode(protocol.TOPIC_OBS, header, tensors)
+
+
 def floor_server(obs_ep: str, act_ep: str, reply_bytes: int) -> None:
     import zmq
 
@@ -208,15 +218,9 @@ class FloorClient:
     def connect(self) -> None:
         import zmq
 
-        from vlad import protocol
-
-        payload = self.payload
         if self.proc.stdout.readline().strip() != "READY":
             raise RuntimeError("floor server did not start")
-        tensors = {f"image/{k}": v for k, v in payload.images.items()}
-        tensors["proprio"] = payload.proprio
-        header = {"seq": 1, "t_sensor_ns": 1, "instruction": payload.instruction or "", "client": "bench"}
-        self.frames = protocol.encode(protocol.TOPIC_OBS, header, tensors)  # vlad's own bytes, sent as-is
+        self.frames = floor_frames(self.payload)
         self.copy = sum(len(f) for f in self.frames) < 65536
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.PUB)  # default HWM: with 4, lock-step loses messages (HWM accounting lag)
@@ -289,15 +293,9 @@ class WsFloorClient:
     def connect(self) -> None:
         from websockets.sync.client import connect
 
-        from vlad import protocol
-
-        payload = self.payload
         if self.proc.stdout.readline().strip() != "READY":
             raise RuntimeError("websocket floor server did not start")
-        tensors = {f"image/{k}": v for k, v in payload.images.items()}
-        tensors["proprio"] = payload.proprio
-        header = {"seq": 1, "t_sensor_ns": 1, "instruction": payload.instruction or "", "client": "bench"}
-        self.message = b"".join(protocol.encode(protocol.TOPIC_OBS, header, tensors))  # the floor's bytes
+        self.message = b"".join(floor_frames(self.payload))  # the ZeroMQ floor's bytes, in one message
         self.ws = connect(f"ws://127.0.0.1:{self.port}", compression=None, max_size=None, open_timeout=10)
 
     def step(self, s: Samples | None) -> None:

@@ -66,6 +66,22 @@ def test_latest_wins_per_controller_so_a_fast_stream_never_starves_another_reque
     assert rig.session.calls == 3
 
 
+def _wait_read(rig, n: int) -> None:
+    """Until the reader has accepted or refused ``n`` observations."""
+    counts = rig.intake.counts
+    wait_until(lambda: counts.observations + sum(counts.rejected.values()) == n, what=f"{n} observations read")
+
+
+def _policy_chunks(rig) -> list[dict]:
+    """The headers of the policy's chunks sent until none comes for 0.5 s (the advisory holds
+    answering refused observations left out)."""
+    headers = []
+    while (msg := rig.recv(0.5)) is not None:
+        if msg.header["source"] == "release":
+            headers.append(msg.header)
+    return headers
+
+
 def test_a_flood_of_controller_names_waits_within_the_controller_limit_and_each_is_served_once(rig):
     """Latest wins per controller keeps a place per name: a flood of names (a producer on the
     allow-list sending under 100 names while an inference runs) holds at most the controller
@@ -79,19 +95,14 @@ def test_a_flood_of_controller_names_waits_within_the_controller_limit_and_each_
     for round_ in range(2):
         for n in range(100):
             rig.send_obs(1000 * (round_ + 1) + n, client=f"name-{n}")
-    wait_until(
-        lambda: rig.intake.counts.observations + sum(rig.intake.counts.rejected.values()) == 201, what="the flood"
-    )
+    _wait_read(rig, 201)
     with rig.loop._handover:
         waiting = {name: [a.obs.sequence for a in items] for name, items in rig.loop._waiting.items()}
     # "" (the rig's heartbeat) and "stream" hold two of the limit's places
     assert len(waiting) == MAX_CONTROLLERS - 2, len(waiting)
     assert all(seqs == [2000 + int(name[5:])] for name, seqs in waiting.items())  # the newest of each, alone
     rig.session.gate.set()
-    answered = []  # the policy's chunks; the refused names got advisory holds meanwhile
-    while (msg := rig.recv(0.5)) is not None:
-        if msg.header["source"] == "release":
-            answered.append(msg.header)
+    answered = _policy_chunks(rig)
     assert answered[0]["client"] == "stream"
     assert [h["client"] for h in answered[1:]] == list(waiting)  # in the order they started waiting
     assert [h["obs_seq"] for h in answered[1:]] == [s[0] for s in waiting.values()]
@@ -113,21 +124,14 @@ def test_names_forgotten_during_a_long_inference_never_grow_what_waits_past_the_
         for n in range(100):
             rig.send_obs(1000 * (wave + 1) + n, client=f"wave{wave}-{n}")
         time.sleep(0.01)  # the wave falls silent: its names may be forgotten for the next
-    sent = 1 + 400
-    wait_until(
-        lambda: rig.intake.counts.observations + sum(rig.intake.counts.rejected.values()) == sent, what="the waves"
-    )
+    _wait_read(rig, 1 + 400)
     with rig.loop._handover:
         waiting = list(rig.loop._waiting)
     assert len(waiting) == MAX_CONTROLLERS, len(waiting)  # every place taken, none beyond
     accepted = rig.intake.counts.observations - 1  # the stream's obs 1 is being served
     assert rig.intake.counts.superseded == accepted - len(waiting)
     rig.session.gate.set()
-    served = []
-    while (msg := rig.recv(0.5)) is not None:
-        if msg.header["source"] == "release":
-            served.append(msg.header["client"])
-    assert served == ["stream", *waiting]
+    assert [h["client"] for h in _policy_chunks(rig)] == ["stream", *waiting]
 
 
 def test_a_stale_observation_is_answered_with_an_advisory_hold_without_inference(rig):
