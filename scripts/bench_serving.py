@@ -604,9 +604,18 @@ class VladClient:
 # ---------------------------------------------------------------------------------------
 
 
-def hot_stage_costs(payload: Payload, calls: int) -> dict:
-    """p50/p99 microseconds of each vlad stage called back to back on warm caches: what the
-    same code costs when nothing evicts it between calls (the daemon at 50 Hz sleeps 20 ms)."""
+COLD_GAP_S = 0.018  # asleep before each cold call: a 50 Hz period less a short cycle
+EVICT_BYTES = 8 << 20  # touched before each cold call: more than a core's L2 and its share of L3
+
+
+def stage_costs(payload: Payload, calls: int, cold_calls: int) -> tuple[dict, dict]:
+    """p50/p99 microseconds of each vlad stage, and of openpi's client encoding and decoding
+    (when openpi-client is installed), called in one process: (hot, cold).
+
+    Hot: back to back on warm caches, what the code costs when nothing evicts it. Cold: the
+    stages in turn, each call after ``COLD_GAP_S`` asleep with ``EVICT_BYTES`` of other
+    memory touched meanwhile, as a 50 Hz cycle finds its caches (the daemon and a
+    controller sleep ~20 ms between cycles while other processes run)."""
     import zmq
 
     from vlad import protocol
@@ -626,41 +635,67 @@ def hot_stage_costs(payload: Payload, calls: int) -> dict:
     intake = Intake(c, IntakeCounts(), trusted, 5_000_000)
     tensors = {f"image/{k}": v for k, v in payload.images.items()}
     tensors["proprio"] = payload.proprio
+    # the layout vlad.client learns on its first observation and encodes every later one with
+    obs_layout = protocol.Layout([(n, a.dtype.name, a.shape) for n, a in tensors.items()])
 
     def obs_frames():
         h = {"seq": 1, "t_sensor_ns": time.monotonic_ns(), "client": "bench"}
         if payload.instruction is not None:
             h["instruction"] = payload.instruction
-        return protocol.encode(protocol.TOPIC_OBS, h, tensors)
+        return obs_layout.encode(protocol.TOPIC_OBS, h, list(tensors.values()))
 
     frames = [zmq.Frame(f) for f in obs_frames()]
     obs = intake.accept(frames, time.monotonic_ns())
     y = {c.action.output: np.zeros((1, *payload.action_shape), np.float32)}
-    header = {
-        "seq": 1,
-        "obs_seq": 1,
-        "t_sensor_ns": 1,
-        "t_issue_ns": 2,
-        "valid_until_ns": 3,
-        "period_ns": 4,
-        "release": "bench@1",
-        "state": "ACTIVE",
-        "source": "release",
-        "policy": "release",
-        "interventions": [],
-        "timings_ms": dict.fromkeys(("transport", "queue", "preprocess", "engine", "decode", "guard"), 0.1234),
-    }
-    act = protocol.encode(protocol.TOPIC_ACTIONS, header, {"actions": dec.decode(y)})
+    chunk = protocol.ActionChunk(
+        seq=1, obs_seq=1, t_sensor_ns=1, t_issue_ns=2, valid_until_ns=3, period_ns=4, release="bench@1",
+        state="ACTIVE", source="release", interventions=(), actions=dec.decode(y), client="bench",
+        timings_ms=dict.fromkeys(("transport", "queue", "preprocess", "engine", "decode", "guard"), 0.1234),
+        policy="release:bench@1",
+    )  # fmt: skip
+    header = chunk.header()
+    act_layout = protocol.Layout([("actions", "float32", payload.action_shape)])  # as the publisher encodes
+    act = [bytes(f) for f in protocol.encode(protocol.TOPIC_ACTIONS, header, {"actions": chunk.actions})]
+    # the controller's side as vlad.client runs it: the chunk layout learned from the first chunk
+    controller = Client(observations="inproc://bench-obs", actions="inproc://bench-act", name="bench")
+    Client._decode_actions(act, controller)
     stages = {
         "client encode": obs_frames,
         "intake (decode + checks)": lambda: intake.accept(frames, time.monotonic_ns()),
         "preprocess": lambda: pre.fill(obs),
         "decode": lambda: dec.decode(y),
         "guard": lambda: guard.check(dec.decode(y), time.monotonic_ns(), time.monotonic_ns() + 10**9),
-        "action encode": lambda: protocol.encode(protocol.TOPIC_ACTIONS, header, {"actions": dec.out}),
-        "client decode": lambda: Client._decode_actions(act),
+        "action encode": lambda: act_layout.encode(protocol.TOPIC_ACTIONS, header, (dec.out,)),
+        "client decode": lambda: Client._decode_actions(act, controller),
     }
-    out = {}
+    try:
+        from openpi_client import msgpack_numpy
+    except ImportError:
+        pass
+    else:  # what OpenpiClient sends and openpi_server answers, packed and unpacked as they do
+        packer = msgpack_numpy.Packer()
+        request = {f"observation/image/{k}": v for k, v in payload.images.items()}
+        request["observation/state"] = payload.proprio
+        if payload.instruction is not None:
+            request["prompt"] = payload.instruction
+        answer = packer.pack(
+            {
+                "state": payload.proprio,
+                "actions": chunk.actions,
+                "policy_timing": {"infer_ms": 1.0},
+                "server_timing": {"infer_ms": 1.0, "prev_total_ms": 2.0},
+            }
+        )
+        stages["openpi client encode"] = lambda: packer.pack({**request, "seq": 1})
+        stages["openpi client decode"] = lambda: msgpack_numpy.unpackb(answer)
+
+    def pct(ts) -> dict:
+        return {
+            "p50_us": round(float(np.percentile(ts, 50)) / 1e3, 1),
+            "p99_us": round(float(np.percentile(ts, 99)) / 1e3, 1),
+        }
+
+    hot = {}
     for name, fn in stages.items():
         for _ in range(max(10, calls // 10)):
             fn()
@@ -669,11 +704,18 @@ def hot_stage_costs(payload: Payload, calls: int) -> dict:
             t0 = time.perf_counter_ns()
             fn()
             ts[i] = time.perf_counter_ns() - t0
-        out[name] = {
-            "p50_us": round(float(np.percentile(ts, 50)) / 1e3, 1),
-            "p99_us": round(float(np.percentile(ts, 99)) / 1e3, 1),
-        }
-    return out
+        hot[name] = pct(ts)
+    other = np.zeros(EVICT_BYTES, np.uint8)
+    cold_ts = {name: np.empty(cold_calls) for name in stages}
+    for i in range(cold_calls):
+        for name, fn in stages.items():
+            time.sleep(COLD_GAP_S)
+            other += 1
+            t0 = time.perf_counter_ns()
+            fn()
+            cold_ts[name][i] = time.perf_counter_ns() - t0
+    controller.close(bye=False)
+    return hot, {name: pct(ts) for name, ts in cold_ts.items()}
 
 
 # ---------------------------------------------------------------------------------------
@@ -822,7 +864,10 @@ def run(args) -> dict:
             }
             for p in payloads
         }
-        hot = {p.name.split(" ")[0]: hot_stage_costs(p, 200 if args.short else 2000) for p in payloads}
+        costs = {
+            p.name.split(" ")[0]: stage_costs(p, 200 if args.short else 2000, 20 if args.short else 300)
+            for p in payloads
+        }
         servers = [s for s in SERVERS if s in args.servers]
         n = 0
         for payload in payloads:
@@ -878,7 +923,13 @@ def run(args) -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     add_ratios(rows)
-    return {"conditions": cond, "rows": rows, "hot_stage_costs_us": hot, "targets": targets(rows)}
+    return {
+        "conditions": cond,
+        "rows": rows,
+        "hot_stage_costs_us": {p: hot for p, (hot, _) in costs.items()},
+        "cold_stage_costs_us": {p: cold for p, (_, cold) in costs.items()},
+        "targets": targets(rows),
+    }
 
 
 def interleaved(launched: dict, payload: Payload, load: str, args) -> list[dict]:
@@ -976,13 +1027,20 @@ def print_report(result: dict) -> None:
                 + " | ".join(f"{st[k]['p50']:.3f} / {st[k]['p99']:.3f}" for k in names)
                 + " |"
             )
-    hot = result["hot_stage_costs_us"]
-    print("\nThe same vlad stages called back to back in one process (warm caches), p50 / p99 us:\n")
-    names = list(next(iter(hot.values())))
-    print("| payload | " + " | ".join(names) + " |")
-    print("|---|" + "---:|" * len(names))
-    for p, st in hot.items():
-        print(f"| {p} | " + " | ".join(f"{st[k]['p50_us']} / {st[k]['p99_us']}" for k in names) + " |")
+    for key, what in (
+        ("hot_stage_costs_us", "called back to back in one process (warm caches)"),
+        (
+            "cold_stage_costs_us",
+            f"each after {COLD_GAP_S * 1e3:.0f} ms asleep, {EVICT_BYTES >> 20} MiB touched meanwhile",
+        ),
+    ):
+        costs = result[key]
+        print(f"\nThe same stages {what}, p50 / p99 us:\n")
+        names = list(next(iter(costs.values())))
+        print("| payload | " + " | ".join(names) + " |")
+        print("|---|" + "---:|" * len(names))
+        for p, st in costs.items():
+            print(f"| {p} | " + " | ".join(f"{st[k]['p50_us']} / {st[k]['p99_us']}" for k in names) + " |")
     print("\nTargets (issue 11), judged on this run:\n")
     for t in result["targets"]:
         print(f"- {'MET   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']} ({t['limit']})")

@@ -125,6 +125,35 @@ def test_the_layout_fast_path_is_taken_for_a_conforming_controller():
         ft.target_layout(ft.gen_layout_frames(__import__("random").Random(_)))
 
 
+@FUZZ
+@given(st.one_of(any_frames, st.randoms(use_true_random=False).map(ft.gen_chunk_frames)))
+def test_the_one_pass_chunk_check_agrees_with_the_field_by_field_checks(frames):
+    ft.target_chunk(frames)
+
+
+def test_a_daemons_chunk_takes_the_one_pass_check_and_every_field_off_the_full_checks():
+    """Not vacuous: the daemon's chunk passes the one-pass check, and the generator's
+    chunks reach both verdicts of the full checks (accepted and refused)."""
+    import random
+
+    from vlad import protocol
+
+    msg = protocol.decode(list(ft.valid_chunk_frames()), expect=(protocol.TOPIC_ACTIONS,))
+    assert protocol._plain_chunk(msg.header, msg.tensors["actions"], 0) == protocol.decode_chunk(msg, 0)
+    verdicts = {"plain": 0, "checked": 0, "refused": 0}
+    for seed in range(400):
+        frames = ft.gen_chunk_frames(random.Random(seed))
+        ft.target_chunk(frames)
+        try:
+            m = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,))
+            plain = protocol._plain_chunk(m.header, m.tensors.get("actions"), 0)
+            protocol.decode_chunk(m, 0)
+            verdicts["plain" if plain is not None else "checked"] += 1
+        except protocol.ProtocolError:
+            verdicts["refused"] += 1
+    assert all(n > 10 for n in verdicts.values()), verdicts
+
+
 control_requests = st.one_of(
     st.binary(max_size=200),
     structures.map(lambda s: msgpack.packb(s, use_bin_type=True)),

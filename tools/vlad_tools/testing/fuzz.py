@@ -20,6 +20,7 @@ other than its documented error escape). The documented errors are swallowed her
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 import struct
@@ -216,6 +217,78 @@ def gen_layout_frames(rng: random.Random) -> list[bytes]:
         d["name"] = rng.choice(["proprio", "image/overhead", "image/wrist", ""])
     frames[1] = msgpack.packb(head, use_bin_type=True)
     return frames
+
+
+def valid_chunk_frames() -> tuple[bytes, ...]:
+    """An action chunk as the daemon publishes it (every header field present)."""
+    from vlad import protocol
+
+    chunk = protocol.ActionChunk(
+        seq=3, obs_seq=7, t_sensor_ns=10**15, t_issue_ns=10**15 + 4_000_000, valid_until_ns=10**15 + 10**9,
+        period_ns=20_000_000, release="vlad-demo-reacher-1.0.0", state="ACTIVE", source="release",
+        interventions=("rate",), timings_ms={"engine": 3.25, "guard": 0.1}, actions=np.zeros((50, 2), np.float32),
+        client="fuzz", rtc=(2, 1), policy="release:vlad-demo-reacher-1.0.0",
+    )  # fmt: skip
+    return tuple(bytes(f) for f in protocol.encode(protocol.TOPIC_ACTIONS, chunk.header(), {"actions": chunk.actions}))
+
+
+_CHUNK_VALUES: list[Any] = [
+    None, True, False, 0, 1, -1, 2**63 - 1, 2**63, 2**64 - 1, 1.0, float("nan"), float("inf"), "", "x" * 65,
+    "x" * 129, "x" * 257, "a\x00b", "\n", "hold:rejected", "hold:estop", "stale", "malformed", [], [1], [1, 2],
+    [2**63, 0], [1, True], [1.0, 2], {}, {"a": 1}, {"a": float("nan")}, {"a": "b"}, {"a": 10**18}, ["rate"],
+    ["x" * 65], [1], b"bytes",
+]  # fmt: skip
+
+
+def gen_chunk_frames(rng: random.Random) -> list[bytes]:
+    """A daemon's chunk with header fields dropped or replaced, or its actions off."""
+    frames = list(valid_chunk_frames())
+    head = msgpack.unpackb(frames[1])
+    if rng.random() < 0.3:  # a hold, alone: its reason decides
+        head["source"] = rng.choice(["hold:rejected", "hold:stale", "release", "fallback1"])
+        head["reason"] = rng.choice(["", "stale", "malformed", "bad_shape", "nonsense"])
+        frames[1] = msgpack.packb(head, use_bin_type=True)
+        return frames
+    for _ in range(rng.randint(1, 3)):
+        key = rng.choice([k for k in head if k not in ("v", "kind", "tensors")] or ["seq"])
+        if rng.random() < 0.25:
+            head.pop(key, None)
+        else:
+            head[key] = rng.choice(_CHUNK_VALUES) if rng.random() < 0.8 else random_value(rng)
+    if rng.random() < 0.1:
+        head["tensors"] = [{"name": "actions", "dtype": rng.choice(["float64", "uint8"]), "shape": [50, 2]}]
+        frames[2] = bytes(50 * 2 * (8 if head["tensors"][0]["dtype"] == "float64" else 1))
+    elif rng.random() < 0.1:
+        head["tensors"] = [{"name": "actions", "dtype": "float32", "shape": [100]}]
+    frames[1] = msgpack.packb(head, use_bin_type=True)
+    return frames
+
+
+def target_chunk(frames: list[bytes]) -> None:
+    """decode_chunk raises only ProtocolError, and its one-pass check for a daemon's chunk
+    (protocol._plain_chunk) accepts only what the field-by-field checks accept, as the same chunk."""
+    from vlad import protocol
+
+    try:
+        msg = protocol.decode(frames, expect=(protocol.TOPIC_ACTIONS,))
+    except protocol.ProtocolError:
+        return
+    plain = protocol._plain_chunk(msg.header, msg.tensors.get("actions"), 5)
+    try:
+        checked = protocol._checked_chunk(msg, 5)
+    except protocol.ProtocolError as exc:
+        if exc.reason != "malformed":
+            raise FuzzFailure(f"a chunk refused as {exc.reason!r}, not malformed") from None
+        if plain is not None:
+            header = f"{msg.header!r:.300}"
+            raise FuzzFailure(f"the one-pass check accepted what the full checks refuse ({exc}): {header}") from None
+        return
+    fields = [f.name for f in dataclasses.fields(checked) if f.name != "actions"]
+    if plain is not None and (
+        [getattr(plain, f) for f in fields] != [getattr(checked, f) for f in fields]
+        or plain.actions is not checked.actions
+    ):
+        raise FuzzFailure(f"the one-pass check made another chunk of {msg.header!r:.300}")
 
 
 def target_manifest(raw: bytes) -> None:
@@ -512,6 +585,7 @@ TARGETS = {
     "estop": (target_estop, gen_frames),
     "intake": (target_intake, gen_frames),
     "layout": (target_layout, gen_layout_frames),
+    "chunk": (target_chunk, gen_chunk_frames),
     "control": (target_control, gen_control),
     "manifest": (target_manifest, gen_manifest),
 }
