@@ -75,7 +75,8 @@ CPU_SHARE = (
     "test_tomlwrite.py",
 )
 # Test files that start daemons but judge nothing by the clock: what happened, never how soon
-# (a status, a deploy's outcome, a rendered screen, what a demo leaves behind), each wait
+# (a status, a deploy's outcome, a rendered screen, what a demo leaves behind, that a
+# benchmark's rows are there and finite), each wait
 # bounded by a timeout far above its normal time, and no controller streaming to a daemon
 # whose health verdicts the test reads. ./scripts/test runs them (--share functional) in a third
 # pytest beside the others at a middle CPU priority (nice 10): the timed share's daemons still
@@ -89,6 +90,7 @@ FUNCTIONAL_SHARE = (
     "kserve/test_kserve_bench.py",
     "release/test_release_fifo.py",
     "test_journal.py",
+    "test_bench_serving.py",
     "test_plugin_example.py",
     "test_protocol_doc.py",
     "testing/test_testing.py",

@@ -85,6 +85,19 @@ def test_conditions_and_targets(result):
     assert result["targets"], "no target judged"
 
 
+def test_stage_costs_hot_and_cold(result):
+    """Each stage measured both ways, openpi's client encoding and decoding beside vlad's
+    where openpi-client is installed."""
+    stages = ["client encode", "intake (decode + checks)", "guard", "action encode", "client decode"]
+    if HAVE_OPENPI:
+        stages += ["openpi client encode", "openpi client decode"]
+    for key in ("hot_stage_costs_us", "cold_stage_costs_us"):
+        for payload in PAYLOADS:
+            costs = result[key][payload]
+            for stage in stages:
+                assert 0 < costs[stage]["p50_us"] <= costs[stage]["p99_us"], (key, payload, stage, costs[stage])
+
+
 def test_openpi_rows(result):
     pytest.importorskip("openpi_client")
     rows = _rows(result, "openpi-style")
