@@ -296,7 +296,10 @@ class WsFloorClient:
         if self.proc.stdout.readline().strip() != "READY":
             raise RuntimeError("websocket floor server did not start")
         self.message = b"".join(floor_frames(self.payload))  # the ZeroMQ floor's bytes, in one message
-        self.ws = connect(f"ws://127.0.0.1:{self.port}", compression=None, max_size=None, open_timeout=10)
+        self.stack = contextlib.ExitStack()  # websockets wants its connection entered, not only opened
+        self.ws = self.stack.enter_context(
+            connect(f"ws://127.0.0.1:{self.port}", compression=None, max_size=None, open_timeout=10)
+        )
 
     def step(self, s: Samples | None) -> None:
         t0 = time.perf_counter_ns()
@@ -311,9 +314,9 @@ class WsFloorClient:
             s.add((time.perf_counter_ns() - t0) / 1e6, 0.0)
 
     def close(self) -> None:
-        if hasattr(self, "ws"):
+        if hasattr(self, "stack"):
             with contextlib.suppress(Exception):
-                self.ws.close()
+                self.stack.close()
         self.proc.kill()
         self.proc.wait()
 
@@ -689,7 +692,7 @@ def stage_costs(payload: Payload, calls: int, cold_calls: int) -> tuple[dict, di
         stages["openpi client encode"] = lambda: packer.pack({**request, "seq": 1})
         stages["openpi client decode"] = lambda: msgpack_numpy.unpackb(answer)
 
-    def pct(ts) -> dict:
+    def us(ts) -> dict:
         return {
             "p50_us": round(float(np.percentile(ts, 50)) / 1e3, 1),
             "p99_us": round(float(np.percentile(ts, 99)) / 1e3, 1),
@@ -704,7 +707,7 @@ def stage_costs(payload: Payload, calls: int, cold_calls: int) -> tuple[dict, di
             t0 = time.perf_counter_ns()
             fn()
             ts[i] = time.perf_counter_ns() - t0
-        hot[name] = pct(ts)
+        hot[name] = us(ts)
     other = np.zeros(EVICT_BYTES, np.uint8)
     cold_ts = {name: np.empty(cold_calls) for name in stages}
     for i in range(cold_calls):
@@ -715,7 +718,7 @@ def stage_costs(payload: Payload, calls: int, cold_calls: int) -> tuple[dict, di
             fn()
             cold_ts[name][i] = time.perf_counter_ns() - t0
     controller.close(bye=False)
-    return hot, {name: pct(ts) for name, ts in cold_ts.items()}
+    return hot, {name: us(ts) for name, ts in cold_ts.items()}
 
 
 # ---------------------------------------------------------------------------------------
