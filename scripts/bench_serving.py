@@ -868,7 +868,7 @@ def run(args) -> dict:
             for p in payloads
         }
         costs = {
-            p.name.split(" ")[0]: stage_costs(p, 200 if args.short else 2000, 20 if args.short else 300)
+            p.name.split(" ")[0]: stage_costs(p, 200 if args.short else 2000, 10 if args.short else 300)
             for p in payloads
         }
         servers = [s for s in SERVERS if s in args.servers]
