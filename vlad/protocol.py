@@ -512,7 +512,7 @@ def decode_chunk(msg: Message, t_receive_ns: int) -> ActionChunk:
     checks without a word of diagnosis; anything else takes the field-by-field checks,
     which accept what that pass accepts and name what is off (the fuzz target ``chunk``
     holds the two to the same verdict). Why two: a controller decodes each chunk on cold
-    caches, where the field-by-field checks cost about half as much again
+    caches, where the one pass takes about 30 µs off the ~220 µs the decoding cost
     (docs/benchmarks.md, "The client's cold path")."""
     chunk = _plain_chunk(msg.header, msg.tensors.get("actions"), t_receive_ns)
     return chunk if chunk is not None else _checked_chunk(msg, t_receive_ns)
