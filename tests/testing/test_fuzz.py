@@ -133,7 +133,7 @@ def test_the_one_pass_chunk_check_agrees_with_the_field_by_field_checks(frames):
 
 def test_a_daemons_chunk_takes_the_one_pass_check_and_every_field_off_the_full_checks():
     """Not vacuous: the daemon's chunk passes the one-pass check, and the generator's
-    chunks reach both verdicts of the full checks (accepted and refused)."""
+    chunks reach all three verdicts (the one pass, the full checks only, refused)."""
     import random
 
     from vlad import protocol

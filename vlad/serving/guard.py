@@ -16,8 +16,9 @@ at all (a controller that asks only when it needs a chunk); it is dropped when a
 observation agrees with the old state instead (``reanchors_contradicted``). While the real
 controller streams, a forged announcement is contradicted by its next observation before it
 is believed, unless that controller is silent for the 1.5 periods (a stall): silence does
-not say whose announcement it confirms. Meanwhile the policy may compute on the provisional observation, but its
-chunk is held back until the confirmation (:class:`~vlad.serving.publisher.Publisher`). At most one announcement per
+not say whose announcement it confirms. Meanwhile the policy may compute on the
+provisional observation, but its chunk is held back until the confirmation
+(:class:`~vlad.serving.publisher.Publisher`). At most one announcement per
 ``guard.reanchor_min_interval_ms`` of the daemon's clock is honoured. A rejected
 observation's values never reach an output: holds and the references below use the
 trusted state only.
