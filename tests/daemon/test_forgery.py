@@ -51,7 +51,9 @@ def test_a_forged_reanchor_never_moves_the_arm_even_while_the_daemon_holds(daemo
     """While the real controller streams, forged announcements of a far joint state (one
     every 101 ms, from another allowed producer) are contradicted by its next observation:
     neither a policy chunk nor a binding hold ever commands them. First with the policy
-    serving, then while the daemon holds because a judged controller went silent."""
+    serving, then sent while the real controller stalls for three periods (it is a witness:
+    its silence confirms nothing), then while the daemon holds because a judged controller
+    went silent."""
     forger = daemon.client("forger")
     q = victim.proprio.copy()
     far = q.copy()
@@ -61,6 +63,12 @@ def test_a_forged_reanchor_never_moves_the_arm_even_while_the_daemon_holds(daemo
     for _ in range(15):
         _obs(forger, far, reanchor=True)
         time.sleep(0.101)
+    # The real controller stalls for 3 periods, and the forger announces in its silence.
+    for _ in range(5):
+        victim.stall(0.06)
+        time.sleep(0.025)
+        _obs(forger, far, reanchor=True)
+        time.sleep(0.1)
     # A controller that is judged (heartbeats over the limit, one observation), then silent:
     # the daemon holds the robot (heartbeat_lost) and the forgeries go on.
     quitter = daemon.client("quitter")

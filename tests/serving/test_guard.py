@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vlad.config import GuardConfig
-from vlad.serving.guard import ActionGuard, Executing, Sent, TrustedState
+from vlad.serving.guard import WITNESS_PERIODS, ActionGuard, Executing, Sent, TrustedState
 
 NOW = 10_000_000_000
 PERIOD = 20_000_000
@@ -358,6 +358,57 @@ def test_an_announcement_nothing_contradicts_settles_after_one_and_a_half_period
     assert ts.judge(_q(-3.5, 0.0), t2, reanchor=True) is None and ts.provisional == 2
     assert ts.judge(_q(-3.5, 0.0), t2 + 1_000_000) is None and ts.provisional == 2
     assert not ts.settle(t2 + 10 * PERIOD)
+
+
+def test_a_stalled_controller_witnesses_and_no_other_name_confirms_a_forgery(contract):
+    """Found under load: the real controller stalled 30 ms and that silence confirmed a forged
+    announcement. Every controller that observed lately is a witness: neither silence, nor
+    the forger's own later observation, nor a second name of the forger confirms while the
+    witness has not agreed; its next observation, 80 ms later, still contradicts it."""
+    ts = TrustedState(contract)
+    for k in range(3):
+        assert ts.judge(_q(0.01 * k, 0.0), NOW + k * PERIOD, client="arm") is None
+    t = NOW + 2 * PERIOD + 1_000_000  # right after the arm's last observation; then it stalls
+    assert ts.judge(_q(3.39, 0.0), t, reanchor=True, client="forger") is None
+    assert not ts.settle(t + 2 * PERIOD)  # silence: the arm observed 1 ms before
+    assert ts.judge(_q(3.39, 0.0), t + PERIOD, client="forger") is None and ts.provisional == 1
+    assert ts.judge(_q(3.39, 0.0), t + PERIOD + 1, client="forger-2") is None and ts.provisional == 1
+    assert not ts.settle(t + 3 * PERIOD) and ts.reanchors == 0
+    assert ts.judge(_q(0.03, 0.0), t + 4 * PERIOD, client="arm") is None  # the arm, where it was
+    assert ts.pending is None and ts.contradicted == 1 and ts.reanchors == 0
+    np.testing.assert_allclose(ts.positions, [0.03, 0.0], atol=1e-6)
+
+
+def test_an_announcement_waits_for_a_witness_to_agree_or_fall_silent_a_liveness_limit(contract):
+    """A controller taking over announces its reset: confirmed when the other controller that
+    observed lately shows the arm there too, or once that one has been silent for
+    ``WITNESS_PERIODS`` (as long as liveness gives it), by observation or by silence."""
+    last = NOW + PERIOD  # the old controller's last observation
+    t = last + PERIOD  # the new one's announcement
+
+    def taken_over() -> TrustedState:
+        ts = TrustedState(contract)
+        for k in range(2):
+            assert ts.judge(_q(0.0, 0.0), NOW + k * PERIOD, client="old") is None
+        assert ts.judge(_q(2.0, 0.0), t, reanchor=True, client="new") is None
+        return ts
+
+    # the witness agrees: a real move seen by both
+    ts = taken_over()
+    assert ts.judge(_q(2.0, 0.0), t + PERIOD, client="new") is None and ts.provisional == 1
+    assert ts.judge(_q(2.0, 0.0), t + PERIOD + 1, client="old") is None
+    assert ts.provisional == 0 and ts.reanchors == 1 and ts.pending is None
+    # the witness fell silent: the announcer's own observation confirms once it has been long enough
+    ts = taken_over()
+    k = 1
+    while ts.pending is not None:
+        assert ts.judge(_q(2.0, 0.0), t + k * PERIOD, client="new") is None
+        k += 1
+    assert ts.reanchors == 1 and t + (k - 1) * PERIOD == last + WITNESS_PERIODS * PERIOD
+    # ... and by silence, for a controller that asks by request
+    ts = taken_over()
+    assert not ts.settle(last + WITNESS_PERIODS * PERIOD - 1)
+    assert ts.settle(last + WITNESS_PERIODS * PERIOD) and ts.reanchors == 1
 
 
 def test_announcements_are_rationed_on_the_daemons_clock_not_the_senders(contract):

@@ -13,10 +13,12 @@ announces it with the observation (``reanchor``). One message never moves the tr
 state at once: the announced state is *provisional* until a later observation (received at
 least ¾ of a period after it) agrees with it, or until 1.5 periods pass with no observation
 at all (a controller that asks only when it needs a chunk); it is dropped when an
-observation agrees with the old state instead (``reanchors_contradicted``). While the real
-controller streams, a forged announcement is contradicted by its next observation before it
-is believed, unless that controller is silent for the 1.5 periods (a stall): silence does
-not say whose announcement it confirms. Meanwhile the policy may compute on the
+observation agrees with the old state instead (``reanchors_contradicted``). Every other
+controller that observed within :data:`WITNESS_PERIODS` before the announcement is a
+*witness*: nothing confirms the announcement (neither silence nor the announcer's or any
+other name's observations) until each witness agreed or fell silent that long. So while the
+real controller streams, a forged announcement is contradicted by its next observation
+before it is believed, also after a stall. Meanwhile the policy may compute on the
 provisional observation, but its chunk is held back until the confirmation
 (:class:`~vlad.serving.publisher.Publisher`). At most one announcement per
 ``guard.reanchor_min_interval_ms`` of the daemon's clock is honoured. A rejected
@@ -80,6 +82,13 @@ SEAM_SLOTS = 4
 UNREPORTED = (-1, -1)  # an observation without an ``exec`` report
 
 
+# A controller that sent an observation within this many periods before an announcement is a
+# witness: the announcement waits for its agreement, or for its silence over this long, which
+# is as long as the liveness monitor's default (``heartbeat_missing_periods``) gives a
+# streaming controller before it counts as gone.
+WITNESS_PERIODS = 5
+
+
 class Announcement(NamedTuple):
     """A jump a controller announced, not yet confirmed by a later observation."""
 
@@ -87,6 +96,7 @@ class Announcement(NamedTuple):
     q: list[float]
     t_sensor_ns: int
     receive_ns: int
+    client: str
 
 
 class TrustedState:
@@ -131,6 +141,11 @@ class TrustedState:
         # Unless an observation comes at all: then silence for 1.5 periods confirms it.
         self.settle_ns = self.period_ns * 3 // 2
         self._quiet = False  # no observation judged since the pending announcement
+        # The receive time of each controller's last judged observation, and the other
+        # controllers (witnesses) the pending announcement still waits for (module doc).
+        self.witness_ns = self.period_ns * WITNESS_PERIODS
+        self._seen: dict[str, int] = {}
+        self._waiting: set[str] = set()
         self._lock = threading.Lock()  # judged by the intake thread, settled by the serving thread
         self._announced_rx: int | None = None  # receive time of the last honoured announcement
         self._ids = 0
@@ -164,16 +179,26 @@ class TrustedState:
         return all(abs(a - b) <= lim for a, b, lim in zip(q, ref, self._allowed(dt_ns), strict=True))
 
     def judge(
-        self, proprio: np.ndarray | None, t_sensor_ns: int, reanchor: bool = False, receive_ns: int | None = None
+        self,
+        proprio: np.ndarray | None,
+        t_sensor_ns: int,
+        reanchor: bool = False,
+        receive_ns: int | None = None,
+        client: str = "",
     ) -> Rejection | None:
         """:meth:`judge_values` for a proprio array (None: nothing to judge)."""
         self.provisional = 0
         if proprio is None:
             return None
-        return self.judge_values(np.asarray(proprio, np.float64).tolist(), t_sensor_ns, reanchor, receive_ns)
+        return self.judge_values(np.asarray(proprio, np.float64).tolist(), t_sensor_ns, reanchor, receive_ns, client)
 
     def judge_values(
-        self, proprio: Sequence[float], t_sensor_ns: int, reanchor: bool = False, receive_ns: int | None = None
+        self,
+        proprio: Sequence[float],
+        t_sensor_ns: int,
+        reanchor: bool = False,
+        receive_ns: int | None = None,
+        client: str = "",
     ) -> Rejection | None:
         """None when ``proprio`` (finite floats, contract order) is believed, else the
         rejection reason (a counter key: ``proprio_out_of_limits``, ``implausible_proprio``).
@@ -183,16 +208,20 @@ class TrustedState:
         ``reanchor``: the controller announces an intended jump (module doc). Afterwards
         :attr:`provisional` names the announcement a believed observation belongs to (0: it
         is the trusted state). ``receive_ns``: when the daemon received it (default: the
-        sensor time, for replays)."""
+        sensor time, for replays). ``client``: the controller that sent it (its name is
+        bound to its connection by the intake), which decides who witnesses an announcement."""
         with self._lock:
-            return self._judge(proprio, t_sensor_ns, reanchor, t_sensor_ns if receive_ns is None else receive_ns)
+            return self._judge(
+                proprio, t_sensor_ns, reanchor, t_sensor_ns if receive_ns is None else receive_ns, client
+            )
 
     def settle(self, now_ns: int) -> bool:
         """Confirm the pending announcement when no observation at all came for 1.5 periods
-        after it (the announcing controller asks by request); True when it did."""
+        after it (the announcing controller asks by request) and every witness has been
+        silent for :data:`WITNESS_PERIODS`; True when it did."""
         with self._lock:
             p = self.pending
-            if p is None or not self._quiet or now_ns - p.receive_ns < self.settle_ns:
+            if p is None or not self._quiet or now_ns - p.receive_ns < self.settle_ns or self._witnessed(now_ns):
                 return False
             self.pending = None
             self.confirmed_id, self.confirmed_rx = p.id, 0
@@ -201,10 +230,27 @@ class TrustedState:
             )
             return True
 
-    def _judge(self, proprio: Sequence[float], t_sensor_ns: int, reanchor: bool, receive: int) -> Rejection | None:
+    def _witnessed(self, now_ns: int) -> bool:
+        """Whether a witness of the pending announcement that has not agreed with it sent an
+        observation within :data:`WITNESS_PERIODS` (those silent longer are dropped)."""
+        waiting = self._waiting
+        if waiting:
+            seen, limit = self._seen, now_ns - self.witness_ns
+            waiting.difference_update([w for w in waiting if seen.get(w, 0) <= limit])
+        return bool(waiting)
+
+    def _judge(
+        self, proprio: Sequence[float], t_sensor_ns: int, reanchor: bool, receive: int, client: str
+    ) -> Rejection | None:
         self.provisional = 0
         if not self._mapped_k:
             return None
+        seen = self._seen
+        seen[client] = receive
+        if len(seen) > 256:  # names used once (bounded by the intake's table of controllers)
+            limit = receive - self.witness_ns
+            for name in [n for n, rx in seen.items() if rx <= limit]:
+                del seen[name]
         q = [proprio[i] for i in self._mapped_i]
         if any(not lo <= v <= hi for v, lo, hi in zip(q, self._lo_m, self._hi_m, strict=True)):
             return Rejection.PROPRIO_OUT_OF_LIMITS
@@ -215,12 +261,16 @@ class TrustedState:
         if p is not None:
             self._quiet = False
             if self._within(q, p.q, abs(t_sensor_ns - p.t_sensor_ns)):  # the arm is where it was announced
-                if receive - p.receive_ns >= self.corroborate_ns and t_sensor_ns > p.t_sensor_ns:
+                # A later observation, a period on: this controller agrees (a burst does not).
+                later = receive - p.receive_ns >= self.corroborate_ns and t_sensor_ns > p.t_sensor_ns
+                if later:
+                    self._waiting.discard(client)
+                if later and not self._witnessed(receive):
                     self.pending = None
                     self.confirmed_id, self.confirmed_rx = p.id, receive
                     self._reanchor(q, t_sensor_ns, "announced by the controller and confirmed", anchor=p.t_sensor_ns)
                     return None
-                self.provisional = p.id  # the announced state again, too soon to confirm it
+                self.provisional = p.id  # the announced state again: too soon, or a witness has not agreed
                 return None
             if self._within(q, self._positions_m, abs(t_sensor_ns - self.t_ns)):
                 # The arm is where it was, not where it was announced: not about this arm.
@@ -228,8 +278,10 @@ class TrustedState:
                 self.contradicted += 1
                 if self.contradicted <= 10 or self.contradicted % 1000 == 0:
                     log.warning(
-                        "announced re-anchor to %s contradicted by the next observation (%d so far): not believed",
+                        "re-anchor to %s announced by %r contradicted by %r (%d so far): not believed",
                         [round(v, 3) for v in p.q],
+                        p.client,
+                        client,
                         self.contradicted,
                     )
         if (
@@ -242,7 +294,11 @@ class TrustedState:
             self._announced_rx = receive
             self.announced += 1
             self._ids += 1
-            self.pending = Announcement(self._ids, q, t_sensor_ns, receive)
+            self.pending = Announcement(self._ids, q, t_sensor_ns, receive, client)
+            # Every other controller that observed lately: its next observation says whether
+            # the arm moved; until it agrees (or is silent a liveness limit), nothing confirms.
+            limit = receive - self.witness_ns
+            self._waiting = {n for n, rx in seen.items() if rx > limit and n != client}
             self._quiet = True
             self._candidate, self._run = None, 0
             self.provisional = self._ids

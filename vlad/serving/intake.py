@@ -215,7 +215,7 @@ class Intake:
             values = proprio.tolist()
             if not all(map(math.isfinite, values)):
                 raise Rejected(Rejection.NONFINITE, f"obs {seq}: proprio holds NaN or Inf (or a value beyond float32)")
-            verdict = self.trusted.judge_values(values, t_sensor, h.get("reanchor") is True, receive_ns)
+            verdict = self.trusted.judge_values(values, t_sensor, h.get("reanchor") is True, receive_ns, client or "")
             if verdict is not None:
                 raise Rejected(
                     verdict,

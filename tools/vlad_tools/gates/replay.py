@@ -93,7 +93,9 @@ def replay_guard(
             o = arrivals[judged]
             judged += 1
             if o.proprio is not None:
-                verdicts[o.seq] = trusted.judge(np.asarray(o.proprio), o.t_sensor_ns, o.reanchor, o.t_ns)
+                verdicts[o.seq] = trusted.judge(
+                    np.asarray(o.proprio), o.t_sensor_ns, o.reanchor, o.t_ns, o.client or ""
+                )
             if verdicts.get(o.seq) is None:
                 guard.reported(o.client or "", o.t_sensor_ns, o.executing)
         trusted.settle(chunk.t_issue_ns)

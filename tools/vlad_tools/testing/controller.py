@@ -77,6 +77,12 @@ class ControllerSim:
         self._stop.set()
         self._thread.join(5)
 
+    def stall(self, seconds: float) -> None:
+        """Make the controller stall once, from its next period, for ``seconds``: nothing sent,
+        nothing executed (a scheduling hiccup of the robot's computer); it then starts a new
+        schedule, as after any late period."""
+        self._stall_s = seconds
+
     def _run(self) -> None:
         raw = self.case["raw"]
         next_t = time.monotonic()
@@ -131,6 +137,7 @@ class FollowingController:
         self.proprio = np.asarray(case["raw"].proprio, np.float32).copy()  # the arm: it tracks the commands
         self.proprio[2:] = 0.0
         self._stop = threading.Event()
+        self._stall_s = 0.0  # set by stall(): the loop sends nothing for that long
         self._thread = threading.Thread(target=self._run, name="vlad-following-controller", daemon=True)
 
     def start(self) -> FollowingController:
@@ -141,12 +148,22 @@ class FollowingController:
         self._stop.set()
         self._thread.join(5)
 
+    def stall(self, seconds: float) -> None:
+        """Make the controller stall once, from its next period, for ``seconds``: nothing sent,
+        nothing executed (a scheduling hiccup of the robot's computer); it then starts a new
+        schedule, as after any late period."""
+        self._stall_s = seconds
+
     def _run(self) -> None:
         raw = self.case["raw"]
         period = int(PERIOD_S * 1e9)
         tick = time.monotonic_ns()
         last = None
         while not self._stop.is_set():
+            if self._stall_s:
+                time.sleep(self._stall_s)
+                self._stall_s = 0.0
+                tick = time.monotonic_ns()
             while (chunk := self.client.recv_chunk(timeout_ms=0)) is not None:
                 if chunk.for_client(self.client.name):
                     self.chunks.append(chunk)
