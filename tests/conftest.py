@@ -74,12 +74,42 @@ CPU_SHARE = (
     "test_shares.py",
     "test_tomlwrite.py",
 )
+# Test files that start daemons but judge nothing by the clock: what happened, never how soon
+# (a status, a deploy's outcome, a rendered screen, what a demo leaves behind, that a
+# benchmark's rows are there and finite), each wait bounded by a timeout far above its normal
+# time, and no controller streaming to a daemon whose health verdicts the test reads.
+# ./scripts/test runs them (--share functional) in a third pytest beside the others at the
+# lowest CPU priority, like the CPU share: the timed share's daemons take the CPU first, and
+# these wait on their own daemons instead of adding their minutes after the timed share's.
+FUNCTIONAL_SHARE = (
+    "cli/test_watch.py",
+    "demo/test_demo_run.py",
+    "fleet/test_registry.py",
+    "gates/test_recording.py",
+    "kserve/test_kserve_bench.py",
+    "release/test_release_fifo.py",
+    "test_journal.py",
+    "test_bench_serving.py",
+    "test_plugin_example.py",
+    "test_protocol_doc.py",
+    "testing/test_testing.py",
+)
+SHARES = {"cpu": CPU_SHARE, "functional": FUNCTIONAL_SHARE}
 TESTS = Path(__file__).parent
 
 
+def _listed(rel: str, entries: tuple[str, ...]) -> bool:
+    return any(rel == entry or rel.startswith(entry + "/") for entry in entries)
+
+
 def in_cpu_share(path: Path) -> bool:
+    return _listed(path.relative_to(TESTS).as_posix(), CPU_SHARE)
+
+
+def share_of(path: Path) -> str:
+    """The share a test file runs in: "cpu", "functional" or "timed" (every file not listed)."""
     rel = path.relative_to(TESTS).as_posix()
-    return any(rel == entry or rel.startswith(entry + "/") for entry in CPU_SHARE)
+    return next((name for name, entries in SHARES.items() if _listed(rel, entries)), "timed")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -90,27 +120,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addoption(
         "--share",
-        choices=("all", "cpu", "timed"),
+        choices=("all", "cpu", "functional", "timed"),
         default="all",
-        help="cpu: only the files of tests/conftest.py's CPU_SHARE; timed: all but those (./scripts/test runs both)",
+        help="cpu, functional: only the files of tests/conftest.py's CPU_SHARE, FUNCTIONAL_SHARE; timed: all "
+        "the others (./scripts/test runs the three side by side)",
     )
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """``--share``: a file of the other share is not even imported."""
+    """``--share``: a file of another share is not even imported."""
     share = config.getoption("share")
     if share == "all" or not collection_path.is_relative_to(TESTS) or collection_path == TESTS:
         return None
-    inside = in_cpu_share(collection_path)
     if collection_path.is_dir():
         if share == "timed":
-            return True if inside else None
-        # cpu: descend only into folders that hold part of the share
+            return True if share_of(collection_path) != "timed" else None
+        # cpu, functional: descend only into folders that hold part of the share
         rel = collection_path.relative_to(TESTS).as_posix()
-        return None if inside or any(e.startswith(rel + "/") for e in CPU_SHARE) else True
+        entries = SHARES[share]
+        return None if _listed(rel, entries) or any(e.startswith(rel + "/") for e in entries) else True
     if collection_path.suffix != ".py":
         return None
-    return True if inside != (share == "cpu") else None
+    return True if share_of(collection_path) != share else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -2,14 +2,15 @@
 holds what it says: every entry exists, and no test in it that runs by default starts a daemon
 or waits on the clock (a starved daemon or a late deadline there would fail for the wrong reason).
 Tests marked slow may (under --slow the whole suite is long anyway), and so may the helpers
-only they call."""
+only they call. The functional share's entries exist and are in no other share (what they
+judge, the conftest comment says, is read in review: no source scan tells "how soon")."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from tests.conftest import CPU_SHARE, TESTS, in_cpu_share
+from tests.conftest import CPU_SHARE, FUNCTIONAL_SHARE, TESTS, in_cpu_share, share_of
 
 # What starting a daemon or waiting on the clock looks like in this suite's source.
 MARKERS = ("start_daemon", "launcher import serve", "ControllerSim", "wait_until(", "time.sleep(")
@@ -38,9 +39,13 @@ def _default_source(path: Path) -> str:
     return "\n".join(lines)
 
 
-def test_every_entry_exists():
-    missing = [e for e in CPU_SHARE if not (TESTS / e).exists()]
-    assert not missing, f"CPU_SHARE names what tests/ does not hold: {missing}"
+def test_every_entry_exists_in_one_share():
+    missing = [e for e in CPU_SHARE + FUNCTIONAL_SHARE if not (TESTS / e).exists()]
+    assert not missing, f"CPU_SHARE or FUNCTIONAL_SHARE names what tests/ does not hold: {missing}"
+    both = [e for e in FUNCTIONAL_SHARE if in_cpu_share(TESTS / e)]
+    assert not both, f"in CPU_SHARE and FUNCTIONAL_SHARE: {both}"
+    assert [share_of(TESTS / e) for e in FUNCTIONAL_SHARE] == ["functional"] * len(FUNCTIONAL_SHARE)
+    assert share_of(TESTS / "gates" / "test_gates.py") == "timed"
 
 
 def test_no_default_test_in_the_cpu_share_starts_a_daemon_or_waits_on_the_clock():
