@@ -128,6 +128,7 @@ class Counters:
     rejected: Mapping[str, int]  # refusals by reason
     guard_seam: int = 0
     reanchors_contradicted: int = 0  # announced jumps the next observation contradicted
+    reanchors_expired: int = 0  # announced jumps nothing confirmed in time (dropped)
     unconfirmed: int = 0  # policy chunks about such an announcement (not sent)
     exec_unknown: int = 0  # `exec` reports naming no chunk vlad sent that controller
     guided: int = 0  # policy chunks computed to continue what the robot executes (real-time chunking)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vlad.config import GuardConfig
-from vlad.serving.guard import WITNESS_PERIODS, ActionGuard, Executing, Sent, TrustedState
+from vlad.serving.guard import EXPIRE_PERIODS, WITNESS_PERIODS, ActionGuard, Executing, Sent, TrustedState
 
 NOW = 10_000_000_000
 PERIOD = 20_000_000
@@ -409,6 +409,61 @@ def test_an_announcement_waits_for_a_witness_to_agree_or_fall_silent_a_liveness_
     ts = taken_over()
     assert not ts.settle(last + WITNESS_PERIODS * PERIOD - 1)
     assert ts.settle(last + WITNESS_PERIODS * PERIOD) and ts.reanchors == 1
+
+
+def test_an_old_sensor_time_neither_announces_nor_turns_a_witness_into_agreement(contract):
+    """Found in review: an announcement stamped a minute ago made any state "agree" with it
+    (the allowed move grows with the sensor-time gap), so the real arm's next observation
+    only removed itself from the witnesses and a second forger name confirmed. An
+    announcement older than the trusted state is a late frame; and a witness's observation
+    of the old state contradicts an announcement whatever else it fits."""
+    ts = TrustedState(contract)
+    for k in range(3):
+        assert ts.judge(_q(0.0, 0.0), NOW + k * PERIOD, client="arm") is None
+    assert ts.judge(_q(0.0, 0.0), NOW + 2 * PERIOD + 1, client="forger-2") is None  # a witness too
+    t = NOW + 2 * PERIOD + 2_000_000
+    ts.judge(_q(3.0, 0.0), t - 60_000_000_000, reanchor=True, receive_ns=t, client="forger")  # a late frame
+    assert ts.pending is None and ts.announced == 0
+    # the same announcement stamped now, while the arm stalls four periods
+    assert ts.judge(_q(3.0, 0.0), t, reanchor=True, client="forger") is None and ts.pending is not None
+    assert ts.judge(_q(0.0, 0.0), t + 4 * PERIOD, client="arm") is None  # the old state: contradicted
+    assert ts.pending is None and ts.contradicted == 1
+    assert ts.judge(_q(3.0, 0.0), t + 4 * PERIOD + 1, client="forger-2") == "implausible_proprio"
+    assert ts.reanchors == 0
+    np.testing.assert_allclose(ts.positions, [0.0, 0.0])
+
+
+def test_a_witness_that_never_agrees_holds_an_announcement_for_ten_periods_at_most(contract):
+    """Found in review: a witness sending refused or late observations kept an announcement
+    pending for ever (its chunk held back, and every hold but the e-stop's). Only believed
+    observations keep a controller a witness, and an announcement nothing confirmed within
+    ``EXPIRE_PERIODS`` is dropped and counted."""
+    ts = TrustedState(contract)
+    assert ts.judge(_q(0.0, 0.0), NOW, client="arm") is None
+    assert ts.judge(_q(0.0, 0.0), NOW + 1, client="other") is None
+    t = NOW + PERIOD
+    assert ts.judge(_q(2.0, 0.0), t, reanchor=True, client="arm") is None  # "other" is a witness
+    k = 0
+    while ts.pending is not None:
+        k += 1
+        rx = t + k * PERIOD
+        assert ts.judge(_q(50.0, 0.0), rx, client="other") == "proprio_out_of_limits"  # refused
+        # the announced state with a sensor time before the announcement: too soon, proves nothing
+        assert ts.judge(_q(2.0, 0.0), NOW - 1, receive_ns=rx, client="other") is None and ts.provisional == 1
+        assert ts.judge(_q(2.0, 0.0), rx + 1, client="arm") is None
+    # "other" had nothing believed for 5 periods: the arm's own observation confirmed it then
+    assert ts.confirmed_id == 1 and ts.reanchors == 1 and ts.expired == 0
+    assert t + k * PERIOD + 1 == NOW + 1 + WITNESS_PERIODS * PERIOD
+    # an announcement whose announcer then sends neither state, with no witness: dropped at 10 periods
+    t1 = t + k * PERIOD + 1
+    for j in range(1, 7):
+        assert ts.judge(_q(2.0, 0.0), t1 + j * PERIOD, client="arm") is None
+    t2 = t1 + 7 * PERIOD
+    assert ts.judge(_q(-2.0, 0.0), t2, reanchor=True, client="arm") is None and ts.pending is not None
+    assert ts.judge(_q(0.0, 1.5), t2 + PERIOD, client="arm") == "implausible_proprio"  # neither state
+    assert not ts.settle(t2 + EXPIRE_PERIODS * PERIOD - 1) and ts.pending is not None
+    assert not ts.settle(t2 + EXPIRE_PERIODS * PERIOD) and ts.pending is None and ts.expired == 1
+    assert ts.reanchors == 1
 
 
 def test_announcements_are_rationed_on_the_daemons_clock_not_the_senders(contract):

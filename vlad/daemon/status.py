@@ -239,6 +239,7 @@ class StatusModel:
             rejected=rejected,
             guard_seam=guard["seam"],
             reanchors_contradicted=self.intake.trusted.contradicted,
+            reanchors_expired=self.intake.trusted.expired,
             unconfirmed=sum(c.unconfirmed for c in policies),
             exec_unknown=self.guard.reports_unknown,
             guided=sum(c.guided for c in policies),

@@ -14,11 +14,14 @@ state at once: the announced state is *provisional* until a later observation (r
 least ¾ of a period after it) agrees with it, or until 1.5 periods pass with no observation
 at all (a controller that asks only when it needs a chunk); it is dropped when an
 observation agrees with the old state instead (``reanchors_contradicted``). Every other
-controller that observed within :data:`WITNESS_PERIODS` before the announcement is a
-*witness*: nothing confirms the announcement (neither silence nor the announcer's or any
-other name's observations) until each witness agreed or fell silent that long. So while the
-real controller streams, a forged announcement is contradicted by its next observation
-before it is believed, also after a stall. Meanwhile the policy may compute on the
+controller with an observation believed within :data:`WITNESS_PERIODS` before the
+announcement is a *witness*: nothing confirms the announcement (neither silence nor the
+announcer's or any other name's observations) until each witness agreed or had nothing
+believed that long, and a witness's observation of the old state contradicts it whatever
+else it fits. An announcement with a sensor time older than the trusted state's is not
+honoured; one unconfirmed after :data:`EXPIRE_PERIODS` is dropped (``reanchors_expired``).
+So while the real controller streams, a forged announcement is contradicted by its next
+observation before it is believed, also after a stall. Meanwhile the policy may compute on the
 provisional observation, but its chunk is held back until the confirmation
 (:class:`~vlad.serving.publisher.Publisher`). At most one announcement per
 ``guard.reanchor_min_interval_ms`` of the daemon's clock is honoured. A rejected
@@ -87,6 +90,10 @@ UNREPORTED = (-1, -1)  # an observation without an ``exec`` report
 # is as long as the liveness monitor's default (``heartbeat_missing_periods``) gives a
 # streaming controller before it counts as gone.
 WITNESS_PERIODS = 5
+# An announcement nothing confirmed within this many periods (twice the longest a witness can
+# keep it waiting) is dropped: a witness that neither agrees nor falls silent holds no reset
+# pending, and no hold back, for longer.
+EXPIRE_PERIODS = 2 * WITNESS_PERIODS
 
 
 class Announcement(NamedTuple):
@@ -141,9 +148,11 @@ class TrustedState:
         # Unless an observation comes at all: then silence for 1.5 periods confirms it.
         self.settle_ns = self.period_ns * 3 // 2
         self._quiet = False  # no observation judged since the pending announcement
-        # The receive time of each controller's last judged observation, and the other
+        # The receive time of each controller's last believed, current observation, and the other
         # controllers (witnesses) the pending announcement still waits for (module doc).
         self.witness_ns = self.period_ns * WITNESS_PERIODS
+        self.expire_ns = self.period_ns * EXPIRE_PERIODS
+        self.expired = 0  # announcements dropped unconfirmed (_expire)
         self._seen: dict[str, int] = {}
         self._waiting: set[str] = set()
         self._lock = threading.Lock()  # judged by the intake thread, settled by the serving thread
@@ -220,6 +229,7 @@ class TrustedState:
         after it (the announcing controller asks by request) and every witness has been
         silent for :data:`WITNESS_PERIODS`; True when it did."""
         with self._lock:
+            self._expire(now_ns)
             p = self.pending
             if p is None or not self._quiet or now_ns - p.receive_ns < self.settle_ns or self._witnessed(now_ns):
                 return False
@@ -239,53 +249,88 @@ class TrustedState:
             waiting.difference_update([w for w in waiting if seen.get(w, 0) <= limit])
         return bool(waiting)
 
-    def _judge(
-        self, proprio: Sequence[float], t_sensor_ns: int, reanchor: bool, receive: int, client: str
-    ) -> Rejection | None:
-        self.provisional = 0
-        if not self._mapped_k:
-            return None
+    def _expire(self, now_ns: int) -> None:
+        """Drop the pending announcement when nothing confirmed it within :data:`EXPIRE_PERIODS`
+        (a witness that neither agrees nor falls silent, a controller whose next observations
+        are neither here nor there): its chunk is never sent, holds go out again."""
+        p = self.pending
+        if p is not None and now_ns - p.receive_ns >= self.expire_ns:
+            self._drop(p, None)
+
+    def _drop(self, p: Announcement, by: str | None) -> None:
+        """Drop ``p``, not believed: contradicted by controller ``by`` (an observation of the
+        old state), or expired (``by`` None)."""
+        self.pending = None
+        if by is None:
+            self.expired += 1
+            n, why = self.expired, f"not confirmed within {EXPIRE_PERIODS} periods"
+        else:
+            self.contradicted += 1
+            n, why = self.contradicted, f"contradicted by {by!r}"
+        if n <= 10 or n % 1000 == 0:
+            log.warning(
+                "re-anchor to %s announced by %r %s (%d so far): not believed",
+                [round(v, 3) for v in p.q],
+                p.client,
+                why,
+                n,
+            )
+
+    def _witness(self, client: str, receive: int) -> None:
+        """``client`` sent a believed, current observation: a witness of announcements for
+        :data:`WITNESS_PERIODS`. (A refused one, a late frame or one too soon to confirm
+        proves nothing about the arm, and keeps no one a witness.)"""
         seen = self._seen
         seen[client] = receive
         if len(seen) > 256:  # names used once (bounded by the intake's table of controllers)
             limit = receive - self.witness_ns
             for name in [n for n, rx in seen.items() if rx <= limit]:
                 del seen[name]
+
+    def _judge(
+        self, proprio: Sequence[float], t_sensor_ns: int, reanchor: bool, receive: int, client: str
+    ) -> Rejection | None:
+        self.provisional = 0
+        if not self._mapped_k:
+            return None
         q = [proprio[i] for i in self._mapped_i]
         if any(not lo <= v <= hi for v, lo, hi in zip(q, self._lo_m, self._hi_m, strict=True)):
             return Rejection.PROPRIO_OUT_OF_LIMITS
         if self.positions is None:
             self._accept(q, t_sensor_ns)
+            self._witness(client, receive)
             return None
+        if self.pending is not None:
+            self._expire(receive)
         p = self.pending
         if p is not None:
             self._quiet = False
-            if self._within(q, p.q, abs(t_sensor_ns - p.t_sensor_ns)):  # the arm is where it was announced
+            where_it_was = self._within(q, self._positions_m, abs(t_sensor_ns - self.t_ns))
+            if client != p.client and where_it_was:
+                # Another controller sees the arm where it was: the announcement is not about
+                # this arm. Judged before agreement: however long since the announcement, an
+                # observation that fits the old state is no evidence of the jump.
+                self._drop(p, client)
+            elif self._within(q, p.q, abs(t_sensor_ns - p.t_sensor_ns)):  # where it was announced
                 # A later observation, a period on: this controller agrees (a burst does not).
-                later = receive - p.receive_ns >= self.corroborate_ns and t_sensor_ns > p.t_sensor_ns
-                if later:
+                if receive - p.receive_ns >= self.corroborate_ns and t_sensor_ns > p.t_sensor_ns:
                     self._waiting.discard(client)
-                if later and not self._witnessed(receive):
-                    self.pending = None
-                    self.confirmed_id, self.confirmed_rx = p.id, receive
-                    self._reanchor(q, t_sensor_ns, "announced by the controller and confirmed", anchor=p.t_sensor_ns)
-                    return None
+                    self._witness(client, receive)
+                    if not self._witnessed(receive):
+                        self.pending = None
+                        self.confirmed_id, self.confirmed_rx = p.id, receive
+                        self._reanchor(
+                            q, t_sensor_ns, "announced by the controller and confirmed", anchor=p.t_sensor_ns
+                        )
+                        return None
                 self.provisional = p.id  # the announced state again: too soon, or a witness has not agreed
                 return None
-            if self._within(q, self._positions_m, abs(t_sensor_ns - self.t_ns)):
-                # The arm is where it was, not where it was announced: not about this arm.
-                self.pending = None
-                self.contradicted += 1
-                if self.contradicted <= 10 or self.contradicted % 1000 == 0:
-                    log.warning(
-                        "re-anchor to %s announced by %r contradicted by %r (%d so far): not believed",
-                        [round(v, 3) for v in p.q],
-                        p.client,
-                        client,
-                        self.contradicted,
-                    )
+            elif where_it_was:  # the announcer itself, where the arm was
+                self._drop(p, client)
         if (
             reanchor
+            # a jump announced with a sensor time older than the trusted state's is a late frame
+            and t_sensor_ns >= self.t_ns
             and (self._announced_rx is None or receive - self._announced_rx >= self.announced_interval_ns)
             and all(lo <= v <= hi for v, lo, hi in zip(q, self._lower_m, self._upper_m, strict=True))
             and any(abs(a - b) > r for a, b, r in zip(q, self._positions_m, self._rate_m, strict=True))
@@ -298,7 +343,7 @@ class TrustedState:
             # Every other controller that observed lately: its next observation says whether
             # the arm moved; until it agrees (or is silent a liveness limit), nothing confirms.
             limit = receive - self.witness_ns
-            self._waiting = {n for n, rx in seen.items() if rx > limit and n != client}
+            self._waiting = {n for n, rx in self._seen.items() if rx > limit and n != client}
             self._quiet = True
             self._candidate, self._run = None, 0
             self.provisional = self._ids
@@ -310,6 +355,7 @@ class TrustedState:
             )
         if self._within(q, self._positions_m, t_sensor_ns - self.t_ns):
             self._accept(q, t_sensor_ns)
+            self._witness(client, receive)
             return None
         # A jump: believe it only once a run of observations agrees with it.
         if self._candidate is not None and self._within(q, self._candidate, t_sensor_ns - self._candidate_t):
@@ -325,6 +371,7 @@ class TrustedState:
         ):
             return Rejection.IMPLAUSIBLE_PROPRIO
         self._reanchor(q, t_sensor_ns, f"after {self.confirm} consistent observations", anchor=self._candidate_t0)
+        self._witness(client, receive)
         return None
 
     def _reanchor(self, q: list[float], t_ns: int, why: str, anchor: int) -> None:

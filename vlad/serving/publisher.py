@@ -219,8 +219,9 @@ class Publisher:
         outside the lock: the serving thread may have answered meanwhile). While the e-stop
         is engaged only ``kind="estop"`` holds go out, and only with
         ``safety.estop_output = "hold"``; while an announced re-anchor waits for its
-        confirmation no hold but the e-stop's goes out (it settles within 1.5 periods, the
-        next hold then starts from where it settled). False: nothing was sent.
+        confirmation no hold but the e-stop's goes out (it is confirmed, contradicted or
+        dropped within :data:`~vlad.serving.guard.EXPIRE_PERIODS`; the next hold then starts
+        from where it settled). False: nothing was sent.
         """
         with self.lock:
             estop = kind is protocol.HoldKind.ESTOP
@@ -229,13 +230,15 @@ class Publisher:
             if unless_sent_after is not None and self.last_publish_ns > unless_sent_after:
                 return False
             now = time.monotonic_ns()
-            if not estop and self.guard.trusted.pending is not None and not self.guard.trusted.settle(now):
+            trusted = self.guard.trusted
+            if not estop and trusted.pending is not None and not trusted.settle(now) and trusted.pending is not None:
                 # A re-anchor is in question: the arm is where it was announced (an episode's
                 # reset) or where it was (a forged announcement), and a hold commands one of
                 # the two: up to the whole joint range away from the arm. A controller with
                 # nothing valid holds where it is instead; one executing a chunk goes on with
-                # it until the announcement settles (the next observation, or 1.5 periods of
-                # silence) and the next hold (every period while one serves) starts from there.
+                # it until the announcement settles (confirmed, contradicted, or dropped
+                # unconfirmed by ``settle``) and the next hold (every period while one serves)
+                # starts from there.
                 return False
             t_sensor = t_sensor_ns or now
             guard = self.guard

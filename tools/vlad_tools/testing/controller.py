@@ -77,12 +77,6 @@ class ControllerSim:
         self._stop.set()
         self._thread.join(5)
 
-    def stall(self, seconds: float) -> None:
-        """Make the controller stall once, from its next period, for ``seconds``: nothing sent,
-        nothing executed (a scheduling hiccup of the robot's computer); it then starts a new
-        schedule, as after any late period."""
-        self._stall_s = seconds
-
     def _run(self) -> None:
         raw = self.case["raw"]
         next_t = time.monotonic()

@@ -30,6 +30,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from vlad.protocol import HoldKind
 from vlad_tools.testing.releases import DEMO
 
 PROTOCOL_REASONS = {"malformed", "unknown_topic", "bad_version", "bad_dtype", "bad_shape", "too_large"}
@@ -234,7 +235,7 @@ def valid_chunk_frames() -> tuple[bytes, ...]:
 
 _CHUNK_VALUES: list[Any] = [
     None, True, False, 0, 1, -1, 2**63 - 1, 2**63, 2**64 - 1, 1.0, float("nan"), float("inf"), "", "x" * 65,
-    "x" * 129, "x" * 257, "a\x00b", "\n", "hold:rejected", "hold:estop", "stale", "malformed", [], [1], [1, 2],
+    "x" * 129, "x" * 257, "a\x00b", "\n", HoldKind.REJECTED.source, HoldKind.ESTOP.source, "stale", "malformed", [], [1], [1, 2],
     [2**63, 0], [1, True], [1.0, 2], {}, {"a": 1}, {"a": float("nan")}, {"a": "b"}, {"a": 10**18}, ["rate"],
     ["x" * 65], [1], b"bytes",
 ]  # fmt: skip
@@ -245,7 +246,7 @@ def gen_chunk_frames(rng: random.Random) -> list[bytes]:
     frames = list(valid_chunk_frames())
     head = msgpack.unpackb(frames[1])
     if rng.random() < 0.3:  # a hold, alone: its reason decides
-        head["source"] = rng.choice(["hold:rejected", "hold:stale", "release", "fallback1"])
+        head["source"] = rng.choice([HoldKind.REJECTED.source, HoldKind.STALE.source, "release", "fallback1"])
         head["reason"] = rng.choice(["", "stale", "malformed", "bad_shape", "nonsense"])
         frames[1] = msgpack.packb(head, use_bin_type=True)
         return frames
