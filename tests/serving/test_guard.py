@@ -466,6 +466,27 @@ def test_a_witness_that_never_agrees_holds_an_announcement_for_ten_periods_at_mo
     assert ts.reanchors == 1
 
 
+def test_silence_confirms_even_when_nothing_looked_for_ten_periods_and_no_late_frame_contradicts(contract):
+    """Found in review: a request-cadence controller's reset was dropped as expired when the
+    serving thread first looked after 10 periods, though silence had confirmed it long
+    before; and another name's observation stamped a minute ago "contradicted" a reset."""
+    ts = _trusted(contract, (0.0, 0.0))
+    t = NOW + PERIOD
+    assert ts.judge(_q(2.0, 0.0), t, reanchor=True) is None
+    assert ts.settle(t + (EXPIRE_PERIODS + 2) * PERIOD) and ts.reanchors == 1 and ts.expired == 0
+    ts = _trusted(contract, (0.0, 0.0))
+    assert ts.judge(_q(2.0, 0.0), t, reanchor=True) is None
+    assert ts.judge(_q(2.0, 0.0), t + 3 * PERIOD) is None  # its next request, the first look: confirmed
+    assert ts.confirmed_id == 1 and ts.expired == 0
+    np.testing.assert_allclose(ts.positions, [2.0, 0.0])
+    # another name, an ancient sensor time, the old state: no contradiction of the next reset
+    t2 = t + 10 * PERIOD
+    assert ts.judge(_q(-2.0, 0.0), t2, reanchor=True) is None
+    ts.judge(_q(2.0, 0.0), t2 - 60_000_000_000, receive_ns=t2 + 1, client="other")
+    assert ts.pending is not None and ts.contradicted == 0
+    assert ts.judge(_q(-2.0, 0.0), t2 + PERIOD) is None and ts.confirmed_id == 2
+
+
 def test_announcements_are_rationed_on_the_daemons_clock_not_the_senders(contract):
     """Found from outside: alternating sensor times now / now - 200 ms got 91 announcements a
     second honoured against a documented 10. The interval is judged on receive times."""

@@ -227,18 +227,22 @@ class TrustedState:
     def settle(self, now_ns: int) -> bool:
         """Confirm the pending announcement when no observation at all came for 1.5 periods
         after it (the announcing controller asks by request) and every witness has been
-        silent for :data:`WITNESS_PERIODS`; True when it did."""
+        silent for :data:`WITNESS_PERIODS`; True when it did. One that cannot be confirmed
+        for :data:`EXPIRE_PERIODS` is dropped."""
         with self._lock:
+            if self._settle(now_ns):
+                return True
             self._expire(now_ns)
-            p = self.pending
-            if p is None or not self._quiet or now_ns - p.receive_ns < self.settle_ns or self._witnessed(now_ns):
-                return False
-            self.pending = None
-            self.confirmed_id, self.confirmed_rx = p.id, 0
-            self._reanchor(
-                p.q, p.t_sensor_ns, "announced by the controller, nothing contradicting", anchor=p.t_sensor_ns
-            )
-            return True
+            return False
+
+    def _settle(self, now_ns: int) -> bool:
+        p = self.pending
+        if p is None or not self._quiet or now_ns - p.receive_ns < self.settle_ns or self._witnessed(now_ns):
+            return False
+        self.pending = None
+        self.confirmed_id, self.confirmed_rx = p.id, 0
+        self._reanchor(p.q, p.t_sensor_ns, "announced by the controller, nothing contradicting", anchor=p.t_sensor_ns)
+        return True
 
     def _witnessed(self, now_ns: int) -> bool:
         """Whether a witness of the pending announcement that has not agreed with it sent an
@@ -301,15 +305,18 @@ class TrustedState:
             self._witness(client, receive)
             return None
         if self.pending is not None:
+            # What the serving thread would have settled by now, had it looked (silence), first.
+            self._settle(receive)
             self._expire(receive)
         p = self.pending
         if p is not None:
             self._quiet = False
             where_it_was = self._within(q, self._positions_m, abs(t_sensor_ns - self.t_ns))
-            if client != p.client and where_it_was:
-                # Another controller sees the arm where it was: the announcement is not about
-                # this arm. Judged before agreement: however long since the announcement, an
-                # observation that fits the old state is no evidence of the jump.
+            if client != p.client and where_it_was and t_sensor_ns >= self.t_ns:
+                # Another controller sees the arm where it was (now, not in a late frame): the
+                # announcement is not about this arm. Judged before agreement: however long
+                # since the announcement, an observation that fits the old state is no
+                # evidence of the jump.
                 self._drop(p, client)
             elif self._within(q, p.q, abs(t_sensor_ns - p.t_sensor_ns)):  # where it was announced
                 # A later observation, a period on: this controller agrees (a burst does not).
