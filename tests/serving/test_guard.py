@@ -487,6 +487,25 @@ def test_silence_confirms_even_when_nothing_looked_for_ten_periods_and_no_late_f
     assert ts.judge(_q(-2.0, 0.0), t2 + PERIOD) is None and ts.confirmed_id == 2
 
 
+def test_a_controller_made_late_by_a_producer_stamping_ahead_is_still_a_witness(contract):
+    """Found in review: a forger stamping the true position 4 ms ahead made every observation
+    of the real controller a late frame, so it stopped counting as a witness, and then
+    confirmed its own announcement between two of them. Believed recent late frames keep
+    their controller a witness; its next one contradicts the forgery."""
+    ts = TrustedState(contract)
+    rx = NOW
+    for k in range(8):
+        rx = NOW + k * PERIOD
+        assert ts.judge(_q(0.0, 0.0), rx + 4_000_000, receive_ns=rx - 2_000_000, client="forger") is None
+        assert ts.judge(_q(0.0, 0.0), rx, client="arm") is None  # a late frame, believed
+    assert ts.judge(_q(2.5, -2.5), rx + 4_000_000, reanchor=True, receive_ns=rx + 1_000_000, client="forger") is None
+    assert ts.judge(_q(2.5, -2.5), rx + 19_000_000, receive_ns=rx + 17_000_000, client="forger") is None
+    assert ts.pending is not None and ts.reanchors == 0  # the arm has not agreed
+    assert ts.judge(_q(0.0, 0.0), rx + PERIOD, client="arm") is None
+    assert ts.pending is None and ts.contradicted == 1 and ts.reanchors == 0
+    np.testing.assert_allclose(ts.positions, [0.0, 0.0])
+
+
 def test_announcements_are_rationed_on_the_daemons_clock_not_the_senders(contract):
     """Found from outside: alternating sensor times now / now - 200 ms got 91 announcements a
     second honoured against a documented 10. The interval is judged on receive times."""

@@ -281,9 +281,9 @@ class TrustedState:
             )
 
     def _witness(self, client: str, receive: int) -> None:
-        """``client`` sent a believed, current observation: a witness of announcements for
-        :data:`WITNESS_PERIODS`. (A refused one, a late frame or one too soon to confirm
-        proves nothing about the arm, and keeps no one a witness.)"""
+        """``client`` sent a believed, recent observation: a witness of announcements for
+        :data:`WITNESS_PERIODS`. (A refused one, one stamped long before the trusted state or
+        one too soon to confirm proves nothing about the arm, and keeps no one a witness.)"""
         seen = self._seen
         seen[client] = receive
         if len(seen) > 256:  # names used once (bounded by the intake's table of controllers)
@@ -357,9 +357,13 @@ class TrustedState:
             return None
         if t_sensor_ns < self.t_ns:
             # Older than the trusted state (a late frame): judged against it, never replacing it.
-            return (
-                None if self._within(q, self._positions_m, self.t_ns - t_sensor_ns) else Rejection.IMPLAUSIBLE_PROPRIO
-            )
+            if not self._within(q, self._positions_m, self.t_ns - t_sensor_ns):
+                return Rejection.IMPLAUSIBLE_PROPRIO
+            if self.t_ns - t_sensor_ns < self.witness_ns:
+                # Believed and recent: still a witness (another producer's sensor times stamped a
+                # few ms ahead make every one of the real controller's observations late).
+                self._witness(client, receive)
+            return None
         if self._within(q, self._positions_m, t_sensor_ns - self.t_ns):
             self._accept(q, t_sensor_ns)
             self._witness(client, receive)
