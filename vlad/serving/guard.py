@@ -230,21 +230,34 @@ class TrustedState:
         silent for :data:`WITNESS_PERIODS`; True when it did. One that cannot be confirmed
         for :data:`EXPIRE_PERIODS` is dropped."""
         with self._lock:
-            if self._settle(now_ns):
-                return True
-            self._expire(now_ns)
+            return self._resolve(now_ns)
+
+    def in_question(self, now_ns: int) -> bool:
+        """Whether an announcement is still pending once :meth:`settle` had its say."""
+        if self.pending is None:  # the common case, without the lock
             return False
+        with self._lock:
+            self._resolve(now_ns)
+            return self.pending is not None
+
+    def _resolve(self, now_ns: int) -> bool:
+        """Confirm the pending announcement by silence, else drop it once expired; True
+        when it was confirmed."""
+        if self._settle(now_ns):
+            return True
+        self._expire(now_ns)
+        return False
 
     def _settle(self, now_ns: int) -> bool:
         p = self.pending
-        if p is None or not self._quiet or now_ns - p.receive_ns < self.settle_ns or self._witnessed(now_ns):
+        if p is None or not self._quiet or now_ns - p.receive_ns < self.settle_ns or self._awaiting_witness(now_ns):
             return False
         self.pending = None
         self.confirmed_id, self.confirmed_rx = p.id, 0
         self._reanchor(p.q, p.t_sensor_ns, "announced by the controller, nothing contradicting", anchor=p.t_sensor_ns)
         return True
 
-    def _witnessed(self, now_ns: int) -> bool:
+    def _awaiting_witness(self, now_ns: int) -> bool:
         """Whether a witness of the pending announcement that has not agreed with it sent an
         observation within :data:`WITNESS_PERIODS` (those silent longer are dropped)."""
         waiting = self._waiting
@@ -305,9 +318,7 @@ class TrustedState:
             self._witness(client, receive)
             return None
         if self.pending is not None:
-            # What the serving thread would have settled by now, had it looked (silence), first.
-            self._settle(receive)
-            self._expire(receive)
+            self._resolve(receive)  # what the serving thread would have settled, had it looked
         p = self.pending
         if p is not None:
             self._quiet = False
@@ -323,7 +334,7 @@ class TrustedState:
                 if receive - p.receive_ns >= self.corroborate_ns and t_sensor_ns > p.t_sensor_ns:
                     self._waiting.discard(client)
                     self._witness(client, receive)
-                    if not self._witnessed(receive):
+                    if not self._awaiting_witness(receive):
                         self.pending = None
                         self.confirmed_id, self.confirmed_rx = p.id, receive
                         self._reanchor(

@@ -230,8 +230,7 @@ class Publisher:
             if unless_sent_after is not None and self.last_publish_ns > unless_sent_after:
                 return False
             now = time.monotonic_ns()
-            trusted = self.guard.trusted
-            if not estop and trusted.pending is not None and not trusted.settle(now) and trusted.pending is not None:
+            if not estop and self.guard.trusted.in_question(now):
                 # A re-anchor is in question: the arm is where it was announced (an episode's
                 # reset) or where it was (a forged announcement), and a hold commands one of
                 # the two: up to the whole joint range away from the arm. A controller with
